@@ -1,0 +1,502 @@
+//! The `gpu` layer: adapter and device creation (native and wasm), buffers, async readback,
+//! a pipeline cache and one `dispatch` that every kernel launcher goes through.
+//!
+//! wgpu reports validation and out-of-memory errors asynchronously. We catch them three ways:
+//! error scopes around each submit, an uncaptured-error handler that records anything else
+//! (wgpu's default handler panics, which we never want), and a device-lost callback. All
+//! three surface as [`GpuError`] values from [`Gpu::submit`] and [`Gpu::read_f32`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+/// Errors of the gpu layer. Every message says what to do about it where that is known.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter found{0}. On Debian/Ubuntu install a software Vulkan driver: `apt-get install mesa-vulkan-drivers libvulkan1` (lavapipe)")]
+    NoAdapter(String),
+    #[error("adapter index {index} does not exist: {count} adapter(s) match{filter}; run `syncstep info` to list them")]
+    AdapterIndex { index: usize, count: usize, filter: String },
+    #[error("unknown backend `{0}`: use vulkan, metal, dx12, gl or webgpu")]
+    UnknownBackend(String),
+    #[error("could not create a device on `{adapter}`: {message}")]
+    RequestDevice { adapter: String, message: String },
+    #[error("{what} needs {needed} but this device allows at most {allowed} ({limit}); use smaller shapes or another adapter")]
+    Limit { what: String, needed: u64, allowed: u64, limit: &'static str },
+    #[error("wgpu validation error: {0}")]
+    Validation(String),
+    #[error("GPU out of memory: {0}; use a smaller batch or image size")]
+    OutOfMemory(String),
+    #[error("GPU device lost ({0}); the device must be recreated")]
+    DeviceLost(String),
+    #[error("reading a buffer back failed: {0}")]
+    Readback(String),
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// A WGSL source file: one per op family, compiled once per device.
+#[derive(Clone, Copy, Debug)]
+pub struct Shader {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+/// A range of f32/u32 elements inside a storage buffer, what a kernel binds.
+/// `offset` is in bytes so that its alignment (min_storage_buffer_offset_alignment) is visible.
+#[derive(Clone, Copy, Debug)]
+pub struct Slice<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl<'a> Slice<'a> {
+    /// The whole buffer, as 4-byte elements.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Slice { buffer, offset: 0, len: buffer.size() / 4 }
+    }
+    /// `len` 4-byte elements starting `offset` bytes into `buffer`.
+    pub fn new(buffer: &'a wgpu::Buffer, offset: u64, len: u64) -> Self {
+        Slice { buffer, offset, len }
+    }
+    pub fn bytes(&self) -> u64 {
+        self.len * 4
+    }
+}
+
+/// Which adapter to use: a backend filter and an index into the adapters it leaves,
+/// in the order `syncstep info` lists them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdapterChoice {
+    pub backend: Option<wgpu::Backend>,
+    pub index: usize,
+}
+
+impl AdapterChoice {
+    /// Parses `"1"`, `"vulkan"`, `"gl:0"`, `"vulkan:1"`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let (backend, index) = match s.split_once(':') {
+            Some((b, i)) => (Some(b), i),
+            None if s.chars().all(|c| c.is_ascii_digit()) && !s.is_empty() => (None, s),
+            None => (Some(s), "0"),
+        };
+        let backend = backend.map(parse_backend).transpose()?;
+        let index = index
+            .parse()
+            .map_err(|_| GpuError::UnknownBackend(format!("{s} (adapter index must be a number)")))?;
+        Ok(AdapterChoice { backend, index })
+    }
+
+    /// The choice named by `SYNCSTEP_ADAPTER`, or the default (first adapter).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("SYNCSTEP_ADAPTER") {
+            Ok(s) if !s.is_empty() => Self::parse(&s),
+            _ => Ok(Self::default()),
+        }
+    }
+}
+
+fn parse_backend(s: &str) -> Result<wgpu::Backend> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => wgpu::Backend::Vulkan,
+        "metal" => wgpu::Backend::Metal,
+        "dx12" | "d3d12" => wgpu::Backend::Dx12,
+        "gl" | "gles" | "opengl" => wgpu::Backend::Gl,
+        "webgpu" | "browser" => wgpu::Backend::BrowserWebGpu,
+        _ => return Err(GpuError::UnknownBackend(s.to_string())),
+    })
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    match b {
+        wgpu::Backend::BrowserWebGpu => 0,
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 1,
+        wgpu::Backend::Gl => 2,
+        _ => 3,
+    }
+}
+
+fn device_type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// A fresh instance with every backend this build has (narrowed by `WGPU_BACKEND` if set).
+pub fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// All adapters, best first: real GPUs before software ones, Vulkan/Metal/DX12 before GL.
+/// In a browser this is the one adapter `navigator.gpu` offers.
+pub async fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let mut list = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    #[cfg(target_arch = "wasm32")]
+    let mut list: Vec<wgpu::Adapter> = instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .collect();
+    list.sort_by_key(|a| {
+        let i = a.get_info();
+        (device_type_rank(i.device_type), backend_rank(i.backend))
+    });
+    list
+}
+
+/// Picks the adapter named by `choice`.
+pub async fn select_adapter(instance: &wgpu::Instance, choice: &AdapterChoice) -> Result<wgpu::Adapter> {
+    let all = adapters(instance).await;
+    if all.is_empty() {
+        return Err(GpuError::NoAdapter(String::new()));
+    }
+    let matching: Vec<wgpu::Adapter> =
+        all.into_iter().filter(|a| choice.backend.is_none_or(|b| a.get_info().backend == b)).collect();
+    let filter = choice.backend.map(|b| format!(" backend {b:?}")).unwrap_or_default();
+    if matching.is_empty() {
+        return Err(GpuError::NoAdapter(format!(" for backend {filter}")));
+    }
+    let count = matching.len();
+    matching
+        .into_iter()
+        .nth(choice.index)
+        .ok_or(GpuError::AdapterIndex { index: choice.index, count, filter })
+}
+
+/// One line describing an adapter: name, backend, type, driver.
+pub fn describe(info: &wgpu::AdapterInfo) -> String {
+    let driver = [info.driver.as_str(), info.driver_info.as_str()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("{} ({:?}, {:?}{})", info.name, info.backend, info.device_type, if driver.is_empty() { String::new() } else { format!(", {driver}") })
+}
+
+#[derive(Default)]
+struct ErrorSink {
+    errors: Vec<String>,
+    lost: Option<String>,
+}
+
+/// One wgpu device with its queue, the limits it was created with and a pipeline cache.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    sink: Arc<Mutex<ErrorSink>>,
+}
+
+impl Gpu {
+    /// A device on the adapter `choice` names, from a fresh instance.
+    pub async fn new(choice: &AdapterChoice) -> Result<Gpu> {
+        let instance = instance();
+        let adapter = select_adapter(&instance, choice).await?;
+        Gpu::from_adapter(&adapter).await
+    }
+
+    /// A device on `adapter` with the adapter's own limits (not WebGPU's defaults), so large
+    /// storage bindings work where the hardware allows them.
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("syncstep"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice { adapter: describe(&info), message: e.to_string() })?;
+        let sink = Arc::new(Mutex::new(ErrorSink::default()));
+        let s = sink.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("uncaptured wgpu error: {e}");
+            s.lock().unwrap_or_else(|p| p.into_inner()).errors.push(e.to_string());
+        }));
+        let s = sink.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            s.lock().unwrap_or_else(|p| p.into_inner()).lost = Some(format!("{reason:?}: {message}"));
+        });
+        log::debug!("device on {}", describe(&info));
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+            sink,
+        })
+    }
+
+    /// Errors wgpu reported outside a scope, and device loss, since the last check.
+    pub fn check(&self) -> Result<()> {
+        let mut sink = self.sink.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lost) = &sink.lost {
+            return Err(GpuError::DeviceLost(lost.clone()));
+        }
+        if !sink.errors.is_empty() {
+            let all = std::mem::take(&mut sink.errors).join("; ");
+            return Err(if all.contains("memory") { GpuError::OutOfMemory(all) } else { GpuError::Validation(all) });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and returns what they caught.
+    pub async fn scoped<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = validation.pop();
+        let o = oom.pop();
+        if let Some(e) = v.await {
+            return Err(GpuError::Validation(e.to_string()));
+        }
+        if let Some(e) = o.await {
+            return Err(GpuError::OutOfMemory(e.to_string()));
+        }
+        self.check()?;
+        Ok(out)
+    }
+
+    pub fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+
+    /// Finishes and submits `encoder`; every error recorded into it comes back here.
+    pub async fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+        self.scoped(|| self.queue.submit([encoder.finish()])).await
+    }
+
+    /// Blocks until the queue is idle (native only; in a browser, await a readback instead).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check()
+    }
+
+    /// A zeroed storage buffer of `len` 4-byte elements, usable as copy source and destination.
+    pub fn buffer(&self, label: &str, len: u64) -> Result<wgpu::Buffer> {
+        let size = (len * 4).max(4);
+        self.check_buffer_size(label, size)?;
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer holding `data` (f32, u32, …).
+    pub fn upload<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.check_buffer_size(label, bytes.len() as u64)?;
+        if bytes.is_empty() {
+            return self.buffer(label, 1);
+        }
+        Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        }))
+    }
+
+    /// Overwrites a slice with NaN, so a kernel that leaves an element unwritten fails its test.
+    pub fn poison(&self, s: Slice) {
+        let nan = vec![f32::NAN; s.len as usize];
+        self.queue.write_buffer(s.buffer, s.offset, bytemuck::cast_slice(&nan));
+    }
+
+    fn check_buffer_size(&self, label: &str, size: u64) -> Result<()> {
+        if size > self.limits.max_buffer_size {
+            return Err(GpuError::Limit {
+                what: format!("buffer `{label}`"),
+                needed: size,
+                allowed: self.limits.max_buffer_size,
+                limit: "max_buffer_size",
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies a slice back to the host. Awaits the map without blocking (works in a browser).
+    pub async fn read<T: bytemuck::Pod>(&self, s: Slice<'_>) -> Result<Vec<T>> {
+        let bytes = s.bytes();
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.encoder();
+        encoder.copy_buffer_to_buffer(s.buffer, s.offset, &staging, 0, bytes);
+        self.submit(encoder).await?;
+        map_read(self, &staging).await?;
+        let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(data)
+    }
+
+    pub async fn read_f32(&self, s: Slice<'_>) -> Result<Vec<f32>> {
+        self.read(s).await
+    }
+
+    /// The compute pipeline for `entry` in `shader`, compiled on first use and cached.
+    pub fn pipeline(&self, shader: &Shader, entry: &'static str) -> wgpu::ComputePipeline {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pipelines.get(&(shader.name, entry)) {
+            return p.clone();
+        }
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let module = modules.entry(shader.name).or_insert_with(|| {
+            self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader.name),
+                source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+            })
+        });
+        log::debug!("compiling pipeline {}::{}", shader.name, entry);
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        pipelines.insert((shader.name, entry), pipeline.clone());
+        pipeline
+    }
+
+    /// Records one dispatch of `entry`: `params` at binding 0 as a uniform, then `bindings` as
+    /// storage buffers at bindings 1, 2, … in order. The entry point must use exactly these.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        shader: &Shader,
+        entry: &'static str,
+        params: &P,
+        bindings: &[Slice],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let max_bindings = self.limits.max_storage_buffers_per_shader_stage as u64;
+        if bindings.len() as u64 > max_bindings {
+            return Err(GpuError::Limit {
+                what: format!("{entry}'s storage bindings"),
+                needed: bindings.len() as u64,
+                allowed: max_bindings,
+                limit: "max_storage_buffers_per_shader_stage",
+            });
+        }
+        let max_groups = self.limits.max_compute_workgroups_per_dimension as u64;
+        if let Some(&g) = workgroups.iter().find(|&&g| g as u64 > max_groups) {
+            return Err(GpuError::Limit {
+                what: format!("{entry}'s dispatch"),
+                needed: g as u64,
+                allowed: max_groups,
+                limit: "max_compute_workgroups_per_dimension",
+            });
+        }
+        if workgroups.contains(&0) {
+            return Ok(());
+        }
+        // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
+        let mut uniform = bytemuck::bytes_of(params).to_vec();
+        uniform.resize(uniform.len().div_ceil(16).max(1) * 16, 0);
+        let params_buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: &uniform,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let pipeline = self.pipeline(shader, entry);
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params_buffer.as_entire_binding() }];
+        for (i, s) in bindings.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: s.buffer,
+                    offset: s.offset,
+                    size: wgpu::BufferSize::new(s.bytes().max(4)),
+                }),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        Ok(())
+    }
+
+    /// Checks that `s` can be bound as a storage buffer here: size within
+    /// max_storage_buffer_binding_size and offset aligned. `what` names it in the error.
+    pub fn check_binding(&self, what: &str, s: &Slice) -> Result<()> {
+        let max = self.limits.max_storage_buffer_binding_size as u64;
+        if s.bytes() > max {
+            return Err(GpuError::Limit { what: what.to_string(), needed: s.bytes(), allowed: max, limit: "max_storage_buffer_binding_size (bytes)" });
+        }
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        if s.offset % align != 0 {
+            return Err(GpuError::Limit { what: format!("{what} offset (must be a multiple of {align})"), needed: s.offset, allowed: s.offset - s.offset % align, limit: "min_storage_buffer_offset_alignment" });
+        }
+        if s.offset + s.bytes() > s.buffer.size() {
+            return Err(GpuError::Limit { what: format!("{what} range end (bytes)"), needed: s.offset + s.bytes(), allowed: s.buffer.size(), limit: "buffer size" });
+        }
+        Ok(())
+    }
+}
+
+/// Workgroup counts covering `threads` invocations in workgroups of `size`, spilling into y
+/// when x would pass 65535. Shaders recover the linear index as
+/// `gid.x + gid.y * num_workgroups.x * size`.
+pub fn grid_1d(threads: u64, size: u32) -> [u32; 3] {
+    let groups = threads.div_ceil(size as u64);
+    const MAX_X: u64 = 65535;
+    if groups <= MAX_X {
+        [groups as u32, 1, 1]
+    } else {
+        [MAX_X as u32, groups.div_ceil(MAX_X) as u32, 1]
+    }
+}
+
+async fn map_read(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<()> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    #[cfg(not(target_arch = "wasm32"))]
+    gpu.wait()?;
+    let mapped = rx.await.map_err(|_| GpuError::Readback("the map callback was dropped".into()))?;
+    gpu.check()?;
+    mapped.map_err(|e| GpuError::Readback(e.to_string()))
+}

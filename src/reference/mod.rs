@@ -1,0 +1,4 @@
+//! The `reference` layer: plain-Rust f64 forward and backward of every op, with the same op
+//! names as the GPU kernels. Tests hold the GPU path to it; it shares no code with that path.
+
+pub mod elementwise;

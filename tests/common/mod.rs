@@ -1,0 +1,76 @@
+//! Shared by the GPU test binaries: one device per binary (pipelines compile once), seeded
+//! random tensors, and the norm-relative error the gates use.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+
+/// The shared device, or None (with a loud message) when no adapter exists outside CI.
+/// In CI (`CI` set) a missing adapter fails the test: CI has lavapipe.
+pub fn gpu() -> Option<&'static Gpu> {
+    static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let _ = env_logger::builder().is_test(true).try_init();
+        let choice = AdapterChoice::from_env().expect("SYNCSTEP_ADAPTER");
+        match pollster::block_on(Gpu::new(&choice)) {
+            Ok(g) => Some(g),
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("\n!!!!!!!! SKIPPING GPU TEST: {e} !!!!!!!!\n(set CI=1 to make this a failure)\n");
+                None
+            }
+            Err(e) => panic!("no GPU adapter in CI: {e}"),
+        }
+    })
+    .as_ref()
+}
+
+/// Uniform values in [-1, 1), never all zero.
+pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// Uniform values in [lo, hi).
+pub fn uniform_in(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+pub fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// ‖a − b‖₂ / ‖b‖₂; infinite when `a` has a NaN (an unwritten, poisoned element).
+pub fn norm_rel(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    if a.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(b).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = b.iter().map(|b| b * b).sum::<f64>().sqrt();
+    if den == 0.0 { num } else { num / den }
+}
+
+#[track_caller]
+pub fn assert_close(what: &str, gpu: &[f32], reference: &[f64], tol: f64) {
+    let e = norm_rel(gpu, reference);
+    assert!(e <= tol, "{what}: norm-rel error {e:e} > {tol:e} (first elements gpu {:?} ref {:?})", &gpu[..gpu.len().min(4)], &reference[..reference.len().min(4)]);
+}
+
+/// A storage buffer filled with NaN, so any element a kernel fails to write shows up.
+pub fn poisoned(gpu: &Gpu, label: &str, len: usize) -> wgpu::Buffer {
+    let b = gpu.buffer(label, len as u64).unwrap();
+    gpu.poison(Slice::whole(&b));
+    b
+}
+
+pub fn read(gpu: &Gpu, b: &wgpu::Buffer) -> Vec<f32> {
+    pollster::block_on(gpu.read_f32(Slice::whole(b))).unwrap()
+}
+
+pub fn submit(gpu: &Gpu, enc: wgpu::CommandEncoder) {
+    pollster::block_on(gpu.submit(enc)).unwrap();
+}

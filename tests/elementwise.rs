@@ -1,0 +1,41 @@
+mod common;
+
+use common::*;
+use syncstep::gpu::Slice;
+use syncstep::kernels::{elementwise as k, KernelError};
+use syncstep::reference::elementwise as r;
+
+#[test]
+fn relu_forward_backward_and_add_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    // Not a multiple of the workgroup size, and a gate different from x to exercise the mask.
+    for &len in &[1usize, 1000, 70_001] {
+        let x = uniform(1, len);
+        let gate = uniform(2, len);
+        let dy = uniform(3, len);
+        let (bx, bg, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("g", &gate).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let (y, dx, sum) = (poisoned(gpu, "y", len), poisoned(gpu, "dx", len), poisoned(gpu, "sum", len));
+        let mut enc = gpu.encoder();
+        let s = Slice::whole;
+        k::relu_forward(gpu, &mut enc, s(&bx), s(&bg), s(&y)).unwrap();
+        k::relu_backward(gpu, &mut enc, s(&bdy), s(&bg), s(&dx)).unwrap();
+        k::add(gpu, &mut enc, s(&bx), s(&bdy), s(&sum)).unwrap();
+        submit(gpu, enc);
+        let (x64, g64, dy64) = (to_f64(&x), to_f64(&gate), to_f64(&dy));
+        assert_close("relu_forward", &read(gpu, &y), &r::relu_forward(&x64, &g64), 1e-7);
+        assert_close("relu_backward", &read(gpu, &dx), &r::relu_backward(&dy64, &g64), 1e-7);
+        assert_close("add", &read(gpu, &sum), &r::add(&x64, &dy64), 1e-7);
+    }
+}
+
+#[test]
+fn relu_forward_rejects_mismatched_lengths() {
+    let Some(gpu) = gpu() else { return };
+    let a = gpu.buffer("a", 10).unwrap();
+    let b = gpu.buffer("b", 9).unwrap();
+    let mut enc = gpu.encoder();
+    let err = k::relu_forward(gpu, &mut enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&a)).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, KernelError::Arg { op: "relu_forward", arg: "gate", .. }), "{msg}");
+    assert!(msg.contains("expected 10"), "{msg}");
+}
