@@ -214,8 +214,12 @@ impl Gpu {
     /// A device on `adapter` with the adapter's own limits (not WebGPU's defaults), so large
     /// storage bindings work where the hardware allows them.
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        Gpu::from_adapter_with_limits(adapter, adapter.limits()).await
+    }
+
+    /// A device with the given limits, e.g. tighter ones to see how shapes past them are refused.
+    pub async fn from_adapter_with_limits(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
         let info = adapter.get_info();
-        let limits = adapter.limits();
         let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {

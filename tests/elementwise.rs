@@ -39,3 +39,13 @@ fn relu_forward_rejects_mismatched_lengths() {
     assert!(matches!(err, KernelError::Arg { op: "relu_forward", arg: "gate", .. }), "{msg}");
     assert!(msg.contains("expected 10"), "{msg}");
 }
+
+#[test]
+fn add_refuses_a_binding_over_the_device_limit() {
+    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let len = (1 << 20) / 4 + 1;
+    let (a, b, c) = (gpu.buffer("a", len).unwrap(), gpu.buffer("b", len).unwrap(), gpu.buffer("c", len).unwrap());
+    let mut enc = gpu.encoder();
+    let msg = k::add(&gpu, &mut enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&c)).unwrap_err().to_string();
+    assert!(msg.contains("add") && msg.contains("`a`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+}

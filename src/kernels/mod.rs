@@ -4,7 +4,14 @@
 
 use crate::gpu::{Gpu, GpuError, Shader, Slice};
 
+pub mod avgpool;
+pub mod batchnorm;
+pub mod conv2d;
+pub mod cross_entropy;
+pub mod dense;
 pub mod elementwise;
+pub mod maxpool;
+pub mod sgd;
 
 /// A launch that was refused before anything was recorded, or that the device refused.
 #[derive(Debug, thiserror::Error)]

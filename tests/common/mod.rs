@@ -27,6 +27,20 @@ pub fn gpu() -> Option<&'static Gpu> {
     .as_ref()
 }
 
+/// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that
+/// launches past a device limit are refused with a clear error.
+pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Gpu> {
+    gpu()?;
+    let choice = AdapterChoice::from_env().unwrap();
+    pollster::block_on(async {
+        let instance = syncstep::gpu::instance();
+        let adapter = syncstep::gpu::select_adapter(&instance, &choice).await.unwrap();
+        let mut limits = adapter.limits();
+        limits.max_storage_buffer_binding_size = max_binding_bytes;
+        Some(Gpu::from_adapter_with_limits(&adapter, limits).await.unwrap())
+    })
+}
+
 /// Uniform values in [-1, 1), never all zero.
 pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
