@@ -4,6 +4,8 @@
 //! Layers, bottom up (see DESIGN.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
+pub mod data;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod reference;

@@ -1,0 +1,216 @@
+//! The `data` layer: a seeded synthetic image dataset (the embedded default) and sharding of a
+//! global batch into R contiguous shards. Pure integer/float arithmetic with ChaCha8 and libm,
+//! so an image is bit-identical on every platform, wasm included.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DataError {
+    #[error("batch of {batch} cannot be split into {replicas} equal shards: choose a global batch divisible by the replica count")]
+    NotDivisible { batch: usize, replicas: usize },
+    #[error("replica count must be at least 1")]
+    NoReplicas,
+    #[error("label {label} of example {index} is out of range: the model has {classes} classes (labels 0..{classes})")]
+    LabelOutOfRange { index: usize, label: i64, classes: u32 },
+    #[error("input holds a non-finite value ({value}) at element {index} (example {example}): clean the data first")]
+    NonFinite { index: usize, example: usize, value: f32 },
+    #[error("input has {got} values but {m} images of 3×{h}×{w} need {expected}")]
+    Shape { got: usize, m: usize, h: u32, w: u32, expected: usize },
+}
+
+/// Images in NCHW ([m, 3, h, w], f32) and their labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub images: Vec<f32>,
+    pub labels: Vec<u32>,
+    pub h: u32,
+    pub w: u32,
+}
+
+/// The embedded dataset's ten patterns; class k draws pattern k mod 10 (and for k ≥ 10 a
+/// different colour family), so any number of classes works.
+pub const PATTERNS: [&str; 10] =
+    ["disc", "square", "horizontal stripes", "vertical stripes", "checkerboard", "ring", "cross", "diagonal stripes", "left-right gradient", "two dots"];
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+    fn image_len(&self) -> usize {
+        3 * (self.h * self.w) as usize
+    }
+
+    /// Checks what a shader cannot: shape, finite values, labels below `classes`.
+    pub fn validate(&self, classes: u32) -> Result<(), DataError> {
+        let expected = self.len() * self.image_len();
+        if self.images.len() != expected {
+            return Err(DataError::Shape { got: self.images.len(), m: self.len(), h: self.h, w: self.w, expected });
+        }
+        if let Some((index, &value)) = self.images.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(DataError::NonFinite { index, example: index / self.image_len(), value });
+        }
+        if let Some((index, &label)) = self.labels.iter().enumerate().find(|(_, &l)| l >= classes) {
+            return Err(DataError::LabelOutOfRange { index, label: label as i64, classes });
+        }
+        Ok(())
+    }
+
+    /// Replica `r`'s contiguous shard of `replicas` equal shards.
+    pub fn shard(&self, r: usize, replicas: usize) -> Result<Batch, DataError> {
+        if replicas == 0 {
+            return Err(DataError::NoReplicas);
+        }
+        if self.len() % replicas != 0 {
+            return Err(DataError::NotDivisible { batch: self.len(), replicas });
+        }
+        let n = self.len() / replicas;
+        let il = self.image_len();
+        Ok(Batch {
+            images: self.images[r * n * il..(r + 1) * n * il].to_vec(),
+            labels: self.labels[r * n..(r + 1) * n].to_vec(),
+            h: self.h,
+            w: self.w,
+        })
+    }
+
+    /// All shards, in replica order.
+    pub fn shards(&self, replicas: usize) -> Result<Vec<Batch>, DataError> {
+        (0..replicas).map(|r| self.shard(r, replicas)).collect()
+    }
+
+    /// The batch with every pixel raised by `delta` (the gates shift shard r by 0.5·r so
+    /// per-replica BatchNorm statistics visibly differ from the global ones).
+    pub fn shifted(&self, delta: f32) -> Batch {
+        Batch { images: self.images.iter().map(|v| v + delta).collect(), ..self.clone() }
+    }
+
+    /// Concatenation of batches of one image size, in order.
+    pub fn concat(parts: &[Batch]) -> Batch {
+        Batch {
+            images: parts.iter().flat_map(|b| b.images.iter().copied()).collect(),
+            labels: parts.iter().flat_map(|b| b.labels.iter().copied()).collect(),
+            h: parts.first().map_or(0, |b| b.h),
+            w: parts.first().map_or(0, |b| b.w),
+        }
+    }
+}
+
+/// `m` images of the synthetic dataset starting at example `start`. Example i depends only on
+/// (seed, i), so batches, shards and resumed runs see the same images.
+pub fn synthetic_batch(seed: u64, start: u64, m: usize, h: u32, w: u32, classes: u32) -> Batch {
+    let mut images = Vec::with_capacity(m * 3 * (h * w) as usize);
+    let mut labels = Vec::with_capacity(m);
+    for i in 0..m as u64 {
+        let (img, label) = synthetic_image(seed, start + i, h, w, classes);
+        images.extend(img);
+        labels.push(label);
+    }
+    Batch { images, labels, h, w }
+}
+
+/// One image [3, h, w] and its label: a pattern (the class) in a random colour at a random
+/// place and scale, on a random background, with noise; roughly zero mean, unit variance.
+pub fn synthetic_image(seed: u64, index: u64, h: u32, w: u32, classes: u32) -> (Vec<f32>, u32) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let label = rng.random_range(0..classes);
+    let pattern = label % 10;
+    let family = (label / 10) as f32;
+    let hue = |rng: &mut ChaCha8Rng| -> [f32; 3] {
+        let base: [f32; 3] = [rng.random_range(0.2..1.0), rng.random_range(0.2..1.0), rng.random_range(0.2..1.0)];
+        // Classes beyond ten differ by a colour family: channel weights rotate.
+        let r = family as usize % 3;
+        [base[r % 3], base[(r + 1) % 3], base[(r + 2) % 3]]
+    };
+    let fg = hue(&mut rng);
+    let bg: [f32; 3] = [rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0)];
+    let size = h.min(w) as f32;
+    let radius = size * rng.random_range(0.22..0.38);
+    let cy = h as f32 * rng.random_range(0.35..0.65);
+    let cx = w as f32 * rng.random_range(0.35..0.65);
+    let period = size * rng.random_range(0.12..0.22);
+    let noise = 0.25;
+    let mut img = vec![0.0f32; 3 * (h * w) as usize];
+    for y in 0..h {
+        for x in 0..w {
+            let (dy, dx) = (y as f32 + 0.5 - cy, x as f32 + 0.5 - cx);
+            let d = libm::sqrtf(dy * dy + dx * dx);
+            let stripe = |t: f32| (libm::floorf(t / period) as i64).rem_euclid(2) == 0;
+            let inside = match pattern {
+                0 => d < radius,
+                1 => dy.abs() < radius * 0.8 && dx.abs() < radius * 0.8,
+                2 => stripe(y as f32),
+                3 => stripe(x as f32),
+                4 => stripe(y as f32) ^ stripe(x as f32),
+                5 => d < radius && d > radius * 0.6,
+                6 => dy.abs() < radius * 0.25 || dx.abs() < radius * 0.25,
+                7 => stripe((x + y) as f32 * 0.7071),
+                8 => x as f32 / w as f32 > rng.random_range(0.0..1.0),
+                _ => {
+                    let (ey, ex) = (dy, dx.abs() - radius * 0.6);
+                    libm::sqrtf(ey * ey + ex * ex) < radius * 0.35
+                }
+            };
+            let px = (y * w + x) as usize;
+            for c in 0..3 {
+                let v = if inside { fg[c] } else { bg[c] };
+                img[c * (h * w) as usize + px] = 2.0 * v + noise * rng.random_range(-1.0f32..1.0);
+            }
+        }
+    }
+    (img, label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_are_seeded_and_independent_of_batching() {
+        let a = synthetic_batch(3, 0, 6, 32, 32, 10);
+        assert_eq!(a, synthetic_batch(3, 0, 6, 32, 32, 10));
+        assert_ne!(a.images, synthetic_batch(4, 0, 6, 32, 32, 10).images);
+        let tail = synthetic_batch(3, 2, 4, 32, 32, 10);
+        assert_eq!(a.shard(0, 3).unwrap().labels.len(), 2);
+        assert_eq!(&a.images[2 * 3 * 1024..], &tail.images[..]);
+        assert!(a.labels.iter().all(|&l| l < 10));
+        a.validate(10).unwrap();
+    }
+
+    #[test]
+    fn all_classes_appear_and_pixels_are_normalised() {
+        let b = synthetic_batch(0, 0, 200, 32, 32, 10);
+        for k in 0..10 {
+            assert!(b.labels.contains(&k), "class {k} missing");
+        }
+        let mean = b.images.iter().map(|&v| v as f64).sum::<f64>() / b.images.len() as f64;
+        let var = b.images.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / b.images.len() as f64;
+        assert!(mean.abs() < 0.6 && (0.2..3.0).contains(&var), "mean {mean} var {var}");
+    }
+
+    #[test]
+    fn shards_are_contiguous_and_concatenate_back() {
+        let b = synthetic_batch(1, 0, 8, 32, 32, 10);
+        let shards = b.shards(4).unwrap();
+        assert_eq!(Batch::concat(&shards), b);
+        assert_eq!(b.shard(0, 3), Err(DataError::NotDivisible { batch: 8, replicas: 3 }));
+        assert_eq!(b.shard(0, 0), Err(DataError::NoReplicas));
+    }
+
+    #[test]
+    fn validate_names_the_bad_example() {
+        let mut b = synthetic_batch(1, 0, 4, 32, 32, 10);
+        b.labels[2] = 10;
+        let e = b.validate(10).unwrap_err().to_string();
+        assert!(e.contains("label 10 of example 2") && e.contains("10 classes"), "{e}");
+        b.labels[2] = 0;
+        b.images[3 * 1024 + 5] = f32::NAN;
+        let e = b.validate(10).unwrap_err().to_string();
+        assert!(e.contains("non-finite") && e.contains("example 1"), "{e}");
+        b.images.pop();
+        assert!(matches!(b.validate(10), Err(DataError::Shape { .. })));
+    }
+}

@@ -1,0 +1,339 @@
+//! The `model` layer: ResNet-34 as data. Parameter and buffer specs carry torchvision's
+//! `state_dict` names and their place in ONE flat parameter buffer (and one flat buffer of
+//! BatchNorm running statistics). The step walks `stem` and `blocks`; nothing here knows wgpu.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Every tensor starts at a multiple of this many bytes: WebGPU's largest allowed
+/// `min_storage_buffer_offset_alignment`, so the same layout binds on every adapter, native or
+/// in a browser, and replicas on different adapters share it.
+pub const ALIGN_BYTES: usize = 256;
+const ALIGN: usize = ALIGN_BYTES / 4;
+
+/// The smallest input side the network takes: five stride-2 stages leave at least 1×1.
+pub const MIN_IMAGE_SIZE: u32 = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("image size {h}×{w} is too small: ResNet-34 needs at least {MIN_IMAGE_SIZE}×{MIN_IMAGE_SIZE}")]
+    ImageTooSmall { h: u32, w: u32 },
+    #[error("{0} classes: the classifier needs at least 2")]
+    TooFewClasses(u32),
+}
+
+/// A named tensor inside a flat buffer: `len()` f32s starting at element `offset`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+impl TensorSpec {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// A convolution (no bias): its weight is `params[weight]`, shape [c_out, c_in, k, k].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv {
+    pub weight: usize,
+    pub c_in: u32,
+    pub c_out: u32,
+    pub k: u32,
+    pub stride: u32,
+    pub pad: u32,
+}
+
+impl Conv {
+    pub fn out_size(&self, h: u32) -> u32 {
+        (h + 2 * self.pad - self.k) / self.stride + 1
+    }
+}
+
+/// A BatchNorm site: γ = `params[weight]`, β = `params[bias]`, running statistics in `buffers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchNorm {
+    pub weight: usize,
+    pub bias: usize,
+    pub running_mean: usize,
+    pub running_var: usize,
+    pub c: u32,
+}
+
+/// torchvision's BasicBlock: conv-bn-relu-conv-bn, plus the identity or a 1×1/s2 projection,
+/// then relu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BasicBlock {
+    pub conv1: Conv,
+    pub bn1: BatchNorm,
+    pub conv2: Conv,
+    pub bn2: BatchNorm,
+    pub downsample: Option<(Conv, BatchNorm)>,
+}
+
+/// Max-pool of the stem: 3×3, stride 2, padding 1.
+pub const POOL_K: u32 = 3;
+pub const POOL_STRIDE: u32 = 2;
+pub const POOL_PAD: u32 = 1;
+
+/// ResNet-34 for `classes` outputs: stem (conv 7×7/s2/p3, bn, relu, max-pool 3×3/s2/p1),
+/// BasicBlocks [3, 4, 6, 3] at 64/128/256/512 channels, global average pool, fc.
+#[derive(Clone, Debug)]
+pub struct ResNet34 {
+    pub classes: u32,
+    pub stem_conv: Conv,
+    pub stem_bn: BatchNorm,
+    pub blocks: Vec<BasicBlock>,
+    pub fc_weight: usize,
+    pub fc_bias: usize,
+    /// Trainable tensors in `state_dict` order, laid out in one flat buffer of `param_len`.
+    pub params: Vec<TensorSpec>,
+    pub param_len: usize,
+    /// BatchNorm running statistics in `state_dict` order, in one flat buffer of `buffer_len`.
+    pub buffers: Vec<TensorSpec>,
+    pub buffer_len: usize,
+}
+
+pub const STAGES: [(u32, usize); 4] = [(64, 3), (128, 4), (256, 6), (512, 3)];
+
+struct Builder {
+    params: Vec<TensorSpec>,
+    param_len: usize,
+    buffers: Vec<TensorSpec>,
+    buffer_len: usize,
+}
+
+fn push(list: &mut Vec<TensorSpec>, len: &mut usize, name: String, shape: Vec<usize>) -> usize {
+    let spec = TensorSpec { name, shape, offset: *len };
+    *len = (spec.offset + spec.len()).div_ceil(ALIGN) * ALIGN;
+    list.push(spec);
+    list.len() - 1
+}
+
+impl Builder {
+    fn param(&mut self, name: String, shape: Vec<usize>) -> usize {
+        push(&mut self.params, &mut self.param_len, name, shape)
+    }
+    fn conv(&mut self, name: &str, c_in: u32, c_out: u32, k: u32, stride: u32, pad: u32) -> Conv {
+        let weight = self.param(format!("{name}.weight"), vec![c_out as usize, c_in as usize, k as usize, k as usize]);
+        Conv { weight, c_in, c_out, k, stride, pad }
+    }
+    fn bn(&mut self, name: &str, c: u32) -> BatchNorm {
+        let weight = self.param(format!("{name}.weight"), vec![c as usize]);
+        let bias = self.param(format!("{name}.bias"), vec![c as usize]);
+        let running_mean = push(&mut self.buffers, &mut self.buffer_len, format!("{name}.running_mean"), vec![c as usize]);
+        let running_var = push(&mut self.buffers, &mut self.buffer_len, format!("{name}.running_var"), vec![c as usize]);
+        BatchNorm { weight, bias, running_mean, running_var, c }
+    }
+}
+
+impl ResNet34 {
+    pub fn new(classes: u32) -> Result<ResNet34, ModelError> {
+        if classes < 2 {
+            return Err(ModelError::TooFewClasses(classes));
+        }
+        let mut b = Builder { params: Vec::new(), param_len: 0, buffers: Vec::new(), buffer_len: 0 };
+        let stem_conv = b.conv("conv1", 3, 64, 7, 2, 3);
+        let stem_bn = b.bn("bn1", 64);
+        let mut blocks = Vec::new();
+        let mut c_in = 64;
+        for (stage, &(c, count)) in STAGES.iter().enumerate() {
+            for i in 0..count {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let p = format!("layer{}.{i}", stage + 1);
+                let conv1 = b.conv(&format!("{p}.conv1"), c_in, c, 3, stride, 1);
+                let bn1 = b.bn(&format!("{p}.bn1"), c);
+                let conv2 = b.conv(&format!("{p}.conv2"), c, c, 3, 1, 1);
+                let bn2 = b.bn(&format!("{p}.bn2"), c);
+                let downsample = (stride != 1 || c_in != c)
+                    .then(|| (b.conv(&format!("{p}.downsample.0"), c_in, c, 1, stride, 0), b.bn(&format!("{p}.downsample.1"), c)));
+                blocks.push(BasicBlock { conv1, bn1, conv2, bn2, downsample });
+                c_in = c;
+            }
+        }
+        let fc_weight = b.param("fc.weight".into(), vec![classes as usize, 512]);
+        let fc_bias = b.param("fc.bias".into(), vec![classes as usize]);
+        Ok(ResNet34 {
+            classes,
+            stem_conv,
+            stem_bn,
+            blocks,
+            fc_weight,
+            fc_bias,
+            params: b.params,
+            param_len: b.param_len,
+            buffers: b.buffers,
+            buffer_len: b.buffer_len,
+        })
+    }
+
+    /// Fails when the network cannot take an input of this size.
+    pub fn check_image_size(h: u32, w: u32) -> Result<(), ModelError> {
+        if h < MIN_IMAGE_SIZE || w < MIN_IMAGE_SIZE {
+            return Err(ModelError::ImageTooSmall { h, w });
+        }
+        Ok(())
+    }
+
+    /// All BatchNorm sites in forward order (stem, then per block bn1, bn2, downsample).
+    pub fn batchnorms(&self) -> Vec<BatchNorm> {
+        let mut v = vec![self.stem_bn];
+        for b in &self.blocks {
+            v.extend([b.bn1, b.bn2]);
+            v.extend(b.downsample.map(|(_, bn)| bn));
+        }
+        v
+    }
+
+    /// All convolutions in forward order.
+    pub fn convs(&self) -> Vec<Conv> {
+        let mut v = vec![self.stem_conv];
+        for b in &self.blocks {
+            v.extend([b.conv1, b.conv2]);
+            v.extend(b.downsample.map(|(c, _)| c));
+        }
+        v
+    }
+
+    pub fn param(&self, name: &str) -> Option<&TensorSpec> {
+        self.params.iter().find(|p| p.name == name)
+    }
+
+    /// Number of trainable scalars (without alignment padding).
+    pub fn param_count(&self) -> usize {
+        self.params.iter().map(|p| p.len()).sum()
+    }
+
+    /// Forward FLOPs of one image (multiply-add = 2): convs and fc.
+    pub fn forward_flops(&self, h: u32, w: u32) -> f64 {
+        let mut total = 0.0;
+        let conv = |c: &Conv, h: u32, w: u32, total: &mut f64| {
+            let (oh, ow) = (c.out_size(h), c.out_size(w));
+            *total += 2.0 * (c.c_out * oh * ow) as f64 * (c.c_in * c.k * c.k) as f64;
+            (oh, ow)
+        };
+        let (mut h, mut w) = conv(&self.stem_conv, h, w, &mut total);
+        h = (h + 2 * POOL_PAD - POOL_K) / POOL_STRIDE + 1;
+        w = (w + 2 * POOL_PAD - POOL_K) / POOL_STRIDE + 1;
+        for b in &self.blocks {
+            if let Some((d, _)) = &b.downsample {
+                conv(d, h, w, &mut total);
+            }
+            let (h1, w1) = conv(&b.conv1, h, w, &mut total);
+            (h, w) = conv(&b.conv2, h1, w1, &mut total);
+        }
+        total + 2.0 * 512.0 * self.classes as f64
+    }
+
+    /// Seeded initialisation as torchvision's: convs Kaiming-normal (fan_out, relu gain),
+    /// BN γ = 1 and β = 0, fc weight and bias uniform ±1/√fan_in. Padding stays 0. Uses only
+    /// ChaCha8 and libm, so it is bit-identical on every platform, wasm included.
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut flat = vec![0.0f32; self.param_len];
+        for conv in self.convs() {
+            let spec = &self.params[conv.weight];
+            let std = (2.0 / (conv.c_out * conv.k * conv.k) as f64).sqrt();
+            for v in &mut flat[spec.range()] {
+                *v = (std * standard_normal(&mut rng)) as f32;
+            }
+        }
+        for bn in self.batchnorms() {
+            flat[self.params[bn.weight].range()].fill(1.0);
+        }
+        let bound = 1.0 / 512f64.sqrt();
+        for idx in [self.fc_weight, self.fc_bias] {
+            for v in &mut flat[self.params[idx].range()] {
+                *v = rng.random_range(-bound..bound) as f32;
+            }
+        }
+        flat
+    }
+
+    /// Fresh running statistics: mean 0, variance 1.
+    pub fn init_buffers(&self) -> Vec<f32> {
+        let mut flat = vec![0.0f32; self.buffer_len];
+        for bn in self.batchnorms() {
+            flat[self.buffers[bn.running_var].range()].fill(1.0);
+        }
+        flat
+    }
+}
+
+/// A standard normal draw by Box–Muller with libm, identical on every target.
+pub fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln is finite
+    let u2: f64 = rng.random::<f64>();
+    libm::sqrt(-2.0 * libm::log(u1)) * libm::cos(2.0 * std::f64::consts::PI * u2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resnet34_has_torchvisions_parameters() {
+        let m = ResNet34::new(1000).unwrap();
+        // torchvision.models.resnet34().parameters(): 21,797,672 scalars in 110 tensors.
+        assert_eq!(m.param_count(), 21_797_672);
+        assert_eq!(m.params.len(), 110);
+        assert_eq!(m.batchnorms().len(), 36);
+        assert_eq!(m.buffers.len(), 72);
+        assert_eq!(m.params[0].name, "conv1.weight");
+        assert_eq!(m.params[0].shape, vec![64, 3, 7, 7]);
+        assert_eq!(m.param("layer2.0.downsample.0.weight").unwrap().shape, vec![128, 64, 1, 1]);
+        assert_eq!(m.param("layer4.2.bn2.bias").unwrap().shape, vec![512]);
+        assert_eq!(m.params.last().unwrap().name, "fc.bias");
+        assert!(m.buffers.iter().any(|b| b.name == "layer3.0.downsample.1.running_var"));
+    }
+
+    #[test]
+    fn every_tensor_is_aligned_and_disjoint() {
+        let m = ResNet34::new(10).unwrap();
+        let mut end = 0;
+        for p in &m.params {
+            assert_eq!(p.offset * 4 % ALIGN_BYTES, 0, "{}", p.name);
+            assert!(p.offset >= end);
+            end = p.offset + p.len();
+        }
+        assert!(end <= m.param_len);
+    }
+
+    #[test]
+    fn flops_match_the_published_figures() {
+        let m = ResNet34::new(1000).unwrap();
+        // ENVIRONMENT.md: 7.33 GFLOP at 224² (1000 classes).
+        assert!((m.forward_flops(224, 224) / 1e9 - 7.33).abs() < 0.01, "{}", m.forward_flops(224, 224));
+        let m10 = ResNet34::new(10).unwrap();
+        assert!((m10.forward_flops(32, 32) / 1e9 - 0.150).abs() < 0.002, "{}", m10.forward_flops(32, 32));
+    }
+
+    #[test]
+    fn init_is_seeded_and_kaiming_scaled() {
+        let m = ResNet34::new(10).unwrap();
+        let a = m.init_params(7);
+        assert_eq!(a, m.init_params(7));
+        assert_ne!(a, m.init_params(8));
+        let w = &a[m.param("layer4.0.conv2.weight").unwrap().range()];
+        let var = w.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / w.len() as f64;
+        let expected = 2.0 / (512.0 * 9.0);
+        assert!((var / expected - 1.0).abs() < 0.02, "variance {var} vs {expected}");
+        assert!(a[m.param("bn1.weight").unwrap().range()].iter().all(|&g| g == 1.0));
+    }
+
+    #[test]
+    fn bad_configurations_are_errors() {
+        assert!(ResNet34::new(1).is_err());
+        let e = ResNet34::check_image_size(16, 64).unwrap_err().to_string();
+        assert!(e.contains("16×64") && e.contains("32"), "{e}");
+    }
+}
