@@ -9,3 +9,4 @@ pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod reference;
+pub mod tensorfile;

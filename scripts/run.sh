@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on its embedded defaults: installs what is missing, builds, runs `syncstep`.
+# Extra arguments replace the default subcommand, e.g. `scripts/run.sh info`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+if [ $# -eq 0 ]; then set -- info; fi
+exec cargo run --release --quiet -- "$@"

@@ -1,0 +1,186 @@
+//! safetensors files: reading weights, batches and checkpoints (any float or integer dtype,
+//! converted on the way in) and writing f32 tensors atomically (temp file + rename, so a
+//! failed write never leaves a half-written file where a good one was).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TensorFileError {
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error("{path}: not a valid safetensors file ({message}); is it truncated or corrupt?")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("{path}: tensor `{name}` has dtype {dtype:?}, which syncstep cannot read (use f32, f64, f16, bf16 or an integer type)")]
+    Dtype { path: PathBuf, name: String, dtype: Dtype },
+    #[error("{path}: missing tensor `{name}`")]
+    Missing { path: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    Shape { path: PathBuf, name: String, got: Vec<usize>, expected: Vec<usize> },
+}
+
+/// One tensor as read: its shape, its values widened to f64 (exact for f32 and for integers
+/// below 2^53), and whether the file stored it as an integer type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+    pub integer: bool,
+}
+
+/// The tensors of one file, by name.
+#[derive(Clone, Debug, Default)]
+pub struct TensorFile {
+    pub path: PathBuf,
+    pub tensors: BTreeMap<String, Tensor>,
+}
+
+impl TensorFile {
+    pub fn read(path: &Path) -> Result<TensorFile, TensorFileError> {
+        let bytes = std::fs::read(path).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+        TensorFile::from_bytes(path, &bytes)
+    }
+
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TensorFile, TensorFileError> {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let mut tensors = BTreeMap::new();
+        for (name, view) in st.iter() {
+            let (values, integer) = decode(&view).ok_or_else(|| TensorFileError::Dtype { path: path.into(), name: name.into(), dtype: view.dtype() })?;
+            tensors.insert(name.to_string(), Tensor { shape: view.shape().to_vec(), values, integer });
+        }
+        Ok(TensorFile { path: path.into(), tensors })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
+    /// The tensor `name`, which must exist and have `shape`.
+    pub fn require(&self, name: &str, shape: &[usize]) -> Result<&Tensor, TensorFileError> {
+        let t = self.get(name).ok_or_else(|| TensorFileError::Missing { path: self.path.clone(), name: name.into() })?;
+        self.check_shape(name, t, shape)?;
+        Ok(t)
+    }
+
+    /// The tensor `name` if present, checked against `shape`.
+    pub fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<&Tensor>, TensorFileError> {
+        match self.get(name) {
+            Some(t) => self.check_shape(name, t, shape).map(|_| Some(t)),
+            None => Ok(None),
+        }
+    }
+
+    fn check_shape(&self, name: &str, t: &Tensor, shape: &[usize]) -> Result<(), TensorFileError> {
+        if t.shape != shape {
+            return Err(TensorFileError::Shape { path: self.path.clone(), name: name.into(), got: t.shape.clone(), expected: shape.to_vec() });
+        }
+        Ok(())
+    }
+}
+
+fn decode(view: &TensorView) -> Option<(Vec<f64>, bool)> {
+    let d = view.data();
+    fn le<const N: usize, T>(d: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        d.chunks_exact(N).map(|c| f(c.try_into().unwrap())).collect()
+    }
+    Some(match view.dtype() {
+        Dtype::F64 => (le(d, f64::from_le_bytes), false),
+        Dtype::F32 => (le(d, |b| f32::from_le_bytes(b) as f64), false),
+        Dtype::F16 => (le(d, |b| f16_to_f32(u16::from_le_bytes(b)) as f64), false),
+        Dtype::BF16 => (le(d, |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64), false),
+        Dtype::I64 => (le(d, |b| i64::from_le_bytes(b) as f64), true),
+        Dtype::I32 => (le(d, |b| i32::from_le_bytes(b) as f64), true),
+        Dtype::I16 => (le(d, |b| i16::from_le_bytes(b) as f64), true),
+        Dtype::I8 => (d.iter().map(|&b| b as i8 as f64).collect(), true),
+        Dtype::U8 => (d.iter().map(|&b| b as f64).collect(), true),
+        Dtype::U32 => (le(d, |b| u32::from_le_bytes(b) as f64), true),
+        Dtype::U64 => (le(d, |b| u64::from_le_bytes(b) as f64), true),
+        _ => return None,
+    })
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as u32;
+    let bits = match exp {
+        0 if frac == 0 => sign,
+        0 => return f32::from_bits(sign) + (frac as f32) * 2f32.powi(-24) * if sign != 0 { -1.0 } else { 1.0 },
+        31 => sign | 0x7f80_0000 | (frac << 13),
+        _ => sign | (((exp - 15 + 127) as u32) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// f32 tensors to write: name, shape, values.
+pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
+
+/// Writes `entries` as f32 safetensors to `path` atomically: a temp file beside it, then rename.
+pub fn write_f32(path: &Path, entries: &[Entry]) -> Result<(), TensorFileError> {
+    let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
+    let views = entries
+        .iter()
+        .map(|(n, shape, v)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(v))
+                .map(|view| (n.clone(), view))
+                .map_err(|e| TensorFileError::Io { path: path.into(), message: format!("tensor `{n}`: {e}") })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = safetensors::tensor::serialize(views, None).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+    let file_name = path.file_name().ok_or_else(|| TensorFileError::Io { path: path.into(), message: "not a file path".into() })?;
+    let tmp = path.with_file_name(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    }).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_shape_errors() {
+        let dir = std::env::temp_dir().join(format!("syncstep-tf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.safetensors");
+        let v = [1.0f32, -2.5, 3.25, 4.0];
+        write_f32(&path, &[("w".into(), vec![2, 2], &v)]).unwrap();
+        let f = TensorFile::read(&path).unwrap();
+        assert_eq!(f.require("w", &[2, 2]).unwrap().values, vec![1.0, -2.5, 3.25, 4.0]);
+        let e = f.require("w", &[4]).unwrap_err().to_string();
+        assert!(e.contains("`w` has shape [2, 2], expected [4]"), "{e}");
+        assert!(f.require("x", &[1]).unwrap_err().to_string().contains("missing tensor `x`"));
+        let bytes = std::fs::read(&path).unwrap();
+        let e = TensorFile::from_bytes(&path, &bytes[..bytes.len() - 3]).unwrap_err().to_string();
+        assert!(e.contains("truncated or corrupt"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unwritable_path_is_an_error_and_keeps_the_old_file() {
+        let dir = std::env::temp_dir().join(format!("syncstep-tf2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keep.safetensors");
+        write_f32(&path, &[("a".into(), vec![1], &[1.0])]).unwrap();
+        let bad = dir.join("no/such/dir/x.safetensors");
+        assert!(write_f32(&bad, &[("a".into(), vec![1], &[2.0])]).is_err());
+        assert_eq!(TensorFile::read(&path).unwrap().get("a").unwrap().values, vec![1.0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn half_precision_decodes() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+    }
+}
