@@ -259,6 +259,20 @@ impl ResNet34 {
         flat
     }
 
+    /// Random BN γ ∈ [0.5, 1.5) and β ∈ [−0.5, 0.5), so checks exercise every BN term
+    /// (at γ = 1, β = 0 some errors would cancel).
+    pub fn randomize_batchnorm(&self, params: &mut [f32], seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for bn in self.batchnorms() {
+            for v in &mut params[self.params[bn.weight].range()] {
+                *v = rng.random_range(0.5..1.5);
+            }
+            for v in &mut params[self.params[bn.bias].range()] {
+                *v = rng.random_range(-0.5..0.5);
+            }
+        }
+    }
+
     /// Fresh running statistics: mean 0, variance 1.
     pub fn init_buffers(&self) -> Vec<f32> {
         let mut flat = vec![0.0f32; self.buffer_len];
@@ -266,6 +280,32 @@ impl ResNet34 {
             flat[self.buffers[bn.running_var].range()].fill(1.0);
         }
         flat
+    }
+}
+
+/// The discrete choices a forward made: which ReLU units passed (per ReLU site in forward
+/// order, 1 = passed) and which cell each max-pool window took. A run given another run's
+/// pattern makes the same choices, so two runs can be compared without ReLU-flip chaos.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActivationPattern {
+    pub relu: Vec<Vec<u8>>,
+    pub pool_argmax: Vec<u32>,
+}
+
+impl ActivationPattern {
+    /// The patterns of consecutive shards of one batch, joined into the global batch's.
+    pub fn concat(parts: &[ActivationPattern]) -> ActivationPattern {
+        let sites = parts.first().map_or(0, |p| p.relu.len());
+        ActivationPattern {
+            relu: (0..sites).map(|s| parts.iter().flat_map(|p| p.relu[s].iter().copied()).collect()).collect(),
+            pool_argmax: parts.iter().flat_map(|p| p.pool_argmax.iter().copied()).collect(),
+        }
+    }
+
+    /// Units whose choice differs between two patterns (ReLU units + pool windows).
+    pub fn flips(&self, other: &ActivationPattern) -> usize {
+        let relu: usize = self.relu.iter().zip(&other.relu).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count()).sum();
+        relu + self.pool_argmax.iter().zip(&other.pool_argmax).filter(|(a, b)| a != b).count()
     }
 }
 

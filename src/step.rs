@@ -1,0 +1,490 @@
+//! The `step` layer: one replica's ResNet-34 training step on one device — forward (saving
+//! what the backward reads), label-smoothed loss, backward to every parameter, BN running
+//! statistics, SGD. BatchNorm sites call a [`BnSync`] hook: [`LocalBn`] on one device, an
+//! all-reduce across replicas in data-parallel runs (the `collective` layer moves the bytes).
+//!
+//! The whole forward and backward is recorded into one command encoder; a hook that needs the
+//! statistics on the host submits what was recorded so far and continues in a new encoder.
+
+use std::collections::HashMap;
+
+use crate::data::{Batch, DataError};
+use crate::gpu::{Gpu, GpuError, Slice};
+use crate::kernels::{avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError};
+use crate::model::{ActivationPattern, BatchNorm, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
+
+pub const BN_EPS: f32 = 1e-5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = StepError> = std::result::Result<T, E>;
+
+/// Hyper-parameters of a training step (PyTorch's defaults where it has them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepConfig {
+    pub label_smoothing: f32,
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+    pub bn_momentum: f32,
+}
+
+impl Default for StepConfig {
+    fn default() -> Self {
+        StepConfig { label_smoothing: 0.1, lr: 0.05, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
+    }
+}
+
+impl StepConfig {
+    pub fn validate(&self) -> Result<()> {
+        let ok = |v: f32, lo: f32, hi: f32| v.is_finite() && v >= lo && v < hi;
+        let checks = [
+            (ok(self.label_smoothing, 0.0, 1.0), "label smoothing must be in [0, 1)"),
+            (ok(self.lr, 0.0, f32::MAX), "learning rate must be finite and ≥ 0"),
+            (ok(self.momentum, 0.0, 1.0), "momentum must be in [0, 1)"),
+            (ok(self.weight_decay, 0.0, f32::MAX), "weight decay must be finite and ≥ 0"),
+            (ok(self.bn_momentum, 0.0, 1.0 + f32::EPSILON), "BatchNorm momentum must be in [0, 1]"),
+        ];
+        match checks.iter().find(|(good, _)| !good) {
+            Some((_, msg)) => Err(StepError::Invalid(msg.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a BatchNorm site does with statistics beyond this device. `site` numbers the BN sites
+/// in forward order (`ResNet34::batchnorms`).
+#[allow(async_fn_in_trait)]
+pub trait BnSync {
+    /// Turns this device's per-channel stats `[mean | M2]` over `count` positions into the
+    /// statistics over all replicas, in place; returns the global count.
+    async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, stats: &wgpu::Buffer, count: u32) -> Result<u32>;
+    /// Sums the backward pair `[Σdy | Σdy·x̂]` over all replicas, in place.
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, sums: &wgpu::Buffer) -> Result<()>;
+}
+
+/// One device's own statistics: plain training-mode BatchNorm.
+pub struct LocalBn;
+
+impl BnSync for LocalBn {
+    async fn stats(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, count: u32) -> Result<u32> {
+        Ok(count)
+    }
+    async fn sums(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Options of one forward/backward.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepOptions<'a> {
+    /// Impose this activation pattern instead of deciding it.
+    pub impose: Option<&'a ActivationPattern>,
+    /// Read this step's activation pattern back into [`StepOutput::pattern`].
+    pub capture_pattern: bool,
+}
+
+/// What a forward/backward returns to the host (the gradients stay on the device).
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    pub loss: f32,
+    pub logits: Vec<f32>,
+    pub pattern: Option<ActivationPattern>,
+}
+
+/// One device's copy of the model: parameters, gradients, momentum and BN running statistics,
+/// each one flat buffer in the model's layout, plus activation buffers reused across steps.
+pub struct Replica {
+    pub gpu: Gpu,
+    pub model: ResNet34,
+    pub params: wgpu::Buffer,
+    pub grads: wgpu::Buffer,
+    pub velocity: wgpu::Buffer,
+    pub running: wgpu::Buffer,
+    acts: HashMap<String, wgpu::Buffer>,
+}
+
+/// Spatial size and channels of an activation, with the batch it belongs to.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+}
+
+impl Dims {
+    fn len(&self) -> u64 {
+        (self.n * self.c * self.h * self.w) as u64
+    }
+    fn hw(&self) -> u32 {
+        self.h * self.w
+    }
+}
+
+/// A Conv→BN unit's saved tensors in the forward, by name.
+struct Unit {
+    name: String,
+    conv: Conv,
+    bn: BatchNorm,
+    site: usize,
+    input: Dims,
+    out: Dims,
+}
+
+/// Per-step state threaded through forward and backward.
+struct Pass<'p> {
+    enc: wgpu::CommandEncoder,
+    units: Vec<Unit>,
+    relu_gates: Vec<String>,
+    impose: Option<&'p ActivationPattern>,
+    counts: Vec<u32>,
+    /// The buffer holding the pool's argmax: its own, or the imposed one.
+    pool_argmax: &'static str,
+}
+
+impl Replica {
+    /// A replica holding `params` (model layout) and running statistics `running`.
+    pub fn new(gpu: Gpu, model: ResNet34, params: &[f32], running: &[f32]) -> Result<Replica> {
+        if params.len() != model.param_len || running.len() != model.buffer_len {
+            return Err(StepError::Invalid(format!(
+                "parameter/buffer vectors have {}/{} values, the model layout needs {}/{}",
+                params.len(),
+                running.len(),
+                model.param_len,
+                model.buffer_len
+            )));
+        }
+        let binding = gpu.limits.max_storage_buffer_binding_size;
+        if (model.param_len as u64) * 4 > binding {
+            return Err(GpuError::Limit { what: "the flat parameter buffer".into(), needed: model.param_len as u64 * 4, allowed: binding, limit: "max_storage_buffer_binding_size" }.into());
+        }
+        let params_buf = gpu.upload("params", params)?;
+        let grads = gpu.buffer("grads", model.param_len as u64)?;
+        let velocity = gpu.buffer("velocity", model.param_len as u64)?;
+        let running_buf = gpu.upload("running", running)?;
+        Ok(Replica { gpu, model, params: params_buf, grads, velocity, running: running_buf, acts: HashMap::new() })
+    }
+
+    fn param(&self, index: usize) -> Slice<'_> {
+        let p = &self.model.params[index];
+        Slice::new(&self.params, p.offset as u64 * 4, p.len() as u64)
+    }
+    fn grad(&self, index: usize) -> Slice<'_> {
+        let p = &self.model.params[index];
+        Slice::new(&self.grads, p.offset as u64 * 4, p.len() as u64)
+    }
+    fn running_slice(&self, index: usize) -> Slice<'_> {
+        let b = &self.model.buffers[index];
+        Slice::new(&self.running, b.offset as u64 * 4, b.len() as u64)
+    }
+
+    /// The activation buffer `name` of `len` elements, created on first use and reused.
+    fn act(&mut self, name: &str, len: u64) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.acts.get(name) {
+            if b.size() == len.max(1) * 4 {
+                return Ok(b.clone());
+            }
+        }
+        let b = self.gpu.buffer(name, len)?;
+        self.acts.insert(name.to_string(), b.clone());
+        Ok(b)
+    }
+
+    /// Forward, loss (divided by `divisor`) and backward for `batch`: leaves every parameter
+    /// gradient in `grads` and updates the running statistics.
+    pub async fn forward_backward(&mut self, batch: &Batch, cfg: &StepConfig, divisor: f32, sync: &impl BnSync, opts: StepOptions<'_>) -> Result<StepOutput> {
+        cfg.validate()?;
+        batch.validate(self.model.classes)?;
+        ResNet34::check_image_size(batch.h, batch.w)?;
+        if batch.is_empty() {
+            return Err(StepError::Invalid("empty batch".into()));
+        }
+        let n = batch.len() as u32;
+        let input = self.act("input", batch.images.len() as u64)?;
+        self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
+        let labels = self.act("labels", n as u64)?;
+        self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
+
+        let mut pass = Pass { enc: self.gpu.encoder(), units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax" };
+        if let Some(p) = opts.impose {
+            self.upload_pattern(p)?;
+        }
+        let x = Dims { n, c: 3, h: batch.h, w: batch.w };
+        let (feat, feat_dims) = self.forward(&mut pass, sync, x, cfg).await?;
+        let loss = self.head_forward_backward(&mut pass, cfg, divisor, &feat, feat_dims, &labels)?;
+        self.backward(&mut pass, sync).await?;
+
+        let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        self.gpu.submit(enc).await?;
+        let k = self.model.classes as u64;
+        let logits = self.act("logits", n as u64 * k)?;
+        let loss = self.gpu.read_f32(Slice::whole(&loss)).await?[0];
+        let logits = self.gpu.read_f32(Slice::whole(&logits)).await?;
+        let pattern = if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
+        Ok(StepOutput { loss, logits, pattern })
+    }
+
+    /// SGD with momentum and weight decay over the whole flat parameter buffer.
+    pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
+        cfg.validate()?;
+        let mut enc = self.gpu.encoder();
+        let p = sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
+        sgd::sgd_update(&self.gpu, &mut enc, &p, Slice::whole(&self.params), Slice::whole(&self.grads), Slice::whole(&self.velocity))?;
+        self.gpu.submit(enc).await?;
+        Ok(())
+    }
+
+    pub async fn read_params(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.params)).await?)
+    }
+    pub async fn read_grads(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.grads)).await?)
+    }
+    pub async fn read_velocity(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.velocity)).await?)
+    }
+    pub async fn read_running(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.running)).await?)
+    }
+    /// Replaces the momentum buffer (resuming from a checkpoint).
+    pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
+        if v.len() != self.model.param_len {
+            return Err(StepError::Invalid(format!("momentum has {} values, the layout needs {}", v.len(), self.model.param_len)));
+        }
+        self.gpu.queue.write_buffer(&self.velocity, 0, bytemuck::cast_slice(v));
+        Ok(())
+    }
+
+    fn upload_pattern(&mut self, p: &ActivationPattern) -> Result<()> {
+        for (i, mask) in p.relu.iter().enumerate() {
+            let gate: Vec<f32> = mask.iter().map(|&m| m as f32).collect();
+            let b = self.act(&format!("impose.relu{i}"), gate.len() as u64)?;
+            self.gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(&gate));
+        }
+        let b = self.act("impose.pool", p.pool_argmax.len() as u64)?;
+        self.gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(&p.pool_argmax));
+        Ok(())
+    }
+
+    async fn read_pattern(&self, pass: &Pass<'_>) -> Result<ActivationPattern> {
+        let mut relu = Vec::new();
+        for name in &pass.relu_gates {
+            let v = self.gpu.read_f32(Slice::whole(&self.acts[name])).await?;
+            relu.push(v.iter().map(|&x| (x > 0.0) as u8).collect());
+        }
+        let pool_argmax = self.gpu.read::<u32>(Slice::whole(&self.acts[pass.pool_argmax])).await?;
+        Ok(ActivationPattern { relu, pool_argmax })
+    }
+
+    /// ReLU of `x` into `name`; the gate is `x` itself or the imposed mask of this site.
+    fn relu(&mut self, pass: &mut Pass, x: &wgpu::Buffer, name: &str) -> Result<wgpu::Buffer> {
+        let y = self.act(name, x.size() / 4)?;
+        let site = pass.relu_gates.len();
+        let gate = match pass.impose {
+            Some(p) => {
+                let expected = x.size() / 4;
+                if p.relu.get(site).map(|m| m.len() as u64) != Some(expected) {
+                    return Err(StepError::Invalid(format!("imposed pattern has no ReLU site {site} of {expected} units")));
+                }
+                self.acts[&format!("impose.relu{site}")].clone()
+            }
+            None => x.clone(),
+        };
+        elementwise::relu_forward(&self.gpu, &mut pass.enc, Slice::whole(x), Slice::whole(&gate), Slice::whole(&y))?;
+        // The backward masks with the output: y > 0 exactly where the gate passed and x > 0;
+        // under an imposed pattern the gate itself decides, so keep it for the backward.
+        let name_gate = if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
+        pass.relu_gates.push(name_gate);
+        Ok(y)
+    }
+
+    /// conv → BatchNorm (training mode, statistics through `sync`), saving both outputs.
+    async fn conv_bn(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims, cfg: &StepConfig) -> Result<(wgpu::Buffer, Dims)> {
+        let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
+        let shape = conv_shape(&conv, input);
+        let y = self.act(&format!("{name}.conv"), out.len())?;
+        conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?;
+        let site = pass.units.len();
+        let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
+        let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
+        batchnorm::bn_forward_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::whole(&stats))?;
+        let count = sync.stats(&self.gpu, &mut pass.enc, site, &stats, out.n * out.hw()).await?;
+        let z = self.act(&format!("{name}.bn"), out.len())?;
+        batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), self.param(bn.bias), Slice::whole(&z))?;
+        batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+        pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out });
+        pass.counts.push(count);
+        Ok((z, out))
+    }
+
+    async fn forward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, x: Dims, cfg: &StepConfig) -> Result<(wgpu::Buffer, Dims)> {
+        let m = self.model.clone();
+        let input = self.acts["input"].clone();
+        let (z, d) = self.conv_bn(pass, sync, "stem", m.stem_conv, m.stem_bn, &input, x, cfg).await?;
+        let r = self.relu(pass, &z, "stem.relu")?;
+        let ps = pool_shape(d);
+        let pooled = Dims { n: d.n, c: d.c, h: ps.out_h(), w: ps.out_w() };
+        let y = self.act("pool", pooled.len())?;
+        match pass.impose {
+            Some(p) => {
+                if p.pool_argmax.len() as u64 != pooled.len() {
+                    return Err(StepError::Invalid("imposed pattern's pool argmax has the wrong size".into()));
+                }
+                pass.pool_argmax = "impose.pool";
+                let given = self.acts["impose.pool"].clone();
+                maxpool::maxpool_forward_with_argmax(&self.gpu, &mut pass.enc, &ps, Slice::whole(&r), Slice::whole(&given), Slice::whole(&y))?;
+            }
+            None => {
+                let argmax = self.act("pool.argmax", pooled.len())?;
+                maxpool::maxpool_forward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&r), Slice::whole(&y), Slice::whole(&argmax))?;
+            }
+        }
+        let (mut x, mut d) = (y, pooled);
+        for (i, b) in m.blocks.iter().enumerate() {
+            let p = block_name(i);
+            let (z1, d1) = self.conv_bn(pass, sync, &format!("{p}.1"), b.conv1, b.bn1, &x, d, cfg).await?;
+            let r1 = self.relu(pass, &z1, &format!("{p}.relu1"))?;
+            let (z2, d2) = self.conv_bn(pass, sync, &format!("{p}.2"), b.conv2, b.bn2, &r1, d1, cfg).await?;
+            let shortcut = match b.downsample {
+                Some((c, bn)) => self.conv_bn(pass, sync, &format!("{p}.ds"), c, bn, &x, d, cfg).await?.0,
+                None => x.clone(),
+            };
+            let s = self.act(&format!("{p}.sum"), d2.len())?;
+            elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&z2), Slice::whole(&shortcut), Slice::whole(&s))?;
+            x = self.relu(pass, &s, &format!("{p}.out"))?;
+            d = d2;
+        }
+        Ok((x, d))
+    }
+
+    /// Global average pool, fc, loss; then the loss's backward through fc and the pool, so
+    /// `{last block}.out.grad` holds the cotangent the blocks' backward starts from.
+    /// Returns the buffer holding the loss.
+    fn head_forward_backward(&mut self, pass: &mut Pass, cfg: &StepConfig, divisor: f32, x: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let (n, c, k) = (d.n, d.c, self.model.classes);
+        let gs = avgpool::AvgPoolShape { n, c, hw: d.hw() };
+        let feat = self.act("gap", (n * c) as u64)?;
+        avgpool::global_avgpool_forward(&self.gpu, &mut pass.enc, &gs, Slice::whole(x), Slice::whole(&feat))?;
+        let ds = dense::DenseShape { m: n, k_in: c, k_out: k };
+        let logits = self.act("logits", (n * k) as u64)?;
+        let (fw, fb) = (self.model.fc_weight, self.model.fc_bias);
+        dense::dense_forward(&self.gpu, &mut pass.enc, &ds, Slice::whole(&feat), self.param(fw), self.param(fb), Slice::whole(&logits))?;
+        let cs = cross_entropy::CrossEntropyShape { m: n, k };
+        let losses = self.act("losses", n as u64)?;
+        let loss = self.act("loss", 1)?;
+        let (lg, lb) = (Slice::whole(&logits), Slice::whole(labels));
+        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, cfg.label_smoothing, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
+        let dlogits = self.act("logits.grad", (n * k) as u64)?;
+        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, cfg.label_smoothing, divisor, lg, lb, Slice::whole(&dlogits))?;
+        let dfeat = self.act("gap.grad", (n * c) as u64)?;
+        let dl = Slice::whole(&dlogits);
+        dense::dense_backward_input(&self.gpu, &mut pass.enc, &ds, dl, self.param(fw), Slice::whole(&dfeat))?;
+        dense::dense_backward_weight(&self.gpu, &mut pass.enc, &ds, dl, Slice::whole(&feat), self.grad(fw))?;
+        dense::dense_backward_bias(&self.gpu, &mut pass.enc, &ds, dl, self.grad(fb))?;
+        let dx = self.act(&format!("{}.out.grad", block_name(self.model.blocks.len() - 1)), d.len())?;
+        avgpool::global_avgpool_backward(&self.gpu, &mut pass.enc, &gs, Slice::whole(&dfeat), Slice::whole(&dx))?;
+        Ok(loss)
+    }
+
+    /// Backward through BN (statistics through `sync`) and the conv of `unit`, given the
+    /// cotangent `dz` of the BN output. Writes the conv's and BN's parameter gradients and
+    /// returns the cotangent of the unit's input (if `need_input`).
+    async fn conv_bn_backward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer, need_input: bool) -> Result<Option<wgpu::Buffer>> {
+        let (name, conv, bn, site, input, out) = {
+            let u = &pass.units[unit];
+            (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out)
+        };
+        let count = pass.counts[site];
+        let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
+        let y = self.acts[&format!("{name}.conv")].clone();
+        let stats = self.acts[&format!("{name}.stats")].clone();
+        let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
+        batchnorm::bn_backward_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), Slice::whole(&sums))?;
+        // dβ = Σdy and dγ = Σdy·x̂ of this replica's own positions: copied out before the sync
+        // replaces `sums` with the sums over all replicas.
+        let c4 = out.c as u64 * 4;
+        let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
+        pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
+        pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+        sync.sums(&self.gpu, &mut pass.enc, site, &sums).await?;
+        let dy = self.act(&format!("{name}.conv.grad"), out.len())?;
+        batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
+        let shape = conv_shape(&conv, input);
+        conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(x), self.grad(conv.weight))?;
+        if !need_input {
+            return Ok(None);
+        }
+        let dx = self.act(&format!("{name}.input.grad"), input.len())?;
+        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(conv.weight), Slice::whole(&dx))?;
+        Ok(Some(dx))
+    }
+
+    fn relu_backward(&mut self, pass: &mut Pass, dy: &wgpu::Buffer, site: usize, name: &str) -> Result<wgpu::Buffer> {
+        let gate = self.acts[&pass.relu_gates[site]].clone();
+        let dx = self.act(name, dy.size() / 4)?;
+        elementwise::relu_backward(&self.gpu, &mut pass.enc, Slice::whole(dy), Slice::whole(&gate), Slice::whole(&dx))?;
+        Ok(dx)
+    }
+
+    async fn backward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync) -> Result<()> {
+        let m = self.model.clone();
+        // Units were pushed in forward order: stem, then per block 1, 2, (ds).
+        let mut unit_of = HashMap::new();
+        for (i, u) in pass.units.iter().enumerate() {
+            unit_of.insert(u.name.clone(), i);
+        }
+        let mut dout = self.acts[&format!("{}.out.grad", block_name(m.blocks.len() - 1))].clone();
+        for (i, b) in m.blocks.iter().enumerate().rev() {
+            let p = block_name(i);
+            let block_input = if i == 0 { self.acts["pool"].clone() } else { self.acts[&format!("{}.out", block_name(i - 1))].clone() };
+            // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
+            let ds = self.relu_backward(pass, &dout, 2 + 2 * i, &format!("{p}.sum.grad"))?;
+            let r1 = self.acts[&format!("{p}.relu1")].clone();
+            let dr1 = self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.2")], &ds, &r1, true).await?.expect("input grad");
+            let dz1 = self.relu_backward(pass, &dr1, 1 + 2 * i, &format!("{p}.relu1.grad"))?;
+            let dx1 = self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.1")], &dz1, &block_input, true).await?.expect("input grad");
+            let dx2 = match b.downsample {
+                Some(_) => self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.ds")], &ds, &block_input, true).await?.expect("input grad"),
+                None => ds,
+            };
+            let name = if i == 0 { "pool.grad".to_string() } else { format!("{}.out.grad", block_name(i - 1)) };
+            let dx = self.act(&name, dx1.size() / 4)?;
+            elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dx2), Slice::whole(&dx))?;
+            dout = dx;
+        }
+        let stem = &pass.units[0];
+        let ps = pool_shape(stem.out);
+        let dr = self.act("stem.relu.grad", stem.out.len())?;
+        let argmax = self.acts[pass.pool_argmax].clone();
+        maxpool::maxpool_backward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&dout), Slice::whole(&argmax), Slice::whole(&dr))?;
+        let dz = self.relu_backward(pass, &dr, 0, "stem.bn.grad")?;
+        let input = self.acts["input"].clone();
+        self.conv_bn_backward(pass, sync, 0, &dz, &input, false).await?;
+        Ok(())
+    }
+}
+
+fn block_name(i: usize) -> String {
+    format!("block{i}")
+}
+
+fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
+    conv2d::Conv2dShape { n: x.n, c_in: c.c_in, h: x.h, w: x.w, c_out: c.c_out, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad }
+}
+
+fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {
+    maxpool::MaxPoolShape { n: d.n, c: d.c, h: d.h, w: d.w, k: POOL_K, stride: POOL_STRIDE, pad: POOL_PAD }
+}
