@@ -18,7 +18,7 @@
 //   workgroup memory (barriers are slow on CPU drivers such as lavapipe). Tiles are flattened
 //   over the batch too, so 2×2 and 1×1 feature maps fill them. At a ragged edge a tile's
 //   indices are clamped for the loads and the extra lanes skipped at the write.
-// - The launcher guarantees every element count and padded extent is below 2^31.
+// - The launcher guarantees every element count, and the padded input plane, is below 2^31.
 
 struct Params {
     n: u32,

@@ -121,8 +121,11 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
 
 type Launcher = fn(&Gpu, &mut wgpu::CommandEncoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
-/// Each launcher with its name and its three arguments' names and lengths for `s`.
-fn launchers(s: &Conv2dShape) -> [(Launcher, &'static str, [(&'static str, u64); 3]); 3] {
+/// Each launcher's three arguments: names and lengths, in the order it takes them.
+type Args = [(&'static str, u64); 3];
+
+/// Each launcher with its op name and its arguments for `s`.
+fn launchers(s: &Conv2dShape) -> [(Launcher, &'static str, Args); 3] {
     [
         (k::conv2d_forward, "conv2d_forward", [("x", s.x_len()), ("w", s.w_len()), ("y", s.y_len())]),
         (k::conv2d_backward_input, "conv2d_backward_input", [("dy", s.y_len()), ("w", s.w_len()), ("dx", s.x_len())]),
@@ -149,7 +152,7 @@ fn launchers_reject_a_wrong_length_naming_op_and_argument() {
 }
 
 #[test]
-fn launchers_reject_zero_dimensions_and_kernels_larger_than_the_padded_input() {
+fn launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_input() {
     let Some(gpu) = gpu() else { return };
     let good = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
     let mut bad: Vec<(Conv2dShape, &str)> = Vec::new();
@@ -164,6 +167,7 @@ fn launchers_reject_zero_dimensions_and_kernels_larger_than_the_padded_input() {
         ("stride", |s| s.stride = 0),
         ("kh", |s| s.kh = 11), // 8 + 2·1 = 10 < 11
         ("kw", |s| s.kw = 11),
+        ("pad", |s| (s.pad, s.stride) = (50_000, 100_000)), // small y, but a padded plane past i32 indices
     ] {
         let mut s = good;
         set(&mut s);

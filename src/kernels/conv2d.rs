@@ -97,7 +97,7 @@ impl Conv2dShape {
             ("x", self.x_len(), "n·c_in·h·w"),
             ("w", self.w_len(), "c_out·c_in·kh·kw"),
             ("y", self.y_len(), "n·c_out·out_h·out_w"),
-            ("pad", self.h.max(self.w) as u64 + 2 * self.pad as u64, "max(h, w) + 2·pad"),
+            ("pad", (self.h as u64 + 2 * self.pad as u64) * (self.w as u64 + 2 * self.pad as u64), "(h + 2·pad)·(w + 2·pad)"),
         ];
         for (arg, size, formula) in sizes {
             if size > limit {
