@@ -1,0 +1,209 @@
+mod common;
+
+use common::*;
+use syncstep::gpu::{Gpu, Slice};
+use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dShape};
+use syncstep::kernels::KernelError;
+use syncstep::reference::conv2d::{self as r, ConvGeometry};
+
+const ALGOS: [Conv2dAlgo; 2] = [Conv2dAlgo::Direct, Conv2dAlgo::Blocked];
+
+#[allow(clippy::too_many_arguments)]
+fn shape(n: u32, c_in: u32, h: u32, w: u32, c_out: u32, kh: u32, kw: u32, stride: u32, pad: u32) -> Conv2dShape {
+    Conv2dShape { n, c_in, h, w, c_out, kh, kw, stride, pad }
+}
+
+fn geometry(s: &Conv2dShape) -> ConvGeometry {
+    let u = |v: u32| v as usize;
+    ConvGeometry { n: u(s.n), c_in: u(s.c_in), h: u(s.h), w: u(s.w), c_out: u(s.c_out), kh: u(s.kh), kw: u(s.kw), stride: u(s.stride), pad: u(s.pad) }
+}
+
+/// The three outputs of one algorithm, read back.
+struct Outputs {
+    y: Vec<f32>,
+    dx: Vec<f32>,
+    dw: Vec<f32>,
+}
+
+/// Runs forward, input-VJP and weight gradient with `algo` into NaN-poisoned outputs.
+fn run(gpu: &Gpu, algo: Conv2dAlgo, s: &Conv2dShape, x: &[f32], w: &[f32], dy: &[f32]) -> Outputs {
+    let (bx, bw, bdy) = (gpu.upload("x", x).unwrap(), gpu.upload("w", w).unwrap(), gpu.upload("dy", dy).unwrap());
+    let y = poisoned(gpu, "y", s.y_len() as usize);
+    let dx = poisoned(gpu, "dx", s.x_len() as usize);
+    let dw = poisoned(gpu, "dw", s.w_len() as usize);
+    let whole = Slice::whole;
+    let mut enc = gpu.encoder();
+    k::conv2d_forward_with(gpu, &mut enc, algo, s, whole(&bx), whole(&bw), whole(&y)).unwrap();
+    k::conv2d_backward_input_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bw), whole(&dx)).unwrap();
+    k::conv2d_backward_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw)).unwrap();
+    submit(gpu, enc);
+    Outputs { y: read(gpu, &y), dx: read(gpu, &dx), dw: read(gpu, &dw) }
+}
+
+/// Every op, both algorithms, against the f64 reference on seeded data in [-1, 1).
+/// Forward and input-VJP are held to 1e-5 norm-rel, the weight gradient (a reduction over
+/// batch and space) to 1e-4.
+fn check_against_reference(s: Conv2dShape, seed: u64) {
+    let Some(gpu) = gpu() else { return };
+    let x = uniform(seed, s.x_len() as usize);
+    let w = uniform(seed + 1, s.w_len() as usize);
+    let dy = uniform(seed + 2, s.y_len() as usize);
+    let g = geometry(&s);
+    let (x64, w64, dy64) = (to_f64(&x), to_f64(&w), to_f64(&dy));
+    let y_ref = r::conv2d_forward(&g, &x64, &w64);
+    let dx_ref = r::conv2d_backward_input(&g, &dy64, &w64);
+    let dw_ref = r::conv2d_backward_weight(&g, &dy64, &x64);
+    for (name, v) in [("y", &y_ref), ("dx", &dx_ref), ("dw", &dw_ref)] {
+        assert!(v.iter().any(|&e| e != 0.0), "{s:?}: reference {name} is all zero, a test that cannot fail");
+    }
+    for algo in ALGOS {
+        let out = run(gpu, algo, &s, &x, &w, &dy);
+        let errors = [norm_rel(&out.y, &y_ref), norm_rel(&out.dx, &dx_ref), norm_rel(&out.dw, &dw_ref)];
+        println!("{algo:?} {s:?}: norm-rel y {:.2e} dx {:.2e} dw {:.2e}", errors[0], errors[1], errors[2]);
+        assert_close(&format!("conv2d_forward {algo:?} {s:?}"), &out.y, &y_ref, 1e-5);
+        assert_close(&format!("conv2d_backward_input {algo:?} {s:?}"), &out.dx, &dx_ref, 1e-5);
+        assert_close(&format!("conv2d_backward_weight {algo:?} {s:?}"), &out.dw, &dw_ref, 1e-4);
+    }
+}
+
+// ResNet-34's convolutions at small spatial sizes. No output count below is a multiple of the
+// workgroup size (64) or of the 4×4 tiles everywhere, and odd spatial sizes leave ragged edges.
+
+#[test]
+fn stem_7x7_s2_p3_matches_reference() {
+    check_against_reference(shape(2, 3, 13, 11, 64, 7, 7, 2, 3), 10);
+}
+
+#[test]
+fn conv3x3_s1_p1_matches_reference() {
+    check_against_reference(shape(2, 64, 5, 5, 64, 3, 3, 1, 1), 20);
+    check_against_reference(shape(1, 512, 2, 2, 512, 3, 3, 1, 1), 21);
+}
+
+#[test]
+fn conv3x3_s2_p1_matches_reference_at_batch_1() {
+    check_against_reference(shape(1, 128, 5, 5, 256, 3, 3, 2, 1), 30);
+    check_against_reference(shape(1, 256, 3, 3, 512, 3, 3, 2, 1), 31);
+}
+
+#[test]
+fn conv1x1_s2_p0_matches_reference() {
+    // The downsample projections; odd input rows and columns are read by no tap.
+    check_against_reference(shape(3, 64, 7, 7, 128, 1, 1, 2, 0), 40);
+    check_against_reference(shape(2, 256, 3, 3, 512, 1, 1, 2, 0), 41);
+}
+
+#[test]
+fn other_geometries_match_reference() {
+    // Channel counts that are not multiples of 4; kh ≠ kw; stride 3 with padding reaching past
+    // the kernel; a stride larger than the input; a kernel exactly as large as the padded input.
+    check_against_reference(shape(3, 5, 9, 7, 6, 3, 2, 3, 2), 50);
+    check_against_reference(shape(2, 3, 2, 3, 7, 2, 3, 4, 1), 51);
+    check_against_reference(shape(1, 2, 3, 4, 3, 5, 6, 1, 1), 52);
+    check_against_reference(shape(1, 1, 1, 1, 1, 1, 1, 1, 0), 53);
+}
+
+#[test]
+fn backward_weight_and_input_are_bitwise_deterministic() {
+    let Some(gpu) = gpu() else { return };
+    let s = shape(4, 16, 9, 9, 32, 3, 3, 1, 1);
+    let x = uniform(60, s.x_len() as usize);
+    let w = uniform(61, s.w_len() as usize);
+    let dy = uniform(62, s.y_len() as usize);
+    for algo in ALGOS {
+        let (a, b) = (run(gpu, algo, &s, &x, &w, &dy), run(gpu, algo, &s, &x, &w, &dy));
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.dw), bits(&b.dw), "{algo:?} conv2d_backward_weight differs between two runs");
+        assert_eq!(bits(&a.dx), bits(&b.dx), "{algo:?} conv2d_backward_input differs between two runs");
+        assert_eq!(bits(&a.y), bits(&b.y), "{algo:?} conv2d_forward differs between two runs");
+    }
+}
+
+type Launcher = fn(&Gpu, &mut wgpu::CommandEncoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+
+/// Each launcher's three arguments: names and lengths, in the order it takes them.
+type Args = [(&'static str, u64); 3];
+
+/// Each launcher with its op name and its arguments for `s`.
+fn launchers(s: &Conv2dShape) -> [(Launcher, &'static str, Args); 3] {
+    [
+        (k::conv2d_forward, "conv2d_forward", [("x", s.x_len()), ("w", s.w_len()), ("y", s.y_len())]),
+        (k::conv2d_backward_input, "conv2d_backward_input", [("dy", s.y_len()), ("w", s.w_len()), ("dx", s.x_len())]),
+        (k::conv2d_backward_weight, "conv2d_backward_weight", [("dy", s.y_len()), ("x", s.x_len()), ("dw", s.w_len())]),
+    ]
+}
+
+#[test]
+fn launchers_reject_a_wrong_length_naming_op_and_argument() {
+    let Some(gpu) = gpu() else { return };
+    let s = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
+    for (launch, op, args) in launchers(&s) {
+        for wrong in 0..3 {
+            let bufs: Vec<_> =
+                args.iter().enumerate().map(|(i, &(_, len))| gpu.buffer("b", if i == wrong { len + 1 } else { len }).unwrap()).collect();
+            let mut enc = gpu.encoder();
+            let err = launch(gpu, &mut enc, &s, Slice::whole(&bufs[0]), Slice::whole(&bufs[1]), Slice::whole(&bufs[2])).unwrap_err();
+            let msg = err.to_string();
+            let (arg, len) = args[wrong];
+            assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{msg}");
+            assert!(msg.contains(&format!("expected {len}")), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_input() {
+    let Some(gpu) = gpu() else { return };
+    let good = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
+    let mut bad: Vec<(Conv2dShape, &str)> = Vec::new();
+    for (arg, set) in [
+        ("n", (|s: &mut Conv2dShape| s.n = 0) as fn(&mut Conv2dShape)),
+        ("c_in", |s| s.c_in = 0),
+        ("h", |s| s.h = 0),
+        ("w", |s| s.w = 0),
+        ("c_out", |s| s.c_out = 0),
+        ("kh", |s| s.kh = 0),
+        ("kw", |s| s.kw = 0),
+        ("stride", |s| s.stride = 0),
+        ("kh", |s| s.kh = 11), // 8 + 2·1 = 10 < 11
+        ("kw", |s| s.kw = 11),
+        ("pad", |s| (s.pad, s.stride) = (50_000, 100_000)), // small y, but a padded plane past i32 indices
+    ] {
+        let mut s = good;
+        set(&mut s);
+        bad.push((s, arg));
+    }
+    let buf = gpu.buffer("b", 4096).unwrap();
+    let b = Slice::whole(&buf);
+    for (s, arg) in bad {
+        for (launch, op, _) in launchers(&s) {
+            let mut enc = gpu.encoder();
+            let err = launch(gpu, &mut enc, &s, b, b, b).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{s:?}: {msg}");
+        }
+    }
+}
+
+#[test]
+fn conv2d_forward_refuses_a_binding_over_the_device_limit() {
+    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    // x is 4·64·33·33·4 bytes ≈ 1.06 MiB, just over the 1 MiB cap; w and y fit.
+    let s = shape(4, 64, 33, 33, 1, 1, 1, 8, 0);
+    let (x, w, y) = (gpu.buffer("x", s.x_len()).unwrap(), gpu.buffer("w", s.w_len()).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
+    let mut enc = gpu.encoder();
+    let msg = k::conv2d_forward(&gpu, &mut enc, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap_err().to_string();
+    assert!(msg.contains("conv2d_forward") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+}
+
+#[test]
+fn shape_sizes_match_resnet34_layers() {
+    let stem = shape(8, 3, 32, 32, 64, 7, 7, 2, 3);
+    assert_eq!((stem.out_h(), stem.out_w()), (16, 16));
+    assert_eq!((stem.x_len(), stem.w_len(), stem.y_len()), (8 * 3 * 32 * 32, 64 * 3 * 49, 8 * 64 * 16 * 16));
+    assert_eq!(stem.flops(), 2 * 8 * 64 * 16 * 16 * 3 * 49);
+    let down = shape(8, 128, 4, 4, 256, 1, 1, 2, 0);
+    assert_eq!((down.out_h(), down.out_w()), (2, 2));
+    let odd = shape(1, 1, 7, 6, 1, 3, 3, 2, 1);
+    assert_eq!((odd.out_h(), odd.out_w()), (4, 3));
+}
