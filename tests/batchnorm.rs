@@ -17,7 +17,7 @@ fn dims(s: &BnShape) -> BnDims {
 /// variance by E[x²] − μ² would lose digits.
 fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
     let offsets = uniform_in(seed + 1000, s.c as usize, 2.0, 4.0);
-    let x = uniform(seed, s.len() as usize);
+    let x = uniform(seed, s.tensor_len() as usize);
     x.iter().enumerate().map(|(i, v)| v + offsets[(i / s.hw as usize) % s.c as usize]).collect()
 }
 
@@ -48,7 +48,7 @@ fn assert_packed_close(what: &str, gpu: &[f32], a: &[f64], b: &[f64], tol: f64) 
 /// reference fed what the kernel was fed.
 fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     let d = dims(&shape);
-    let (len, c) = (shape.len() as usize, shape.c as usize);
+    let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
     let count = shape.positions() as u32;
     let x = activations(seed, &shape);
     let dy = uniform(seed + 1, len);
@@ -101,7 +101,9 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
 #[test]
 fn single_device_matches_reference_at_resnet_channel_counts() {
     let Some(gpu) = gpu() else { return };
-    let cases = [(64, 2, 9), (128, 3, 25), (256, 1, 1), (512, 2, 1), (64, 1, 49), (128, 2, 300)];
+    // Not count 2: there x̂ = ±1 and dx ≈ 0, so the all-f64 chain check would measure the
+    // problem's conditioning rather than the kernels.
+    let cases = [(64, 2, 9), (128, 3, 25), (256, 1, 1), (512, 4, 1), (64, 1, 49), (128, 2, 300)];
     for (i, &(c, n, hw)) in cases.iter().enumerate() {
         check_single_device(gpu, BnShape { n, c, hw }, 10 * i as u64);
     }
@@ -110,8 +112,9 @@ fn single_device_matches_reference_at_resnet_channel_counts() {
 #[test]
 fn large_count_reduction_is_accurate() {
     let Some(gpu) = gpu() else { return };
-    // 8·112·112/4 = 100 352 positions per channel: ~390 per invocation.
-    check_single_device(gpu, BnShape { n: 8, c: 4, hw: 112 * 112 / 4 }, 77);
+    // The stem's 112×112 plane at batch 8: 100 352 positions per channel, 392 per invocation
+    // in 13 blocks (the last one partial), values around +3.
+    check_single_device(gpu, BnShape { n: 8, c: 4, hw: 112 * 112 }, 77);
 }
 
 /// Data-parallel use: this replica holds shard 0 of a batch whose other shard (shifted by
@@ -124,7 +127,7 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
         let seed = 300 + 10 * i as u64;
         let shape = BnShape { n, c, hw };
         let d = dims(&shape);
-        let (len, cu) = (shape.len() as usize, c as usize);
+        let (len, cu) = (shape.tensor_len() as usize, c as usize);
         let x = activations(seed, &shape);
         let other: Vec<f32> = activations(seed + 5, &shape).iter().map(|v| v + 0.5).collect();
         let (dy, dy_other) = (uniform(seed + 1, len), uniform(seed + 6, len));
@@ -169,7 +172,7 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
 fn reductions_are_bitwise_deterministic() {
     let Some(gpu) = gpu() else { return };
     let shape = BnShape { n: 4, c: 64, hw: 1000 };
-    let (x, dy) = (activations(1, &shape), uniform(2, shape.len() as usize));
+    let (x, dy) = (activations(1, &shape), uniform(2, shape.tensor_len() as usize));
     let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
     let run = || {
         let (stats, sums) = (poisoned(gpu, "stats", 128), poisoned(gpu, "sums", 128));
@@ -237,7 +240,7 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
 fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
     let shape = BnShape { n: 1, c: 1, hw: (1 << 20) / 4 + 1 };
-    let x = gpu.buffer("x", shape.len()).unwrap();
+    let x = gpu.buffer("x", shape.tensor_len()).unwrap();
     let (stats, per_c) = (gpu.buffer("stats", 2).unwrap(), gpu.buffer("per_c", 1).unwrap());
     let s = Slice::whole;
     let mut enc = gpu.encoder();

@@ -116,11 +116,11 @@ fn launchers_reject_wrong_lengths_and_bad_shapes() {
     };
     for (op, launch, bufs, short_at, short_arg) in launchers {
         let mut enc = gpu.encoder();
-        let mut args = bufs.map(|b| s(b));
+        let mut args = bufs.map(s);
         launch(gpu, &mut enc, &shape, args[0], args[1], args[2]).unwrap();
         args[short_at] = s(&short);
         expect(launch(gpu, &mut enc, &shape, args[0], args[1], args[2]), op, short_arg, "expected 18 (n·c·out_h·out_w)");
-        let args = bufs.map(|b| s(b));
+        let args = bufs.map(s);
         let zero = MaxPoolShape { h: 0, ..shape };
         expect(launch(gpu, &mut enc, &zero, args[0], args[1], args[2]), op, "shape.h", "is 0");
         let blind = MaxPoolShape { k: 1, pad: 1, ..shape };

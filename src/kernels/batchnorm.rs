@@ -28,8 +28,8 @@ pub struct BnShape {
 }
 
 impl BnShape {
-    /// Elements of x (and of y, dy, dx).
-    pub fn len(&self) -> u64 {
+    /// Elements of x, y, dy and dx.
+    pub fn tensor_len(&self) -> u64 {
         self.n as u64 * self.c as u64 * self.hw as u64
     }
     /// Positions per channel on this device, n·hw: the `count` of unmerged stats.
@@ -88,7 +88,7 @@ struct RunningParams {
 pub fn bn_forward_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, stats: Slice) -> Result<()> {
     const OP: &str = "bn_forward_stats";
     shape.check(OP)?;
-    expect_len(OP, "x", &x, shape.len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     let params = shape.params(0, 0.0);
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("stats", stats)], grid_1d(shape.c as u64 * WG as u64, WG))
@@ -111,13 +111,13 @@ pub fn bn_forward_apply(
     const OP: &str = "bn_forward_apply";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
-    expect_len(OP, "x", &x, shape.len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
     expect_len(OP, "beta", &beta, shape.c as u64, "c")?;
-    expect_len(OP, "y", &y, shape.len(), "n·c·hw")?;
+    expect_len(OP, "y", &y, shape.tensor_len(), "n·c·hw")?;
     let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("y", y)];
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.len(), WG))
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
 }
 
 /// Local `sums` = [Σdy | Σdy·x̂] per channel, x̂ from the given (possibly global) stats.
@@ -136,8 +136,8 @@ pub fn bn_backward_sums(
     const OP: &str = "bn_backward_sums";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
-    expect_len(OP, "dy", &dy, shape.len(), "n·c·hw")?;
-    expect_len(OP, "x", &x, shape.len(), "n·c·hw")?;
+    expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
     let bindings = [("dy", dy), ("x", x), ("stats", stats), ("sums", sums)];
@@ -164,14 +164,14 @@ pub fn bn_backward_input(
     const OP: &str = "bn_backward_input";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
-    expect_len(OP, "dy", &dy, shape.len(), "n·c·hw")?;
-    expect_len(OP, "x", &x, shape.len(), "n·c·hw")?;
+    expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
-    expect_len(OP, "dx", &dx, shape.len(), "n·c·hw")?;
+    expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
     let bindings = [("dy", dy), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.len(), WG))
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
 }
 
 /// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance,
