@@ -1,1 +1,205 @@
-//! Placeholder: filled in by the batchnorm work.
+//! BatchNorm in training mode, synchronisable across replicas. See shaders/batchnorm.wgsl.
+//!
+//! x, y, dy, dx are NCHW seen as [n, c, hw]. Two packed per-channel layouts travel between
+//! replicas as a unit (one all-reduce each):
+//! - `stats` [2C] = [mean_0..mean_{C−1} | M2_0..M2_{C−1}], M2 = Σ(x − mean)²: merge replicas'
+//!   stats by Chan's formula (`reference::batchnorm::bn_merge_stats` is the spec);
+//! - `sums` [2C] = [Σdy per channel | Σdy·x̂ per channel]: all-reduce by sum.
+//!
+//! The halves of `sums` are also the parameter gradients: dβ = Σdy = `sums[..C]` and
+//! dγ = Σdy·x̂ = `sums[C..]` (local ones, before any all-reduce, are the replica's own dγ, dβ).
+//! A caller copies them out into its gradient buffer.
+//!
+//! `count` is the number of positions the statistics describe: n·hw on one device, the global
+//! count once stats were merged across replicas. So it is a parameter, never the local shape's.
+
+use super::{expect_len, expect_positive, launch, KernelError, Result};
+use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+
+const SHADER: Shader = Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
+const WG: u32 = 256;
+
+/// x as [n, c, hw] with hw = H·W.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BnShape {
+    pub n: u32,
+    pub c: u32,
+    pub hw: u32,
+}
+
+impl BnShape {
+    /// Elements of x, y, dy and dx.
+    pub fn tensor_len(&self) -> u64 {
+        self.n as u64 * self.c as u64 * self.hw as u64
+    }
+    /// Positions per channel on this device, n·hw: the `count` of unmerged stats.
+    pub fn positions(&self) -> u64 {
+        self.n as u64 * self.hw as u64
+    }
+    /// Length of `stats` and `sums`: 2·c.
+    pub fn packed_len(&self) -> u64 {
+        2 * self.c as u64
+    }
+
+    fn check(&self, op: &'static str) -> Result<()> {
+        expect_positive(op, "shape.n", self.n)?;
+        expect_positive(op, "shape.c", self.c)?;
+        expect_positive(op, "shape.hw", self.hw)
+    }
+
+    fn check_count(&self, op: &'static str, count: u32) -> Result<()> {
+        if (count as u64) < self.positions() {
+            return Err(KernelError::Arg {
+                op,
+                arg: "count",
+                problem: format!(
+                    "is {count}, expected at least n·hw = {} (more once stats are merged across replicas)",
+                    self.positions()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn params(&self, count: u32, eps: f32) -> Params {
+        Params { n: self.n, c: self.c, hw: self.hw, count, eps }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    c: u32,
+    hw: u32,
+    count: u32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RunningParams {
+    c: u32,
+    count: u32,
+    momentum: f32,
+}
+
+/// Local per-channel statistics: `stats` = [mean | M2] over the n·hw positions of each channel.
+pub fn bn_forward_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, stats: Slice) -> Result<()> {
+    const OP: &str = "bn_forward_stats";
+    shape.check(OP)?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    let params = shape.params(0, 0.0);
+    launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("stats", stats)], grid_1d(shape.c as u64 * WG as u64, WG))
+}
+
+/// y = γ (x − μ)/√(M2/count + eps) + β, with `stats` local or merged over `count` positions.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_forward_apply(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    x: Slice,
+    stats: Slice,
+    gamma: Slice,
+    beta: Slice,
+    y: Slice,
+) -> Result<()> {
+    const OP: &str = "bn_forward_apply";
+    shape.check(OP)?;
+    shape.check_count(OP, count)?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
+    expect_len(OP, "beta", &beta, shape.c as u64, "c")?;
+    expect_len(OP, "y", &y, shape.tensor_len(), "n·c·hw")?;
+    let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("y", y)];
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
+}
+
+/// Local `sums` = [Σdy | Σdy·x̂] per channel, x̂ from the given (possibly global) stats.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_backward_sums(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    dy: Slice,
+    x: Slice,
+    stats: Slice,
+    sums: Slice,
+) -> Result<()> {
+    const OP: &str = "bn_backward_sums";
+    shape.check(OP)?;
+    shape.check_count(OP, count)?;
+    expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
+    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("sums", sums)];
+    let groups = grid_1d(shape.c as u64 * WG as u64, WG);
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, groups)
+}
+
+/// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all
+/// `count` positions (all-reduced by sum across replicas).
+#[allow(clippy::too_many_arguments)]
+pub fn bn_backward_input(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    dy: Slice,
+    x: Slice,
+    stats: Slice,
+    gamma: Slice,
+    sums: Slice,
+    dx: Slice,
+) -> Result<()> {
+    const OP: &str = "bn_backward_input";
+    shape.check(OP)?;
+    shape.check_count(OP, count)?;
+    expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
+    expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
+    expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
+    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
+}
+
+/// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance,
+/// as PyTorch). Refuses count < 2, where that variance is undefined (PyTorch raises too).
+#[allow(clippy::too_many_arguments)]
+pub fn bn_update_running(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    c: u32,
+    count: u32,
+    momentum: f32,
+    stats: Slice,
+    running_mean: Slice,
+    running_var: Slice,
+) -> Result<()> {
+    const OP: &str = "bn_update_running";
+    expect_positive(OP, "c", c)?;
+    if count < 2 {
+        return Err(KernelError::Arg {
+            op: OP,
+            arg: "count",
+            problem: format!("is {count}, expected at least 2: the unbiased running variance divides by count − 1"),
+        });
+    }
+    expect_len(OP, "stats", &stats, 2 * c as u64, "2·c: [mean | M2]")?;
+    expect_len(OP, "running_mean", &running_mean, c as u64, "c")?;
+    expect_len(OP, "running_var", &running_var, c as u64, "c")?;
+    let params = RunningParams { c, count, momentum };
+    let bindings = [("stats", stats), ("running_mean", running_mean), ("running_var", running_var)];
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(c as u64, WG))
+}

@@ -1,0 +1,115 @@
+// Max pooling over NCHW planes: square window k, stride, padding that is never chosen.
+//
+// What is subtle:
+// - argmax[o] is the index ih·W + iw within the input plane of the FIRST maximum in window scan
+//   order (kh outer, kw inner): the running best starts at the window's first real cell and
+//   only a strictly greater value replaces it, so ties keep the first, as PyTorch.
+// - NaN: WGSL lets implementations assume there are none, so no NaN rule is promised. As
+//   written, a NaN wins only as a window's first real cell (comparisons with NaN are false);
+//   PyTorch would propagate it. argmax always names a real cell of the window either way.
+// - The backward is a GATHER, one invocation per input cell: it visits the output windows
+//   containing the cell (rows, then columns, ascending) and sums the dy of those whose argmax
+//   names it. Fixed order, no atomics, every dx element written once.
+// - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
+//   run's pooling choices (DESIGN.md, "the same activation pattern").
+
+struct Params {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    k: u32,
+    stride: u32,
+    pad: u32,
+    out_h: u32,
+    out_w: u32,
+}
+
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+fn linear_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * WG;
+}
+
+// maxpool_forward: y and argmax, one invocation per output element.
+@group(0) @binding(1) var<storage, read> fwd_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> fwd_y: array<f32>;
+@group(0) @binding(3) var<storage, read_write> fwd_argmax: array<u32>;
+
+@compute @workgroup_size(WG)
+fn maxpool_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let o = linear_index(gid, nwg);
+    let per_plane = p.out_h * p.out_w;
+    if (o >= p.n * p.c * per_plane) { return; }
+    let base = (o / per_plane) * p.h * p.w;
+    // The window's rows and columns in padded coordinates, clipped to the real input: i + pad.
+    let r0 = (o % per_plane) / p.out_w * p.stride;
+    let c0 = (o % per_plane) % p.out_w * p.stride;
+    let r_lo = max(r0, p.pad);
+    let c_lo = max(c0, p.pad);
+    let r_hi = min(r0 + p.k, p.h + p.pad);
+    let c_hi = min(c0 + p.k, p.w + p.pad);
+    var best_at = (r_lo - p.pad) * p.w + (c_lo - p.pad);
+    var best = fwd_x[base + best_at];
+    for (var r = r_lo; r < r_hi; r = r + 1u) {
+        for (var c = c_lo; c < c_hi; c = c + 1u) {
+            let at = (r - p.pad) * p.w + (c - p.pad);
+            let v = fwd_x[base + at];
+            if (v > best) {
+                best = v;
+                best_at = at;
+            }
+        }
+    }
+    fwd_y[o] = best;
+    fwd_argmax[o] = best_at;
+}
+
+// maxpool_forward_with_argmax: y = x at the given argmax.
+@group(0) @binding(1) var<storage, read> with_x: array<f32>;
+@group(0) @binding(2) var<storage, read> with_argmax: array<u32>;
+@group(0) @binding(3) var<storage, read_write> with_y: array<f32>;
+
+@compute @workgroup_size(WG)
+fn maxpool_forward_with_argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let o = linear_index(gid, nwg);
+    let per_plane = p.out_h * p.out_w;
+    if (o >= p.n * p.c * per_plane) { return; }
+    with_y[o] = with_x[(o / per_plane) * p.h * p.w + with_argmax[o]];
+}
+
+// maxpool_backward: dx[cell] = Σ dy[o] over the windows o containing the cell with argmax[o] = cell.
+@group(0) @binding(1) var<storage, read> bwd_dy: array<f32>;
+@group(0) @binding(2) var<storage, read> bwd_argmax: array<u32>;
+@group(0) @binding(3) var<storage, read_write> bwd_dx: array<f32>;
+
+// The output rows (or columns) whose window covers input row i: o·stride ≤ i + pad < o·stride + k.
+fn covering(i: u32, out_len: u32) -> vec2<u32> {
+    let padded = i + p.pad;
+    let lo = select(0u, (padded + 1u - p.k + p.stride - 1u) / p.stride, padded + 1u > p.k);
+    let hi = min(padded / p.stride + 1u, out_len);
+    return vec2<u32>(lo, hi);
+}
+
+@compute @workgroup_size(WG)
+fn maxpool_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg);
+    let plane_len = p.h * p.w;
+    if (i >= p.n * p.c * plane_len) { return; }
+    let cell = i % plane_len;
+    let out_base = (i / plane_len) * p.out_h * p.out_w;
+    let rows = covering(cell / p.w, p.out_h);
+    let cols = covering(cell % p.w, p.out_w);
+    var sum = 0.0;
+    for (var r = rows.x; r < rows.y; r = r + 1u) {
+        for (var c = cols.x; c < cols.y; c = c + 1u) {
+            let o = out_base + r * p.out_w + c;
+            if (bwd_argmax[o] == cell) {
+                sum = sum + bwd_dy[o];
+            }
+        }
+    }
+    bwd_dx[i] = sum;
+}

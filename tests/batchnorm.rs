@@ -1,0 +1,250 @@
+mod common;
+
+use common::*;
+use syncstep::gpu::{Gpu, Slice};
+use syncstep::kernels::batchnorm::{self as k, BnShape};
+use syncstep::kernels::KernelError;
+use syncstep::reference::batchnorm::{self as r, BnDims, BnStats, BnSums};
+
+const EPS: f32 = 1e-5;
+const MOMENTUM: f32 = 0.1;
+
+fn dims(s: &BnShape) -> BnDims {
+    BnDims { n: s.n as usize, c: s.c as usize, hw: s.hw as usize }
+}
+
+/// Inputs around +3 (per-channel offsets too), so the mean is large against the spread and a
+/// variance by E[x²] − μ² would lose digits.
+fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
+    let offsets = uniform_in(seed + 1000, s.c as usize, 2.0, 4.0);
+    let x = uniform(seed, s.tensor_len() as usize);
+    x.iter().enumerate().map(|(i, v)| v + offsets[(i / s.hw as usize) % s.c as usize]).collect()
+}
+
+/// [mean | M2] as the GPU packs them, and back.
+fn pack(a: &[f64], b: &[f64]) -> Vec<f32> {
+    a.iter().chain(b).map(|&v| v as f32).collect()
+}
+
+fn unpack_stats(count: usize, packed: &[f32]) -> BnStats {
+    let (mean, m2) = packed.split_at(packed.len() / 2);
+    BnStats { count, mean: to_f64(mean), m2: to_f64(m2) }
+}
+
+fn unpack_sums(packed: &[f32]) -> BnSums {
+    let (dy, dy_xhat) = packed.split_at(packed.len() / 2);
+    BnSums { dy: to_f64(dy), dy_xhat: to_f64(dy_xhat) }
+}
+
+/// Per-channel norm-rel of the two halves, so a small half (M2 near 0, Σdy vs Σdy·x̂) is not
+/// hidden behind a large one.
+fn assert_packed_close(what: &str, gpu: &[f32], a: &[f64], b: &[f64], tol: f64) {
+    let (ga, gb) = gpu.split_at(a.len());
+    assert_close(&format!("{what} (first half)"), ga, a, tol);
+    assert_close(&format!("{what} (second half)"), gb, b, tol);
+}
+
+/// Forward, running stats and backward on one device (count = n·hw), each kernel against the
+/// reference fed what the kernel was fed.
+fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
+    let d = dims(&shape);
+    let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
+    let count = shape.positions() as u32;
+    let x = activations(seed, &shape);
+    let dy = uniform(seed + 1, len);
+    let gamma = uniform_in(seed + 2, c, 0.5, 1.5);
+    let beta = uniform(seed + 3, c);
+    let (run_mean0, run_var0) = (uniform(seed + 4, c), uniform_in(seed + 5, c, 0.5, 1.5));
+    let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
+    let (bx, bdy, bgamma, bbeta) = (up("x", &x), up("dy", &dy), up("gamma", &gamma), up("beta", &beta));
+    let (brun_mean, brun_var) = (up("running_mean", &run_mean0), up("running_var", &run_var0));
+    let (stats, y, sums, dx) = (poisoned(gpu, "stats", 2 * c), poisoned(gpu, "y", len), poisoned(gpu, "sums", 2 * c), poisoned(gpu, "dx", len));
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    k::bn_forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats)).unwrap();
+    k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+    if count >= 2 {
+        k::bn_update_running(gpu, &mut enc, shape.c, count, MOMENTUM, s(&stats), s(&brun_mean), s(&brun_var)).unwrap();
+    }
+    k::bn_backward_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&sums)).unwrap();
+    k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
+    submit(gpu, enc);
+
+    let (x64, dy64, gamma64, beta64) = (to_f64(&x), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
+    let eps = EPS as f64;
+    let what = |k: &str| format!("{shape:?} {k}");
+    let ref_stats = r::bn_forward_stats(d, &x64);
+    let gpu_stats_raw = read(gpu, &stats);
+    assert_packed_close(&what("bn_forward_stats"), &gpu_stats_raw, &ref_stats.mean, &ref_stats.m2, 1e-4);
+    // Downstream kernels are checked against the reference fed the GPU's own stats and sums.
+    let gpu_stats = unpack_stats(count as usize, &gpu_stats_raw);
+    let ref_y = r::bn_forward_apply(d, &x64, &gpu_stats, eps, &gamma64, &beta64);
+    assert_close(&what("bn_forward_apply"), &read(gpu, &y), &ref_y, 1e-5);
+    if count >= 2 {
+        let (mut mean, mut var) = (to_f64(&run_mean0), to_f64(&run_var0));
+        r::bn_update_running(&gpu_stats, MOMENTUM as f64, &mut mean, &mut var);
+        assert_close(&what("running_mean"), &read(gpu, &brun_mean), &mean, 1e-5);
+        assert_close(&what("running_var"), &read(gpu, &brun_var), &var, 1e-5);
+    }
+    let ref_sums = r::bn_backward_sums(d, &dy64, &x64, &gpu_stats, eps);
+    let gpu_sums_raw = read(gpu, &sums);
+    assert_packed_close(&what("bn_backward_sums"), &gpu_sums_raw, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
+    let ref_dx = r::bn_backward_input(d, &dy64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&gpu_sums_raw));
+    assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
+    // And the whole chain against the all-f64 chain.
+    let ref_sums_all = r::bn_backward_sums(d, &dy64, &x64, &ref_stats, eps);
+    let ref_dx_all = r::bn_backward_input(d, &dy64, &x64, &ref_stats, eps, &gamma64, &ref_sums_all);
+    assert_close(&what("forward chain"), &read(gpu, &y), &r::bn_forward_apply(d, &x64, &ref_stats, eps, &gamma64, &beta64), 1e-5);
+    assert_close(&what("backward chain"), &read(gpu, &dx), &ref_dx_all, 1e-4);
+}
+
+#[test]
+fn single_device_matches_reference_at_resnet_channel_counts() {
+    let Some(gpu) = gpu() else { return };
+    // Not count 2: there x̂ = ±1 and dx ≈ 0, so the all-f64 chain check would measure the
+    // problem's conditioning rather than the kernels.
+    let cases = [(64, 2, 9), (128, 3, 25), (256, 1, 1), (512, 4, 1), (64, 1, 49), (128, 2, 300)];
+    for (i, &(c, n, hw)) in cases.iter().enumerate() {
+        check_single_device(gpu, BnShape { n, c, hw }, 10 * i as u64);
+    }
+}
+
+#[test]
+fn large_count_reduction_is_accurate() {
+    let Some(gpu) = gpu() else { return };
+    // The stem's 112×112 plane at batch 8: 100 352 positions per channel, 392 per invocation
+    // in 13 blocks (the last one partial), values around +3.
+    check_single_device(gpu, BnShape { n: 8, c: 4, hw: 112 * 112 }, 77);
+}
+
+/// Data-parallel use: this replica holds shard 0 of a batch whose other shard (shifted by
+/// +0.5, as the gates shard) lives elsewhere. Stats come from a merge, count is global, sums
+/// are all-reduced by sum; each kernel is held to the reference on the same inputs.
+#[test]
+fn backward_with_merged_stats_and_global_count_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    for (i, &(c, n, hw)) in [(64, 2, 9), (256, 3, 4), (512, 1, 1)].iter().enumerate() {
+        let seed = 300 + 10 * i as u64;
+        let shape = BnShape { n, c, hw };
+        let d = dims(&shape);
+        let (len, cu) = (shape.tensor_len() as usize, c as usize);
+        let x = activations(seed, &shape);
+        let other: Vec<f32> = activations(seed + 5, &shape).iter().map(|v| v + 0.5).collect();
+        let (dy, dy_other) = (uniform(seed + 1, len), uniform(seed + 6, len));
+        let gamma = uniform_in(seed + 2, cu, 0.5, 1.5);
+        let beta = uniform(seed + 3, cu);
+        let (x64, other64, dy64, gamma64, beta64) = (to_f64(&x), to_f64(&other), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
+        let eps = EPS as f64;
+        // The merged stats, rounded to f32 as a replica would receive them.
+        let merged = r::bn_merge_stats(&[r::bn_forward_stats(d, &x64), r::bn_forward_stats(d, &other64)]);
+        let stats32 = pack(&merged.mean, &merged.m2);
+        let global = unpack_stats(merged.count, &stats32);
+        let count = global.count as u32;
+        let other_sums = r::bn_backward_sums(d, &to_f64(&dy_other), &other64, &global, eps);
+
+        let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
+        let (bx, bdy, bstats, bgamma, bbeta) = (up("x", &x), up("dy", &dy), up("stats", &stats32), up("gamma", &gamma), up("beta", &beta));
+        let (y, sums) = (poisoned(gpu, "y", len), poisoned(gpu, "sums", 2 * cu));
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&bstats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+        k::bn_backward_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&bstats), s(&sums)).unwrap();
+        submit(gpu, enc);
+        let what = |k: &str| format!("{shape:?} count {count} {k}");
+        assert_close(&what("bn_forward_apply"), &read(gpu, &y), &r::bn_forward_apply(d, &x64, &global, eps, &gamma64, &beta64), 1e-5);
+        let local = read(gpu, &sums);
+        let ref_local = r::bn_backward_sums(d, &dy64, &x64, &global, eps);
+        assert_packed_close(&what("bn_backward_sums"), &local, &ref_local.dy, &ref_local.dy_xhat, 1e-4);
+
+        // The all-reduce: local + other, in f32, as the collective would.
+        let other32 = pack(&other_sums.dy, &other_sums.dy_xhat);
+        let total: Vec<f32> = local.iter().zip(&other32).map(|(a, b)| a + b).collect();
+        let (bsums, dx) = (up("total", &total), poisoned(gpu, "dx", len));
+        let mut enc = gpu.encoder();
+        k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&bstats), s(&bgamma), s(&bsums), s(&dx)).unwrap();
+        submit(gpu, enc);
+        let ref_dx = r::bn_backward_input(d, &dy64, &x64, &global, eps, &gamma64, &unpack_sums(&total));
+        assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
+    }
+}
+
+#[test]
+fn reductions_are_bitwise_deterministic() {
+    let Some(gpu) = gpu() else { return };
+    let shape = BnShape { n: 4, c: 64, hw: 1000 };
+    let (x, dy) = (activations(1, &shape), uniform(2, shape.tensor_len() as usize));
+    let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+    let run = || {
+        let (stats, sums) = (poisoned(gpu, "stats", 128), poisoned(gpu, "sums", 128));
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        k::bn_forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats)).unwrap();
+        k::bn_backward_sums(gpu, &mut enc, &shape, shape.positions() as u32, EPS, s(&bdy), s(&bx), s(&stats), s(&sums)).unwrap();
+        submit(gpu, enc);
+        let bits = |b| read(gpu, b).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        (bits(&stats), bits(&sums))
+    };
+    assert_eq!(run(), run());
+}
+
+#[track_caller]
+fn expect_arg(res: syncstep::kernels::Result<()>, op: &str, arg: &str, needle: &str) {
+    let err = res.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{msg}");
+    assert!(msg.contains(needle), "{msg}");
+}
+
+#[test]
+fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
+    let Some(gpu) = gpu() else { return };
+    let shape = BnShape { n: 2, c: 3, hw: 5 };
+    let zero = BnShape { hw: 0, ..shape };
+    let b = |len| gpu.buffer("b", len).unwrap();
+    // Distinct buffers everywhere, so the valid launches are valid dispatches too.
+    let (x, y, dy, dx, stats, sums, gamma, beta, run_mean, run_var, short) = (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(3), b(3), b(5));
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    let e = &mut enc;
+
+    k::bn_forward_stats(gpu, e, &shape, s(&x), s(&stats)).unwrap();
+    expect_arg(k::bn_forward_stats(gpu, e, &shape, s(&x), s(&short)), "bn_forward_stats", "stats", "expected 6 (2·c");
+    expect_arg(k::bn_forward_stats(gpu, e, &zero, s(&x), s(&stats)), "bn_forward_stats", "shape.hw", "is 0");
+
+    let apply = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, g| k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y));
+    apply(e, &shape, 10, s(&gamma)).unwrap();
+    expect_arg(apply(e, &shape, 10, s(&short)), "bn_forward_apply", "gamma", "expected 3 (c)");
+    expect_arg(apply(e, &zero, 10, s(&gamma)), "bn_forward_apply", "shape.hw", "is 0");
+    expect_arg(apply(e, &shape, 9, s(&gamma)), "bn_forward_apply", "count", "expected at least n·hw = 10");
+
+    let backward_sums = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, d| k::bn_backward_sums(gpu, e, shape, count, EPS, d, s(&x), s(&stats), s(&sums));
+    backward_sums(e, &shape, 20, s(&dy)).unwrap();
+    expect_arg(backward_sums(e, &shape, 20, s(&short)), "bn_backward_sums", "dy", "expected 30 (n·c·hw)");
+    expect_arg(backward_sums(e, &zero, 20, s(&dy)), "bn_backward_sums", "shape.hw", "is 0");
+    expect_arg(backward_sums(e, &shape, 1, s(&dy)), "bn_backward_sums", "count", "expected at least");
+
+    let input = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), s(&x), s(&stats), s(&gamma), sm, s(&dx));
+    input(e, &shape, 10, s(&sums)).unwrap();
+    expect_arg(input(e, &shape, 10, s(&short)), "bn_backward_input", "sums", "expected 6 (2·c: [Σdy | Σdy·x̂])");
+    expect_arg(input(e, &zero, 10, s(&sums)), "bn_backward_input", "shape.hw", "is 0");
+    expect_arg(input(e, &shape, 0, s(&sums)), "bn_backward_input", "count", "expected at least");
+
+    let running = |e: &mut wgpu::CommandEncoder, c, count, var| k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var);
+    running(e, 3, 2, s(&run_var)).unwrap();
+    expect_arg(running(e, 3, 2, s(&short)), "bn_update_running", "running_var", "expected 3 (c)");
+    expect_arg(running(e, 0, 2, s(&run_var)), "bn_update_running", "c", "is 0");
+    expect_arg(running(e, 3, 1, s(&run_var)), "bn_update_running", "count", "expected at least 2");
+}
+
+#[test]
+fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
+    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let shape = BnShape { n: 1, c: 1, hw: (1 << 20) / 4 + 1 };
+    let x = gpu.buffer("x", shape.tensor_len()).unwrap();
+    let (stats, per_c) = (gpu.buffer("stats", 2).unwrap(), gpu.buffer("per_c", 1).unwrap());
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    let count = shape.positions() as u32;
+    let msg = k::bn_forward_apply(&gpu, &mut enc, &shape, count, EPS, s(&x), s(&stats), s(&per_c), s(&per_c), s(&x)).unwrap_err().to_string();
+    assert!(msg.contains("bn_forward_apply") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+}
