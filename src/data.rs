@@ -64,7 +64,7 @@ impl Batch {
         if replicas == 0 {
             return Err(DataError::NoReplicas);
         }
-        if self.len() % replicas != 0 {
+        if !self.len().is_multiple_of(replicas) {
             return Err(DataError::NotDivisible { batch: self.len(), replicas });
         }
         let n = self.len() / replicas;
@@ -147,7 +147,7 @@ pub fn synthetic_image(seed: u64, index: u64, h: u32, w: u32, classes: u32) -> (
                 4 => stripe(y as f32) ^ stripe(x as f32),
                 5 => d < radius && d > radius * 0.6,
                 6 => dy.abs() < radius * 0.25 || dx.abs() < radius * 0.25,
-                7 => stripe((x + y) as f32 * 0.7071),
+                7 => stripe((x + y) as f32 * std::f32::consts::FRAC_1_SQRT_2),
                 8 => x as f32 / w as f32 > rng.random_range(0.0..1.0),
                 _ => {
                     let (ey, ex) = (dy, dx.abs() - radius * 0.6);

@@ -465,12 +465,12 @@ impl Gpu {
     /// Checks that `s` can be bound as a storage buffer here: size within
     /// max_storage_buffer_binding_size and offset aligned. `what` names it in the error.
     pub fn check_binding(&self, what: &str, s: &Slice) -> Result<()> {
-        let max = self.limits.max_storage_buffer_binding_size as u64;
+        let max = self.limits.max_storage_buffer_binding_size;
         if s.bytes() > max {
             return Err(GpuError::Limit { what: what.to_string(), needed: s.bytes(), allowed: max, limit: "max_storage_buffer_binding_size (bytes)" });
         }
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
-        if s.offset % align != 0 {
+        if !s.offset.is_multiple_of(align) {
             return Err(GpuError::Limit { what: format!("{what} offset (must be a multiple of {align})"), needed: s.offset, allowed: s.offset - s.offset % align, limit: "min_storage_buffer_offset_alignment" });
         }
         if s.offset + s.bytes() > s.buffer.size() {

@@ -20,14 +20,14 @@ fn every_wgsl_file_parses_and_validates() {
         let module = match naga::front::wgsl::parse_str(&source) {
             Ok(m) => m,
             Err(e) => {
-                failures.push(e.emit_to_string_with_path(&source, &*name));
+                failures.push(e.emit_to_string_with_path(&source, &name));
                 continue;
             }
         };
         // Browsers give no f64, f16 or subgroups by default: validate against WebGPU's core set.
         let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
         if let Err(e) = validator.validate(&module) {
-            failures.push(e.emit_to_string_with_path(&source, &*name));
+            failures.push(e.emit_to_string_with_path(&source, &name));
         }
         assert!(!module.entry_points.is_empty(), "{name} has no entry point");
     }

@@ -45,6 +45,7 @@ pub(crate) fn expect_positive(op: &'static str, arg: &'static str, v: u32) -> Re
 }
 
 /// Checks every named binding against the device's limits, then records the dispatch.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<P: bytemuck::Pod>(
     gpu: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
