@@ -6,8 +6,11 @@ use syncstep::kernels::avgpool::{self as k, AvgPoolShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::avgpool as r;
 
-/// Runs forward and backward on seeded data and returns (y, dx) beside the reference's.
-fn run(s: AvgPoolShape, seed: u64) -> ((Vec<f32>, Vec<f64>), (Vec<f32>, Vec<f64>)) {
+/// A GPU output beside the reference's.
+type Outcome = (Vec<f32>, Vec<f64>);
+
+/// Runs forward and backward on seeded data: (y, dx).
+fn run(s: AvgPoolShape, seed: u64) -> (Outcome, Outcome) {
     let gpu = gpu().unwrap();
     let (n, c, hw) = (s.n as usize, s.c as usize, s.hw as usize);
     let x = uniform(seed, n * c * hw);
