@@ -1,1 +1,95 @@
-//! Placeholder: filled in by the cross_entropy work.
+//! Softmax cross-entropy with label smoothing: per-example losses, the step's loss and the
+//! gradient of the step's loss with respect to the logits. See shaders/cross_entropy.wgsl.
+//!
+//! Labels are u32 in `[0, k)`. A shader cannot return an error, so an example whose label is
+//! `>= k` gets a NaN loss (and so a NaN total) and a NaN gradient row: validate labels on the
+//! host before upload.
+
+use super::{expect_len, expect_positive, launch, KernelError, Result};
+use crate::gpu::{Gpu, Shader, Slice};
+
+const SHADER: Shader = Shader { name: "cross_entropy", source: include_str!("../../shaders/cross_entropy.wgsl") };
+
+/// `m` examples over `k` classes: logits `[m, k]`, labels `[m]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossEntropyShape {
+    pub m: u32,
+    pub k: u32,
+}
+
+impl CrossEntropyShape {
+    pub fn logits_len(&self) -> u64 {
+        self.m as u64 * self.k as u64
+    }
+    pub fn labels_len(&self) -> u64 {
+        self.m as u64
+    }
+
+    /// Checks dimensions, hyper-parameters, logits and labels; the uniform every entry point reads.
+    fn check(&self, op: &'static str, smoothing: f32, divisor: f32, logits: &Slice, labels: &Slice) -> Result<Params> {
+        expect_positive(op, "m", self.m)?;
+        expect_positive(op, "k", self.k)?;
+        if !(0.0..1.0).contains(&smoothing) {
+            return Err(KernelError::Arg { op, arg: "smoothing", problem: format!("is {smoothing}, expected 0 <= smoothing < 1") });
+        }
+        if !(divisor.is_finite() && divisor > 0.0) {
+            return Err(KernelError::Arg { op, arg: "divisor", problem: format!("is {divisor}, expected a finite value > 0") });
+        }
+        expect_len(op, "logits", logits, self.logits_len(), "m*k")?;
+        expect_len(op, "labels", labels, self.labels_len(), "m")?;
+        Ok(Params { m: self.m, k: self.k, smoothing, divisor, nan: f32::NAN })
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    m: u32,
+    k: u32,
+    smoothing: f32,
+    divisor: f32,
+    nan: f32,
+}
+
+/// Per-example losses ℓ_i into `losses` `[m]` and `(Σ_i ℓ_i) / divisor` into `loss` `[1]`.
+/// `smoothing` is ε in `[0, 1)` (0.1 is usual); `divisor` is D > 0 (the batch on this device).
+#[allow(clippy::too_many_arguments)] // the signature mirrors the math: shape, ε, D, three tensors and the result
+pub fn cross_entropy_forward(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    s: &CrossEntropyShape,
+    smoothing: f32,
+    divisor: f32,
+    logits: Slice,
+    labels: Slice,
+    losses: Slice,
+    loss: Slice,
+) -> Result<()> {
+    const OP: &str = "cross_entropy_forward";
+    let params = s.check(OP, smoothing, divisor, &logits, &labels)?;
+    expect_len(OP, "losses", &losses, s.labels_len(), "m")?;
+    expect_len(OP, "loss", &loss, 1, "one scalar")?;
+    // Both bindings of the second dispatch are checked before the first is recorded.
+    gpu.check_binding("argument `loss`", &loss).map_err(|source| KernelError::Gpu { op: OP, source })?;
+    launch(gpu, enc, OP, &SHADER, OP, &params, &[("logits", logits), ("labels", labels), ("losses", losses)], [s.m, 1, 1])?;
+    launch(gpu, enc, OP, &SHADER, "cross_entropy_forward_total", &params, &[("losses", losses), ("loss", loss)], [1, 1, 1])
+}
+
+/// `dlogits = (softmax(logits) − q) / divisor`, the gradient of the loss `cross_entropy_forward`
+/// writes; `dlogits` is `[m, k]`, overwritten.
+#[allow(clippy::too_many_arguments)] // as cross_entropy_forward
+pub fn cross_entropy_backward(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    s: &CrossEntropyShape,
+    smoothing: f32,
+    divisor: f32,
+    logits: Slice,
+    labels: Slice,
+    dlogits: Slice,
+) -> Result<()> {
+    const OP: &str = "cross_entropy_backward";
+    let params = s.check(OP, smoothing, divisor, &logits, &labels)?;
+    expect_len(OP, "dlogits", &dlogits, s.logits_len(), "m*k")?;
+    launch(gpu, enc, OP, &SHADER, OP, &params, &[("logits", logits), ("labels", labels), ("dlogits", dlogits)], [s.m, 1, 1])
+}
