@@ -4,9 +4,11 @@
 //! Layers, bottom up (see DESIGN.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
+pub mod checkpoint;
 pub mod data;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod reference;
+pub mod step;
 pub mod tensorfile;

@@ -145,8 +145,10 @@ struct Unit {
 }
 
 /// Per-step state threaded through forward and backward.
-struct Pass<'p> {
+struct Pass<'p, S> {
     enc: wgpu::CommandEncoder,
+    sync: &'p S,
+    cfg: &'p StepConfig,
     units: Vec<Unit>,
     relu_gates: Vec<String>,
     impose: Option<&'p ActivationPattern>,
@@ -218,14 +220,14 @@ impl Replica {
         let labels = self.act("labels", n as u64)?;
         self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
 
-        let mut pass = Pass { enc: self.gpu.encoder(), units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax" };
+        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax" };
         if let Some(p) = opts.impose {
             self.upload_pattern(p)?;
         }
         let x = Dims { n, c: 3, h: batch.h, w: batch.w };
-        let (feat, feat_dims) = self.forward(&mut pass, sync, x, cfg).await?;
-        let loss = self.head_forward_backward(&mut pass, cfg, divisor, &feat, feat_dims, &labels)?;
-        self.backward(&mut pass, sync).await?;
+        let (feat, feat_dims) = self.forward(&mut pass, x).await?;
+        let loss = self.head_forward_backward(&mut pass, divisor, &feat, feat_dims, &labels)?;
+        self.backward(&mut pass).await?;
 
         let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
         self.gpu.submit(enc).await?;
@@ -279,7 +281,7 @@ impl Replica {
         Ok(())
     }
 
-    async fn read_pattern(&self, pass: &Pass<'_>) -> Result<ActivationPattern> {
+    async fn read_pattern<S>(&self, pass: &Pass<'_, S>) -> Result<ActivationPattern> {
         let mut relu = Vec::new();
         for name in &pass.relu_gates {
             let v = self.gpu.read_f32(Slice::whole(&self.acts[name])).await?;
@@ -290,7 +292,7 @@ impl Replica {
     }
 
     /// ReLU of `x` into `name`; the gate is `x` itself or the imposed mask of this site.
-    fn relu(&mut self, pass: &mut Pass, x: &wgpu::Buffer, name: &str) -> Result<wgpu::Buffer> {
+    fn relu<S>(&mut self, pass: &mut Pass<S>, x: &wgpu::Buffer, name: &str) -> Result<wgpu::Buffer> {
         let y = self.act(name, x.size() / 4)?;
         let site = pass.relu_gates.len();
         let gate = match pass.impose {
@@ -312,7 +314,7 @@ impl Replica {
     }
 
     /// conv → BatchNorm (training mode, statistics through `sync`), saving both outputs.
-    async fn conv_bn(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims, cfg: &StepConfig) -> Result<(wgpu::Buffer, Dims)> {
+    async fn conv_bn<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims) -> Result<(wgpu::Buffer, Dims)> {
         let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
         let shape = conv_shape(&conv, input);
         let y = self.act(&format!("{name}.conv"), out.len())?;
@@ -321,19 +323,19 @@ impl Replica {
         let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
         let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
         batchnorm::bn_forward_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::whole(&stats))?;
-        let count = sync.stats(&self.gpu, &mut pass.enc, site, &stats, out.n * out.hw()).await?;
+        let count = pass.sync.stats(&self.gpu, &mut pass.enc, site, &stats, out.n * out.hw()).await?;
         let z = self.act(&format!("{name}.bn"), out.len())?;
         batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), self.param(bn.bias), Slice::whole(&z))?;
-        batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+        batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
         pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out });
         pass.counts.push(count);
         Ok((z, out))
     }
 
-    async fn forward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, x: Dims, cfg: &StepConfig) -> Result<(wgpu::Buffer, Dims)> {
+    async fn forward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, x: Dims) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
         let input = self.acts["input"].clone();
-        let (z, d) = self.conv_bn(pass, sync, "stem", m.stem_conv, m.stem_bn, &input, x, cfg).await?;
+        let (z, d) = self.conv_bn(pass, "stem", m.stem_conv, m.stem_bn, &input, x).await?;
         let r = self.relu(pass, &z, "stem.relu")?;
         let ps = pool_shape(d);
         let pooled = Dims { n: d.n, c: d.c, h: ps.out_h(), w: ps.out_w() };
@@ -355,11 +357,11 @@ impl Replica {
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
             let p = block_name(i);
-            let (z1, d1) = self.conv_bn(pass, sync, &format!("{p}.1"), b.conv1, b.bn1, &x, d, cfg).await?;
+            let (z1, d1) = self.conv_bn(pass, &format!("{p}.1"), b.conv1, b.bn1, &x, d).await?;
             let r1 = self.relu(pass, &z1, &format!("{p}.relu1"))?;
-            let (z2, d2) = self.conv_bn(pass, sync, &format!("{p}.2"), b.conv2, b.bn2, &r1, d1, cfg).await?;
+            let (z2, d2) = self.conv_bn(pass, &format!("{p}.2"), b.conv2, b.bn2, &r1, d1).await?;
             let shortcut = match b.downsample {
-                Some((c, bn)) => self.conv_bn(pass, sync, &format!("{p}.ds"), c, bn, &x, d, cfg).await?.0,
+                Some((c, bn)) => self.conv_bn(pass, &format!("{p}.ds"), c, bn, &x, d).await?.0,
                 None => x.clone(),
             };
             let s = self.act(&format!("{p}.sum"), d2.len())?;
@@ -373,7 +375,7 @@ impl Replica {
     /// Global average pool, fc, loss; then the loss's backward through fc and the pool, so
     /// `{last block}.out.grad` holds the cotangent the blocks' backward starts from.
     /// Returns the buffer holding the loss.
-    fn head_forward_backward(&mut self, pass: &mut Pass, cfg: &StepConfig, divisor: f32, x: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+    fn head_forward_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, x: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let gs = avgpool::AvgPoolShape { n, c, hw: d.hw() };
         let feat = self.act("gap", (n * c) as u64)?;
@@ -386,9 +388,9 @@ impl Replica {
         let losses = self.act("losses", n as u64)?;
         let loss = self.act("loss", 1)?;
         let (lg, lb) = (Slice::whole(&logits), Slice::whole(labels));
-        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, cfg.label_smoothing, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
+        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, pass.cfg.label_smoothing, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
         let dlogits = self.act("logits.grad", (n * k) as u64)?;
-        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, cfg.label_smoothing, divisor, lg, lb, Slice::whole(&dlogits))?;
+        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, pass.cfg.label_smoothing, divisor, lg, lb, Slice::whole(&dlogits))?;
         let dfeat = self.act("gap.grad", (n * c) as u64)?;
         let dl = Slice::whole(&dlogits);
         dense::dense_backward_input(&self.gpu, &mut pass.enc, &ds, dl, self.param(fw), Slice::whole(&dfeat))?;
@@ -399,10 +401,10 @@ impl Replica {
         Ok(loss)
     }
 
-    /// Backward through BN (statistics through `sync`) and the conv of `unit`, given the
-    /// cotangent `dz` of the BN output. Writes the conv's and BN's parameter gradients and
-    /// returns the cotangent of the unit's input (if `need_input`).
-    async fn conv_bn_backward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer, need_input: bool) -> Result<Option<wgpu::Buffer>> {
+    /// Backward through BN (statistics through the sync hook) and the conv of `unit`, given
+    /// the cotangent `dz` of the BN output and the conv's input `x`: writes the conv's and
+    /// BN's parameter gradients and returns the cotangent of the conv's output.
+    async fn conv_bn_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
         let (name, conv, bn, site, input, out) = {
             let u = &pass.units[unit];
             (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out)
@@ -419,27 +421,37 @@ impl Replica {
         let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
         pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
         pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
-        sync.sums(&self.gpu, &mut pass.enc, site, &sums).await?;
+        pass.sync.sums(&self.gpu, &mut pass.enc, site, &sums).await?;
         let dy = self.act(&format!("{name}.conv.grad"), out.len())?;
         batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
         let shape = conv_shape(&conv, input);
         conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(x), self.grad(conv.weight))?;
-        if !need_input {
-            return Ok(None);
-        }
-        let dx = self.act(&format!("{name}.input.grad"), input.len())?;
-        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(conv.weight), Slice::whole(&dx))?;
-        Ok(Some(dx))
+        Ok(dy)
     }
 
-    fn relu_backward(&mut self, pass: &mut Pass, dy: &wgpu::Buffer, site: usize, name: &str) -> Result<wgpu::Buffer> {
+    /// The cotangent of `unit`'s input from that of its conv output.
+    fn conv_backward_input<S>(&mut self, pass: &mut Pass<S>, unit: usize, dy: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let u = &pass.units[unit];
+        let (shape, weight) = (conv_shape(&u.conv, u.input), u.conv.weight);
+        let dx = self.act(&format!("{}.input.grad", u.name), u.input.len())?;
+        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(dy), self.param(weight), Slice::whole(&dx))?;
+        Ok(dx)
+    }
+
+    /// Both halves of a unit's backward: parameter gradients and the input's cotangent.
+    async fn unit_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let dy = self.conv_bn_backward(pass, unit, dz, x).await?;
+        self.conv_backward_input(pass, unit, &dy)
+    }
+
+    fn relu_backward<S>(&mut self, pass: &mut Pass<S>, dy: &wgpu::Buffer, site: usize, name: &str) -> Result<wgpu::Buffer> {
         let gate = self.acts[&pass.relu_gates[site]].clone();
         let dx = self.act(name, dy.size() / 4)?;
         elementwise::relu_backward(&self.gpu, &mut pass.enc, Slice::whole(dy), Slice::whole(&gate), Slice::whole(&dx))?;
         Ok(dx)
     }
 
-    async fn backward(&mut self, pass: &mut Pass<'_>, sync: &impl BnSync) -> Result<()> {
+    async fn backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>) -> Result<()> {
         let m = self.model.clone();
         // Units were pushed in forward order: stem, then per block 1, 2, (ds).
         let mut unit_of = HashMap::new();
@@ -453,11 +465,11 @@ impl Replica {
             // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
             let ds = self.relu_backward(pass, &dout, 2 + 2 * i, &format!("{p}.sum.grad"))?;
             let r1 = self.acts[&format!("{p}.relu1")].clone();
-            let dr1 = self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.2")], &ds, &r1, true).await?.expect("input grad");
+            let dr1 = self.unit_backward(pass, unit_of[&format!("{p}.2")], &ds, &r1).await?;
             let dz1 = self.relu_backward(pass, &dr1, 1 + 2 * i, &format!("{p}.relu1.grad"))?;
-            let dx1 = self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.1")], &dz1, &block_input, true).await?.expect("input grad");
+            let dx1 = self.unit_backward(pass, unit_of[&format!("{p}.1")], &dz1, &block_input).await?;
             let dx2 = match b.downsample {
-                Some(_) => self.conv_bn_backward(pass, sync, unit_of[&format!("{p}.ds")], &ds, &block_input, true).await?.expect("input grad"),
+                Some(_) => self.unit_backward(pass, unit_of[&format!("{p}.ds")], &ds, &block_input).await?,
                 None => ds,
             };
             let name = if i == 0 { "pool.grad".to_string() } else { format!("{}.out.grad", block_name(i - 1)) };
@@ -472,7 +484,8 @@ impl Replica {
         maxpool::maxpool_backward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&dout), Slice::whole(&argmax), Slice::whole(&dr))?;
         let dz = self.relu_backward(pass, &dr, 0, "stem.bn.grad")?;
         let input = self.acts["input"].clone();
-        self.conv_bn_backward(pass, sync, 0, &dz, &input, false).await?;
+        // The stem's input is the image: no cotangent needed.
+        self.conv_bn_backward(pass, 0, &dz, &input).await?;
         Ok(())
     }
 }

@@ -35,6 +35,8 @@ pub struct Tensor {
 pub struct TensorFile {
     pub path: PathBuf,
     pub tensors: BTreeMap<String, Tensor>,
+    /// The header's `__metadata__` string map.
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl TensorFile {
@@ -45,12 +47,14 @@ impl TensorFile {
 
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TensorFile, TensorFileError> {
         let st = SafeTensors::deserialize(bytes).map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
         let mut tensors = BTreeMap::new();
         for (name, view) in st.iter() {
             let (values, integer) = decode(&view).ok_or_else(|| TensorFileError::Dtype { path: path.into(), name: name.into(), dtype: view.dtype() })?;
             tensors.insert(name.to_string(), Tensor { shape: view.shape().to_vec(), values, integer });
         }
-        Ok(TensorFile { path: path.into(), tensors })
+        Ok(TensorFile { path: path.into(), tensors, metadata })
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
@@ -117,8 +121,9 @@ fn f16_to_f32(h: u16) -> f32 {
 /// f32 tensors to write: name, shape, values.
 pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
 
-/// Writes `entries` as f32 safetensors to `path` atomically: a temp file beside it, then rename.
-pub fn write_f32(path: &Path, entries: &[Entry]) -> Result<(), TensorFileError> {
+/// Writes `entries` as f32 safetensors (with `metadata` in the header) to `path` atomically:
+/// a temp file beside it, then rename.
+pub fn write_f32(path: &Path, entries: &[Entry], metadata: &BTreeMap<String, String>) -> Result<(), TensorFileError> {
     let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
     let views = entries
         .iter()
@@ -128,7 +133,8 @@ pub fn write_f32(path: &Path, entries: &[Entry]) -> Result<(), TensorFileError> 
                 .map_err(|e| TensorFileError::Io { path: path.into(), message: format!("tensor `{n}`: {e}") })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let bytes = safetensors::tensor::serialize(views, None).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+    let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    let bytes = safetensors::tensor::serialize(views, info).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
     let file_name = path.file_name().ok_or_else(|| TensorFileError::Io { path: path.into(), message: "not a file path".into() })?;
     let tmp = path.with_file_name(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
     let write = || -> std::io::Result<()> {
@@ -153,8 +159,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("a.safetensors");
         let v = [1.0f32, -2.5, 3.25, 4.0];
-        write_f32(&path, &[("w".into(), vec![2, 2], &v)]).unwrap();
+        let meta = BTreeMap::from([("step".to_string(), "3".to_string())]);
+        write_f32(&path, &[("w".into(), vec![2, 2], &v)], &meta).unwrap();
         let f = TensorFile::read(&path).unwrap();
+        assert_eq!(f.metadata, meta);
         assert_eq!(f.require("w", &[2, 2]).unwrap().values, vec![1.0, -2.5, 3.25, 4.0]);
         let e = f.require("w", &[4]).unwrap_err().to_string();
         assert!(e.contains("`w` has shape [2, 2], expected [4]"), "{e}");
@@ -170,9 +178,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("syncstep-tf2-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("keep.safetensors");
-        write_f32(&path, &[("a".into(), vec![1], &[1.0])]).unwrap();
+        write_f32(&path, &[("a".into(), vec![1], &[1.0])], &BTreeMap::new()).unwrap();
         let bad = dir.join("no/such/dir/x.safetensors");
-        assert!(write_f32(&bad, &[("a".into(), vec![1], &[2.0])]).is_err());
+        assert!(write_f32(&bad, &[("a".into(), vec![1], &[2.0])], &BTreeMap::new()).is_err());
         assert_eq!(TensorFile::read(&path).unwrap().get("a").unwrap().values, vec![1.0]);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -9,3 +9,4 @@ pub mod dense;
 pub mod elementwise;
 pub mod maxpool;
 pub mod sgd;
+pub mod step;

@@ -9,6 +9,7 @@ use super::cross_entropy::{cross_entropy_backward, cross_entropy_forward};
 use super::dense::{dense_backward_bias, dense_backward_input, dense_backward_weight, dense_forward};
 use super::elementwise::{add, relu_backward, relu_forward};
 use super::maxpool::{maxpool_backward, maxpool_forward, maxpool_forward_with_argmax, Pool};
+use crate::data::Batch;
 use crate::model::{ActivationPattern, BatchNorm, Conv, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
 
 /// The step's scalars: label smoothing ε, loss divisor D, BN momentum and eps.
@@ -32,16 +33,17 @@ pub struct StepResult {
 }
 
 /// The loss alone, for finite differences.
-pub fn training_loss(model: &ResNet34, params: &[f64], images: &[f64], labels: &[u32], hw: (usize, usize), cfg: &StepConfig, impose: Option<&ActivationPattern>) -> f64 {
+pub fn training_loss(model: &ResNet34, params: &[f64], batch: &Batch, cfg: &StepConfig, impose: Option<&ActivationPattern>) -> f64 {
     let mut s = State::new(model, params, model.init_buffers().iter().map(|&v| v as f64).collect(), impose, cfg);
-    s.forward(images, labels, hw).0
+    s.forward(batch).0
 }
 
-/// One step on images [m, 3, h, w] with `labels`; `impose` fixes the ReLU and pool choices.
-pub fn training_step(model: &ResNet34, params: &[f64], running: &[f64], images: &[f64], labels: &[u32], hw: (usize, usize), cfg: &StepConfig, impose: Option<&ActivationPattern>) -> StepResult {
+/// One step on `batch` (its f32 images widened to f64); `impose` fixes the ReLU and pool
+/// choices.
+pub fn training_step(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch, cfg: &StepConfig, impose: Option<&ActivationPattern>) -> StepResult {
     let mut s = State::new(model, params, running.to_vec(), impose, cfg);
-    let (loss, logits, feat) = s.forward(images, labels, hw);
-    s.backward(&logits, labels, &feat);
+    let (loss, logits, feat) = s.forward(batch);
+    s.backward(&logits, &batch.labels, &feat);
     StepResult { loss, logits, grads: s.grads, running: s.running, pattern: s.pattern }
 }
 
@@ -121,10 +123,12 @@ impl<'a> State<'a> {
     }
 
     /// Returns the loss, the logits and the pooled features.
-    fn forward(&mut self, images: &[f64], labels: &[u32], hw: (usize, usize)) -> (f64, Vec<f64>, Vec<f64>) {
+    fn forward(&mut self, batch: &Batch) -> (f64, Vec<f64>, Vec<f64>) {
         let model = self.model;
+        let labels = &batch.labels;
         self.m = labels.len();
-        let (z, (h, w)) = self.conv_bn(model.stem_conv, model.stem_bn, images, hw);
+        let images: Vec<f64> = batch.images.iter().map(|&v| v as f64).collect();
+        let (z, (h, w)) = self.conv_bn(model.stem_conv, model.stem_bn, &images, (batch.h as usize, batch.w as usize));
         let r = self.relu(&z);
         let pool = Pool { n: self.m, c: 64, h, w, k: POOL_K as usize, stride: POOL_STRIDE as usize, pad: POOL_PAD as usize };
         let (mut x, argmax) = match self.impose {
@@ -230,23 +234,22 @@ mod tests {
         let mut p32 = model.init_params(1);
         model.randomize_batchnorm(&mut p32, 2);
         let params: Vec<f64> = p32.iter().map(|&v| v as f64).collect();
-        let batch = synthetic_batch(3, 0, 2, 32, 32, 10);
-        let images: Vec<f64> = batch.images.iter().map(|&v| v as f64).collect();
-        let cfg = StepConfig { label_smoothing: 0.1, divisor: 2.0, bn_momentum: 0.1, bn_eps: 1e-5 };
+        let batch = synthetic_batch(3, 0, 4, 32, 32, 10);
+        let cfg = StepConfig { label_smoothing: 0.1, divisor: 4.0, bn_momentum: 0.1, bn_eps: 1e-5 };
         let running: Vec<f64> = model.init_buffers().iter().map(|&v| v as f64).collect();
-        let base = training_step(&model, &params, &running, &images, &batch.labels, (32, 32), &cfg, None);
+        let base = training_step(&model, &params, &running, &batch, &cfg, None);
         let pattern = base.pattern.clone();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
         let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
         for name in names {
             let spec = model.param(name).unwrap();
             let i = spec.offset + rng.random_range(0..spec.len());
-            let h = 1e-4 * params[i].abs().max(0.1);
+            let h = 1e-6 * params[i].abs().max(0.1);
             let mut p = params.clone();
             p[i] += h;
-            let up = training_loss(&model, &p, &images, &batch.labels, (32, 32), &cfg, Some(&pattern));
+            let up = training_loss(&model, &p, &batch, &cfg, Some(&pattern));
             p[i] -= 2.0 * h;
-            let down = training_loss(&model, &p, &images, &batch.labels, (32, 32), &cfg, Some(&pattern));
+            let down = training_loss(&model, &p, &batch, &cfg, Some(&pattern));
             let fd = (up - down) / (2.0 * h);
             let g = base.grads[i];
             let err = (fd - g).abs() / g.abs().max(1e-6);

@@ -27,6 +27,12 @@ pub fn gpu() -> Option<&'static Gpu> {
     .as_ref()
 }
 
+/// A device of its own (for code that takes ownership of a `Gpu`), or None as `gpu()`.
+pub fn fresh_gpu() -> Option<Gpu> {
+    gpu()?;
+    Some(pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).unwrap())
+}
+
 /// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that
 /// launches past a device limit are refused with a clear error.
 pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Gpu> {

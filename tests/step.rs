@@ -1,0 +1,99 @@
+//! The single-device ResNet-34 step against the f64 reference (TIE), repeatability (REPEAT),
+//! and the errors a user can cause.
+
+mod common;
+
+use common::*;
+use syncstep::data::synthetic_batch;
+use syncstep::model::ResNet34;
+use syncstep::reference::step as reference;
+use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions, StepOutput};
+
+const BATCH: usize = 8;
+
+fn setup(classes: u32, seed: u64) -> (ResNet34, Vec<f32>, Vec<f32>) {
+    let model = ResNet34::new(classes).unwrap();
+    let mut params = model.init_params(seed);
+    model.randomize_batchnorm(&mut params, seed + 1);
+    let running = model.init_buffers();
+    (model, params, running)
+}
+
+fn replica(model: &ResNet34, params: &[f32], running: &[f32]) -> Option<Replica> {
+    let gpu = fresh_gpu()?;
+    Some(Replica::new(gpu, model.clone(), params, running).unwrap())
+}
+
+fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> StepOutput {
+    let cfg = StepConfig::default();
+    pollster::block_on(r.forward_backward(batch, &cfg, batch.len() as f32, &LocalBn, opts)).unwrap()
+}
+
+#[test]
+fn tie_gpu_step_matches_the_f64_reference() {
+    let (model, params, running) = setup(10, 11);
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let batch = synthetic_batch(5, 0, BATCH, 32, 32, 10);
+    let out = step(&mut r, &batch, StepOptions { capture_pattern: true, ..Default::default() });
+    let grads = pollster::block_on(r.read_grads()).unwrap();
+    let gpu_running = pollster::block_on(r.read_running()).unwrap();
+
+    let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
+    let run64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
+    let cfg = reference::StepConfig { label_smoothing: 0.1, divisor: BATCH as f64, bn_momentum: 0.1, bn_eps: 1e-5 };
+    let pattern = out.pattern.as_ref().unwrap();
+    let want = reference::training_step(&model, &p64, &run64, &batch, &cfg, Some(pattern));
+    let free = reference::training_step(&model, &p64, &run64, &batch, &cfg, None);
+    let flips = pattern.flips(&free.pattern);
+
+    let loss_err = (out.loss as f64 - want.loss).abs() / want.loss.abs();
+    eprintln!("TIE: loss gpu {} ref {} rel {loss_err:e}; {flips} unit(s) flipped between f32 and f64", out.loss, want.loss);
+    assert!(loss_err <= 1e-5, "loss rel error {loss_err:e}");
+    assert_close("logits", &out.logits, &want.logits, 1e-4);
+    let mut worst = (0.0, String::new());
+    for spec in &model.params {
+        let e = norm_rel(&grads[spec.range()], &want.grads[spec.range()]);
+        if e > worst.0 {
+            worst = (e, spec.name.clone());
+        }
+    }
+    eprintln!("TIE: worst gradient {} at {:e}", worst.1, worst.0);
+    assert!(worst.0 <= 1e-4, "gradient of {} off by {:e} norm-rel", worst.1, worst.0);
+    for spec in &model.buffers {
+        assert_close(&spec.name, &gpu_running[spec.range()], &want.running[spec.range()], 1e-5);
+    }
+}
+
+#[test]
+fn repeat_the_same_step_twice_is_bitwise_equal() {
+    let (model, params, running) = setup(10, 3);
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let batch = synthetic_batch(9, 0, 4, 32, 32, 10);
+    let a = step(&mut r, &batch, StepOptions::default());
+    let ga = pollster::block_on(r.read_grads()).unwrap();
+    let b = step(&mut r, &batch, StepOptions::default());
+    let gb = pollster::block_on(r.read_grads()).unwrap();
+    assert_eq!(a.loss.to_bits(), b.loss.to_bits());
+    assert!(ga.iter().zip(&gb).all(|(x, y)| x.to_bits() == y.to_bits()), "gradients differ between two identical steps");
+    assert!(ga.iter().any(|&g| g != 0.0));
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let (model, params, running) = setup(10, 3);
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let cfg = StepConfig::default();
+    let run = |r: &mut Replica, b: &syncstep::data::Batch| pollster::block_on(r.forward_backward(b, &cfg, 2.0, &LocalBn, StepOptions::default())).unwrap_err().to_string();
+    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    b.labels[1] = 10;
+    assert!(run(&mut r, &b).contains("label 10 of example 1"));
+    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    b.images[7] = f32::INFINITY;
+    assert!(run(&mut r, &b).contains("non-finite"));
+    let b = synthetic_batch(1, 0, 2, 16, 16, 10);
+    assert!(run(&mut r, &b).contains("too small"));
+    let bad = StepConfig { label_smoothing: 1.5, ..cfg };
+    let b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    let e = pollster::block_on(r.forward_backward(&b, &bad, 2.0, &LocalBn, StepOptions::default())).unwrap_err().to_string();
+    assert!(e.contains("label smoothing"), "{e}");
+}
