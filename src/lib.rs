@@ -5,6 +5,7 @@
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
 pub mod gpu;
 pub mod kernels;
