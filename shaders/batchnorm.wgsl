@@ -1,17 +1,28 @@
 // BatchNorm, training mode, over x as [n, c, hw] (NCHW). Per channel the positions are
 // s = b·hw + j, b < n, j < hw; `count` is how many positions the statistics describe (n·hw on
-// one device, the global count after stats were merged across replicas), so the apply and
-// backward kernels take it from Params rather than from the local shape.
+// one device, the global count once replicas' rows were gathered), so the apply and backward
+// kernels take it from Params rather than from the local shape.
 //
 // What is subtle:
-// - Reductions (bn_forward_stats, bn_backward_sums) run one workgroup per channel. Each
-//   invocation sums a strided subset in blocks of BLOCK terms, the block sums go into its total,
-//   and the WG totals meet in a fixed tree: the order never depends on scheduling (bitwise
-//   deterministic), and no serial sum is longer than max(BLOCK, count / (WG·BLOCK)).
-// - stats hold (mean, M2 = Σ(x−mean)²), never E[x²]−μ², so replicas can merge them by Chan's
-//   formula without cancellation. The mean pass sums x − x₀ (x₀ the channel's first element),
-//   which keeps a large common offset out of the f32 sum; the M2 pass then sums (x − mean)².
-// - Outputs are overwritten, never accumulated into; the all-reduce of sums is the caller's.
+// - Every reduction over the batch goes in two steps: first per example ("rows": one row of
+//   [C | C] floats per example, bn_example_stats and bn_example_sums, one invocation per
+//   (example, channel)), then over the rows of the batch (bn_merge_examples, bn_sum_examples,
+//   per channel). A row depends only on its example, and the second step only on the rows in
+//   order. So R replicas that gather each other's rows (in replica order) and run the second
+//   step get BITWISE what one device holding the whole batch gets: this is what makes the
+//   data-parallel step equal the single-device one exactly, not to f32 noise.
+// - bn_sum_examples also runs over one replica's own rows, for its dβ, dγ, which the
+//   gradient all-reduce then adds across replicas. It sums rows pairwise as a binary counter
+//   (row b closes the blocks of 2^l rows ending at b, l < the number of trailing ones of b):
+//   a power-of-two shard's sum is then a subtree of the whole batch's, and the all-reduce,
+//   adding replicas' sums in the same pairwise order, rebuilds the single device's sum bit
+//   for bit. Every reduction over the batch in the step's backward sums this way.
+// - Fixed orders throughout: serial sums in blocks of BLOCK terms whose totals are summed
+//   again; across a workgroup a fixed tree. Nothing depends on scheduling.
+// - Statistics are (mean, M2 = Σ(x−mean)²), never E[x²]−μ². Rows merge by Chan's formula for
+//   equal counts: μ = Σ μ_b / m, M2 = Σ M2_b + hw·Σ(μ_b − μ)². Mean passes sum x − x₀ (x₀ the
+//   first value) to keep a large common offset out of the f32 sum.
+// - Outputs are overwritten, never accumulated into; gathering rows is the caller's.
 
 struct Params {
     n: u32,
@@ -35,11 +46,6 @@ const BLOCK: u32 = 32u;
 @group(0) @binding(0) var<uniform> rp: RunningParams;
 
 var<workgroup> partial: array<vec2<f32>, WG>;
-
-// Index of position s of channel ch in x.
-fn position(ch: u32, s: u32) -> u32 {
-    return ((s / p.hw) * p.c + ch) * p.hw + s % p.hw;
-}
 
 // 1/√(M2/count + eps) of a channel.
 fn inv_std(m2: f32) -> f32 {
@@ -67,19 +73,19 @@ fn channel_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
-// bn_forward_stats: stats = [mean per channel | M2 per channel] over the local n·hw positions.
-@group(0) @binding(1) var<storage, read> stats_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> stats_out: array<f32>;
+// bn_example_stats: rows[b] = [mean_b per channel | M2_b per channel] over example b's hw
+// positions. One invocation per (b, ch).
+@group(0) @binding(1) var<storage, read> example_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> example_rows: array<f32>;
 
-// This invocation's share of Σ_s (x_s − shift) (or of its square), summed in blocks.
-fn stats_partial(ch: u32, tid: u32, shift: f32, square: bool) -> f32 {
-    let positions = p.n * p.hw;
+// Σ_j (x_j − shift) (or its square) over the hw values of one plane starting at `base`.
+fn plane_sum(base: u32, shift: f32, square: bool) -> f32 {
     var total = 0.0;
-    for (var start = tid; start < positions; start = start + WG * BLOCK) {
-        let end = min(start + WG * BLOCK, positions);
+    for (var start = 0u; start < p.hw; start = start + BLOCK) {
+        let end = min(start + BLOCK, p.hw);
         var block = 0.0;
-        for (var s = start; s < end; s = s + WG) {
-            let d = stats_x[position(ch, s)] - shift;
+        for (var j = start; j < end; j = j + 1u) {
+            let d = example_x[base + j] - shift;
             block = block + select(d, d * d, square);
         }
         total = total + block;
@@ -88,16 +94,49 @@ fn stats_partial(ch: u32, tid: u32, shift: f32, square: bool) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn bn_forward_stats(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn bn_example_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= p.n * p.c) { return; }
+    let b = i / p.c;
+    let ch = i % p.c;
+    let base = (b * p.c + ch) * p.hw;
+    let x0 = example_x[base];
+    let mean = x0 + plane_sum(base, x0, false) / f32(p.hw);
+    example_rows[2u * p.c * b + ch] = mean;
+    example_rows[2u * p.c * b + p.c + ch] = plane_sum(base, mean, true);
+}
+
+// bn_merge_examples: stats = [mean | M2] per channel over n rows of bn_example_stats (n·hw
+// positions). One workgroup per channel.
+@group(0) @binding(1) var<storage, read> merge_rows: array<f32>;
+@group(0) @binding(2) var<storage, read_write> merge_stats: array<f32>;
+
+// This invocation's share of Σ_b over rows b = tid, tid + WG, … of μ_b − shift, or (second
+// pass) of M2_b + hw·(μ_b − shift)², in blocks.
+fn rows_partial(ch: u32, tid: u32, shift: f32, second: bool) -> f32 {
+    var total = 0.0;
+    for (var start = tid; start < p.n; start = start + WG * BLOCK) {
+        let end = min(start + WG * BLOCK, p.n);
+        var block = 0.0;
+        for (var b = start; b < end; b = b + WG) {
+            let d = merge_rows[2u * p.c * b + ch] - shift;
+            block = block + select(d, merge_rows[2u * p.c * b + p.c + ch] + f32(p.hw) * d * d, second);
+        }
+        total = total + block;
+    }
+    return total;
+}
+
+@compute @workgroup_size(WG)
+fn bn_merge_examples(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let ch = channel_of(wid, nwg);
     if (ch >= p.c) { return; }
-    let positions = f32(p.n * p.hw);
-    let x0 = stats_x[position(ch, 0u)];
-    let mean = x0 + tree_sum(tid, vec2<f32>(stats_partial(ch, tid, x0, false), 0.0)).x / positions;
-    let m2 = tree_sum(tid, vec2<f32>(stats_partial(ch, tid, mean, true), 0.0)).x;
+    let m0 = merge_rows[ch];
+    let mean = m0 + tree_sum(tid, vec2<f32>(rows_partial(ch, tid, m0, false), 0.0)).x / f32(p.n);
+    let m2 = tree_sum(tid, vec2<f32>(rows_partial(ch, tid, mean, true), 0.0)).x;
     if (tid == 0u) {
-        stats_out[ch] = mean;
-        stats_out[p.c + ch] = m2;
+        merge_stats[ch] = mean;
+        merge_stats[p.c + ch] = m2;
     }
 }
 
@@ -117,38 +156,71 @@ fn bn_forward_apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     apply_y[i] = apply_gamma[ch] * xhat + apply_beta[ch];
 }
 
-// bn_backward_sums: sums = [Σdy per channel | Σdy·x̂ per channel] over the local positions, x̂
-// from the given (possibly global) stats. Σdy·x̂ is summed as Σdy·(x − μ), scaled once at the end.
-@group(0) @binding(1) var<storage, read> sums_dy: array<f32>;
-@group(0) @binding(2) var<storage, read> sums_x: array<f32>;
-@group(0) @binding(3) var<storage, read> sums_stats: array<f32>;
-@group(0) @binding(4) var<storage, read_write> sums_out: array<f32>;
+// bn_example_sums: rows[b] = [Σdy | Σdy·x̂] per channel over example b's positions, x̂ from the
+// given (global) stats: Σdy·(x − μ) scaled once by 1/σ at the end. One invocation per (b, ch).
+@group(0) @binding(1) var<storage, read> esums_dy: array<f32>;
+@group(0) @binding(2) var<storage, read> esums_x: array<f32>;
+@group(0) @binding(3) var<storage, read> esums_stats: array<f32>;
+@group(0) @binding(4) var<storage, read_write> esums_rows: array<f32>;
 
 @compute @workgroup_size(WG)
-fn bn_backward_sums(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let ch = channel_of(wid, nwg);
-    if (ch >= p.c) { return; }
-    let positions = p.n * p.hw;
-    let mean = sums_stats[ch];
+fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= p.n * p.c) { return; }
+    let b = i / p.c;
+    let ch = i % p.c;
+    let base = (b * p.c + ch) * p.hw;
+    let mean = esums_stats[ch];
     var total = vec2<f32>(0.0);
-    for (var start = tid; start < positions; start = start + WG * BLOCK) {
-        let end = min(start + WG * BLOCK, positions);
+    for (var start = 0u; start < p.hw; start = start + BLOCK) {
+        let end = min(start + BLOCK, p.hw);
         var block = vec2<f32>(0.0);
-        for (var s = start; s < end; s = s + WG) {
-            let i = position(ch, s);
-            block = block + sums_dy[i] * vec2<f32>(1.0, sums_x[i] - mean);
+        for (var j = start; j < end; j = j + 1u) {
+            block = block + esums_dy[base + j] * vec2<f32>(1.0, esums_x[base + j] - mean);
         }
         total = total + block;
     }
-    let sums = tree_sum(tid, total);
-    if (tid == 0u) {
-        sums_out[ch] = sums.x;
-        sums_out[p.c + ch] = sums.y * inv_std(sums_stats[p.c + ch]);
+    esums_rows[2u * p.c * b + ch] = total.x;
+    esums_rows[2u * p.c * b + p.c + ch] = total.y * inv_std(esums_stats[p.c + ch]);
+}
+
+// bn_sum_examples: sums = [Σdy | Σdy·x̂] per channel over n rows of bn_example_sums. Rows are
+// summed pairwise, as a binary counter (see the header), so that the sum over any aligned block
+// of 2^k consecutive rows, a replica's shard, is a subtree of the sum over all rows. One
+// invocation per channel.
+@group(0) @binding(1) var<storage, read> rsums_rows: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rsums_out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ch = gid.x + gid.y * nwg.x * WG;
+    if (ch >= p.c) { return; }
+    // blocks[l]: the sum of the latest block of 2^l rows not yet paired with its left sibling.
+    var blocks: array<vec2<f32>, 32>;
+    for (var b = 0u; b < p.n; b++) {
+        var v = vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]);
+        var l = 0u;
+        for (; ((b >> l) & 1u) == 1u; l++) {
+            v = blocks[l] + v;
+        }
+        blocks[l] = v;
     }
+    // The open blocks are the set bits of n, the earliest rows in the highest: add them up
+    // from the smallest, each as the left operand.
+    var sums = vec2<f32>(0.0);
+    var first = true;
+    for (var l = 0u; l < 32u; l++) {
+        if (((p.n >> l) & 1u) == 1u) {
+            if (first) { sums = blocks[l]; } else { sums = blocks[l] + sums; }
+            first = false;
+        }
+    }
+    rsums_out[ch] = sums.x;
+    rsums_out[p.c + ch] = sums.y;
 }
 
 // bn_backward_input: dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), with sums over all
-// `count` positions (summed across replicas by the caller).
+// `count` positions (over every replica's rows).
 @group(0) @binding(1) var<storage, read> input_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> input_x: array<f32>;
 @group(0) @binding(3) var<storage, read> input_stats: array<f32>;

@@ -9,8 +9,13 @@
 //   ky ≡ iy + pad (mod stride) solve that, so the blocked kernel runs once per phase
 //   (iy mod stride, ix mod stride): all pixels of one invocation then share the same taps.
 //   A phase that no tap reaches (1×1 kernel, stride 2) gets zeros, still written.
-// - backward_weight sums over n, oy, ox. Each output row is summed on its own and then
-//   folded into the total, which keeps f32 rounding low at large spatial sizes.
+// - backward_weight sums over n, oy, ox. Each output row is summed on its own and then folded
+//   into its example's total, which keeps f32 rounding low at large spatial sizes. Examples'
+//   totals are summed pairwise, as a binary counter (example n closes the blocks of 2^l
+//   examples ending at n, l < the number of trailing ones of n): the sum over an aligned block
+//   of 2^k examples, a data-parallel replica's shard, is then a subtree of the sum over the
+//   batch, and the gradient all-reduce, adding shards' sums in the same pairwise order,
+//   rebuilds the single device's result bit for bit.
 // - Padding: coordinates are i32; a read that falls outside the input is replaced by 0 with
 //   `select` and its index by 0, so nothing relies on robust-buffer-access clamping.
 // - *_direct: one output element per invocation, the plain version. *_blocked: a 4×4 register
@@ -70,6 +75,53 @@ fn inside(i: i32, size: u32) -> bool {
 
 fn inside4(i: vec4<i32>, size: u32) -> vec4<bool> {
     return (i >= vec4<i32>(0)) & (i < vec4<i32>(i32(size)));
+}
+
+// Pairwise sums over examples (see the header). blocks[l] holds the sum of the latest block of
+// 2^l examples not yet paired with its left sibling; push example n's total, then read the
+// total over n examples: the open blocks are the set bits of n, the earliest examples in the
+// highest, added from the smallest up, each as the left operand.
+fn pairwise_push(blocks: ptr<function, array<f32, 32>>, n: u32, total: f32) {
+    var v = total;
+    var l = 0u;
+    for (; ((n >> l) & 1u) == 1u; l++) {
+        v = (*blocks)[l] + v;
+    }
+    (*blocks)[l] = v;
+}
+
+fn pairwise_total(blocks: ptr<function, array<f32, 32>>, n: u32) -> f32 {
+    var sum = 0.0;
+    var first = true;
+    for (var l = 0u; l < 32u; l++) {
+        if (((n >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
+}
+
+// The same for a 4×4 tile of sums.
+fn pairwise_push4(blocks: ptr<function, array<mat4x4<f32>, 32>>, n: u32, total: mat4x4<f32>) {
+    var v = total;
+    var l = 0u;
+    for (; ((n >> l) & 1u) == 1u; l++) {
+        v = (*blocks)[l] + v;
+    }
+    (*blocks)[l] = v;
+}
+
+fn pairwise_total4(blocks: ptr<function, array<mat4x4<f32>, 32>>, n: u32) -> mat4x4<f32> {
+    var sum = mat4x4<f32>();
+    var first = true;
+    for (var l = 0u; l < 32u; l++) {
+        if (((n >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,8 +332,9 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     let ky = (i / p.kw) % p.kh;
     let ci = (i / (p.kw * p.kh)) % p.c_in;
     let co = i / (p.kw * p.kh * p.c_in);
-    var acc = 0.0;
+    var blocks: array<f32, 32>;
     for (var n = 0u; n < p.n; n++) {
+        var example = 0.0;
         for (var oy = 0u; oy < p.out_h; oy++) {
             let iy = input_at(oy, ky);
             if (!inside(iy, p.h)) { continue; }
@@ -291,10 +344,11 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
                 if (!inside(ix, p.w)) { continue; }
                 row += wd_dy[y_index(n, co, oy, ox)] * wd_x[x_index(n, ci, u32(iy), u32(ix))];
             }
-            acc += row;
+            example += row;
         }
+        pairwise_push(&blocks, n, example);
     }
-    wd_dw[i] = acc;
+    wd_dw[i] = pairwise_total(&blocks, p.n);
 }
 
 // Tile: output channels co0..co0+3 × four consecutive weights r0..r0+3 of the flattened
@@ -325,11 +379,12 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
     let tap = vec4<i32>(r / khw) * hw + ky * i32(p.w) + kx;
     let ohw = p.out_h * p.out_w;
     let dyrow = min(vec4<u32>(co0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.c_out - 1u)) * ohw;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
+    var blocks: array<mat4x4<f32>, 32>;
     for (var n = 0u; n < p.n; n++) {
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
         let dy_n = n * p.c_out * ohw;
         let x_n = i32(n * p.c_in) * hw;
         for (var oy = 0u; oy < p.out_h; oy++) {
@@ -354,8 +409,9 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
             acc2 += row2;
             acc3 += row3;
         }
+        pairwise_push4(&blocks, n, mat4x4<f32>(acc0, acc1, acc2, acc3));
     }
-    let acc = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    let acc = pairwise_total4(&blocks, p.n);
     for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
         for (var j = 0u; j < 4u && r0 + j < k_len; j++) {
             wb_dw[(co0 + i) * k_len + r0 + j] = acc[i][j];

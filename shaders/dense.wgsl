@@ -4,9 +4,14 @@
 // Forward and both matrix gradients are one strided product, out[i, j] = Σ_t a(i, t)·b(t, j),
 // with a(i, t) = a[i*a_row + t*a_inner] and b(t, j) = b[t*b_inner + j*b_col]; the launcher
 // picks the strides that read w (or dy) transposed in place. Each output element is one
-// invocation summing t in ascending order, so dense_backward_weight reduces over the batch in
-// a fixed order and every output is overwritten, never accumulated across dispatches.
-// The bias is added after the sum, as a separate rounding.
+// invocation summing t in a fixed order, and every output is overwritten, never accumulated
+// across dispatches. The bias is added after the sum, as a separate rounding.
+//
+// The two reductions over the batch (dense_backward_weight, dense_backward_bias) sum pairwise,
+// as a binary counter (example t closes the blocks of 2^l examples ending at t, l < the number
+// of trailing ones of t), as conv2d's weight gradient does: the sum over an aligned block of
+// 2^k examples, a data-parallel replica's shard, is a subtree of the sum over the batch, so
+// the gradient all-reduce rebuilds the single device's result bit for bit.
 
 struct Params {
     rows: u32,
@@ -42,6 +47,30 @@ fn product(o: u32) -> f32 {
     return sum;
 }
 
+// blocks[l] holds the sum of the latest block of 2^l terms not yet paired with its left
+// sibling; push term t, then read the total over n terms (the open blocks are the set bits of
+// n, the earliest terms in the highest, added from the smallest up, each as the left operand).
+fn pairwise_push(blocks: ptr<function, array<f32, 32>>, t: u32, term: f32) {
+    var v = term;
+    var l = 0u;
+    for (; ((t >> l) & 1u) == 1u; l++) {
+        v = (*blocks)[l] + v;
+    }
+    (*blocks)[l] = v;
+}
+
+fn pairwise_total(blocks: ptr<function, array<f32, 32>>, n: u32) -> f32 {
+    var sum = 0.0;
+    var first = true;
+    for (var l = 0u; l < 32u; l++) {
+        if (((n >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
+}
+
 // dense_forward: y = x·wᵀ + b (a = x, b = w read transposed)
 @group(0) @binding(4) var<storage, read> fwd_bias: array<f32>;
 
@@ -60,15 +89,23 @@ fn dense_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     mm_out[o] = product(o);
 }
 
-// dense_backward_weight: dw = dyᵀ·x (a = dy read transposed, b = x); t runs over the batch.
+// dense_backward_weight: dw = dyᵀ·x (a = dy read transposed, b = x); t runs over the batch,
+// summed pairwise.
 @compute @workgroup_size(WG)
 fn dense_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let o = linear_index(gid, nwg);
     if (o >= p.rows * p.cols) { return; }
-    mm_out[o] = product(o);
+    let i = o / p.cols;
+    let j = o % p.cols;
+    var blocks: array<f32, 32>;
+    for (var t = 0u; t < p.inner; t++) {
+        pairwise_push(&blocks, t, mm_a[i * p.a_row + t * p.a_inner] * mm_b[t * p.b_inner + j * p.b_col]);
+    }
+    mm_out[o] = pairwise_total(&blocks, p.inner);
 }
 
-// dense_backward_bias: db[j] = Σ_i dy[i, j], i ascending (rows = m, cols = k_out)
+// dense_backward_bias: db[j] = Σ_i dy[i, j], summed pairwise over the batch (rows = m,
+// cols = k_out)
 @group(0) @binding(1) var<storage, read> bias_dy: array<f32>;
 @group(0) @binding(2) var<storage, read_write> bias_db: array<f32>;
 
@@ -76,9 +113,9 @@ fn dense_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
 fn dense_backward_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let j = linear_index(gid, nwg);
     if (j >= p.cols) { return; }
-    var sum = 0.0;
+    var blocks: array<f32, 32>;
     for (var i = 0u; i < p.rows; i++) {
-        sum += bias_dy[i * p.cols + j];
+        pairwise_push(&blocks, i, bias_dy[i * p.cols + j]);
     }
-    bias_db[j] = sum;
+    bias_db[j] = pairwise_total(&blocks, p.rows);
 }

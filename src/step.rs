@@ -1,13 +1,15 @@
 //! The `step` layer: one replica's ResNet-34 training step on one device — forward (saving
 //! what the backward reads), label-smoothed loss, backward to every parameter, BN running
-//! statistics, SGD. BatchNorm sites call a [`BnSync`] hook: [`LocalBn`] on one device, an
-//! all-reduce across replicas in data-parallel runs (the `collective` layer moves the bytes).
+//! statistics, SGD. BatchNorm sites call a [`BnSync`] hook: [`LocalBn`] on one device, a
+//! gather of every replica's per-example rows in data-parallel runs (`parallel::SyncBn`; the
+//! `collective` layer moves the bytes).
 //!
 //! The whole forward and backward is recorded into one command encoder; a hook that needs the
 //! statistics on the host submits what was recorded so far and continues in a new encoder.
 
 use std::collections::HashMap;
 
+use crate::collective::CollectiveError;
 use crate::data::{Batch, DataError};
 use crate::gpu::{Gpu, GpuError, Slice};
 use crate::kernels::{avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError};
@@ -25,6 +27,8 @@ pub enum StepError {
     Data(#[from] DataError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -64,25 +68,33 @@ impl StepConfig {
     }
 }
 
-/// What a BatchNorm site does with statistics beyond this device. `site` numbers the BN sites
-/// in forward order (`ResNet34::batchnorms`).
+/// What a BatchNorm site does beyond this device. Statistics and backward sums are first taken
+/// per example (rows of C + C floats, see `kernels::batchnorm`) and only then reduced over the
+/// batch's rows on the device; a hook makes every replica's rows available, in replica order,
+/// so each replica reduces exactly the rows one device holding the global batch would.
+/// `site` numbers the BN sites in forward order (`ResNet34::batchnorms`).
 #[allow(async_fn_in_trait)]
 pub trait BnSync {
-    /// Turns this device's per-channel stats `[mean | M2]` over `count` positions into the
-    /// statistics over all replicas, in place; returns the global count.
-    async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, stats: &wgpu::Buffer, count: u32) -> Result<u32>;
-    /// Sums the backward pair `[Σdy | Σdy·x̂]` over all replicas, in place.
-    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, sums: &wgpu::Buffer) -> Result<()>;
+    /// How many replicas' rows a site ends up with (1 on one device). All shards are equal.
+    fn replicas(&self) -> u32;
+    /// `rows` holds room for `replicas()·local` rows, this device's `local` rows of per-example
+    /// `[mean | M2]` first; fills it with every replica's rows in replica order, in place.
+    async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
+    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`.
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
 }
 
 /// One device's own statistics: plain training-mode BatchNorm.
 pub struct LocalBn;
 
 impl BnSync for LocalBn {
-    async fn stats(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, count: u32) -> Result<u32> {
-        Ok(count)
+    fn replicas(&self) -> u32 {
+        1
     }
-    async fn sums(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer) -> Result<()> {
+    async fn stats(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
+        Ok(())
+    }
+    async fn sums(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
         Ok(())
     }
 }
@@ -321,9 +333,14 @@ impl Replica {
         conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?;
         let site = pass.units.len();
         let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
+        // The rows of every replica's examples: this device's first, then the hook's gather.
+        let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+        let rows = self.act(&format!("{name}.stats.rows"), global.rows_len())?;
+        batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&rows, 0, bs.rows_len()))?;
+        pass.sync.stats(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
         let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
-        batchnorm::bn_forward_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::whole(&stats))?;
-        let count = pass.sync.stats(&self.gpu, &mut pass.enc, site, &stats, out.n * out.hw()).await?;
+        batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&stats))?;
+        let count = global.n * global.hw;
         let z = self.act(&format!("{name}.bn"), out.len())?;
         batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), self.param(bn.bias), Slice::whole(&z))?;
         batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
@@ -413,15 +430,20 @@ impl Replica {
         let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
         let y = self.acts[&format!("{name}.conv")].clone();
         let stats = self.acts[&format!("{name}.stats")].clone();
+        let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+        let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
+        let local_rows = Slice::new(&rows, 0, bs.rows_len());
+        batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), local_rows)?;
+        // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay local
+        // until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
         let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
-        batchnorm::bn_backward_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), Slice::whole(&sums))?;
-        // dβ = Σdy and dγ = Σdy·x̂ of this replica's own positions: copied out before the sync
-        // replaces `sums` with the sums over all replicas.
+        batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &bs, local_rows, Slice::whole(&sums))?;
         let c4 = out.c as u64 * 4;
         let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
         pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
         pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
-        pass.sync.sums(&self.gpu, &mut pass.enc, site, &sums).await?;
+        pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
+        batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
         let dy = self.act(&format!("{name}.conv.grad"), out.len())?;
         batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
         let shape = conv_shape(&conv, input);

@@ -21,6 +21,21 @@ fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
     x.iter().enumerate().map(|(i, v)| v + offsets[(i / s.hw as usize) % s.c as usize]).collect()
 }
 
+/// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them.
+fn forward_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, stats: Slice) {
+    let rows = poisoned(gpu, "stats rows", shape.rows_len() as usize);
+    k::bn_example_stats(gpu, enc, shape, x, Slice::whole(&rows)).unwrap();
+    k::bn_merge_examples(gpu, enc, shape, Slice::whole(&rows), stats).unwrap();
+}
+
+/// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
+#[allow(clippy::too_many_arguments)]
+fn backward_sums(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, count: u32, dy: Slice, x: Slice, stats: Slice, sums: Slice) {
+    let rows = poisoned(gpu, "sums rows", shape.rows_len() as usize);
+    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, x, stats, Slice::whole(&rows)).unwrap();
+    k::bn_sum_examples(gpu, enc, shape, Slice::whole(&rows), sums).unwrap();
+}
+
 /// [mean | M2] as the GPU packs them, and back.
 fn pack(a: &[f64], b: &[f64]) -> Vec<f32> {
     a.iter().chain(b).map(|&v| v as f32).collect()
@@ -61,12 +76,12 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     let (stats, y, sums, dx) = (poisoned(gpu, "stats", 2 * c), poisoned(gpu, "y", len), poisoned(gpu, "sums", 2 * c), poisoned(gpu, "dx", len));
     let s = Slice::whole;
     let mut enc = gpu.encoder();
-    k::bn_forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats)).unwrap();
+    forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
     k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
     if count >= 2 {
         k::bn_update_running(gpu, &mut enc, shape.c, count, MOMENTUM, s(&stats), s(&brun_mean), s(&brun_var)).unwrap();
     }
-    k::bn_backward_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&sums)).unwrap();
+    backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
     k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
     submit(gpu, enc);
 
@@ -75,7 +90,7 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     let what = |k: &str| format!("{shape:?} {k}");
     let ref_stats = r::bn_forward_stats(d, &x64);
     let gpu_stats_raw = read(gpu, &stats);
-    assert_packed_close(&what("bn_forward_stats"), &gpu_stats_raw, &ref_stats.mean, &ref_stats.m2, 1e-4);
+    assert_packed_close(&what("forward stats"), &gpu_stats_raw, &ref_stats.mean, &ref_stats.m2, 1e-4);
     // Downstream kernels are checked against the reference fed the GPU's own stats and sums.
     let gpu_stats = unpack_stats(count as usize, &gpu_stats_raw);
     let ref_y = r::bn_forward_apply(d, &x64, &gpu_stats, eps, &gamma64, &beta64);
@@ -88,7 +103,7 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     }
     let ref_sums = r::bn_backward_sums(d, &dy64, &x64, &gpu_stats, eps);
     let gpu_sums_raw = read(gpu, &sums);
-    assert_packed_close(&what("bn_backward_sums"), &gpu_sums_raw, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
+    assert_packed_close(&what("backward sums"), &gpu_sums_raw, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
     let ref_dx = r::bn_backward_input(d, &dy64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&gpu_sums_raw));
     assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
     // And the whole chain against the all-f64 chain.
@@ -112,8 +127,8 @@ fn single_device_matches_reference_at_resnet_channel_counts() {
 #[test]
 fn large_count_reduction_is_accurate() {
     let Some(gpu) = gpu() else { return };
-    // The stem's 112×112 plane at batch 8: 100 352 positions per channel, 392 per invocation
-    // in 13 blocks (the last one partial), values around +3.
+    // The stem's 112×112 plane at batch 8: 12 544 positions per example in 392 blocks, values
+    // around +3.
     check_single_device(gpu, BnShape { n: 8, c: 4, hw: 112 * 112 }, 77);
 }
 
@@ -148,13 +163,13 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
         let s = Slice::whole;
         let mut enc = gpu.encoder();
         k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&bstats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
-        k::bn_backward_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&bstats), s(&sums)).unwrap();
+        backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&bstats), s(&sums));
         submit(gpu, enc);
         let what = |k: &str| format!("{shape:?} count {count} {k}");
         assert_close(&what("bn_forward_apply"), &read(gpu, &y), &r::bn_forward_apply(d, &x64, &global, eps, &gamma64, &beta64), 1e-5);
         let local = read(gpu, &sums);
         let ref_local = r::bn_backward_sums(d, &dy64, &x64, &global, eps);
-        assert_packed_close(&what("bn_backward_sums"), &local, &ref_local.dy, &ref_local.dy_xhat, 1e-4);
+        assert_packed_close(&what("backward sums"), &local, &ref_local.dy, &ref_local.dy_xhat, 1e-4);
 
         // The all-reduce: local + other, in f32, as the collective would.
         let other32 = pack(&other_sums.dy, &other_sums.dy_xhat);
@@ -178,13 +193,59 @@ fn reductions_are_bitwise_deterministic() {
         let (stats, sums) = (poisoned(gpu, "stats", 128), poisoned(gpu, "sums", 128));
         let s = Slice::whole;
         let mut enc = gpu.encoder();
-        k::bn_forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats)).unwrap();
-        k::bn_backward_sums(gpu, &mut enc, &shape, shape.positions() as u32, EPS, s(&bdy), s(&bx), s(&stats), s(&sums)).unwrap();
+        forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
+        backward_sums(gpu, &mut enc, &shape, shape.positions() as u32, s(&bdy), s(&bx), s(&stats), s(&sums));
         submit(gpu, enc);
         let bits = |b| read(gpu, b).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         (bits(&stats), bits(&sums))
     };
     assert_eq!(run(), run());
+}
+
+/// What a data-parallel step relies on: shards' per-example rows, gathered in order, merge into
+/// exactly the whole batch's statistics; and the sums over power-of-two shards' own rows
+/// (their dβ, dγ), added in the all-reduce's pairwise order, are exactly the whole batch's.
+#[test]
+fn shards_rows_rebuild_the_whole_batch_bitwise() {
+    let Some(gpu) = gpu() else { return };
+    let whole = BnShape { n: 8, c: 64, hw: 9 };
+    let (x, dy) = (activations(400, &whole), uniform(401, whole.tensor_len() as usize));
+    let count = whole.positions() as u32;
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    // (stats rows, stats, sums rows, sums) of examples `ex`, sums taken with `stats` if given.
+    let run = |ex: std::ops::Range<usize>, stats: Option<&[f32]>| {
+        let s = Slice::whole;
+        let shape = BnShape { n: ex.len() as u32, ..whole };
+        let len = shape.tensor_len() as usize;
+        let (bx, bdy) = (gpu.upload("x", &x[ex.start * len / ex.len()..][..len]).unwrap(), gpu.upload("dy", &dy[ex.start * len / ex.len()..][..len]).unwrap());
+        let (rows, own_stats, srows, sums) = (poisoned(gpu, "rows", shape.rows_len() as usize), poisoned(gpu, "stats", 128), poisoned(gpu, "srows", shape.rows_len() as usize), poisoned(gpu, "sums", 128));
+        let mut enc = gpu.encoder();
+        k::bn_example_stats(gpu, &mut enc, &shape, s(&bx), s(&rows)).unwrap();
+        k::bn_merge_examples(gpu, &mut enc, &shape, s(&rows), s(&own_stats)).unwrap();
+        submit(gpu, enc);
+        let stats = gpu.upload("given stats", stats.unwrap_or(&read(gpu, &own_stats))).unwrap();
+        let mut enc = gpu.encoder();
+        k::bn_example_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&srows)).unwrap();
+        k::bn_sum_examples(gpu, &mut enc, &shape, s(&srows), s(&sums)).unwrap();
+        submit(gpu, enc);
+        (read(gpu, &rows), read(gpu, &own_stats), read(gpu, &srows), read(gpu, &sums))
+    };
+    let (rows, stats, srows, sums) = run(0..8, None);
+    for n in [1, 2, 4] {
+        let shards: Vec<_> = (0..8 / n).map(|r| run(r * n..(r + 1) * n, Some(&stats))).collect();
+        let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.0.clone()).collect();
+        assert_eq!(bits(&gathered), bits(&rows), "stats rows, shards of {n}");
+        let (gathered_buf, merged) = (gpu.upload("gathered", &gathered).unwrap(), poisoned(gpu, "merged", 128));
+        let mut enc = gpu.encoder();
+        k::bn_merge_examples(gpu, &mut enc, &whole, Slice::whole(&gathered_buf), Slice::whole(&merged)).unwrap();
+        submit(gpu, enc);
+        assert_eq!(bits(&read(gpu, &merged)), bits(&stats), "merged stats, shards of {n}");
+        let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.2.clone()).collect();
+        assert_eq!(bits(&gathered), bits(&srows), "sums rows, shards of {n}");
+        let own: Vec<Vec<f32>> = shards.iter().map(|sh| sh.3.clone()).collect();
+        let total = syncstep::collective::reduce(&own, syncstep::collective::ReduceOp::Sum);
+        assert_eq!(bits(&total), bits(&sums), "shards' own sums added pairwise, shards of {n}");
+    }
 }
 
 #[track_caller]
@@ -203,13 +264,16 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     let b = |len| gpu.buffer("b", len).unwrap();
     // Distinct buffers everywhere, so the valid launches are valid dispatches too.
     let (x, y, dy, dx, stats, sums, gamma, beta, run_mean, run_var, short) = (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(3), b(3), b(5));
+    let (rows, rows2) = (b(12), b(12));
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     let e = &mut enc;
 
-    k::bn_forward_stats(gpu, e, &shape, s(&x), s(&stats)).unwrap();
-    expect_arg(k::bn_forward_stats(gpu, e, &shape, s(&x), s(&short)), "bn_forward_stats", "stats", "expected 6 (2·c");
-    expect_arg(k::bn_forward_stats(gpu, e, &zero, s(&x), s(&stats)), "bn_forward_stats", "shape.hw", "is 0");
+    k::bn_example_stats(gpu, e, &shape, s(&x), s(&rows)).unwrap();
+    expect_arg(k::bn_example_stats(gpu, e, &shape, s(&x), s(&stats)), "bn_example_stats", "rows", "expected 12 (n·2·c");
+    expect_arg(k::bn_example_stats(gpu, e, &zero, s(&x), s(&rows)), "bn_example_stats", "shape.hw", "is 0");
+    k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats)).unwrap();
+    expect_arg(k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short)), "bn_merge_examples", "stats", "expected 6 (2·c");
 
     let apply = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, g| k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y));
     apply(e, &shape, 10, s(&gamma)).unwrap();
@@ -217,11 +281,13 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     expect_arg(apply(e, &zero, 10, s(&gamma)), "bn_forward_apply", "shape.hw", "is 0");
     expect_arg(apply(e, &shape, 9, s(&gamma)), "bn_forward_apply", "count", "expected at least n·hw = 10");
 
-    let backward_sums = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, d| k::bn_backward_sums(gpu, e, shape, count, EPS, d, s(&x), s(&stats), s(&sums));
-    backward_sums(e, &shape, 20, s(&dy)).unwrap();
-    expect_arg(backward_sums(e, &shape, 20, s(&short)), "bn_backward_sums", "dy", "expected 30 (n·c·hw)");
-    expect_arg(backward_sums(e, &zero, 20, s(&dy)), "bn_backward_sums", "shape.hw", "is 0");
-    expect_arg(backward_sums(e, &shape, 1, s(&dy)), "bn_backward_sums", "count", "expected at least");
+    let example_sums = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, s(&x), s(&stats), s(&rows2));
+    example_sums(e, &shape, 20, s(&dy)).unwrap();
+    expect_arg(example_sums(e, &shape, 20, s(&short)), "bn_example_sums", "dy", "expected 30 (n·c·hw)");
+    expect_arg(example_sums(e, &zero, 20, s(&dy)), "bn_example_sums", "shape.hw", "is 0");
+    expect_arg(example_sums(e, &shape, 1, s(&dy)), "bn_example_sums", "count", "expected at least");
+    k::bn_sum_examples(gpu, e, &shape, s(&rows2), s(&sums)).unwrap();
+    expect_arg(k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)), "bn_sum_examples", "rows", "expected 12 (n·2·c");
 
     let input = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), s(&x), s(&stats), s(&gamma), sm, s(&dx));
     input(e, &shape, 10, s(&sums)).unwrap();

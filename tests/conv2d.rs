@@ -207,3 +207,27 @@ fn shape_sizes_match_resnet34_layers() {
     let odd = shape(1, 1, 7, 6, 1, 3, 3, 2, 1);
     assert_eq!((odd.out_h(), odd.out_w()), (4, 3));
 }
+
+/// Data-parallel replicas each take the weight gradient of their shard; the all-reduce adds
+/// those in its pairwise order. For shards of 2^k examples that must rebuild the whole batch's
+/// weight gradient bit for bit (the kernels sum examples pairwise), with either algorithm and
+/// any number of shards.
+#[test]
+fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
+    let Some(gpu) = gpu() else { return };
+    let whole = shape(12, 8, 6, 5, 12, 3, 3, 2, 1);
+    let x = uniform(70, whole.x_len() as usize);
+    let w = uniform(71, whole.w_len() as usize);
+    let dy = uniform(72, whole.y_len() as usize);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for algo in ALGOS {
+        let want = run(gpu, algo, &whole, &x, &w, &dy).dw;
+        for n in [1, 2, 4] {
+            let s = Conv2dShape { n, ..whole };
+            let (xl, yl) = (s.x_len() as usize, s.y_len() as usize);
+            let shards: Vec<Vec<f32>> = (0..12 / n as usize).map(|r| run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl]).dw).collect();
+            let got = syncstep::collective::reduce(&shards, syncstep::collective::ReduceOp::Sum);
+            assert_eq!(bits(&got), bits(&want), "{algo:?}: {} shards of {n}", 12 / n);
+        }
+    }
+}

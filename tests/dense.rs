@@ -126,3 +126,30 @@ fn dense_backward_weight_refuses_a_binding_over_the_device_limit() {
         .to_string();
     assert!(msg.contains("dense_backward_weight") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
 }
+
+/// Shards of 2^k examples: their weight and bias gradients, added in the all-reduce's pairwise
+/// order, are the whole batch's bit for bit (the kernels sum the batch pairwise).
+#[test]
+fn gradients_of_power_of_two_shards_add_up_to_the_whole_batch_bitwise() {
+    let Some(gpu) = gpu() else { return };
+    let (m, k_in, k_out) = (12usize, 64usize, 10usize);
+    let x = uniform(90, m * k_in);
+    let dy = uniform(91, m * k_out);
+    let grads = |rows: std::ops::Range<usize>| {
+        let s = DenseShape { m: rows.len() as u32, k_in: k_in as u32, k_out: k_out as u32 };
+        let (bx, bdy) = (gpu.upload("x", &x[rows.start * k_in..rows.end * k_in]).unwrap(), gpu.upload("dy", &dy[rows.start * k_out..rows.end * k_out]).unwrap());
+        let (dw, db) = (poisoned(gpu, "dw", k_out * k_in), poisoned(gpu, "db", k_out));
+        let mut enc = gpu.encoder();
+        k::dense_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        k::dense_backward_bias(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&db)).unwrap();
+        submit(gpu, enc);
+        [read(gpu, &dw), read(gpu, &db)].concat()
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let want = grads(0..m);
+    for n in [1, 2, 4] {
+        let shards: Vec<Vec<f32>> = (0..m / n).map(|r| grads(r * n..(r + 1) * n)).collect();
+        let got = syncstep::collective::reduce(&shards, syncstep::collective::ReduceOp::Sum);
+        assert_eq!(bits(&got), bits(&want), "{} shards of {n}", m / n);
+    }
+}

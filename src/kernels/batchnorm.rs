@@ -1,17 +1,20 @@
 //! BatchNorm in training mode, synchronisable across replicas. See shaders/batchnorm.wgsl.
 //!
-//! x, y, dy, dx are NCHW seen as [n, c, hw]. Two packed per-channel layouts travel between
-//! replicas as a unit (one all-reduce each):
-//! - `stats` [2C] = [mean_0..mean_{C−1} | M2_0..M2_{C−1}], M2 = Σ(x − mean)²: merge replicas'
-//!   stats by Chan's formula (`reference::batchnorm::bn_merge_stats` is the spec);
-//! - `sums` [2C] = [Σdy per channel | Σdy·x̂ per channel]: all-reduce by sum.
+//! x, y, dy, dx are NCHW seen as [n, c, hw]. Reductions over the batch go in two steps, per
+//! example and then over examples, so that replicas holding shards of a batch can gather each
+//! other's per-example rows and reduce them exactly as one device holding the whole batch:
+//! - `rows` [n, 2C]: one row per example, [mean_b | M2_b] (`bn_example_stats`) or
+//!   [Σdy | Σdy·x̂] (`bn_example_sums`), the unit a data-parallel step gathers;
+//! - `stats` [2C] = [mean | M2] over all rows' positions, M2 = Σ(x − mean)²
+//!   (`bn_merge_examples`, Chan's merge over examples, never E[x²]−μ²);
+//! - `sums` [2C] = [Σdy | Σdy·x̂] over all rows (`bn_sum_examples`). Its halves are also the
+//!   parameter gradients dβ and dγ: summed over one replica's own rows they are that
+//!   replica's dβ, dγ; a caller copies them into its gradient buffer.
 //!
-//! The halves of `sums` are also the parameter gradients: dβ = Σdy = `sums[..C]` and
-//! dγ = Σdy·x̂ = `sums[C..]` (local ones, before any all-reduce, are the replica's own dγ, dβ).
-//! A caller copies them out into its gradient buffer.
-//!
-//! `count` is the number of positions the statistics describe: n·hw on one device, the global
-//! count once stats were merged across replicas. So it is a parameter, never the local shape's.
+//! A `shape` with n rows describes the batch the rows come from (on a replica that gathered
+//! them, the global batch). `count` is the number of positions the statistics describe: n·hw
+//! on one device, the global count once rows were gathered; so it is a parameter, never the
+//! local shape's.
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
@@ -39,6 +42,10 @@ impl BnShape {
     /// Length of `stats` and `sums`: 2·c.
     pub fn packed_len(&self) -> u64 {
         2 * self.c as u64
+    }
+    /// Length of per-example `rows`: n·2c.
+    pub fn rows_len(&self) -> u64 {
+        self.n as u64 * self.packed_len()
     }
 
     fn check(&self, op: &'static str) -> Result<()> {
@@ -84,14 +91,24 @@ struct RunningParams {
     momentum: f32,
 }
 
-/// Local per-channel statistics: `stats` = [mean | M2] over the n·hw positions of each channel.
-pub fn bn_forward_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, stats: Slice) -> Result<()> {
-    const OP: &str = "bn_forward_stats";
+/// Per-example statistics: `rows`[b] = [mean | M2] over example b's hw positions.
+pub fn bn_example_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
+    const OP: &str = "bn_example_stats";
     shape.check(OP)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
+    let threads = shape.n as u64 * shape.c as u64;
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("x", x), ("rows", rows)], grid_1d(threads, WG))
+}
+
+/// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
+pub fn bn_merge_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
+    const OP: &str = "bn_merge_examples";
+    shape.check(OP)?;
+    expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
-    let params = shape.params(0, 0.0);
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("stats", stats)], grid_1d(shape.c as u64 * WG as u64, WG))
+    let groups = grid_1d(shape.c as u64 * WG as u64, WG);
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("stats", stats)], groups)
 }
 
 /// y = γ (x − μ)/√(M2/count + eps) + β, with `stats` local or merged over `count` positions.
@@ -120,33 +137,34 @@ pub fn bn_forward_apply(
     launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
 }
 
-/// Local `sums` = [Σdy | Σdy·x̂] per channel, x̂ from the given (possibly global) stats.
+/// Per-example backward sums: `rows`[b] = [Σdy | Σdy·x̂] over example b's positions, x̂ from
+/// the given (global) stats over `count` positions.
 #[allow(clippy::too_many_arguments)]
-pub fn bn_backward_sums(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    shape: &BnShape,
-    count: u32,
-    eps: f32,
-    dy: Slice,
-    x: Slice,
-    stats: Slice,
-    sums: Slice,
-) -> Result<()> {
-    const OP: &str = "bn_backward_sums";
+pub fn bn_example_sums(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, count: u32, eps: f32, dy: Slice, x: Slice, stats: Slice, rows: Slice) -> Result<()> {
+    const OP: &str = "bn_example_sums";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
     expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
+    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("rows", rows)];
+    let threads = shape.n as u64 * shape.c as u64;
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(threads, WG))
+}
+
+/// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise
+/// so that a power-of-two shard's sum is a subtree of the batch's.
+pub fn bn_sum_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
+    const OP: &str = "bn_sum_examples";
+    shape.check(OP)?;
+    expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
-    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("sums", sums)];
-    let groups = grid_1d(shape.c as u64 * WG as u64, WG);
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, groups)
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("sums", sums)], grid_1d(shape.c as u64, WG))
 }
 
 /// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all
-/// `count` positions (all-reduced by sum across replicas).
+/// `count` positions (every replica's rows).
 #[allow(clippy::too_many_arguments)]
 pub fn bn_backward_input(
     gpu: &Gpu,
