@@ -9,8 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use wgpu::util::DeviceExt;
-
 /// Errors of the gpu layer. Every message says what to do about it where that is known.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -238,7 +236,8 @@ impl Gpu {
         }));
         let s = sink.clone();
         device.set_device_lost_callback(move |reason, message| {
-            s.lock().unwrap_or_else(|p| p.into_inner()).lost = Some(format!("{reason:?}: {message}"));
+            let why = if message.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {message}") };
+            s.lock().unwrap_or_else(|p| p.into_inner()).lost = Some(why);
         });
         log::debug!("device on {}", describe(&info));
         Ok(Gpu {
@@ -261,9 +260,21 @@ impl Gpu {
         }
         if !sink.errors.is_empty() {
             let all = std::mem::take(&mut sink.errors).join("; ");
-            return Err(if all.contains("memory") { GpuError::OutOfMemory(all) } else { GpuError::Validation(all) });
+            drop(sink);
+            return Err(self.lost_or(if all.contains("memory") { GpuError::OutOfMemory(all) } else { GpuError::Validation(all) }));
         }
         Ok(())
+    }
+
+    /// `e`, unless the device was lost: then that, the cause. A destroyed device reports its
+    /// loss only once polled, and until then every use of it fails as "invalid".
+    fn lost_or(&self, e: GpuError) -> GpuError {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        match &self.sink.lock().unwrap_or_else(|p| p.into_inner()).lost {
+            Some(lost) => GpuError::DeviceLost(lost.clone()),
+            None => e,
+        }
     }
 
     /// Runs `f` inside validation and out-of-memory error scopes and returns what they caught.
@@ -274,10 +285,10 @@ impl Gpu {
         let v = validation.pop();
         let o = oom.pop();
         if let Some(e) = v.await {
-            return Err(GpuError::Validation(e.to_string()));
+            return Err(self.lost_or(GpuError::Validation(e.to_string())));
         }
         if let Some(e) = o.await {
-            return Err(GpuError::OutOfMemory(e.to_string()));
+            return Err(self.lost_or(GpuError::OutOfMemory(e.to_string())));
         }
         self.check()?;
         Ok(out)
@@ -320,11 +331,24 @@ impl Gpu {
         if bytes.is_empty() {
             return self.buffer(label, 1);
         }
-        Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        }))
+        self.buffer_init(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)
+    }
+
+    /// A buffer holding `contents`, written through a mapping at creation. Unlike wgpu's
+    /// `create_buffer_init`, which panics when the mapping fails (a lost device), this fails
+    /// with an error.
+    fn buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        // A buffer mapped at creation must be a multiple of 4 bytes long.
+        let size = (contents.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
+        let mut view = buffer
+            .slice(..)
+            .get_mapped_range_mut()
+            .map_err(|e| self.lost_or(GpuError::Validation(format!("mapping `{label}` at creation: {e}"))))?;
+        view.slice(..contents.len()).copy_from_slice(contents);
+        drop(view);
+        buffer.unmap();
+        Ok(buffer)
     }
 
     /// Overwrites a slice with NaN, so a kernel that leaves an element unwritten fails its test.
@@ -433,11 +457,7 @@ impl Gpu {
         // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
         let mut uniform = bytemuck::bytes_of(params).to_vec();
         uniform.resize(uniform.len().div_ceil(16).max(1) * 16, 0);
-        let params_buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: &uniform,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let params_buffer = self.buffer_init("params", &uniform, wgpu::BufferUsages::UNIFORM)?;
         let pipeline = self.pipeline(shader, entry);
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params_buffer.as_entire_binding() }];
         for (i, s) in bindings.iter().enumerate() {
