@@ -64,7 +64,7 @@ pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()>
         gpu.read::<f32>(*s).await.map_err(|source| CollectiveError::Gpu { replica, source })
     });
     let local = futures::future::try_join_all(reads).await?;
-    let reduced = reduce(&local, op);
+    let reduced = reduce(local, op);
     for (replica, (gpu, s)) in parts.iter().enumerate() {
         gpu.scoped(|| gpu.queue.write_buffer(s.buffer, s.offset, bytemuck::cast_slice(&reduced)))
             .await
@@ -80,11 +80,11 @@ pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()>
 /// bit for bit, the sum one device takes over the whole batch; a sum in f64 rounded once
 /// would be closer to exact but not that. The mean divides the sum by R (exact for R a power of
 /// two).
-pub fn reduce(parts: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+pub fn reduce(parts: Vec<Vec<f32>>, op: ReduceOp) -> Vec<f32> {
+    let replicas = parts.len();
     // blocks[l]: the sum of the latest block of 2^l parts not yet paired with its left sibling.
     let mut blocks: Vec<Option<Vec<f32>>> = Vec::new();
-    for (r, part) in parts.iter().enumerate() {
-        let mut v = part.clone();
+    for (r, mut v) in parts.into_iter().enumerate() {
         let mut l = 0;
         while (r >> l) & 1 == 1 {
             let left = blocks[l].take().expect("a set bit of r has its block");
@@ -111,7 +111,7 @@ pub fn reduce(parts: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
     }
     let mut sum = sum.unwrap_or_default();
     if op == ReduceOp::Mean {
-        let r = parts.len() as f32;
+        let r = replicas as f32;
         sum.iter_mut().for_each(|v| *v /= r);
     }
     sum
@@ -229,24 +229,25 @@ impl<T> Rendezvous<T> {
     }
 }
 
+/// Lets the other futures of the same `join_all` (the other replicas) run before this one
+/// continues: returns Pending once, asking to be polled again.
+pub async fn yield_now() {
+    let mut yielded = false;
+    futures::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use futures::future::join_all;
-
-    /// Returns Pending once (asking to be polled again), so replicas interleave.
-    async fn yield_now() {
-        let mut yielded = false;
-        futures::future::poll_fn(|cx| {
-            if yielded {
-                return Poll::Ready(());
-            }
-            yielded = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        })
-        .await
-    }
 
     fn summing(replicas: usize) -> Rendezvous<Vec<u32>> {
         Rendezvous::new(replicas, |parts: Vec<Vec<u32>>| {
@@ -311,17 +312,17 @@ mod tests {
     fn reduce_adds_pairwise_so_shard_sums_rebuild_the_whole_sum() {
         let terms: Vec<f32> = (0..16).map(|i| 1.0 / (i as f32 + 0.37) - 0.5 * (i % 3) as f32).collect();
         let scalars = |t: &[f32]| t.iter().map(|&v| vec![v]).collect::<Vec<_>>();
-        let whole = reduce(&scalars(&terms), ReduceOp::Sum)[0];
+        let whole = reduce(scalars(&terms), ReduceOp::Sum)[0];
         assert_eq!(whole, (((terms[0] + terms[1]) + (terms[2] + terms[3])) + ((terms[4] + terms[5]) + (terms[6] + terms[7])))
             + (((terms[8] + terms[9]) + (terms[10] + terms[11])) + ((terms[12] + terms[13]) + (terms[14] + terms[15]))));
         for shards in [2, 4, 8] {
-            let sums: Vec<f32> = terms.chunks(16 / shards).map(|c| reduce(&scalars(c), ReduceOp::Sum)[0]).collect();
-            assert_eq!(reduce(&scalars(&sums), ReduceOp::Sum)[0].to_bits(), whole.to_bits(), "{shards} shards");
+            let sums: Vec<f32> = terms.chunks(16 / shards).map(|c| reduce(scalars(c), ReduceOp::Sum)[0]).collect();
+            assert_eq!(reduce(scalars(&sums), ReduceOp::Sum)[0].to_bits(), whole.to_bits(), "{shards} shards");
         }
         // Three parts: (a + b) + c; the mean divides once.
         let three = [vec![1.0f32, 0.1], vec![f32::EPSILON / 2.0, 0.2], vec![f32::EPSILON / 2.0, 0.3]];
-        assert_eq!(reduce(&three, ReduceOp::Sum), vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]);
-        assert_eq!(reduce(&three, ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
-        assert_eq!(reduce(&[vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
+        assert_eq!(reduce(three.to_vec(), ReduceOp::Sum), vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]);
+        assert_eq!(reduce(three.to_vec(), ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
+        assert_eq!(reduce(vec![vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
     }
 }

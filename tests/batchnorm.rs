@@ -243,7 +243,7 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.2.clone()).collect();
         assert_eq!(bits(&gathered), bits(&srows), "sums rows, shards of {n}");
         let own: Vec<Vec<f32>> = shards.iter().map(|sh| sh.3.clone()).collect();
-        let total = syncstep::collective::reduce(&own, syncstep::collective::ReduceOp::Sum);
+        let total = syncstep::collective::reduce(own, syncstep::collective::ReduceOp::Sum);
         assert_eq!(bits(&total), bits(&sums), "shards' own sums added pairwise, shards of {n}");
     }
 }

@@ -226,7 +226,7 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
             let s = Conv2dShape { n, ..whole };
             let (xl, yl) = (s.x_len() as usize, s.y_len() as usize);
             let shards: Vec<Vec<f32>> = (0..12 / n as usize).map(|r| run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl]).dw).collect();
-            let got = syncstep::collective::reduce(&shards, syncstep::collective::ReduceOp::Sum);
+            let got = syncstep::collective::reduce(shards, syncstep::collective::ReduceOp::Sum);
             assert_eq!(bits(&got), bits(&want), "{algo:?}: {} shards of {n}", 12 / n);
         }
     }

@@ -149,7 +149,7 @@ fn gradients_of_power_of_two_shards_add_up_to_the_whole_batch_bitwise() {
     let want = grads(0..m);
     for n in [1, 2, 4] {
         let shards: Vec<Vec<f32>> = (0..m / n).map(|r| grads(r * n..(r + 1) * n)).collect();
-        let got = syncstep::collective::reduce(&shards, syncstep::collective::ReduceOp::Sum);
+        let got = syncstep::collective::reduce(shards, syncstep::collective::ReduceOp::Sum);
         assert_eq!(bits(&got), bits(&want), "{} shards of {n}", m / n);
     }
 }
