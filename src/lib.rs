@@ -4,12 +4,14 @@
 //! Layers, bottom up (see DESIGN.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
+pub mod check;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod parallel;
 pub mod reference;
 pub mod step;
 pub mod tensorfile;

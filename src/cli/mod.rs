@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod check;
 mod info;
 
 #[derive(Parser)]
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// List the adapters wgpu sees: backend, type, driver, and the limits and features that matter.
     Info,
+    /// Run the equivalence gates: R replicas with synchronised BatchNorm against one device at the global batch.
+    Check(check::CheckArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -25,6 +28,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info::run(),
+        Command::Check(args) => check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,447 @@
+//! The equivalence gates of DESIGN.md as one async library function, [`run_check`], whose
+//! [`CheckReport`] the CLI prints and (later) the browser page shows. Nothing here is
+//! native-only, so it compiles for wasm32.
+//!
+//! Every gate compares two programs on the SAME activation pattern: the single-device run is
+//! given the data-parallel run's ReLU masks and pool argmaxes (the replicas' captured patterns
+//! concatenated), so ReLU sign flips cannot enter; how many units a free single-device run
+//! would have flipped is reported beside. Shard r's images are shifted by +0.5·r so that
+//! per-replica BatchNorm statistics differ visibly from the global ones (CONTROL needs that);
+//! the single device gets the same shifted global batch.
+
+use crate::data::{synthetic_batch, Batch};
+use crate::gpu::{AdapterChoice, Gpu};
+use crate::model::{ActivationPattern, ModelError, ResNet34};
+use crate::parallel::{adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage};
+use crate::reference::step as reference;
+use crate::step::{LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput, BN_EPS};
+
+/// TEST's bound on every gradient tensor (norm-rel); the goal is bitwise.
+pub const TEST_GRAD_BOUND: f64 = 1e-5;
+/// TEST's bound on the loss and the logits (relative).
+pub const TEST_OUTPUT_BOUND: f64 = 1e-6;
+/// CONTROL must be at least this many times TEST's error.
+pub const CONTROL_FACTOR: f64 = 100.0;
+/// Stands in for TEST's error when TEST is bitwise 0, so CONTROL must still be clearly nonzero.
+pub const CONTROL_FLOOR: f64 = 1e-12;
+pub const DRIFT_BOUND: f64 = 1e-5;
+pub const TIE_LOSS_BOUND: f64 = 1e-5;
+pub const TIE_GRAD_BOUND: f64 = 1e-4;
+/// Shard r's images are raised by this times r.
+pub const SHARD_SHIFT: f32 = 0.5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
+    #[error("single-device run ({adapter}): {source}")]
+    Single {
+        adapter: String,
+        #[source]
+        source: StepError,
+    },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type Result<T, E = CheckError> = std::result::Result<T, E>;
+
+/// What to check: R replicas × N images against one device at R·N.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckConfig {
+    pub replicas: usize,
+    /// Images per replica, N.
+    pub batch: usize,
+    pub image_size: u32,
+    pub classes: u32,
+    /// SGD steps of the DRIFT gate; 0 leaves DRIFT out.
+    pub steps: usize,
+    pub seed: u64,
+    /// Replica r runs on `adapters[r % len]`, the single device on the first; empty: default.
+    pub adapters: Vec<AdapterChoice>,
+    /// Also hold the single device against the f64 reference (TIE; slow on big batches).
+    pub tie: bool,
+    /// Break the equivalence on purpose (tests only), to see TEST fail.
+    pub sabotage: Option<Sabotage>,
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig { replicas: 2, batch: 8, image_size: 32, classes: 10, steps: 5, seed: 0, adapters: Vec::new(), tie: false, sabotage: None }
+    }
+}
+
+/// Which side of its bound a gate's figure must fall on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Bound {
+    pub fn holds(&self, measured: f64) -> bool {
+        match *self {
+            Bound::AtMost(b) => measured <= b,
+            Bound::AtLeast(b) => measured >= b,
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateRow {
+    pub gate: &'static str,
+    pub measured: f64,
+    pub bound: Bound,
+    /// The parameter tensor with the largest error, for gates over tensors.
+    pub worst: Option<String>,
+    /// Activation units (ReLU + pool) that flipped, where the gate has a pattern to compare.
+    pub flips: Option<usize>,
+    /// Anything the figure alone does not say ("bitwise 0", "replicas bitwise equal").
+    pub note: String,
+    pub pass: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckReport {
+    pub config: CheckConfig,
+    /// Each replica's adapter, in replica order.
+    pub replica_adapters: Vec<String>,
+    pub single_adapter: String,
+    pub rows: Vec<GateRow>,
+}
+
+/// ‖a − b‖₂ / ‖b‖₂ in f64 (‖a − b‖₂ when b is 0); infinite if a or b is not finite.
+pub fn norm_rel(a: &[f32], b: &[f32]) -> f64 {
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum::<f64>().sqrt();
+    let den = b.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().sqrt();
+    if den == 0.0 { num } else { num / den }
+}
+
+/// The largest per-tensor norm-rel error between two flat buffers in the model's layout, and
+/// the tensor it occurs in (none when every tensor agrees bitwise). `b` is the one held as right.
+pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
+    let mut worst = (0.0, None);
+    for spec in &model.params {
+        let e = norm_rel(&a[spec.range()], &b[spec.range()]);
+        if e > worst.0 {
+            worst = (e, Some(spec.name.clone()));
+        }
+    }
+    worst
+}
+
+/// The global batch of step `step`: R·N synthetic images from example step·R·N on, shard r's
+/// images shifted by +0.5·r.
+pub fn gate_batch(cfg: &CheckConfig, step: usize) -> Result<Batch> {
+    let m = cfg.replicas * cfg.batch;
+    let size = cfg.image_size;
+    let plain = synthetic_batch(cfg.seed, (step * m) as u64, m, size, size, cfg.classes);
+    let shards = plain.shards(cfg.replicas).map_err(ParallelError::from)?;
+    let shifted: Vec<Batch> = shards.iter().enumerate().map(|(r, s)| s.shifted(SHARD_SHIFT * r as f32)).collect();
+    Ok(Batch::concat(&shifted))
+}
+
+/// The single-device side of every gate: one replica at the global batch R·N.
+struct Single {
+    replica: Replica,
+    adapter: String,
+}
+
+impl Single {
+    async fn step(&mut self, batch: &Batch, cfg: &StepConfig, opts: StepOptions<'_>) -> Result<StepOutput> {
+        let divisor = batch.len() as f32;
+        self.replica.forward_backward(batch, cfg, divisor, &LocalBn, opts).await.map_err(|e| self.named(e))
+    }
+    fn named(&self, source: StepError) -> CheckError {
+        CheckError::Single { adapter: self.adapter.clone(), source }
+    }
+    async fn read_grads(&self) -> Result<Vec<f32>> {
+        self.replica.read_grads().await.map_err(|e| self.named(e))
+    }
+}
+
+/// Runs TEST, CONTROL, REPEAT, DRIFT (unless `steps` is 0) and TIE (if asked) and returns
+/// their figures. Errors only when something could not run; failed gates are rows with
+/// `pass: false`.
+pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
+    if cfg.batch == 0 {
+        return Err(CheckError::Config("batch per replica must be at least 1".into()));
+    }
+    let model = ResNet34::new(cfg.classes)?;
+    ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;
+    let mut params = model.init_params(cfg.seed);
+    model.randomize_batchnorm(&mut params, cfg.seed + 1);
+    let running = model.init_buffers();
+    let mut dp = DataParallel::new(&model, &params, &running, cfg.replicas, &cfg.adapters).await?;
+    let choice = cfg.adapters.first().cloned().unwrap_or_default();
+    let device = Gpu::new(&choice).await.map_err(ParallelError::from)?;
+    let adapter = adapter_label(&device.info);
+    let replica = Replica::new(device, model.clone(), &params, &running).map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
+    let mut single = Single { replica, adapter };
+    let step_cfg = StepConfig::default();
+    let sync = ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage };
+    let mut rows = Vec::new();
+
+    // TEST: the data-parallel step against the single device on the DP run's pattern.
+    let batch = gate_batch(cfg, 0)?;
+    log::info!("TEST: {} replicas × {} against one device at {}", cfg.replicas, cfg.batch, batch.len());
+    let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
+    let dp_grads = dp.read_grads().await?.swap_remove(0);
+    let pattern = ActivationPattern::concat(&dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
+    let free = single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
+    let flips = free.pattern.as_ref().map(|p| p.flips(&pattern));
+    let single_out = single.step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
+    let single_grads = single.read_grads().await?;
+    let (test, worst) = worst_tensor(&model, &dp_grads, &single_grads);
+    let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
+    rows.push(row("TEST", test, Bound::AtMost(TEST_GRAD_BOUND), worst, flips, bitwise(test)));
+    let dp_loss = dp_out.iter().map(|o| o.loss as f64).sum::<f64>() / dp_out.len() as f64;
+    let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
+    rows.push(row("TEST loss", loss_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, format!("{dp_loss:.7} vs {:.7}", single_out.loss)));
+    let dp_logits: Vec<f32> = dp_out.iter().flat_map(|o| o.logits.iter().copied()).collect();
+    let logits_err = norm_rel(&dp_logits, &single_out.logits);
+    rows.push(row("TEST logits", logits_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, bitwise(logits_err)));
+
+    if cfg.tie {
+        rows.extend(tie(&model, &params, &running, &batch, &single_out, &single_grads, &pattern));
+    }
+
+    // CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail.
+    let local = ParallelOptions { bn: BnMode::Local, ..sync };
+    let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
+    let local_grads = dp.read_grads().await?.swap_remove(0);
+    let (control, worst) = worst_tensor(&model, &local_grads, &single_grads);
+    let local_pattern = ActivationPattern::concat(&local_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
+    let floor = test.max(CONTROL_FLOOR);
+    rows.push(row("CONTROL", control, Bound::AtLeast(CONTROL_FACTOR * floor), worst, Some(local_pattern.flips(&pattern)), String::new()));
+
+    // REPEAT: the same DP step again. Only the running statistics moved since, and training
+    // mode does not read them. It leaves step 0's gradients in place for DRIFT.
+    let again = dp.forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync }).await?;
+    let again_grads = dp.read_grads().await?.swap_remove(0);
+    let differing = again_grads.iter().zip(&dp_grads).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
+        + again.iter().zip(&dp_out).filter(|(a, b)| a.loss.to_bits() != b.loss.to_bits()).count();
+    rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "values differing bitwise (gradients, losses)".into()));
+
+    if cfg.steps > 0 {
+        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync).await?);
+    }
+    let pass_all = |r: &GateRow| r.pass;
+    log::info!("check done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" });
+    Ok(CheckReport { config: cfg.clone(), replica_adapters: dp.adapters(), single_adapter: single.adapter, rows })
+}
+
+fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, flips: Option<usize>, note: String) -> GateRow {
+    GateRow { gate, measured, bound, worst, flips, note, pass: bound.holds(measured) }
+}
+
+/// DRIFT: K SGD steps data-parallel beside K single-device steps (each given that step's DP
+/// pattern), from the same state; then parameters against each other, and replicas among
+/// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
+/// the single device's from TEST (parameters untouched since).
+async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions) -> Result<GateRow> {
+    log::info!("DRIFT: {} SGD steps", cfg.steps);
+    for step in 0..cfg.steps {
+        if step > 0 {
+            let batch = gate_batch(cfg, step)?;
+            let out = dp.forward_backward(&batch, step_cfg, sync).await?;
+            let pattern = ActivationPattern::concat(&out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
+            single.step(&batch, step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
+        }
+        dp.sgd_update(step_cfg).await?;
+        single.replica.sgd_update(step_cfg).await.map_err(|e| single.named(e))?;
+    }
+    let dp_params = dp.read_params().await?;
+    let single_params = single.replica.read_params().await.map_err(|e| single.named(e))?;
+    let (drift, worst) = worst_tensor(model, &dp_params[0], &single_params);
+    let differing: Vec<String> = dp_params
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter_map(|(r, p)| {
+            let n = p.iter().zip(&dp_params[0]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            (n > 0).then(|| format!("replica {r} differs from replica 0 in {n} parameters"))
+        })
+        .collect();
+    let note = if differing.is_empty() { "replicas bitwise equal".to_string() } else { differing.join("; ") };
+    let note = if drift == 0.0 { format!("bitwise 0; {note}") } else { note };
+    let mut r = row("DRIFT", drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
+    r.pass &= differing.is_empty();
+    Ok(r)
+}
+
+/// TIE: the single device at R·N (on the DP run's pattern) against the f64 reference on the
+/// same pattern; flips are those of a free f64 run.
+fn tie(model: &ResNet34, params: &[f32], running: &[f32], batch: &Batch, out: &StepOutput, grads: &[f32], pattern: &ActivationPattern) -> Vec<GateRow> {
+    log::info!("TIE: the single device against the f64 reference at batch {}", batch.len());
+    let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
+    let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
+    let cfg = StepConfig::default();
+    let ref_cfg = reference::StepConfig { label_smoothing: cfg.label_smoothing as f64, divisor: batch.len() as f64, bn_momentum: cfg.bn_momentum as f64, bn_eps: BN_EPS as f64 };
+    let want = reference::training_step(model, &p64, &r64, batch, &ref_cfg, Some(pattern));
+    let free = reference::training_step(model, &p64, &r64, batch, &ref_cfg, None);
+    let flips = pattern.flips(&free.pattern);
+    let loss_err = (out.loss as f64 - want.loss).abs() / want.loss.abs();
+    let want_grads: Vec<f32> = want.grads.iter().map(|&g| g as f32).collect();
+    let (grad_err, worst) = worst_tensor(model, grads, &want_grads);
+    vec![
+        row("TIE loss", loss_err, Bound::AtMost(TIE_LOSS_BOUND), None, Some(flips), String::new()),
+        row("TIE", grad_err, Bound::AtMost(TIE_GRAD_BOUND), worst, Some(flips), String::new()),
+    ]
+}
+
+impl CheckReport {
+    pub fn passed(&self) -> bool {
+        self.rows.iter().all(|r| r.pass)
+    }
+
+    pub fn row(&self, gate: &str) -> Option<&GateRow> {
+        self.rows.iter().find(|r| r.gate == gate)
+    }
+
+    /// The report as a plain-text table, with the adapters and the configuration above it.
+    pub fn table(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "{} replicas × {} images ({}×{}, {} classes, seed {}) against one device at {}\n",
+            c.replicas,
+            c.batch,
+            c.image_size,
+            c.image_size,
+            c.classes,
+            c.seed,
+            c.replicas * c.batch
+        );
+        for (r, a) in self.replica_adapters.iter().enumerate() {
+            out += &format!("  replica {r}: {a}\n");
+        }
+        out += &format!("  single:    {}\n", self.single_adapter);
+        if let Some(s) = c.sabotage {
+            out += &format!("  SABOTAGED on purpose: {s:?}\n");
+        }
+        out += &format!("\n{:<12} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n", "gate", "measured", "bound", "worst tensor", "flips", "result", "note");
+        for r in &self.rows {
+            let bound = match r.bound {
+                Bound::AtMost(b) => format!("≤ {b:.0e}"),
+                Bound::AtLeast(b) => format!("≥ {b:.1e}"),
+            };
+            let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
+            let result = if r.pass { "PASS" } else { "FAIL" };
+            out += &format!("{:<12} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n", r.gate, r.measured, bound, r.worst.as_deref().unwrap_or("-"), flips, result, r.note);
+        }
+        out
+    }
+
+    /// The report as JSON (hand-written: a flat, fixed shape).
+    pub fn to_json(&self) -> String {
+        let c = &self.config;
+        let list = |v: &[String]| v.iter().map(|s| json_string(s)).collect::<Vec<_>>().join(", ");
+        let rows: Vec<String> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let (kind, bound) = match r.bound {
+                    Bound::AtMost(b) => ("at_most", b),
+                    Bound::AtLeast(b) => ("at_least", b),
+                };
+                format!(
+                    "    {{\"gate\": {}, \"measured\": {}, \"bound\": {}, \"bound_kind\": \"{kind}\", \"worst_tensor\": {}, \"flips\": {}, \"note\": {}, \"pass\": {}}}",
+                    json_string(r.gate),
+                    json_number(r.measured),
+                    json_number(bound),
+                    r.worst.as_deref().map_or("null".to_string(), json_string),
+                    r.flips.map_or("null".to_string(), |f| f.to_string()),
+                    json_string(&r.note),
+                    r.pass
+                )
+            })
+            .collect();
+        format!(
+            "{{\n  \"replicas\": {}, \"batch_per_replica\": {}, \"image_size\": {}, \"classes\": {}, \"steps\": {}, \"seed\": {}, \"sabotage\": {},\n  \"replica_adapters\": [{}],\n  \"single_adapter\": {},\n  \"passed\": {},\n  \"gates\": [\n{}\n  ]\n}}\n",
+            c.replicas,
+            c.batch,
+            c.image_size,
+            c.classes,
+            c.steps,
+            c.seed,
+            c.sabotage.map_or("null".to_string(), |s| json_string(&format!("{s:?}"))),
+            list(&self.replica_adapters),
+            json_string(&self.single_adapter),
+            self.passed(),
+            rows.join(",\n")
+        )
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out += "\\\"",
+            '\\' => out += "\\\\",
+            c if (c as u32) < 0x20 => out += &format!("\\u{:04x}", c as u32),
+            c => out.push(c),
+        }
+    }
+    out + "\""
+}
+
+/// JSON has no infinity or NaN: those become null.
+fn json_number(v: f64) -> String {
+    if v.is_finite() { format!("{v:e}") } else { "null".to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_rel_and_the_worst_tensor() {
+        assert_eq!(norm_rel(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+        assert!((norm_rel(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
+        assert_eq!(norm_rel(&[f32::NAN], &[1.0]), f64::INFINITY);
+        let model = ResNet34::new(10).unwrap();
+        let a = vec![1.0f32; model.param_len];
+        let mut b = a.clone();
+        b[model.param("layer3.1.bn2.bias").unwrap().offset] = 2.0;
+        assert_eq!(worst_tensor(&model, &a, &b).1.as_deref(), Some("layer3.1.bn2.bias"));
+        assert_eq!(worst_tensor(&model, &a, &a), (0.0, None));
+    }
+
+    #[test]
+    fn shards_of_the_gate_batch_are_shifted_by_half_their_index() {
+        let cfg = CheckConfig { replicas: 3, batch: 2, ..Default::default() };
+        let b = gate_batch(&cfg, 1).unwrap();
+        let plain = synthetic_batch(cfg.seed, 6, 6, 32, 32, 10);
+        let il = 3 * 32 * 32;
+        assert_eq!(b.labels, plain.labels);
+        assert_eq!(b.images[..2 * il], plain.images[..2 * il]);
+        assert_eq!(b.images[4 * il + 7], plain.images[4 * il + 7] + 1.0);
+    }
+
+    #[test]
+    fn the_report_renders_as_a_table_and_as_json() {
+        let report = CheckReport {
+            config: CheckConfig::default(),
+            replica_adapters: vec!["a \"quoted\" adapter".into(), "b".into()],
+            single_adapter: "a".into(),
+            rows: vec![
+                row("TEST", 0.0, Bound::AtMost(1e-5), Some("fc.bias".into()), Some(0), "bitwise 0".into()),
+                row("CONTROL", 1e-13, Bound::AtLeast(1e-10), None, None, String::new()),
+                row("DRIFT", f64::INFINITY, Bound::AtMost(1e-5), None, None, String::new()),
+            ],
+        };
+        assert!(!report.passed());
+        let table = report.table();
+        assert!(table.contains("TEST") && table.contains("PASS") && table.contains("FAIL") && table.contains("replica 1: b"), "{table}");
+        let json = report.to_json();
+        assert!(json.contains(r#""a \"quoted\" adapter""#) && json.contains(r#""measured": null"#) && json.contains(r#""measured": 0e0"#), "{json}");
+        assert!(json.contains(r#""passed": false"#));
+    }
+}

@@ -1,0 +1,85 @@
+//! `syncstep check`: the equivalence gates (DESIGN.md) as a table, optionally as JSON; the
+//! exit status is non-zero when any gate fails.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use syncstep::check::{run_check, CheckConfig};
+use syncstep::gpu::AdapterChoice;
+use syncstep::parallel::Sabotage;
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// Number of replicas R (devices), each running a shard of the global batch.
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// Images per replica N; the single device runs the global batch R·N.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Image side in pixels (at least 32).
+    #[arg(long, default_value_t = 32)]
+    image_size: u32,
+    /// Number of classes K.
+    #[arg(long, default_value_t = 10)]
+    classes: u32,
+    /// SGD steps of the DRIFT gate (0 skips it).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Seed of the weights and the synthetic data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`, `vulkan:0`): replica r
+    /// runs on the (r mod count)-th; the single device on the first. Default: SYNCSTEP_ADAPTER
+    /// or the first adapter `syncstep info` lists.
+    #[arg(long, value_delimiter = ',')]
+    adapters: Vec<String>,
+    /// Also hold the single device against the f64 reference (TIE).
+    #[arg(long)]
+    tie: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Break the equivalence on purpose, to see the TEST gate fail.
+    #[arg(long, value_enum, hide = true)]
+    sabotage: Option<SabotageArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SabotageArg {
+    SumGradients,
+    UnmergedStats,
+}
+
+pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let adapters = if args.adapters.is_empty() {
+        vec![AdapterChoice::from_env()?]
+    } else {
+        args.adapters.iter().map(|s| AdapterChoice::parse(s)).collect::<Result<_, _>>()?
+    };
+    let cfg = CheckConfig {
+        replicas: args.replicas,
+        batch: args.batch,
+        image_size: args.image_size,
+        classes: args.classes,
+        steps: args.steps,
+        seed: args.seed,
+        adapters,
+        tie: args.tie,
+        sabotage: args.sabotage.map(|s| match s {
+            SabotageArg::SumGradients => Sabotage::SumGradients,
+            SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
+        }),
+    };
+    let report = pollster::block_on(run_check(&cfg))?;
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} gate(s) failed: {}", failed.len(), failed.join(", ")).into())
+    }
+}

@@ -1,0 +1,270 @@
+//! Data parallelism, part of the `step` layer: R [`Replica`]s, each on its own `wgpu::Device`
+//! with its own parameters, gradients, momentum and running statistics resident, run one
+//! training step on R contiguous shards of a global batch so that the result IS the
+//! single-device step at the global batch (DESIGN.md "Synchronised BatchNorm"):
+//!
+//! - every BN site goes through [`SyncBn`]: the replicas' per-example rows (forward [mean |
+//!   M2], backward [Σdy | Σdy·x̂]) are gathered, in replica order, onto every replica,
+//!   which then merges them on its device by Chan's formula (forward) or sums them (backward)
+//!   exactly as one device holding the whole batch does. So the forward, and every cotangent,
+//!   are bitwise those of the single device (for R a power of two, where the loss divisor's
+//!   R cancels exactly), not merely close;
+//! - dγ, dβ are sums over the replica's own rows; each replica divides its loss by its own
+//!   N; then the gradient buffer is mean-all-reduced (one flat buffer, f64 on the host), so
+//!   all replicas hold the identical gradient and apply the identical SGD update.
+//!
+//! The R replica steps run concurrently as futures under one `join_all` on one thread; they
+//! meet at each BN site in a [`Rendezvous`]. How bytes move is the `collective` layer's.
+
+use crate::collective::{self, CollectiveError, ReduceOp, Rendezvous};
+use crate::data::{Batch, DataError};
+use crate::gpu::{self, AdapterChoice, Gpu, GpuError, Slice};
+use crate::model::ResNet34;
+use crate::step::{self, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParallelError {
+    #[error("replica {replica} ({adapter}): {source}")]
+    Replica {
+        replica: usize,
+        adapter: String,
+        #[source]
+        source: StepError,
+    },
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+pub type Result<T, E = ParallelError> = std::result::Result<T, E>;
+
+/// How BatchNorm statistics are taken across replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BnMode {
+    /// Synchronised: statistics over the global batch. What data-parallel training uses.
+    #[default]
+    Sync,
+    /// Each replica's own statistics over its shard. Exists only for the CONTROL gate, which
+    /// shows that the TEST gate can tell the difference.
+    Local,
+}
+
+/// Deliberate breakages of the equivalence, so tests (and `syncstep check --sabotage`) can see
+/// the TEST gate fail. Nothing else may use them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    /// All-reduce gradients by sum instead of mean: every gradient R times too large.
+    SumGradients,
+    /// Never merge BN statistics: each replica takes its own rows R times in place of the
+    /// others' (its own mean and variance), while the backward sums stay synchronised.
+    UnmergedStats,
+}
+
+/// Options of one data-parallel forward/backward.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ParallelOptions {
+    pub bn: BnMode,
+    /// Read each replica's activation pattern back (see [`StepOptions::capture_pattern`]).
+    pub capture_pattern: bool,
+    pub sabotage: Option<Sabotage>,
+}
+
+/// The rendezvous of one data-parallel step's BN sites. Every replica passes the same sites in
+/// the same order (forward stats, then backward sums), so one sequence of rounds serves all.
+pub struct BnExchange {
+    rows: Rendezvous<Vec<f32>>,
+    replicas: u32,
+    unmerged_stats: bool,
+}
+
+impl BnExchange {
+    pub fn new(replicas: usize) -> BnExchange {
+        BnExchange { rows: Rendezvous::new(replicas, |parts: Vec<Vec<f32>>| parts.concat()), replicas: replicas as u32, unmerged_stats: false }
+    }
+
+    /// Replica `replica`'s BatchNorm hook.
+    pub fn hook(&self, replica: usize) -> SyncBn<'_> {
+        SyncBn { exchange: self, replica }
+    }
+
+    /// Releases every replica waiting at a BN site: `replica` failed.
+    pub fn abort(&self, replica: usize, message: impl Into<String>) {
+        self.rows.abort(replica, message);
+    }
+}
+
+/// Synchronised BatchNorm for one replica: at each BN site it submits what was recorded so far,
+/// reads its own rows back, meets the other replicas, and writes all replicas' rows (identical
+/// bytes on every replica) into its row buffer.
+pub struct SyncBn<'a> {
+    exchange: &'a BnExchange,
+    replica: usize,
+}
+
+impl SyncBn<'_> {
+    async fn gather(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, rows: &wgpu::Buffer, local: u32, exchange: bool) -> step::Result<()> {
+        let recorded = std::mem::replace(enc, gpu.encoder());
+        gpu.submit(recorded).await?;
+        // Natively a readback blocks until this device is done: let the other replicas queue
+        // their work first, so the devices run side by side instead of in turn.
+        collective::yield_now().await;
+        let replicas = self.exchange.replicas as u64;
+        let own = gpu.read_f32(Slice::new(rows, 0, rows.size() / 4 / replicas)).await?;
+        let all = if exchange { self.exchange.rows.exchange(self.replica, own).await?.to_vec() } else { own.repeat(replicas as usize) };
+        if all.len() as u64 * 4 != rows.size() {
+            return Err(StepError::Invalid(format!(
+                "replica {} has {local} examples but the replicas' rows add up to {} values, not {}: every replica must hold an equal shard",
+                self.replica,
+                all.len(),
+                rows.size() / 4
+            )));
+        }
+        gpu.queue.write_buffer(rows, 0, bytemuck::cast_slice(&all));
+        Ok(())
+    }
+}
+
+impl BnSync for SyncBn<'_> {
+    fn replicas(&self) -> u32 {
+        self.exchange.replicas
+    }
+
+    async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
+        self.gather(gpu, enc, rows, local, !self.exchange.unmerged_stats).await
+    }
+
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
+        self.gather(gpu, enc, rows, local, true).await
+    }
+}
+
+/// R replicas of one model, training as one (see the module comment).
+pub struct DataParallel {
+    replicas: Vec<Replica>,
+}
+
+/// How a replica's adapter is named in messages: "llvmpipe (LLVM 15.0.6, 256 bits), Gl".
+pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
+    format!("{}, {:?}", info.name, info.backend)
+}
+
+impl DataParallel {
+    /// `replicas` replicas holding `params` and `running` (model layout). Replica r gets its
+    /// own device on `adapters[r % adapters.len()]`; no adapters means the default one. Each
+    /// replica asks for its adapter anew, which in a browser (one device per adapter) gives it
+    /// an adapter of its own.
+    pub async fn new(model: &ResNet34, params: &[f32], running: &[f32], replicas: usize, adapters: &[AdapterChoice]) -> Result<DataParallel> {
+        if replicas == 0 {
+            return Err(DataError::NoReplicas.into());
+        }
+        let default = [AdapterChoice::default()];
+        let adapters = if adapters.is_empty() { &default[..] } else { adapters };
+        let instance = gpu::instance();
+        let mut list = Vec::with_capacity(replicas);
+        for r in 0..replicas {
+            let adapter = gpu::select_adapter(&instance, &adapters[r % adapters.len()]).await?;
+            let adapter_name = adapter_label(&adapter.get_info());
+            let named = |source: StepError| ParallelError::Replica { replica: r, adapter: adapter_name.clone(), source };
+            let device = Gpu::from_adapter(&adapter).await.map_err(|e| named(e.into()))?;
+            list.push(Replica::new(device, model.clone(), params, running).map_err(named)?);
+        }
+        Ok(DataParallel { replicas: list })
+    }
+
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+
+    /// Each replica's adapter, in replica order.
+    pub fn adapters(&self) -> Vec<String> {
+        self.replicas.iter().map(|r| adapter_label(&r.gpu.info)).collect()
+    }
+
+    fn named(&self, replica: usize, source: StepError) -> ParallelError {
+        ParallelError::Replica { replica, adapter: adapter_label(&self.replicas[replica].gpu.info), source }
+    }
+
+    fn collective_error(&self, e: CollectiveError) -> ParallelError {
+        match e {
+            CollectiveError::Gpu { replica, source } => self.named(replica, source.into()),
+            other => self.named(0, other.into()),
+        }
+    }
+
+    /// One data-parallel forward/backward of `global`: replica r takes the r-th of R contiguous
+    /// shards (the batch must divide by R), divides its loss by its own shard size, and the
+    /// gradients are then mean-all-reduced, so every replica holds the identical gradient of
+    /// the global batch's loss. Returns each replica's loss, logits and (if asked) pattern.
+    pub async fn forward_backward(&mut self, global: &Batch, cfg: &StepConfig, opts: ParallelOptions) -> Result<Vec<StepOutput>> {
+        let shards = global.shards(self.replicas.len())?;
+        let exchange = BnExchange { unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats), ..BnExchange::new(self.replicas.len()) };
+        let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
+        let steps = self.replicas.iter_mut().zip(&shards).enumerate().map(|(r, (replica, shard))| {
+            let exchange = &exchange;
+            async move {
+                let divisor = shard.len() as f32;
+                let out = match opts.bn {
+                    BnMode::Sync => replica.forward_backward(shard, cfg, divisor, &exchange.hook(r), step_opts).await,
+                    BnMode::Local => replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await,
+                };
+                if let Err(e) = &out {
+                    exchange.abort(r, e.to_string());
+                }
+                out
+            }
+        });
+        let results = futures::future::join_all(steps).await;
+        let outputs = self.first_cause(results)?;
+        let op = if opts.sabotage == Some(Sabotage::SumGradients) { ReduceOp::Sum } else { ReduceOp::Mean };
+        let parts: Vec<(&Gpu, Slice)> = self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+        collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;
+        Ok(outputs)
+    }
+
+    /// The outputs if every replica succeeded; otherwise the error of the replica that failed
+    /// first in replica order, preferring a cause over the "abandoned" errors it set off.
+    fn first_cause<T>(&self, results: Vec<step::Result<T>>) -> Result<Vec<T>> {
+        let mut outputs = Vec::with_capacity(results.len());
+        let (mut cause, mut consequence) = (None, None);
+        for (r, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(out) => outputs.push(out),
+                Err(e) => {
+                    let slot = if matches!(e, StepError::Collective(CollectiveError::Aborted { .. })) { &mut consequence } else { &mut cause };
+                    slot.get_or_insert_with(|| self.named(r, e));
+                }
+            }
+        }
+        match cause.or(consequence) {
+            Some(e) => Err(e),
+            None => Ok(outputs),
+        }
+    }
+
+    /// The same SGD update on every replica (identical gradients in, identical parameters out).
+    pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
+        let results = futures::future::join_all(self.replicas.iter().map(|r| r.sgd_update(cfg))).await;
+        self.first_cause(results).map(drop)
+    }
+
+    async fn read_each(&self, buffer: fn(&Replica) -> &wgpu::Buffer) -> Result<Vec<Vec<f32>>> {
+        let reads = self.replicas.iter().map(|r| async move { r.gpu.read_f32(Slice::whole(buffer(r))).await.map_err(StepError::from) });
+        let results = futures::future::join_all(reads).await;
+        self.first_cause(results)
+    }
+
+    /// Every replica's flat parameters, in replica order.
+    pub async fn read_params(&self) -> Result<Vec<Vec<f32>>> {
+        self.read_each(|r| &r.params).await
+    }
+    pub async fn read_grads(&self) -> Result<Vec<Vec<f32>>> {
+        self.read_each(|r| &r.grads).await
+    }
+    pub async fn read_velocity(&self) -> Result<Vec<Vec<f32>>> {
+        self.read_each(|r| &r.velocity).await
+    }
+    pub async fn read_running(&self) -> Result<Vec<Vec<f32>>> {
+        self.read_each(|r| &r.running).await
+    }
+}
