@@ -1,0 +1,101 @@
+//! What data parallelism costs: the data-parallel step at R = 2 replicas × 8 images against the
+//! single-device step at 16 (same adapter, same run), printed as a ratio (goal ≤ 1.10); and the
+//! gradient all-reduce over the flat gradient buffer in GB/s, against a plain host memcpy of
+//! the same size.
+//!
+//! `cargo bench --bench parallel`; `SYNCSTEP_ADAPTER` picks the adapter (see `syncstep info`).
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use syncstep::collective::{all_reduce, ReduceOp};
+use syncstep::data::synthetic_batch;
+use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::model::ResNet34;
+use syncstep::parallel::{DataParallel, ParallelOptions};
+use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+
+const REPLICAS: usize = 2;
+const PER_REPLICA: usize = 8;
+
+fn median(times: &RefCell<Vec<Duration>>) -> f64 {
+    let mut t: Vec<f64> = times.borrow().iter().map(Duration::as_secs_f64).collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// Runs `step` once per iteration, timing each, so the medians can be compared afterwards.
+fn timed<'a>(times: &'a RefCell<Vec<Duration>>, mut step: impl FnMut() + 'a) -> impl FnMut(u64) -> Duration + 'a {
+    move |iters| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let start = Instant::now();
+            step();
+            let t = start.elapsed();
+            times.borrow_mut().push(t);
+            total += t;
+        }
+        total
+    }
+}
+
+fn parallel(c: &mut Criterion) {
+    let choice = match AdapterChoice::from_env() {
+        Ok(choice) => choice,
+        Err(e) => return eprintln!("parallel benchmarks skipped: {e}"),
+    };
+    let model = ResNet34::new(10).expect("model");
+    let params = model.init_params(0);
+    let running = model.init_buffers();
+    let (mut single, mut dp) = match pollster::block_on(async {
+        let device = Gpu::new(&choice).await?;
+        let single = Replica::new(device, model.clone(), &params, &running).map_err(|e| e.to_string())?;
+        let dp = DataParallel::new(&model, &params, &running, REPLICAS, std::slice::from_ref(&choice)).await.map_err(|e| e.to_string())?;
+        Ok::<_, Box<dyn std::error::Error>>((single, dp))
+    }) {
+        Ok(pair) => pair,
+        Err(e) => return eprintln!("parallel benchmarks skipped: {e}"),
+    };
+    println!("adapter: {}", syncstep::gpu::describe(&single.gpu.info));
+    let batch = synthetic_batch(0, 0, REPLICAS * PER_REPLICA, 32, 32, 10);
+    let cfg = StepConfig::default();
+    let mut single_step = || {
+        pollster::block_on(single.forward_backward(&batch, &cfg, batch.len() as f32, &LocalBn, StepOptions::default())).expect("single step");
+    };
+    let mut dp_step = || {
+        pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).expect("data-parallel step");
+    };
+
+    let mut group = c.benchmark_group("step_32px");
+    group.sample_size(10).sampling_mode(SamplingMode::Flat).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(20));
+    let (single_times, dp_times) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
+    group.bench_function(format!("single_device_batch_{}", REPLICAS * PER_REPLICA), |b| b.iter_custom(timed(&single_times, &mut single_step)));
+    group.bench_function(format!("data_parallel_{REPLICAS}x{PER_REPLICA}"), |b| b.iter_custom(timed(&dp_times, &mut dp_step)));
+    group.finish();
+    let (ts, td) = (median(&single_times), median(&dp_times));
+    println!("\nstep medians: single device {ts:.3} s, data-parallel {td:.3} s: ratio {:.3} (goal ≤ 1.10)\n", td / ts);
+
+    let bytes = model.param_len as u64 * 4;
+    let mut group = c.benchmark_group("gradient_all_reduce");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5)).throughput(Throughput::Bytes(bytes));
+    let (reduce_times, copy_times) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
+    let parts: Vec<(&Gpu, Slice)> = dp.replicas().iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+    group.bench_function(format!("all_reduce_{REPLICAS}_replicas"), |b| {
+        b.iter_custom(timed(&reduce_times, || {
+            pollster::block_on(all_reduce(&parts, ReduceOp::Mean)).expect("all-reduce");
+            // The writes land at the next submission: wait for them, as a step would.
+            parts.iter().for_each(|(gpu, _)| gpu.wait().expect("wait"));
+        }))
+    });
+    let src = vec![1.0f32; model.param_len];
+    let mut dst = vec![0.0f32; model.param_len];
+    group.bench_function("host_memcpy", |b| b.iter_custom(timed(&copy_times, || dst.copy_from_slice(std::hint::black_box(&src)))));
+    group.finish();
+    let gbs = |t: f64| bytes as f64 / t / 1e9;
+    let (tr, tc) = (median(&reduce_times), median(&copy_times));
+    println!("\ngradient buffer {:.1} MB: all-reduce over {REPLICAS} replicas {:.2} GB/s, host memcpy {:.2} GB/s ({:.0}× faster)\n", bytes as f64 / 1e6, gbs(tr), gbs(tc), tr / tc);
+}
+
+criterion_group!(benches, parallel);
+criterion_main!(benches);
