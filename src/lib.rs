@@ -12,3 +12,4 @@ pub mod model;
 pub mod reference;
 pub mod step;
 pub mod tensorfile;
+pub mod train;

@@ -43,7 +43,7 @@ pub struct StepConfig {
 
 impl Default for StepConfig {
     fn default() -> Self {
-        StepConfig { label_smoothing: 0.1, lr: 0.05, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
+        StepConfig { label_smoothing: 0.1, lr: 0.01, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
     }
 }
 
