@@ -80,6 +80,13 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(checkpoint::load(p, &ResNet34::new(cfg.classes)?)?),
         None => None,
     };
+    if let Some(path) = &args.checkpoint {
+        // Fail now rather than after the training: the checkpoint's folder must exist.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(format!("cannot write checkpoint {}: {} is not a folder", path.display(), dir.display()).into());
+        }
+    }
     let choice = match &args.adapter {
         Some(a) => AdapterChoice::parse(a)?,
         None => AdapterChoice::from_env()?,
