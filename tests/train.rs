@@ -79,7 +79,9 @@ fn syncstep(args: &[&str]) -> (bool, String) {
 }
 
 /// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
-fn write_inputs(path: &Path, model: &ResNet34, params: &[f32], running: &[f32], images: &[f32], labels: &[f32], m: usize, hw: usize) {
+fn write_inputs(path: &Path, model: &ResNet34, params: &[f32], running: &[f32], images: &[f32], labels: &[f32]) {
+    let m = labels.len();
+    let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
     let mut entries: Vec<(String, Vec<usize>, &[f32])> = model.params.iter().map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()])).collect();
     entries.extend(model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])));
     entries.push(("input".into(), vec![m, 3, hw, hw], images));
@@ -114,7 +116,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let batch = synthetic_batch(6, 0, 4, 32, 32, 10);
     let labels_f: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
     let raw = dir.join("raw.safetensors");
-    write_inputs(&raw, &model, &params, &running, &batch.images, &labels_f, 4, 32);
+    write_inputs(&raw, &model, &params, &running, &batch.images, &labels_f);
     let wb = dir.join("wb.safetensors");
     with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
     let out = dir.join("g.safetensors");
@@ -139,7 +141,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
         let mut images = batch.images.clone();
         edit(&mut images);
         let f = dir.join(format!("{name}.raw"));
-        write_inputs(&f, &model, &params, &running, &images, &labels_f, 4, 32);
+        write_inputs(&f, &model, &params, &running, &images, &labels_f);
         let g = dir.join(format!("{name}.safetensors"));
         with_int64_labels(&f, &g, labels);
         syncstep(&["grad", "--weights", g.to_str().unwrap(), "--batch", g.to_str().unwrap(), "--out", out.to_str().unwrap()]).1
