@@ -256,7 +256,7 @@ mod tests {
         let base = training_step(&model, &params, &running, &batch, &cfg, None);
         let pattern = base.pattern.clone();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
-        let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
+        let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer3.3.conv1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
         for name in names {
             let spec = model.param(name).unwrap();
             let i = spec.offset + rng.random_range(0..spec.len());
