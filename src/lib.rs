@@ -7,8 +7,10 @@
 pub mod checkpoint;
 pub mod data;
 pub mod gpu;
+pub mod json;
 pub mod kernels;
 pub mod model;
 pub mod reference;
+pub mod selfcheck;
 pub mod step;
 pub mod tensorfile;
