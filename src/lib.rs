@@ -14,3 +14,5 @@ pub mod reference;
 pub mod selfcheck;
 pub mod step;
 pub mod tensorfile;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
