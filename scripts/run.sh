@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-if [ $# -eq 0 ]; then set -- info; fi
+if [ $# -eq 0 ]; then set -- train; fi
 exec cargo run --release --quiet -- "$@"

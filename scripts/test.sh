@@ -2,7 +2,13 @@
 # The whole test suite: installs what is missing, then every test in release mode (debug wgpu
 # and f64 references are too slow). GPU tests run on the first adapter (lavapipe on a CPU
 # machine); with CI set, a test that finds no adapter fails instead of skipping.
+# Then the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
+# SwiftShader) under `node --test`. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo test --release --all-targets "$@"
+
+bash scripts/setup-web.sh --test
+bash scripts/web-build.sh
+(cd web && node --test --test-reporter=spec test/*.test.mjs)

@@ -11,6 +11,7 @@
 
 use crate::data::{synthetic_batch, Batch};
 use crate::gpu::{AdapterChoice, Gpu};
+use crate::json;
 use crate::model::{ActivationPattern, ModelError, ResNet34};
 use crate::parallel::{adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage};
 use crate::reference::step as reference;
@@ -338,63 +339,44 @@ impl CheckReport {
         out
     }
 
-    /// The report as JSON (hand-written: a flat, fixed shape).
+    /// The report as JSON (`crate::json`; non-finite figures are null).
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let list = |v: &[String]| v.iter().map(|s| json_string(s)).collect::<Vec<_>>().join(", ");
-        let rows: Vec<String> = self
-            .rows
-            .iter()
-            .map(|r| {
-                let (kind, bound) = match r.bound {
-                    Bound::AtMost(b) => ("at_most", b),
-                    Bound::AtLeast(b) => ("at_least", b),
-                };
-                format!(
-                    "    {{\"gate\": {}, \"measured\": {}, \"bound\": {}, \"bound_kind\": \"{kind}\", \"worst_tensor\": {}, \"flips\": {}, \"note\": {}, \"pass\": {}}}",
-                    json_string(r.gate),
-                    json_number(r.measured),
-                    json_number(bound),
-                    r.worst.as_deref().map_or("null".to_string(), json_string),
-                    r.flips.map_or("null".to_string(), |f| f.to_string()),
-                    json_string(&r.note),
-                    r.pass
-                )
-            })
-            .collect();
-        format!(
-            "{{\n  \"replicas\": {}, \"batch_per_replica\": {}, \"image_size\": {}, \"classes\": {}, \"steps\": {}, \"seed\": {}, \"sabotage\": {},\n  \"replica_adapters\": [{}],\n  \"single_adapter\": {},\n  \"passed\": {},\n  \"gates\": [\n{}\n  ]\n}}\n",
-            c.replicas,
-            c.batch,
-            c.image_size,
-            c.classes,
-            c.steps,
-            c.seed,
-            c.sabotage.map_or("null".to_string(), |s| json_string(&format!("{s:?}"))),
-            list(&self.replica_adapters),
-            json_string(&self.single_adapter),
-            self.passed(),
-            rows.join(",\n")
-        )
+        let gates = self.rows.iter().map(|r| {
+            let (kind, bound) = match r.bound {
+                Bound::AtMost(b) => ("at_most", b),
+                Bound::AtLeast(b) => ("at_least", b),
+            };
+            let gate = json::Object::new().str("gate", r.gate).num("measured", r.measured).num("bound", bound).str("bound_kind", kind);
+            let gate = match &r.worst {
+                Some(w) => gate.str("worst_tensor", w),
+                None => gate.raw("worst_tensor", "null"),
+            };
+            let gate = match r.flips {
+                Some(f) => gate.int("flips", f as u64),
+                None => gate.raw("flips", "null"),
+            };
+            gate.str("note", &r.note).bool("pass", r.pass).finish()
+        });
+        let check = json::Object::new()
+            .str("check", "equivalence")
+            .int("replicas", c.replicas as u64)
+            .int("batch_per_replica", c.batch as u64)
+            .int("image_size", c.image_size as u64)
+            .int("classes", c.classes as u64)
+            .int("steps", c.steps as u64)
+            .int("seed", c.seed);
+        let check = match c.sabotage {
+            Some(s) => check.str("sabotage", &format!("{s:?}")),
+            None => check.raw("sabotage", "null"),
+        };
+        check
+            .raw("replica_adapters", &json::array(self.replica_adapters.iter().map(|a| json::string(a))))
+            .str("single_adapter", &self.single_adapter)
+            .bool("pass", self.passed())
+            .raw("gates", &json::array(gates))
+            .finish()
     }
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for ch in s.chars() {
-        match ch {
-            '"' => out += "\\\"",
-            '\\' => out += "\\\\",
-            c if (c as u32) < 0x20 => out += &format!("\\u{:04x}", c as u32),
-            c => out.push(c),
-        }
-    }
-    out + "\""
-}
-
-/// JSON has no infinity or NaN: those become null.
-fn json_number(v: f64) -> String {
-    if v.is_finite() { format!("{v:e}") } else { "null".to_string() }
 }
 
 #[cfg(test)]
@@ -441,7 +423,7 @@ mod tests {
         let table = report.table();
         assert!(table.contains("TEST") && table.contains("PASS") && table.contains("FAIL") && table.contains("replica 1: b"), "{table}");
         let json = report.to_json();
-        assert!(json.contains(r#""a \"quoted\" adapter""#) && json.contains(r#""measured": null"#) && json.contains(r#""measured": 0e0"#), "{json}");
-        assert!(json.contains(r#""passed": false"#));
+        assert!(json.contains(r#""a \"quoted\" adapter""#) && json.contains(r#""measured":null"#) && json.contains(r#""measured":0,"#), "{json}");
+        assert!(json.contains(r#""pass":false,"gates""#) && json.contains(r#""worst_tensor":"fc.bias""#), "{json}");
     }
 }

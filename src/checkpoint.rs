@@ -4,10 +4,13 @@
 //! layout; nothing here touches a GPU.
 
 use std::collections::BTreeMap;
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 
 use crate::model::ResNet34;
-use crate::tensorfile::{write_f32, Entry, TensorFile, TensorFileError};
+use crate::tensorfile::{TensorFile, TensorFileError};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::tensorfile::{write_f32, Entry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -60,11 +63,14 @@ pub struct Checkpoint {
 }
 
 /// The named tensors of `flat` in the layout `specs` describes.
+#[cfg(not(target_arch = "wasm32"))]
 fn entries<'a>(prefix: &str, specs: &[crate::model::TensorSpec], flat: &'a [f32]) -> Vec<Entry<'a>> {
     specs.iter().map(|s| (format!("{prefix}{}", s.name), s.shape.clone(), &flat[s.range()])).collect()
 }
 
 /// Writes a checkpoint atomically: an interrupted or failed save leaves the old file intact.
+/// Native only (a browser has no file system).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), CheckpointError> {
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
@@ -75,6 +81,8 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
     Ok(write_f32(path, &all, &meta)?)
 }
 
+/// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError> {
     let file = TensorFile::read(path)?;
     let (params, running) = load_weights(&file, model)?;

@@ -9,9 +9,14 @@ pub mod checkpoint;
 pub mod collective;
 pub mod data;
 pub mod gpu;
+pub mod json;
 pub mod kernels;
 pub mod model;
 pub mod parallel;
 pub mod reference;
+pub mod selfcheck;
 pub mod step;
 pub mod tensorfile;
+pub mod train;
+#[cfg(target_arch = "wasm32")]
+pub mod web;

@@ -47,7 +47,7 @@ pub struct StepConfig {
 
 impl Default for StepConfig {
     fn default() -> Self {
-        StepConfig { label_smoothing: 0.1, lr: 0.05, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
+        StepConfig { label_smoothing: 0.1, lr: 0.01, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
     }
 }
 
@@ -167,6 +167,9 @@ struct Pass<'p, S> {
     counts: Vec<u32>,
     /// The buffer holding the pool's argmax: its own, or the imposed one.
     pool_argmax: &'static str,
+    /// Inference: BN normalises with these running statistics (the model's flat buffer
+    /// layout) and updates nothing.
+    eval: Option<Vec<f32>>,
 }
 
 impl Replica {
@@ -232,23 +235,43 @@ impl Replica {
         let labels = self.act("labels", n as u64)?;
         self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
 
-        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax" };
+        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax", eval: None };
         if let Some(p) = opts.impose {
             self.upload_pattern(p)?;
         }
         let x = Dims { n, c: 3, h: batch.h, w: batch.w };
-        let (feat, feat_dims) = self.forward(&mut pass, x).await?;
-        let loss = self.head_forward_backward(&mut pass, divisor, &feat, feat_dims, &labels)?;
+        let (out, dims) = self.forward(&mut pass, x).await?;
+        let (feat, logits) = self.head_forward(&mut pass, &out, dims)?;
+        let loss = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
         self.backward(&mut pass).await?;
 
         let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
         self.gpu.submit(enc).await?;
-        let k = self.model.classes as u64;
-        let logits = self.act("logits", n as u64 * k)?;
         let loss = self.gpu.read_f32(Slice::whole(&loss)).await?[0];
         let logits = self.gpu.read_f32(Slice::whole(&logits)).await?;
         let pattern = if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
         Ok(StepOutput { loss, logits, pattern })
+    }
+
+    /// Inference: the logits of `batch` with BatchNorm in eval mode (running statistics).
+    /// Changes no parameter, gradient or statistic.
+    pub async fn predict(&mut self, batch: &Batch) -> Result<Vec<f32>> {
+        batch.validate(self.model.classes)?;
+        ResNet34::check_image_size(batch.h, batch.w)?;
+        if batch.is_empty() {
+            return Err(StepError::Invalid("empty batch".into()));
+        }
+        let running = self.read_running().await?;
+        let input = self.act("input", batch.images.len() as u64)?;
+        self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
+        let cfg = StepConfig::default();
+        let mut pass = Pass { enc: self.gpu.encoder(), sync: &LocalBn, cfg: &cfg, units: Vec::new(), relu_gates: Vec::new(), impose: None, counts: Vec::new(), pool_argmax: "pool.argmax", eval: Some(running) };
+        let x = Dims { n: batch.len() as u32, c: 3, h: batch.h, w: batch.w };
+        let (out, dims) = self.forward(&mut pass, x).await?;
+        let (_, logits) = self.head_forward(&mut pass, &out, dims)?;
+        let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        self.gpu.submit(enc).await?;
+        Ok(self.gpu.read_f32(Slice::whole(&logits)).await?)
     }
 
     /// SGD with momentum and weight decay over the whole flat parameter buffer.
@@ -333,17 +356,33 @@ impl Replica {
         conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?;
         let site = pass.units.len();
         let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
-        // The rows of every replica's examples: this device's first, then the hook's gather.
-        let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-        let rows = self.act(&format!("{name}.stats.rows"), global.rows_len())?;
-        batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&rows, 0, bs.rows_len()))?;
-        pass.sync.stats(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
         let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
-        batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&stats))?;
-        let count = global.n * global.hw;
+        let count = match &pass.eval {
+            None => {
+                // The rows of every replica's examples: this device's first, then the hook's
+                // gather; merged, they are the statistics of the global batch.
+                let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+                let rows = self.act(&format!("{name}.stats.rows"), global.rows_len())?;
+                batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&rows, 0, bs.rows_len()))?;
+                pass.sync.stats(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
+                batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&stats))?;
+                global.n * global.hw
+            }
+            Some(running) => {
+                // Running statistics in the packed [mean | M2] form the apply kernel reads.
+                let local = out.n * out.hw();
+                let (rm, rv) = (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
+                let mut packed = running[rm.range()].to_vec();
+                packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
+                self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
+                local
+            }
+        };
         let z = self.act(&format!("{name}.bn"), out.len())?;
         batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), self.param(bn.bias), Slice::whole(&z))?;
-        batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+        if pass.eval.is_none() {
+            batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+        }
         pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out });
         pass.counts.push(count);
         Ok((z, out))
@@ -389,32 +428,37 @@ impl Replica {
         Ok((x, d))
     }
 
-    /// Global average pool, fc, loss; then the loss's backward through fc and the pool, so
-    /// `{last block}.out.grad` holds the cotangent the blocks' backward starts from.
-    /// Returns the buffer holding the loss.
-    fn head_forward_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, x: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+    /// Global average pool and fc: returns the pooled features and the logits.
+    fn head_forward<S>(&mut self, pass: &mut Pass<S>, x: &wgpu::Buffer, d: Dims) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
-        let gs = avgpool::AvgPoolShape { n, c, hw: d.hw() };
         let feat = self.act("gap", (n * c) as u64)?;
-        avgpool::global_avgpool_forward(&self.gpu, &mut pass.enc, &gs, Slice::whole(x), Slice::whole(&feat))?;
-        let ds = dense::DenseShape { m: n, k_in: c, k_out: k };
+        avgpool::global_avgpool_forward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(x), Slice::whole(&feat))?;
         let logits = self.act("logits", (n * k) as u64)?;
-        let (fw, fb) = (self.model.fc_weight, self.model.fc_bias);
-        dense::dense_forward(&self.gpu, &mut pass.enc, &ds, Slice::whole(&feat), self.param(fw), self.param(fb), Slice::whole(&logits))?;
+        let (fw, fb) = (self.param(self.model.fc_weight), self.param(self.model.fc_bias));
+        dense::dense_forward(&self.gpu, &mut pass.enc, &dense::DenseShape { m: n, k_in: c, k_out: k }, Slice::whole(&feat), fw, fb, Slice::whole(&logits))?;
+        Ok((feat, logits))
+    }
+
+    /// The loss (returned in a one-element buffer), then its backward through fc and the
+    /// pool, so `{last block}.out.grad` holds the cotangent the blocks' backward starts from.
+    fn loss_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, feat: &wgpu::Buffer, logits: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
         let losses = self.act("losses", n as u64)?;
         let loss = self.act("loss", 1)?;
-        let (lg, lb) = (Slice::whole(&logits), Slice::whole(labels));
-        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, pass.cfg.label_smoothing, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
+        let (lg, lb, eps) = (Slice::whole(logits), Slice::whole(labels), pass.cfg.label_smoothing);
+        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, eps, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
         let dlogits = self.act("logits.grad", (n * k) as u64)?;
-        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, pass.cfg.label_smoothing, divisor, lg, lb, Slice::whole(&dlogits))?;
+        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, eps, divisor, lg, lb, Slice::whole(&dlogits))?;
+        let ds = dense::DenseShape { m: n, k_in: c, k_out: k };
+        let (fw, fb) = (self.model.fc_weight, self.model.fc_bias);
         let dfeat = self.act("gap.grad", (n * c) as u64)?;
         let dl = Slice::whole(&dlogits);
         dense::dense_backward_input(&self.gpu, &mut pass.enc, &ds, dl, self.param(fw), Slice::whole(&dfeat))?;
-        dense::dense_backward_weight(&self.gpu, &mut pass.enc, &ds, dl, Slice::whole(&feat), self.grad(fw))?;
+        dense::dense_backward_weight(&self.gpu, &mut pass.enc, &ds, dl, Slice::whole(feat), self.grad(fw))?;
         dense::dense_backward_bias(&self.gpu, &mut pass.enc, &ds, dl, self.grad(fb))?;
         let dx = self.act(&format!("{}.out.grad", block_name(self.model.blocks.len() - 1)), d.len())?;
-        avgpool::global_avgpool_backward(&self.gpu, &mut pass.enc, &gs, Slice::whole(&dfeat), Slice::whole(&dx))?;
+        avgpool::global_avgpool_backward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(&dfeat), Slice::whole(&dx))?;
         Ok(loss)
     }
 

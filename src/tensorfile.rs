@@ -40,6 +40,8 @@ pub struct TensorFile {
 }
 
 impl TensorFile {
+    /// Reads a file (native only: a browser has no file system; use [`TensorFile::from_bytes`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read(path: &Path) -> Result<TensorFile, TensorFileError> {
         let bytes = std::fs::read(path).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
         TensorFile::from_bytes(path, &bytes)
@@ -122,7 +124,8 @@ fn f16_to_f32(h: u16) -> f32 {
 pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
 
 /// Writes `entries` as f32 safetensors (with `metadata` in the header) to `path` atomically:
-/// a temp file beside it, then rename.
+/// a temp file beside it, then rename. Native only (a browser has no file system).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn write_f32(path: &Path, entries: &[Entry], metadata: &BTreeMap<String, String>) -> Result<(), TensorFileError> {
     let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
     let views = entries

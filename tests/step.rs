@@ -97,3 +97,20 @@ fn bad_inputs_are_clear_errors() {
     let e = pollster::block_on(r.forward_backward(&b, &bad, 2.0, &LocalBn, StepOptions::default())).unwrap_err().to_string();
     assert!(e.contains("label smoothing"), "{e}");
 }
+
+#[test]
+fn predict_uses_running_statistics_and_changes_nothing() {
+    let (model, params, mut running) = setup(10, 5);
+    // Non-trivial running statistics, as after some training.
+    for (i, v) in running.iter_mut().enumerate() {
+        *v = if *v == 1.0 { 0.5 + (i % 7) as f32 * 0.2 } else { ((i % 5) as f32 - 2.0) * 0.1 };
+    }
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let batch = synthetic_batch(2, 100, 4, 32, 32, 10);
+    let logits = pollster::block_on(r.predict(&batch)).unwrap();
+    let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
+    let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
+    assert_close("eval logits", &logits, &reference::predict(&model, &p64, &r64, &batch), 1e-4);
+    assert_eq!(pollster::block_on(r.read_running()).unwrap(), running, "predict changed the running statistics");
+    assert_eq!(pollster::block_on(r.predict(&batch)).unwrap(), logits);
+}

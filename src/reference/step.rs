@@ -38,6 +38,14 @@ pub fn training_loss(model: &ResNet34, params: &[f64], batch: &Batch, cfg: &Step
     s.forward(batch).0
 }
 
+/// Inference: the logits of `batch` with BatchNorm normalising by the running statistics.
+pub fn predict(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch) -> Vec<f64> {
+    let cfg = StepConfig { label_smoothing: 0.0, divisor: 1.0, bn_momentum: 0.0, bn_eps: 1e-5 };
+    let mut s = State::new(model, params, running.to_vec(), None, &cfg);
+    s.eval = true;
+    s.forward(batch).1
+}
+
 /// One step on `batch` (its f32 images widened to f64); `impose` fixes the ReLU and pool
 /// choices.
 pub fn training_step(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch, cfg: &StepConfig, impose: Option<&ActivationPattern>) -> StepResult {
@@ -72,6 +80,7 @@ struct State<'a> {
     pool: Option<(Pool, Vec<u32>)>,
     block_inputs: Vec<Vec<f64>>,
     m: usize,
+    eval: bool,
 }
 
 impl<'a> State<'a> {
@@ -89,6 +98,7 @@ impl<'a> State<'a> {
             pool: None,
             block_inputs: Vec::new(),
             m: 0,
+            eval: false,
         }
     }
 
@@ -113,11 +123,17 @@ impl<'a> State<'a> {
         let (oh, ow) = (geom.out_h(), geom.out_w());
         let conv_out = conv2d_forward(&geom, x, self.param(conv.weight));
         let dims = BnDims { n: self.m, c: conv.c_out as usize, hw: oh * ow };
-        let stats = bn_forward_stats(dims, &conv_out);
-        let z = bn_forward_apply(dims, &conv_out, &stats, self.cfg.bn_eps, self.param(bn.weight), self.param(bn.bias));
         let (rm, rv) = (self.model.buffers[bn.running_mean].range(), self.model.buffers[bn.running_var].range());
-        let (mean, var) = split_two(&mut self.running, rm, rv);
-        bn_update_running(&stats, self.cfg.bn_momentum, mean, var);
+        let stats = if self.eval {
+            let count = dims.n * dims.hw;
+            BnStats { count, mean: self.running[rm].to_vec(), m2: self.running[rv].iter().map(|v| v * count as f64).collect() }
+        } else {
+            let stats = bn_forward_stats(dims, &conv_out);
+            let (mean, var) = split_two(&mut self.running, rm, rv);
+            bn_update_running(&stats, self.cfg.bn_momentum, mean, var);
+            stats
+        };
+        let z = bn_forward_apply(dims, &conv_out, &stats, self.cfg.bn_eps, self.param(bn.weight), self.param(bn.bias));
         self.units.push(Unit { conv, bn, geom, x: x.to_vec(), conv_out, dims, stats });
         (z, (oh, ow))
     }
@@ -240,7 +256,7 @@ mod tests {
         let base = training_step(&model, &params, &running, &batch, &cfg, None);
         let pattern = base.pattern.clone();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
-        let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
+        let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer3.3.conv1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
         for name in names {
             let spec = model.param(name).unwrap();
             let i = spec.offset + rng.random_range(0..spec.len());

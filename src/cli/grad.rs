@@ -1,0 +1,90 @@
+//! `syncstep grad`: one training step's loss, logits, gradients and updated BN statistics
+//! for given weights and batch, as safetensors, to hold against PyTorch.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use syncstep::checkpoint::load_weights;
+use syncstep::data::Batch;
+use syncstep::gpu::{AdapterChoice, Gpu};
+use syncstep::model::ResNet34;
+use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::tensorfile::{write_f32, TensorFile};
+
+#[derive(Args)]
+pub struct GradArgs {
+    /// Weights with torchvision `state_dict` names (f32 or f64; BN buffers optional).
+    #[arg(long)]
+    weights: PathBuf,
+    /// The batch: `input` [M,3,H,W] (NCHW) and `labels` [M] (integers). May be the weights file.
+    #[arg(long)]
+    batch: PathBuf,
+    /// Where to write `loss`, `logits`, `grad/<name>` and `after/<bn>.running_{mean,var}`.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = StepConfig::default().label_smoothing)]
+    label_smoothing: f32,
+    /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// The batch in `file`: `input` [M, 3, H, W] and integer `labels` [M] below `classes`.
+pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std::error::Error>> {
+    let path = file.path.display();
+    let input = file.get("input").ok_or_else(|| format!("{path}: missing tensor `input` [M, 3, H, W]"))?;
+    let [m, c, h, w] = input.shape[..] else {
+        return Err(format!("{path}: `input` has shape {:?}, expected [M, 3, H, W]", input.shape).into());
+    };
+    if c != 3 {
+        return Err(format!("{path}: `input` has {c} channels; ResNet-34's stem takes 3 (RGB)").into());
+    }
+    let labels = file.require("labels", &[m])?;
+    if !labels.integer {
+        return Err(format!("{path}: `labels` must be an integer tensor (int64 or int32)").into());
+    }
+    if let Some((i, &l)) = labels.values.iter().enumerate().find(|(_, &l)| l < 0.0 || l >= classes as f64) {
+        return Err(format!("{path}: label {l} of example {i} is out of range: the weights have {classes} classes").into());
+    }
+    let batch = Batch {
+        images: input.values.iter().map(|&v| v as f32).collect(),
+        labels: labels.values.iter().map(|&l| l as u32).collect(),
+        h: h as u32,
+        w: w as u32,
+    };
+    ResNet34::check_image_size(batch.h, batch.w)?;
+    batch.validate(classes)?;
+    Ok(batch)
+}
+
+pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let weights = TensorFile::read(&args.weights)?;
+    let fc = weights.get("fc.weight").ok_or_else(|| format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display()))?;
+    let classes = match fc.shape[..] {
+        [k, 512] => k as u32,
+        _ => return Err(format!("{}: `fc.weight` has shape {:?}, expected [K, 512]", args.weights.display(), fc.shape).into()),
+    };
+    let model = ResNet34::new(classes)?;
+    let (params, running) = load_weights(&weights, &model)?;
+    let batch = read_batch(&if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? }, classes)?;
+
+    let choice = match &args.adapter {
+        Some(a) => AdapterChoice::parse(a)?,
+        None => AdapterChoice::from_env()?,
+    };
+    let gpu = pollster::block_on(Gpu::new(&choice))?;
+    let mut replica = Replica::new(gpu, model.clone(), &params, &running)?;
+    let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
+    let m = batch.len();
+    let out = pollster::block_on(replica.forward_backward(&batch, &cfg, m as f32, &LocalBn, StepOptions::default()))?;
+    let grads = pollster::block_on(replica.read_grads())?;
+    let after = pollster::block_on(replica.read_running())?;
+
+    let loss = [out.loss];
+    let mut entries = vec![("loss".to_string(), vec![1], &loss[..]), ("logits".to_string(), vec![m, classes as usize], &out.logits[..])];
+    entries.extend(model.params.iter().map(|p| (format!("grad/{}", p.name), p.shape.clone(), &grads[p.range()])));
+    entries.extend(model.buffers.iter().map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])));
+    write_f32(&args.out, &entries, &Default::default())?;
+    println!("loss {:.6}; {} gradients written to {}", out.loss, model.params.len(), args.out.display());
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! The browser face (wasm32 only): what `web/main.js` calls through wasm-bindgen.
+//!
+//! Every export follows one shape, so the equivalence gates and training can sit beside the
+//! self-check later: an `async fn` returning `Result<JsValue, JsError>`, whose value is a plain
+//! JS object parsed from the same JSON text a native face would print (see [`crate::json`]),
+//! and whose error is a rejected promise carrying a readable `Error` message. Long runs take an
+//! optional JS callback for progress. Nothing here blocks: every GPU wait is an awaited map.
+//!
+//! Panics would surface in JS as an opaque `RuntimeError: unreachable`; none is expected (no
+//! `unwrap` on anything a caller controls), and the hook installed by [`start`] prints the
+//! message to the console should one happen anyway. `log` records go to the console too.
+
+use js_sys::{Function, Object, Promise, Reflect};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+
+use crate::gpu::{self, Gpu};
+use crate::json;
+use crate::selfcheck::{self, Progress};
+
+/// Runs once when the module is instantiated: console logging (warnings and errors) and a
+/// panic hook that prints the panic message before the module traps.
+#[wasm_bindgen(start)]
+fn start() {
+    std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&format!("syncstep panicked: {info}").into())));
+    if log::set_logger(&CONSOLE).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+}
+
+/// Sets how much the library logs to the console: `off`, `error`, `warn`, `info`, `debug`
+/// (pipeline compiles, devices) or `trace`.
+#[wasm_bindgen]
+pub fn set_log_level(level: &str) -> Result<(), JsError> {
+    let filter: log::LevelFilter =
+        level.parse().map_err(|_| JsError::new(&format!("unknown log level `{level}`: use off, error, warn, info, debug or trace")))?;
+    log::set_max_level(filter);
+    Ok(())
+}
+
+/// The library's version, for the page's footer and for reports.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// Whether this browser exposes WebGPU at all (`navigator.gpu`). It may still offer no adapter;
+/// [`adapter_info`] finds that out.
+#[wasm_bindgen]
+pub fn has_webgpu() -> bool {
+    navigator_gpu().is_some()
+}
+
+/// The adapter the kernels will run on: `backend`, `name`, the browser's own adapter strings
+/// (`vendor`, `architecture`, `device`, `description`, `isFallbackAdapter` where the browser
+/// reports it), the limits that decide which shapes fit, and the features of interest.
+#[wasm_bindgen]
+pub async fn adapter_info() -> Result<JsValue, JsError> {
+    let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
+    let instance = gpu::instance();
+    let adapter = gpu::adapters(&instance).await.into_iter().next().ok_or_else(no_adapter)?;
+    let info = adapter.get_info();
+    let l = adapter.limits();
+    let f = adapter.features();
+    let browser = browser_adapter_info(&gpu_js).await?;
+    let limits = json::Object::new()
+        .int("maxStorageBufferBindingSize", l.max_storage_buffer_binding_size)
+        .int("maxStorageBuffersPerShaderStage", l.max_storage_buffers_per_shader_stage.into())
+        .int("maxComputeWorkgroupStorageSize", l.max_compute_workgroup_storage_size.into())
+        .int("maxComputeInvocationsPerWorkgroup", l.max_compute_invocations_per_workgroup.into())
+        .int("maxComputeWorkgroupsPerDimension", l.max_compute_workgroups_per_dimension.into())
+        .int("maxBufferSize", l.max_buffer_size)
+        .int("minStorageBufferOffsetAlignment", l.min_storage_buffer_offset_alignment.into())
+        .finish();
+    let named = [
+        (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
+        (wgpu::Features::SHADER_F16, "shader-f16"),
+        (wgpu::Features::SUBGROUP, "subgroups"),
+    ];
+    let features = json::array(named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| json::string(n)));
+    let report = json::Object::new()
+        .str("backend", &format!("{:?}", info.backend))
+        .str("name", &info.name)
+        .str("deviceType", &format!("{:?}", info.device_type))
+        .str("vendor", &browser.vendor)
+        .str("architecture", &browser.architecture)
+        .str("device", &browser.device)
+        .str("description", &browser.description)
+        .raw("isFallbackAdapter", browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }))
+        .raw("limits", &limits)
+        .raw("features", &features)
+        .finish();
+    parse(&report)
+}
+
+/// Runs the kernel self-check ([`crate::selfcheck`]) on this browser's GPU: a few real kernels
+/// at small ResNet-34 shapes against the f64 reference computed in this same wasm. Resolves to
+/// `{check, adapter, seed, pass, kernels: [{kernel, shape, elements, error, tolerance, pass}]}`
+/// (`error` is null where the GPU produced NaN). `on_progress`, if given, is called with
+/// `{phase: "started"|"finished", index, total, kernel, result?}` around each kernel.
+#[wasm_bindgen]
+pub async fn kernel_selfcheck(seed: u32, on_progress: Option<Function>) -> Result<JsValue, JsError> {
+    let gpu = device().await?;
+    let mut report_progress = |p: Progress| {
+        let Some(callback) = &on_progress else { return };
+        let event = match p {
+            Progress::Started { index, total, kernel } => json::Object::new()
+                .str("phase", "started")
+                .int("index", index as u64)
+                .int("total", total as u64)
+                .str("kernel", kernel)
+                .finish(),
+            Progress::Finished { index, total, check } => json::Object::new()
+                .str("phase", "finished")
+                .int("index", index as u64)
+                .int("total", total as u64)
+                .str("kernel", check.kernel)
+                .raw("result", &check.to_json())
+                .finish(),
+        };
+        call_progress(callback, &event);
+    };
+    let report = selfcheck::run(&gpu, seed.into(), &mut report_progress).await.map_err(js_error)?;
+    parse(&report.to_json())
+}
+
+/// A device on the browser's (first) adapter with the adapter's own limits.
+async fn device() -> Result<Gpu, JsError> {
+    navigator_gpu().ok_or_else(no_webgpu)?;
+    let instance = gpu::instance();
+    let adapter = gpu::adapters(&instance).await.into_iter().next().ok_or_else(no_adapter)?;
+    Gpu::from_adapter(&adapter).await.map_err(js_error)
+}
+
+/// Calls the page's progress callback; a callback that throws is logged, not fatal.
+fn call_progress(callback: &Function, event_json: &str) {
+    let result = js_sys::JSON::parse(event_json).and_then(|event| callback.call1(&JsValue::NULL, &event));
+    if let Err(e) = result {
+        log::warn!("progress callback failed: {}", describe_js(&e));
+    }
+}
+
+fn js_error(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn no_webgpu() -> JsError {
+    JsError::new(
+        "this browser has no WebGPU (navigator.gpu is missing): use a current Chrome, Edge or other Chromium browser, \
+         Safari 26+, or Firefox 141+ on Windows; on Linux start Chromium with --enable-unsafe-webgpu",
+    )
+}
+
+fn no_adapter() -> JsError {
+    JsError::new(
+        "this browser has WebGPU but offered no adapter: the GPU may be blocklisted or hardware acceleration off \
+         (see chrome://gpu); on Linux start Chromium with --enable-unsafe-webgpu (and --enable-features=Vulkan)",
+    )
+}
+
+/// Parses report JSON written by [`crate::json`] into a JS object.
+fn parse(json_text: &str) -> Result<JsValue, JsError> {
+    js_sys::JSON::parse(json_text).map_err(|e| JsError::new(&format!("internal error: report is not JSON ({})", describe_js(&e))))
+}
+
+/// A thrown JS value as text: an Error's message, or its string form.
+fn describe_js(v: &JsValue) -> String {
+    if let Some(e) = v.dyn_ref::<js_sys::Error>() {
+        return String::from(e.message());
+    }
+    v.as_string().unwrap_or_else(|| format!("{v:?}"))
+}
+
+/// `navigator.gpu` in a window or a worker, if defined.
+fn navigator_gpu() -> Option<JsValue> {
+    let navigator = Reflect::get(&js_sys::global(), &"navigator".into()).ok().filter(|v| v.is_object())?;
+    Reflect::get(&navigator, &"gpu".into()).ok().filter(|v| v.is_object())
+}
+
+/// What the browser says about its adapter (`GPUAdapterInfo`), which wgpu does not pass on.
+struct BrowserAdapterInfo {
+    vendor: String,
+    architecture: String,
+    device: String,
+    description: String,
+    is_fallback: Option<bool>,
+}
+
+async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, JsError> {
+    let js = |e: JsValue| JsError::new(&format!("navigator.gpu.requestAdapter failed: {}", describe_js(&e)));
+    let request: Function = Reflect::get(gpu_js, &"requestAdapter".into())
+        .map_err(js)?
+        .dyn_into()
+        .map_err(|_| JsError::new("navigator.gpu.requestAdapter is not a function"))?;
+    let options = Object::new();
+    Reflect::set(&options, &"powerPreference".into(), &"high-performance".into()).map_err(js)?;
+    let promise: Promise = request.call1(gpu_js, &options).map_err(js)?.dyn_into().map_err(js)?;
+    let adapter = JsFuture::from(promise).await.map_err(js)?;
+    if !adapter.is_object() {
+        return Err(no_adapter());
+    }
+    let info = Reflect::get(&adapter, &"info".into()).unwrap_or(JsValue::UNDEFINED);
+    let text = |key: &str| Reflect::get(&info, &key.into()).ok().and_then(|v| v.as_string()).unwrap_or_default();
+    let flag = |obj: &JsValue| Reflect::get(obj, &"isFallbackAdapter".into()).ok().and_then(|v| v.as_bool());
+    Ok(BrowserAdapterInfo {
+        vendor: text("vendor"),
+        architecture: text("architecture"),
+        device: text("device"),
+        description: text("description"),
+        is_fallback: flag(&info).or_else(|| flag(&adapter)),
+    })
+}
+
+/// Sends `log` records to the browser console.
+struct ConsoleLogger;
+
+static CONSOLE: ConsoleLogger = ConsoleLogger;
+
+impl log::Log for ConsoleLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let line: JsValue = format!("[syncstep {}] {}", record.target(), record.args()).into();
+        match record.level() {
+            log::Level::Error => web_sys::console::error_1(&line),
+            log::Level::Warn => web_sys::console::warn_1(&line),
+            log::Level::Info => web_sys::console::info_1(&line),
+            log::Level::Debug | log::Level::Trace => web_sys::console::debug_1(&line),
+        }
+    }
+
+    fn flush(&self) {}
+}

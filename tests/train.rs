@@ -1,0 +1,193 @@
+//! Training runs, checkpoints and the `syncstep grad` file interface.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use syncstep::checkpoint;
+use syncstep::data::synthetic_batch;
+use syncstep::model::ResNet34;
+use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::tensorfile::{write_f32, TensorFile};
+use syncstep::train::{TrainConfig, Trainer};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("syncstep-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn small() -> TrainConfig {
+    TrainConfig { batch: 4, ..TrainConfig::default() }
+}
+
+fn run_steps(t: &mut Trainer, n: usize) {
+    for _ in 0..n {
+        pollster::block_on(t.train_step()).unwrap();
+    }
+}
+
+#[test]
+fn resume_from_a_checkpoint_is_bit_exact() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let dir = temp_dir("resume");
+    let path = dir.join("ck.safetensors");
+    let mut straight = Trainer::new(gpu, small(), None).unwrap();
+    run_steps(&mut straight, 5);
+
+    let mut first = Trainer::new(fresh_gpu().unwrap(), small(), None).unwrap();
+    run_steps(&mut first, 3);
+    let ck = pollster::block_on(first.checkpoint()).unwrap();
+    checkpoint::save(&path, &first.replica.model, &ck).unwrap();
+    let loaded = checkpoint::load(&path, &ResNet34::new(10).unwrap()).unwrap();
+    assert_eq!(loaded, ck);
+    let mut resumed = Trainer::new(fresh_gpu().unwrap(), small(), Some(loaded)).unwrap();
+    assert_eq!(resumed.step, 3);
+    run_steps(&mut resumed, 2);
+
+    let a = pollster::block_on(straight.checkpoint()).unwrap();
+    let b = pollster::block_on(resumed.checkpoint()).unwrap();
+    assert_eq!(a.step, b.step);
+    let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    assert!(same(&a.params, &b.params), "parameters differ after resume");
+    assert!(same(&a.velocity, &b.velocity), "momentum differs after resume");
+    assert!(same(&a.running, &b.running), "running statistics differ after resume");
+    assert!(a.params != pollster::block_on(first.checkpoint()).unwrap().params, "training changed nothing");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
+    let model = ResNet34::new(10).unwrap();
+    let dir = temp_dir("keep");
+    let path = dir.join("ck.safetensors");
+    let ck = checkpoint::Checkpoint { params: model.init_params(1), running: model.init_buffers(), velocity: vec![0.0; model.param_len], step: 1, settings: Default::default() };
+    checkpoint::save(&path, &model, &ck).unwrap();
+    // Block the temp file the save writes first, so the write fails midway.
+    std::fs::create_dir(dir.join(format!(".ck.safetensors.tmp-{}", std::process::id()))).unwrap();
+    let newer = checkpoint::Checkpoint { step: 2, ..ck.clone() };
+    assert!(checkpoint::save(&path, &model, &newer).is_err());
+    assert_eq!(checkpoint::load(&path, &model).unwrap(), ck);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn syncstep(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
+fn write_inputs(path: &Path, model: &ResNet34, params: &[f32], running: &[f32], images: &[f32], labels: &[f32]) {
+    let m = labels.len();
+    let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
+    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model.params.iter().map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()])).collect();
+    entries.extend(model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])));
+    entries.push(("input".into(), vec![m, 3, hw, hw], images));
+    entries.push(("labels".into(), vec![m], labels));
+    write_f32(path, &entries, &Default::default()).unwrap();
+}
+
+/// Rewrites `labels` as int64, as `torch.save` of a LongTensor would.
+fn with_int64_labels(src: &Path, dst: &Path, labels: &[i64]) {
+    let file = TensorFile::read(src).unwrap();
+    let mut names: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
+    for (name, t) in &file.tensors {
+        if name == "labels" {
+            names.push((name.clone(), t.shape.clone(), labels.iter().flat_map(|l| l.to_le_bytes()).collect(), safetensors::Dtype::I64));
+        } else {
+            names.push((name.clone(), t.shape.clone(), t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(), safetensors::Dtype::F32));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        names.iter().map(|(n, s, d, t)| (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())).collect();
+    std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let dir = temp_dir("grad");
+    let model = ResNet34::new(10).unwrap();
+    let mut params = model.init_params(4);
+    model.randomize_batchnorm(&mut params, 5);
+    let running = model.init_buffers();
+    let batch = synthetic_batch(6, 0, 4, 32, 32, 10);
+    let labels_f: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
+    let raw = dir.join("raw.safetensors");
+    write_inputs(&raw, &model, &params, &running, &batch.images, &labels_f);
+    let wb = dir.join("wb.safetensors");
+    with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let out = dir.join("g.safetensors");
+    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(ok, "{log}");
+
+    let mut r = Replica::new(gpu, model.clone(), &params, &running).unwrap();
+    let want = pollster::block_on(r.forward_backward(&batch, &StepConfig::default(), 4.0, &LocalBn, StepOptions::default())).unwrap();
+    let grads = pollster::block_on(r.read_grads()).unwrap();
+    let after = pollster::block_on(r.read_running()).unwrap();
+    let g = TensorFile::read(&out).unwrap();
+    assert_eq!(g.require("loss", &[1]).unwrap().values[0], want.loss as f64);
+    assert_eq!(g.require("logits", &[4, 10]).unwrap().values, to_f64(&want.logits));
+    for p in &model.params {
+        assert_eq!(g.require(&format!("grad/{}", p.name), &p.shape).unwrap().values, to_f64(&grads[p.range()]), "grad/{}", p.name);
+    }
+    let b = &model.buffers[5];
+    assert_eq!(g.require(&format!("after/{}", b.name), &b.shape).unwrap().values, to_f64(&after[b.range()]));
+
+    // Each bad file is a clear error naming the problem.
+    let case = |name: &str, labels: &[i64], edit: &dyn Fn(&mut Vec<f32>)| -> String {
+        let mut images = batch.images.clone();
+        edit(&mut images);
+        let f = dir.join(format!("{name}.raw"));
+        write_inputs(&f, &model, &params, &running, &images, &labels_f);
+        let g = dir.join(format!("{name}.safetensors"));
+        with_int64_labels(&f, &g, labels);
+        syncstep(&["grad", "--weights", g.to_str().unwrap(), "--batch", g.to_str().unwrap(), "--out", out.to_str().unwrap()]).1
+    };
+    assert!(case("big", &[0, 1, 10, 2], &|_| {}).contains("label 10 of example 2 is out of range"));
+    assert!(case("neg", &[0, -1, 1, 2], &|_| {}).contains("label -1 of example 1 is out of range"));
+    assert!(case("nan", &[0, 1, 2, 3], &|v| v[5000] = f32::NAN).contains("non-finite"));
+
+    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model.params.iter().map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()])).collect();
+    entries[3].1 = vec![entries[3].2.len()];
+    let bad_w = dir.join("badw.safetensors");
+    write_f32(&bad_w, &entries, &Default::default()).unwrap();
+    let (ok, log) = syncstep(&["grad", "--weights", bad_w.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains(&format!("`{}` has shape", model.params[3].name)), "{log}");
+    entries.remove(3);
+    write_f32(&bad_w, &entries, &Default::default()).unwrap();
+    let (ok, log) = syncstep(&["grad", "--weights", bad_w.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains(&format!("missing tensor `{}`", model.params[3].name)), "{log}");
+
+    let (small_raw, small) = (dir.join("small.raw"), dir.join("small.safetensors"));
+    let tiny = synthetic_batch(1, 0, 2, 16, 16, 10);
+    write_f32(&small_raw, &[("input".into(), vec![2, 3, 16, 16], &tiny.images), ("labels".into(), vec![2], &[0.0, 1.0])], &Default::default()).unwrap();
+    with_int64_labels(&small_raw, &small, &[0, 1]);
+    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", small.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains("16×16 is too small"), "{log}");
+    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", small_raw.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains("`labels` must be an integer tensor"), "{log}");
+    let gray = dir.join("gray.safetensors");
+    write_f32(&gray, &[("input".into(), vec![4, 1, 32, 32], &batch.images[..4 * 1024])], &Default::default()).unwrap();
+    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", gray.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains("1 channels"), "{log}");
+
+    let bytes = std::fs::read(&wb).unwrap();
+    let cut = dir.join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let (ok, log) = syncstep(&["grad", "--weights", cut.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!ok && log.contains("truncated or corrupt"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn train_refuses_an_unwritable_checkpoint_before_training() {
+    let dir = temp_dir("unwritable");
+    let file = dir.join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let (ok, log) = syncstep(&["train", "--steps", "1", "--checkpoint", file.join("ck.safetensors").to_str().unwrap()]);
+    assert!(!ok && log.contains("is not a folder"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
