@@ -9,7 +9,7 @@
 //! per-replica BatchNorm statistics differ visibly from the global ones (CONTROL needs that);
 //! the single device gets the same shifted global batch.
 
-use crate::data::{synthetic_batch, Batch};
+use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::{AdapterChoice, Gpu};
 use crate::json;
 use crate::model::{ActivationPattern, ModelError, ResNet34};
@@ -173,6 +173,12 @@ impl Single {
 pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
     if cfg.batch == 0 {
         return Err(CheckError::Config("batch per replica must be at least 1".into()));
+    }
+    if cfg.replicas == 0 {
+        return Err(ParallelError::from(DataError::NoReplicas).into());
+    }
+    if cfg.replicas == 1 {
+        return Err(CheckError::Config("check holds R ≥ 2 replicas against one device; with --replicas 1 there is nothing to synchronise (and CONTROL cannot differ)".into()));
     }
     let model = ResNet34::new(cfg.classes)?;
     ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;

@@ -35,6 +35,9 @@ pub enum ParallelError {
     Data(#[from] DataError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// A step error that is no one replica's (a bad configuration).
+    #[error(transparent)]
+    Step(StepError),
 }
 
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;
@@ -139,6 +142,25 @@ impl BnSync for SyncBn<'_> {
     }
 }
 
+/// `replicas` devices, replica r's on `adapters[r % adapters.len()]` (no adapters: the
+/// default one). Each asks for its adapter anew, which in a browser (one device per adapter)
+/// gives every replica an adapter of its own.
+pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<Gpu>> {
+    if replicas == 0 {
+        return Err(DataError::NoReplicas.into());
+    }
+    let default = [AdapterChoice::default()];
+    let adapters = if adapters.is_empty() { &default[..] } else { adapters };
+    let instance = gpu::instance();
+    let mut gpus = Vec::with_capacity(replicas);
+    for r in 0..replicas {
+        let adapter = gpu::select_adapter(&instance, &adapters[r % adapters.len()]).await?;
+        let device = Gpu::from_adapter(&adapter).await;
+        gpus.push(device.map_err(|e| ParallelError::Replica { replica: r, adapter: adapter_label(&adapter.get_info()), source: e.into() })?);
+    }
+    Ok(gpus)
+}
+
 /// R replicas of one model, training as one (see the module comment).
 pub struct DataParallel {
     replicas: Vec<Replica>,
@@ -150,30 +172,41 @@ pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
 }
 
 impl DataParallel {
-    /// `replicas` replicas holding `params` and `running` (model layout). Replica r gets its
-    /// own device on `adapters[r % adapters.len()]`; no adapters means the default one. Each
-    /// replica asks for its adapter anew, which in a browser (one device per adapter) gives it
-    /// an adapter of its own.
+    /// `replicas` replicas holding `params` and `running` (model layout), on [`devices`].
     pub async fn new(model: &ResNet34, params: &[f32], running: &[f32], replicas: usize, adapters: &[AdapterChoice]) -> Result<DataParallel> {
-        if replicas == 0 {
+        DataParallel::from_gpus(devices(replicas, adapters).await?, model, params, running)
+    }
+
+    /// Replicas on the given devices, replica r on `gpus[r]`.
+    pub fn from_gpus(gpus: Vec<Gpu>, model: &ResNet34, params: &[f32], running: &[f32]) -> Result<DataParallel> {
+        if gpus.is_empty() {
             return Err(DataError::NoReplicas.into());
         }
-        let default = [AdapterChoice::default()];
-        let adapters = if adapters.is_empty() { &default[..] } else { adapters };
-        let instance = gpu::instance();
-        let mut list = Vec::with_capacity(replicas);
-        for r in 0..replicas {
-            let adapter = gpu::select_adapter(&instance, &adapters[r % adapters.len()]).await?;
-            let adapter_name = adapter_label(&adapter.get_info());
-            let named = |source: StepError| ParallelError::Replica { replica: r, adapter: adapter_name.clone(), source };
-            let device = Gpu::from_adapter(&adapter).await.map_err(|e| named(e.into()))?;
-            list.push(Replica::new(device, model.clone(), params, running).map_err(named)?);
-        }
-        Ok(DataParallel { replicas: list })
+        let replicas = gpus
+            .into_iter()
+            .enumerate()
+            .map(|(r, gpu)| {
+                let adapter = adapter_label(&gpu.info);
+                Replica::new(gpu, model.clone(), params, running).map_err(|source| ParallelError::Replica { replica: r, adapter, source })
+            })
+            .collect::<Result<_>>()?;
+        Ok(DataParallel { replicas })
     }
 
     pub fn replicas(&self) -> &[Replica] {
         &self.replicas
+    }
+
+    /// Inference (eval-mode BatchNorm) on replica 0: every replica holds the same parameters
+    /// and, synchronised, the same running statistics.
+    pub async fn predict(&mut self, batch: &Batch) -> Result<Vec<f32>> {
+        let out = self.replicas[0].predict(batch).await;
+        out.map_err(|e| self.named(0, e))
+    }
+
+    /// Replaces every replica's momentum (resuming from a checkpoint).
+    pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
+        self.replicas.iter().enumerate().try_for_each(|(r, replica)| replica.write_velocity(v).map_err(|e| self.named(r, e)))
     }
 
     /// Each replica's adapter, in replica order.
@@ -200,11 +233,15 @@ impl DataParallel {
         let shards = global.shards(self.replicas.len())?;
         let exchange = BnExchange { unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats), ..BnExchange::new(self.replicas.len()) };
         let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
+        // One replica has nobody to meet: its own statistics are the global ones, and its
+        // gradient is the mean. The same bits without the round trips.
+        let alone = self.replicas.len() == 1;
+        let bn = if alone { BnMode::Local } else { opts.bn };
         let steps = self.replicas.iter_mut().zip(&shards).enumerate().map(|(r, (replica, shard))| {
             let exchange = &exchange;
             async move {
                 let divisor = shard.len() as f32;
-                let out = match opts.bn {
+                let out = match bn {
                     BnMode::Sync => replica.forward_backward(shard, cfg, divisor, &exchange.hook(r), step_opts).await,
                     BnMode::Local => replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await,
                 };
@@ -216,6 +253,9 @@ impl DataParallel {
         });
         let results = futures::future::join_all(steps).await;
         let outputs = self.first_cause(results)?;
+        if alone {
+            return Ok(outputs);
+        }
         let op = if opts.sabotage == Some(Sabotage::SumGradients) { ReduceOp::Sum } else { ReduceOp::Mean };
         let parts: Vec<(&Gpu, Slice)> = self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
         collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;

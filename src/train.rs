@@ -1,14 +1,17 @@
 //! Training on the embedded synthetic dataset: the step's data schedule (step s trains on
 //! examples s·B … s·B + B − 1 of the seeded dataset, so a resumed run sees exactly what an
-//! uninterrupted one would), evaluation on held-out examples, and checkpoints.
+//! uninterrupted one would), evaluation on held-out examples, and checkpoints. On one device
+//! or data-parallel on R (each taking B/R of every batch, BatchNorm synchronised): the same
+//! schedule, and the same parameters step for step.
 
 use std::collections::BTreeMap;
 
 use crate::checkpoint::Checkpoint;
-use crate::data::{synthetic_batch, Batch};
+use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::Gpu;
 use crate::model::ResNet34;
-use crate::step::{LocalBn, Replica, Result, StepConfig, StepError, StepOptions};
+use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
+use crate::step::{StepConfig, StepError};
 
 /// The held-out examples come from another seed stream than the training examples.
 const HELD_OUT_SEED: u64 = 0x00e7_a1d0_0075_eed5;
@@ -54,36 +57,53 @@ impl Evaluation {
     }
 }
 
-/// A single-device training run.
+/// A training run on one device or data-parallel on several.
 pub struct Trainer {
-    pub replica: Replica,
+    pub replicas: DataParallel,
     pub cfg: TrainConfig,
     /// Steps taken so far (also the position in the data schedule).
     pub step: u64,
 }
 
+/// A configuration error: no replica's.
+fn invalid(e: impl Into<StepError>) -> ParallelError {
+    ParallelError::Step(e.into())
+}
+
 impl Trainer {
-    /// A fresh run (seeded initialisation) or one continuing `resume`.
+    /// A fresh run (seeded initialisation) or one continuing `resume`, on one device.
     pub fn new(gpu: Gpu, cfg: TrainConfig, resume: Option<Checkpoint>) -> Result<Trainer> {
-        cfg.step.validate()?;
+        Trainer::data_parallel(vec![gpu], cfg, resume)
+    }
+
+    /// The same, data-parallel: replica r on `gpus[r]`, each taking batch/R images of every
+    /// step. The batch must divide by the number of replicas.
+    pub fn data_parallel(gpus: Vec<Gpu>, cfg: TrainConfig, resume: Option<Checkpoint>) -> Result<Trainer> {
+        cfg.step.validate().map_err(invalid)?;
         if cfg.batch == 0 {
-            return Err(StepError::Invalid("batch must be at least 1".into()));
+            return Err(invalid(StepError::Invalid("batch must be at least 1".into())));
         }
-        ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;
-        let model = ResNet34::new(cfg.classes)?;
-        let (replica, step) = match resume {
+        if gpus.is_empty() {
+            return Err(DataError::NoReplicas.into());
+        }
+        if !cfg.batch.is_multiple_of(gpus.len()) {
+            return Err(DataError::NotDivisible { batch: cfg.batch, replicas: gpus.len() }.into());
+        }
+        ResNet34::check_image_size(cfg.image_size, cfg.image_size).map_err(invalid)?;
+        let model = ResNet34::new(cfg.classes).map_err(invalid)?;
+        let (replicas, step) = match resume {
             Some(ck) => {
-                let r = Replica::new(gpu, model, &ck.params, &ck.running)?;
-                r.write_velocity(&ck.velocity)?;
-                (r, ck.step)
+                let dp = DataParallel::from_gpus(gpus, &model, &ck.params, &ck.running)?;
+                dp.write_velocity(&ck.velocity)?;
+                (dp, ck.step)
             }
-            None => {
-                let params = model.init_params(cfg.seed);
-                let running = model.init_buffers();
-                (Replica::new(gpu, model, &params, &running)?, 0)
-            }
+            None => (DataParallel::from_gpus(gpus, &model, &model.init_params(cfg.seed), &model.init_buffers())?, 0),
         };
-        Ok(Trainer { replica, cfg, step })
+        Ok(Trainer { replicas, cfg, step })
+    }
+
+    pub fn model(&self) -> &ResNet34 {
+        &self.replicas.replicas()[0].model
     }
 
     /// The training batch of step `s`.
@@ -92,17 +112,18 @@ impl Trainer {
         synthetic_batch(c.seed, s * c.batch as u64, c.batch, c.image_size, c.image_size, c.classes)
     }
 
-    /// One SGD step on the next batch; returns its loss.
+    /// One SGD step on the next batch; returns its loss (the replicas' mean).
     pub async fn train_step(&mut self) -> Result<f32> {
         let batch = self.batch_of_step(self.step);
         let cfg = self.cfg.step;
-        let out = self.replica.forward_backward(&batch, &cfg, batch.len() as f32, &LocalBn, StepOptions::default()).await?;
-        if !out.loss.is_finite() {
-            return Err(StepError::Invalid(format!("the loss became {} at step {}: lower the learning rate", out.loss, self.step)));
+        let out = self.replicas.forward_backward(&batch, &cfg, ParallelOptions::default()).await?;
+        let loss = out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32;
+        if !loss.is_finite() {
+            return Err(invalid(StepError::Invalid(format!("the loss became {loss} at step {}: lower the learning rate", self.step))));
         }
-        self.replica.sgd_update(&cfg).await?;
+        self.replicas.sgd_update(&cfg).await?;
         self.step += 1;
-        Ok(out.loss)
+        Ok(loss)
     }
 
     /// Accuracy on `examples` held-out images (eval-mode BatchNorm), in batches of the
@@ -114,7 +135,7 @@ impl Trainer {
         while done < examples {
             let m = c.batch.min(examples - done);
             let batch = synthetic_batch(c.seed ^ HELD_OUT_SEED, done as u64, m, c.image_size, c.image_size, c.classes);
-            let logits = self.replica.predict(&batch).await?;
+            let logits = self.replicas.predict(&batch).await?;
             let k = c.classes as usize;
             correct += batch.labels.iter().enumerate().filter(|&(i, &y)| argmax(&logits[i * k..(i + 1) * k]) == y as usize).count();
             done += m;
@@ -122,12 +143,19 @@ impl Trainer {
         Ok(Evaluation { examples, correct })
     }
 
-    /// Everything a bit-exact resume needs.
+    /// Everything a bit-exact resume needs. Data-parallel, every replica's state is read and
+    /// must agree bit for bit, so a checkpoint never holds one replica's diverged copy.
     pub async fn checkpoint(&self) -> Result<Checkpoint> {
+        let one = |all: Vec<Vec<f32>>, what: &str| -> Result<Vec<f32>> {
+            match all.iter().position(|v| v.iter().zip(&all[0]).any(|(a, b)| a.to_bits() != b.to_bits())) {
+                Some(r) => Err(invalid(StepError::Invalid(format!("replica {r}'s {what} differ from replica 0's: not writing a checkpoint")))),
+                None => Ok(all.into_iter().next().unwrap_or_default()),
+            }
+        };
         Ok(Checkpoint {
-            params: self.replica.read_params().await?,
-            running: self.replica.read_running().await?,
-            velocity: self.replica.read_velocity().await?,
+            params: one(self.replicas.read_params().await?, "parameters")?,
+            running: one(self.replicas.read_running().await?, "running statistics")?,
+            velocity: one(self.replicas.read_velocity().await?, "momentum")?,
             step: self.step,
             settings: self.cfg.settings(),
         })

@@ -40,7 +40,7 @@ fn resume_from_a_checkpoint_is_bit_exact() {
     let mut first = Trainer::new(fresh_gpu().unwrap(), small(), None).unwrap();
     run_steps(&mut first, 3);
     let ck = pollster::block_on(first.checkpoint()).unwrap();
-    checkpoint::save(&path, &first.replica.model, &ck).unwrap();
+    checkpoint::save(&path, first.model(), &ck).unwrap();
     let loaded = checkpoint::load(&path, &ResNet34::new(10).unwrap()).unwrap();
     assert_eq!(loaded, ck);
     let mut resumed = Trainer::new(fresh_gpu().unwrap(), small(), Some(loaded)).unwrap();
@@ -189,5 +189,64 @@ fn train_refuses_an_unwritable_checkpoint_before_training() {
     std::fs::write(&file, b"x").unwrap();
     let (ok, log) = syncstep(&["train", "--steps", "1", "--checkpoint", file.join("ck.safetensors").to_str().unwrap()]);
     assert!(!ok && log.contains("is not a folder"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Data-parallel training (BatchNorm synchronised, gradients mean-all-reduced) is the
+/// single-device training: after a few steps, the same parameters, momentum and running
+/// statistics bit for bit, without imposing anything.
+#[test]
+fn data_parallel_training_is_single_device_training_bit_for_bit() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let mut single = Trainer::new(gpu, small(), None).unwrap();
+    run_steps(&mut single, 3);
+    let mut dp = Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None).unwrap();
+    run_steps(&mut dp, 3);
+    let (a, b) = (pollster::block_on(single.checkpoint()).unwrap(), pollster::block_on(dp.checkpoint()).unwrap());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.params), bits(&b.params), "parameters");
+    assert_eq!(bits(&a.velocity), bits(&b.velocity), "momentum");
+    assert_eq!(bits(&a.running), bits(&b.running), "running statistics");
+    let e = Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None).err().unwrap().to_string();
+    assert!(e.contains("batch of 4 cannot be split into 3 equal shards"), "{e}");
+}
+
+#[test]
+fn train_and_grad_take_replicas() {
+    if fresh_gpu().is_none() {
+        return;
+    }
+    let (ok, log) = syncstep(&["train", "--replicas", "2", "--batch", "4", "--steps", "2", "--eval-examples", "4"]);
+    assert!(ok && log.contains("2 replicas of 2 images") && log.contains("img/s per replica × 2"), "{log}");
+    let (ok, log) = syncstep(&["train", "--replicas", "3", "--batch", "4", "--steps", "1"]);
+    assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");
+    let (ok, log) = syncstep(&["train", "--replicas", "2", "--adapters", "0,99", "--steps", "1"]);
+    assert!(!ok && log.contains("adapter index 99 does not exist"), "{log}");
+
+    // grad: the data-parallel gradients are the single device's, bit for bit.
+    let dir = temp_dir("grad-replicas");
+    let model = ResNet34::new(10).unwrap();
+    let mut params = model.init_params(8);
+    model.randomize_batchnorm(&mut params, 9);
+    let batch = synthetic_batch(10, 0, 4, 32, 32, 10);
+    let (raw, wb) = (dir.join("raw.safetensors"), dir.join("wb.safetensors"));
+    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &batch.labels.iter().map(|&l| l as f32).collect::<Vec<_>>());
+    with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let grad = |replicas: &str, out: &Path| syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap(), "--replicas", replicas]);
+    let (one, two) = (dir.join("one.safetensors"), dir.join("two.safetensors"));
+    let (ok, log) = grad("1", &one);
+    assert!(ok, "{log}");
+    let (ok, log) = grad("2", &two);
+    assert!(ok, "{log}");
+    let (a, b) = (TensorFile::read(&one).unwrap(), TensorFile::read(&two).unwrap());
+    for p in &model.params {
+        let name = format!("grad/{}", p.name);
+        assert_eq!(a.require(&name, &p.shape).unwrap().values, b.require(&name, &p.shape).unwrap().values, "{name}");
+    }
+    assert_eq!(a.require("logits", &[4, 10]).unwrap().values, b.require("logits", &[4, 10]).unwrap().values);
+    let (la, lb) = (a.require("loss", &[1]).unwrap().values[0], b.require("loss", &[1]).unwrap().values[0]);
+    assert!((la - lb).abs() <= 1e-6 * la.abs(), "loss {la} vs {lb}");
+    let (ok, log) = grad("3", &two);
+    assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

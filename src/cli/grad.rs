@@ -1,14 +1,15 @@
 //! `syncstep grad`: one training step's loss, logits, gradients and updated BN statistics
-//! for given weights and batch, as safetensors, to hold against PyTorch.
+//! for given weights and batch, as safetensors, to hold against PyTorch; on one device or
+//! data-parallel (`--replicas R`: the batch in R contiguous shards, BatchNorm synchronised).
 
 use std::path::PathBuf;
 
 use clap::Args;
 use syncstep::checkpoint::load_weights;
 use syncstep::data::Batch;
-use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::model::ResNet34;
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::parallel::{DataParallel, ParallelOptions};
+use syncstep::step::StepConfig;
 use syncstep::tensorfile::{write_f32, TensorFile};
 
 #[derive(Args)]
@@ -25,8 +26,16 @@ pub struct GradArgs {
     #[arg(long, default_value_t = StepConfig::default().label_smoothing)]
     label_smoothing: f32,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "adapters")]
     adapter: Option<String>,
+    /// Data-parallel over this many devices: the batch in R contiguous shards (M must divide
+    /// by R), BatchNorm synchronised, gradients mean-all-reduced.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
+    /// (r mod count)-th.
+    #[arg(long, value_delimiter = ',')]
+    adapters: Vec<String>,
 }
 
 /// The batch in `file`: `input` [M, 3, H, W] and integer `labels` [M] below `classes`.
@@ -68,23 +77,26 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (params, running) = load_weights(&weights, &model)?;
     let batch = read_batch(&if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? }, classes)?;
 
-    let choice = match &args.adapter {
-        Some(a) => AdapterChoice::parse(a)?,
-        None => AdapterChoice::from_env()?,
-    };
-    let gpu = pollster::block_on(Gpu::new(&choice))?;
-    let mut replica = Replica::new(gpu, model.clone(), &params, &running)?;
+    if !batch.len().is_multiple_of(args.replicas.max(1)) {
+        return Err(syncstep::data::DataError::NotDivisible { batch: batch.len(), replicas: args.replicas }.into());
+    }
+    let gpus = super::train::devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
+    let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?;
     let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
     let m = batch.len();
-    let out = pollster::block_on(replica.forward_backward(&batch, &cfg, m as f32, &LocalBn, StepOptions::default()))?;
-    let grads = pollster::block_on(replica.read_grads())?;
-    let after = pollster::block_on(replica.read_running())?;
+    let out = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;
+    // After the all-reduce every replica holds the same gradient (and, synchronised, the same
+    // running statistics): replica 0's stand for all.
+    let first = &dp.replicas()[0];
+    let grads = pollster::block_on(first.read_grads())?;
+    let after = pollster::block_on(first.read_running())?;
+    let loss = [out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32];
+    let logits: Vec<f32> = out.iter().flat_map(|o| o.logits.iter().copied()).collect();
 
-    let loss = [out.loss];
-    let mut entries = vec![("loss".to_string(), vec![1], &loss[..]), ("logits".to_string(), vec![m, classes as usize], &out.logits[..])];
+    let mut entries = vec![("loss".to_string(), vec![1], &loss[..]), ("logits".to_string(), vec![m, classes as usize], &logits[..])];
     entries.extend(model.params.iter().map(|p| (format!("grad/{}", p.name), p.shape.clone(), &grads[p.range()])));
     entries.extend(model.buffers.iter().map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])));
     write_f32(&args.out, &entries, &Default::default())?;
-    println!("loss {:.6}; {} gradients written to {}", out.loss, model.params.len(), args.out.display());
+    println!("loss {:.6}; {} gradients written to {}", loss[0], model.params.len(), args.out.display());
     Ok(())
 }

@@ -7,6 +7,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::checkpoint;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
+use syncstep::parallel::adapter_label;
 use syncstep::model::ResNet34;
 use syncstep::step::StepConfig;
 use syncstep::train::{TrainConfig, Trainer};
@@ -41,8 +42,16 @@ pub struct TrainArgs {
     eval_examples: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "adapters")]
     adapter: Option<String>,
+    /// Data-parallel over this many devices, each taking batch/R images of every step, with
+    /// synchronised BatchNorm: the same training as on one device, step for step.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
+    /// (r mod count)-th. Default: --adapter's (or the default) for all.
+    #[arg(long, value_delimiter = ',')]
+    adapters: Vec<String>,
     /// Write a checkpoint here when done (atomically: a failed write keeps the old file).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -87,14 +96,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("cannot write checkpoint {}: {} is not a folder", path.display(), dir.display()).into());
         }
     }
-    let choice = match &args.adapter {
-        Some(a) => AdapterChoice::parse(a)?,
-        None => AdapterChoice::from_env()?,
-    };
-    let gpu = pollster::block_on(Gpu::new(&choice))?;
-    let adapter = describe(&gpu.info);
-    let mut trainer = Trainer::new(gpu, cfg, resume)?;
-    let flops = 2.97 * trainer.replica.model.forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
+    let gpus = devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
+    let r = gpus.len();
+    let adapter = if r == 1 { describe(&gpus[0].info) } else { format!("{r} replicas of {} images: {}", cfg.batch / r.max(1), gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")) };
+    let mut trainer = Trainer::data_parallel(gpus, cfg, resume)?;
+    let flops = 2.97 * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
     println!(
         "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} synthetic images, {} steps from step {}, on {adapter}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, args.steps, trainer.step
@@ -110,11 +116,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         let loss = pollster::block_on(trainer.train_step())?;
         let secs = t.elapsed().as_secs_f64();
         losses.push(loss);
-        bar.set_message(format!("step {} loss {loss:.4} {:.1} img/s {:.2} GFLOP/s", trainer.step, cfg.batch as f64 / secs, flops / secs / 1e9));
+        let throughput = throughput(cfg.batch, r, secs);
+        bar.set_message(format!("step {} loss {loss:.4} {throughput} {:.2} GFLOP/s", trainer.step, flops / secs / 1e9));
         bar.inc(1);
         if bar.is_hidden() {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
-            println!("step {} loss {loss:.4} {:.1} img/s", trainer.step, cfg.batch as f64 / secs);
+            println!("step {} loss {loss:.4} {throughput}", trainer.step);
         }
     }
     bar.finish_and_clear();
@@ -122,7 +129,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let after = pollster::block_on(trainer.evaluate(args.eval_examples))?;
     if let Some(path) = &args.checkpoint {
         let ck = pollster::block_on(trainer.checkpoint())?;
-        checkpoint::save(path, &trainer.replica.model, &ck)?;
+        checkpoint::save(path, trainer.model(), &ck)?;
         println!("checkpoint: {} (step {})", path.display(), ck.step);
     }
     if !losses.is_empty() {
@@ -146,4 +153,22 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         100.0 * after.accuracy()
     );
     Ok(())
+}
+
+/// Images per second of a step of `batch` images over `replicas` devices: in total and, when
+/// data-parallel, per replica.
+fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
+    let total = batch as f64 / secs;
+    if replicas == 1 { format!("{total:.1} img/s") } else { format!("{total:.1} img/s ({:.1} img/s per replica × {replicas})", total / replicas as f64) }
+}
+
+/// The devices of a run: `replicas` of them, replica r on `adapters[r % len]` (or all on
+/// `adapter`, else $SYNCSTEP_ADAPTER or the first adapter). Shared by `train` and `grad`.
+pub fn devices(adapter: Option<&str>, adapters: &[String], replicas: usize) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
+    let choices = match (adapter, adapters) {
+        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect::<Result<Vec<_>, _>>()?,
+        (Some(a), []) => vec![AdapterChoice::parse(a)?],
+        (None, []) => vec![AdapterChoice::from_env()?],
+    };
+    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &choices))?)
 }
