@@ -10,8 +10,10 @@
 //!   are bitwise those of the single device (for R a power of two, where the loss divisor's
 //!   R cancels exactly), not merely close;
 //! - dγ, dβ are sums over the replica's own rows; each replica divides its loss by its own
-//!   N; then the gradient buffer is mean-all-reduced (one flat buffer, f64 on the host), so
-//!   all replicas hold the identical gradient and apply the identical SGD update.
+//!   N; then the gradient buffer is mean-all-reduced (one flat buffer, summed on the host in
+//!   the kernels' pairwise batch order, so for power-of-two shards it rebuilds the single
+//!   device's sums bit for bit); all replicas hold the identical gradient and apply the
+//!   identical SGD update.
 //!
 //! The R replica steps run concurrently as futures under one `join_all` on one thread; they
 //! meet at each BN site in a [`Rendezvous`]. How bytes move is the `collective` layer's.
