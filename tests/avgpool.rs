@@ -3,7 +3,6 @@ mod common;
 use common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::avgpool::{self as k, AvgPoolShape};
-use syncstep::kernels::KernelError;
 use syncstep::reference::avgpool as r;
 
 /// A GPU output beside the reference's.
@@ -70,12 +69,7 @@ fn global_avgpool_rejects_wrong_lengths_and_zero_dimensions() {
         ("global_avgpool_backward", "n", k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { n: 0, ..s }, s10, s20), "is 0"),
         ("global_avgpool_backward", "c", k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { c: 0, ..s }, s10, s20), "is 0"),
     ];
-    for (op, arg, result, text) in cases {
-        let err = result.unwrap_err();
-        let msg = err.to_string();
-        assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{op}/{arg}: {msg}");
-        assert!(msg.contains(text), "{msg}");
-    }
+    assert_arg_errors(cases);
 }
 
 #[test]

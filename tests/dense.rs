@@ -3,7 +3,6 @@ mod common;
 use common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::dense::{self as k, DenseShape};
-use syncstep::kernels::KernelError;
 use syncstep::reference::dense as r;
 
 /// GPU outputs of all four kernels on seeded data: (y, dx, dw, db), and the reference's.
@@ -106,12 +105,7 @@ fn dense_rejects_wrong_lengths_and_zero_dimensions() {
         ("dense_backward_bias", "db", k::dense_backward_bias(gpu, e, &s, b10, b4), "expected 5 (k_out)"),
         ("dense_backward_bias", "m", k::dense_backward_bias(gpu, e, &zero_m, b10, b5), "is 0"),
     ];
-    for (op, arg, result, text) in cases {
-        let err = result.unwrap_err();
-        let msg = err.to_string();
-        assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{op}/{arg}: {msg}");
-        assert!(msg.contains(text), "{msg}");
-    }
+    assert_arg_errors(cases);
 }
 
 #[test]

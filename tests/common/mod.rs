@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::kernels::KernelError;
 
 /// The shared device, or None (with a loud message) when no adapter exists outside CI.
 /// In CI (`CI` set) a missing adapter fails the test: CI has lavapipe.
@@ -93,4 +94,16 @@ pub fn read(gpu: &Gpu, b: &wgpu::Buffer) -> Vec<f32> {
 
 pub fn submit(gpu: &Gpu, enc: wgpu::CommandEncoder) {
     pollster::block_on(gpu.submit(enc)).unwrap();
+}
+
+/// Each case `(op, arg, result, text)` is a launch that must have been refused as
+/// `KernelError::Arg` naming `op` and `arg`, with `text` in its message.
+#[track_caller]
+pub fn assert_arg_errors<const N: usize>(cases: [(&str, &str, syncstep::kernels::Result<()>, &str); N]) {
+    for (op, arg, result, text) in cases {
+        let err = result.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{op}/{arg}: {msg}");
+        assert!(msg.contains(text), "{msg}");
+    }
 }
