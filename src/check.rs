@@ -234,7 +234,7 @@ pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
     let again_grads = dp.read_grads().await?.swap_remove(0);
     let differing = again_grads.iter().zip(&dp_grads).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
         + again.iter().zip(&dp_out).filter(|(a, b)| a.loss.to_bits() != b.loss.to_bits()).count();
-    rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "values differing bitwise (gradients, losses)".into()));
+    rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "measured = gradient and loss values that differ bitwise between two runs".into()));
 
     if cfg.steps > 0 {
         rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync).await?);
