@@ -460,6 +460,7 @@ struct Gemm {
     rows_a: u32,
     rows_b: u32,
     row4: u32,
+    a_stride: u32,   // elements of gl_a (vec4s) or gg_w (floats) from one row of a to the next
     a_is_pixels: u32,
     pixel_begin: u32,
     channels: u32,
@@ -485,8 +486,8 @@ fn gemm_out_index(i: u32, j: u32) -> u32 {
 
 // conv2d_gemm_lanes, for CPU drivers: each invocation GEMM_A rows of a; the workgroup's
 // invocations share GEMM_B rows of b. No workgroup memory, no barriers. The launcher compiles
-// one module per tile shape, replacing these two constants and the body between BEGIN TILE and
-// END TILE.
+// one module per tile shape, replacing these two constants and the bodies between BEGIN TILE
+// and END TILE.
 const GEMM_A: u32 = 4u;
 const GEMM_B: u32 = 4u;
 const GEMM_WG: u32 = 64u;
@@ -495,25 +496,32 @@ const GEMM_WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read> gl_b: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> gl_out: array<f32>;
 
+// The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge.
+fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    let a_groups = (g.rows_a + GEMM_WG * GEMM_A - 1u) / (GEMM_WG * GEMM_A);
+    let f = wid.x + wid.y * nwg.x;
+    let i0 = ((f % a_groups) * GEMM_WG + lid) * GEMM_A;
+    let j0 = (f / a_groups) * GEMM_B;
+    if (i0 >= g.rows_a || j0 >= g.rows_b) { return vec2<u32>(0xffffffffu); }
+    return vec2<u32>(i0, j0);
+}
+
 fn gemm_lanes_store(i: u32, j: u32, sum: f32) {
     if (i < g.rows_a && j < g.rows_b) { gl_out[gemm_out_index(i, j)] = sum; }
 }
 
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let a_groups = (g.rows_a + GEMM_WG * GEMM_A - 1u) / (GEMM_WG * GEMM_A);
-    let f = wid.x + wid.y * nwg.x;
-    let i0 = ((f % a_groups) * GEMM_WG + lid) * GEMM_A;
-    let j0 = (f / a_groups) * GEMM_B;
-    if (i0 >= g.rows_a || j0 >= g.rows_b) { return; }
-    // BEGIN TILE: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_lanes_tile in
-    // src/kernels/conv2d.rs writes it for every tile. Unrolled, with a variable per output:
-    // CPU drivers run a loop as a SIMD loop under a lane mask, which keeps an array it
-    // indexes in memory.
-    let a0 = min(i0 + 0u, g.rows_a - 1u) * g.row4;
-    let a1 = min(i0 + 1u, g.rows_a - 1u) * g.row4;
-    let a2 = min(i0 + 2u, g.rows_a - 1u) * g.row4;
-    let a3 = min(i0 + 3u, g.rows_a - 1u) * g.row4;
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let i0 = origin.x;
+    let j0 = origin.y;
+    // BEGIN TILE conv2d_gemm_lanes: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let a0 = min(i0 + 0u, g.rows_a - 1u) * g.a_stride;
+    let a1 = min(i0 + 1u, g.rows_a - 1u) * g.a_stride;
+    let a2 = min(i0 + 2u, g.rows_a - 1u) * g.a_stride;
+    let a3 = min(i0 + 3u, g.rows_a - 1u) * g.a_stride;
     let b0 = min(j0 + 0u, g.rows_b - 1u) * g.row4;
     let b1 = min(j0 + 1u, g.rows_b - 1u) * g.row4;
     let b2 = min(j0 + 2u, g.rows_b - 1u) * g.row4;
@@ -552,7 +560,71 @@ fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgro
     gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
     gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
     gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
-    // END TILE
+    // END TILE conv2d_gemm_lanes
+}
+
+// conv2d_gemm_gather: conv2d_gemm_lanes for the input-VJP with channel lanes, reading a (the
+// weights, row ci) from w in place instead of from weight rows copied beforehand: for small
+// batches of small maps that copy costs as much as the GEMM. gg_taps[v] holds the w offsets,
+// relative to (0, ci, 0, 0), of the four taps of vec4 v of a row (co, ty, tx), u32 max past
+// the last.
+@group(0) @binding(1) var<storage, read> gg_w: array<f32>;
+@group(0) @binding(4) var<storage, read> gg_taps: array<vec4<u32>>;
+
+@compute @workgroup_size(GEMM_WG)
+fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let i0 = origin.x;
+    let j0 = origin.y;
+    // BEGIN TILE conv2d_gemm_gather: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let a0 = min(i0 + 0u, g.rows_a - 1u) * g.a_stride;
+    let a1 = min(i0 + 1u, g.rows_a - 1u) * g.a_stride;
+    let a2 = min(i0 + 2u, g.rows_a - 1u) * g.a_stride;
+    let a3 = min(i0 + 3u, g.rows_a - 1u) * g.a_stride;
+    let b0 = min(j0 + 0u, g.rows_b - 1u) * g.row4;
+    let b1 = min(j0 + 1u, g.rows_b - 1u) * g.row4;
+    let b2 = min(j0 + 2u, g.rows_b - 1u) * g.row4;
+    let b3 = min(j0 + 3u, g.rows_b - 1u) * g.row4;
+    var s0_0 = 0.0; var s0_1 = 0.0; var s0_2 = 0.0; var s0_3 = 0.0;
+    var s1_0 = 0.0; var s1_1 = 0.0; var s1_2 = 0.0; var s1_3 = 0.0;
+    var s2_0 = 0.0; var s2_1 = 0.0; var s2_2 = 0.0; var s2_3 = 0.0;
+    var s3_0 = 0.0; var s3_1 = 0.0; var s3_2 = 0.0; var s3_3 = 0.0;
+    for (var v = 0u; v < g.row4; v++) {
+        let bv0 = gl_b[b0 + v];
+        let bv1 = gl_b[b1 + v];
+        let bv2 = gl_b[b2 + v];
+        let bv3 = gl_b[b3 + v];
+        let tap = gg_taps[v];
+        let live = tap != vec4<u32>(0xffffffffu);
+        let at = select(vec4<u32>(0u), tap, live);
+        let av0 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a0 + at.x], gg_w[a0 + at.y], gg_w[a0 + at.z], gg_w[a0 + at.w]), live);
+        s0_0 += av0.x * bv0.x; s0_0 += av0.y * bv0.y; s0_0 += av0.z * bv0.z; s0_0 += av0.w * bv0.w;
+        s0_1 += av0.x * bv1.x; s0_1 += av0.y * bv1.y; s0_1 += av0.z * bv1.z; s0_1 += av0.w * bv1.w;
+        s0_2 += av0.x * bv2.x; s0_2 += av0.y * bv2.y; s0_2 += av0.z * bv2.z; s0_2 += av0.w * bv2.w;
+        s0_3 += av0.x * bv3.x; s0_3 += av0.y * bv3.y; s0_3 += av0.z * bv3.z; s0_3 += av0.w * bv3.w;
+        let av1 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a1 + at.x], gg_w[a1 + at.y], gg_w[a1 + at.z], gg_w[a1 + at.w]), live);
+        s1_0 += av1.x * bv0.x; s1_0 += av1.y * bv0.y; s1_0 += av1.z * bv0.z; s1_0 += av1.w * bv0.w;
+        s1_1 += av1.x * bv1.x; s1_1 += av1.y * bv1.y; s1_1 += av1.z * bv1.z; s1_1 += av1.w * bv1.w;
+        s1_2 += av1.x * bv2.x; s1_2 += av1.y * bv2.y; s1_2 += av1.z * bv2.z; s1_2 += av1.w * bv2.w;
+        s1_3 += av1.x * bv3.x; s1_3 += av1.y * bv3.y; s1_3 += av1.z * bv3.z; s1_3 += av1.w * bv3.w;
+        let av2 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a2 + at.x], gg_w[a2 + at.y], gg_w[a2 + at.z], gg_w[a2 + at.w]), live);
+        s2_0 += av2.x * bv0.x; s2_0 += av2.y * bv0.y; s2_0 += av2.z * bv0.z; s2_0 += av2.w * bv0.w;
+        s2_1 += av2.x * bv1.x; s2_1 += av2.y * bv1.y; s2_1 += av2.z * bv1.z; s2_1 += av2.w * bv1.w;
+        s2_2 += av2.x * bv2.x; s2_2 += av2.y * bv2.y; s2_2 += av2.z * bv2.z; s2_2 += av2.w * bv2.w;
+        s2_3 += av2.x * bv3.x; s2_3 += av2.y * bv3.y; s2_3 += av2.z * bv3.z; s2_3 += av2.w * bv3.w;
+        let av3 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a3 + at.x], gg_w[a3 + at.y], gg_w[a3 + at.z], gg_w[a3 + at.w]), live);
+        s3_0 += av3.x * bv0.x; s3_0 += av3.y * bv0.y; s3_0 += av3.z * bv0.z; s3_0 += av3.w * bv0.w;
+        s3_1 += av3.x * bv1.x; s3_1 += av3.y * bv1.y; s3_1 += av3.z * bv1.z; s3_1 += av3.w * bv1.w;
+        s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
+        s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
+    }
+    gemm_lanes_store(i0 + 0u, j0 + 0u, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
+    // END TILE conv2d_gemm_gather
 }
 
 // conv2d_gemm_shared, for GPUs: a 64×64 output tile per workgroup of 256 invocations, 4×4 each;

@@ -83,13 +83,18 @@ pub struct GemmTile {
 pub enum GemmLanes {
     Pixels,
     Channels,
+    /// Channels, with the weights read from w in place rather than from weight rows copied
+    /// beforehand: the input-VJP only, where that copy (a transpose) costs as much as the GEMM
+    /// when a batch has few pixels.
+    ChannelsGather,
 }
 
 /// The tiles [`Conv2dAlgo::Gemm`] is compiled for; `SYNCSTEP_CONV_ALGO` names one as
-/// `gemm-pixels-8x8` (`gemm-<lanes>-<per_invocation>x<per_workgroup>`). Measured on lavapipe at
-/// ResNet-34's shapes: Mesa 22 runs the large tiles fastest, Mesa 25 the 4×8 and 8×4 ones (it
-/// spills past ~32 accumulators); channel lanes win from 2×2 maps down.
-pub const GEMM_TILES: [GemmTile; 8] = [
+/// `gemm-pixels-8x8` (`gemm-<lanes>-<per_invocation>x<per_workgroup>`, lanes `pixels`,
+/// `channels` or `gather`). Measured on lavapipe at ResNet-34's shapes: Mesa 22 runs the large
+/// tiles fastest, Mesa 25 the 4×8 and 8×4 ones (it spills past ~32 accumulators); channel lanes
+/// win from 2×2 maps down, and the gathering input-VJP at 1×1 maps.
+pub const GEMM_TILES: [GemmTile; 10] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 },
@@ -98,6 +103,8 @@ pub const GEMM_TILES: [GemmTile; 8] = [
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 4 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 12 },
+    GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 8, per_workgroup: 8 },
 ];
 
 impl Conv2dAlgo {
@@ -114,9 +121,14 @@ impl Conv2dAlgo {
         Conv2dAlgo::all().into_iter().find(|a| a.to_string() == name.trim().to_ascii_lowercase())
     }
 
-    /// Whether `op` has a kernel of this variant (the weight gradient has Direct and Blocked).
+    /// Whether `op` has a kernel of this variant (the weight gradient has Direct and Blocked;
+    /// the gathering GEMM is the input-VJP's).
     pub fn has(&self, op: Conv2dOp) -> bool {
-        op != Conv2dOp::BackwardWeight || matches!(self, Conv2dAlgo::Direct | Conv2dAlgo::Blocked)
+        match self {
+            Conv2dAlgo::Direct | Conv2dAlgo::Blocked => true,
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => op == Conv2dOp::BackwardInput,
+            Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => op != Conv2dOp::BackwardWeight,
+        }
     }
 }
 
@@ -129,6 +141,7 @@ impl fmt::Display for Conv2dAlgo {
                 let lanes = match t.lanes {
                     GemmLanes::Pixels => "pixels",
                     GemmLanes::Channels => "channels",
+                    GemmLanes::ChannelsGather => "gather",
                 };
                 write!(f, "gemm-{lanes}-{}x{}", t.per_invocation, t.per_workgroup)
             }
@@ -319,7 +332,8 @@ pub fn conv2d_forward_with(
         Conv2dAlgo::Blocked => {
             ("conv2d_forward_blocked", tiles(s.c_out as u64) * tiles(s.n as u64 * s.out_h() as u64 * s.out_w() as u64))
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return forward_gemm(gpu, enc, algo, s, x, w, y),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => return forward_gemm(gpu, enc, algo, s, x, w, y),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
 }
@@ -401,26 +415,31 @@ pub fn conv2d_backward_weight_with(
         Conv2dAlgo::Blocked => {
             ("conv2d_backward_weight_blocked", tiles(s.c_out as u64) * tiles(s.c_in as u64 * s.kh as u64 * s.kw as u64))
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => {
-            return Err(KernelError::Arg { op: OP, arg: "algo", problem: format!("is {algo}, which has no weight-gradient kernel") })
-        }
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
+}
+
+fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
+    KernelError::Arg { op, arg: "algo", problem: format!("is {algo}, which has no {op} kernel") }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The GEMM variants.
 
-/// conv2d.wgsl for one tile of conv2d_gemm_lanes: its constants and the body between
-/// BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline cache is keyed by the
-/// shader's name).
+/// conv2d.wgsl for one tile of conv2d_gemm_lanes and conv2d_gemm_gather: the tile constants
+/// and the bodies between BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline
+/// cache is keyed by the shader's name).
 fn gemm_lanes_shader(tile: GemmTile) -> Shader {
     static SHADERS: OnceLock<Mutex<HashMap<(u32, u32), Shader>>> = OnceLock::new();
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
     let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((a, b)).or_insert_with(|| {
-        let (begin, end) = tile_block(SOURCE);
-        let source = format!("{}{}{}", &SOURCE[..begin], gemm_lanes_tile(a, b), &SOURCE[end..])
+        let source = [TileKernel::Lanes, TileKernel::Gather].into_iter().fold(SOURCE.to_string(), |source, kernel| {
+            let (begin, end) = tile_block(&source, kernel);
+            format!("{}{}{}", &source[..begin], gemm_tile(kernel, a, b), &source[end..])
+        });
+        let source = source
             .replace("const GEMM_A: u32 = 4u;", &format!("const GEMM_A: u32 = {a}u;"))
             .replace("const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"));
         let name = format!("conv2d_gemm_{a}x{b}");
@@ -428,30 +447,54 @@ fn gemm_lanes_shader(tile: GemmTile) -> Shader {
     })
 }
 
-/// Where conv2d.wgsl's tile body starts and ends (the END TILE line included).
-fn tile_block(source: &str) -> (usize, usize) {
-    const END: &str = "    // END TILE\n";
-    let begin = source.find("    // BEGIN TILE").expect("conv2d.wgsl marks conv2d_gemm_lanes' tile body");
-    (begin, source.find(END).expect("conv2d.wgsl marks the end of the tile body") + END.len())
+/// The two kernels whose tile bodies are written out per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TileKernel {
+    Lanes,
+    Gather,
 }
 
-/// conv2d_gemm_lanes' body for an `a`×`b` tile, written out: a variable per output (see the
-/// shader's comment on why it is unrolled).
-fn gemm_lanes_tile(a: u32, b: u32) -> String {
+impl TileKernel {
+    fn entry(self) -> &'static str {
+        match self {
+            TileKernel::Lanes => "conv2d_gemm_lanes",
+            TileKernel::Gather => "conv2d_gemm_gather",
+        }
+    }
+}
+
+/// Where `kernel`'s tile body starts and ends in `source` (the END TILE line included).
+fn tile_block(source: &str, kernel: TileKernel) -> (usize, usize) {
+    let (begin, end) = (format!("    // BEGIN TILE {}", kernel.entry()), format!("    // END TILE {}\n", kernel.entry()));
+    let begin = source.find(&begin).unwrap_or_else(|| panic!("conv2d.wgsl marks {}'s tile body", kernel.entry()));
+    (begin, source.find(&end).unwrap_or_else(|| panic!("conv2d.wgsl marks the end of {}'s tile body", kernel.entry())) + end.len())
+}
+
+/// `kernel`'s body for an `a`×`b` tile, written out with a variable per output: CPU drivers run
+/// a loop as a SIMD loop under a lane mask, which keeps an array it indexes in memory.
+fn gemm_tile(kernel: TileKernel, a: u32, b: u32) -> String {
     let mut lines = vec![
-        format!("    // BEGIN TILE: the body for GEMM_A × GEMM_B = {a} × {b}, as gemm_lanes_tile in"),
-        "    // src/kernels/conv2d.rs writes it for every tile. Unrolled, with a variable per output:".into(),
-        "    // CPU drivers run a loop as a SIMD loop under a lane mask, which keeps an array it".into(),
-        "    // indexes in memory.".into(),
+        format!("    // BEGIN TILE {}: the body for GEMM_A × GEMM_B = {a} × {b}, as gemm_tile in", kernel.entry()),
+        "    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.".into(),
     ];
-    lines.extend((0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.row4;")));
+    lines.extend((0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")));
     lines.extend((0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")));
     let row = |i: u32, f: &dyn Fn(u32, u32) -> String| (0..b).map(|j| f(i, j)).collect::<Vec<_>>().join(" ");
     lines.extend((0..a).map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = 0.0;")))));
     lines.push("    for (var v = 0u; v < g.row4; v++) {".into());
     lines.extend((0..b).map(|j| format!("        let bv{j} = gl_b[b{j} + v];")));
+    if kernel == TileKernel::Gather {
+        lines.push("        let tap = gg_taps[v];".into());
+        lines.push("        let live = tap != vec4<u32>(0xffffffffu);".into());
+        lines.push("        let at = select(vec4<u32>(0u), tap, live);".into());
+    }
     for i in 0..a {
-        lines.push(format!("        let av{i} = gl_a[a{i} + v];"));
+        lines.push(match kernel {
+            TileKernel::Lanes => format!("        let av{i} = gl_a[a{i} + v];"),
+            TileKernel::Gather => format!(
+                "        let av{i} = select(vec4<f32>(0.0), vec4<f32>(gg_w[a{i} + at.x], gg_w[a{i} + at.y], gg_w[a{i} + at.z], gg_w[a{i} + at.w]), live);"
+            ),
+        });
         lines.extend((0..b).map(|j| {
             let term = |c: char| format!("s{i}_{j} += av{i}.{c} * bv{j}.{c};");
             format!("        {} {} {} {}", term('x'), term('y'), term('z'), term('w'))
@@ -459,7 +502,7 @@ fn gemm_lanes_tile(a: u32, b: u32) -> String {
     }
     lines.push("    }".into());
     lines.extend((0..a).map(|i| format!("    {}", row(i, &|i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, s{i}_{j});")))));
-    lines.push("    // END TILE".into());
+    lines.push(format!("    // END TILE {}", kernel.entry()));
     lines.join("\n") + "\n"
 }
 
@@ -470,6 +513,7 @@ struct Gemm {
     rows_a: u32,
     rows_b: u32,
     row4: u32,
+    a_stride: u32,
     a_is_pixels: u32,
     pixel_begin: u32,
     channels: u32,
@@ -503,8 +547,16 @@ impl PixelGrid {
     }
 }
 
-/// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`) against `weights`
-/// (`grid.channels` rows), both `row4` vec4s long, into `out`.
+/// The GEMM's weight operand: rows of `row4` vec4s over the same k as the im2col rows, or (the
+/// gathering input-VJP) w itself with the w offset of each k, relative to (0, ci, 0, 0).
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    Rows(Slice<'a>),
+    Gather { w: Slice<'a>, taps: Slice<'a>, khw: u32 },
+}
+
+/// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`, `row4` vec4s each)
+/// against `weights` (`grid.channels` rows), into `out`.
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     gpu: &Gpu,
@@ -515,16 +567,27 @@ fn gemm(
     (begin, count): (u64, u64),
     row4: u64,
     rows: Slice,
-    weights: Slice,
+    weights: Weights,
     out: Slice,
 ) -> Result<()> {
-    let pixels_are_a = !matches!(algo, Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }));
-    let ((rows_a, a), (rows_b, b)) =
-        if pixels_are_a { ((count, rows), (grid.channels as u64, weights)) } else { ((grid.channels as u64, weights), (count, rows)) };
+    let channels = grid.channels as u64;
+    let (pixels_are_a, rows_a, rows_b, a_stride, bindings) = match (algo, weights) {
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }), Weights::Gather { w, taps, khw }) => {
+            (false, channels, count, khw as u64, vec![("w", w), ("im2col", rows), ("out", out), ("taps", taps)])
+        }
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }), Weights::Rows(weights)) => {
+            (false, channels, count, row4, vec![("weight rows", weights), ("im2col", rows), ("out", out)])
+        }
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, .. }) | Conv2dAlgo::GemmShared, Weights::Rows(weights)) => {
+            (true, count, channels, row4, vec![("im2col", rows), ("weight rows", weights), ("out", out)])
+        }
+        _ => unreachable!("{algo} with the other kind of weight operand"),
+    };
     let params = Gemm {
         rows_a: rows_a as u32,
         rows_b: rows_b as u32,
         row4: row4 as u32,
+        a_stride: a_stride as u32,
         a_is_pixels: pixels_are_a as u32,
         pixel_begin: begin as u32,
         channels: grid.channels,
@@ -536,12 +599,11 @@ fn gemm(
         origin_y: grid.origin_y,
         origin_x: grid.origin_x,
     };
-    let bindings = [("gemm a", a), ("gemm b", b), ("out", out)];
     match algo {
         Conv2dAlgo::Gemm(tile) => {
+            let entry = if tile.lanes == GemmLanes::ChannelsGather { "conv2d_gemm_gather" } else { "conv2d_gemm_lanes" };
             let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-            let shader = gemm_lanes_shader(tile);
-            launch(gpu, enc, op, &shader, "conv2d_gemm_lanes", &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+            launch(gpu, enc, op, &gemm_lanes_shader(tile), entry, &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
         }
         _ => {
             let groups = rows_a.div_ceil(SHARED_EDGE) * rows_b.div_ceil(SHARED_EDGE);
@@ -572,7 +634,7 @@ fn im2col_gemm(
     (im2col, params): (&'static str, Params),
     grid: &PixelGrid,
     source: Slice,
-    weights: Slice,
+    weights: Weights,
     out: Slice,
 ) -> Result<()> {
     let row4 = params.row4 as u64;
@@ -619,7 +681,7 @@ fn forward_gemm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: Conv2dAlgo, s: 
         origin_y: 0,
         origin_x: 0,
     };
-    im2col_gemm(gpu, enc, OP, algo, ("conv2d_forward_im2col", params), &grid, x, weights, y)
+    im2col_gemm(gpu, enc, OP, algo, ("conv2d_forward_im2col", params), &grid, x, Weights::Rows(weights), y)
 }
 
 /// Taps of a kernel of size `k` that the phase starting at `phase` reaches (`phase_taps` in
@@ -645,12 +707,20 @@ fn backward_input_gemm_phase(
     let k_len = s.c_out as u64 * phase_taps(params.phase_y, s.kh, s) as u64 * phase_taps(params.phase_x, s.kw, s) as u64;
     let row4 = k_len.div_ceil(4);
     let params = Params { row4: row4 as u32, ..params };
-    let weight_rows = gpu.buffer("conv2d weight rows", (s.c_in as u64 * row4 * 4).max(4)).map_err(|source| KernelError::Gpu { op: OP, source })?;
-    let weights = Slice::whole(&weight_rows);
-    if row4 > 0 {
-        let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
-        launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_weight_rows", &params, &[("w", w), ("weight rows", weights)], grid_1d(threads, WG))?;
-    }
+    let gpu_err = |source| KernelError::Gpu { op: OP, source };
+    let (weight_rows, taps);
+    let weights = if matches!(algo, Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. })) {
+        taps = gpu.upload("conv2d taps", &gather_taps(s, &params)).map_err(gpu_err)?;
+        Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
+    } else {
+        weight_rows = gpu.buffer("conv2d weight rows", (s.c_in as u64 * row4 * 4).max(4)).map_err(gpu_err)?;
+        let rows = Slice::whole(&weight_rows);
+        if row4 > 0 {
+            let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
+            launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
+        }
+        Weights::Rows(rows)
+    };
     let grid = PixelGrid {
         images: s.n,
         grid_h: params.phase_h,
@@ -663,6 +733,21 @@ fn backward_input_gemm_phase(
         origin_x: params.phase_x,
     };
     im2col_gemm(gpu, enc, OP, algo, ("conv2d_backward_input_im2col", params), &grid, dy, weights, dx)
+}
+
+/// conv2d_gemm_gather's table for one phase: for each k = (co, ty, tx) of an im2col row, the
+/// offset in w of (co, ci, ky0 + stride·ty, kx0 + stride·tx) less that of (0, ci, 0, 0); u32
+/// max pads the last vec4 (and stands alone when the phase has no taps).
+fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
+    let (taps_y, taps_x) = (phase_taps(params.phase_y, s.kh, s), phase_taps(params.phase_x, s.kw, s));
+    let (ky0, kx0) = ((params.phase_y + s.pad) % s.stride, (params.phase_x + s.pad) % s.stride);
+    let co_stride = s.c_in * s.kh * s.kw;
+    let mut taps: Vec<u32> = (0..s.c_out)
+        .flat_map(|co| (0..taps_y).flat_map(move |ty| (0..taps_x).map(move |tx| (co, ty, tx))))
+        .map(|(co, ty, tx)| co * co_stride + (ky0 + s.stride * ty) * s.kw + kx0 + s.stride * tx)
+        .collect();
+    taps.resize((params.row4 as usize * 4).max(4), u32::MAX);
+    taps
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -734,7 +819,7 @@ pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
         return vec![Conv2dAlgo::Blocked];
     }
     let mut all = vec![Conv2dAlgo::Blocked];
-    all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)));
+    all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)).filter(|a| a.has(op)));
     if !is_cpu(&gpu.info) {
         all.push(Conv2dAlgo::GemmShared);
     }
@@ -765,7 +850,7 @@ mod autotune {
 
     /// Timed runs per candidate after one untimed run (which compiles its pipelines on first
     /// use); the fastest run counts, the least disturbed by other work on the machine.
-    const RUNS: usize = 1;
+    const RUNS: usize = 2;
 
     pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
         // One tuning at a time per process: concurrent ones would time each other.
@@ -824,9 +909,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_shader_file_holds_the_generated_4x4_tile() {
-        let (begin, end) = tile_block(SOURCE);
-        assert_eq!(&SOURCE[begin..end], gemm_lanes_tile(4, 4), "regenerate conv2d.wgsl's tile body with gemm_lanes_tile(4, 4)");
+    fn the_shader_file_holds_the_generated_4x4_tiles() {
+        for kernel in [TileKernel::Lanes, TileKernel::Gather] {
+            let (begin, end) = tile_block(SOURCE, kernel);
+            assert_eq!(&SOURCE[begin..end], gemm_tile(kernel, 4, 4), "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4)");
+        }
     }
 
     #[test]
