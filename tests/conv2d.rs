@@ -224,3 +224,36 @@ fn shape_sizes_match_resnet34_layers() {
     let odd = shape(1, 1, 7, 6, 1, 3, 3, 2, 1);
     assert_eq!((odd.out_h(), odd.out_w()), (4, 3));
 }
+
+#[test]
+fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
+    // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
+    // buffer allows copies; into a buffer that does not, they must still write those zeros.
+    let Some(gpu) = gpu() else { return };
+    let s = shape(2, 8, 5, 5, 12, 1, 1, 2, 0);
+    let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
+    let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
+    let run = |algo: Conv2dAlgo| {
+        let dx = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dx without COPY_DST"),
+            size: s.x_len() * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        // Poisoned by a kernel, since the queue cannot write it: a 1×1 convolution of NaNs
+        // whose output has dx's shape.
+        let same = shape(s.n, s.c_in, s.h, s.w, s.c_in, 1, 1, 1, 0);
+        let nan = gpu.upload("nan", &vec![f32::NAN; s.x_len() as usize]).unwrap();
+        let one = gpu.upload("w", &vec![1.0f32; same.w_len() as usize]).unwrap();
+        let mut enc = gpu.encoder();
+        k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&dx)).unwrap();
+        k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
+        submit(gpu, enc);
+        bits(&read(gpu, &dx))
+    };
+    let plain = run(Conv2dAlgo::Direct);
+    assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
+        assert_eq!(run(algo), plain, "{algo}");
+    }
+}

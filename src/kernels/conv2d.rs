@@ -368,17 +368,23 @@ pub fn conv2d_backward_input_with(
         return launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_direct", &s.params(), &bindings, grid_1d(s.x_len(), WG));
     }
     // Phase (py, px) holds the pixels iy = py + stride·a < h, ix = px + stride·b < w.
-    for phase_y in 0..s.stride.min(s.h) {
-        for phase_x in 0..s.stride.min(s.w) {
-            let phase_h = (s.h - phase_y).div_ceil(s.stride);
-            let phase_w = (s.w - phase_x).div_ceil(s.stride);
-            let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
-            if algo == Conv2dAlgo::Blocked {
-                let threads = tiles(s.c_in as u64) * tiles(s.n as u64 * phase_h as u64 * phase_w as u64);
-                launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_blocked", &params, &bindings, grid_1d(threads, WG))?;
-            } else {
-                backward_input_gemm_phase(gpu, enc, algo, s, params, dy, w, dx)?;
-            }
+    let phases = (0..s.stride.min(s.h)).flat_map(|py| (0..s.stride.min(s.w)).map(move |px| (py, px)));
+    let tapless = |(py, px): (u32, u32)| phase_taps(py, s.kh, s) * phase_taps(px, s.kw, s) == 0;
+    // The GEMMs zero the phases no tap reaches (1×1 kernels at stride 2) with one clear of dx
+    // rather than a GEMM each, where dx's buffer allows it (clears need COPY_DST).
+    let cleared = algo != Conv2dAlgo::Blocked && phases.clone().any(tapless) && dx.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
+    if cleared {
+        enc.clear_buffer(dx.buffer, dx.offset, Some(dx.bytes()));
+    }
+    for (phase_y, phase_x) in phases {
+        let phase_h = (s.h - phase_y).div_ceil(s.stride);
+        let phase_w = (s.w - phase_x).div_ceil(s.stride);
+        let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
+        if algo == Conv2dAlgo::Blocked {
+            let threads = tiles(s.c_in as u64) * tiles(s.n as u64 * phase_h as u64 * phase_w as u64);
+            launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_blocked", &params, &bindings, grid_1d(threads, WG))?;
+        } else if !(cleared && tapless((phase_y, phase_x))) {
+            backward_input_gemm_phase(gpu, enc, algo, s, params, dy, w, dx)?;
         }
     }
     Ok(())
