@@ -136,6 +136,53 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
     }
 }
 
+#[test]
+fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
+    // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
+    // buffer allows copies; into a buffer that does not, they must still write those zeros.
+    let Some(gpu) = gpu() else { return };
+    let s = shape(2, 8, 5, 5, 12, 1, 1, 2, 0);
+    let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
+    let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
+    let run = |algo: Conv2dAlgo| {
+        let dx = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dx without COPY_DST"),
+            size: s.x_len() * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        // Poisoned by a kernel, since the queue cannot write it: a 1×1 convolution of NaNs
+        // whose output has dx's shape.
+        let same = shape(s.n, s.c_in, s.h, s.w, s.c_in, 1, 1, 1, 0);
+        let nan = gpu.upload("nan", &vec![f32::NAN; s.x_len() as usize]).unwrap();
+        let one = gpu.upload("w", &vec![1.0f32; same.w_len() as usize]).unwrap();
+        let mut enc = gpu.encoder();
+        k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&dx)).unwrap();
+        k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
+        submit(gpu, enc);
+        bits(&read(gpu, &dx))
+    };
+    let plain = run(Conv2dAlgo::Direct);
+    assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
+        assert_eq!(run(algo), plain, "{algo}");
+    }
+}
+
+#[test]
+fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
+    let Some(gpu) = gpu() else { return };
+    if std::env::var_os("SYNCSTEP_CONV_ALGO").is_some() {
+        return; // forced: no autotune to check
+    }
+    let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
+    for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
+        let first = k::conv2d_algo(gpu, op, &s).unwrap();
+        assert!(k::candidates(gpu, op).contains(&first) && first.has(op), "{op:?}: {first}");
+        assert_eq!(k::conv2d_algo(gpu, op, &s).unwrap(), first, "{op:?}: the choice is remembered");
+    }
+}
+
 type Launcher = fn(&Gpu, &mut wgpu::CommandEncoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 /// Each launcher's three arguments: names and lengths, in the order it takes them.
@@ -223,37 +270,4 @@ fn shape_sizes_match_resnet34_layers() {
     assert_eq!((down.out_h(), down.out_w()), (2, 2));
     let odd = shape(1, 1, 7, 6, 1, 3, 3, 2, 1);
     assert_eq!((odd.out_h(), odd.out_w()), (4, 3));
-}
-
-#[test]
-fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
-    // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
-    // buffer allows copies; into a buffer that does not, they must still write those zeros.
-    let Some(gpu) = gpu() else { return };
-    let s = shape(2, 8, 5, 5, 12, 1, 1, 2, 0);
-    let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
-    let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
-    let run = |algo: Conv2dAlgo| {
-        let dx = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("dx without COPY_DST"),
-            size: s.x_len() * 4,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        // Poisoned by a kernel, since the queue cannot write it: a 1×1 convolution of NaNs
-        // whose output has dx's shape.
-        let same = shape(s.n, s.c_in, s.h, s.w, s.c_in, 1, 1, 1, 0);
-        let nan = gpu.upload("nan", &vec![f32::NAN; s.x_len() as usize]).unwrap();
-        let one = gpu.upload("w", &vec![1.0f32; same.w_len() as usize]).unwrap();
-        let mut enc = gpu.encoder();
-        k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&dx)).unwrap();
-        k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
-        submit(gpu, enc);
-        bits(&read(gpu, &dx))
-    };
-    let plain = run(Conv2dAlgo::Direct);
-    assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
-    for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
-        assert_eq!(run(algo), plain, "{algo}");
-    }
 }
