@@ -2,16 +2,73 @@
 //! throughput is its FLOP count (a multiply-add counting 2). Each iteration records one launch,
 //! submits it and waits for the device to finish.
 //!
-//! `cargo bench --bench kernels`; `SYNCSTEP_ADAPTER` picks the adapter (see `syncstep info`).
+//! `matmul_gflops` is the roofline probe: the plain f32 GEMM at 512³ and 1024³, each tile; the
+//! best of them is what the adapter does on a GEMM, and each convolution's figure reads as a
+//! fraction of it. `conv2d_gflops` times ResNet-34's convolutions with `blocked` (the register
+//! tiles of the first version) and `auto` (what the launchers choose on this adapter: the
+//! autotune's pick, printed, or SYNCSTEP_CONV_ALGO).
+//!
+//! `cargo bench --bench kernels`; `SYNCSTEP_ADAPTER` picks the adapter (see `syncstep info`);
+//! `eval "$(scripts/mesa25.sh)"` first for Mesa 25's lavapipe.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
-use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dShape};
+use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
+use syncstep::kernels::matmul::{self as mm, MatmulAlgo, MatmulShape, MATMUL_TILES};
+
+fn device() -> Option<Gpu> {
+    match AdapterChoice::from_env().and_then(|choice| pollster::block_on(Gpu::new(&choice))) {
+        Ok(gpu) => {
+            println!("adapter: {}", syncstep::gpu::describe(&gpu.info));
+            Some(gpu)
+        }
+        Err(e) => {
+            eprintln!("kernel benchmarks skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Records `launch`, submits it and waits.
+fn time_launch(gpu: &Gpu, launch: impl Fn(&mut wgpu::CommandEncoder)) {
+    let mut enc = gpu.encoder();
+    launch(&mut enc);
+    pollster::block_on(gpu.submit(enc)).expect("submit");
+    gpu.wait().expect("wait");
+}
+
+fn matmul(c: &mut Criterion) {
+    let Some(gpu) = device() else { return };
+    let mut group = c.benchmark_group("matmul_gflops");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    for size in [512, 1024] {
+        let s = MatmulShape { m: size, k: size, n: size };
+        let buffer = |label, len: u32| gpu.upload(label, &vec![0.5f32; len as usize * len as usize]).expect("buffer");
+        let (a, b, out) = (buffer("a", size), buffer("b", size), buffer("c", size));
+        group.throughput(Throughput::Elements(s.flops()));
+        // The simple kernel takes seconds at 1024³; 512³ shows what the tiles gain.
+        let algos = MATMUL_TILES.into_iter().chain((size == 512).then_some(MatmulAlgo::Simple));
+        for algo in algos {
+            let name = match algo {
+                MatmulAlgo::Simple => "simple".to_string(),
+                MatmulAlgo::Tiled { rows, cols } => format!("tiled_{rows}x{cols}"),
+            };
+            group.bench_function(BenchmarkId::new(name, format!("{size}^3")), |bench| {
+                bench.iter(|| {
+                    time_launch(&gpu, |enc| {
+                        mm::matmul(&gpu, enc, algo, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).expect("launch")
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
 
 /// ResNet-34 convolutions at batch 8 for a 32×32 network input.
-fn resnet34_convs() -> [(&'static str, Conv2dShape); 4] {
+fn resnet34_convs() -> [(&'static str, Conv2dShape); 7] {
     let conv = |c_in, hw, c_out, kernel, stride, pad| Conv2dShape {
         n: 8,
         c_in,
@@ -28,20 +85,16 @@ fn resnet34_convs() -> [(&'static str, Conv2dShape); 4] {
         ("layer1_64to64_3x3s1_8px", conv(64, 8, 64, 3, 1, 1)),
         ("layer2_128to128_3x3s1_4px", conv(128, 4, 128, 3, 1, 1)),
         ("layer3_128to256_3x3s2_4px", conv(128, 4, 256, 3, 2, 1)),
+        ("layer3_256to256_3x3s1_2px", conv(256, 2, 256, 3, 1, 1)),
+        ("layer4_512to512_3x3s1_1px", conv(512, 1, 512, 3, 1, 1)),
+        ("layer3_proj_128to256_1x1s2_4px", conv(128, 4, 256, 1, 2, 0)),
     ]
 }
 
 type Launch = fn(&Gpu, &mut wgpu::CommandEncoder, Conv2dAlgo, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 fn conv2d(c: &mut Criterion) {
-    let gpu = match AdapterChoice::from_env().and_then(|choice| pollster::block_on(Gpu::new(&choice))) {
-        Ok(gpu) => gpu,
-        Err(e) => {
-            eprintln!("conv2d benchmarks skipped: {e}");
-            return;
-        }
-    };
-    println!("adapter: {}", syncstep::gpu::describe(&gpu.info));
+    let Some(gpu) = device() else { return };
     let mut group = c.benchmark_group("conv2d_gflops");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
     for (layer, s) in resnet34_convs() {
@@ -50,22 +103,19 @@ fn conv2d(c: &mut Criterion) {
         let (w, dw) = (buffer("w", s.w_len()), buffer("dw", s.w_len()));
         let (y, dy) = (buffer("y", s.y_len()), buffer("dy", s.y_len()));
         let whole = Slice::whole;
-        let ops: [(&str, Launch, [Slice; 3]); 3] = [
-            ("forward", k::conv2d_forward_with, [whole(&x), whole(&w), whole(&y)]),
-            ("backward_input", k::conv2d_backward_input_with, [whole(&dy), whole(&w), whole(&dx)]),
-            ("backward_weight", k::conv2d_backward_weight_with, [whole(&dy), whole(&x), whole(&dw)]),
+        let ops: [(Conv2dOp, &str, Launch, [Slice; 3]); 3] = [
+            (Conv2dOp::Forward, "forward", k::conv2d_forward_with, [whole(&x), whole(&w), whole(&y)]),
+            (Conv2dOp::BackwardInput, "backward_input", k::conv2d_backward_input_with, [whole(&dy), whole(&w), whole(&dx)]),
+            (Conv2dOp::BackwardWeight, "backward_weight", k::conv2d_backward_weight_with, [whole(&dy), whole(&x), whole(&dw)]),
         ];
         group.throughput(Throughput::Elements(s.flops()));
-        for (op, launch, [a, b, out]) in ops {
-            for algo in [Conv2dAlgo::Blocked, Conv2dAlgo::Direct] {
-                let id = BenchmarkId::new(format!("{op}/{algo:?}"), layer);
-                group.bench_function(id, |bench| {
-                    bench.iter(|| {
-                        let mut enc = gpu.encoder();
-                        launch(&gpu, &mut enc, algo, &s, a, b, out).expect("launch");
-                        pollster::block_on(gpu.submit(enc)).expect("submit");
-                        gpu.wait().expect("wait");
-                    })
+        for (op, name, launch, [a, b, out]) in ops {
+            let chosen = k::conv2d_algo(&gpu, op, &s).expect("choice");
+            println!("{name} {layer}: auto = {chosen}");
+            let algos = [("blocked", Conv2dAlgo::Blocked), ("auto", chosen)];
+            for (label, algo) in algos.into_iter().filter(|&(label, algo)| label == "blocked" || algo != Conv2dAlgo::Blocked) {
+                group.bench_function(BenchmarkId::new(format!("{name}/{label}"), layer), |bench| {
+                    bench.iter(|| time_launch(&gpu, |enc| launch(&gpu, enc, algo, &s, a, b, out).expect("launch")))
                 });
             }
         }
@@ -73,5 +123,5 @@ fn conv2d(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, conv2d);
+criterion_group!(benches, matmul, conv2d);
 criterion_main!(benches);

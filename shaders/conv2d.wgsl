@@ -24,6 +24,15 @@
 //   over the batch too, so 2×2 and 1×1 feature maps fill them. At a ragged edge a tile's
 //   indices are clamped for the loads and the extra lanes skipped at the write.
 // - The launcher guarantees every element count, and the padded input plane, is below 2^31.
+// - *_im2col + conv2d_gemm_*: the convolution as an explicit GEMM. An im2col pass copies each
+//   pixel's window into one row of a scratch matrix (k = (ci, ky, kx) for the forward; for the
+//   input-VJP k = (co, ty, tx) over one phase's taps), zero on padding and zero-padded to a
+//   multiple of 4, so the GEMM reads both operands as vec4 along k. The other operand is the
+//   weights in rows of the same k: OIHW rows as they are when c_in·kh·kw is a multiple of 4,
+//   else a padded copy (*_weight_rows). Each output is summed over k in increasing order,
+//   which is the direct kernels' order; the zeros im2col adds for padding and for taps that
+//   miss the phase add +0 to a sum that starts at +0, so every variant gives the same bits.
+//   (Only with non-finite weights would 0·w differ from a skipped tap.)
 
 struct Params {
     n: u32,
@@ -42,6 +51,11 @@ struct Params {
     phase_x: u32,
     phase_h: u32,
     phase_w: u32,
+    // *_im2col and *_weight_rows only: the first pixel of this chunk, how many pixels, and the
+    // row length in vec4s.
+    row_begin: u32,
+    row_count: u32,
+    row4: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -313,6 +327,404 @@ fn conv2d_backward_input_blocked(@builtin(global_invocation_id) gid: vec3<u32>, 
     for (var i = 0u; i < 4u && ci0 + i < p.c_in; i++) {
         for (var j = 0u; j < 4u && q0 + j < npix; j++) {
             bb_dx[x_index(nb[j], ci0 + i, iy[j], ix[j])] = acc[i][j];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The convolution as an explicit GEMM (see the header): im2col, weight rows, then a GEMM whose
+// every output is Σ_k a[row, k]·b[row', k] over rows of vec4s, written straight into NCHW.
+
+// vec4s one im2col (or weight-rows) invocation writes: one division to find its first tap,
+// then running counters (integer division is slow on CPU drivers: a scalar loop per lane).
+const ROW_RUN: u32 = 16u;
+
+// Taps of a kernel of size k that the phase starting at input coordinate `phase` reaches:
+// k0 = (phase + pad) mod stride, then every stride-th.
+fn phase_first_tap(phase: u32) -> u32 {
+    return (phase + p.pad) % p.stride;
+}
+
+fn phase_taps(phase: u32, k: u32) -> u32 {
+    let k0 = phase_first_tap(phase);
+    if (k0 >= k) { return 0u; }
+    return (k - k0 + p.stride - 1u) / p.stride;
+}
+
+// Forward im2col: row r is pixel q = row_begin + r of (n, oy, ox); column k = (ci, ky, kx).
+@group(0) @binding(1) var<storage, read> fi_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> fi_cols: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn conv2d_forward_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = linear_index(gid, nwg);
+    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
+    if (t >= p.row_count * runs) { return; }
+    let r = t / runs;
+    let v0 = (t % runs) * ROW_RUN;
+    let q = p.row_begin + r;
+    let ohw = p.out_h * p.out_w;
+    let y0 = i32(((q % ohw) / p.out_w) * p.stride) - i32(p.pad);
+    let x0 = i32((q % p.out_w) * p.stride) - i32(p.pad);
+    let plane = i32(p.h * p.w);
+    let khw = p.kh * p.kw;
+    let k_len = p.c_in * khw;
+    var k = v0 * 4u;
+    var at = i32((q / ohw) * p.c_in + k / khw) * plane;   // x offset of (n, ci)
+    var ky = (k % khw) / p.kw;
+    var kx = k % p.kw;
+    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+        var quad = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+            let iy = y0 + i32(ky);
+            let ix = x0 + i32(kx);
+            let ok = k < k_len && inside(iy, p.h) && inside(ix, p.w);
+            quad[e] = select(0.0, fi_x[select(0, at + iy * i32(p.w) + ix, ok)], ok);
+            k++;
+            kx++;
+            if (kx == p.kw) {
+                kx = 0u;
+                ky++;
+                if (ky == p.kh) {
+                    ky = 0u;
+                    at += plane;
+                }
+            }
+        }
+        fi_cols[r * p.row4 + v] = quad;
+    }
+}
+
+// Forward weight rows, only when c_in·kh·kw is not a multiple of 4: row co is w[co, ·] padded.
+@group(0) @binding(1) var<storage, read> fr_w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> fr_rows: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn conv2d_forward_weight_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = linear_index(gid, nwg);
+    if (t >= p.c_out * p.row4) { return; }
+    let k_len = p.c_in * p.kh * p.kw;
+    let k0 = (t % p.row4) * 4u;
+    let at = (t / p.row4) * k_len + k0;
+    var quad = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        let ok = k0 + e < k_len;
+        quad[e] = select(0.0, fr_w[select(0u, at + e, ok)], ok);
+    }
+    fr_rows[t] = quad;
+}
+
+// Input-VJP im2col for the phase (phase_y, phase_x): row r is pixel row_begin + r of (n, a, b)
+// with iy = phase_y + stride·a, ix = phase_x + stride·b; column k = (co, ty, tx), the phase's
+// taps ky = ky0 + stride·ty, kx = kx0 + stride·tx, which read dy at (oy0 − ty, ox0 − tx).
+@group(0) @binding(1) var<storage, read> bi_dy: array<f32>;
+@group(0) @binding(2) var<storage, read_write> bi_cols: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn conv2d_backward_input_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = linear_index(gid, nwg);
+    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
+    if (t >= p.row_count * runs) { return; }
+    let r = t / runs;
+    let v0 = (t % runs) * ROW_RUN;
+    let pixel = p.row_begin + r;
+    let phw = p.phase_h * p.phase_w;
+    let iy = p.phase_y + p.stride * ((pixel % phw) / p.phase_w);
+    let ix = p.phase_x + p.stride * (pixel % p.phase_w);
+    let oy0 = i32((iy + p.pad - phase_first_tap(p.phase_y)) / p.stride);
+    let ox0 = i32((ix + p.pad - phase_first_tap(p.phase_x)) / p.stride);
+    let taps_x = phase_taps(p.phase_x, p.kw);
+    let taps = phase_taps(p.phase_y, p.kh) * taps_x;
+    let k_len = p.c_out * taps;
+    let ohw = i32(p.out_h * p.out_w);
+    var k = v0 * 4u;
+    var at = i32((pixel / phw) * p.c_out + k / max(taps, 1u)) * ohw;   // dy offset of (n, co)
+    var ty = (k % max(taps, 1u)) / max(taps_x, 1u);
+    var tx = k % max(taps_x, 1u);
+    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+        var quad = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+            let oy = oy0 - i32(ty);
+            let ox = ox0 - i32(tx);
+            let ok = k < k_len && inside(oy, p.out_h) && inside(ox, p.out_w);
+            quad[e] = select(0.0, bi_dy[select(0, at + oy * i32(p.out_w) + ox, ok)], ok);
+            k++;
+            tx++;
+            if (tx == taps_x) {
+                tx = 0u;
+                ty++;
+                if (ty * taps_x == taps) {
+                    ty = 0u;
+                    at += ohw;
+                }
+            }
+        }
+        bi_cols[r * p.row4 + v] = quad;
+    }
+}
+
+// Input-VJP weight rows for the phase: row ci holds w[co, ci, ky0 + stride·ty, kx0 + stride·tx]
+// over k = (co, ty, tx), padded.
+@group(0) @binding(1) var<storage, read> br_w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> br_rows: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn conv2d_backward_input_weight_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = linear_index(gid, nwg);
+    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
+    if (t >= p.c_in * runs) { return; }
+    let ci = t / runs;
+    let v0 = (t % runs) * ROW_RUN;
+    let ky0 = phase_first_tap(p.phase_y);
+    let kx0 = phase_first_tap(p.phase_x);
+    let taps_x = phase_taps(p.phase_x, p.kw);
+    let taps = phase_taps(p.phase_y, p.kh) * taps_x;
+    let k_len = p.c_out * taps;
+    let khw = p.kh * p.kw;
+    var k = v0 * 4u;
+    var at = ((k / max(taps, 1u)) * p.c_in + ci) * khw + ky0 * p.kw + kx0;   // w offset of (co, ci, ky0, kx0)
+    var ty = (k % max(taps, 1u)) / max(taps_x, 1u);
+    var tx = k % max(taps_x, 1u);
+    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+        var quad = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+            let ok = k < k_len;
+            quad[e] = select(0.0, br_w[select(0u, at + p.stride * (ty * p.kw + tx), ok)], ok);
+            k++;
+            tx++;
+            if (tx == taps_x) {
+                tx = 0u;
+                ty++;
+                if (ty * taps_x == taps) {
+                    ty = 0u;
+                    at += p.c_in * khw;
+                }
+            }
+        }
+        br_rows[ci * p.row4 + v] = quad;
+    }
+}
+
+// The GEMM: out = Σ_k a[i, k]·b[j, k] over rows of row4 vec4s. One of a, b is im2col rows
+// (pixels), the other weight rows (channels); the result lands in NCHW at
+// (n, channel, origin_y + step·py, origin_x + step·px) for pixel (n, py, px) of the grid.
+struct Gemm {
+    rows_a: u32,
+    rows_b: u32,
+    row4: u32,
+    a_stride: u32,   // elements of gl_a (vec4s) or gg_w (floats) from one row of a to the next
+    a_is_pixels: u32,
+    pixel_begin: u32,
+    channels: u32,
+    grid_w: u32,
+    grid_plane: u32,
+    out_w: u32,
+    out_plane: u32,
+    step: u32,
+    origin_y: u32,
+    origin_x: u32,
+}
+
+@group(0) @binding(0) var<uniform> g: Gemm;
+
+fn gemm_out_index(i: u32, j: u32) -> u32 {
+    let pixel = g.pixel_begin + select(j, i, g.a_is_pixels == 1u);
+    let channel = select(i, j, g.a_is_pixels == 1u);
+    let r = pixel % g.grid_plane;
+    let y = g.origin_y + g.step * (r / g.grid_w);
+    let x = g.origin_x + g.step * (r % g.grid_w);
+    return ((pixel / g.grid_plane) * g.channels + channel) * g.out_plane + y * g.out_w + x;
+}
+
+// conv2d_gemm_lanes, for CPU drivers: each invocation GEMM_A rows of a; the workgroup's
+// invocations share GEMM_B rows of b. No workgroup memory, no barriers. The launcher compiles
+// one module per tile shape, replacing these two constants and the bodies between BEGIN TILE
+// and END TILE.
+const GEMM_A: u32 = 4u;
+const GEMM_B: u32 = 4u;
+const GEMM_WG: u32 = 64u;
+
+@group(0) @binding(1) var<storage, read> gl_a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> gl_b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> gl_out: array<f32>;
+
+// The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge.
+fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    let a_groups = (g.rows_a + GEMM_WG * GEMM_A - 1u) / (GEMM_WG * GEMM_A);
+    let f = wid.x + wid.y * nwg.x;
+    let i0 = ((f % a_groups) * GEMM_WG + lid) * GEMM_A;
+    let j0 = (f / a_groups) * GEMM_B;
+    if (i0 >= g.rows_a || j0 >= g.rows_b) { return vec2<u32>(0xffffffffu); }
+    return vec2<u32>(i0, j0);
+}
+
+fn gemm_lanes_store(i: u32, j: u32, sum: f32) {
+    if (i < g.rows_a && j < g.rows_b) { gl_out[gemm_out_index(i, j)] = sum; }
+}
+
+@compute @workgroup_size(GEMM_WG)
+fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let i0 = origin.x;
+    let j0 = origin.y;
+    // BEGIN TILE conv2d_gemm_lanes: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let a0 = min(i0 + 0u, g.rows_a - 1u) * g.a_stride;
+    let a1 = min(i0 + 1u, g.rows_a - 1u) * g.a_stride;
+    let a2 = min(i0 + 2u, g.rows_a - 1u) * g.a_stride;
+    let a3 = min(i0 + 3u, g.rows_a - 1u) * g.a_stride;
+    let b0 = min(j0 + 0u, g.rows_b - 1u) * g.row4;
+    let b1 = min(j0 + 1u, g.rows_b - 1u) * g.row4;
+    let b2 = min(j0 + 2u, g.rows_b - 1u) * g.row4;
+    let b3 = min(j0 + 3u, g.rows_b - 1u) * g.row4;
+    var s0_0 = 0.0; var s0_1 = 0.0; var s0_2 = 0.0; var s0_3 = 0.0;
+    var s1_0 = 0.0; var s1_1 = 0.0; var s1_2 = 0.0; var s1_3 = 0.0;
+    var s2_0 = 0.0; var s2_1 = 0.0; var s2_2 = 0.0; var s2_3 = 0.0;
+    var s3_0 = 0.0; var s3_1 = 0.0; var s3_2 = 0.0; var s3_3 = 0.0;
+    for (var v = 0u; v < g.row4; v++) {
+        let bv0 = gl_b[b0 + v];
+        let bv1 = gl_b[b1 + v];
+        let bv2 = gl_b[b2 + v];
+        let bv3 = gl_b[b3 + v];
+        let av0 = gl_a[a0 + v];
+        s0_0 += av0.x * bv0.x; s0_0 += av0.y * bv0.y; s0_0 += av0.z * bv0.z; s0_0 += av0.w * bv0.w;
+        s0_1 += av0.x * bv1.x; s0_1 += av0.y * bv1.y; s0_1 += av0.z * bv1.z; s0_1 += av0.w * bv1.w;
+        s0_2 += av0.x * bv2.x; s0_2 += av0.y * bv2.y; s0_2 += av0.z * bv2.z; s0_2 += av0.w * bv2.w;
+        s0_3 += av0.x * bv3.x; s0_3 += av0.y * bv3.y; s0_3 += av0.z * bv3.z; s0_3 += av0.w * bv3.w;
+        let av1 = gl_a[a1 + v];
+        s1_0 += av1.x * bv0.x; s1_0 += av1.y * bv0.y; s1_0 += av1.z * bv0.z; s1_0 += av1.w * bv0.w;
+        s1_1 += av1.x * bv1.x; s1_1 += av1.y * bv1.y; s1_1 += av1.z * bv1.z; s1_1 += av1.w * bv1.w;
+        s1_2 += av1.x * bv2.x; s1_2 += av1.y * bv2.y; s1_2 += av1.z * bv2.z; s1_2 += av1.w * bv2.w;
+        s1_3 += av1.x * bv3.x; s1_3 += av1.y * bv3.y; s1_3 += av1.z * bv3.z; s1_3 += av1.w * bv3.w;
+        let av2 = gl_a[a2 + v];
+        s2_0 += av2.x * bv0.x; s2_0 += av2.y * bv0.y; s2_0 += av2.z * bv0.z; s2_0 += av2.w * bv0.w;
+        s2_1 += av2.x * bv1.x; s2_1 += av2.y * bv1.y; s2_1 += av2.z * bv1.z; s2_1 += av2.w * bv1.w;
+        s2_2 += av2.x * bv2.x; s2_2 += av2.y * bv2.y; s2_2 += av2.z * bv2.z; s2_2 += av2.w * bv2.w;
+        s2_3 += av2.x * bv3.x; s2_3 += av2.y * bv3.y; s2_3 += av2.z * bv3.z; s2_3 += av2.w * bv3.w;
+        let av3 = gl_a[a3 + v];
+        s3_0 += av3.x * bv0.x; s3_0 += av3.y * bv0.y; s3_0 += av3.z * bv0.z; s3_0 += av3.w * bv0.w;
+        s3_1 += av3.x * bv1.x; s3_1 += av3.y * bv1.y; s3_1 += av3.z * bv1.z; s3_1 += av3.w * bv1.w;
+        s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
+        s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
+    }
+    gemm_lanes_store(i0 + 0u, j0 + 0u, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
+    // END TILE conv2d_gemm_lanes
+}
+
+// conv2d_gemm_gather: conv2d_gemm_lanes for the input-VJP with channel lanes, reading a (the
+// weights, row ci) from w in place instead of from weight rows copied beforehand: for small
+// batches of small maps that copy costs as much as the GEMM. gg_taps[v] holds the w offsets,
+// relative to (0, ci, 0, 0), of the four taps of vec4 v of a row (co, ty, tx), u32 max past
+// the last.
+@group(0) @binding(1) var<storage, read> gg_w: array<f32>;
+@group(0) @binding(4) var<storage, read> gg_taps: array<vec4<u32>>;
+
+@compute @workgroup_size(GEMM_WG)
+fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let i0 = origin.x;
+    let j0 = origin.y;
+    // BEGIN TILE conv2d_gemm_gather: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let a0 = min(i0 + 0u, g.rows_a - 1u) * g.a_stride;
+    let a1 = min(i0 + 1u, g.rows_a - 1u) * g.a_stride;
+    let a2 = min(i0 + 2u, g.rows_a - 1u) * g.a_stride;
+    let a3 = min(i0 + 3u, g.rows_a - 1u) * g.a_stride;
+    let b0 = min(j0 + 0u, g.rows_b - 1u) * g.row4;
+    let b1 = min(j0 + 1u, g.rows_b - 1u) * g.row4;
+    let b2 = min(j0 + 2u, g.rows_b - 1u) * g.row4;
+    let b3 = min(j0 + 3u, g.rows_b - 1u) * g.row4;
+    var s0_0 = 0.0; var s0_1 = 0.0; var s0_2 = 0.0; var s0_3 = 0.0;
+    var s1_0 = 0.0; var s1_1 = 0.0; var s1_2 = 0.0; var s1_3 = 0.0;
+    var s2_0 = 0.0; var s2_1 = 0.0; var s2_2 = 0.0; var s2_3 = 0.0;
+    var s3_0 = 0.0; var s3_1 = 0.0; var s3_2 = 0.0; var s3_3 = 0.0;
+    for (var v = 0u; v < g.row4; v++) {
+        let bv0 = gl_b[b0 + v];
+        let bv1 = gl_b[b1 + v];
+        let bv2 = gl_b[b2 + v];
+        let bv3 = gl_b[b3 + v];
+        let tap = gg_taps[v];
+        let live = tap != vec4<u32>(0xffffffffu);
+        let at = select(vec4<u32>(0u), tap, live);
+        let av0 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a0 + at.x], gg_w[a0 + at.y], gg_w[a0 + at.z], gg_w[a0 + at.w]), live);
+        s0_0 += av0.x * bv0.x; s0_0 += av0.y * bv0.y; s0_0 += av0.z * bv0.z; s0_0 += av0.w * bv0.w;
+        s0_1 += av0.x * bv1.x; s0_1 += av0.y * bv1.y; s0_1 += av0.z * bv1.z; s0_1 += av0.w * bv1.w;
+        s0_2 += av0.x * bv2.x; s0_2 += av0.y * bv2.y; s0_2 += av0.z * bv2.z; s0_2 += av0.w * bv2.w;
+        s0_3 += av0.x * bv3.x; s0_3 += av0.y * bv3.y; s0_3 += av0.z * bv3.z; s0_3 += av0.w * bv3.w;
+        let av1 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a1 + at.x], gg_w[a1 + at.y], gg_w[a1 + at.z], gg_w[a1 + at.w]), live);
+        s1_0 += av1.x * bv0.x; s1_0 += av1.y * bv0.y; s1_0 += av1.z * bv0.z; s1_0 += av1.w * bv0.w;
+        s1_1 += av1.x * bv1.x; s1_1 += av1.y * bv1.y; s1_1 += av1.z * bv1.z; s1_1 += av1.w * bv1.w;
+        s1_2 += av1.x * bv2.x; s1_2 += av1.y * bv2.y; s1_2 += av1.z * bv2.z; s1_2 += av1.w * bv2.w;
+        s1_3 += av1.x * bv3.x; s1_3 += av1.y * bv3.y; s1_3 += av1.z * bv3.z; s1_3 += av1.w * bv3.w;
+        let av2 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a2 + at.x], gg_w[a2 + at.y], gg_w[a2 + at.z], gg_w[a2 + at.w]), live);
+        s2_0 += av2.x * bv0.x; s2_0 += av2.y * bv0.y; s2_0 += av2.z * bv0.z; s2_0 += av2.w * bv0.w;
+        s2_1 += av2.x * bv1.x; s2_1 += av2.y * bv1.y; s2_1 += av2.z * bv1.z; s2_1 += av2.w * bv1.w;
+        s2_2 += av2.x * bv2.x; s2_2 += av2.y * bv2.y; s2_2 += av2.z * bv2.z; s2_2 += av2.w * bv2.w;
+        s2_3 += av2.x * bv3.x; s2_3 += av2.y * bv3.y; s2_3 += av2.z * bv3.z; s2_3 += av2.w * bv3.w;
+        let av3 = select(vec4<f32>(0.0), vec4<f32>(gg_w[a3 + at.x], gg_w[a3 + at.y], gg_w[a3 + at.z], gg_w[a3 + at.w]), live);
+        s3_0 += av3.x * bv0.x; s3_0 += av3.y * bv0.y; s3_0 += av3.z * bv0.z; s3_0 += av3.w * bv0.w;
+        s3_1 += av3.x * bv1.x; s3_1 += av3.y * bv1.y; s3_1 += av3.z * bv1.z; s3_1 += av3.w * bv1.w;
+        s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
+        s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
+    }
+    gemm_lanes_store(i0 + 0u, j0 + 0u, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
+    // END TILE conv2d_gemm_gather
+}
+
+// conv2d_gemm_shared, for GPUs: a 64×64 output tile per workgroup of 256 invocations, 4×4 each;
+// 16 k at a time staged in workgroup memory (8 KiB) between barriers.
+const SHARED_EDGE: u32 = 64u;
+var<workgroup> gs_tile_a: array<vec4<f32>, 256>;   // 64 rows × 4 vec4
+var<workgroup> gs_tile_b: array<vec4<f32>, 256>;
+
+@group(0) @binding(1) var<storage, read> gs_a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> gs_b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> gs_out: array<f32>;
+
+@compute @workgroup_size(256)
+fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let a_tiles = (g.rows_a + SHARED_EDGE - 1u) / SHARED_EDGE;
+    let f = wid.x + wid.y * nwg.x;
+    let a_base = (f % a_tiles) * SHARED_EDGE;
+    let b_base = (f / a_tiles) * SHARED_EDGE;
+    if (b_base >= g.rows_b) { return; }   // whole workgroups only: the barriers stay uniform
+    // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b.
+    let a_src = min(a_base + lid / 4u, g.rows_a - 1u) * g.row4;
+    let b_src = min(b_base + lid / 4u, g.rows_b - 1u) * g.row4;
+    let ti = (lid % 16u) * 4u;
+    let tj = (lid / 16u) * 4u;
+    var acc: array<vec4<f32>, 4>;   // acc[i][j]: a row ti + i, b row tj + j
+    for (var v0 = 0u; v0 < g.row4; v0 += 4u) {
+        let v = min(v0 + lid % 4u, g.row4 - 1u);
+        gs_tile_a[lid] = gs_a[a_src + v];
+        gs_tile_b[lid] = gs_b[b_src + v];
+        workgroupBarrier();
+        for (var s = 0u; s < min(4u, g.row4 - v0); s++) {
+            var bv: array<vec4<f32>, 4>;
+            for (var j = 0u; j < 4u; j++) { bv[j] = gs_tile_b[(tj + j) * 4u + s]; }
+            for (var i = 0u; i < 4u; i++) {
+                let av = gs_tile_a[(ti + i) * 4u + s];
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] += av.x * bv[j].x;
+                    acc[i][j] += av.y * bv[j].y;
+                    acc[i][j] += av.z * bv[j].z;
+                    acc[i][j] += av.w * bv[j].w;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u && a_base + ti + i < g.rows_a; i++) {
+        for (var j = 0u; j < 4u && b_base + tj + j < g.rows_b; j++) {
+            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j)] = acc[i][j];
         }
     }
 }

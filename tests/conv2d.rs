@@ -2,11 +2,10 @@ mod common;
 
 use common::*;
 use syncstep::gpu::{Gpu, Slice};
-use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dShape};
+use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
 
-const ALGOS: [Conv2dAlgo; 2] = [Conv2dAlgo::Direct, Conv2dAlgo::Blocked];
 
 #[allow(clippy::too_many_arguments)]
 fn shape(n: u32, c_in: u32, h: u32, w: u32, c_out: u32, kh: u32, kw: u32, stride: u32, pad: u32) -> Conv2dShape {
@@ -18,11 +17,12 @@ fn geometry(s: &Conv2dShape) -> ConvGeometry {
     ConvGeometry { n: u(s.n), c_in: u(s.c_in), h: u(s.h), w: u(s.w), c_out: u(s.c_out), kh: u(s.kh), kw: u(s.kw), stride: u(s.stride), pad: u(s.pad) }
 }
 
-/// The three outputs of one algorithm, read back.
+/// The three outputs of one algorithm, read back; None where the algorithm has no kernel for
+/// that op.
 struct Outputs {
-    y: Vec<f32>,
+    y: Option<Vec<f32>>,
     dx: Vec<f32>,
-    dw: Vec<f32>,
+    dw: Option<Vec<f32>>,
 }
 
 /// Runs forward, input-VJP and weight gradient with `algo` into NaN-poisoned outputs.
@@ -33,11 +33,16 @@ fn run(gpu: &Gpu, algo: Conv2dAlgo, s: &Conv2dShape, x: &[f32], w: &[f32], dy: &
     let dw = poisoned(gpu, "dw", s.w_len() as usize);
     let whole = Slice::whole;
     let mut enc = gpu.encoder();
-    k::conv2d_forward_with(gpu, &mut enc, algo, s, whole(&bx), whole(&bw), whole(&y)).unwrap();
+    if algo.has(Conv2dOp::Forward) {
+        k::conv2d_forward_with(gpu, &mut enc, algo, s, whole(&bx), whole(&bw), whole(&y)).unwrap();
+    }
     k::conv2d_backward_input_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bw), whole(&dx)).unwrap();
-    k::conv2d_backward_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw)).unwrap();
+    if algo.has(Conv2dOp::BackwardWeight) {
+        k::conv2d_backward_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw)).unwrap();
+    }
     submit(gpu, enc);
-    Outputs { y: read(gpu, &y), dx: read(gpu, &dx), dw: read(gpu, &dw) }
+    let has = |op| algo.has(op);
+    Outputs { y: has(Conv2dOp::Forward).then(|| read(gpu, &y)), dx: read(gpu, &dx), dw: has(Conv2dOp::BackwardWeight).then(|| read(gpu, &dw)) }
 }
 
 /// Every op, both algorithms, against the f64 reference on seeded data in [-1, 1).
@@ -56,14 +61,27 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
     for (name, v) in [("y", &y_ref), ("dx", &dx_ref), ("dw", &dw_ref)] {
         assert!(v.iter().any(|&e| e != 0.0), "{s:?}: reference {name} is all zero, a test that cannot fail");
     }
-    for algo in ALGOS {
+    let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+    for algo in Conv2dAlgo::all() {
         let out = run(gpu, algo, &s, &x, &w, &dy);
-        let errors = [norm_rel(&out.y, &y_ref), norm_rel(&out.dx, &dx_ref), norm_rel(&out.dw, &dw_ref)];
-        println!("{algo:?} {s:?}: norm-rel y {:.2e} dx {:.2e} dw {:.2e}", errors[0], errors[1], errors[2]);
-        assert_close(&format!("conv2d_forward {algo:?} {s:?}"), &out.y, &y_ref, 1e-5);
-        assert_close(&format!("conv2d_backward_input {algo:?} {s:?}"), &out.dx, &dx_ref, 1e-5);
-        assert_close(&format!("conv2d_backward_weight {algo:?} {s:?}"), &out.dw, &dw_ref, 1e-4);
+        let error = |v: &Option<Vec<f32>>, r: &[f64]| v.as_ref().map_or(String::from("-"), |v| format!("{:.2e}", norm_rel(v, r)));
+        println!("{algo} {s:?}: norm-rel y {} dx {:.2e} dw {}", error(&out.y, &y_ref), norm_rel(&out.dx, &dx_ref), error(&out.dw, &dw_ref));
+        if let Some(y) = &out.y {
+            assert_close(&format!("conv2d_forward {algo} {s:?}"), y, &y_ref, 1e-5);
+            // Every variant sums each output in the direct kernel's order: the autotune's
+            // choice cannot change a result.
+            assert_eq!(bits(y), bits(plain.y.as_ref().unwrap()), "conv2d_forward {algo} {s:?} differs from Direct in some bit");
+        }
+        assert_close(&format!("conv2d_backward_input {algo} {s:?}"), &out.dx, &dx_ref, 1e-5);
+        assert_eq!(bits(&out.dx), bits(&plain.dx), "conv2d_backward_input {algo} {s:?} differs from Direct in some bit");
+        if let Some(dw) = &out.dw {
+            assert_close(&format!("conv2d_backward_weight {algo} {s:?}"), dw, &dw_ref, 1e-4);
+        }
     }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
 }
 
 // ResNet-34's convolutions at small spatial sizes. No output count below is a multiple of the
@@ -110,12 +128,58 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
     let x = uniform(60, s.x_len() as usize);
     let w = uniform(61, s.w_len() as usize);
     let dy = uniform(62, s.y_len() as usize);
-    for algo in ALGOS {
+    for algo in Conv2dAlgo::all() {
         let (a, b) = (run(gpu, algo, &s, &x, &w, &dy), run(gpu, algo, &s, &x, &w, &dy));
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a.dw), bits(&b.dw), "{algo:?} conv2d_backward_weight differs between two runs");
-        assert_eq!(bits(&a.dx), bits(&b.dx), "{algo:?} conv2d_backward_input differs between two runs");
-        assert_eq!(bits(&a.y), bits(&b.y), "{algo:?} conv2d_forward differs between two runs");
+        assert_eq!(a.dw.as_deref().map(bits), b.dw.as_deref().map(bits), "{algo} conv2d_backward_weight differs between two runs");
+        assert_eq!(bits(&a.dx), bits(&b.dx), "{algo} conv2d_backward_input differs between two runs");
+        assert_eq!(a.y.as_deref().map(bits), b.y.as_deref().map(bits), "{algo} conv2d_forward differs between two runs");
+    }
+}
+
+#[test]
+fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
+    // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
+    // buffer allows copies; into a buffer that does not, they must still write those zeros.
+    let Some(gpu) = gpu() else { return };
+    let s = shape(2, 8, 5, 5, 12, 1, 1, 2, 0);
+    let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
+    let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
+    let run = |algo: Conv2dAlgo| {
+        let dx = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dx without COPY_DST"),
+            size: s.x_len() * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        // Poisoned by a kernel, since the queue cannot write it: a 1×1 convolution of NaNs
+        // whose output has dx's shape.
+        let same = shape(s.n, s.c_in, s.h, s.w, s.c_in, 1, 1, 1, 0);
+        let nan = gpu.upload("nan", &vec![f32::NAN; s.x_len() as usize]).unwrap();
+        let one = gpu.upload("w", &vec![1.0f32; same.w_len() as usize]).unwrap();
+        let mut enc = gpu.encoder();
+        k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&dx)).unwrap();
+        k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
+        submit(gpu, enc);
+        bits(&read(gpu, &dx))
+    };
+    let plain = run(Conv2dAlgo::Direct);
+    assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
+        assert_eq!(run(algo), plain, "{algo}");
+    }
+}
+
+#[test]
+fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
+    let Some(gpu) = gpu() else { return };
+    if std::env::var_os("SYNCSTEP_CONV_ALGO").is_some() {
+        return; // forced: no autotune to check
+    }
+    let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
+    for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
+        let first = k::conv2d_algo(gpu, op, &s).unwrap();
+        assert!(k::candidates(gpu, op).contains(&first) && first.has(op), "{op:?}: {first}");
+        assert_eq!(k::conv2d_algo(gpu, op, &s).unwrap(), first, "{op:?}: the choice is remembered");
     }
 }
 

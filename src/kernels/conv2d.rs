@@ -1,21 +1,43 @@
 //! Conv2d without bias: forward, input-VJP (a gather) and weight gradient, NCHW activations and
 //! OIHW weights. See shaders/conv2d.wgsl for what is subtle.
 //!
-//! Each op has a plain kernel (`Conv2dAlgo::Direct`, one output element per invocation) and a
-//! register-blocked one (`Conv2dAlgo::Blocked`, a 4×4 tile per invocation, the default). The
-//! plain one stays as the fast one's test neighbour and as a fallback.
+//! Each op has a plain kernel ([`Conv2dAlgo::Direct`], one output element per invocation) and a
+//! register-blocked one ([`Conv2dAlgo::Blocked`], a 4×4 tile per invocation). Forward and
+//! input-VJP also run as an explicit GEMM over im2col rows: [`Conv2dAlgo::Gemm`] (register
+//! tiles, no workgroup memory: for CPU drivers, where barriers are slow) and
+//! [`Conv2dAlgo::GemmShared`] (workgroup-shared tiles: for GPUs). Every variant sums each
+//! output in the same order, so they agree bit for bit and the choice never changes a result.
+//!
+//! The plain launchers (`conv2d_forward`, …) pick the variant with [`conv2d_algo`]: the
+//! `SYNCSTEP_CONV_ALGO` environment variable if set, else the fastest candidate timed on the
+//! adapter at that shape on first use (natively; in a browser there is no clock, so a guess by
+//! device type), remembered for the process. The `_with` launchers take the variant.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Mutex, OnceLock};
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "conv2d", source: include_str!("../../shaders/conv2d.wgsl") };
+const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
+const SHADER: Shader = Shader { name: "conv2d", source: SOURCE };
 const WG: u32 = 64;
 /// The blocked kernels' tile edge: 4 channels × 4 pixels (or weights) per invocation.
 const TILE: u64 = 4;
+/// vec4s one im2col or weight-rows invocation writes (`ROW_RUN` in the shader).
+const ROW_RUN: u64 = 16;
+/// conv2d_gemm_lanes' workgroup size and conv2d_gemm_shared's (with its tile edge).
+const GEMM_WG: u32 = 64;
+const SHARED_WG: u32 = 256;
+const SHARED_EDGE: u64 = 64;
+/// The im2col scratch buffer holds at most this many bytes (and no more than a storage binding
+/// may): larger problems run in chunks of pixels.
+const SCRATCH_BYTES: u64 = 64 << 20;
 
 /// One convolution: input `[n, c_in, h, w]`, weights `[c_out, c_in, kh, kw]`, output
 /// `[n, c_out, out_h, out_w]`, zero padding `pad` on every side, no bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Conv2dShape {
     pub n: u32,
     pub c_in: u32,
@@ -29,13 +51,121 @@ pub struct Conv2dShape {
 }
 
 /// Which kernels a launch records.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Conv2dAlgo {
     /// One output element per invocation: the plain, obviously correct version.
     Direct,
-    /// A 4×4 register tile per invocation, no workgroup memory: fast on CPU drivers and GPUs.
-    #[default]
+    /// A 4×4 register tile per invocation (4 channels × 4 pixels, or 4 weights), no workgroup
+    /// memory, no scratch.
     Blocked,
+    /// im2col into a scratch buffer, then a GEMM with a register tile per invocation and no
+    /// workgroup memory (CPU drivers). Forward and input-VJP only.
+    Gemm(GemmTile),
+    /// im2col, then a GEMM with 64×64 tiles staged in workgroup memory between barriers
+    /// (GPUs). Forward and input-VJP only.
+    GemmShared,
+}
+
+/// The register tile of [`Conv2dAlgo::Gemm`]: each invocation holds `per_invocation` rows of
+/// one operand (pixels or channels, as `lanes` says), and the invocations of a workgroup share
+/// `per_workgroup` rows of the other, so one invocation sums per_invocation × per_workgroup
+/// outputs. Pixel lanes suit large feature maps; channel lanes suit the 1×1 and 2×2 maps of
+/// the late stages, where a batch has few pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmTile {
+    pub lanes: GemmLanes,
+    pub per_invocation: u32,
+    pub per_workgroup: u32,
+}
+
+/// What [`GemmTile`] spreads over invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmLanes {
+    Pixels,
+    Channels,
+    /// Channels, with the weights read from w in place rather than from weight rows copied
+    /// beforehand: the input-VJP only, where that copy (a transpose) costs as much as the GEMM
+    /// when a batch has few pixels.
+    ChannelsGather,
+}
+
+/// The tiles [`Conv2dAlgo::Gemm`] is compiled for; `SYNCSTEP_CONV_ALGO` names one as
+/// `gemm-pixels-8x8` (`gemm-<lanes>-<per_invocation>x<per_workgroup>`, lanes `pixels`,
+/// `channels` or `gather`). Measured on lavapipe at ResNet-34's shapes: Mesa 22 runs the large
+/// tiles fastest, Mesa 25 the 4×8 and 8×4 ones (it spills past ~32 accumulators); channel lanes
+/// win from 2×2 maps down, and the gathering input-VJP at 1×1 maps.
+pub const GEMM_TILES: [GemmTile; 10] = [
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 12, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::Channels, per_invocation: 4, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 4 },
+    GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 12 },
+    GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 8 },
+    GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 8, per_workgroup: 8 },
+];
+
+impl Conv2dAlgo {
+    /// Every variant: what `SYNCSTEP_CONV_ALGO` accepts and what the tests run.
+    pub fn all() -> Vec<Conv2dAlgo> {
+        let mut all = vec![Conv2dAlgo::Direct, Conv2dAlgo::Blocked];
+        all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)));
+        all.push(Conv2dAlgo::GemmShared);
+        all
+    }
+
+    /// Parses the names `Display` writes: `direct`, `blocked`, `gemm-pixels-8x8`, `gemm-shared`.
+    pub fn parse(name: &str) -> Option<Conv2dAlgo> {
+        Conv2dAlgo::all().into_iter().find(|a| a.to_string() == name.trim().to_ascii_lowercase())
+    }
+
+    /// Whether `op` has a kernel of this variant (the weight gradient has Direct and Blocked;
+    /// the gathering GEMM is the input-VJP's).
+    pub fn has(&self, op: Conv2dOp) -> bool {
+        match self {
+            Conv2dAlgo::Direct | Conv2dAlgo::Blocked => true,
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => op == Conv2dOp::BackwardInput,
+            Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => op != Conv2dOp::BackwardWeight,
+        }
+    }
+}
+
+impl fmt::Display for Conv2dAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Conv2dAlgo::Direct => write!(f, "direct"),
+            Conv2dAlgo::Blocked => write!(f, "blocked"),
+            Conv2dAlgo::Gemm(t) => {
+                let lanes = match t.lanes {
+                    GemmLanes::Pixels => "pixels",
+                    GemmLanes::Channels => "channels",
+                    GemmLanes::ChannelsGather => "gather",
+                };
+                write!(f, "gemm-{lanes}-{}x{}", t.per_invocation, t.per_workgroup)
+            }
+            Conv2dAlgo::GemmShared => write!(f, "gemm-shared"),
+        }
+    }
+}
+
+/// The three launches of a convolution, for [`conv2d_algo`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Conv2dOp {
+    Forward,
+    BackwardInput,
+    BackwardWeight,
+}
+
+impl Conv2dOp {
+    fn name(self) -> &'static str {
+        match self {
+            Conv2dOp::Forward => "conv2d_forward",
+            Conv2dOp::BackwardInput => "conv2d_backward_input",
+            Conv2dOp::BackwardWeight => "conv2d_backward_weight",
+        }
+    }
 }
 
 fn out_size(size: u32, k: u32, stride: u32, pad: u32) -> u32 {
@@ -125,6 +255,9 @@ impl Conv2dShape {
             phase_x: 0,
             phase_h: 0,
             phase_w: 0,
+            row_begin: 0,
+            row_count: 0,
+            row4: 0,
         }
     }
 }
@@ -147,6 +280,9 @@ struct Params {
     phase_x: u32,
     phase_h: u32,
     phase_w: u32,
+    row_begin: u32,
+    row_count: u32,
+    row4: u32,
 }
 
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
@@ -168,9 +304,10 @@ fn tiles(len: u64) -> u64 {
 }
 
 /// `y = conv(x, w)`: `x` [n,c_in,h,w], `w` [c_out,c_in,kh,kw], `y` [n,c_out,out_h,out_w]
-/// (overwritten). Uses the blocked kernel.
+/// (overwritten). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_forward(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
-    conv2d_forward_with(gpu, enc, Conv2dAlgo::Blocked, shape, x, w, y)
+    let algo = conv2d_algo(gpu, Conv2dOp::Forward, shape)?;
+    conv2d_forward_with(gpu, enc, algo, shape, x, w, y)
 }
 
 /// [`conv2d_forward`] with the kernel chosen by `algo`.
@@ -195,18 +332,22 @@ pub fn conv2d_forward_with(
         Conv2dAlgo::Blocked => {
             ("conv2d_forward_blocked", tiles(s.c_out as u64) * tiles(s.n as u64 * s.out_h() as u64 * s.out_w() as u64))
         }
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => return forward_gemm(gpu, enc, algo, s, x, w, y),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
 }
 
 /// The input-VJP `dx = convᵀ(dy, w)`, a gather over output positions: `dy`
-/// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). Uses the
-/// blocked kernel, one dispatch per phase (iy mod stride, ix mod stride).
+/// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). The
+/// variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
-    conv2d_backward_input_with(gpu, enc, Conv2dAlgo::Blocked, shape, dy, w, dx)
+    let algo = conv2d_algo(gpu, Conv2dOp::BackwardInput, shape)?;
+    conv2d_backward_input_with(gpu, enc, algo, shape, dy, w, dx)
 }
 
-/// [`conv2d_backward_input`] with the kernel chosen by `algo`.
+/// [`conv2d_backward_input`] with the kernel chosen by `algo`. All but Direct run once per
+/// phase (iy mod stride, ix mod stride).
 pub fn conv2d_backward_input_with(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -227,13 +368,23 @@ pub fn conv2d_backward_input_with(
         return launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_direct", &s.params(), &bindings, grid_1d(s.x_len(), WG));
     }
     // Phase (py, px) holds the pixels iy = py + stride·a < h, ix = px + stride·b < w.
-    for phase_y in 0..s.stride.min(s.h) {
-        for phase_x in 0..s.stride.min(s.w) {
-            let phase_h = (s.h - phase_y).div_ceil(s.stride);
-            let phase_w = (s.w - phase_x).div_ceil(s.stride);
-            let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
+    let phases = (0..s.stride.min(s.h)).flat_map(|py| (0..s.stride.min(s.w)).map(move |px| (py, px)));
+    let tapless = |(py, px): (u32, u32)| phase_taps(py, s.kh, s) * phase_taps(px, s.kw, s) == 0;
+    // The GEMMs zero the phases no tap reaches (1×1 kernels at stride 2) with one clear of dx
+    // rather than a GEMM each, where dx's buffer allows it (clears need COPY_DST).
+    let cleared = algo != Conv2dAlgo::Blocked && phases.clone().any(tapless) && dx.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
+    if cleared {
+        enc.clear_buffer(dx.buffer, dx.offset, Some(dx.bytes()));
+    }
+    for (phase_y, phase_x) in phases {
+        let phase_h = (s.h - phase_y).div_ceil(s.stride);
+        let phase_w = (s.w - phase_x).div_ceil(s.stride);
+        let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
+        if algo == Conv2dAlgo::Blocked {
             let threads = tiles(s.c_in as u64) * tiles(s.n as u64 * phase_h as u64 * phase_w as u64);
             launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_blocked", &params, &bindings, grid_1d(threads, WG))?;
+        } else if !(cleared && tapless((phase_y, phase_x))) {
+            backward_input_gemm_phase(gpu, enc, algo, s, params, dy, w, dx)?;
         }
     }
     Ok(())
@@ -241,12 +392,14 @@ pub fn conv2d_backward_input_with(
 
 /// The weight gradient `dw = Σ_{n,oy,ox} dy ⊗ x-window`, summed in a fixed order: `dy`
 /// [n,c_out,out_h,out_w], `x` [n,c_in,h,w], `dw` [c_out,c_in,kh,kw] (overwritten, not
-/// accumulated). Uses the blocked kernel.
+/// accumulated). Uses `SYNCSTEP_CONV_ALGO` where it names a weight-gradient kernel, else the
+/// blocked one.
 pub fn conv2d_backward_weight(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
-    conv2d_backward_weight_with(gpu, enc, Conv2dAlgo::Blocked, shape, dy, x, dw)
+    let algo = conv2d_algo(gpu, Conv2dOp::BackwardWeight, shape)?;
+    conv2d_backward_weight_with(gpu, enc, algo, shape, dy, x, dw)
 }
 
-/// [`conv2d_backward_weight`] with the kernel chosen by `algo`.
+/// [`conv2d_backward_weight`] with the kernel chosen by `algo` (Direct or Blocked).
 pub fn conv2d_backward_weight_with(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -268,6 +421,524 @@ pub fn conv2d_backward_weight_with(
         Conv2dAlgo::Blocked => {
             ("conv2d_backward_weight_blocked", tiles(s.c_out as u64) * tiles(s.c_in as u64 * s.kh as u64 * s.kw as u64))
         }
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
+}
+
+fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
+    KernelError::Arg { op, arg: "algo", problem: format!("is {algo}, which has no {op} kernel") }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GEMM variants.
+
+/// conv2d.wgsl for one tile of conv2d_gemm_lanes and conv2d_gemm_gather: the tile constants
+/// and the bodies between BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline
+/// cache is keyed by the shader's name).
+fn gemm_lanes_shader(tile: GemmTile) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32), Shader>>> = OnceLock::new();
+    let (a, b) = (tile.per_invocation, tile.per_workgroup);
+    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    *shaders.entry((a, b)).or_insert_with(|| {
+        let source = [TileKernel::Lanes, TileKernel::Gather].into_iter().fold(SOURCE.to_string(), |source, kernel| {
+            let (begin, end) = tile_block(&source, kernel);
+            format!("{}{}{}", &source[..begin], gemm_tile(kernel, a, b), &source[end..])
+        });
+        let source = source
+            .replace("const GEMM_A: u32 = 4u;", &format!("const GEMM_A: u32 = {a}u;"))
+            .replace("const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"));
+        let name = format!("conv2d_gemm_{a}x{b}");
+        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+    })
+}
+
+/// The two kernels whose tile bodies are written out per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TileKernel {
+    Lanes,
+    Gather,
+}
+
+impl TileKernel {
+    fn entry(self) -> &'static str {
+        match self {
+            TileKernel::Lanes => "conv2d_gemm_lanes",
+            TileKernel::Gather => "conv2d_gemm_gather",
+        }
+    }
+}
+
+/// Where `kernel`'s tile body starts and ends in `source` (the END TILE line included).
+fn tile_block(source: &str, kernel: TileKernel) -> (usize, usize) {
+    let (begin, end) = (format!("    // BEGIN TILE {}", kernel.entry()), format!("    // END TILE {}\n", kernel.entry()));
+    let begin = source.find(&begin).unwrap_or_else(|| panic!("conv2d.wgsl marks {}'s tile body", kernel.entry()));
+    (begin, source.find(&end).unwrap_or_else(|| panic!("conv2d.wgsl marks the end of {}'s tile body", kernel.entry())) + end.len())
+}
+
+/// `kernel`'s body for an `a`×`b` tile, written out with a variable per output: CPU drivers run
+/// a loop as a SIMD loop under a lane mask, which keeps an array it indexes in memory.
+fn gemm_tile(kernel: TileKernel, a: u32, b: u32) -> String {
+    let mut lines = vec![
+        format!("    // BEGIN TILE {}: the body for GEMM_A × GEMM_B = {a} × {b}, as gemm_tile in", kernel.entry()),
+        "    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.".into(),
+    ];
+    lines.extend((0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")));
+    lines.extend((0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")));
+    let row = |i: u32, f: &dyn Fn(u32, u32) -> String| (0..b).map(|j| f(i, j)).collect::<Vec<_>>().join(" ");
+    lines.extend((0..a).map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = 0.0;")))));
+    lines.push("    for (var v = 0u; v < g.row4; v++) {".into());
+    lines.extend((0..b).map(|j| format!("        let bv{j} = gl_b[b{j} + v];")));
+    if kernel == TileKernel::Gather {
+        lines.push("        let tap = gg_taps[v];".into());
+        lines.push("        let live = tap != vec4<u32>(0xffffffffu);".into());
+        lines.push("        let at = select(vec4<u32>(0u), tap, live);".into());
+    }
+    for i in 0..a {
+        lines.push(match kernel {
+            TileKernel::Lanes => format!("        let av{i} = gl_a[a{i} + v];"),
+            TileKernel::Gather => format!(
+                "        let av{i} = select(vec4<f32>(0.0), vec4<f32>(gg_w[a{i} + at.x], gg_w[a{i} + at.y], gg_w[a{i} + at.z], gg_w[a{i} + at.w]), live);"
+            ),
+        });
+        lines.extend((0..b).map(|j| {
+            let term = |c: char| format!("s{i}_{j} += av{i}.{c} * bv{j}.{c};");
+            format!("        {} {} {} {}", term('x'), term('y'), term('z'), term('w'))
+        }));
+    }
+    lines.push("    }".into());
+    lines.extend((0..a).map(|i| format!("    {}", row(i, &|i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, s{i}_{j});")))));
+    lines.push(format!("    // END TILE {}", kernel.entry()));
+    lines.join("\n") + "\n"
+}
+
+/// conv2d_gemm_*'s uniform, mirrored by `struct Gemm` in conv2d.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Gemm {
+    rows_a: u32,
+    rows_b: u32,
+    row4: u32,
+    a_stride: u32,
+    a_is_pixels: u32,
+    pixel_begin: u32,
+    channels: u32,
+    grid_w: u32,
+    grid_plane: u32,
+    out_w: u32,
+    out_plane: u32,
+    step: u32,
+    origin_y: u32,
+    origin_x: u32,
+}
+
+/// Where a GEMM's pixels land: the grid (n, a, b) of `grid_h`×`grid_w` pixels per image goes
+/// to (origin_y + step·a, origin_x + step·b) of an `out_h`×`out_w` plane with `channels` planes
+/// per image.
+struct PixelGrid {
+    images: u32,
+    grid_h: u32,
+    grid_w: u32,
+    channels: u32,
+    out_h: u32,
+    out_w: u32,
+    step: u32,
+    origin_y: u32,
+    origin_x: u32,
+}
+
+impl PixelGrid {
+    fn pixels(&self) -> u64 {
+        self.images as u64 * self.grid_h as u64 * self.grid_w as u64
+    }
+}
+
+/// The GEMM's weight operand: rows of `row4` vec4s over the same k as the im2col rows, or (the
+/// gathering input-VJP) w itself with the w offset of each k, relative to (0, ci, 0, 0).
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    Rows(Slice<'a>),
+    Gather { w: Slice<'a>, taps: Slice<'a>, khw: u32 },
+}
+
+/// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`, `row4` vec4s each)
+/// against `weights` (`grid.channels` rows), into `out`.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    op: &'static str,
+    algo: Conv2dAlgo,
+    grid: &PixelGrid,
+    (begin, count): (u64, u64),
+    row4: u64,
+    rows: Slice,
+    weights: Weights,
+    out: Slice,
+) -> Result<()> {
+    let channels = grid.channels as u64;
+    let (pixels_are_a, rows_a, rows_b, a_stride, bindings) = match (algo, weights) {
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }), Weights::Gather { w, taps, khw }) => {
+            (false, channels, count, khw as u64, vec![("w", w), ("im2col", rows), ("out", out), ("taps", taps)])
+        }
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }), Weights::Rows(weights)) => {
+            (false, channels, count, row4, vec![("weight rows", weights), ("im2col", rows), ("out", out)])
+        }
+        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, .. }) | Conv2dAlgo::GemmShared, Weights::Rows(weights)) => {
+            (true, count, channels, row4, vec![("im2col", rows), ("weight rows", weights), ("out", out)])
+        }
+        _ => unreachable!("{algo} with the other kind of weight operand"),
+    };
+    let params = Gemm {
+        rows_a: rows_a as u32,
+        rows_b: rows_b as u32,
+        row4: row4 as u32,
+        a_stride: a_stride as u32,
+        a_is_pixels: pixels_are_a as u32,
+        pixel_begin: begin as u32,
+        channels: grid.channels,
+        grid_w: grid.grid_w,
+        grid_plane: grid.grid_h * grid.grid_w,
+        out_w: grid.out_w,
+        out_plane: grid.out_h * grid.out_w,
+        step: grid.step,
+        origin_y: grid.origin_y,
+        origin_x: grid.origin_x,
+    };
+    match algo {
+        Conv2dAlgo::Gemm(tile) => {
+            let entry = if tile.lanes == GemmLanes::ChannelsGather { "conv2d_gemm_gather" } else { "conv2d_gemm_lanes" };
+            let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
+            launch(gpu, enc, op, &gemm_lanes_shader(tile), entry, &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+        }
+        _ => {
+            let groups = rows_a.div_ceil(SHARED_EDGE) * rows_b.div_ceil(SHARED_EDGE);
+            launch(gpu, enc, op, &SHADER, "conv2d_gemm_shared", &params, &bindings, grid_1d(groups * SHARED_WG as u64, SHARED_WG))
+        }
+    }
+}
+
+/// Pixels per im2col chunk: as many rows of `row4` vec4s as the scratch cap and the device's
+/// storage-binding limit allow.
+fn chunk_pixels(gpu: &Gpu, op: &'static str, row4: u64, pixels: u64) -> Result<u64> {
+    let row_bytes = row4.max(1) * 16;
+    let cap = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
+    if row_bytes > cap {
+        let problem = format!("needs im2col rows of {row_bytes} bytes, more than a storage binding here ({cap}); use Direct or Blocked");
+        return Err(KernelError::Arg { op, arg: "algo", problem });
+    }
+    Ok((cap / row_bytes).min(pixels))
+}
+
+/// im2col, chunk by chunk, each followed by the GEMM against `weights`.
+#[allow(clippy::too_many_arguments)]
+fn im2col_gemm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    op: &'static str,
+    algo: Conv2dAlgo,
+    (im2col, params): (&'static str, Params),
+    grid: &PixelGrid,
+    source: Slice,
+    weights: Weights,
+    out: Slice,
+) -> Result<()> {
+    let row4 = params.row4 as u64;
+    let pixels = grid.pixels();
+    let chunk = chunk_pixels(gpu, op, row4, pixels)?;
+    let scratch = gpu.buffer("conv2d im2col", (chunk * row4 * 4).max(4)).map_err(|source| KernelError::Gpu { op, source })?;
+    for begin in (0..pixels).step_by(chunk as usize) {
+        let count = chunk.min(pixels - begin);
+        let rows = Slice::new(&scratch, 0, (count * row4 * 4).max(4));
+        if row4 > 0 {
+            let params = Params { row_begin: begin as u32, row_count: count as u32, ..params };
+            let threads = count * row4.div_ceil(ROW_RUN);
+            launch(gpu, enc, op, &SHADER, im2col, &params, &[("source", source), ("im2col", rows)], grid_1d(threads, WG))?;
+        }
+        gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)?;
+    }
+    Ok(())
+}
+
+fn forward_gemm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: Conv2dAlgo, s: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
+    const OP: &str = "conv2d_forward";
+    let k_len = s.c_in as u64 * s.kh as u64 * s.kw as u64;
+    let row4 = k_len.div_ceil(4);
+    let params = Params { row4: row4 as u32, ..s.params() };
+    // OIHW rows are the GEMM's weight rows as they are when they are whole vec4s.
+    let padded;
+    let weights = if k_len.is_multiple_of(4) {
+        w
+    } else {
+        padded = gpu.buffer("conv2d weight rows", s.c_out as u64 * row4 * 4).map_err(|source| KernelError::Gpu { op: OP, source })?;
+        let rows = Slice::whole(&padded);
+        let threads = s.c_out as u64 * row4;
+        launch(gpu, enc, OP, &SHADER, "conv2d_forward_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
+        rows
+    };
+    let grid = PixelGrid {
+        images: s.n,
+        grid_h: s.out_h(),
+        grid_w: s.out_w(),
+        channels: s.c_out,
+        out_h: s.out_h(),
+        out_w: s.out_w(),
+        step: 1,
+        origin_y: 0,
+        origin_x: 0,
+    };
+    im2col_gemm(gpu, enc, OP, algo, ("conv2d_forward_im2col", params), &grid, x, Weights::Rows(weights), y)
+}
+
+/// Taps of a kernel of size `k` that the phase starting at `phase` reaches (`phase_taps` in
+/// the shader).
+fn phase_taps(phase: u32, k: u32, s: &Conv2dShape) -> u32 {
+    let k0 = (phase + s.pad) % s.stride;
+    if k0 >= k { 0 } else { (k - k0).div_ceil(s.stride) }
+}
+
+/// One phase of the input-VJP as a GEMM: weight rows over the phase's taps, then im2col of dy.
+#[allow(clippy::too_many_arguments)]
+fn backward_input_gemm_phase(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    params: Params,
+    dy: Slice,
+    w: Slice,
+    dx: Slice,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_input";
+    let k_len = s.c_out as u64 * phase_taps(params.phase_y, s.kh, s) as u64 * phase_taps(params.phase_x, s.kw, s) as u64;
+    let row4 = k_len.div_ceil(4);
+    let params = Params { row4: row4 as u32, ..params };
+    let gpu_err = |source| KernelError::Gpu { op: OP, source };
+    let (weight_rows, taps);
+    let weights = if matches!(algo, Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. })) {
+        taps = gpu.upload("conv2d taps", &gather_taps(s, &params)).map_err(gpu_err)?;
+        Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
+    } else {
+        weight_rows = gpu.buffer("conv2d weight rows", (s.c_in as u64 * row4 * 4).max(4)).map_err(gpu_err)?;
+        let rows = Slice::whole(&weight_rows);
+        if row4 > 0 {
+            let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
+            launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
+        }
+        Weights::Rows(rows)
+    };
+    let grid = PixelGrid {
+        images: s.n,
+        grid_h: params.phase_h,
+        grid_w: params.phase_w,
+        channels: s.c_in,
+        out_h: s.h,
+        out_w: s.w,
+        step: s.stride,
+        origin_y: params.phase_y,
+        origin_x: params.phase_x,
+    };
+    im2col_gemm(gpu, enc, OP, algo, ("conv2d_backward_input_im2col", params), &grid, dy, weights, dx)
+}
+
+/// conv2d_gemm_gather's table for one phase: for each k = (co, ty, tx) of an im2col row, the
+/// offset in w of (co, ci, ky0 + stride·ty, kx0 + stride·tx) less that of (0, ci, 0, 0); u32
+/// max pads the last vec4 (and stands alone when the phase has no taps).
+fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
+    let (taps_y, taps_x) = (phase_taps(params.phase_y, s.kh, s), phase_taps(params.phase_x, s.kw, s));
+    let (ky0, kx0) = ((params.phase_y + s.pad) % s.stride, (params.phase_x + s.pad) % s.stride);
+    let co_stride = s.c_in * s.kh * s.kw;
+    let mut taps: Vec<u32> = (0..s.c_out)
+        .flat_map(|co| (0..taps_y).flat_map(move |ty| (0..taps_x).map(move |tx| (co, ty, tx))))
+        .map(|(co, ty, tx)| co * co_stride + (ky0 + s.stride * ty) * s.kw + kx0 + s.stride * tx)
+        .collect();
+    taps.resize((params.row4 as usize * 4).max(4), u32::MAX);
+    taps
+}
+
+// ---------------------------------------------------------------------------------------------
+// Choosing a variant.
+
+/// The variant the plain launchers use for `op` at `shape` on `gpu`:
+/// 1. `SYNCSTEP_CONV_ALGO` (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
+///    [`Conv2dAlgo::all`]), where `op` has that kernel (the weight gradient falls back to
+///    Blocked);
+/// 2. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
+///    in a browser, where there is no clock, [`guess`] by device type.
+///
+/// Choices are remembered per (adapter, op, shape) for the life of the process. Every variant
+/// gives the same bits, so this changes speed only.
+pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+    if let Some(forced) = forced_algo(op)? {
+        return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked });
+    }
+    let candidates = candidates(gpu, op);
+    if candidates.len() == 1 {
+        return Ok(candidates[0]);
+    }
+    /// (adapter, op, shape) → the variant chosen there.
+    type Choices = HashMap<(String, Conv2dOp, Conv2dShape), Conv2dAlgo>;
+    static CHOSEN: OnceLock<Mutex<Choices>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(Default::default);
+    let key = (adapter_key(&gpu.info), op, *shape);
+    if let Some(&algo) = chosen.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(algo);
+    }
+    shape.validate(op.name())?;
+    #[cfg(not(target_arch = "wasm32"))]
+    let algo = autotune::fastest(gpu, op, shape, &candidates)?;
+    #[cfg(target_arch = "wasm32")]
+    let algo = guess(&gpu.info, shape);
+    log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
+    chosen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, algo);
+    Ok(algo)
+}
+
+/// `SYNCSTEP_CONV_ALGO`, parsed; an unknown name is an error that lists the known ones.
+fn forced_algo(op: Conv2dOp) -> Result<Option<Conv2dAlgo>> {
+    let Ok(name) = std::env::var("SYNCSTEP_CONV_ALGO") else { return Ok(None) };
+    if name.trim().is_empty() {
+        return Ok(None);
+    }
+    Conv2dAlgo::parse(&name).map(Some).ok_or_else(|| {
+        let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
+        KernelError::Arg { op: op.name(), arg: "SYNCSTEP_CONV_ALGO", problem: format!("is `{name}`; known: {}", known.join(", ")) }
+    })
+}
+
+/// An adapter as the choice cache knows it: the same hardware and driver choose alike.
+fn adapter_key(info: &wgpu::AdapterInfo) -> String {
+    format!("{:?}|{}|{}|{}", info.backend, info.name, info.driver, info.driver_info)
+}
+
+fn is_cpu(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+/// What the autotune times for `op` on `gpu`'s kind of adapter. CPU drivers (lavapipe,
+/// SwiftShader) run workgroups as loops over SIMD lanes, where a barrier is a coroutine switch:
+/// register tiles without workgroup memory. GPUs: workgroup-shared tiles, and the register
+/// tiles for the small GEMMs of the late stages. Direct is never a candidate; the weight
+/// gradient has only Blocked.
+pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
+    if op == Conv2dOp::BackwardWeight {
+        return vec![Conv2dAlgo::Blocked];
+    }
+    let mut all = vec![Conv2dAlgo::Blocked];
+    all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)).filter(|a| a.has(op)));
+    if !is_cpu(&gpu.info) {
+        all.push(Conv2dAlgo::GemmShared);
+    }
+    all
+}
+
+/// Without a clock (wasm32): register tiles with lanes over whichever of pixels and channels
+/// is larger on CPU adapters, shared tiles on GPUs.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+fn guess(info: &wgpu::AdapterInfo, s: &Conv2dShape) -> Conv2dAlgo {
+    if !is_cpu(info) {
+        return Conv2dAlgo::GemmShared;
+    }
+    let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
+    let lanes = if pixels >= s.c_out as u64 { GemmLanes::Pixels } else { GemmLanes::Channels };
+    Conv2dAlgo::Gemm(GemmTile { lanes, per_invocation: 4, per_workgroup: 8 })
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod autotune {
+    //! Times candidates on the device: wgpu has no clock inside shaders, so each run is one
+    //! submit measured to completion with the host's clock (a round trip is ~60 µs on lavapipe,
+    //! small beside a convolution).
+
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Timed runs per candidate after one untimed run (which compiles its pipelines on first
+    /// use); the fastest run counts, the least disturbed by other work on the machine.
+    const RUNS: usize = 2;
+
+    pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
+        // One tuning at a time per process: concurrent ones would time each other.
+        static TUNING: Mutex<()> = Mutex::new(());
+        let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
+        let gpu_err = |source| KernelError::Gpu { op: op.name(), source };
+        let (input_len, output_len) = match op {
+            Conv2dOp::Forward => (s.x_len(), s.y_len()),
+            Conv2dOp::BackwardInput => (s.y_len(), s.x_len()),
+            Conv2dOp::BackwardWeight => (s.y_len(), s.w_len()),
+        };
+        let input = gpu.buffer("autotune input", input_len).map_err(gpu_err)?;
+        let weights = gpu.buffer("autotune weights", s.w_len()).map_err(gpu_err)?;
+        let output = gpu.buffer("autotune output", output_len).map_err(gpu_err)?;
+        let run = |algo: Conv2dAlgo| -> Result<Duration> {
+            let mut enc = gpu.encoder();
+            let (i, w, o) = (Slice::whole(&input), Slice::whole(&weights), Slice::whole(&output));
+            match op {
+                Conv2dOp::Forward => conv2d_forward_with(gpu, &mut enc, algo, s, i, w, o)?,
+                Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, &mut enc, algo, s, i, w, o)?,
+                Conv2dOp::BackwardWeight => conv2d_backward_weight_with(gpu, &mut enc, algo, s, i, w, o)?,
+            }
+            let start = Instant::now();
+            pollster::block_on(gpu.submit(enc)).map_err(gpu_err)?;
+            gpu.wait().map_err(gpu_err)?;
+            Ok(start.elapsed())
+        };
+        gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
+        let mut best: Option<(Duration, Conv2dAlgo)> = None;
+        for &algo in candidates {
+            let first = match run(algo) {
+                Ok(t) => t,
+                // A variant this device refuses (a limit, a scratch buffer too large) is skipped.
+                Err(KernelError::Arg { .. }) | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            // Ten times the best even with its compile included: not worth timing further.
+            if best.is_some_and(|(t, _)| first > 10 * t) {
+                continue;
+            }
+            let mut fastest = first;
+            for _ in 0..RUNS {
+                fastest = fastest.min(run(algo)?);
+            }
+            log::debug!("autotune {} {s:?}: {algo} {:.3} ms", op.name(), fastest.as_secs_f64() * 1e3);
+            if best.is_none_or(|(t, _)| fastest < t) {
+                best = Some((fastest, algo));
+            }
+        }
+        Ok(best.map_or(Conv2dAlgo::Blocked, |(_, algo)| algo))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shader_file_holds_the_generated_4x4_tiles() {
+        for kernel in [TileKernel::Lanes, TileKernel::Gather] {
+            let (begin, end) = tile_block(SOURCE, kernel);
+            assert_eq!(&SOURCE[begin..end], gemm_tile(kernel, 4, 4), "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4)");
+        }
+    }
+
+    #[test]
+    fn every_tile_specialises_to_valid_wgsl() {
+        for tile in GEMM_TILES {
+            let shader = gemm_lanes_shader(tile);
+            let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+            validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            assert!(shader.source.contains(&format!("s{}_{} += ", tile.per_invocation - 1, tile.per_workgroup - 1)), "{}", shader.name);
+        }
+    }
+
+    #[test]
+    fn algo_names_round_trip() {
+        for algo in Conv2dAlgo::all() {
+            assert_eq!(Conv2dAlgo::parse(&algo.to_string()), Some(algo));
+        }
+        assert_eq!(Conv2dAlgo::parse("GEMM-Pixels-8x8"), Some(Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 })));
+        assert_eq!(Conv2dAlgo::parse("gemm-pixels-3x3"), None);
+    }
 }

@@ -10,6 +10,7 @@ pub mod conv2d;
 pub mod cross_entropy;
 pub mod dense;
 pub mod elementwise;
+pub mod matmul;
 pub mod maxpool;
 pub mod sgd;
 

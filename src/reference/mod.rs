@@ -7,6 +7,7 @@ pub mod conv2d;
 pub mod cross_entropy;
 pub mod dense;
 pub mod elementwise;
+pub mod matmul;
 pub mod maxpool;
 pub mod sgd;
 pub mod step;

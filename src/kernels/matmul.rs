@@ -1,0 +1,157 @@
+//! The matrix product `C = A·B`, row-major: the roofline probe. The benchmarks time it beside
+//! the convolutions on the same adapter, so that a convolution's GFLOP/s reads as a fraction of
+//! what that adapter does on a plain f32 GEMM. See shaders/matmul.wgsl for what is subtle.
+//!
+//! [`MatmulAlgo::Simple`] is one element per invocation, any sizes: the tiled kernel's test
+//! neighbour. [`MatmulAlgo::Tiled`] holds a register tile per invocation and reads vec4s; which
+//! tile is fastest depends on the driver, so the probe's figure is the best of [`MATMUL_TILES`].
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use super::{expect_len, expect_positive, launch, KernelError, Result};
+use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+
+const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
+const SHADER: Shader = Shader { name: "matmul", source: SOURCE };
+const WG: u32 = 64;
+
+/// `C [m, n] = A [m, k] · B [k, n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub m: u32,
+    pub k: u32,
+    pub n: u32,
+}
+
+impl MatmulShape {
+    /// Multiply-adds count 2.
+    pub fn flops(&self) -> u64 {
+        2 * self.m as u64 * self.k as u64 * self.n as u64
+    }
+}
+
+/// Which kernel a launch records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulAlgo {
+    /// One element per invocation, any sizes.
+    Simple,
+    /// `rows` × `cols` elements per invocation (`cols` a multiple of 4), vec4 loads; k and n
+    /// must be multiples of 4.
+    Tiled { rows: u32, cols: u32 },
+}
+
+/// The tiles [`MatmulAlgo::Tiled`] is compiled for. On lavapipe, Mesa 22 runs 12×8 fastest and
+/// Mesa 25 4×8 (past ~32 accumulators it spills).
+pub const MATMUL_TILES: [MatmulAlgo; 4] = [
+    MatmulAlgo::Tiled { rows: 4, cols: 4 },
+    MatmulAlgo::Tiled { rows: 4, cols: 8 },
+    MatmulAlgo::Tiled { rows: 8, cols: 8 },
+    MatmulAlgo::Tiled { rows: 12, cols: 8 },
+];
+
+/// `c = a·b`: `a` [m, k], `b` [k, n], `c` [m, n] (overwritten), with the kernel `algo`.
+pub fn matmul(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
+    const OP: &str = "matmul";
+    let s = shape;
+    for (arg, v) in [("m", s.m), ("k", s.k), ("n", s.n)] {
+        expect_positive(OP, arg, v)?;
+    }
+    let (m, k, n) = (s.m as u64, s.k as u64, s.n as u64);
+    let sizes = [("a", a, m * k, "m·k"), ("b", b, k * n, "k·n"), ("c", c, m * n, "m·n")];
+    for (arg, slice, len, formula) in &sizes {
+        if *len > i32::MAX as u64 {
+            let problem = format!("needs {formula} = {len} elements, more than the shader's 32-bit indices allow");
+            return Err(KernelError::Arg { op: OP, arg, problem });
+        }
+        expect_len(OP, arg, slice, *len, formula)?;
+    }
+    let bindings = [("a", a), ("b", b), ("c", c)];
+    let params = [s.m, s.k, s.n];
+    match algo {
+        MatmulAlgo::Simple => launch(gpu, enc, OP, &SHADER, "matmul_simple", &params, &bindings, grid_1d(m * n, WG)),
+        MatmulAlgo::Tiled { rows, cols } => {
+            if !MATMUL_TILES.contains(&algo) {
+                return Err(KernelError::Arg { op: OP, arg: "algo", problem: format!("is a {rows}×{cols} tile; compiled tiles: {MATMUL_TILES:?}") });
+            }
+            for (arg, v) in [("k", s.k), ("n", s.n)] {
+                if v % 4 != 0 {
+                    return Err(KernelError::Arg { op: OP, arg, problem: format!("is {v}; the tiled kernel reads vec4s and needs a multiple of 4 (use Simple)") });
+                }
+            }
+            let col_groups = (n / 4).div_ceil(WG as u64 * (cols / 4) as u64);
+            let groups = m.div_ceil(rows as u64) * col_groups;
+            launch(gpu, enc, OP, &tiled_shader(rows, cols / 4), "matmul_tiled", &params, &bindings, grid_1d(groups * WG as u64, WG))
+        }
+    }
+}
+
+/// matmul.wgsl for one tile: its constants and the body between BEGIN TILE and END TILE
+/// replaced; compiled once per tile (the pipeline cache is keyed by the shader's name).
+fn tiled_shader(rows: u32, cols4: u32) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32), Shader>>> = OnceLock::new();
+    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    *shaders.entry((rows, cols4)).or_insert_with(|| {
+        let (begin, end) = tile_block(SOURCE);
+        let source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4), &SOURCE[end..])
+            .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
+            .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"));
+        let name = format!("matmul_{rows}x{}", 4 * cols4);
+        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+    })
+}
+
+/// Where matmul.wgsl's tile body starts and ends (the END TILE line included).
+fn tile_block(source: &str) -> (usize, usize) {
+    const END: &str = "    // END TILE\n";
+    let begin = source.find("    // BEGIN TILE").expect("matmul.wgsl marks matmul_tiled's tile body");
+    (begin, source.find(END).expect("matmul.wgsl marks the end of the tile body") + END.len())
+}
+
+/// matmul_tiled's body for `rows` × `cols4` vec4s, written out with a variable per vec4 of C:
+/// CPU drivers run a loop as a SIMD loop under a lane mask, which keeps an array it indexes in
+/// memory.
+fn matmul_tile(rows: u32, cols4: u32) -> String {
+    let mut lines = vec![format!("    // BEGIN TILE: {rows} rows × {cols4} vec4s, as matmul_tile in src/kernels/matmul.rs writes it.")];
+    lines.extend((0..rows).map(|i| format!("    let a{i} = min(r0 + {i}u, p.m - 1u) * k4;")));
+    lines.extend((0..cols4).map(|j| format!("    let col{j} = min(c0 + {j}u, n4 - 1u);")));
+    let row = |i: u32, f: &dyn Fn(u32, u32) -> String| (0..cols4).map(|j| f(i, j)).collect::<Vec<_>>().join(" ");
+    lines.extend((0..rows).map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = vec4<f32>(0.0);")))));
+    lines.push("    for (var kk = 0u; kk < k4; kk++) {".into());
+    lines.push("        let b_row = 4u * kk * n4;".into());
+    for j in 0..cols4 {
+        lines.push(format!("        let b{j} = array<vec4<f32>, 4>(mt_b[b_row + col{j}], mt_b[b_row + n4 + col{j}], mt_b[b_row + 2u * n4 + col{j}], mt_b[b_row + 3u * n4 + col{j}]);"));
+    }
+    for i in 0..rows {
+        lines.push(format!("        let av{i} = mt_a[a{i} + kk];"));
+        lines.extend((0..cols4).map(|j| {
+            format!("        s{i}_{j} += av{i}.x * b{j}[0]; s{i}_{j} += av{i}.y * b{j}[1]; s{i}_{j} += av{i}.z * b{j}[2]; s{i}_{j} += av{i}.w * b{j}[3];")
+        }));
+    }
+    lines.push("    }".into());
+    lines.extend((0..rows).map(|i| format!("    {}", row(i, &|i, j| format!("matmul_tiled_store(r0 + {i}u, c0 + {j}u, s{i}_{j});")))));
+    lines.push("    // END TILE".into());
+    lines.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shader_file_holds_the_generated_4x8_tile() {
+        let (begin, end) = tile_block(SOURCE);
+        assert_eq!(&SOURCE[begin..end], matmul_tile(4, 2), "regenerate matmul.wgsl's tile body with matmul_tile(4, 2)");
+    }
+
+    #[test]
+    fn every_tile_specialises_to_valid_wgsl() {
+        for algo in MATMUL_TILES {
+            let MatmulAlgo::Tiled { rows, cols } = algo else { unreachable!() };
+            let shader = tiled_shader(rows, cols / 4);
+            let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+            validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+        }
+    }
+}
