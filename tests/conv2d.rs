@@ -284,12 +284,12 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
     let w = uniform(71, whole.w_len() as usize);
     let dy = uniform(72, whole.y_len() as usize);
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for algo in ALGOS {
-        let want = run(gpu, algo, &whole, &x, &w, &dy).dw;
+    for algo in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked] {
+        let want = run(gpu, algo, &whole, &x, &w, &dy).dw.unwrap();
         for n in [1, 2, 4] {
             let s = Conv2dShape { n, ..whole };
             let (xl, yl) = (s.x_len() as usize, s.y_len() as usize);
-            let shards: Vec<Vec<f32>> = (0..12 / n as usize).map(|r| run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl]).dw).collect();
+            let shards: Vec<Vec<f32>> = (0..12 / n as usize).map(|r| run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl]).dw.unwrap()).collect();
             let got = syncstep::collective::reduce(shards, syncstep::collective::ReduceOp::Sum);
             assert_eq!(bits(&got), bits(&want), "{algo:?}: {} shards of {n}", 12 / n);
         }
