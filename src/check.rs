@@ -135,12 +135,14 @@ impl CheckDevices {
     }
 }
 
-/// Where a running check is: phase `index` of `total` starts (`index == total`: done).
+/// Where a running check is: phase `index` of `total` starts (`index == total`: done), and
+/// the gates decided so far.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CheckProgress {
+pub struct CheckProgress<'a> {
     pub index: usize,
     pub total: usize,
     pub phase: String,
+    pub gates: &'a [GateRow],
 }
 
 /// Counts a check's phases off to a progress callback.
@@ -151,9 +153,9 @@ struct Phases<'p> {
 }
 
 impl Phases<'_> {
-    fn start(&mut self, phase: String) {
+    fn start(&mut self, phase: String, gates: &[GateRow]) {
         log::info!("{phase}");
-        (self.report)(&CheckProgress { index: self.index, total: self.total, phase });
+        (self.report)(&CheckProgress { index: self.index, total: self.total, phase, gates });
         self.index += 1;
     }
 }
@@ -295,22 +297,22 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
 
     // TEST: the data-parallel step against the single device on the DP run's pattern.
     let batch = gate_batch(cfg, 0)?;
-    phases.start(format!("TEST: data-parallel step, {r} replicas × {n}"));
+    phases.start(format!("TEST: data-parallel step, {r} replicas × {n}"), &rows);
     let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
     let dp_grads = dp.read_grads().await?.swap_remove(0);
     let pattern = ActivationPattern::concat(&dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
-    phases.start(format!("TEST: single-device step at {m}, deciding its own activation pattern"));
+    phases.start(format!("TEST: single-device step at {m}, deciding its own activation pattern"), &rows);
     let free = single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
     let free_pattern = free.pattern.unwrap_or_default();
     // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
     let portable = match golden {
         Some(g) => {
-            phases.start(format!("PORTABLE: single-device step at {m} on the golden's activation pattern"));
+            phases.start(format!("PORTABLE: single-device step at {m} on the golden's activation pattern"), &rows);
             Some(portable(&model, &mut single, &batch, &step_cfg, g, &free_pattern).await?)
         }
         None => None,
     };
-    phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"));
+    phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"), &rows);
     let single_out = single.step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
     let single_grads = single.read_grads().await?;
     let flips = Some(free_pattern.flips(&pattern));
@@ -326,7 +328,7 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     rows.push(row("TEST logits", logits_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, bitwise(logits_err)));
 
     if cfg.tie {
-        phases.start(format!("TIE: the f64 reference step at {m}"));
+        phases.start(format!("TIE: the f64 reference step at {m}"), &rows);
         rows.extend(tie(&model, &params, &running, &batch, &single_out, &single_grads, &pattern));
     }
     let portable_errors = portable.map(|(portable_rows, errors)| {
@@ -335,7 +337,7 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     });
 
     // CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail.
-    phases.start("CONTROL: data-parallel step with per-replica BatchNorm statistics".into());
+    phases.start("CONTROL: data-parallel step with per-replica BatchNorm statistics".into(), &rows);
     let local = ParallelOptions { bn: BnMode::Local, ..sync };
     let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
     let local_grads = dp.read_grads().await?.swap_remove(0);
@@ -347,7 +349,7 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
 
     // REPEAT: the same DP step again. Only the running statistics moved since, and training
     // mode does not read them. It leaves step 0's gradients in place for DRIFT.
-    phases.start("REPEAT: the data-parallel step again".into());
+    phases.start("REPEAT: the data-parallel step again".into(), &rows);
     let again = dp.forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync }).await?;
     let again_grads = dp.read_grads().await?.swap_remove(0);
     let differing = again_grads.iter().zip(&dp_grads).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
@@ -355,10 +357,10 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "values differing bitwise (gradients, losses)".into()));
 
     if cfg.steps > 0 {
-        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, &mut phases).await?);
+        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, (&mut phases, &rows)).await?);
     }
     let pass_all = |r: &GateRow| r.pass;
-    phases.start(format!("done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }));
+    phases.start(format!("done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }), &rows);
     let tensors = model
         .params
         .iter()
@@ -393,6 +395,26 @@ async fn portable(model: &ResNet34, single: &mut Single, batch: &Batch, step_cfg
     Ok((rows, errors))
 }
 
+impl GateRow {
+    /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
+    pub fn to_json(&self) -> String {
+        let (kind, bound) = match self.bound {
+            Bound::AtMost(b) => ("at_most", b),
+            Bound::AtLeast(b) => ("at_least", b),
+        };
+        let gate = json::Object::new().str("gate", self.gate).num("measured", self.measured).num("bound", bound).str("bound_kind", kind);
+        let gate = match &self.worst {
+            Some(w) => gate.str("worst_tensor", w),
+            None => gate.raw("worst_tensor", "null"),
+        };
+        let gate = match self.flips {
+            Some(f) => gate.int("flips", f as u64),
+            None => gate.raw("flips", "null"),
+        };
+        gate.str("note", &self.note).bool("pass", self.pass).finish()
+    }
+}
+
 fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, flips: Option<usize>, note: String) -> GateRow {
     GateRow { gate, measured, bound, worst, flips, note, pass: bound.holds(measured) }
 }
@@ -401,9 +423,9 @@ fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, f
 /// pattern), from the same state; then parameters against each other, and replicas among
 /// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
 /// the single device's from TEST (parameters untouched since).
-async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions, phases: &mut Phases<'_>) -> Result<GateRow> {
+async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions, (phases, done): (&mut Phases<'_>, &[GateRow])) -> Result<GateRow> {
     for step in 0..cfg.steps {
-        phases.start(format!("DRIFT: SGD step {} of {}, data-parallel and single-device", step + 1, cfg.steps));
+        phases.start(format!("DRIFT: SGD step {} of {}, data-parallel and single-device", step + 1, cfg.steps), done);
         if step > 0 {
             let batch = gate_batch(cfg, step)?;
             let out = dp.forward_backward(&batch, step_cfg, sync).await?;
@@ -499,22 +521,7 @@ impl CheckReport {
     /// The report as JSON (`crate::json`; non-finite figures are null).
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let gates = self.rows.iter().map(|r| {
-            let (kind, bound) = match r.bound {
-                Bound::AtMost(b) => ("at_most", b),
-                Bound::AtLeast(b) => ("at_least", b),
-            };
-            let gate = json::Object::new().str("gate", r.gate).num("measured", r.measured).num("bound", bound).str("bound_kind", kind);
-            let gate = match &r.worst {
-                Some(w) => gate.str("worst_tensor", w),
-                None => gate.raw("worst_tensor", "null"),
-            };
-            let gate = match r.flips {
-                Some(f) => gate.int("flips", f as u64),
-                None => gate.raw("flips", "null"),
-            };
-            gate.str("note", &r.note).bool("pass", r.pass).finish()
-        });
+        let gates = self.rows.iter().map(GateRow::to_json);
         let check = json::Object::new()
             .str("check", "equivalence")
             .int("replicas", c.replicas as u64)

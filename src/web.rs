@@ -19,7 +19,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::check::{run_check_on, CheckConfig, CheckDevices};
+use crate::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
 use crate::golden::Golden;
 use crate::gpu::{self, Gpu};
 use crate::json;
@@ -143,7 +143,8 @@ pub async fn kernel_selfcheck(seed: u32, on_progress: Option<Function>) -> Resul
 /// `single_adapter`, `portable_against`, `pass`, `gates: [{gate, measured, bound, bound_kind,
 /// worst_tensor, flips, note, pass}]` and `tensors: [{name, test, control, portable}]` (each
 /// parameter tensor's norm-rel gradient error, model order). `on_progress`, if given, is
-/// called with `{phase, index, total}` as each phase starts, and `index == total` when done.
+/// called with `{phase, index, total, gates}` as each phase starts (`gates`: those decided so
+/// far, as in the report), and `index == total` when done.
 #[wasm_bindgen]
 pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u32, golden: Option<String>, on_progress: Option<Function>) -> Result<JsValue, JsError> {
     let cfg = CheckConfig {
@@ -162,9 +163,10 @@ pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u
     let mut gpus = browser_devices(cfg.replicas + 1, Some(&model)).await?;
     let single = gpus.pop().ok_or_else(no_adapter)?;
     let devices = CheckDevices { replicas: gpus, single };
-    let mut report_progress = |p: &crate::check::CheckProgress| {
+    let mut report_progress = |p: &CheckProgress| {
         if let Some(callback) = &on_progress {
-            let event = json::Object::new().str("phase", &p.phase).int("index", p.index as u64).int("total", p.total as u64).finish();
+            let gates = json::array(p.gates.iter().map(GateRow::to_json));
+            let event = json::Object::new().str("phase", &p.phase).int("index", p.index as u64).int("total", p.total as u64).raw("gates", &gates).finish();
             call_progress(callback, &event);
         }
     };

@@ -102,16 +102,18 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     let golden = Golden::from_json(&first.golden.to_json()).unwrap();
     assert_eq!(golden, first.golden);
     let mut phases = Vec::new();
-    let report = pollster::block_on(async { run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| phases.push(p.clone())).await }).unwrap();
+    let report = pollster::block_on(async { run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| phases.push((p.index, p.total, p.phase.clone(), p.gates.len()))).await }).unwrap();
     eprintln!("{}", report.table());
     let portable = report.row("PORTABLE").unwrap();
     assert_eq!((portable.measured, portable.flips), (0.0, Some(0)), "{}", report.table());
     assert_eq!(measured(&report, "PORTABLE loss"), 0.0);
     assert!(report.passed() && report.tensors.iter().all(|t| t.portable == Some(0.0) && t.test == 0.0 && t.control > 0.0));
     assert_eq!(report.portable_against.as_deref(), Some(first.single_adapter.as_str()));
-    let total = phases[0].total;
-    assert!(phases.iter().enumerate().all(|(i, p)| p.index == i && p.total == total) && phases.len() == total + 1);
-    assert!(phases.iter().any(|p| p.phase.starts_with("PORTABLE")) && phases[total].phase == "done: all gates pass", "{phases:?}");
+    let total = phases[0].1;
+    assert!(phases.iter().enumerate().all(|(i, p)| p.0 == i && p.1 == total) && phases.len() == total + 1, "{phases:?}");
+    assert!(phases.iter().any(|p| p.2.starts_with("PORTABLE")) && phases[total].2 == "done: all gates pass", "{phases:?}");
+    // The table fills as the check goes: nothing decided at first, every gate at the end.
+    assert_eq!((phases[0].3, phases[total].3), (0, report.rows.len()));
 
     let other = CheckConfig { seed: 1, ..cfg };
     let e = pollster::block_on(async { run_check_on(&other, CheckDevices::open(&other).await?, Some(&golden), &mut |_| {}).await }).unwrap_err().to_string();
