@@ -89,11 +89,15 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     cfg.model()?;
+    let started = std::time::Instant::now();
     let report = pollster::block_on(async {
         let devices = CheckDevices::open(&cfg).await?;
         run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
+            let at = started.elapsed().as_secs_f64();
             if p.index < p.total {
-                eprintln!("[{}/{}] {}", p.index + 1, p.total, p.phase);
+                eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
+            } else {
+                eprintln!("[{at:.1} s] {}", p.phase);
             }
         })
         .await
