@@ -63,7 +63,9 @@ pub fn has_webgpu() -> bool {
 
 /// The adapter the kernels will run on: `backend`, `name`, the browser's own adapter strings
 /// (`vendor`, `architecture`, `device`, `description`, `isFallbackAdapter` where the browser
-/// reports it), the limits that decide which shapes fit, and the features of interest.
+/// reports it), the limits that decide which shapes fit, the features of interest, and
+/// `parameterBytes`: the size of ResNet-34's flat parameter buffer (10 classes), which one
+/// storage binding must hold.
 #[wasm_bindgen]
 pub async fn adapter_info() -> Result<JsValue, JsError> {
     let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
@@ -99,6 +101,7 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
         .raw("isFallbackAdapter", browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }))
         .raw("limits", &limits)
         .raw("features", &features)
+        .int("parameterBytes", ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4)
         .finish();
     parse(&report)
 }
@@ -215,9 +218,11 @@ async fn device() -> Result<Gpu, JsError> {
 
 /// `count` devices, each on an adapter of its own (a browser gives an adapter one device),
 /// with the adapter's own limits; refused up front, with the reason, when an adapter cannot
-/// hold `model`'s flat parameter buffer in one storage binding.
+/// hold `model`'s flat parameter buffer in one storage binding. wgpu leaves a browser
+/// adapter's name empty, so the devices are named by what the browser says of its adapter.
 async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<Gpu>, JsError> {
-    navigator_gpu().ok_or_else(no_webgpu)?;
+    let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
+    let name = browser_adapter_info(&gpu_js).await?.name();
     let instance = gpu::instance();
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
     let mut devices = Vec::with_capacity(count);
@@ -244,7 +249,11 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
                 )));
             }
         }
-        devices.push(Gpu::from_adapter(&adapter).await.map_err(js_error)?);
+        let mut device = Gpu::from_adapter(&adapter).await.map_err(js_error)?;
+        if device.info.name.is_empty() {
+            device.info.name = name.clone();
+        }
+        devices.push(device);
     }
     Ok(devices)
 }
@@ -301,6 +310,17 @@ struct BrowserAdapterInfo {
     device: String,
     description: String,
     is_fallback: Option<bool>,
+}
+
+impl BrowserAdapterInfo {
+    /// "google swiftshader": the description, else vendor, architecture and device.
+    fn name(&self) -> String {
+        if !self.description.is_empty() {
+            return self.description.clone();
+        }
+        let parts: Vec<&str> = [&self.vendor, &self.architecture, &self.device].into_iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        if parts.is_empty() { "WebGPU adapter".into() } else { parts.join(" ") }
+    }
 }
 
 async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, JsError> {
