@@ -232,17 +232,20 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
                 no_adapter()
             } else {
                 JsError::new(&format!(
-                    "this run needs {count} GPU adapters (a browser gives each adapter one device: one per replica, plus one for                      the single-device side of the check), but the browser offered only {r}: choose fewer replicas"
+                    "this run needs {count} GPU adapters (a browser gives each adapter one device: one per replica, plus one for \
+                     the single-device side of the check), but the browser offered only {r}: choose fewer replicas"
                 ))
             });
         };
         let limits = adapter.limits();
-        for (name, allowed) in [("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size), ("maxBufferSize", limits.max_buffer_size)] {
+        for (limit, allowed) in [("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size), ("maxBufferSize", limits.max_buffer_size)] {
             let Some(model) = model else { break };
             let need = model.param_len as u64 * 4;
             if allowed < need {
                 return Err(JsError::new(&format!(
-                    "this GPU adapter allows buffers of at most {} ({name}), but ResNet-34's flat parameter buffer ({} classes)                      is {}, bound whole by the optimizer. WebGPU's default limit is 128 MiB, which is enough; this browser or                      GPU offers less: try another browser or GPU",
+                    "this GPU adapter allows buffers of at most {} ({limit}), but ResNet-34's flat parameter buffer ({} classes) \
+                     is {}, bound whole by the optimizer. WebGPU's default limit is 128 MiB, which is enough; this browser or \
+                     GPU offers less: try another browser or GPU",
                     mib(allowed),
                     model.classes,
                     mib(need)

@@ -149,7 +149,7 @@ function showNoWebGPU(probe) {
     ],
   });
   $("adapter-status").textContent = "No WebGPU adapter.";
-  for (const id of ["gates-section", "train-section", "selfcheck-section"]) $(id).hidden = true;
+  for (const id of ["settings-section", "gates-section", "train-section", "selfcheck-section"]) $(id).hidden = true;
   Object.assign(result, { reason: probe.reason, message: why, status: "no-webgpu" });
 }
 
@@ -303,8 +303,11 @@ async function runGates(settings) {
     $("portable-note").textContent = result.portable.message;
     $("portable-note").hidden = false;
     clock.set(`Requesting ${settings.replicas + 1} GPU adapters (one per replica, one for the single device)…`);
+    // When each phase started, in ms from the start of the check: step times on this GPU.
+    const phases = [];
     const report = await syncstep.run_gates(settings.replicas, settings.batch, settings.size, settings.seed, settings.steps,
       golden.status === "ready" ? golden.text : undefined, (ev) => {
+        phases.push({ phase: ev.phase, ms: performance.now() - t0 });
         progress.max = ev.total;
         progress.value = ev.index;
         if (ev.gates.length) {
@@ -349,7 +352,7 @@ async function runGates(settings) {
     result.gates = {
       pass: report.pass, replicas: report.replicas, batch: report.batch_per_replica, size: report.image_size,
       seed: report.seed, steps: report.steps, replicaAdapters: report.replica_adapters, singleAdapter: report.single_adapter,
-      gates: gateFigures(report.gates), tensors: report.tensors,
+      gates: gateFigures(report.gates), tensors: report.tensors, phases,
     };
     result.timings.gatesMs = gatesMs;
   } finally {

@@ -29,6 +29,10 @@ test("every gate passes in headless Chromium, PORTABLE against the native golden
     assert.equal(result.status, "done", `page ended in "${result.status}": ${result.error ?? result.message ?? ""}`);
 
     const g = result.gates;
+    g.phases.forEach((p, i) => {
+      const next = g.phases[i + 1];
+      if (next) t.diagnostic(`${Math.round(next.ms - p.ms)} ms: ${p.phase}`);
+    });
     assert.deepEqual([g.replicas, g.batch, g.size, g.seed, g.steps], [replicas, batch, size, seed, DRIFT_STEPS]);
     for (const gate of g.gates) {
       t.diagnostic(`${gate.gate}: ${gate.measured} (${gate.boundKind} ${gate.bound}) worst ${gate.worstTensor} flips ${gate.flips} ${gate.note}`);

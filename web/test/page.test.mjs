@@ -51,7 +51,7 @@ test("without WebGPU the page says so and what to do", { timeout: TIMEOUT }, asy
     assert.match(text, /No WebGPU in this browser/);
     assert.match(text, /--enable-unsafe-webgpu/);
     assert.match(text, /Chrome|Edge/);
-    for (const section of ["#gates-section", "#train-section", "#selfcheck-section"]) {
+    for (const section of ["#settings-section", "#gates-section", "#train-section", "#selfcheck-section"]) {
       assert.ok(!(await page.locator(section).isVisible()), `${section} is offered without WebGPU`);
     }
     assert.deepEqual(problems, [], "the page logged errors");
