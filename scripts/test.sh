@@ -3,12 +3,14 @@
 # and f64 references are too slow). GPU tests run on the first adapter (lavapipe on a CPU
 # machine); with CI set, a test that finds no adapter fails instead of skipping.
 # Then the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
-# SwiftShader) under `node --test`. Arguments go to `cargo test`.
+# SwiftShader) under `node --test`; its PORTABLE test runs the native release binary to write
+# web/golden.json first. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo test --release --all-targets "$@"
 
+cargo build --release --bin syncstep --quiet
 bash scripts/setup-web.sh --test
 bash scripts/web-build.sh
 (cd web && node --test --test-reporter=spec test/*.test.mjs)

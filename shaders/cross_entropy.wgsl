@@ -20,7 +20,9 @@ struct Params {
 }
 
 const WG: u32 = 64u;
-const LOWEST: f32 = -3.40282347e38;
+// The lowest finite f32, written exactly: Tint (Chrome) refuses a decimal literal that only
+// rounds to it, such as -3.40282347e38.
+const LOWEST: f32 = -0x1.fffffep+127f;
 
 @group(0) @binding(0) var<uniform> p: Params;
 

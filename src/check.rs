@@ -1,6 +1,7 @@
-//! The equivalence gates of DESIGN.md as one async library function, [`run_check`], whose
-//! [`CheckReport`] the CLI prints and (later) the browser page shows. Nothing here is
-//! native-only, so it compiles for wasm32.
+//! The equivalence gates of DESIGN.md as one async library function, [`run_check`] (or
+//! [`run_check_on`] given the devices, as the browser face does), whose [`CheckReport`] the
+//! CLI prints and the browser page shows. Nothing here is native-only, so it compiles for
+//! wasm32.
 //!
 //! Every gate compares two programs on the SAME activation pattern: the single-device run is
 //! given the data-parallel run's ReLU masks and pool argmaxes (the replicas' captured patterns
@@ -8,12 +9,16 @@
 //! would have flipped is reported beside. Shard r's images are shifted by +0.5·r so that
 //! per-replica BatchNorm statistics differ visibly from the global ones (CONTROL needs that);
 //! the single device gets the same shifted global batch.
+//!
+//! PORTABLE (given a [`Golden`] made by another build) runs the single-device step once more
+//! on the golden's pattern and holds loss and gradients to the golden's figures.
 
 use crate::data::{synthetic_batch, Batch, DataError};
+use crate::golden::Golden;
 use crate::gpu::{AdapterChoice, Gpu};
 use crate::json;
 use crate::model::{ActivationPattern, ModelError, ResNet34};
-use crate::parallel::{adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage};
+use crate::parallel::{self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage};
 use crate::reference::step as reference;
 use crate::step::{LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput, BN_EPS};
 
@@ -28,6 +33,10 @@ pub const CONTROL_FLOOR: f64 = 1e-12;
 pub const DRIFT_BOUND: f64 = 1e-5;
 pub const TIE_LOSS_BOUND: f64 = 1e-5;
 pub const TIE_GRAD_BOUND: f64 = 1e-4;
+/// PORTABLE's bound on every gradient tensor (norm-rel of the sample, and of the norm).
+pub const PORTABLE_GRAD_BOUND: f64 = 1e-4;
+/// PORTABLE's bound on the loss (relative).
+pub const PORTABLE_LOSS_BOUND: f64 = 1e-5;
 /// Shard r's images are raised by this times r.
 pub const SHARD_SHIFT: f32 = 0.5;
 
@@ -43,6 +52,8 @@ pub enum CheckError {
     },
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Golden(#[from] crate::golden::GoldenError),
     #[error("{0}")]
     Config(String),
 }
@@ -90,6 +101,65 @@ impl Bound {
     }
 }
 
+impl CheckConfig {
+    /// The model this configuration checks, or why it cannot be checked.
+    pub fn model(&self) -> Result<ResNet34> {
+        if self.batch == 0 {
+            return Err(CheckError::Config("batch per replica must be at least 1".into()));
+        }
+        if self.replicas == 0 {
+            return Err(ParallelError::from(DataError::NoReplicas).into());
+        }
+        if self.replicas == 1 {
+            return Err(CheckError::Config("check holds R ≥ 2 replicas against one device; with one replica there is nothing to synchronise (and CONTROL cannot differ)".into()));
+        }
+        ResNet34::check_image_size(self.image_size, self.image_size)?;
+        Ok(ResNet34::new(self.classes)?)
+    }
+}
+
+/// The devices a check runs on: one per replica, and one for the single-device side.
+pub struct CheckDevices {
+    pub replicas: Vec<Gpu>,
+    pub single: Gpu,
+}
+
+impl CheckDevices {
+    /// Replica r on `cfg.adapters[r % len]`, the single device on the first (see
+    /// [`parallel::devices`]).
+    pub async fn open(cfg: &CheckConfig) -> Result<CheckDevices> {
+        let replicas = parallel::devices(cfg.replicas, &cfg.adapters).await?;
+        let choice = cfg.adapters.first().cloned().unwrap_or_default();
+        let single = Gpu::new(&choice).await.map_err(ParallelError::from)?;
+        Ok(CheckDevices { replicas, single })
+    }
+}
+
+/// Where a running check is: phase `index` of `total` starts (`index == total`: done), and
+/// the gates decided so far.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckProgress<'a> {
+    pub index: usize,
+    pub total: usize,
+    pub phase: String,
+    pub gates: &'a [GateRow],
+}
+
+/// Counts a check's phases off to a progress callback.
+struct Phases<'p> {
+    index: usize,
+    total: usize,
+    report: &'p mut dyn FnMut(&CheckProgress),
+}
+
+impl Phases<'_> {
+    fn start(&mut self, phase: String, gates: &[GateRow]) {
+        log::info!("{phase}");
+        (self.report)(&CheckProgress { index: self.index, total: self.total, phase, gates });
+        self.index += 1;
+    }
+}
+
 /// One line of the report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GateRow {
@@ -105,13 +175,30 @@ pub struct GateRow {
     pub pass: bool,
 }
 
+/// One parameter tensor's errors, for a per-tensor chart (norm-rel, as the gates).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorErrors {
+    pub name: String,
+    pub test: f64,
+    pub control: f64,
+    /// Against the golden, when PORTABLE ran.
+    pub portable: Option<f64>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckReport {
     pub config: CheckConfig,
     /// Each replica's adapter, in replica order.
     pub replica_adapters: Vec<String>,
     pub single_adapter: String,
+    /// The adapter the PORTABLE golden was made on, when PORTABLE ran.
+    pub portable_against: Option<String>,
     pub rows: Vec<GateRow>,
+    /// Every parameter tensor, in model order.
+    pub tensors: Vec<TensorErrors>,
+    /// TEST's single-device step (global batch, on the data-parallel pattern), summarised for
+    /// another build's PORTABLE gate.
+    pub golden: Golden,
 }
 
 /// ‖a − b‖₂ / ‖b‖₂ in f64 (‖a − b‖₂ when b is 0); infinite if a or b is not finite.
@@ -124,17 +211,27 @@ pub fn norm_rel(a: &[f32], b: &[f32]) -> f64 {
     if den == 0.0 { num } else { num / den }
 }
 
-/// The largest per-tensor norm-rel error between two flat buffers in the model's layout, and
-/// the tensor it occurs in (none when every tensor agrees bitwise). `b` is the one held as right.
-pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
+/// Each parameter tensor's norm-rel error between two flat buffers in the model's layout, in
+/// model order. `b` is the one held as right.
+pub fn tensor_errors(model: &ResNet34, a: &[f32], b: &[f32]) -> Vec<f64> {
+    model.params.iter().map(|spec| norm_rel(&a[spec.range()], &b[spec.range()])).collect()
+}
+
+/// The largest of per-tensor errors (model order) and the tensor it occurs in (none when
+/// every error is 0).
+pub fn worst_of(model: &ResNet34, errors: &[f64]) -> (f64, Option<String>) {
     let mut worst = (0.0, None);
-    for spec in &model.params {
-        let e = norm_rel(&a[spec.range()], &b[spec.range()]);
+    for (spec, &e) in model.params.iter().zip(errors) {
         if e > worst.0 {
             worst = (e, Some(spec.name.clone()));
         }
     }
     worst
+}
+
+/// The largest per-tensor norm-rel error between two flat buffers and the tensor it occurs in.
+pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
+    worst_of(model, &tensor_errors(model, a, b))
 }
 
 /// The global batch of step `step`: R·N synthetic images from example step·R·N on, shard r's
@@ -167,45 +264,60 @@ impl Single {
     }
 }
 
-/// Runs TEST, CONTROL, REPEAT, DRIFT (unless `steps` is 0) and TIE (if asked) and returns
-/// their figures. Errors only when something could not run; failed gates are rows with
-/// `pass: false`.
+/// Runs TEST, CONTROL, REPEAT, DRIFT (unless `steps` is 0) and TIE (if asked) on the devices
+/// `cfg.adapters` names and returns their figures. Errors only when something could not run;
+/// failed gates are rows with `pass: false`.
 pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
-    if cfg.batch == 0 {
-        return Err(CheckError::Config("batch per replica must be at least 1".into()));
+    cfg.model()?;
+    run_check_on(cfg, CheckDevices::open(cfg).await?, None, &mut |_| {}).await
+}
+
+/// [`run_check`] on the given devices (`cfg.adapters` is not read), with PORTABLE against
+/// `golden` if one is given, calling `progress` as each phase starts and once when done.
+pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Option<&Golden>, progress: &mut dyn FnMut(&CheckProgress)) -> Result<CheckReport> {
+    let model = cfg.model()?;
+    if devices.replicas.len() != cfg.replicas {
+        return Err(CheckError::Config(format!("{} replicas need {} devices, {} given", cfg.replicas, cfg.replicas, devices.replicas.len())));
     }
-    if cfg.replicas == 0 {
-        return Err(ParallelError::from(DataError::NoReplicas).into());
+    if let Some(g) = golden {
+        g.check_fits(cfg, &model)?;
     }
-    if cfg.replicas == 1 {
-        return Err(CheckError::Config("check holds R ≥ 2 replicas against one device; with --replicas 1 there is nothing to synchronise (and CONTROL cannot differ)".into()));
-    }
-    let model = ResNet34::new(cfg.classes)?;
-    ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;
+    let mut phases = Phases { index: 0, total: 5 + golden.is_some() as usize + cfg.tie as usize + cfg.steps, report: progress };
     let mut params = model.init_params(cfg.seed);
     model.randomize_batchnorm(&mut params, cfg.seed + 1);
     let running = model.init_buffers();
-    let mut dp = DataParallel::new(&model, &params, &running, cfg.replicas, &cfg.adapters).await?;
-    let choice = cfg.adapters.first().cloned().unwrap_or_default();
-    let device = Gpu::new(&choice).await.map_err(ParallelError::from)?;
-    let adapter = adapter_label(&device.info);
-    let replica = Replica::new(device, model.clone(), &params, &running).map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
+    let mut dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?;
+    let adapter = adapter_label(&devices.single.info);
+    let replica = Replica::new(devices.single, model.clone(), &params, &running).map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
     let mut single = Single { replica, adapter };
     let step_cfg = StepConfig::default();
     let sync = ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage };
     let mut rows = Vec::new();
+    let (r, n, m) = (cfg.replicas, cfg.batch, cfg.replicas * cfg.batch);
 
     // TEST: the data-parallel step against the single device on the DP run's pattern.
     let batch = gate_batch(cfg, 0)?;
-    log::info!("TEST: {} replicas × {} against one device at {}", cfg.replicas, cfg.batch, batch.len());
+    phases.start(format!("TEST: data-parallel step, {r} replicas × {n}"), &rows);
     let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
     let dp_grads = dp.read_grads().await?.swap_remove(0);
     let pattern = ActivationPattern::concat(&dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
+    phases.start(format!("TEST: single-device step at {m}, deciding its own activation pattern"), &rows);
     let free = single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
-    let flips = free.pattern.as_ref().map(|p| p.flips(&pattern));
+    let free_pattern = free.pattern.unwrap_or_default();
+    // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
+    let portable = match golden {
+        Some(g) => {
+            phases.start(format!("PORTABLE: single-device step at {m} on the golden's activation pattern"), &rows);
+            Some(portable(&model, &mut single, &batch, &step_cfg, g, &free_pattern).await?)
+        }
+        None => None,
+    };
+    phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"), &rows);
     let single_out = single.step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
     let single_grads = single.read_grads().await?;
-    let (test, worst) = worst_tensor(&model, &dp_grads, &single_grads);
+    let flips = Some(free_pattern.flips(&pattern));
+    let test_errors = tensor_errors(&model, &dp_grads, &single_grads);
+    let (test, worst) = worst_of(&model, &test_errors);
     let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
     rows.push(row("TEST", test, Bound::AtMost(TEST_GRAD_BOUND), worst, flips, bitwise(test)));
     let dp_loss = dp_out.iter().map(|o| o.loss as f64).sum::<f64>() / dp_out.len() as f64;
@@ -216,20 +328,28 @@ pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
     rows.push(row("TEST logits", logits_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, bitwise(logits_err)));
 
     if cfg.tie {
+        phases.start(format!("TIE: the f64 reference step at {m}"), &rows);
         rows.extend(tie(&model, &params, &running, &batch, &single_out, &single_grads, &pattern));
     }
+    let portable_errors = portable.map(|(portable_rows, errors)| {
+        rows.extend(portable_rows);
+        errors
+    });
 
     // CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail.
+    phases.start("CONTROL: data-parallel step with per-replica BatchNorm statistics".into(), &rows);
     let local = ParallelOptions { bn: BnMode::Local, ..sync };
     let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
     let local_grads = dp.read_grads().await?.swap_remove(0);
-    let (control, worst) = worst_tensor(&model, &local_grads, &single_grads);
+    let control_errors = tensor_errors(&model, &local_grads, &single_grads);
+    let (control, worst) = worst_of(&model, &control_errors);
     let local_pattern = ActivationPattern::concat(&local_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
     let floor = test.max(CONTROL_FLOOR);
     rows.push(row("CONTROL", control, Bound::AtLeast(CONTROL_FACTOR * floor), worst, Some(local_pattern.flips(&pattern)), String::new()));
 
     // REPEAT: the same DP step again. Only the running statistics moved since, and training
     // mode does not read them. It leaves step 0's gradients in place for DRIFT.
+    phases.start("REPEAT: the data-parallel step again".into(), &rows);
     let again = dp.forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync }).await?;
     let again_grads = dp.read_grads().await?.swap_remove(0);
     let differing = again_grads.iter().zip(&dp_grads).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
@@ -237,11 +357,62 @@ pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
     rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "measured = gradient and loss values that differ bitwise between two runs".into()));
 
     if cfg.steps > 0 {
-        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync).await?);
+        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, (&mut phases, &rows)).await?);
     }
     let pass_all = |r: &GateRow| r.pass;
-    log::info!("check done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" });
-    Ok(CheckReport { config: cfg.clone(), replica_adapters: dp.adapters(), single_adapter: single.adapter, rows })
+    phases.start(format!("done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }), &rows);
+    let tensors = model
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| TensorErrors { name: spec.name.clone(), test: test_errors[i], control: control_errors[i], portable: portable_errors.as_ref().map(|e| e[i]) })
+        .collect();
+    Ok(CheckReport {
+        config: cfg.clone(),
+        replica_adapters: dp.adapters(),
+        golden: Golden::of_step(cfg, &model, &single.adapter, single_out.loss, &single_grads, &pattern),
+        single_adapter: single.adapter,
+        portable_against: golden.map(|g| g.adapter.clone()),
+        rows,
+        tensors,
+    })
+}
+
+/// PORTABLE: the single-device step on `golden`'s activation pattern, held to its loss and
+/// gradients; flips are those of this build's own free pattern. Returns the rows and each
+/// tensor's error.
+async fn portable(model: &ResNet34, single: &mut Single, batch: &Batch, step_cfg: &StepConfig, golden: &Golden, free: &ActivationPattern) -> Result<(Vec<GateRow>, Vec<f64>)> {
+    let out = single.step(batch, step_cfg, StepOptions { impose: Some(&golden.pattern), capture_pattern: false }).await?;
+    let errors = golden.tensor_errors(model, &single.read_grads().await?);
+    let (grad_err, worst) = worst_of(model, &errors);
+    let loss_err = (out.loss as f64 - golden.loss as f64).abs() / (golden.loss as f64).abs();
+    let flips = Some(free.flips(&golden.pattern));
+    let against = format!("against {}", golden.adapter);
+    let rows = vec![
+        row("PORTABLE", grad_err, Bound::AtMost(PORTABLE_GRAD_BOUND), worst, flips, against),
+        row("PORTABLE loss", loss_err, Bound::AtMost(PORTABLE_LOSS_BOUND), None, None, format!("{:.7} vs {:.7}", out.loss, golden.loss)),
+    ];
+    Ok((rows, errors))
+}
+
+impl GateRow {
+    /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
+    pub fn to_json(&self) -> String {
+        let (kind, bound) = match self.bound {
+            Bound::AtMost(b) => ("at_most", b),
+            Bound::AtLeast(b) => ("at_least", b),
+        };
+        let gate = json::Object::new().str("gate", self.gate).num("measured", self.measured).num("bound", bound).str("bound_kind", kind);
+        let gate = match &self.worst {
+            Some(w) => gate.str("worst_tensor", w),
+            None => gate.raw("worst_tensor", "null"),
+        };
+        let gate = match self.flips {
+            Some(f) => gate.int("flips", f as u64),
+            None => gate.raw("flips", "null"),
+        };
+        gate.str("note", &self.note).bool("pass", self.pass).finish()
+    }
 }
 
 fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, flips: Option<usize>, note: String) -> GateRow {
@@ -252,9 +423,9 @@ fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, f
 /// pattern), from the same state; then parameters against each other, and replicas among
 /// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
 /// the single device's from TEST (parameters untouched since).
-async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions) -> Result<GateRow> {
-    log::info!("DRIFT: {} SGD steps", cfg.steps);
+async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions, (phases, done): (&mut Phases<'_>, &[GateRow])) -> Result<GateRow> {
     for step in 0..cfg.steps {
+        phases.start(format!("DRIFT: SGD step {} of {}, data-parallel and single-device", step + 1, cfg.steps), done);
         if step > 0 {
             let batch = gate_batch(cfg, step)?;
             let out = dp.forward_backward(&batch, step_cfg, sync).await?;
@@ -286,7 +457,6 @@ async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, singl
 /// TIE: the single device at R·N (on the DP run's pattern) against the f64 reference on the
 /// same pattern; flips are those of a free f64 run.
 fn tie(model: &ResNet34, params: &[f32], running: &[f32], batch: &Batch, out: &StepOutput, grads: &[f32], pattern: &ActivationPattern) -> Vec<GateRow> {
-    log::info!("TIE: the single device against the f64 reference at batch {}", batch.len());
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
     let cfg = StepConfig::default();
@@ -329,10 +499,13 @@ impl CheckReport {
             out += &format!("  replica {r}: {a}\n");
         }
         out += &format!("  single:    {}\n", self.single_adapter);
+        if let Some(a) = &self.portable_against {
+            out += &format!("  PORTABLE against a golden made on: {a}\n");
+        }
         if let Some(s) = c.sabotage {
             out += &format!("  SABOTAGED on purpose: {s:?}\n");
         }
-        out += &format!("\n{:<12} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n", "gate", "measured", "bound", "worst tensor", "flips", "result", "note");
+        out += &format!("\n{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n", "gate", "measured", "bound", "worst tensor", "flips", "result", "note");
         for r in &self.rows {
             let bound = match r.bound {
                 Bound::AtMost(b) => format!("≤ {b:.0e}"),
@@ -340,7 +513,7 @@ impl CheckReport {
             };
             let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
             let result = if r.pass { "PASS" } else { "FAIL" };
-            out += &format!("{:<12} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n", r.gate, r.measured, bound, r.worst.as_deref().unwrap_or("-"), flips, result, r.note);
+            out += &format!("{:<13} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n", r.gate, r.measured, bound, r.worst.as_deref().unwrap_or("-"), flips, result, r.note);
         }
         out
     }
@@ -348,22 +521,7 @@ impl CheckReport {
     /// The report as JSON (`crate::json`; non-finite figures are null).
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let gates = self.rows.iter().map(|r| {
-            let (kind, bound) = match r.bound {
-                Bound::AtMost(b) => ("at_most", b),
-                Bound::AtLeast(b) => ("at_least", b),
-            };
-            let gate = json::Object::new().str("gate", r.gate).num("measured", r.measured).num("bound", bound).str("bound_kind", kind);
-            let gate = match &r.worst {
-                Some(w) => gate.str("worst_tensor", w),
-                None => gate.raw("worst_tensor", "null"),
-            };
-            let gate = match r.flips {
-                Some(f) => gate.int("flips", f as u64),
-                None => gate.raw("flips", "null"),
-            };
-            gate.str("note", &r.note).bool("pass", r.pass).finish()
-        });
+        let gates = self.rows.iter().map(GateRow::to_json);
         let check = json::Object::new()
             .str("check", "equivalence")
             .int("replicas", c.replicas as u64)
@@ -376,11 +534,21 @@ impl CheckReport {
             Some(s) => check.str("sabotage", &format!("{s:?}")),
             None => check.raw("sabotage", "null"),
         };
+        let tensors = self.tensors.iter().map(|t| {
+            let tensor = json::Object::new().str("name", &t.name).num("test", t.test).num("control", t.control);
+            match t.portable {
+                Some(p) => tensor.num("portable", p),
+                None => tensor.raw("portable", "null"),
+            }
+            .finish()
+        });
         check
             .raw("replica_adapters", &json::array(self.replica_adapters.iter().map(|a| json::string(a))))
             .str("single_adapter", &self.single_adapter)
+            .raw("portable_against", &self.portable_against.as_deref().map_or("null".into(), json::string))
             .bool("pass", self.passed())
             .raw("gates", &json::array(gates))
+            .raw("tensors", &json::array(tensors))
             .finish()
     }
 }
@@ -415,10 +583,16 @@ mod tests {
 
     #[test]
     fn the_report_renders_as_a_table_and_as_json() {
+        let model = ResNet34::new(10).unwrap();
+        let tensors = model.params.iter().map(|p| TensorErrors { name: p.name.clone(), test: 0.0, control: 0.5, portable: Some(2e-7) }).collect();
+        let zeros = vec![0.0; model.param_len];
         let report = CheckReport {
             config: CheckConfig::default(),
             replica_adapters: vec!["a \"quoted\" adapter".into(), "b".into()],
             single_adapter: "a".into(),
+            portable_against: Some("lavapipe".into()),
+            tensors,
+            golden: Golden::of_step(&CheckConfig::default(), &model, "a", 2.5, &zeros, &ActivationPattern::default()),
             rows: vec![
                 row("TEST", 0.0, Bound::AtMost(1e-5), Some("fc.bias".into()), Some(0), "bitwise 0".into()),
                 row("CONTROL", 1e-13, Bound::AtLeast(1e-10), None, None, String::new()),
@@ -427,9 +601,14 @@ mod tests {
         };
         assert!(!report.passed());
         let table = report.table();
-        assert!(table.contains("TEST") && table.contains("PASS") && table.contains("FAIL") && table.contains("replica 1: b"), "{table}");
+        assert!(table.contains("TEST") && table.contains("PASS") && table.contains("FAIL") && table.contains("replica 1: b") && table.contains("made on: lavapipe"), "{table}");
         let json = report.to_json();
         assert!(json.contains(r#""a \"quoted\" adapter""#) && json.contains(r#""measured":null"#) && json.contains(r#""measured":0,"#), "{json}");
         assert!(json.contains(r#""pass":false,"gates""#) && json.contains(r#""worst_tensor":"fc.bias""#), "{json}");
+        let parsed = json::parse(&json).unwrap();
+        let tensors = parsed.get("tensors").and_then(json::Value::as_array).unwrap();
+        assert_eq!(tensors.len(), 110);
+        assert_eq!(tensors[0].get("name").and_then(json::Value::as_str), Some("conv1.weight"));
+        assert_eq!(tensors[109].get("portable").and_then(json::Value::as_f64), Some(2e-7));
     }
 }

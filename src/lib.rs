@@ -8,6 +8,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;
+pub mod golden;
 pub mod gpu;
 pub mod json;
 pub mod kernels;

@@ -1,10 +1,14 @@
 //! The browser face (wasm32 only): what `web/main.js` calls through wasm-bindgen.
 //!
-//! Every export follows one shape, so the equivalence gates and training can sit beside the
-//! self-check later: an `async fn` returning `Result<JsValue, JsError>`, whose value is a plain
-//! JS object parsed from the same JSON text a native face would print (see [`crate::json`]),
-//! and whose error is a rejected promise carrying a readable `Error` message. Long runs take an
-//! optional JS callback for progress. Nothing here blocks: every GPU wait is an awaited map.
+//! Every export follows one shape: an `async fn` returning `Result<JsValue, JsError>`, whose
+//! value is a plain JS object parsed from the same JSON text a native face would print (see
+//! [`crate::json`]), and whose error is a rejected promise carrying a readable `Error` message.
+//! Long runs take an optional JS callback for progress. Nothing here blocks: every GPU wait is
+//! an awaited map, and nothing reads a clock (`std::time::Instant` panics on wasm32); the page
+//! times what it wants with `performance.now()`.
+//!
+//! A browser gives each adapter one device, so R replicas (and the check's single device)
+//! each request an adapter of their own ([`browser_devices`]).
 //!
 //! Panics would surface in JS as an opaque `RuntimeError: unreachable`; none is expected (no
 //! `unwrap` on anything a caller controls), and the hook installed by [`start`] prints the
@@ -15,9 +19,14 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
+use crate::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
+use crate::golden::Golden;
 use crate::gpu::{self, Gpu};
 use crate::json;
+use crate::model::ResNet34;
 use crate::selfcheck::{self, Progress};
+use crate::step::StepConfig;
+use crate::train::{TrainConfig, Trainer};
 
 /// Runs once when the module is instantiated: console logging (warnings and errors) and a
 /// panic hook that prints the panic message before the module traps.
@@ -54,7 +63,9 @@ pub fn has_webgpu() -> bool {
 
 /// The adapter the kernels will run on: `backend`, `name`, the browser's own adapter strings
 /// (`vendor`, `architecture`, `device`, `description`, `isFallbackAdapter` where the browser
-/// reports it), the limits that decide which shapes fit, and the features of interest.
+/// reports it), the limits that decide which shapes fit, the features of interest, and
+/// `parameterBytes`: the size of ResNet-34's flat parameter buffer (10 classes), which one
+/// storage binding must hold.
 #[wasm_bindgen]
 pub async fn adapter_info() -> Result<JsValue, JsError> {
     let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
@@ -90,6 +101,7 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
         .raw("isFallbackAdapter", browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }))
         .raw("limits", &limits)
         .raw("features", &features)
+        .int("parameterBytes", ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4)
         .finish();
     parse(&report)
 }
@@ -125,12 +137,128 @@ pub async fn kernel_selfcheck(seed: u32, on_progress: Option<Function>) -> Resul
     parse(&report.to_json())
 }
 
+/// The equivalence gates TEST, CONTROL, REPEAT and DRIFT (`steps` SGD steps; 0 leaves it out),
+/// as `syncstep check` runs them, on `replicas` + 1 browser devices: R replicas × `batch`
+/// images at `size`×`size` against one device at R·batch, 10 classes. With `golden` (the text
+/// of a golden file `syncstep check --golden` wrote at the same settings) also PORTABLE.
+///
+/// Resolves to the report of `CheckReport::to_json`: the settings, `replica_adapters`,
+/// `single_adapter`, `portable_against`, `pass`, `gates: [{gate, measured, bound, bound_kind,
+/// worst_tensor, flips, note, pass}]` and `tensors: [{name, test, control, portable}]` (each
+/// parameter tensor's norm-rel gradient error, model order). `on_progress`, if given, is
+/// called with `{phase, index, total, gates}` as each phase starts (`gates`: those decided so
+/// far, as in the report), and `index == total` when done.
+#[wasm_bindgen]
+pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u32, golden: Option<String>, on_progress: Option<Function>) -> Result<JsValue, JsError> {
+    let cfg = CheckConfig {
+        replicas: replicas as usize,
+        batch: batch as usize,
+        image_size: size,
+        steps: steps as usize,
+        seed: seed.into(),
+        ..Default::default()
+    };
+    let model = cfg.model().map_err(js_error)?;
+    let golden = golden.map(|text| Golden::from_json(&text)).transpose().map_err(js_error)?;
+    if let Some(g) = &golden {
+        g.check_fits(&cfg, &model).map_err(js_error)?;
+    }
+    let mut gpus = browser_devices(cfg.replicas + 1, Some(&model)).await?;
+    let single = gpus.pop().ok_or_else(no_adapter)?;
+    let devices = CheckDevices { replicas: gpus, single };
+    let mut report_progress = |p: &CheckProgress| {
+        if let Some(callback) = &on_progress {
+            let gates = json::array(p.gates.iter().map(GateRow::to_json));
+            let event = json::Object::new().str("phase", &p.phase).int("index", p.index as u64).int("total", p.total as u64).raw("gates", &gates).finish();
+            call_progress(callback, &event);
+        }
+    };
+    let report = run_check_on(&cfg, devices, golden.as_ref(), &mut report_progress).await.map_err(js_error)?;
+    parse(&report.to_json())
+}
+
+/// A short data-parallel training run on the embedded synthetic dataset: `replicas` browser
+/// devices, each taking `batch` images of every step's global batch of R·batch (BatchNorm
+/// synchronised), `steps` SGD steps from a seeded initialisation. `on_step`, if given, is
+/// called after each step with `{step, steps, loss}`. Resolves to `{replicas,
+/// batch_per_replica, image_size, seed, adapters, losses}`.
+#[wasm_bindgen]
+pub async fn train_demo(replicas: u32, batch: u32, size: u32, steps: u32, seed: u32, on_step: Option<Function>) -> Result<JsValue, JsError> {
+    if replicas == 0 || batch == 0 {
+        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
+    }
+    let cfg = TrainConfig { batch: (replicas * batch) as usize, image_size: size, classes: 10, seed: seed.into(), step: StepConfig::default() };
+    ResNet34::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet34::new(cfg.classes).map_err(js_error)?;
+    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
+    let mut losses = Vec::with_capacity(steps as usize);
+    for step in 1..=steps {
+        let loss = trainer.train_step().await.map_err(js_error)?;
+        losses.push(json::number(loss.into()));
+        if let Some(callback) = &on_step {
+            call_progress(callback, &json::Object::new().int("step", step.into()).int("steps", steps.into()).num("loss", loss.into()).finish());
+        }
+    }
+    let report = json::Object::new()
+        .int("replicas", replicas.into())
+        .int("batch_per_replica", batch.into())
+        .int("image_size", size.into())
+        .int("seed", seed.into())
+        .raw("adapters", &json::array(trainer.replicas.adapters().iter().map(|a| json::string(a))))
+        .raw("losses", &json::array(losses))
+        .finish();
+    parse(&report)
+}
+
 /// A device on the browser's (first) adapter with the adapter's own limits.
 async fn device() -> Result<Gpu, JsError> {
-    navigator_gpu().ok_or_else(no_webgpu)?;
+    Ok(browser_devices(1, None).await?.swap_remove(0))
+}
+
+/// `count` devices, each on an adapter of its own (a browser gives an adapter one device),
+/// with the adapter's own limits; refused up front, with the reason, when an adapter cannot
+/// hold `model`'s flat parameter buffer in one storage binding. wgpu leaves a browser
+/// adapter's name empty, so the devices are named by what the browser says of its adapter.
+async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<Gpu>, JsError> {
+    let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
+    let name = browser_adapter_info(&gpu_js).await?.name();
     let instance = gpu::instance();
-    let adapter = gpu::adapters(&instance).await.into_iter().next().ok_or_else(no_adapter)?;
-    Gpu::from_adapter(&adapter).await.map_err(js_error)
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let mut devices = Vec::with_capacity(count);
+    for r in 0..count {
+        let Some(adapter) = gpu::adapters(&instance).await.into_iter().next() else {
+            return Err(if r == 0 {
+                no_adapter()
+            } else {
+                JsError::new(&format!(
+                    "this run needs {count} GPU adapters (a browser gives each adapter one device: one per replica, plus one for \
+                     the single-device side of the check), but the browser offered only {r}: choose fewer replicas"
+                ))
+            });
+        };
+        let limits = adapter.limits();
+        for (limit, allowed) in [("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size), ("maxBufferSize", limits.max_buffer_size)] {
+            let Some(model) = model else { break };
+            let need = model.param_len as u64 * 4;
+            if allowed < need {
+                return Err(JsError::new(&format!(
+                    "this GPU adapter allows buffers of at most {} ({limit}), but ResNet-34's flat parameter buffer ({} classes) \
+                     is {}, bound whole by the optimizer. WebGPU's default limit is 128 MiB, which is enough; this browser or \
+                     GPU offers less: try another browser or GPU",
+                    mib(allowed),
+                    model.classes,
+                    mib(need)
+                )));
+            }
+        }
+        let mut device = Gpu::from_adapter(&adapter).await.map_err(js_error)?;
+        if device.info.name.is_empty() {
+            device.info.name = name.clone();
+        }
+        devices.push(device);
+    }
+    Ok(devices)
 }
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.
@@ -185,6 +313,17 @@ struct BrowserAdapterInfo {
     device: String,
     description: String,
     is_fallback: Option<bool>,
+}
+
+impl BrowserAdapterInfo {
+    /// "google swiftshader": the description, else vendor, architecture and device.
+    fn name(&self) -> String {
+        if !self.description.is_empty() {
+            return self.description.clone();
+        }
+        let parts: Vec<&str> = [&self.vendor, &self.architecture, &self.device].into_iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        if parts.is_empty() { "WebGPU adapter".into() } else { parts.join(" ") }
+    }
 }
 
 async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, JsError> {

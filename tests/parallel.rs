@@ -1,15 +1,17 @@
 //! The data-parallel step on R devices against one device at the global batch: the gates of
-//! DESIGN.md through `check::run_check` (TEST, CONTROL, REPEAT, DRIFT, TIE), the equivalence
-//! broken on purpose, replicas on two different adapters, and the errors a user can cause
-//! (shapes that do not shard, a missing adapter, a device lost mid-run).
+//! DESIGN.md through `check::run_check` (TEST, CONTROL, REPEAT, DRIFT, TIE, PORTABLE against
+//! a golden file), the equivalence broken on purpose, replicas on two different adapters, and
+//! the errors a user can cause (shapes that do not shard, a missing adapter, a device lost
+//! mid-run).
 //!
 //! `cargo test --release --test parallel -- --nocapture` prints every gate table.
 
 mod common;
 
 use common::*;
-use syncstep::check::{run_check, CheckConfig, CheckReport, CONTROL_FACTOR, CONTROL_FLOOR};
+use syncstep::check::{run_check, run_check_on, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR, CONTROL_FLOOR};
 use syncstep::data::synthetic_batch;
+use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions, Sabotage};
@@ -89,6 +91,33 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
     for gate in ["TEST", "TEST loss", "TEST logits"] {
         assert!(report.row(gate).unwrap().pass, "{gate} on Vulkan + GL:\n{}", report.table());
     }
+}
+
+/// The golden file of one run, read back, holds the next run to it: PORTABLE exactly 0 on the
+/// same adapter, and the phases are reported in order up to "done".
+#[test]
+fn a_golden_file_from_one_run_holds_the_next_to_it() {
+    let cfg = CheckConfig { replicas: 2, batch: 2, steps: 0, adapters: adapters(), ..Default::default() };
+    let Some(first) = check(cfg.clone()) else { return };
+    let golden = Golden::from_json(&first.golden.to_json()).unwrap();
+    assert_eq!(golden, first.golden);
+    let mut phases = Vec::new();
+    let report = pollster::block_on(async { run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| phases.push((p.index, p.total, p.phase.clone(), p.gates.len()))).await }).unwrap();
+    eprintln!("{}", report.table());
+    let portable = report.row("PORTABLE").unwrap();
+    assert_eq!((portable.measured, portable.flips), (0.0, Some(0)), "{}", report.table());
+    assert_eq!(measured(&report, "PORTABLE loss"), 0.0);
+    assert!(report.passed() && report.tensors.iter().all(|t| t.portable == Some(0.0) && t.test == 0.0 && t.control > 0.0));
+    assert_eq!(report.portable_against.as_deref(), Some(first.single_adapter.as_str()));
+    let total = phases[0].1;
+    assert!(phases.iter().enumerate().all(|(i, p)| p.0 == i && p.1 == total) && phases.len() == total + 1, "{phases:?}");
+    assert!(phases.iter().any(|p| p.2.starts_with("PORTABLE")) && phases[total].2 == "done: all gates pass", "{phases:?}");
+    // The table fills as the check goes: nothing decided at first, every gate at the end.
+    assert_eq!((phases[0].3, phases[total].3), (0, report.rows.len()));
+
+    let other = CheckConfig { seed: 1, ..cfg };
+    let e = pollster::block_on(async { run_check_on(&other, CheckDevices::open(&other).await?, Some(&golden), &mut |_| {}).await }).unwrap_err().to_string();
+    assert!(e.contains("golden file was made for 2 replicas × 2 images, 32×32, 10 classes, seed 0"), "{e}");
 }
 
 fn model_and_state(seed: u64) -> (ResNet34, Vec<f32>, Vec<f32>) {

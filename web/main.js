@@ -1,42 +1,81 @@
 // The demo page: loads the wasm build (web/pkg, made by scripts/web-build.sh), checks that the
-// browser has WebGPU, shows the adapter, and runs the kernel self-check.
+// browser has WebGPU, and runs what the visitor asks for: the equivalence gates (with PORTABLE
+// when a golden file is there), a short data-parallel training, the kernel self-check.
 //
 // Everything the page finds is also in window.syncstepResult, for tests and for anyone at the
-// console: { status, ... } where status is "loading" | "ready" | "running" | "done" | "error" |
-// "no-webgpu". "done" carries the figures (pass, kernels[], adapter, timings).
+// console: { status, settings, adapter, gates, portable, train, selfcheck, timings, error }
+// where status is "loading" | "ready" | "running" | "done" | "error" | "no-webgpu"; "done"
+// once every run the address asked for has finished.
 
 import init, * as syncstep from "./pkg/syncstep.js";
+import { formatError, lossChart, tensorChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 
-const result = { status: "loading", settings: null };
+const result = { status: "loading", settings: null, gates: null, portable: null, train: null, selfcheck: null, timings: {} };
 window.syncstepResult = result;
 
-/** Settings from the address: ?run=1&seed=1&replicas=2&batch=8&size=32&log=warn. */
+// What each gate compares, for the table.
+const GATE_TEXT = {
+  "TEST": "R replicas × N vs one device at R·N: every gradient",
+  "TEST loss": "the same: loss",
+  "TEST logits": "the same: logits",
+  "PORTABLE": "this browser vs the native golden, same pattern: gradients",
+  "PORTABLE loss": "this browser vs the native golden: loss",
+  "CONTROL": "per-replica (unsynced) BatchNorm vs one device: must differ",
+  "REPEAT": "the same data-parallel step twice: bitwise",
+  "DRIFT": "K SGD steps, data-parallel vs single: parameters",
+  "TIE": "one device vs the f64 reference",
+  "TIE loss": "one device vs the f64 reference: loss",
+};
+
+const FIELDS = {
+  replicas: { min: 1, max: 4, fallback: 2 },
+  batch: { min: 1, max: 256, fallback: 4 },
+  size: { min: 32, max: 512, fallback: 32 },
+  seed: { min: 0, max: 2 ** 32 - 1, fallback: 0 },
+  steps: { min: 0, max: 20, fallback: 5 },
+  trainSteps: { min: 1, max: 500, fallback: 20, param: "train_steps" },
+};
+
+/** Settings from the address: ?replicas=2&batch=4&size=32&seed=0&steps=5&run=1&train=1. */
 function parseSettings(search) {
   const q = new URLSearchParams(search);
-  const int = (name, fallback, min, max) => {
-    const raw = q.get(name);
-    if (raw === null || raw.trim() === "") return fallback;
-    const v = Number(raw);
-    if (!Number.isInteger(v) || v < min || v > max) {
-      throw new Error(`?${name}=${raw}: expected a whole number from ${min} to ${max}`);
+  const settings = {};
+  for (const [name, f] of Object.entries(FIELDS)) {
+    const key = f.param ?? name;
+    const raw = q.get(key);
+    if (raw === null || raw.trim() === "") {
+      settings[name] = f.fallback;
+      continue;
     }
-    return v;
-  };
+    const v = Number(raw);
+    if (!Number.isInteger(v) || v < f.min || v > f.max) {
+      throw new Error(`?${key}=${raw}: expected a whole number from ${f.min} to ${f.max}`);
+    }
+    settings[name] = v;
+  }
   const flag = (name) => {
     const raw = q.get(name);
     return raw !== null && !["0", "false", "no", "off"].includes(raw.trim().toLowerCase());
   };
   return {
+    ...settings,
     run: flag("run"),
-    seed: int("seed", 1, 0, 2 ** 32 - 1),
-    // For the equivalence gates: R replicas × batch N per replica at size×size.
-    replicas: int("replicas", 2, 1, 16),
-    batch: int("batch", 8, 1, 1024),
-    size: int("size", 32, 16, 512),
+    train: flag("train"),
+    selfcheck: flag("selfcheck"),
+    golden: q.get("golden") || null,
     log: q.get("log") || "warn",
   };
+}
+
+/** The address that reproduces `s` (runs flags off: the link's reader adds run=1 or train=1). */
+function settingsQuery(s, extra = {}) {
+  const q = new URLSearchParams();
+  for (const [name, f] of Object.entries(FIELDS)) q.set(f.param ?? name, String(s[name]));
+  if (s.golden) q.set("golden", s.golden);
+  for (const [k, v] of Object.entries(extra)) q.set(k, v);
+  return `?${q}`;
 }
 
 function el(tag, props = {}, ...children) {
@@ -45,14 +84,17 @@ function el(tag, props = {}, ...children) {
   return e;
 }
 
-function fmtError(e) {
-  if (e === null || e === undefined) return "NaN/∞";
-  return e === 0 ? "0" : e.toExponential(2);
+/** A bound: "1e-5" where it is a power of ten's multiple, else as an error figure. */
+function formatBound(b) {
+  return b > 0 && Number(b.toExponential(0)) === b ? b.toExponential(0) : formatError(b);
 }
 
 function fmtMs(ms) {
-  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
+  if (ms >= 60_000) return `${Math.floor(ms / 60_000)} min ${Math.round((ms % 60_000) / 1000)} s`;
+  return ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`;
 }
+
+const mib = (b) => `${(b / 2 ** 20).toFixed(0)} MiB`;
 
 function badge(pass) {
   return el("span", { className: `badge ${pass ? "pass" : "fail"}`, textContent: pass ? "PASS" : "FAIL" });
@@ -69,8 +111,10 @@ function showNotice({ title, lines = [], items = [], error = false }) {
 function fail(message) {
   console.error(`syncstep: ${message}`);
   showNotice({ title: "Something went wrong", lines: [message], error: true });
-  $("run-status").textContent = "";
-  $("progress").hidden = true;
+  for (const part of ["gates", "train", "selfcheck"]) {
+    $(`${part}-progress`).hidden = true;
+    $(`${part}-status`).textContent = "";
+  }
   Object.assign(result, { error: message, status: "error" });
 }
 
@@ -105,12 +149,11 @@ function showNoWebGPU(probe) {
     ],
   });
   $("adapter-status").textContent = "No WebGPU adapter.";
-  $("selfcheck-section").hidden = true;
+  for (const id of ["settings-section", "gates-section", "train-section", "selfcheck-section"]) $(id).hidden = true;
   Object.assign(result, { reason: probe.reason, message: why, status: "no-webgpu" });
 }
 
 function showAdapter(info) {
-  const mib = (b) => `${(b / 2 ** 20).toFixed(0)} MiB`;
   const l = info.limits;
   const named = [info.vendor, info.architecture, info.device].filter(Boolean).join(" ");
   const fallback = {
@@ -118,12 +161,14 @@ function showAdapter(info) {
     false: "no: a hardware GPU",
     null: "unknown (the browser does not say)",
   }[String(info.isFallbackAdapter)];
+  const fits = l.maxStorageBufferBindingSize >= info.parameterBytes;
   const rows = [
     ["Adapter", info.description || info.name || named || "(the browser does not say)"],
     ["Vendor · architecture · device", [info.vendor, info.architecture, info.device].map((s) => s || "—").join(" · ")],
     ["Backend", info.backend === "BrowserWebGpu" ? "WebGPU (the browser's, through wgpu)" : info.backend],
     ["Software (fallback) adapter", fallback],
-    ["Max storage binding", mib(l.maxStorageBufferBindingSize)],
+    ["Max storage binding", `${mib(l.maxStorageBufferBindingSize)} (ResNet-34's parameters: ${mib(info.parameterBytes)}, ` +
+      `${fits ? "fits" : "does NOT fit"})`],
     ["Max buffer", mib(l.maxBufferSize)],
     ["Storage buffers per stage", String(l.maxStorageBuffersPerShaderStage)],
     ["Workgroup storage", `${l.maxComputeWorkgroupStorageSize / 1024} KiB`],
@@ -135,72 +180,339 @@ function showAdapter(info) {
   );
   $("adapter-table").hidden = false;
   $("adapter-status").hidden = true;
+  if (!fits) {
+    showNotice({
+      title: "This GPU adapter cannot hold ResNet-34's parameters in one binding",
+      lines: [
+        `Its largest storage buffer binding is ${mib(l.maxStorageBufferBindingSize)} (maxStorageBufferBindingSize), and ` +
+          `the flat parameter buffer is ${mib(info.parameterBytes)}. WebGPU's default limit is 128 MiB, which is enough; ` +
+          "this browser or GPU offers less. Try another browser or GPU; the kernel self-check below still runs.",
+      ],
+    });
+  }
+}
+
+/** A running clock beside a status line: "label · 0:42". Returns a stop function. */
+function ticking(statusEl, label) {
+  const t0 = performance.now();
+  let text = label;
+  const show = () => {
+    const s = Math.floor((performance.now() - t0) / 1000);
+    statusEl.textContent = `${text} · ${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
+  };
+  show();
+  const timer = setInterval(show, 1000);
+  return {
+    set(next) {
+      text = next;
+      show();
+    },
+    stop() {
+      clearInterval(timer);
+    },
+  };
+}
+
+/** The PORTABLE golden: `?golden=URL`, or golden.json next to the page if it is there. */
+async function loadGolden(settings) {
+  const url = settings.golden ?? "golden.json";
+  let response;
+  try {
+    response = await fetch(url, { cache: "no-store" });
+  } catch (e) {
+    return { status: "unreadable", url, message: `could not fetch ${url}: ${e?.message ?? e}` };
+  }
+  if (!response.ok) {
+    return { status: response.status === 404 && !settings.golden ? "absent" : "unreadable", url, message: `${url}: HTTP ${response.status}` };
+  }
+  const text = await response.text();
+  let g;
+  try {
+    g = JSON.parse(text);
+  } catch (e) {
+    return { status: "unreadable", url, message: `${url} is not JSON: ${e.message}` };
+  }
+  const made = { replicas: g.replicas, batch: g.batch_per_replica, size: g.image_size, seed: g.seed, classes: g.classes, adapter: g.adapter };
+  const same = made.replicas === settings.replicas && made.batch === settings.batch && made.size === settings.size &&
+    made.seed === settings.seed && made.classes === 10;
+  return { status: same ? "ready" : "other-settings", url, made, text };
+}
+
+function describeGolden(golden, settings) {
+  const make = `syncstep check --replicas ${settings.replicas} --batch ${settings.batch} --image-size ${settings.size} ` +
+    `--seed ${settings.seed} --golden web/golden.json`;
+  switch (golden.status) {
+    case "absent":
+      return `PORTABLE not run: no golden.json next to this page. To compare this browser with a native run, write one with \`${make}\`.`;
+    case "unreadable":
+      return `PORTABLE not run: ${golden.message}.`;
+    case "other-settings": {
+      const m = golden.made;
+      return `PORTABLE not run: ${golden.url} was made for R=${m.replicas}, N=${m.batch}, ${m.size}×${m.size}, seed ${m.seed}; ` +
+        `these settings differ (open ${settingsQuery({ ...settings, replicas: m.replicas, batch: m.batch, size: m.size, seed: m.seed }, { run: "1" })}, ` +
+        `or write a golden for these: \`${make}\`).`;
+    }
+    default:
+      return `PORTABLE: this browser's single-device step, on the activation pattern of the golden made natively on ` +
+        `${golden.made.adapter} (${golden.url}), held to its loss and to 64 sampled elements and the norm of every gradient tensor.`;
+  }
+}
+
+function gateRow(g) {
+  const bound = `${g.bound_kind === "at_most" ? "≤" : "≥"} ${formatBound(g.bound)}`;
+  const measured = g.gate === "REPEAT" ? `${g.measured} differ` : formatError(g.measured);
+  const row = el("tr", { className: g.pass ? "" : "failed" },
+    el("td", { className: "gate", textContent: g.gate }),
+    el("td", { className: "muted", textContent: GATE_TEXT[g.gate] ?? "" }),
+    el("td", { className: "num", textContent: measured, title: g.note }),
+    el("td", { className: "num", textContent: bound }),
+    el("td", { className: "tensor", textContent: g.worst_tensor ?? "—" }),
+    el("td", { className: "num", textContent: g.flips ?? "—" }),
+    el("td", {}, badge(g.pass)));
+  if (g.note) row.cells[2].append(el("div", { className: "note", textContent: g.note }));
+  return row;
+}
+
+function showGates(gates) {
+  $("gates").tBodies[0].replaceChildren(...gates.map(gateRow));
+  $("gates").hidden = false;
+}
+
+/** The gates' figures as window.syncstepResult carries them. */
+function gateFigures(gates) {
+  return gates.map((g) => ({
+    gate: g.gate, measured: g.measured, bound: g.bound, boundKind: g.bound_kind, worstTensor: g.worst_tensor,
+    flips: g.flips, note: g.note, pass: g.pass,
+  }));
+}
+
+async function runGates(settings) {
+  const progress = $("gates-progress");
+  const clock = ticking($("gates-status"), "Fetching the golden file…");
+  Object.assign(result, { status: "running", error: undefined, gates: null, portable: null });
+  $("gates-summary").hidden = true;
+  $("chart-figure").hidden = true;
+  $("gates").hidden = true;
+  $("gates-adapters").hidden = true;
+  progress.hidden = false;
+  progress.value = 0;
+  const t0 = performance.now();
+  try {
+    const golden = await loadGolden(settings);
+    result.portable = { status: golden.status, url: golden.url, madeOn: golden.made?.adapter ?? null, message: describeGolden(golden, settings) };
+    $("portable-note").textContent = result.portable.message;
+    $("portable-note").hidden = false;
+    clock.set(`Requesting ${settings.replicas + 1} GPU adapters (one per replica, one for the single device)…`);
+    // When each phase started, in ms from the start of the check: step times on this GPU.
+    const phases = [];
+    const report = await syncstep.run_gates(settings.replicas, settings.batch, settings.size, settings.seed, settings.steps,
+      golden.status === "ready" ? golden.text : undefined, (ev) => {
+        phases.push({ phase: ev.phase, ms: performance.now() - t0 });
+        progress.max = ev.total;
+        progress.value = ev.index;
+        if (ev.gates.length) {
+          result.timings.firstGateMs ??= performance.now();
+          showGates(ev.gates);
+        }
+        if (ev.index < ev.total) {
+          const first = ev.index === 0 ? " (compiling shaders first)" : "";
+          clock.set(`${ev.phase}${first}, phase ${ev.index + 1} of ${ev.total}`);
+        }
+      });
+    const gatesMs = performance.now() - t0;
+    clock.stop();
+    progress.hidden = true;
+    $("gates-status").textContent = `Done in ${fmtMs(gatesMs)}.`;
+    showGates(report.gates);
+    const failed = report.gates.filter((g) => !g.pass).map((g) => g.gate);
+    const summary = $("gates-summary");
+    summary.className = `summary ${report.pass ? "pass" : "fail"}`;
+    const gate = (name) => report.gates.find((g) => g.gate === name);
+    const [test, control, portable] = [gate("TEST"), gate("CONTROL"), gate("PORTABLE")];
+    summary.textContent = report.pass
+      ? `PASS: ${report.replicas} replicas × ${report.batch_per_replica} took the single-device step at ` +
+        `${report.replicas * report.batch_per_replica}: TEST ${formatError(test.measured)}${test.measured === 0 ? " (bitwise equal)" : ""}, ` +
+        `while per-replica BatchNorm (CONTROL) is off by up to ${formatError(control.measured)}` +
+        `${portable ? `; this browser matches the native golden to ${formatError(portable.measured)}` : ""}.`
+      : `FAIL: ${failed.join(", ")}.`;
+    summary.hidden = false;
+    const devices = [...report.replica_adapters, report.single_adapter];
+    $("gates-adapters").textContent = new Set(devices).size === 1
+      ? `${devices.length} WebGPU devices, each on an adapter of its own: ${devices[0]}.`
+      : `Replicas on ${report.replica_adapters.join("; ")}; the single device on ${report.single_adapter}.`;
+    $("gates-adapters").hidden = false;
+    drawTensorChart(report);
+    if (portable) {
+      const loss = gate("PORTABLE loss");
+      Object.assign(result.portable, {
+        status: "compared", pass: portable.pass && loss.pass, measured: portable.measured, bound: portable.bound,
+        worstTensor: portable.worst_tensor, flips: portable.flips, lossError: loss.measured, loss: loss.note,
+      });
+    }
+    result.gates = {
+      pass: report.pass, replicas: report.replicas, batch: report.batch_per_replica, size: report.image_size,
+      seed: report.seed, steps: report.steps, replicaAdapters: report.replica_adapters, singleAdapter: report.single_adapter,
+      gates: gateFigures(report.gates), tensors: report.tensors, phases,
+    };
+    result.timings.gatesMs = gatesMs;
+  } finally {
+    clock.stop();
+  }
+}
+
+function drawTensorChart(report) {
+  const chart = tensorChart(report.tensors, { testBound: report.gates.find((g) => g.gate === "TEST").bound });
+  $("chart").replaceChildren(chart.svg);
+  $("chart-caption").textContent = chart.caption;
+  $("chart-figure").hidden = false;
+}
+
+async function runTraining(settings) {
+  const progress = $("train-progress");
+  const clock = ticking($("train-status"), `Requesting ${settings.replicas} GPU adapter${settings.replicas > 1 ? "s" : ""}…`);
+  Object.assign(result, { status: "running", error: undefined, train: null });
+  progress.hidden = false;
+  progress.max = settings.trainSteps;
+  progress.value = 0;
+  $("loss-figure").hidden = false;
+  const losses = [];
+  const stepMs = [];
+  const draw = () => $("loss-chart").replaceChildren(lossChart(losses, settings.trainSteps));
+  draw();
+  const t0 = performance.now();
+  let last = t0;
+  try {
+    const report = await syncstep.train_demo(settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, (ev) => {
+      const now = performance.now();
+      stepMs.push(now - last);
+      last = now;
+      losses.push(ev.loss);
+      progress.value = ev.step;
+      clock.set(`Step ${ev.step} of ${ev.steps}: loss ${ev.loss.toFixed(4)}`);
+      draw();
+    });
+    clock.stop();
+    progress.hidden = true;
+    // The first step also compiles every shader: leave it out of the step time.
+    const steady = stepMs.length > 1 ? stepMs.slice(1) : stepMs;
+    const meanStepMs = steady.reduce((a, b) => a + b, 0) / steady.length;
+    const images = settings.replicas * settings.batch;
+    $("train-status").textContent = `${report.losses.length} steps of ${settings.replicas} × ${settings.batch} images: loss ` +
+      `${losses[0].toFixed(4)} → ${losses.at(-1).toFixed(4)}; ${fmtMs(meanStepMs)} a step (${(images / (meanStepMs / 1000)).toFixed(1)} images/s` +
+      `${stepMs.length > 1 ? ", the first step, which also compiles the shaders, left out" : ""}).`;
+    result.train = { ...report, stepMs, meanStepMs };
+    result.timings.trainMs = performance.now() - t0;
+  } finally {
+    clock.stop();
+  }
 }
 
 async function runSelfCheck(settings) {
-  const button = $("run-button");
-  const progress = $("progress");
-  const status = $("run-status");
-  const tbody = $("results").tBodies[0];
-  button.disabled = true;
-  $("summary").hidden = true;
+  const progress = $("selfcheck-progress");
+  const status = $("selfcheck-status");
+  const tbody = $("selfcheck").tBodies[0];
+  $("selfcheck-summary").hidden = true;
   tbody.replaceChildren();
-  $("results").hidden = false;
+  $("selfcheck").hidden = false;
   progress.hidden = false;
   progress.value = 0;
-  Object.assign(result, { status: "running", error: undefined });
+  Object.assign(result, { status: "running", error: undefined, selfcheck: null });
 
   const rows = [];
   const started = [];
   const times = [];
   const t0 = performance.now();
+  const report = await syncstep.kernel_selfcheck(settings.seed, (ev) => {
+    progress.max = ev.total;
+    if (ev.phase === "started") {
+      started[ev.index] = performance.now();
+      const first = ev.index === 0 ? " (the first kernel also compiles shaders)" : "";
+      status.textContent = `Running ${ev.kernel}, ${ev.index + 1} of ${ev.total}${first}…`;
+      const row = el("tr", {},
+        el("td", { textContent: ev.kernel }), el("td"), el("td", { className: "num" }),
+        el("td", { className: "num" }), el("td", { className: "num" }),
+        el("td", {}, el("span", { className: "badge running", textContent: "running" })));
+      rows[ev.index] = row;
+      tbody.append(row);
+    } else {
+      times[ev.index] = performance.now() - started[ev.index];
+      progress.value = ev.index + 1;
+      const r = ev.result;
+      const cells = rows[ev.index].cells;
+      cells[1].textContent = r.shape;
+      cells[2].textContent = formatError(r.error);
+      cells[3].textContent = formatError(r.tolerance);
+      cells[4].textContent = fmtMs(times[ev.index]);
+      cells[5].replaceChildren(badge(r.pass));
+    }
+  });
+  const selfcheckMs = performance.now() - t0;
+  const failed = report.kernels.filter((k) => !k.pass);
+  const summary = $("selfcheck-summary");
+  summary.className = `summary ${report.pass ? "pass" : "fail"}`;
+  summary.textContent = report.pass
+    ? `PASS: all ${report.kernels.length} kernels match the f64 reference (${fmtMs(selfcheckMs)}).`
+    : `FAIL: ${failed.length} of ${report.kernels.length} kernels differ from the f64 reference: ${failed.map((k) => k.kernel).join(", ")}.`;
+  summary.hidden = false;
+  status.textContent = "";
+  progress.hidden = true;
+  result.selfcheck = { pass: report.pass, seed: report.seed, kernels: report.kernels.map((k, i) => ({ ...k, timeMs: times[i] })) };
+  result.timings.selfcheckMs = selfcheckMs;
+}
+
+const BUTTONS = ["gates-button", "train-button", "selfcheck-button"];
+
+/** Runs one job with the buttons disabled; a failure becomes the page's error notice. */
+async function job(run, ...args) {
+  for (const id of BUTTONS) $(id).disabled = true;
   try {
-    const report = await syncstep.kernel_selfcheck(settings.seed, (ev) => {
-      progress.max = ev.total;
-      if (ev.phase === "started") {
-        started[ev.index] = performance.now();
-        const first = ev.index === 0 ? " (the first kernel also compiles shaders)" : "";
-        status.textContent = `Running ${ev.kernel}, ${ev.index + 1} of ${ev.total}${first}…`;
-        const row = el("tr", {},
-          el("td", { textContent: ev.kernel }), el("td"), el("td", { className: "num" }),
-          el("td", { className: "num" }), el("td", { className: "num" }),
-          el("td", {}, el("span", { className: "badge running", textContent: "running" })));
-        rows[ev.index] = row;
-        tbody.append(row);
-      } else {
-        times[ev.index] = performance.now() - started[ev.index];
-        progress.value = ev.index + 1;
-        const r = ev.result;
-        const cells = rows[ev.index].cells;
-        cells[1].textContent = r.shape;
-        cells[2].textContent = fmtError(r.error);
-        cells[3].textContent = fmtError(r.tolerance);
-        cells[4].textContent = fmtMs(times[ev.index]);
-        cells[5].replaceChildren(badge(r.pass));
-      }
-    });
-    const selfcheckMs = performance.now() - t0;
-    const failed = report.kernels.filter((k) => !k.pass);
-    const summary = $("summary");
-    summary.className = `summary ${report.pass ? "pass" : "fail"}`;
-    summary.textContent = report.pass
-      ? `PASS: all ${report.kernels.length} kernels match the f64 reference (${fmtMs(selfcheckMs)}).`
-      : `FAIL: ${failed.length} of ${report.kernels.length} kernels differ from the f64 reference: ${failed.map((k) => k.kernel).join(", ")}.`;
-    summary.hidden = false;
-    status.textContent = "";
-    progress.hidden = true;
-    Object.assign(result, {
-      pass: report.pass,
-      seed: report.seed,
-      kernels: report.kernels.map((k, i) => ({ ...k, timeMs: times[i] })),
-      timings: { ...result.timings, selfcheckMs, pageToResultMs: performance.now() },
-      status: "done",
-    });
+    await run(...args);
+    return true;
   } catch (e) {
-    fail(`The kernel self-check stopped: ${e?.message ?? e}`);
+    fail(`${e?.message ?? e}`);
+    return false;
   } finally {
-    button.disabled = false;
+    for (const id of BUTTONS) $(id).disabled = false;
+    updateForm();
   }
+}
+
+/** The settings in the form, checked as the address is. */
+function formSettings(base) {
+  const form = $("settings-form");
+  const q = new URLSearchParams();
+  for (const [name, f] of Object.entries(FIELDS)) q.set(f.param ?? name, form.elements[name].value);
+  if (base.golden) q.set("golden", base.golden);
+  return { ...parseSettings(`?${q}`), log: base.log };
+}
+
+let current;
+
+function updateForm() {
+  let s;
+  try {
+    s = formSettings(current);
+  } catch (e) {
+    $("settings-note").textContent = e.message.replace(/^\?/, "");
+    for (const id of BUTTONS) $(id).disabled = true;
+    return;
+  }
+  current = s;
+  const one = s.replicas === 1;
+  $("gates-button").disabled = one || result.status === "running";
+  $("settings-note").textContent = one
+    ? "With R = 1 there is nothing to synchronise: the equivalence check needs R ≥ 2 (training runs on one device)."
+    : `${s.replicas} replicas × ${s.batch} images of ${s.size}×${s.size} against one device at ${s.replicas * s.batch}; ` +
+      `the check uses ${s.replicas + 1} GPU adapters, one per device.`;
+  const link = settingsQuery(s, { run: "1" });
+  $("permalink").href = link;
+  $("permalink").textContent = link;
+  history.replaceState(null, "", settingsQuery(s));
+}
+
+function fillForm(s) {
+  const form = $("settings-form");
+  for (const name of Object.keys(FIELDS)) form.elements[name].value = String(s[name]);
 }
 
 async function main() {
@@ -211,9 +523,8 @@ async function main() {
     return fail(e.message);
   }
   result.settings = settings;
-  $("settings").textContent =
-    `seed ${settings.seed} · replicas ${settings.replicas} · batch ${settings.batch} per replica · ` +
-    `size ${settings.size}×${settings.size}${settings.run ? " · runs on load" : ""}`;
+  current = settings;
+  fillForm(settings);
 
   const t0 = performance.now();
   try {
@@ -223,7 +534,7 @@ async function main() {
       "Build it with scripts/web-build.sh, or serve the page with scripts/web.sh.");
   }
   result.version = syncstep.version();
-  result.timings = { wasmLoadMs: performance.now() - t0 };
+  result.timings.wasmLoadMs = performance.now() - t0;
   $("version").textContent = `syncstep ${result.version}`;
   try {
     syncstep.set_log_level(settings.log);
@@ -241,11 +552,31 @@ async function main() {
   }
   showAdapter(result.adapter);
 
-  $("run-button").addEventListener("click", () => runSelfCheck(settings));
-  $("run-button").disabled = false;
+  $("settings-form").addEventListener("input", updateForm);
+  $("gates-button").addEventListener("click", () => job(runGates, current).then(settle));
+  $("train-button").addEventListener("click", () => job(runTraining, current).then(settle));
+  $("selfcheck-button").addEventListener("click", () => job(runSelfCheck, current).then(settle));
   result.status = "ready";
-  if (settings.run) await runSelfCheck(settings);
-  else $("run-status").textContent = "Press the button, or add ?run=1 to the address to run on load.";
+  updateForm();
+
+  const queued = [[settings.run, runGates], [settings.train, runTraining], [settings.selfcheck, runSelfCheck]];
+  const wanted = queued.filter(([on]) => on);
+  if (!wanted.length) {
+    $("gates-status").textContent = "Press the button, or add run=1 to the address to run on load.";
+    return;
+  }
+  for (const [, run] of wanted) {
+    if (!(await job(run, settings))) return;
+  }
+  settle(true);
+}
+
+/** After a run: "done", unless it failed. */
+function settle(ok) {
+  if (ok) {
+    result.status = "done";
+    result.timings.pageToResultMs = performance.now();
+  }
 }
 
 window.addEventListener("unhandledrejection", (e) => fail(String(e.reason?.message ?? e.reason)));

@@ -7,6 +7,7 @@
 // The tests import startServer() to run it on a free port of their own.
 
 import { createServer } from "node:http";
+import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { extname, join, normalize, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -83,7 +84,11 @@ if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.ur
   startServer({ port, log: !!process.env.VERBOSE })
     .then(({ url }) => {
       console.log(`syncstep demo: ${url}`);
-      console.log(`  self-check on load: ${url}?run=1`);
+      console.log(`  the equivalence check on load: ${url}?replicas=2&batch=4&size=32&seed=0&run=1`);
+      console.log(`  data-parallel training on load: ${url}?replicas=2&batch=4&train=1`);
+      console.log(existsSync(join(HERE, "golden.json"))
+        ? "  web/golden.json is there: the check includes PORTABLE (at the settings it was made for)"
+        : "  no web/golden.json: PORTABLE is left out (scripts/web.sh --golden writes one)");
       console.log("  (Ctrl-C stops the server)");
     })
     .catch((e) => {

@@ -1,10 +1,12 @@
 //! `syncstep check`: the equivalence gates (DESIGN.md) as a table, optionally as JSON; the
-//! exit status is non-zero when any gate fails.
+//! PORTABLE gate's golden file out (`--golden`) or in (`--against`); the exit status is
+//! non-zero when any gate fails.
 
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use syncstep::check::{run_check, CheckConfig};
+use syncstep::check::{run_check_on, CheckConfig, CheckDevices};
+use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
 use syncstep::parallel::Sabotage;
 
@@ -36,9 +38,18 @@ pub struct CheckArgs {
     /// Also hold the single device against the f64 reference (TIE).
     #[arg(long)]
     tie: bool,
-    /// Write the figures as JSON to this file.
+    /// Write the figures as JSON to this file (every gate, and each parameter tensor's errors).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the PORTABLE gate's golden file: the single-device step at the global batch (loss,
+    /// per-tensor gradient norms and samples) and the activation pattern it ran on. The web
+    /// page reads it as web/golden.json.
+    #[arg(long)]
+    golden: Option<PathBuf>,
+    /// Run the PORTABLE gate against a golden file another build or adapter wrote with the same
+    /// settings (--golden).
+    #[arg(long)]
+    against: Option<PathBuf>,
     /// Break the equivalence on purpose, to see the TEST gate fail.
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
@@ -70,11 +81,38 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
     };
-    let report = pollster::block_on(run_check(&cfg))?;
+    let golden = match &args.against {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            Some(Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?)
+        }
+        None => None,
+    };
+    cfg.model()?;
+    let started = std::time::Instant::now();
+    let report = pollster::block_on(async {
+        let devices = CheckDevices::open(&cfg).await?;
+        run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
+            let at = started.elapsed().as_secs_f64();
+            if p.index < p.total {
+                eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
+            } else {
+                eprintln!("[{at:.1} s] {}", p.phase);
+            }
+        })
+        .await
+    })?;
     print!("{}", report.table());
+    let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("{what} written to {}", path.display());
+        Ok(())
+    };
     if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json()).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        println!("figures written to {}", path.display());
+        write(path, report.to_json(), "figures")?;
+    }
+    if let Some(path) = &args.golden {
+        write(path, report.golden.to_json(), "golden (PORTABLE)")?;
     }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
     if failed.is_empty() {

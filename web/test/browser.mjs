@@ -1,11 +1,14 @@
-// Shared by the browser tests: the static server on a free 127.0.0.1 port, and Debian's
-// Chromium driven by playwright-core, headless, with WebGPU on SwiftShader (the flags
-// ENVIRONMENT.md measured) or without it. Never a browser download of Playwright's own.
+// Shared by the browser tests: the static server on a free 127.0.0.1 port, Debian's Chromium
+// driven by playwright-core, headless, with WebGPU on SwiftShader (the flags ENVIRONMENT.md
+// measured) or without it, and the native binary that writes the PORTABLE golden file. Never a
+// browser download of Playwright's own.
 
+import { execFile } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
 
@@ -13,6 +16,23 @@ export const REPO = fileURLToPath(new URL("../../", import.meta.url));
 export const OUTPUT = join(REPO, "test-output");
 
 export const CHROMIUM = process.env.SYNCSTEP_CHROMIUM || "/usr/bin/chromium";
+
+/** The native release binary (cargo test --release builds it; scripts/test.sh runs that first). */
+export const NATIVE = join(process.env.CARGO_TARGET_DIR || join(REPO, "target"), "release", "syncstep");
+
+/**
+ * Runs the native `syncstep check` at these settings (no DRIFT: the golden needs only the first
+ * step) and writes its PORTABLE golden to web/golden.json, where the page looks for it.
+ * Resolves to { path, ms, table }.
+ */
+export async function writeGolden({ replicas, batch, size, seed }) {
+  if (!existsSync(NATIVE)) throw new Error(`no native binary at ${NATIVE}: run cargo build --release`);
+  const path = join(REPO, "web", "golden.json");
+  const args = ["check", "--replicas", replicas, "--batch", batch, "--image-size", size, "--seed", seed, "--steps", 0, "--golden", path];
+  const t0 = Date.now();
+  const { stdout } = await promisify(execFile)(NATIVE, args.map(String), { maxBuffer: 1 << 20 });
+  return { path, ms: Date.now() - t0, table: stdout };
+}
 
 const BASE_ARGS = [
   "--headless=new",

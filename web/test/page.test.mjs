@@ -1,6 +1,7 @@
 // The demo page in headless Chromium: with WebGPU (SwiftShader) the kernel self-check runs on
 // load and every kernel matches the f64 reference; without WebGPU the page explains what to
-// do instead of going blank. Screenshots go to test-output/.
+// do instead of going blank; bad settings are readable errors. (The equivalence gates are
+// gates.test.mjs.) Screenshots go to test-output/.
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -11,24 +12,26 @@ const TIMEOUT = 300_000;
 test("kernel self-check passes in headless Chromium (WebGPU on SwiftShader)", { timeout: TIMEOUT }, async (t) => {
   const browser = await openBrowser({ webgpu: true });
   try {
-    const { page, result, problems, elapsedMs } = await loadAndSettle(browser.context, `${browser.url}?run=1&seed=1`);
+    const { page, result, problems, elapsedMs } = await loadAndSettle(browser.context, `${browser.url}?selfcheck=1&seed=1`);
     const shot = await screenshot(page, "web-selfcheck.png");
     t.diagnostic(`page load to result: ${elapsedMs} ms (in page: ${Math.round(result.timings?.pageToResultMs)} ms, ` +
       `self-check ${Math.round(result.timings?.selfcheckMs)} ms); adapter ${result.adapter?.vendor}/${result.adapter?.architecture}; ${shot}`);
     assert.equal(result.status, "done", `page ended in "${result.status}": ${result.error ?? result.message ?? ""}`);
     assert.equal(result.adapter.backend, "BrowserWebGpu");
-    assert.ok(result.kernels.length >= 7, `only ${result.kernels.length} kernels checked`);
-    for (const k of result.kernels) {
+    assert.ok(result.adapter.limits.maxStorageBufferBindingSize >= result.adapter.parameterBytes, "SwiftShader should bind the parameters");
+    const { kernels, pass } = result.selfcheck;
+    assert.ok(kernels.length >= 7, `only ${kernels.length} kernels checked`);
+    for (const k of kernels) {
       t.diagnostic(`${k.kernel} ${k.shape}: error ${k.error} (tolerance ${k.tolerance})`);
       assert.equal(typeof k.error, "number", `${k.kernel} ${k.shape}: non-finite output`);
       assert.ok(k.pass && k.error <= k.tolerance, `${k.kernel} ${k.shape}: error ${k.error} > ${k.tolerance}`);
     }
-    assert.equal(result.pass, true);
+    assert.equal(pass, true);
     for (const kernel of ["conv2d_forward", "conv2d_backward_input", "conv2d_backward_weight", "relu_forward", "relu_backward", "add"]) {
-      assert.ok(result.kernels.some((k) => k.kernel === kernel), `${kernel} was not checked`);
+      assert.ok(kernels.some((k) => k.kernel === kernel), `${kernel} was not checked`);
     }
-    assert.match(await page.textContent("#summary"), /^PASS: all \d+ kernels match/);
-    assert.equal(await page.locator("#results tbody tr").count(), result.kernels.length);
+    assert.match(await page.textContent("#selfcheck-summary"), /^PASS: all \d+ kernels match/);
+    assert.equal(await page.locator("#selfcheck tbody tr").count(), kernels.length);
     assert.deepEqual(problems, [], "the page logged errors");
   } finally {
     await browser.close();
@@ -48,7 +51,9 @@ test("without WebGPU the page says so and what to do", { timeout: TIMEOUT }, asy
     assert.match(text, /No WebGPU in this browser/);
     assert.match(text, /--enable-unsafe-webgpu/);
     assert.match(text, /Chrome|Edge/);
-    assert.ok(!(await page.locator("#selfcheck-section").isVisible()), "the self-check is offered without WebGPU");
+    for (const section of ["#settings-section", "#gates-section", "#train-section", "#selfcheck-section"]) {
+      assert.ok(!(await page.locator(section).isVisible()), `${section} is offered without WebGPU`);
+    }
     assert.deepEqual(problems, [], "the page logged errors");
   } finally {
     await browser.close();
@@ -62,10 +67,14 @@ test("a bad setting in the address is reported, not a blank page", { timeout: TI
     assert.equal(result.status, "error");
     assert.match(result.error, /\?batch=zero: expected a whole number/);
     assert.match(await page.textContent("#notice"), /\?batch=zero/);
-    // An error thrown by the wasm module arrives as a readable message.
+    // Errors thrown by the wasm module arrive as readable messages.
     const bad = await loadAndSettle(browser.context, `${browser.url}?log=loud`);
     assert.equal(bad.result.status, "error");
     assert.match(bad.result.error, /unknown log level `loud`/);
+    const one = await loadAndSettle(browser.context, `${browser.url}?replicas=1&run=1`);
+    assert.equal(one.result.status, "error");
+    assert.match(one.result.error, /R ≥ 2 replicas/);
+    assert.match(await one.page.textContent("#settings-note"), /needs R ≥ 2/);
   } finally {
     await browser.close();
   }

@@ -1,0 +1,69 @@
+// The equivalence gates in headless Chromium (WebGPU on SwiftShader), the way a visitor's link
+// runs them: the native binary first writes the PORTABLE golden (web/golden.json) for the same
+// settings, then the page loads with ?replicas=2&batch=4&size=32&seed=0&run=1&train=1 and must
+// pass every gate, PORTABLE included, train two steps, and log no console error.
+//
+// DRIFT runs 2 SGD steps here, not the CLI's 5: on SwiftShader with 2 cores a step of this
+// size takes 10–15 s per side, and the whole page must stay within a few minutes.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { loadAndSettle, openBrowser, screenshot, writeGolden } from "./browser.mjs";
+
+const SETTINGS = { replicas: 2, batch: 4, size: 32, seed: 0 };
+const DRIFT_STEPS = 2;
+const TRAIN_STEPS = 2;
+
+test("every gate passes in headless Chromium, PORTABLE against the native golden of this run", { timeout: 900_000 }, async (t) => {
+  const golden = await writeGolden(SETTINGS);
+  t.diagnostic(`native check + golden: ${golden.ms} ms\n${golden.table}`);
+  const browser = await openBrowser({ webgpu: true });
+  try {
+    const { replicas, batch, size, seed } = SETTINGS;
+    const query = `?replicas=${replicas}&batch=${batch}&size=${size}&seed=${seed}&steps=${DRIFT_STEPS}&train_steps=${TRAIN_STEPS}&run=1&train=1`;
+    const { page, result, problems, elapsedMs } = await loadAndSettle(browser.context, `${browser.url}${query}`, { timeout: 800_000 });
+    const shot = await screenshot(page, "web-gates.png");
+    const ms = (v) => `${Math.round(v)} ms`;
+    t.diagnostic(`page load to settled: ${elapsedMs} ms; wasm load ${ms(result.timings.wasmLoadMs)}, first gate result at ` +
+      `${ms(result.timings.firstGateMs)}, gates ${ms(result.timings.gatesMs)}, training ${ms(result.timings.trainMs)}; ${shot}`);
+    assert.equal(result.status, "done", `page ended in "${result.status}": ${result.error ?? result.message ?? ""}`);
+
+    const g = result.gates;
+    g.phases.forEach((p, i) => {
+      const next = g.phases[i + 1];
+      if (next) t.diagnostic(`${Math.round(next.ms - p.ms)} ms: ${p.phase}`);
+    });
+    assert.deepEqual([g.replicas, g.batch, g.size, g.seed, g.steps], [replicas, batch, size, seed, DRIFT_STEPS]);
+    for (const gate of g.gates) {
+      t.diagnostic(`${gate.gate}: ${gate.measured} (${gate.boundKind} ${gate.bound}) worst ${gate.worstTensor} flips ${gate.flips} ${gate.note}`);
+      assert.ok(gate.pass, `${gate.gate} failed: ${gate.measured} vs ${gate.boundKind} ${gate.bound} (${gate.note})`);
+    }
+    const names = g.gates.map((x) => x.gate);
+    for (const name of ["TEST", "TEST loss", "TEST logits", "PORTABLE", "PORTABLE loss", "CONTROL", "REPEAT", "DRIFT"]) {
+      assert.ok(names.includes(name), `no ${name} gate in ${names}`);
+    }
+    assert.equal(g.pass, true);
+    assert.equal(g.tensors.length, 110);
+    assert.ok(g.tensors.every((x) => x.test <= 1e-5 && x.control > 0 && x.portable <= 1e-4), "a tensor's errors are off");
+    assert.equal(g.tensors.at(-1).name, "fc.bias");
+
+    const p = result.portable;
+    assert.equal(p.status, "compared", p.message);
+    assert.equal(p.pass, true);
+    assert.match(p.madeOn, /llvmpipe|lavapipe|Vulkan|Gl/, `golden made on ${p.madeOn}`);
+    t.diagnostic(`PORTABLE: ${p.measured} (worst ${p.worstTensor}), loss ${p.lossError} (${p.loss}), own pattern flips ${p.flips}`);
+
+    assert.equal(result.train.losses.length, TRAIN_STEPS);
+    assert.ok(result.train.losses.every(Number.isFinite), `losses ${result.train.losses}`);
+    t.diagnostic(`training: losses ${result.train.losses.join(", ")}; step times ${result.train.stepMs.map(Math.round).join(", ")} ms`);
+
+    assert.match(await page.textContent("#gates-summary"), /^PASS: 2 replicas × 4 took the single-device step at 8/);
+    assert.equal(await page.locator("#gates tbody tr").count(), g.gates.length);
+    assert.equal(await page.locator("#chart svg g.points.series-test .mark").count(), 110);
+    assert.equal(await page.locator("#chart svg g.points.series-portable .mark").count(), 110);
+    assert.equal(await page.locator("#loss-chart svg .series-loss .mark").count(), TRAIN_STEPS);
+    assert.deepEqual(problems, [], "the page logged errors");
+  } finally {
+    await browser.close();
+  }
+});
