@@ -461,10 +461,12 @@ async function runSelfCheck(settings) {
 }
 
 const BUTTONS = ["gates-button", "train-button", "selfcheck-button"];
+let busy = false;
 
 /** Runs one job with the buttons disabled; a failure becomes the page's error notice. */
 async function job(run, ...args) {
-  for (const id of BUTTONS) $(id).disabled = true;
+  busy = true;
+  updateForm();
   try {
     await run(...args);
     return true;
@@ -472,7 +474,7 @@ async function job(run, ...args) {
     fail(`${e?.message ?? e}`);
     return false;
   } finally {
-    for (const id of BUTTONS) $(id).disabled = false;
+    busy = false;
     updateForm();
   }
 }
@@ -499,7 +501,8 @@ function updateForm() {
   }
   current = s;
   const one = s.replicas === 1;
-  $("gates-button").disabled = one || result.status === "running";
+  for (const id of BUTTONS) $(id).disabled = busy;
+  $("gates-button").disabled = busy || one;
   $("settings-note").textContent = one
     ? "With R = 1 there is nothing to synchronise: the equivalence check needs R ≥ 2 (training runs on one device)."
     : `${s.replicas} replicas × ${s.batch} images of ${s.size}×${s.size} against one device at ${s.replicas * s.batch}; ` +
