@@ -2,7 +2,7 @@
 //
 // What is subtle:
 // - Every output element is written by exactly one invocation, which sums in a fixed order.
-//   No atomics and no += across dispatches: the same launch is bitwise reproducible, and
+//   One writer per element and no += across dispatches: the same launch is bitwise reproducible, and
 //   outputs are overwritten.
 // - backward_input is a GATHER (the transposed correlation): dx[n,ci,iy,ix] sums
 //   dy[n,co,oy,ox]·w[co,ci,ky,kx] over the taps with oy·stride − pad + ky = iy. Only

@@ -4,7 +4,7 @@
 //
 // One workgroup per example. Row reductions are deterministic: each invocation accumulates a
 // strided slice of the row in ascending j, then the workgroup combines those partials by a
-// fixed tree; no atomics. The row max is subtracted before exp; ℓ is formed as
+// fixed tree, one writer per value. The row max is subtracted before exp; ℓ is formed as
 // Σ_j q_j·(log Σ exp(z − max) − (z_j − max)), a sum of non-negative terms (Σ q = 1), so
 // nothing cancels. The total is a second dispatch over the per-example losses.
 // A label ≥ K cannot be reported from a shader: that example's ℓ (hence the total) and its

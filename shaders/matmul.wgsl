@@ -3,7 +3,7 @@
 // adapter so that their speed reads as a fraction of what the adapter can do.
 //
 // What is subtle:
-// - Each element of C is summed over k in increasing order by one invocation: no atomics, the
+// - Each element of C is summed over k in increasing order by one invocation (a single writer), the
 //   same bits every run.
 // - matmul_simple: one element per invocation, any sizes. matmul_tiled: TILE_M rows × 4·TILE_N4
 //   columns per invocation, in registers, no workgroup memory (barriers are slow on CPU drivers

@@ -9,7 +9,7 @@
 //   PyTorch would propagate it. argmax always names a real cell of the window either way.
 // - The backward is a GATHER, one invocation per input cell: it visits the output windows
 //   containing the cell (rows, then columns, ascending) and sums the dy of those whose argmax
-//   names it. Fixed order, no atomics, every dx element written once.
+//   names it. Fixed order, every dx element written once by its own invocation.
 // - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
 //   run's pooling choices (DESIGN.md, "the same activation pattern").
 
