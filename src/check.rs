@@ -201,13 +201,15 @@ pub struct CheckReport {
     pub golden: Golden,
 }
 
-/// ‖a − b‖₂ / ‖b‖₂ in f64 (‖a − b‖₂ when b is 0); infinite if a or b is not finite.
-pub fn norm_rel(a: &[f32], b: &[f32]) -> f64 {
-    if a.iter().chain(b).any(|v| !v.is_finite()) {
+/// ‖a − b‖₂ / ‖b‖₂ in f64 (‖a − b‖₂ when b is 0), for `b` in f32 (another run) or f64 (the
+/// reference); infinite if the lengths differ or a or b is not finite (an unwritten, poisoned
+/// element).
+pub fn norm_rel<B: Copy + Into<f64>>(a: &[f32], b: &[B]) -> f64 {
+    if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) || b.iter().any(|&v| !v.into().is_finite()) {
         return f64::INFINITY;
     }
-    let num = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum::<f64>().sqrt();
-    let den = b.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().sqrt();
+    let num = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y.into()).powi(2)).sum::<f64>().sqrt();
+    let den = b.iter().map(|&y| y.into().powi(2)).sum::<f64>().sqrt();
     if den == 0.0 { num } else { num / den }
 }
 

@@ -160,19 +160,7 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
-/// ‖a − b‖₂ / ‖b‖₂ (‖a − b‖₂ when b is zero); infinite when `a` has a NaN or infinity.
-pub fn norm_rel(a: &[f32], b: &[f64]) -> f64 {
-    if a.len() != b.len() || a.iter().any(|x| !x.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num = a.iter().zip(b).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
-    let den = b.iter().map(|b| b * b).sum::<f64>().sqrt();
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
+use crate::check::norm_rel;
 
 fn dims(d: &[u32]) -> String {
     format!("[{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
