@@ -165,10 +165,15 @@ fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
 /// The devices of a run: `replicas` of them, replica r on `adapters[r % len]` (or all on
 /// `adapter`, else $SYNCSTEP_ADAPTER or the first adapter). Shared by `train` and `grad`.
 pub fn devices(adapter: Option<&str>, adapters: &[String], replicas: usize) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
-    let choices = match (adapter, adapters) {
-        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect::<Result<Vec<_>, _>>()?,
-        (Some(a), []) => vec![AdapterChoice::parse(a)?],
-        (None, []) => vec![AdapterChoice::from_env()?],
-    };
-    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &choices))?)
+    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &adapter_choices(adapter, adapters)?))?)
+}
+
+/// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
+/// else $SYNCSTEP_ADAPTER or the first adapter. Shared by `train`, `grad` and `bench`.
+pub fn adapter_choices(adapter: Option<&str>, adapters: &[String]) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
+    match (adapter, adapters) {
+        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
+        (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
+        (None, []) => Ok(vec![AdapterChoice::from_env()?]),
+    }
 }
