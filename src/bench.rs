@@ -102,7 +102,7 @@ impl BenchConfig {
             return setting("warmup", "is 0: at least 1 untimed step compiles the pipelines and autotunes the convolutions");
         }
         if let Err(e) = ResNet34::check_image_size(self.image_size, self.image_size) {
-            return setting("image-size", &format!("is {}: {e}", self.image_size));
+            return setting("image-size", &format!("{}: {e}", self.image_size));
         }
         if let Err(e) = ResNet34::new(self.classes) {
             return setting("classes", &format!("is {}: {e}", self.classes));
@@ -165,7 +165,7 @@ impl StepBench {
             .num("gflops", self.gflops())
             .num("step_flops", self.flops)
             .raw("steps_s", &array(self.seconds.iter().map(|&s| crate::json::number(s))))
-            .raw("memory", &array(self.memory.iter().map(ReplicaMemory::to_json)))
+            .raw("memory", &array(self.memory.iter().map(|m| m.to_json())))
             .finish()
     }
 }
@@ -189,7 +189,7 @@ impl ReplicaMemory {
     pub fn peak_bytes(&self) -> u64 {
         self.held_bytes + self.transient_bytes
     }
-    fn to_json(&self) -> String {
+    fn to_json(self) -> String {
         Object::new()
             .int("held_bytes", self.held_bytes)
             .int("transient_bytes", self.transient_bytes)
