@@ -100,7 +100,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let r = gpus.len();
     let adapter = if r == 1 { describe(&gpus[0].info) } else { format!("{r} replicas of {} images: {}", cfg.batch / r.max(1), gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")) };
     let mut trainer = Trainer::data_parallel(gpus, cfg, resume)?;
-    let flops = 2.97 * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
+    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
     println!(
         "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} synthetic images, {} steps from step {}, on {adapter}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, args.steps, trainer.step
