@@ -4,12 +4,11 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use syncstep::bench::STEP_FLOPS_PER_FORWARD;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::model::ResNet34;
 use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
-
-const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
 
 fn step_bench(c: &mut Criterion) {
     let gpu = pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).expect("a GPU adapter");

@@ -30,6 +30,8 @@ pub enum GpuError {
     DeviceLost(String),
     #[error("reading a buffer back failed: {0}")]
     Readback(String),
+    #[error("this adapter lacks {0}")]
+    MissingFeature(&'static str),
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
@@ -183,6 +185,47 @@ pub fn describe(info: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?}{})", info.name, info.backend, info.device_type, if driver.is_empty() { String::new() } else { format!(", {driver}") })
 }
 
+/// Buffers created through a [`Gpu`] (its storage buffers, uploads, dispatch uniforms and
+/// readback staging; not wgpu's own staging behind `queue.write_buffer`), since the last
+/// [`Gpu::reset_memory_stats`]. A buffer dropped while a submission still uses it stays
+/// allocated until that submission completes, so everything created between two submissions
+/// is resident together: `largest_submission_bytes` is the most transient memory one
+/// submission held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub created_bytes: u64,
+    pub largest_submission_bytes: u64,
+    pub largest_buffer_bytes: u64,
+}
+
+#[derive(Default)]
+struct MemoryCounter {
+    stats: MemoryStats,
+    /// Bytes created since the last submission.
+    since_submit: u64,
+}
+
+/// One dispatch timed by timestamp queries: `scope` is what [`Gpu::profile_scope`] last named
+/// (a layer of the step), `op` the launcher, `entry` the shader entry point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub scope: String,
+    pub op: &'static str,
+    pub entry: &'static str,
+    pub seconds: f64,
+}
+
+/// The profiler's state while profiling is on: query sets of `QUERY_SET_MAX_QUERIES` each,
+/// two queries (begin, end) per dispatch, and what each pair timed.
+struct Profiler {
+    sets: Vec<wgpu::QuerySet>,
+    labels: Vec<(Arc<str>, &'static str, &'static str)>,
+    scope: Arc<str>,
+}
+
+/// Queries per set, two per dispatch.
+const PROFILE_SET_QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+
 #[derive(Default)]
 struct ErrorSink {
     errors: Vec<String>,
@@ -199,6 +242,8 @@ pub struct Gpu {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
     sink: Arc<Mutex<ErrorSink>>,
+    memory: Mutex<MemoryCounter>,
+    profiler: Mutex<Option<Profiler>>,
 }
 
 impl Gpu {
@@ -249,6 +294,8 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             sink,
+            memory: Mutex::new(MemoryCounter::default()),
+            profiler: Mutex::new(None),
         })
     }
 
@@ -300,7 +347,96 @@ impl Gpu {
 
     /// Finishes and submits `encoder`; every error recorded into it comes back here.
     pub async fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+        {
+            let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            m.stats.largest_submission_bytes = m.stats.largest_submission_bytes.max(m.since_submit);
+            m.since_submit = 0;
+        }
         self.scoped(|| self.queue.submit([encoder.finish()])).await
+    }
+
+    /// Creates a buffer and counts its bytes in [`MemoryStats`].
+    fn create_buffer(&self, desc: &wgpu::BufferDescriptor) -> wgpu::Buffer {
+        let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        m.stats.created_bytes += desc.size;
+        m.stats.largest_buffer_bytes = m.stats.largest_buffer_bytes.max(desc.size);
+        m.since_submit += desc.size;
+        drop(m);
+        self.device.create_buffer(desc)
+    }
+
+    /// What was created since the last reset (the buffers of a submission not yet made count
+    /// as one).
+    pub fn memory_stats(&self) -> MemoryStats {
+        let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        MemoryStats { largest_submission_bytes: m.stats.largest_submission_bytes.max(m.since_submit), ..m.stats }
+    }
+
+    pub fn reset_memory_stats(&self) {
+        *self.memory.lock().unwrap_or_else(|p| p.into_inner()) = MemoryCounter::default();
+    }
+
+    /// Starts timing every dispatch with timestamp queries, until [`Gpu::finish_profile`].
+    /// Fails where the adapter has no timestamp queries.
+    pub fn start_profile(&self) -> Result<()> {
+        if !self.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(GpuError::MissingFeature("timestamp queries (TIMESTAMP_QUERY)"));
+        }
+        *self.profiler.lock().unwrap_or_else(|p| p.into_inner()) = Some(Profiler { sets: Vec::new(), labels: Vec::new(), scope: "(no scope)".into() });
+        Ok(())
+    }
+
+    /// Names what the next dispatches belong to (a layer), while profiling; else does nothing.
+    pub fn profile_scope(&self, scope: &str) {
+        if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            p.scope = scope.into();
+        }
+    }
+
+    /// Stops profiling and returns the time of every dispatch recorded since
+    /// [`Gpu::start_profile`], in recording order. Every encoder recorded meanwhile must have
+    /// been submitted: the queries of one that was not read as garbage.
+    pub async fn finish_profile(&self) -> Result<Vec<KernelTime>> {
+        let Some(profiler) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return Ok(Vec::new());
+        };
+        let mut ticks = Vec::with_capacity(2 * profiler.labels.len());
+        for (i, set) in profiler.sets.iter().enumerate() {
+            let queries = (2 * profiler.labels.len() as u64 - i as u64 * PROFILE_SET_QUERIES as u64).min(PROFILE_SET_QUERIES as u64) as u32;
+            let resolved = self.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: queries as u64 * wgpu::QUERY_SIZE as u64,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let mut encoder = self.encoder();
+            encoder.resolve_query_set(set, 0..queries, &resolved, 0);
+            self.submit(encoder).await?;
+            // Read as u32 pairs: a mapped range need not be aligned for u64.
+            let words = self.read::<u32>(Slice::whole(&resolved)).await?;
+            ticks.extend(words.chunks_exact(2).map(|w| w[0] as u64 | (w[1] as u64) << 32));
+        }
+        let ns_per_tick = self.queue.get_timestamp_period() as f64;
+        Ok(profiler
+            .labels
+            .iter()
+            .zip(ticks.chunks_exact(2))
+            .map(|((scope, op, entry), t)| KernelTime { scope: scope.to_string(), op, entry, seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9 })
+            .collect())
+    }
+
+    /// The timestamp writes of the next dispatch, while profiling.
+    fn profile_dispatch(&self, op: &'static str, entry: &'static str) -> Option<(wgpu::QuerySet, u32)> {
+        let mut guard = self.profiler.lock().unwrap_or_else(|p| p.into_inner());
+        let p = guard.as_mut()?;
+        let query = 2 * p.labels.len() as u32;
+        let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);
+        if set == p.sets.len() {
+            p.sets.push(self.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: PROFILE_SET_QUERIES }));
+        }
+        let scope = p.scope.clone();
+        p.labels.push((scope, op, entry));
+        Some((p.sets[set].clone(), index))
     }
 
     /// Blocks until the queue is idle (native only; in a browser, await a readback instead).
@@ -316,7 +452,7 @@ impl Gpu {
     pub fn buffer(&self, label: &str, len: u64) -> Result<wgpu::Buffer> {
         let size = (len * 4).max(4);
         self.check_buffer_size(label, size)?;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+        Ok(self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
@@ -340,7 +476,7 @@ impl Gpu {
     fn buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
         // A buffer mapped at creation must be a multiple of 4 bytes long.
         let size = (contents.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
+        let buffer = self.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
         let mut view = buffer
             .slice(..)
             .get_mapped_range_mut()
@@ -375,7 +511,7 @@ impl Gpu {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: bytes,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -422,11 +558,15 @@ impl Gpu {
         pipeline
     }
 
-    /// Records one dispatch of `entry`: `params` at binding 0 as a uniform, then `bindings` as
-    /// storage buffers at bindings 1, 2, … in order. The entry point must use exactly these.
+    /// Records one dispatch of `entry` for the launcher `op`: `params` at binding 0 as a
+    /// uniform, then `bindings` as storage buffers at bindings 1, 2, … in order. The entry point
+    /// must use exactly these. Each dispatch is a compute pass of its own, which a profile
+    /// brackets with timestamps.
+    #[allow(clippy::too_many_arguments)]
     pub fn dispatch<P: bytemuck::Pod>(
         &self,
         encoder: &mut wgpu::CommandEncoder,
+        op: &'static str,
         shader: &Shader,
         entry: &'static str,
         params: &P,
@@ -475,7 +615,13 @@ impl Gpu {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+        let timed = self.profile_dispatch(op, entry);
+        let timestamp_writes = timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
+            query_set,
+            beginning_of_pass_write_index: Some(*index),
+            end_of_pass_write_index: Some(index + 1),
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);

@@ -4,6 +4,8 @@
 //! Layers, bottom up (see DESIGN.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
 pub mod check;
 pub mod checkpoint;
 pub mod collective;

@@ -59,6 +59,22 @@ impl Conv {
     }
 }
 
+/// A convolution and the side of its input for one image size (see [`ResNet34::conv_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvInput {
+    pub conv: Conv,
+    pub h: u32,
+    pub w: u32,
+}
+
+impl ConvInput {
+    /// Forward FLOPs for one image (multiply-add = 2).
+    pub fn flops(&self) -> f64 {
+        let c = &self.conv;
+        2.0 * (c.c_out * c.out_size(self.h) * c.out_size(self.w)) as f64 * (c.c_in * c.k * c.k) as f64
+    }
+}
+
 /// A BatchNorm site: γ = `params[weight]`, β = `params[bias]`, running statistics in `buffers`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchNorm {
@@ -213,25 +229,33 @@ impl ResNet34 {
         self.params.iter().map(|p| p.len()).sum()
     }
 
+    /// torchvision's name of a convolution: `conv1`, `layer2.0.downsample.0`, ….
+    pub fn conv_name(&self, conv: &Conv) -> &str {
+        let weight = &self.params[conv.weight].name;
+        weight.strip_suffix(".weight").unwrap_or(weight)
+    }
+
+    /// Every convolution in forward order ([`ResNet34::convs`]) with the side of its input
+    /// for an `h`×`w` image.
+    pub fn conv_inputs(&self, h: u32, w: u32) -> Vec<ConvInput> {
+        let at = |conv: Conv, (h, w): (u32, u32)| ConvInput { conv, h, w };
+        let stem = at(self.stem_conv, (h, w));
+        let pool = |s: u32| (s + 2 * POOL_PAD - POOL_K) / POOL_STRIDE + 1;
+        let mut x = (pool(self.stem_conv.out_size(h)), pool(self.stem_conv.out_size(w)));
+        let mut v = vec![stem];
+        for b in &self.blocks {
+            let x1 = (b.conv1.out_size(x.0), b.conv1.out_size(x.1));
+            v.extend([at(b.conv1, x), at(b.conv2, x1)]);
+            v.extend(b.downsample.map(|(c, _)| at(c, x)));
+            x = (b.conv2.out_size(x1.0), b.conv2.out_size(x1.1));
+        }
+        v
+    }
+
     /// Forward FLOPs of one image (multiply-add = 2): convs and fc.
     pub fn forward_flops(&self, h: u32, w: u32) -> f64 {
-        let mut total = 0.0;
-        let conv = |c: &Conv, h: u32, w: u32, total: &mut f64| {
-            let (oh, ow) = (c.out_size(h), c.out_size(w));
-            *total += 2.0 * (c.c_out * oh * ow) as f64 * (c.c_in * c.k * c.k) as f64;
-            (oh, ow)
-        };
-        let (mut h, mut w) = conv(&self.stem_conv, h, w, &mut total);
-        h = (h + 2 * POOL_PAD - POOL_K) / POOL_STRIDE + 1;
-        w = (w + 2 * POOL_PAD - POOL_K) / POOL_STRIDE + 1;
-        for b in &self.blocks {
-            if let Some((d, _)) = &b.downsample {
-                conv(d, h, w, &mut total);
-            }
-            let (h1, w1) = conv(&b.conv1, h, w, &mut total);
-            (h, w) = conv(&b.conv2, h1, w1, &mut total);
-        }
-        total + 2.0 * 512.0 * self.classes as f64
+        let convs: f64 = self.conv_inputs(h, w).iter().map(|i| i.flops()).sum();
+        convs + 2.0 * 512.0 * self.classes as f64
     }
 
     /// Seeded initialisation as torchvision's: convs Kaiming-normal (fan_out, relu gain),
@@ -355,6 +379,21 @@ mod tests {
         assert!((m.forward_flops(224, 224) / 1e9 - 7.33).abs() < 0.01, "{}", m.forward_flops(224, 224));
         let m10 = ResNet34::new(10).unwrap();
         assert!((m10.forward_flops(32, 32) / 1e9 - 0.150).abs() < 0.002, "{}", m10.forward_flops(32, 32));
+    }
+
+    #[test]
+    fn conv_inputs_follow_the_stages() {
+        let m = ResNet34::new(10).unwrap();
+        let inputs = m.conv_inputs(64, 64);
+        assert_eq!(inputs.len(), m.convs().len());
+        assert_eq!(inputs.iter().map(|i| i.conv).collect::<Vec<_>>(), m.convs());
+        let named = |name: &str| inputs.iter().find(|i| m.conv_name(&i.conv) == name).unwrap();
+        assert_eq!((named("conv1").h, named("conv1").w), (64, 64));
+        // 64 → stem /2 → pool /2 = 16; layer2.0 takes 16 and halves it; layer4 runs at 2×2.
+        assert_eq!(named("layer1.0.conv1").h, 16);
+        assert_eq!(named("layer2.0.downsample.0").h, 16);
+        assert_eq!(named("layer2.0.conv2").h, 8);
+        assert_eq!(named("layer4.2.conv2").h, 2);
     }
 
     #[test]

@@ -284,6 +284,12 @@ impl Replica {
         Ok(())
     }
 
+    /// Bytes of the device buffers this replica holds: parameters, gradients, momentum, running
+    /// statistics and the activations (and BN rows) it keeps between steps.
+    pub fn device_bytes(&self) -> u64 {
+        [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>() + self.acts.values().map(|b| b.size()).sum::<u64>()
+    }
+
     pub async fn read_params(&self) -> Result<Vec<f32>> {
         Ok(self.gpu.read_f32(Slice::whole(&self.params)).await?)
     }
@@ -350,6 +356,7 @@ impl Replica {
 
     /// conv → BatchNorm (training mode, statistics through `sync`), saving both outputs.
     async fn conv_bn<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims) -> Result<(wgpu::Buffer, Dims)> {
+        self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&conv)));
         let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
         let shape = conv_shape(&conv, input);
         let y = self.act(&format!("{name}.conv"), out.len())?;
@@ -431,6 +438,7 @@ impl Replica {
     /// Global average pool and fc: returns the pooled features and the logits.
     fn head_forward<S>(&mut self, pass: &mut Pass<S>, x: &wgpu::Buffer, d: Dims) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
+        self.gpu.profile_scope("fc and loss");
         let feat = self.act("gap", (n * c) as u64)?;
         avgpool::global_avgpool_forward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(x), Slice::whole(&feat))?;
         let logits = self.act("logits", (n * k) as u64)?;
@@ -470,6 +478,7 @@ impl Replica {
             let u = &pass.units[unit];
             (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out)
         };
+        self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
         let count = pass.counts[site];
         let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
         let y = self.acts[&format!("{name}.conv")].clone();
@@ -561,7 +570,12 @@ fn block_name(i: usize) -> String {
 }
 
 fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
-    conv2d::Conv2dShape { n: x.n, c_in: c.c_in, h: x.h, w: x.w, c_out: c.c_out, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad }
+    conv2d_shape(c, x.n, x.h, x.w)
+}
+
+/// The kernel shape of `conv` on `n` inputs of `h`×`w`: what the step launches.
+pub fn conv2d_shape(c: &Conv, n: u32, h: u32, w: u32) -> conv2d::Conv2dShape {
+    conv2d::Conv2dShape { n, c_in: c.c_in, h, w, c_out: c.c_out, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad }
 }
 
 fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {

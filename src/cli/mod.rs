@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod check;
 mod grad;
 mod info;
@@ -27,6 +28,8 @@ enum Command {
     Grad(grad::GradArgs),
     /// Run the equivalence gates: R replicas with synchronised BatchNorm against one device at the global batch.
     Check(check::CheckArgs),
+    /// Benchmark the training step on this adapter: images/s, GFLOP/s, memory, a roofline probe and (--profile) a per-layer breakdown.
+    Bench(bench::BenchArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -37,6 +40,7 @@ pub fn main() -> ExitCode {
         Command::Train(a) => train::run(a),
         Command::Grad(a) => grad::run(a),
         Command::Check(a) => check::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -100,7 +100,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let r = gpus.len();
     let adapter = if r == 1 { describe(&gpus[0].info) } else { format!("{r} replicas of {} images: {}", cfg.batch / r.max(1), gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")) };
     let mut trainer = Trainer::data_parallel(gpus, cfg, resume)?;
-    let flops = 2.97 * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
+    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
     println!(
         "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} synthetic images, {} steps from step {}, on {adapter}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, args.steps, trainer.step
@@ -165,10 +165,15 @@ fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
 /// The devices of a run: `replicas` of them, replica r on `adapters[r % len]` (or all on
 /// `adapter`, else $SYNCSTEP_ADAPTER or the first adapter). Shared by `train` and `grad`.
 pub fn devices(adapter: Option<&str>, adapters: &[String], replicas: usize) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
-    let choices = match (adapter, adapters) {
-        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect::<Result<Vec<_>, _>>()?,
-        (Some(a), []) => vec![AdapterChoice::parse(a)?],
-        (None, []) => vec![AdapterChoice::from_env()?],
-    };
-    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &choices))?)
+    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &adapter_choices(adapter, adapters)?))?)
+}
+
+/// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
+/// else $SYNCSTEP_ADAPTER or the first adapter. Shared by `train`, `grad` and `bench`.
+pub fn adapter_choices(adapter: Option<&str>, adapters: &[String]) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
+    match (adapter, adapters) {
+        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
+        (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
+        (None, []) => Ok(vec![AdapterChoice::from_env()?]),
+    }
 }

@@ -61,5 +61,5 @@ pub(crate) fn launch<P: bytemuck::Pod>(
         gpu.check_binding(&format!("argument `{name}`"), s).map_err(|source| KernelError::Gpu { op, source })?;
     }
     let slices: Vec<Slice> = bindings.iter().map(|(_, s)| *s).collect();
-    gpu.dispatch(encoder, shader, entry, params, &slices, workgroups).map_err(|source| KernelError::Gpu { op, source })
+    gpu.dispatch(encoder, op, shader, entry, params, &slices, workgroups).map_err(|source| KernelError::Gpu { op, source })
 }

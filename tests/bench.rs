@@ -1,0 +1,238 @@
+//! `syncstep bench`: the report's figures hang together, the profile covers the step, the JSON
+//! has every key, bad settings name their flag; and the gpu layer's profiler and memory counter
+//! underneath. Speed itself is never asserted.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+
+use common::*;
+use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER_FORWARD};
+use syncstep::gpu::{AdapterChoice, Slice};
+use syncstep::json::{parse, Value};
+use syncstep::kernels::conv2d::Conv2dAlgo;
+use syncstep::kernels::elementwise;
+use syncstep::model::ResNet34;
+use syncstep::step::conv2d_shape;
+
+fn small(replicas: usize) -> BenchConfig {
+    BenchConfig { replicas, batch: 2, steps: 1, profile: true, adapters: vec![AdapterChoice::from_env().unwrap()], ..BenchConfig::default() }
+}
+
+fn positive(x: f64) -> bool {
+    x.is_finite() && x > 0.0
+}
+
+/// What every report must satisfy, whatever R.
+fn check_report(report: &BenchReport, cfg: &BenchConfig) {
+    let model = ResNet34::new(cfg.classes).unwrap();
+    let s = &report.step;
+    assert_eq!((s.replicas, s.batch_per_replica, s.seconds.len()), (cfg.replicas, cfg.batch, cfg.steps));
+    assert!(s.seconds.iter().all(|&t| positive(t)), "{:?}", s.seconds);
+    assert!(s.min() <= s.median() && s.median() <= s.max());
+    let flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(cfg.image_size, cfg.image_size) * (cfg.replicas * cfg.batch) as f64;
+    assert_eq!(s.flops, flops);
+    assert!((s.gflops() - flops / s.median() / 1e9).abs() <= 1e-9 * s.gflops());
+    assert!((s.images_per_second() - (cfg.replicas * cfg.batch) as f64 / s.median()).abs() <= 1e-9 * s.images_per_second());
+    // Every replica holds at least parameters, gradients and momentum.
+    assert_eq!(s.memory.len(), cfg.replicas);
+    for m in &s.memory {
+        assert!(m.held_bytes >= 3 * model.param_len as u64 * 4, "{m:?}");
+        assert!(m.transient_bytes > 0 && m.largest_transient_buffer_bytes <= m.transient_bytes, "{m:?}");
+    }
+    assert_eq!(report.adapters.len(), cfg.replicas);
+
+    // The profile: every conv layer's forward and weight gradient (and input-VJP but the stem's)
+    // is there with its FLOPs, and the kernels' time fits inside the step's wall time.
+    let p = report.profile.as_ref().expect("lavapipe has timestamp queries");
+    assert!(p.kernels.iter().all(|k| k.seconds.is_finite() && k.seconds >= 0.0));
+    assert!(positive(p.kernel_seconds()));
+    assert!(p.kernel_seconds() <= p.step_seconds, "kernels {} s in a step of {} s", p.kernel_seconds(), p.step_seconds);
+    for conv in model.convs() {
+        let name = model.conv_name(&conv);
+        let mut ops = vec![("forward", "conv2d_forward"), ("backward", "conv2d_backward_weight")];
+        if conv != model.stem_conv {
+            ops.push(("backward", "conv2d_backward_input"));
+        }
+        for (direction, op) in ops {
+            let layer = format!("{name} {direction}");
+            let row = p.by_layer.iter().find(|r| r.layer == layer && r.kernel == op).unwrap_or_else(|| panic!("no profile row for {layer} {op}"));
+            assert!(positive(row.seconds) && positive(row.flops.unwrap()), "{row:?}");
+        }
+    }
+    assert!(p.by_layer.iter().any(|r| r.layer == "sgd update" && r.kernel == "sgd_update"));
+    let total = |rows: &[bench::ProfileRow]| rows.iter().map(|r| r.seconds).sum::<f64>();
+    for rows in [&p.by_layer, &p.by_op, &p.by_entry] {
+        assert!((total(rows) - p.kernel_seconds()).abs() <= 1e-9 * p.kernel_seconds());
+        assert!(rows.windows(2).all(|w| w[0].seconds >= w[1].seconds), "slowest first");
+    }
+    assert!(p.by_op.iter().chain(&p.by_entry).all(|r| r.layer == ALL_LAYERS));
+
+    // The JSON carries every figure.
+    let json = parse(&report.to_json()).unwrap();
+    let num = |v: &Value, path: &[&str]| path.iter().try_fold(v, |v, k| v.get(k)).and_then(Value::as_f64).unwrap_or_else(|| panic!("no number at {path:?}"));
+    assert_eq!(num(&json, &["step", "median_s"]), s.median());
+    assert_eq!(num(&json, &["step", "gflops"]), s.gflops());
+    assert_eq!(num(&json, &["config", "replicas"]), cfg.replicas as f64);
+    assert_eq!(num(&json, &["profile", "kernel_s"]), p.kernel_seconds());
+    assert_eq!(json.get("step").unwrap().get("memory").unwrap().as_array().unwrap().len(), cfg.replicas);
+    assert!(num(&json.get("step").unwrap().get("memory").unwrap().as_array().unwrap()[0], &["peak_bytes"]) > 0.0);
+    assert_eq!(json.get("profile").unwrap().get("by_layer").unwrap().as_array().unwrap().len(), p.by_layer.len());
+    assert_eq!(json.get("adapters").unwrap().as_array().unwrap().len(), cfg.replicas);
+    assert!(json.get("ratio").is_some() && json.get("single").is_some() && json.get("roofline").is_some());
+}
+
+#[test]
+fn one_device_report_with_profile_and_roofline() {
+    if gpu().is_none() {
+        return;
+    }
+    let cfg = BenchConfig { roofline: Some(64), ..small(1) };
+    let report = bench::run(&cfg, &mut |_| {}).unwrap();
+    check_report(&report, &cfg);
+    assert!(report.single.is_none() && report.ratio().is_none());
+    let json = parse(&report.to_json()).unwrap();
+    assert_eq!(json.get("ratio"), Some(&Value::Null));
+
+    let roof = report.roofline.as_ref().unwrap();
+    assert_eq!(roof.tiles.len(), 4);
+    assert!(roof.tiles.iter().all(|t| positive(t.gflops()) && t.flops == 2.0 * 64f64.powi(3)));
+    assert_eq!(roof.gflops(), roof.tiles.iter().map(|t| t.gflops()).fold(0.0, f64::max));
+    // Every distinct convolution shape of the step (11 at 32×32) with its three launches, but
+    // the stem's has no input-VJP.
+    let model = ResNet34::new(cfg.classes).unwrap();
+    let shapes: HashSet<_> = model.conv_inputs(32, 32).iter().map(|i| conv2d_shape(&i.conv, 2, i.h, i.w)).collect();
+    assert_eq!(shapes.len(), 11);
+    assert_eq!(roof.convs.len(), 3 * shapes.len() - 1, "{:#?}", roof.convs);
+    for c in &roof.convs {
+        assert!(positive(c.gflops()), "{c:?}");
+        assert!(Conv2dAlgo::parse(&c.algo).is_some(), "{}", c.algo);
+    }
+    let text = report.text(15);
+    for needle in ["images/s", "GFLOP/s", "roofline: matmul 64³", "held", "layer · launcher", "conv2d_backward_weight"] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+}
+
+#[test]
+fn data_parallel_report_has_the_ratio_to_one_device() {
+    if gpu().is_none() {
+        return;
+    }
+    let cfg = BenchConfig { roofline: None, ..small(2) };
+    let report = bench::run(&cfg, &mut |_| {}).unwrap();
+    check_report(&report, &cfg);
+    let single = report.single.as_ref().expect("R = 2 measures the single device too");
+    assert_eq!((single.replicas, single.batch_per_replica, single.seconds.len()), (1, 4, 1));
+    assert_eq!(single.flops, report.step.flops);
+    assert!(positive(single.median()));
+    let ratio = report.ratio().unwrap();
+    assert_eq!(ratio, report.step.median() / single.median());
+    let json = parse(&report.to_json()).unwrap();
+    assert_eq!(json.get("ratio").and_then(Value::as_f64), Some(ratio));
+    assert_eq!(json.get("roofline"), Some(&Value::Null));
+    assert!(report.text(5).contains("data-parallel / single device at batch 4"));
+}
+
+#[test]
+fn bad_settings_are_errors_naming_the_flag() {
+    let cases = [
+        (BenchConfig { steps: 0, ..BenchConfig::default() }, "--steps"),
+        (BenchConfig { batch: 0, ..BenchConfig::default() }, "--batch"),
+        (BenchConfig { replicas: 0, ..BenchConfig::default() }, "--replicas"),
+        (BenchConfig { warmup: 0, ..BenchConfig::default() }, "--warmup"),
+        (BenchConfig { image_size: 16, ..BenchConfig::default() }, "--image-size 16"),
+        (BenchConfig { roofline: Some(30), ..BenchConfig::default() }, "--roofline-size"),
+    ];
+    for (cfg, flag) in cases {
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.starts_with(flag), "{e}");
+        assert_eq!(bench::run(&cfg, &mut |_| {}).unwrap_err().to_string(), e);
+    }
+    assert!(BenchConfig::default().validate().is_ok());
+}
+
+#[test]
+fn the_command_line_prints_the_report_and_writes_json() {
+    if gpu().is_none() {
+        return;
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_syncstep")).arg("bench").args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (ok, _, err) = run(&["--steps", "0"]);
+    assert!(!ok && err.contains("--steps is 0"), "{err}");
+    let (ok, _, err) = run(&["--image-size", "16"]);
+    assert!(!ok && err.contains("--image-size 16") && err.contains("too small"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("syncstep-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bench.json");
+    let (ok, out, err) = run(&["--batch", "2", "--steps", "1", "--no-roofline", "--json", path.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("single device, batch 2") && out.contains("profile: not asked for"), "{out}");
+    let json = parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(json.get("step").and_then(|s| s.get("median_s")).and_then(Value::as_f64).is_some_and(positive));
+    assert_eq!(json.get("profile"), Some(&Value::Null));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_profiler_times_every_dispatch_across_query_sets() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let len = 256u64;
+    let a = gpu.upload("a", &uniform(1, len as usize)).unwrap();
+    let b = gpu.upload("b", &uniform(2, len as usize)).unwrap();
+    let out = gpu.buffer("out", len).unwrap();
+    let add = |enc: &mut wgpu::CommandEncoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
+    // Not profiling: nothing recorded.
+    let mut enc = gpu.encoder();
+    add(&mut enc);
+    pollster::block_on(gpu.submit(enc)).unwrap();
+    gpu.start_profile().unwrap();
+    // More dispatches than one query set holds (2 queries each, 4096 per set), over two
+    // submissions and two scopes.
+    let (first, second) = (1500, 1000);
+    let start = std::time::Instant::now();
+    for (scope, count) in [("first", first), ("second", second)] {
+        gpu.profile_scope(scope);
+        let mut enc = gpu.encoder();
+        (0..count).for_each(|_| add(&mut enc));
+        pollster::block_on(gpu.submit(enc)).unwrap();
+    }
+    gpu.wait().unwrap();
+    let wall = start.elapsed().as_secs_f64();
+    let times = pollster::block_on(gpu.finish_profile()).unwrap();
+    assert_eq!(times.len(), first + second);
+    assert!(times[..first].iter().all(|t| t.scope == "first") && times[first..].iter().all(|t| t.scope == "second"));
+    assert!(times.iter().all(|t| t.op == "add" && t.entry == "add" && t.seconds.is_finite() && t.seconds >= 0.0));
+    let sum: f64 = times.iter().map(|t| t.seconds).sum();
+    assert!(sum > 0.0 && sum <= wall, "{sum} s of kernels in {wall} s");
+    // Finished: the next dispatches are not timed, and a second finish has nothing.
+    let mut enc = gpu.encoder();
+    add(&mut enc);
+    pollster::block_on(gpu.submit(enc)).unwrap();
+    assert!(pollster::block_on(gpu.finish_profile()).unwrap().is_empty());
+}
+
+#[test]
+fn memory_stats_count_each_submissions_buffers() {
+    let Some(gpu) = fresh_gpu() else { return };
+    gpu.reset_memory_stats();
+    let big = gpu.buffer("big", 1000).unwrap();
+    pollster::block_on(gpu.submit(gpu.encoder())).unwrap();
+    let small = gpu.buffer("small", 100).unwrap();
+    let small2 = gpu.upload("small2", &[1.0f32; 100]).unwrap();
+    let m = gpu.memory_stats();
+    assert_eq!(m.created_bytes, 4000 + 400 + 400);
+    assert_eq!(m.largest_buffer_bytes, 4000);
+    assert_eq!(m.largest_submission_bytes, 4000);
+    drop((big, small, small2));
+    gpu.reset_memory_stats();
+    let _ = gpu.buffer("c", 10).unwrap();
+    let _ = gpu.buffer("d", 10).unwrap();
+    // Not yet submitted: the open set counts.
+    assert_eq!(gpu.memory_stats().largest_submission_bytes, 80);
+}
