@@ -3,7 +3,14 @@
 //!
 //! - [`all_reduce`]: one buffer range per replica is copied to MAP_READ staging, all maps are
 //!   joined, the host reduces in a fixed pairwise order over replicas (see [`reduce`]), and the
-//!   SAME bytes are written back to every replica. Same bytes in, so replicas never drift.
+//!   SAME bytes are written back to every replica. Same bytes in, so replicas never drift. The
+//!   plain version: fresh staging every call.
+//! - [`BucketAllReduce`]: the same reduce of a buffer that becomes final part by part (the
+//!   gradients during a backward): each part is copied into staging in the submission that
+//!   finishes it and reduced while the device runs the next one, straight from the mapped
+//!   read staging of every replica into the mapped write staging of every replica
+//!   ([`reduce_chunks`]), which is then copied back. The staging ([`BucketStaging`]) is kept
+//!   from step to step: fresh host memory costs more than the reduce (page faults).
 //! - [`Rendezvous`]: R replica futures, running concurrently under one `join_all` on one thread
 //!   (natively or in a browser), meet in numbered rounds. Each deposits its local value; the
 //!   last to arrive merges all deposits (in replica order, with the merge the rendezvous was
@@ -53,6 +60,7 @@ pub enum ReduceOp {
 /// same length everywhere). Afterwards every range holds the identical f32 bytes: the sum (or
 /// mean) over replicas in the pairwise order of [`reduce`]. Pass one large
 /// range (a whole flat gradient buffer), not one per tensor: every call costs a round trip.
+/// Allocates its staging each call; a training step uses [`BucketAllReduce`] instead.
 pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()> {
     let (_, first) = parts.first().ok_or(CollectiveError::NoReplicas)?;
     for (replica, (_, s)) in parts.iter().enumerate() {
@@ -541,5 +549,28 @@ mod tests {
         assert_eq!(reduce(three.to_vec(), ReduceOp::Sum), vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]);
         assert_eq!(reduce(three.to_vec(), ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
         assert_eq!(reduce(vec![vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
+    }
+
+    #[test]
+    fn reduce_chunks_sums_each_element_as_reduce_sums_it_alone() {
+        // Longer than a few chunks, and R = 5 and 6 leave several blocks open at the end.
+        let len = 2 * CHUNK + 7;
+        for replicas in [5, 6] {
+            let parts: Vec<Vec<f32>> = (0..replicas).map(|r| (0..len).map(|i| ((i * 7 + r * 13) % 101) as f32 / (r as f32 + 0.3) - 40.0).collect()).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Mean] {
+                let got = reduce(parts.clone(), op);
+                assert_eq!(got.len(), len);
+                for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 6] {
+                    let alone = reduce(parts.iter().map(|p| vec![p[i]]).collect(), op)[0];
+                    assert_eq!(got[i].to_bits(), alone.to_bits(), "{replicas} parts, {op:?}, element {i}");
+                }
+                let mut starts = Vec::new();
+                reduce_chunks(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>(), op, |start, chunk| {
+                    assert_eq!(chunk, &got[start..start + chunk.len()]);
+                    starts.push(start);
+                });
+                assert_eq!(starts, [0, CHUNK, 2 * CHUNK]);
+            }
+        }
     }
 }

@@ -268,10 +268,12 @@ impl Gpu {
     }
 
     /// `e`, unless the device was lost: then that, the cause. A destroyed device reports its
-    /// loss only once polled, and until then every use of it fails as "invalid".
+    /// loss only once its queue is empty and it is polled, and until then every use of it fails
+    /// as "invalid": so wait for the queue (work may still run, e.g. a copy submitted last and
+    /// never waited for), though not forever.
     fn lost_or(&self, e: GpuError) -> GpuError {
         #[cfg(not(target_arch = "wasm32"))]
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_secs(10)) });
         match &self.sink.lock().unwrap_or_else(|p| p.into_inner()).lost {
             Some(lost) => GpuError::DeviceLost(lost.clone()),
             None => e,

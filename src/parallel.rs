@@ -10,13 +10,19 @@
 //!   are bitwise those of the single device (for R a power of two, where the loss divisor's
 //!   R cancels exactly), not merely close;
 //! - dγ, dβ are sums over the replica's own rows; each replica divides its loss by its own
-//!   N; then the gradient buffer is mean-all-reduced (one flat buffer, summed on the host in
-//!   the kernels' pairwise batch order, so for power-of-two shards it rebuilds the single
-//!   device's sums bit for bit); all replicas hold the identical gradient and apply the
-//!   identical SGD update.
+//!   N; the flat gradient buffer is mean-all-reduced, summed on the host in the kernels'
+//!   pairwise batch order, so for power-of-two shards it rebuilds the single device's sums bit
+//!   for bit; all replicas hold the identical gradient and apply the identical SGD update.
+//! - the gradient all-reduce rides on the backward's BN round trips: the step tells each
+//!   backward site which suffix of the gradient buffer is final (units go backward in reverse
+//!   layout order), the site's submission also copies the newly final part into staging, and
+//!   that bucket is reduced at the next site while the device computes on
+//!   ([`collective::BucketAllReduce`]). After the backward only the stem's conv weight and the
+//!   last bucket remain. Each part is reduced once, so the bytes are the whole-buffer all-reduce's.
 //!
 //! The R replica steps run concurrently as futures under one `join_all` on one thread; they
-//! meet at each BN site in a [`Rendezvous`]. How bytes move is the `collective` layer's.
+//! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
+//! the `collective` layer's.
 
 use crate::collective::{self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp, Rendezvous};
 use crate::data::{Batch, DataError};
