@@ -268,7 +268,7 @@ impl<'a> BucketAllReduce<'a> {
         if done.offset > end {
             return Err(CollectiveError::Shrunk { replica: self.replica, offset: done.offset, before: end });
         }
-        if done.offset % 4 != 0 {
+        if !done.offset.is_multiple_of(4) {
             return Err(CollectiveError::Unaligned { replica: self.replica, offset: done.offset });
         }
         if done.offset < end {

@@ -133,7 +133,8 @@ impl BnSync for FinalGradients {
     async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32, done: Slice<'_>) -> syncstep::step::Result<()> {
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
-        self.seen.borrow_mut().push((done.offset / 4, gpu.read_f32(done).await?));
+        let values = gpu.read_f32(done).await?;
+        self.seen.borrow_mut().push((done.offset / 4, values));
         Ok(())
     }
 }
