@@ -3,7 +3,14 @@
 //!
 //! - [`all_reduce`]: one buffer range per replica is copied to MAP_READ staging, all maps are
 //!   joined, the host reduces in a fixed pairwise order over replicas (see [`reduce`]), and the
-//!   SAME bytes are written back to every replica. Same bytes in, so replicas never drift.
+//!   SAME bytes are written back to every replica. Same bytes in, so replicas never drift. The
+//!   plain version: fresh staging every call.
+//! - [`BucketAllReduce`]: the same reduce of a buffer that becomes final part by part (the
+//!   gradients during a backward): each part is copied into staging in the submission that
+//!   finishes it and reduced while the device runs the next one, straight from the mapped
+//!   read staging of every replica into the mapped write staging of every replica
+//!   ([`reduce_chunks`]), which is then copied back. The staging ([`BucketStaging`]) is kept
+//!   from step to step: fresh host memory costs more than the reduce (page faults).
 //! - [`Rendezvous`]: R replica futures, running concurrently under one `join_all` on one thread
 //!   (natively or in a browser), meet in numbered rounds. Each deposits its local value; the
 //!   last to arrive merges all deposits (in replica order, with the merge the rendezvous was
@@ -11,14 +18,15 @@
 //!   threads, no spinning, no atomics. A replica that fails calls [`Rendezvous::abort`], so
 //!   the others return an error instead of waiting forever.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use crate::gpu::{Gpu, GpuError, Slice};
 
-#[derive(Debug, thiserror::Error)]
+/// `Clone`: one bucket's error reaches every replica of its round.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum CollectiveError {
     #[error("replica {replica}: {source}")]
     Gpu {
@@ -32,6 +40,8 @@ pub enum CollectiveError {
     RangeMismatch { replica: usize, got: u64, expected: u64 },
     #[error("the all-reduce range of replica {replica} starts at byte {offset}: it must be a multiple of 4")]
     Unaligned { replica: usize, offset: u64 },
+    #[error("replica {replica} says the final part of the buffer starts at byte {offset}, after {before} where it started before: a final part cannot shrink")]
+    Shrunk { replica: usize, offset: u64, before: u64 },
     #[error("replica {replica} is not one of the {replicas} replicas of this rendezvous")]
     UnknownReplica { replica: usize, replicas: usize },
     #[error("abandoned because replica {replica} failed: {message}")]
@@ -50,6 +60,7 @@ pub enum ReduceOp {
 /// same length everywhere). Afterwards every range holds the identical f32 bytes: the sum (or
 /// mean) over replicas in the pairwise order of [`reduce`]. Pass one large
 /// range (a whole flat gradient buffer), not one per tensor: every call costs a round trip.
+/// Allocates its staging each call; a training step uses [`BucketAllReduce`] instead.
 pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()> {
     let (_, first) = parts.first().ok_or(CollectiveError::NoReplicas)?;
     for (replica, (_, s)) in parts.iter().enumerate() {
@@ -81,72 +92,286 @@ pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()>
 /// would be closer to exact but not that. The mean divides the sum by R (exact for R a power of
 /// two).
 pub fn reduce(parts: Vec<Vec<f32>>, op: ReduceOp) -> Vec<f32> {
+    let parts: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).min().unwrap_or(0));
+    reduce_chunks(&parts, op, |_, chunk| out.extend_from_slice(chunk));
+    out
+}
+
+/// Elements [`reduce_chunks`] reduces at a time: its few chunk buffers stay in the L1 cache.
+const CHUNK: usize = 4096;
+
+/// [`reduce`] without allocating the result: hands the reduced values to `out` a chunk at a
+/// time, with the index of the chunk's first element, so the caller can write them straight into
+/// mapped staging. Every element is summed in the same order as by [`reduce`]: the same bits.
+/// Parts should be equally long; the shortest decides.
+pub fn reduce_chunks(parts: &[&[f32]], op: ReduceOp, mut out: impl FnMut(usize, &[f32])) {
     let replicas = parts.len();
-    // blocks[l]: the sum of the latest block of 2^l parts not yet paired with its left sibling.
-    let mut blocks: Vec<Option<Vec<f32>>> = Vec::new();
-    for (r, mut v) in parts.into_iter().enumerate() {
-        let mut l = 0;
-        while (r >> l) & 1 == 1 {
-            let left = blocks[l].take().expect("a set bit of r has its block");
-            // IEEE addition commutes exactly: only the tree's shape matters.
-            v.iter_mut().zip(&left).for_each(|(v, left)| *v += left);
-            l += 1;
+    let len = parts.iter().map(|p| p.len()).min().unwrap_or(0);
+    // blocks[l]: this chunk's sum of the latest block of 2^l parts not yet paired with its left
+    // sibling. After the last part, the open blocks are the set bits of R.
+    let levels = (usize::BITS - replicas.leading_zeros()) as usize;
+    let mut blocks = vec![vec![0.0f32; CHUNK]; levels];
+    let mut sum = vec![0.0f32; CHUNK];
+    let add = |acc: &mut [f32], left: &[f32]| acc.iter_mut().zip(left).for_each(|(v, left)| *v += left);
+    for start in (0..len).step_by(CHUNK) {
+        let n = CHUNK.min(len - start);
+        for (r, part) in parts.iter().enumerate() {
+            sum[..n].copy_from_slice(&part[start..start + n]);
+            let mut l = 0;
+            while (r >> l) & 1 == 1 {
+                // IEEE addition commutes exactly: only the tree's shape matters.
+                add(&mut sum[..n], &blocks[l][..n]);
+                l += 1;
+            }
+            std::mem::swap(&mut sum, &mut blocks[l]);
         }
-        if blocks.len() <= l {
-            blocks.resize(l + 1, None);
+        // Add the open blocks up from the smallest (the latest parts), each as the left operand.
+        let mut open = (0..levels).filter(|l| (replicas >> l) & 1 == 1);
+        let Some(first) = open.next() else { return };
+        sum[..n].copy_from_slice(&blocks[first][..n]);
+        open.for_each(|l| add(&mut sum[..n], &blocks[l][..n]));
+        if op == ReduceOp::Mean {
+            let r = replicas as f32;
+            sum[..n].iter_mut().for_each(|v| *v /= r);
         }
-        blocks[l] = Some(v);
+        out(start, &sum[..n]);
     }
-    // The open blocks are the set bits of R, the earliest parts in the highest: add them up from
-    // the smallest, each as the left operand.
-    let mut sum: Option<Vec<f32>> = None;
-    for block in blocks.into_iter().flatten() {
-        sum = Some(match sum {
-            None => block,
-            Some(mut s) => {
-                s.iter_mut().zip(&block).for_each(|(s, left)| *s += left);
-                s
+}
+
+/// One bucket of a replica's [`BucketStaging`]: host-visible copies of one byte range of the
+/// reduced buffer. `read` (MAP_READ) receives the range, mapped for the reduce to read; `write`
+/// (MAP_WRITE) receives the reduced values, then is copied back into the range.
+struct Bucket {
+    read: wgpu::Buffer,
+    write: wgpu::Buffer,
+    /// Whether `write` is mapped (it is made mapped); if not, the submission that last used
+    /// it (`None`: not known, the latest).
+    write_mapped: bool,
+    write_used: Option<wgpu::SubmissionIndex>,
+}
+
+/// One replica's staging for bucketed all-reduces of one buffer: a [`Bucket`] per byte range,
+/// made on first use and kept, so that a step allocates nothing. (Fresh host memory is what made
+/// the whole-buffer [`all_reduce`] slow: every new 85 MB staging buffer, `Vec` or
+/// `write_buffer` copy is zero-filled page by page by the kernel on first touch, 35–150 ms
+/// each, against ~10 ms to reduce the same bytes in memory already touched.) The buckets of a
+/// training step are the same ranges every step, so they add up to the buffer once.
+#[derive(Default)]
+pub struct BucketStaging {
+    buckets: RefCell<BTreeMap<(u64, u64), Bucket>>,
+}
+
+/// A byte range of the reduced buffer: (offset, bytes).
+type Range = (u64, u64);
+
+impl BucketStaging {
+    /// The buffers of bucket `range`, made on first use.
+    fn buffers(&self, gpu: &Gpu, (offset, bytes): Range) -> (wgpu::Buffer, wgpu::Buffer) {
+        let mut buckets = self.buckets.borrow_mut();
+        let b = buckets.entry((offset, bytes)).or_insert_with(|| {
+            let staging = |label, usage, mapped_at_creation| gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation });
+            Bucket {
+                read: staging("bucket.read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, false),
+                write: staging("bucket.write", wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC, true),
+                write_mapped: true,
+                write_used: None,
             }
         });
+        (b.read.clone(), b.write.clone())
     }
-    let mut sum = sum.unwrap_or_default();
-    if op == ReduceOp::Mean {
-        let r = replicas as f32;
-        sum.iter_mut().for_each(|v| *v /= r);
+
+    fn with<T>(&self, range: Range, f: impl FnOnce(&mut Bucket) -> T) -> T {
+        f(self.buckets.borrow_mut().get_mut(&range).expect("a bucket is made before it is used"))
     }
-    sum
+}
+
+/// What a replica brings to a bucket's round: its staging for the bucket, both mapped.
+pub struct MappedBucket {
+    replica: usize,
+    read: wgpu::Buffer,
+    write: wgpu::Buffer,
+}
+
+/// The rounds in which R replicas reduce their buckets, one round per bucket, in the same order.
+pub type BucketRounds = Rendezvous<MappedBucket, Result<()>>;
+
+/// The rounds of a bucketed all-reduce by `op` across `replicas`: the last replica to bring a
+/// bucket reduces every replica's read staging into every replica's write staging (so each gets
+/// the same bytes), with [`reduce_chunks`], in place: no buffer in between.
+pub fn bucket_rounds(replicas: usize, op: ReduceOp) -> BucketRounds {
+    Rendezvous::new(replicas, move |parts: Vec<MappedBucket>| {
+        let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu { replica, source: GpuError::Readback(e.to_string()) };
+        let expected = parts.first().map_or(0, |p| p.read.size() / 4);
+        if let Some((replica, p)) = parts.iter().enumerate().find(|(_, p)| p.read.size() / 4 != expected) {
+            return Err(CollectiveError::RangeMismatch { replica, got: p.read.size() / 4, expected });
+        }
+        let views = parts.iter().map(|p| p.read.get_mapped_range(..).map_err(|e| gpu_error(p.replica, e))).collect::<Result<Vec<_>>>()?;
+        let mut outs = parts.iter().map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e))).collect::<Result<Vec<_>>>()?;
+        let inputs: Vec<&[f32]> = views.iter().map(|v| bytemuck::cast_slice(v)).collect();
+        reduce_chunks(&inputs, op, |start, chunk| {
+            let bytes: &[u8] = bytemuck::cast_slice(chunk);
+            outs.iter_mut().for_each(|out| out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes));
+        });
+        Ok(())
+    })
+}
+
+/// Which filled buckets [`BucketAllReduce::reduce`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filled {
+    /// All but those of the latest submission, which the device may still be running: their
+    /// turn comes at the next call, so their reduce overlaps the work submitted after them.
+    AllButLatest,
+    All,
+}
+
+/// One replica's side of a bucketed all-reduce of one buffer during one step, while the buffer
+/// becomes final from its end downwards (a backward writes gradients in reverse layout order).
+/// Each time more of it is final, [`record`](Self::record) copies the new part into staging in
+/// the caller's encoder; after the caller submits, [`reduce`](Self::reduce) meets the other
+/// replicas in [`BucketRounds`] for the parts filled by earlier submissions, and the next
+/// `record` copies the reduced values back. [`finish`](Self::finish) does the rest. Every part
+/// is reduced exactly once, by [`reduce_chunks`], so the result is bitwise [`all_reduce`]'s.
+pub struct BucketAllReduce<'a> {
+    replica: usize,
+    staging: &'a BucketStaging,
+    rounds: &'a BucketRounds,
+    /// Where the part already handed to the all-reduce starts; `None` before the first.
+    from: Cell<Option<u64>>,
+    /// Buckets copied into staging, with the number of the submission that did it and, once
+    /// submitted, its index.
+    filled: RefCell<Vec<(Range, u64, Option<wgpu::SubmissionIndex>)>>,
+    /// How many times the caller has submitted.
+    submissions: Cell<u64>,
+    /// Buckets reduced, whose write staging the next `record` copies back.
+    reduced: RefCell<Vec<Range>>,
+    /// Buckets whose copy back is recorded but not yet submitted.
+    copying: RefCell<Vec<Range>>,
+}
+
+impl<'a> BucketAllReduce<'a> {
+    pub fn new(replica: usize, staging: &'a BucketStaging, rounds: &'a BucketRounds) -> Self {
+        BucketAllReduce { replica, staging, rounds, from: Cell::new(None), filled: RefCell::default(), submissions: Cell::new(0), reduced: RefCell::default(), copying: RefCell::default() }
+    }
+
+    /// Records into `enc` the copies back of the buckets reduced so far, and the copy into
+    /// staging of what `done` adds to the final part. `done` is the final part of the buffer:
+    /// from some offset to the end, never shrinking from one call to the next.
+    pub fn record(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, done: Slice<'_>) -> Result<()> {
+        for range in self.reduced.take() {
+            let (_, write) = self.staging.buffers(gpu, range);
+            enc.copy_buffer_to_buffer(&write, 0, done.buffer, range.0, range.1);
+            self.copying.borrow_mut().push(range);
+        }
+        let end = self.from.get().unwrap_or(done.offset + done.bytes());
+        if done.offset > end {
+            return Err(CollectiveError::Shrunk { replica: self.replica, offset: done.offset, before: end });
+        }
+        if !done.offset.is_multiple_of(4) {
+            return Err(CollectiveError::Unaligned { replica: self.replica, offset: done.offset });
+        }
+        if done.offset < end {
+            let range = (done.offset, end - done.offset);
+            let (read, _) = self.staging.buffers(gpu, range);
+            enc.copy_buffer_to_buffer(done.buffer, range.0, &read, 0, range.1);
+            self.filled.borrow_mut().push((range, self.submissions.get(), None));
+        }
+        self.from.set(Some(done.offset));
+        Ok(())
+    }
+
+    /// The encoder `record` recorded into was submitted as `index`.
+    pub fn submitted(&self, index: wgpu::SubmissionIndex) {
+        for (_, _, at) in self.filled.borrow_mut().iter_mut().filter(|(_, _, at)| at.is_none()) {
+            *at = Some(index.clone());
+        }
+        self.submissions.set(self.submissions.get() + 1);
+        for range in self.copying.take() {
+            self.staging.with(range, |b| b.write_used = Some(index.clone()));
+        }
+    }
+
+    /// All-reduces the `which` filled buckets with the other replicas, oldest first.
+    pub async fn reduce(&self, gpu: &Gpu, which: Filled) -> Result<()> {
+        let submitted = self.submissions.get();
+        let before = if which == Filled::All { submitted } else { submitted.saturating_sub(1) };
+        let take = self.filled.borrow().iter().take_while(|(_, number, _)| *number < before).count();
+        let ready: Vec<_> = self.filled.borrow_mut().drain(..take).collect();
+        for (range, _, at) in ready {
+            self.reduce_bucket(gpu, range, at).await?;
+            self.reduced.borrow_mut().push(range);
+        }
+        Ok(())
+    }
+
+    async fn reduce_bucket(&self, gpu: &Gpu, range: Range, filled_at: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        let gpu_error = |source| CollectiveError::Gpu { replica: self.replica, source };
+        let (read, write) = self.staging.buffers(gpu, range);
+        gpu.map(&read, wgpu::MapMode::Read, filled_at).await.map_err(gpu_error)?;
+        if let (false, used) = self.staging.with(range, |b| (b.write_mapped, b.write_used.take())) {
+            let mapped = gpu.map(&write, wgpu::MapMode::Write, used).await;
+            if mapped.is_err() {
+                read.unmap();
+            }
+            mapped.map_err(gpu_error)?;
+        }
+        let merged = self.rounds.exchange(self.replica, MappedBucket { replica: self.replica, read: read.clone(), write: write.clone() }).await;
+        // Unmapped whatever happened, so that the next step can use the staging again.
+        read.unmap();
+        write.unmap();
+        self.staging.with(range, |b| b.write_mapped = false);
+        (*merged?).clone()
+    }
+
+    /// After the last `record` of a step: reduces the rest of the buffer, `whole`, and every
+    /// bucket still pending, and submits the copies back.
+    pub async fn finish(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
+        self.submit_record(gpu, whole).await?;
+        self.reduce(gpu, Filled::All).await?;
+        self.submit_record(gpu, whole).await
+    }
+
+    async fn submit_record(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
+        let mut enc = gpu.encoder();
+        self.record(gpu, &mut enc, whole)?;
+        let index = gpu.submit(enc).await.map_err(|source| CollectiveError::Gpu { replica: self.replica, source })?;
+        self.submitted(index);
+        Ok(())
+    }
 }
 
 /// One round of a [`Rendezvous`]: what has been deposited, the merged value once everyone has
 /// arrived, and who is waiting for it.
-struct Round<T> {
+struct Round<T, M> {
     deposits: Vec<Option<T>>,
-    merged: Option<Rc<T>>,
+    merged: Option<Rc<M>>,
     waiting: Vec<Option<Waker>>,
     /// Replicas that have taken the merged value; the round is dropped when all have.
     taken: usize,
 }
 
-struct State<T> {
+struct State<T, M> {
     /// The round each replica deposits into next. Replicas move through rounds in the same
     /// order; a fast one may be one round ahead of a slow one that has not yet woken.
     next_round: Vec<u64>,
-    rounds: BTreeMap<u64, Round<T>>,
+    rounds: BTreeMap<u64, Round<T, M>>,
     aborted: Option<(usize, String)>,
 }
 
-/// R replicas meeting in numbered rounds to merge values (see the module comment).
-/// Single-threaded by design (`Rc`, `RefCell`): the replicas are futures on one thread.
-pub struct Rendezvous<T> {
+/// R replicas meeting in numbered rounds to merge values of type `T` into one of type `M` (see
+/// the module comment). Single-threaded by design (`Rc`, `RefCell`): the replicas are futures
+/// on one thread.
+pub struct Rendezvous<T, M = T> {
     replicas: usize,
-    merge: Box<dyn Fn(Vec<T>) -> T>,
-    state: RefCell<State<T>>,
+    merge: Box<dyn Fn(Vec<T>) -> M>,
+    state: RefCell<State<T, M>>,
 }
 
-impl<T> Rendezvous<T> {
+impl<T, M> Rendezvous<T, M> {
     /// A rendezvous of `replicas` participants; `merge` gets every round's deposits in
     /// replica order and returns what all of them receive.
-    pub fn new(replicas: usize, merge: impl Fn(Vec<T>) -> T + 'static) -> Self {
+    pub fn new(replicas: usize, merge: impl Fn(Vec<T>) -> M + 'static) -> Self {
         Rendezvous {
             replicas,
             merge: Box::new(merge),
@@ -157,7 +382,7 @@ impl<T> Rendezvous<T> {
     /// Deposits `local` for `replica`'s next round and waits until every replica has
     /// deposited; returns the merged value (the same `Rc` for all), or an error once any
     /// replica has aborted.
-    pub async fn exchange(&self, replica: usize, local: T) -> Result<Rc<T>> {
+    pub async fn exchange(&self, replica: usize, local: T) -> Result<Rc<M>> {
         let round = self.deposit(replica, local)?;
         futures::future::poll_fn(|cx| {
             let mut state = self.state.borrow_mut();
@@ -324,5 +549,28 @@ mod tests {
         assert_eq!(reduce(three.to_vec(), ReduceOp::Sum), vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]);
         assert_eq!(reduce(three.to_vec(), ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
         assert_eq!(reduce(vec![vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
+    }
+
+    #[test]
+    fn reduce_chunks_sums_each_element_as_reduce_sums_it_alone() {
+        // Longer than a few chunks, and R = 5 and 6 leave several blocks open at the end.
+        let len = 2 * CHUNK + 7;
+        for replicas in [5, 6] {
+            let parts: Vec<Vec<f32>> = (0..replicas).map(|r| (0..len).map(|i| ((i * 7 + r * 13) % 101) as f32 / (r as f32 + 0.3) - 40.0).collect()).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Mean] {
+                let got = reduce(parts.clone(), op);
+                assert_eq!(got.len(), len);
+                for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 6] {
+                    let alone = reduce(parts.iter().map(|p| vec![p[i]]).collect(), op)[0];
+                    assert_eq!(got[i].to_bits(), alone.to_bits(), "{replicas} parts, {op:?}, element {i}");
+                }
+                let mut starts = Vec::new();
+                reduce_chunks(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>(), op, |start, chunk| {
+                    assert_eq!(chunk, &got[start..start + chunk.len()]);
+                    starts.push(start);
+                });
+                assert_eq!(starts, [0, CHUNK, 2 * CHUNK]);
+            }
+        }
     }
 }

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Errors of the gpu layer. Every message says what to do about it where that is known.
-#[derive(Debug, thiserror::Error)]
+/// `Clone`, so one error can be handed to every replica waiting on the same collective.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("no GPU adapter found{0}. On Debian/Ubuntu install a software Vulkan driver: `apt-get install mesa-vulkan-drivers libvulkan1` (lavapipe)")]
     NoAdapter(String),
@@ -314,10 +315,12 @@ impl Gpu {
     }
 
     /// `e`, unless the device was lost: then that, the cause. A destroyed device reports its
-    /// loss only once polled, and until then every use of it fails as "invalid".
+    /// loss only once its queue is empty and it is polled, and until then every use of it fails
+    /// as "invalid": so wait for the queue (work may still run, e.g. a copy submitted last and
+    /// never waited for), though not forever.
     fn lost_or(&self, e: GpuError) -> GpuError {
         #[cfg(not(target_arch = "wasm32"))]
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_secs(10)) });
         match &self.sink.lock().unwrap_or_else(|p| p.into_inner()).lost {
             Some(lost) => GpuError::DeviceLost(lost.clone()),
             None => e,
@@ -520,7 +523,7 @@ impl Gpu {
         let mut encoder = self.encoder();
         encoder.copy_buffer_to_buffer(s.buffer, s.offset, &staging, 0, bytes);
         self.submit(encoder).await?;
-        map_read(self, &staging).await?;
+        self.map(&staging, wgpu::MapMode::Read, None).await?;
         let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
         let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
         drop(view);
@@ -530,6 +533,29 @@ impl Gpu {
 
     pub async fn read_f32(&self, s: Slice<'_>) -> Result<Vec<f32>> {
         self.read(s).await
+    }
+
+    /// Maps all of `buffer` for `mode` and waits until it is mapped. The map completes once
+    /// the submission `after` (the last to use the buffer; `None`: the latest) is done; natively
+    /// that is what this blocks on, so work submitted later keeps running. In a browser it
+    /// awaits the map without blocking.
+    pub async fn map(&self, buffer: &wgpu::Buffer, mode: wgpu::MapMode, after: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        buffer.slice(..).map_async(mode, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.device
+                .poll(wgpu::PollType::Wait { submission_index: after, timeout: None })
+                .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+            self.check()?;
+        }
+        #[cfg(target_arch = "wasm32")]
+        drop(after);
+        let mapped = rx.await.map_err(|_| GpuError::Readback("the map callback was dropped".into()))?;
+        self.check()?;
+        mapped.map_err(|e| GpuError::Readback(e.to_string()))
     }
 
     /// The compute pipeline for `entry` in `shader`, compiled on first use and cached.
@@ -657,16 +683,4 @@ pub fn grid_1d(threads: u64, size: u32) -> [u32; 3] {
     } else {
         [MAX_X as u32, groups.div_ceil(MAX_X) as u32, 1]
     }
-}
-
-async fn map_read(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<()> {
-    let (tx, rx) = futures::channel::oneshot::channel();
-    buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    #[cfg(not(target_arch = "wasm32"))]
-    gpu.wait()?;
-    let mapped = rx.await.map_err(|_| GpuError::Readback("the map callback was dropped".into()))?;
-    gpu.check()?;
-    mapped.map_err(|e| GpuError::Readback(e.to_string()))
 }

@@ -10,15 +10,21 @@
 //!   are bitwise those of the single device (for R a power of two, where the loss divisor's
 //!   R cancels exactly), not merely close;
 //! - dγ, dβ are sums over the replica's own rows; each replica divides its loss by its own
-//!   N; then the gradient buffer is mean-all-reduced (one flat buffer, summed on the host in
-//!   the kernels' pairwise batch order, so for power-of-two shards it rebuilds the single
-//!   device's sums bit for bit); all replicas hold the identical gradient and apply the
-//!   identical SGD update.
+//!   N; the flat gradient buffer is mean-all-reduced, summed on the host in the kernels'
+//!   pairwise batch order, so for power-of-two shards it rebuilds the single device's sums bit
+//!   for bit; all replicas hold the identical gradient and apply the identical SGD update.
+//! - the gradient all-reduce rides on the backward's BN round trips: the step tells each
+//!   backward site which suffix of the gradient buffer is final (units go backward in reverse
+//!   layout order), the site's submission also copies the newly final part into staging, and
+//!   that bucket is reduced at the next site while the device computes on
+//!   ([`collective::BucketAllReduce`]). After the backward only the stem's conv weight and the
+//!   last bucket remain. Each part is reduced once, so the bytes are the whole-buffer all-reduce's.
 //!
 //! The R replica steps run concurrently as futures under one `join_all` on one thread; they
-//! meet at each BN site in a [`Rendezvous`]. How bytes move is the `collective` layer's.
+//! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
+//! the `collective` layer's.
 
-use crate::collective::{self, CollectiveError, ReduceOp, Rendezvous};
+use crate::collective::{self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp, Rendezvous};
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Gpu, GpuError, Slice};
 use crate::model::ResNet34;
@@ -75,45 +81,62 @@ pub struct ParallelOptions {
     pub sabotage: Option<Sabotage>,
 }
 
-/// The rendezvous of one data-parallel step's BN sites. Every replica passes the same sites in
-/// the same order (forward stats, then backward sums), so one sequence of rounds serves all.
+/// The rendezvous of one data-parallel step's BN sites and gradient buckets. Every replica
+/// passes the same sites in the same order (forward stats, then backward sums), and the same
+/// buckets, so one sequence of rounds of each kind serves all.
 pub struct BnExchange {
     rows: Rendezvous<Vec<f32>>,
+    grads: BucketRounds,
     replicas: u32,
     unmerged_stats: bool,
 }
 
 impl BnExchange {
-    pub fn new(replicas: usize) -> BnExchange {
-        BnExchange { rows: Rendezvous::new(replicas, |parts: Vec<Vec<f32>>| parts.concat()), replicas: replicas as u32, unmerged_stats: false }
+    /// The exchange of `replicas` replicas whose gradients are all-reduced by `op`.
+    pub fn new(replicas: usize, op: ReduceOp) -> BnExchange {
+        let rows = Rendezvous::new(replicas, |parts: Vec<Vec<f32>>| parts.concat());
+        BnExchange { rows, grads: collective::bucket_rounds(replicas, op), replicas: replicas as u32, unmerged_stats: false }
     }
 
-    /// Replica `replica`'s BatchNorm hook.
-    pub fn hook(&self, replica: usize) -> SyncBn<'_> {
-        SyncBn { exchange: self, replica }
+    /// Replica `replica`'s BatchNorm hook, all-reducing its gradients through `staging`.
+    pub fn hook<'a>(&'a self, replica: usize, staging: &'a BucketStaging) -> SyncBn<'a> {
+        SyncBn { exchange: self, replica, grads: BucketAllReduce::new(replica, staging, &self.grads) }
     }
 
-    /// Releases every replica waiting at a BN site: `replica` failed.
+    /// Releases every replica waiting at a BN site or a gradient bucket: `replica` failed.
     pub fn abort(&self, replica: usize, message: impl Into<String>) {
-        self.rows.abort(replica, message);
+        let message = message.into();
+        self.rows.abort(replica, message.clone());
+        self.grads.abort(replica, message);
     }
 }
 
 /// Synchronised BatchNorm for one replica: at each BN site it submits what was recorded so far,
 /// reads its own rows back, meets the other replicas, and writes all replicas' rows (identical
 /// bytes on every replica) into its row buffer.
+///
+/// It also all-reduces the gradients in buckets: at each backward site the part of the
+/// gradient buffer that has become final since the last one is copied into staging in the same
+/// submission, and reduced at the next site, while the device runs the next part of the backward
+/// ([`BucketAllReduce`]); [`finish`](Self::finish) reduces the rest after the backward.
 pub struct SyncBn<'a> {
     exchange: &'a BnExchange,
     replica: usize,
+    grads: BucketAllReduce<'a>,
 }
 
 impl SyncBn<'_> {
-    async fn gather(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, rows: &wgpu::Buffer, local: u32, exchange: bool) -> step::Result<()> {
+    async fn gather(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, rows: &wgpu::Buffer, local: u32, exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
+        if let Some(done) = done {
+            self.grads.record(gpu, enc, done)?;
+        }
         let recorded = std::mem::replace(enc, gpu.encoder());
-        gpu.submit(recorded).await?;
+        self.grads.submitted(gpu.submit(recorded).await?);
         // Natively a readback blocks until this device is done: let the other replicas queue
         // their work first, so the devices run side by side instead of in turn.
         collective::yield_now().await;
+        // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
+        self.grads.reduce(gpu, Filled::AllButLatest).await?;
         let replicas = self.exchange.replicas as u64;
         let own = gpu.read_f32(Slice::new(rows, 0, rows.size() / 4 / replicas)).await?;
         let all = if exchange { self.exchange.rows.exchange(self.replica, own).await?.to_vec() } else { own.repeat(replicas as usize) };
@@ -136,11 +159,19 @@ impl BnSync for SyncBn<'_> {
     }
 
     async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
-        self.gather(gpu, enc, rows, local, !self.exchange.unmerged_stats).await
+        self.gather(gpu, enc, rows, local, !self.exchange.unmerged_stats, None).await
     }
 
-    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
-        self.gather(gpu, enc, rows, local, true).await
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> step::Result<()> {
+        self.gather(gpu, enc, rows, local, true, Some(done)).await
+    }
+}
+
+impl SyncBn<'_> {
+    /// After the backward: all-reduces the rest of the gradient buffer `grads` and every bucket
+    /// still pending, and submits the copies back.
+    pub async fn finish(&self, gpu: &Gpu, grads: &wgpu::Buffer) -> step::Result<()> {
+        Ok(self.grads.finish(gpu, Slice::whole(grads)).await?)
     }
 }
 
@@ -166,6 +197,8 @@ pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<
 /// R replicas of one model, training as one (see the module comment).
 pub struct DataParallel {
     replicas: Vec<Replica>,
+    /// Each replica's staging for the gradient all-reduce, kept from step to step.
+    staging: Vec<BucketStaging>,
 }
 
 /// How a replica's adapter is named in messages: "llvmpipe (LLVM 15.0.6, 256 bits), Gl".
@@ -191,8 +224,9 @@ impl DataParallel {
                 let adapter = adapter_label(&gpu.info);
                 Replica::new(gpu, model.clone(), params, running).map_err(|source| ParallelError::Replica { replica: r, adapter, source })
             })
-            .collect::<Result<_>>()?;
-        Ok(DataParallel { replicas })
+            .collect::<Result<Vec<_>>>()?;
+        let staging = replicas.iter().map(|_| BucketStaging::default()).collect();
+        Ok(DataParallel { replicas, staging })
     }
 
     pub fn replicas(&self) -> &[Replica] {
@@ -229,22 +263,31 @@ impl DataParallel {
 
     /// One data-parallel forward/backward of `global`: replica r takes the r-th of R contiguous
     /// shards (the batch must divide by R), divides its loss by its own shard size, and the
-    /// gradients are then mean-all-reduced, so every replica holds the identical gradient of
-    /// the global batch's loss. Returns each replica's loss, logits and (if asked) pattern.
+    /// gradients are mean-all-reduced (in buckets during the backward, the rest after it), so
+    /// every replica holds the identical gradient of the global batch's loss. Returns each
+    /// replica's loss, logits and (if asked) pattern.
     pub async fn forward_backward(&mut self, global: &Batch, cfg: &StepConfig, opts: ParallelOptions) -> Result<Vec<StepOutput>> {
         let shards = global.shards(self.replicas.len())?;
-        let exchange = BnExchange { unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats), ..BnExchange::new(self.replicas.len()) };
+        let op = if opts.sabotage == Some(Sabotage::SumGradients) { ReduceOp::Sum } else { ReduceOp::Mean };
+        let exchange = BnExchange { unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats), ..BnExchange::new(self.replicas.len(), op) };
         let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
         // One replica has nobody to meet: its own statistics are the global ones, and its
         // gradient is the mean. The same bits without the round trips.
         let alone = self.replicas.len() == 1;
         let bn = if alone { BnMode::Local } else { opts.bn };
-        let steps = self.replicas.iter_mut().zip(&shards).enumerate().map(|(r, (replica, shard))| {
+        let steps = self.replicas.iter_mut().zip(&shards).zip(&self.staging).enumerate().map(|(r, ((replica, shard), staging))| {
             let exchange = &exchange;
             async move {
                 let divisor = shard.len() as f32;
                 let out = match bn {
-                    BnMode::Sync => replica.forward_backward(shard, cfg, divisor, &exchange.hook(r), step_opts).await,
+                    BnMode::Sync => {
+                        let hook = exchange.hook(r, staging);
+                        let out = replica.forward_backward(shard, cfg, divisor, &hook, step_opts).await;
+                        match out {
+                            Ok(out) => hook.finish(&replica.gpu, &replica.grads).await.map(|()| out),
+                            Err(e) => Err(e),
+                        }
+                    }
                     BnMode::Local => replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await,
                 };
                 if let Err(e) = &out {
@@ -255,12 +298,12 @@ impl DataParallel {
         });
         let results = futures::future::join_all(steps).await;
         let outputs = self.first_cause(results)?;
-        if alone {
-            return Ok(outputs);
+        if bn == BnMode::Local && !alone {
+            // Per-replica statistics exist for the CONTROL gate only: the plain whole-buffer
+            // all-reduce, without staging kept for it.
+            let parts: Vec<(&Gpu, Slice)> = self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+            collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;
         }
-        let op = if opts.sabotage == Some(Sabotage::SumGradients) { ReduceOp::Sum } else { ReduceOp::Mean };
-        let parts: Vec<(&Gpu, Slice)> = self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
-        collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;
         Ok(outputs)
     }
 

@@ -80,8 +80,11 @@ pub trait BnSync {
     /// `rows` holds room for `replicas()·local` rows, this device's `local` rows of per-example
     /// `[mean | M2]` first; fills it with every replica's rows in replica order, in place.
     async fn stats(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
-    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`.
-    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
+    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
+    /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
+    /// some offset to the end, growing from call to call, so a hook can start moving gradients
+    /// while the backward goes on.
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> Result<()>;
 }
 
 /// One device's own statistics: plain training-mode BatchNorm.
@@ -94,7 +97,7 @@ impl BnSync for LocalBn {
     async fn stats(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
         Ok(())
     }
-    async fn sums(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
+    async fn sums(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32, _: Slice<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -495,7 +498,11 @@ impl Replica {
         let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
         pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
         pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
-        pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
+        // Units go backward in reverse forward order, which is the layout's: every later unit's
+        // gradients are final, and so are this unit's dγ, dβ just copied. The rest is later.
+        let from = self.model.params[bn.weight].offset as u64;
+        let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
+        pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n, done).await?;
         batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
         let dy = self.act(&format!("{name}.conv.grad"), out.len())?;
         batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
@@ -539,14 +546,15 @@ impl Replica {
             let block_input = if i == 0 { self.acts["pool"].clone() } else { self.acts[&format!("{}.out", block_name(i - 1))].clone() };
             // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
             let ds = self.relu_backward(pass, &dout, 2 + 2 * i, &format!("{p}.sum.grad"))?;
+            // The downsample (pushed last) first: units go backward in reverse forward order.
+            let dx2 = match b.downsample {
+                Some(_) => self.unit_backward(pass, unit_of[&format!("{p}.ds")], &ds, &block_input).await?,
+                None => ds.clone(),
+            };
             let r1 = self.acts[&format!("{p}.relu1")].clone();
             let dr1 = self.unit_backward(pass, unit_of[&format!("{p}.2")], &ds, &r1).await?;
             let dz1 = self.relu_backward(pass, &dr1, 1 + 2 * i, &format!("{p}.relu1.grad"))?;
             let dx1 = self.unit_backward(pass, unit_of[&format!("{p}.1")], &dz1, &block_input).await?;
-            let dx2 = match b.downsample {
-                Some(_) => self.unit_backward(pass, unit_of[&format!("{p}.ds")], &ds, &block_input).await?,
-                None => ds,
-            };
             let name = if i == 0 { "pool.grad".to_string() } else { format!("{}.out.grad", block_name(i - 1)) };
             let dx = self.act(&name, dx1.size() / 4)?;
             elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dx2), Slice::whole(&dx))?;

@@ -167,6 +167,34 @@ fn synchronised_replicas_hold_identical_gradients_and_running_statistics() {
     assert_eq!(bits(&grads[0]), bits(&grads[1]), "gradients differ between replicas after the all-reduce");
 }
 
+/// Every gradient is all-reduced exactly once, in a bucket during the backward or after it:
+/// summed instead of averaged it is exactly twice the mean (reduced twice it would be four times,
+/// never reduced it would be one replica's own).
+#[test]
+fn every_gradient_is_reduced_exactly_once() {
+    let (model, params, running) = model_and_state(9);
+    if gpu().is_none() {
+        return;
+    }
+    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
+    let shards = synthetic_batch(5, 0, 4, 32, 32, 10).shards(2).unwrap();
+    let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
+    let mut grads = |sabotage| {
+        pollster::block_on(dp.forward_backward(&batch, &StepConfig::default(), ParallelOptions { sabotage, ..Default::default() })).unwrap();
+        let grads = pollster::block_on(dp.read_grads()).unwrap();
+        assert_eq!(bits(&grads[0]), bits(&grads[1]), "replicas hold different gradients");
+        grads.into_iter().next().unwrap()
+    };
+    let mean = grads(None);
+    let sum = grads(Some(Sabotage::SumGradients));
+    for spec in &model.params {
+        let (s, m) = (&sum[spec.range()], &mean[spec.range()]);
+        assert!(m.iter().any(|&v| v != 0.0), "{} is all zero", spec.name);
+        let halved: Vec<f32> = s.iter().map(|v| v / 2.0).collect();
+        assert_eq!(bits(&halved), bits(m), "{} was not reduced exactly once", spec.name);
+    }
+}
+
 #[test]
 fn bad_inputs_are_clear_errors() {
     let (model, params, running) = model_and_state(7);

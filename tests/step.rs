@@ -1,13 +1,14 @@
 //! The single-device ResNet-34 step against the f64 reference (TIE), repeatability (REPEAT),
-//! and the errors a user can cause.
+//! the gradients a backward BN hook is told are final, and the errors a user can cause.
 
 mod common;
 
 use common::*;
 use syncstep::data::synthetic_batch;
+use syncstep::gpu::{Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::reference::step as reference;
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions, StepOutput};
+use syncstep::step::{BnSync, LocalBn, Replica, StepConfig, StepOptions, StepOutput};
 
 const BATCH: usize = 8;
 
@@ -113,4 +114,58 @@ fn predict_uses_running_statistics_and_changes_nothing() {
     assert_close("eval logits", &logits, &reference::predict(&model, &p64, &r64, &batch), 1e-4);
     assert_eq!(pollster::block_on(r.read_running()).unwrap(), running, "predict changed the running statistics");
     assert_eq!(pollster::block_on(r.predict(&batch)).unwrap(), logits);
+}
+
+/// A hook that, at each backward site, submits what was recorded and reads back the gradients
+/// the step says are final.
+#[derive(Default)]
+struct FinalGradients {
+    seen: std::cell::RefCell<Vec<(u64, Vec<f32>)>>,
+}
+
+impl BnSync for FinalGradients {
+    fn replicas(&self) -> u32 {
+        1
+    }
+    async fn stats(&self, _: &Gpu, _: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32) -> syncstep::step::Result<()> {
+        Ok(())
+    }
+    async fn sums(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, _: usize, _: &wgpu::Buffer, _: u32, done: Slice<'_>) -> syncstep::step::Result<()> {
+        let recorded = std::mem::replace(enc, gpu.encoder());
+        gpu.submit(recorded).await?;
+        let values = gpu.read_f32(done).await?;
+        self.seen.borrow_mut().push((done.offset / 4, values));
+        Ok(())
+    }
+}
+
+/// What the data-parallel all-reduce relies on: the part of the gradient buffer a backward hook
+/// is told is final holds, at that moment, the step's final gradients (the buffer was poisoned
+/// first), reaches the end of the buffer, and grows from site to site down to the stem's BN.
+#[test]
+fn the_gradients_a_backward_hook_is_told_are_final_are() {
+    let (model, params, running) = setup(10, 12);
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let batch = synthetic_batch(6, 0, 2, 32, 32, 10);
+    let want = step(&mut r, &batch, StepOptions::default());
+    let want_grads = pollster::block_on(r.read_grads()).unwrap();
+    r.gpu.poison(Slice::whole(&r.grads));
+    let hook = FinalGradients::default();
+    let got = pollster::block_on(r.forward_backward(&batch, &StepConfig::default(), 2.0, &hook, StepOptions::default())).unwrap();
+    assert_eq!((got.loss.to_bits(), got.logits), (want.loss.to_bits(), want.logits), "the hook's submissions changed the step");
+    let grads = pollster::block_on(r.read_grads()).unwrap();
+    let seen = hook.seen.into_inner();
+    assert_eq!(seen.len(), model.batchnorms().len(), "one backward call per BN site");
+    assert!(seen.windows(2).all(|w| w[1].0 < w[0].0), "the final part must grow at every site: {:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
+    assert!(seen[0].0 <= model.param("fc.weight").unwrap().offset as u64);
+    assert_eq!(seen.last().unwrap().0, model.param("bn1.weight").unwrap().offset as u64);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (from, values) in &seen {
+        assert_eq!(values.len() as u64, model.param_len as u64 - from);
+        assert_eq!(bits(values), bits(&grads[*from as usize..]), "gradients from element {from} were not final when the hook was told so");
+    }
+    // Padding was never written: compare the tensors with the step without the poison.
+    for spec in &model.params {
+        assert_eq!(bits(&grads[spec.range()]), bits(&want_grads[spec.range()]), "{}", spec.name);
+    }
 }
