@@ -76,6 +76,7 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
         assert_eq!(bits(&out.dx), bits(&plain.dx), "conv2d_backward_input {algo} {s:?} differs from Direct in some bit");
         if let Some(dw) = &out.dw {
             assert_close(&format!("conv2d_backward_weight {algo} {s:?}"), dw, &dw_ref, 1e-4);
+            assert_eq!(bits(dw), bits(plain.dw.as_ref().unwrap()), "conv2d_backward_weight {algo} {s:?} differs from Direct in some bit");
         }
     }
 }
