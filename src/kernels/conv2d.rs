@@ -884,8 +884,9 @@ fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
 /// 2. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
 ///    in a browser, where there is no clock, [`guess`] by device type.
 ///
-/// Choices are remembered per (adapter, op, shape) for the life of the process. Every variant
-/// gives the same bits, so this changes speed only.
+/// Choices are remembered per (adapter, op, shape) for the life of the process and, natively,
+/// in a file (see [`autotune::cache_path`]) that a later process reads instead of timing again.
+/// Every variant gives the same bits, so this changes speed only.
 pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     if let Some(forced) = forced_algo(op)? {
         return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked });
@@ -894,8 +895,6 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     if candidates.len() == 1 {
         return Ok(candidates[0]);
     }
-    /// (adapter, op, shape) → the variant chosen there.
-    type Choices = HashMap<(String, Conv2dOp, Conv2dShape), Conv2dAlgo>;
     static CHOSEN: OnceLock<Mutex<Choices>> = OnceLock::new();
     let chosen = CHOSEN.get_or_init(Default::default);
     let key = (adapter_key(&gpu.info), op, *shape);
@@ -904,7 +903,20 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     }
     shape.validate(op.name())?;
     #[cfg(not(target_arch = "wasm32"))]
-    let algo = autotune::fastest(gpu, op, shape, &candidates)?;
+    let algo = {
+        let file = autotune::cache_path();
+        let remembered = file.as_deref().and_then(|f| autotune::load(f).get(&key).copied()).filter(|a| candidates.contains(a));
+        match remembered {
+            Some(algo) => algo,
+            None => {
+                let algo = autotune::fastest(gpu, op, shape, &candidates)?;
+                if let Some(f) = &file {
+                    autotune::remember(f, &key, algo);
+                }
+                algo
+            }
+        }
+    };
     #[cfg(target_arch = "wasm32")]
     let algo = guess(&gpu.info, shape);
     log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
@@ -924,9 +936,14 @@ fn forced_algo(op: Conv2dOp) -> Result<Option<Conv2dAlgo>> {
     })
 }
 
-/// An adapter as the choice cache knows it: the same hardware and driver choose alike.
+/// (adapter, op, shape) → the variant chosen there.
+type Choices = HashMap<(String, Conv2dOp, Conv2dShape), Conv2dAlgo>;
+
+/// An adapter as the choice cache knows it: the same hardware and driver choose alike. One line
+/// without tabs, as the cache file stores it.
 fn adapter_key(info: &wgpu::AdapterInfo) -> String {
-    format!("{:?}|{}|{}|{}", info.backend, info.name, info.driver, info.driver_info)
+    let key = format!("{:?}|{}|{}|{}", info.backend, info.name, info.driver, info.driver_info);
+    key.replace(|c: char| c.is_control(), " ")
 }
 
 fn is_cpu(info: &wgpu::AdapterInfo) -> bool {
@@ -962,11 +979,100 @@ fn guess(info: &wgpu::AdapterInfo, s: &Conv2dShape) -> Conv2dAlgo {
 mod autotune {
     //! Times candidates on the device: wgpu has no clock inside shaders, so each run is one
     //! submit measured to completion with the host's clock (a round trip is ~60 µs on lavapipe,
-    //! small beside a convolution).
+    //! small beside a convolution). Remembers the choices in a text file: a header line naming
+    //! the crate version (kernels change between versions, so another version's file is not
+    //! read), then one line per choice: op, shape, variant and adapter, separated by tabs.
 
+    use std::ffi::OsString;
+    use std::path::{Path, PathBuf};
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    const HEADER: &str = concat!("syncstep-autotune ", env!("CARGO_PKG_VERSION"));
+
+    /// The choices file: `SYNCSTEP_AUTOTUNE_CACHE` (a path, or `off` for none), else
+    /// `$XDG_CACHE_HOME/syncstep/autotune.txt`, else `~/.cache/syncstep/autotune.txt`.
+    pub(super) fn cache_path() -> Option<PathBuf> {
+        let var = std::env::var_os;
+        cache_path_from(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"))
+    }
+
+    pub(super) fn cache_path_from(chosen: Option<OsString>, xdg_cache: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+        let set = |v: Option<OsString>| v.filter(|v| !v.is_empty());
+        if let Some(chosen) = set(chosen) {
+            return (chosen != "off").then(|| PathBuf::from(chosen));
+        }
+        // XDG: a relative XDG_CACHE_HOME is invalid and ignored.
+        let cache = set(xdg_cache).map(PathBuf::from).filter(|p| p.is_absolute()).or_else(|| set(home).map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(cache.join("syncstep").join("autotune.txt"))
+    }
+
+    /// The choices in `file`: none when it is missing or another version wrote it, none with a
+    /// warning when it cannot be read or is corrupt. Never an error: the cache only saves time.
+    pub(super) fn load(file: &Path) -> Choices {
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Choices::new(),
+            Err(e) => {
+                log::warn!("autotune cache {}: cannot read it ({e}); timing afresh", file.display());
+                return Choices::new();
+            }
+        };
+        let mut lines = text.lines();
+        let choices = match lines.next() {
+            Some(HEADER) => lines.map(parse_choice).collect::<Option<Choices>>(),
+            Some(other) if other.starts_with("syncstep-autotune ") => {
+                log::debug!("autotune cache {}: written by {other}, not {HEADER}; timing afresh", file.display());
+                return Choices::new();
+            }
+            _ => None,
+        };
+        choices.unwrap_or_else(|| {
+            log::warn!("autotune cache {}: corrupt, ignored (it is rewritten with the next choice)", file.display());
+            Choices::new()
+        })
+    }
+
+    fn parse_choice(line: &str) -> Option<((String, Conv2dOp, Conv2dShape), Conv2dAlgo)> {
+        let [op, dims, algo, adapter] = line.split('\t').collect::<Vec<_>>().try_into().ok()?;
+        let op = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight].into_iter().find(|o| o.name() == op)?;
+        let dims: Vec<u32> = dims.split(' ').map(|d| d.parse().ok()).collect::<Option<_>>()?;
+        let [n, c_in, h, w, c_out, kh, kw, stride, pad] = dims.try_into().ok()?;
+        let shape = Conv2dShape { n, c_in, h, w, c_out, kh, kw, stride, pad };
+        Some(((adapter.to_string(), op, shape), Conv2dAlgo::parse(algo)?))
+    }
+
+    /// Adds `key → algo` to the choices in `file`, read again so that other processes' choices
+    /// stay, and writes them back through a temporary file renamed over it. A failure is a
+    /// warning.
+    pub(super) fn remember(file: &Path, key: &(String, Conv2dOp, Conv2dShape), algo: Conv2dAlgo) {
+        // One writer at a time in this process (the temporary file's name is per process).
+        static WRITING: Mutex<()> = Mutex::new(());
+        let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+        let mut choices = load(file);
+        choices.insert(key.clone(), algo);
+        let mut lines: Vec<String> = choices
+            .iter()
+            .map(|((adapter, op, s), algo)| {
+                let dims = [s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride, s.pad].map(|d| d.to_string()).join(" ");
+                format!("{}\t{dims}\t{algo}\t{adapter}", op.name())
+            })
+            .collect();
+        lines.sort();
+        lines.insert(0, HEADER.to_string());
+        let temporary = file.with_extension(format!("tmp{}", std::process::id()));
+        let written = file
+            .parent()
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&temporary, lines.join("\n") + "\n"))
+            .and_then(|()| std::fs::rename(&temporary, file));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temporary);
+            log::warn!("autotune cache {}: cannot write it ({e}); choices are kept for this process only", file.display());
+        }
+    }
 
     /// Timed runs per candidate after one untimed run (which compiles its pipelines on first
     /// use); the fastest run counts, the least disturbed by other work on the machine.
@@ -1045,6 +1151,81 @@ mod tests {
             validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
             assert!(shader.source.contains(&format!("s{}_{} += ", tile.per_invocation - 1, tile.per_workgroup - 1)), "{}", shader.name);
         }
+    }
+
+    /// A fresh directory for one test's cache file (removed by the test).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn cache_dir(test: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("syncstep-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn key(adapter: &str, op: Conv2dOp, n: u32) -> (String, Conv2dOp, Conv2dShape) {
+        (adapter.into(), op, Conv2dShape { n, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 })
+    }
+
+    #[test]
+    #[cfg(not(target_arch = "wasm32"))]
+    fn autotune_choices_are_read_back_from_the_cache_file() {
+        let dir = cache_dir("cache-round-trip");
+        let file = dir.join("sub").join("autotune.txt");
+        assert!(autotune::load(&file).is_empty(), "a missing file holds no choices");
+        let pixels = Conv2dAlgo::Gemm(GEMM_TILES[2]);
+        autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 8), pixels);
+        autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8), Conv2dAlgo::Blocked);
+        autotune::remember(&file, &key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8), Conv2dAlgo::GemmShared);
+        autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8), Conv2dAlgo::Direct); // replaces Blocked
+        let choices = autotune::load(&file);
+        assert_eq!(choices.len(), 3, "{choices:?}");
+        assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 8)), Some(&pixels));
+        assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8)), Some(&Conv2dAlgo::Direct));
+        assert_eq!(choices.get(&key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8)), Some(&Conv2dAlgo::GemmShared));
+        assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 4)), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg(not(target_arch = "wasm32"))]
+    fn a_corrupt_unreadable_or_other_version_cache_file_is_ignored() {
+        let dir = cache_dir("cache-corrupt");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("autotune.txt");
+        let good_line = "conv2d_forward\t8 64 8 8 64 3 3 1 1\tblocked\tVulkan|x";
+        let header = concat!("syncstep-autotune ", env!("CARGO_PKG_VERSION"));
+        for corrupt in [
+            b"\xff\xfe not text".to_vec(),
+            format!("{good_line}\n").into_bytes(), // no header
+            format!("{header}\n{good_line}\nconv2d_forward\t8 64 8\tblocked\tVulkan|x\n").into_bytes(), // a short shape
+            format!("{header}\n{good_line}\nconv2d_forward\t8 64 8 8 64 3 3 1 1\tgemm-pixels-3x3\tVulkan|x\n").into_bytes(),
+            format!("syncstep-autotune 0.0.0-other\n{good_line}\n").into_bytes(),
+        ] {
+            std::fs::write(&file, &corrupt).unwrap();
+            assert!(autotune::load(&file).is_empty(), "{}", String::from_utf8_lossy(&corrupt));
+        }
+        std::fs::write(&file, format!("{header}\n{good_line}\n")).unwrap();
+        assert_eq!(autotune::load(&file).len(), 1, "the same lines with nothing wrong are read");
+        // A directory where the file should be: unreadable and unwritable, still no error.
+        let blocked = dir.join("a directory");
+        std::fs::create_dir_all(&blocked).unwrap();
+        autotune::remember(&blocked, &key("Vulkan|x", Conv2dOp::Forward, 1), Conv2dAlgo::Blocked);
+        assert!(autotune::load(&blocked).is_empty());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg(not(target_arch = "wasm32"))]
+    fn the_cache_file_follows_the_environment() {
+        use std::path::PathBuf;
+        let os = |s: &str| Some(std::ffi::OsString::from(s));
+        let path = autotune::cache_path_from;
+        assert_eq!(path(os("/t/choices.txt"), os("/x"), os("/h")), Some(PathBuf::from("/t/choices.txt")));
+        assert_eq!(path(os("off"), os("/x"), os("/h")), None);
+        assert_eq!(path(None, os("/x"), os("/h")), Some(PathBuf::from("/x/syncstep/autotune.txt")));
+        assert_eq!(path(os(""), os("relative"), os("/h")), Some(PathBuf::from("/h/.cache/syncstep/autotune.txt")));
+        assert_eq!(path(None, None, None), None);
     }
 
     #[test]
