@@ -907,9 +907,10 @@ fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin
     var e1_0 = gemm_weight_start(co0 + 1u, kv0 + 0u);
     var e2_0 = gemm_weight_start(co0 + 2u, kv0 + 0u);
     var e3_0 = gemm_weight_start(co0 + 3u, kv0 + 0u);
-    for (var q = g.pixel_begin; q < g.pixel_begin + g.pixel_count; q += g.out_w) {
-        let dy_row = gemm_weight_dy_row(q);
-        let cols_row = (q - g.pixel_begin) * g.row4;
+    var n = g.pixel_begin / g.out_plane;
+    var in_example = g.pixel_begin % g.out_plane;
+    var dy_row = gemm_weight_dy_row(g.pixel_begin);
+    for (var cols_row = 0u; cols_row < g.pixel_count * g.row4; cols_row += g.out_w * g.row4) {
         var s0_0 = vec4<f32>(0.0);
         var s1_0 = vec4<f32>(0.0);
         var s2_0 = vec4<f32>(0.0);
@@ -929,12 +930,16 @@ fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin
         e1_0 += s1_0;
         e2_0 += s2_0;
         e3_0 += s3_0;
-        if ((q + g.out_w) % g.out_plane == 0u) {
-            let n = q / g.out_plane;
+        in_example += g.out_w;
+        dy_row += g.out_w;
+        if (in_example == g.out_plane) {
             gemm_weight_push(n, co0 + 0u, kv0 + 0u, e0_0); e0_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 1u, kv0 + 0u, e1_0); e1_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 2u, kv0 + 0u, e2_0); e2_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 3u, kv0 + 0u, e3_0); e3_0 = vec4<f32>(0.0);
+            n++;
+            in_example = 0u;
+            dy_row += (g.channels - 1u) * g.out_plane;
         }
     }
     gemm_weight_keep(co0 + 0u, kv0 + 0u, e0_0);
@@ -961,9 +966,10 @@ fn conv2d_gemm_weight_channels(@builtin(local_invocation_index) lid: u32, @built
     var e1_0 = gemm_weight_start(co0 + 1u, kv0 + 0u);
     var e2_0 = gemm_weight_start(co0 + 2u, kv0 + 0u);
     var e3_0 = gemm_weight_start(co0 + 3u, kv0 + 0u);
-    for (var q = g.pixel_begin; q < g.pixel_begin + g.pixel_count; q += g.out_w) {
-        let dy_row = gemm_weight_dy_row(q);
-        let cols_row = (q - g.pixel_begin) * g.row4;
+    var n = g.pixel_begin / g.out_plane;
+    var in_example = g.pixel_begin % g.out_plane;
+    var dy_row = gemm_weight_dy_row(g.pixel_begin);
+    for (var cols_row = 0u; cols_row < g.pixel_count * g.row4; cols_row += g.out_w * g.row4) {
         var s0_0 = vec4<f32>(0.0);
         var s1_0 = vec4<f32>(0.0);
         var s2_0 = vec4<f32>(0.0);
@@ -983,12 +989,16 @@ fn conv2d_gemm_weight_channels(@builtin(local_invocation_index) lid: u32, @built
         e1_0 += s1_0;
         e2_0 += s2_0;
         e3_0 += s3_0;
-        if ((q + g.out_w) % g.out_plane == 0u) {
-            let n = q / g.out_plane;
+        in_example += g.out_w;
+        dy_row += g.out_w;
+        if (in_example == g.out_plane) {
             gemm_weight_push(n, co0 + 0u, kv0 + 0u, e0_0); e0_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 1u, kv0 + 0u, e1_0); e1_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 2u, kv0 + 0u, e2_0); e2_0 = vec4<f32>(0.0);
             gemm_weight_push(n, co0 + 3u, kv0 + 0u, e3_0); e3_0 = vec4<f32>(0.0);
+            n++;
+            in_example = 0u;
+            dy_row += (g.channels - 1u) * g.out_plane;
         }
     }
     gemm_weight_keep(co0 + 0u, kv0 + 0u, e0_0);
