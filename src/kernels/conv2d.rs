@@ -1089,13 +1089,14 @@ mod autotune {
         static TUNING: Mutex<()> = Mutex::new(());
         let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
         let gpu_err = |source| KernelError::Gpu { op: op.name(), source };
-        let (input_len, output_len) = match op {
-            Conv2dOp::Forward => (s.x_len(), s.y_len()),
-            Conv2dOp::BackwardInput => (s.y_len(), s.x_len()),
-            Conv2dOp::BackwardWeight => (s.y_len(), s.w_len()),
+        // The launcher's two inputs and its output, in its order.
+        let (input_len, second_len, output_len) = match op {
+            Conv2dOp::Forward => (s.x_len(), s.w_len(), s.y_len()),
+            Conv2dOp::BackwardInput => (s.y_len(), s.w_len(), s.x_len()),
+            Conv2dOp::BackwardWeight => (s.y_len(), s.x_len(), s.w_len()),
         };
         let input = gpu.buffer("autotune input", input_len).map_err(gpu_err)?;
-        let weights = gpu.buffer("autotune weights", s.w_len()).map_err(gpu_err)?;
+        let weights = gpu.buffer("autotune second input", second_len).map_err(gpu_err)?;
         let output = gpu.buffer("autotune output", output_len).map_err(gpu_err)?;
         let run = |algo: Conv2dAlgo| -> Result<Duration> {
             let mut enc = gpu.encoder();
@@ -1115,8 +1116,9 @@ mod autotune {
         for &algo in candidates {
             match run(algo) {
                 Ok(_) => {}
-                // A variant this device refuses (a limit, a scratch buffer too large) is skipped.
-                Err(KernelError::Arg { .. }) | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => continue,
+                // A variant this device refuses (a limit, a scratch buffer too large) is skipped;
+                // any other refusal is a bug here, not the variant's.
+                Err(KernelError::Arg { arg: "algo", .. }) | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => continue,
                 Err(e) => return Err(e),
             };
             // The untimed run included the JIT compile (which on lavapipe can take longer than
