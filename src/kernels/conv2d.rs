@@ -95,7 +95,11 @@ pub enum GemmLanes {
 /// `gemm-pixels-8x8` (`gemm-<lanes>-<per_invocation>x<per_workgroup>`, lanes `pixels`,
 /// `channels` or `gather`). Measured on lavapipe at ResNet-34's shapes: Mesa 22 runs the large
 /// tiles fastest, Mesa 25 the 4×8 and 8×4 ones (it spills past ~32 accumulators); channel lanes
-/// win from 2×2 maps down, and the gathering input-VJP at 1×1 maps.
+/// win from 2×2 maps down, and the gathering input-VJP at 1×1 maps. The weight gradient uses
+/// the same tiles with k (the weights' (ci, ky, kx), in vec4s of 4) in place of pixels, so a tile
+/// holds as many outputs, each with a row and an example sum: on Mesa 22 (shared cores) the
+/// autotune picked 8×8 and 12×8 tiles at 8² maps and up, 4×8 channel lanes below, and kept
+/// Blocked for the stem, the 1×1 projections and some 1×1 maps.
 pub const GEMM_TILES: [GemmTile; 10] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
