@@ -33,6 +33,16 @@
 //   which is the direct kernels' order; the zeros im2col adds for padding and for taps that
 //   miss the phase add +0 to a sum that starts at +0, so every variant gives the same bits.
 //   (Only with non-finite weights would 0·w differ from a skipped tap.)
+// - conv2d_gemm_weight_*: the weight gradient as a GEMM over the forward's im2col rows:
+//   dw[co, k] = Σ_q dy[n, co, oy, ox]·cols[q, k] over pixels q = (n, oy, ox), dy read in place,
+//   cols as vec4 along k (4 weights per load). Each invocation walks the pixels in order and
+//   keeps, per output, the direct kernel's row sum (over ox) and example sum (over oy); an
+//   example's total is pushed into the pairwise blocks, kept in a scratch buffer (one level per
+//   bit of n, one writer per element), and conv2d_backward_weight_total adds the open blocks
+//   as pairwise_total does. A chunk of pixels is whole output rows; when a chunk ends inside an
+//   example, its running sum waits in the scratch's first level (the carry) for the next chunk,
+//   so chunking does not change the order. Padding taps add dy·0 = ±0 to a row sum that starts
+//   at +0 and never is −0, which leaves it unchanged: every variant gives the direct bits.
 
 struct Params {
     n: u32,
@@ -515,6 +525,7 @@ struct Gemm {
     a_stride: u32,   // elements of gl_a (vec4s) or gg_w (floats) from one row of a to the next
     a_is_pixels: u32,
     pixel_begin: u32,
+    pixel_count: u32,   // conv2d_gemm_weight_* only: the chunk's pixels
     channels: u32,
     grid_w: u32,
     grid_plane: u32,
@@ -829,4 +840,240 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
             wb_dw[(co0 + i) * k_len + r0 + j] = acc[i][j];
         }
     }
+}
+
+// The weight gradient as a GEMM (see the header): the forward's im2col rows of one chunk
+// against dy in place, into the pairwise blocks of example sums; then the total into dw.
+@group(0) @binding(1) var<storage, read> wg_cols: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
+// [level][co][row4] vec4s: level 0 the carry, level 1 + l the pairwise block of 2^l examples.
+@group(0) @binding(3) var<storage, read_write> wg_sums: array<vec4<f32>>;
+
+// Where (co, kv) lives in a level of wg_sums, or u32 max for a clamped row past the edge.
+fn gemm_weight_at(co: u32, kv: u32) -> u32 {
+    if (co >= g.channels || kv >= g.row4) { return 0xffffffffu; }
+    return co * g.row4 + kv;
+}
+
+// The running example sum a chunk starts from: the carry when it starts inside an example.
+fn gemm_weight_start(co: u32, kv: u32) -> vec4<f32> {
+    let at = gemm_weight_at(co, kv);
+    if (at == 0xffffffffu || g.pixel_begin % g.out_plane == 0u) { return vec4<f32>(0.0); }
+    return wg_sums[at];
+}
+
+// Example n's total into the pairwise blocks, as pairwise_push.
+fn gemm_weight_push(n: u32, co: u32, kv: u32, total: vec4<f32>) {
+    let at = gemm_weight_at(co, kv);
+    if (at == 0xffffffffu) { return; }
+    let level = g.channels * g.row4;
+    var v = total;
+    var l = 0u;
+    for (; ((n >> l) & 1u) == 1u; l++) {
+        v = wg_sums[(l + 1u) * level + at] + v;
+    }
+    wg_sums[(l + 1u) * level + at] = v;
+}
+
+// The running example sum at the end of a chunk, kept when the chunk ends inside an example.
+fn gemm_weight_keep(co: u32, kv: u32, sum: vec4<f32>) {
+    let at = gemm_weight_at(co, kv);
+    if (at != 0xffffffffu && (g.pixel_begin + g.pixel_count) % g.out_plane != 0u) { wg_sums[at] = sum; }
+}
+
+// The dy row of pixel q (the first of an output row) for channel 0.
+fn gemm_weight_dy_row(q: u32) -> u32 {
+    return (q / g.out_plane) * g.channels * g.out_plane + q % g.out_plane;
+}
+
+// conv2d_gemm_weight_pixels, for CPU drivers: each invocation GEMM_A / 4 vec4s of k (a rows are
+// the k of im2col), the workgroup's invocations share GEMM_B output channels (b rows); no
+// workgroup memory. conv2d_gemm_weight_channels: each invocation GEMM_A output channels, the
+// workgroup shares GEMM_B / 4 vec4s of k. Tile bodies as conv2d_gemm_lanes'.
+@compute @workgroup_size(GEMM_WG)
+fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let kv0 = origin.x / 4u;
+    let co0 = origin.y;
+    // BEGIN TILE conv2d_gemm_weight_pixels: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let k0 = min(kv0 + 0u, g.row4 - 1u);
+    let d0 = min(co0 + 0u, g.channels - 1u) * g.out_plane;
+    let d1 = min(co0 + 1u, g.channels - 1u) * g.out_plane;
+    let d2 = min(co0 + 2u, g.channels - 1u) * g.out_plane;
+    let d3 = min(co0 + 3u, g.channels - 1u) * g.out_plane;
+    var e0_0 = gemm_weight_start(co0 + 0u, kv0 + 0u);
+    var e1_0 = gemm_weight_start(co0 + 1u, kv0 + 0u);
+    var e2_0 = gemm_weight_start(co0 + 2u, kv0 + 0u);
+    var e3_0 = gemm_weight_start(co0 + 3u, kv0 + 0u);
+    var n = g.pixel_begin / g.out_plane;
+    var in_example = g.pixel_begin % g.out_plane;
+    var dy_row = gemm_weight_dy_row(g.pixel_begin);
+    for (var cols_row = 0u; cols_row < g.pixel_count * g.row4; cols_row += g.out_w * g.row4) {
+        var s0_0 = vec4<f32>(0.0);
+        var s1_0 = vec4<f32>(0.0);
+        var s2_0 = vec4<f32>(0.0);
+        var s3_0 = vec4<f32>(0.0);
+        for (var ox = 0u; ox < g.out_w; ox++) {
+            let cv0 = wg_cols[cols_row + ox * g.row4 + k0];
+            let dv0 = wg_dy[dy_row + d0 + ox];
+            s0_0 += dv0 * cv0;
+            let dv1 = wg_dy[dy_row + d1 + ox];
+            s1_0 += dv1 * cv0;
+            let dv2 = wg_dy[dy_row + d2 + ox];
+            s2_0 += dv2 * cv0;
+            let dv3 = wg_dy[dy_row + d3 + ox];
+            s3_0 += dv3 * cv0;
+        }
+        e0_0 += s0_0;
+        e1_0 += s1_0;
+        e2_0 += s2_0;
+        e3_0 += s3_0;
+        in_example += g.out_w;
+        dy_row += g.out_w;
+        if (in_example == g.out_plane) {
+            gemm_weight_push(n, co0 + 0u, kv0 + 0u, e0_0); e0_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 1u, kv0 + 0u, e1_0); e1_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 2u, kv0 + 0u, e2_0); e2_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 3u, kv0 + 0u, e3_0); e3_0 = vec4<f32>(0.0);
+            n++;
+            in_example = 0u;
+            dy_row += (g.channels - 1u) * g.out_plane;
+        }
+    }
+    gemm_weight_keep(co0 + 0u, kv0 + 0u, e0_0);
+    gemm_weight_keep(co0 + 1u, kv0 + 0u, e1_0);
+    gemm_weight_keep(co0 + 2u, kv0 + 0u, e2_0);
+    gemm_weight_keep(co0 + 3u, kv0 + 0u, e3_0);
+    // END TILE conv2d_gemm_weight_pixels
+}
+
+@compute @workgroup_size(GEMM_WG)
+fn conv2d_gemm_weight_channels(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let origin = gemm_lanes_origin(lid, wid, nwg);
+    if (origin.x == 0xffffffffu) { return; }
+    let co0 = origin.x;
+    let kv0 = origin.y / 4u;
+    // BEGIN TILE conv2d_gemm_weight_channels: the body for GEMM_A × GEMM_B = 4 × 4, as gemm_tile in
+    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.
+    let k0 = min(kv0 + 0u, g.row4 - 1u);
+    let d0 = min(co0 + 0u, g.channels - 1u) * g.out_plane;
+    let d1 = min(co0 + 1u, g.channels - 1u) * g.out_plane;
+    let d2 = min(co0 + 2u, g.channels - 1u) * g.out_plane;
+    let d3 = min(co0 + 3u, g.channels - 1u) * g.out_plane;
+    var e0_0 = gemm_weight_start(co0 + 0u, kv0 + 0u);
+    var e1_0 = gemm_weight_start(co0 + 1u, kv0 + 0u);
+    var e2_0 = gemm_weight_start(co0 + 2u, kv0 + 0u);
+    var e3_0 = gemm_weight_start(co0 + 3u, kv0 + 0u);
+    var n = g.pixel_begin / g.out_plane;
+    var in_example = g.pixel_begin % g.out_plane;
+    var dy_row = gemm_weight_dy_row(g.pixel_begin);
+    for (var cols_row = 0u; cols_row < g.pixel_count * g.row4; cols_row += g.out_w * g.row4) {
+        var s0_0 = vec4<f32>(0.0);
+        var s1_0 = vec4<f32>(0.0);
+        var s2_0 = vec4<f32>(0.0);
+        var s3_0 = vec4<f32>(0.0);
+        for (var ox = 0u; ox < g.out_w; ox++) {
+            let cv0 = wg_cols[cols_row + ox * g.row4 + k0];
+            let dv0 = wg_dy[dy_row + d0 + ox];
+            s0_0 += dv0 * cv0;
+            let dv1 = wg_dy[dy_row + d1 + ox];
+            s1_0 += dv1 * cv0;
+            let dv2 = wg_dy[dy_row + d2 + ox];
+            s2_0 += dv2 * cv0;
+            let dv3 = wg_dy[dy_row + d3 + ox];
+            s3_0 += dv3 * cv0;
+        }
+        e0_0 += s0_0;
+        e1_0 += s1_0;
+        e2_0 += s2_0;
+        e3_0 += s3_0;
+        in_example += g.out_w;
+        dy_row += g.out_w;
+        if (in_example == g.out_plane) {
+            gemm_weight_push(n, co0 + 0u, kv0 + 0u, e0_0); e0_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 1u, kv0 + 0u, e1_0); e1_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 2u, kv0 + 0u, e2_0); e2_0 = vec4<f32>(0.0);
+            gemm_weight_push(n, co0 + 3u, kv0 + 0u, e3_0); e3_0 = vec4<f32>(0.0);
+            n++;
+            in_example = 0u;
+            dy_row += (g.channels - 1u) * g.out_plane;
+        }
+    }
+    gemm_weight_keep(co0 + 0u, kv0 + 0u, e0_0);
+    gemm_weight_keep(co0 + 1u, kv0 + 0u, e1_0);
+    gemm_weight_keep(co0 + 2u, kv0 + 0u, e2_0);
+    gemm_weight_keep(co0 + 3u, kv0 + 0u, e3_0);
+    // END TILE conv2d_gemm_weight_channels
+}
+
+// conv2d_gemm_weight_shared, for GPUs: 64 output channels × 16 vec4s of k per workgroup of 256
+// invocations, 4 channels × 1 vec4 each; an output row's pixels staged 16 at a time in
+// workgroup memory (8 KiB) between barriers.
+var<workgroup> ws_cols: array<vec4<f32>, 256>;   // 16 pixels × 16 vec4s of k
+var<workgroup> ws_dy: array<vec4<f32>, 256>;     // 16 pixels × 16 quads of channels
+
+@compute @workgroup_size(256)
+fn conv2d_gemm_weight_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let kv_tiles = (g.row4 + 15u) / 16u;
+    let f = wid.x + wid.y * nwg.x;
+    let kv_base = (f % kv_tiles) * 16u;
+    let co_base = (f / kv_tiles) * SHARED_EDGE;
+    if (co_base >= g.channels) { return; }   // whole workgroups only: the barriers stay uniform
+    // Summing: vec4 lid / 16 of k, channel quad lid mod 16. Staging: pixel lid / 16 of the 16,
+    // vec4 (and channel quad) lid mod 16.
+    let kv = kv_base + lid / 16u;
+    let co = co_base + (lid % 16u) * 4u;
+    let stage_kv = min(kv_base + lid % 16u, g.row4 - 1u);
+    let stage_co = min(vec4<u32>(co) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(g.channels - 1u)) * g.out_plane;
+    var e = array<vec4<f32>, 4>(gemm_weight_start(co, kv), gemm_weight_start(co + 1u, kv), gemm_weight_start(co + 2u, kv), gemm_weight_start(co + 3u, kv));
+    for (var q = g.pixel_begin; q < g.pixel_begin + g.pixel_count; q += g.out_w) {
+        let dy_row = gemm_weight_dy_row(q);
+        let cols_row = (q - g.pixel_begin) * g.row4;
+        var s: array<vec4<f32>, 4>;
+        for (var x0 = 0u; x0 < g.out_w; x0 += 16u) {
+            let ox = min(x0 + lid / 16u, g.out_w - 1u);
+            ws_cols[lid] = wg_cols[cols_row + ox * g.row4 + stage_kv];
+            let d = dy_row + ox + stage_co;
+            ws_dy[lid] = vec4<f32>(wg_dy[d.x], wg_dy[d.y], wg_dy[d.z], wg_dy[d.w]);
+            workgroupBarrier();
+            for (var t = 0u; t < min(16u, g.out_w - x0); t++) {
+                let c = ws_cols[t * 16u + lid / 16u];
+                let dv = ws_dy[t * 16u + lid % 16u];
+                s[0] += dv.x * c;
+                s[1] += dv.y * c;
+                s[2] += dv.z * c;
+                s[3] += dv.w * c;
+            }
+            workgroupBarrier();
+        }
+        for (var i = 0u; i < 4u; i++) { e[i] += s[i]; }
+        if ((q + g.out_w) % g.out_plane == 0u) {
+            for (var i = 0u; i < 4u; i++) {
+                gemm_weight_push(q / g.out_plane, co + i, kv, e[i]);
+                e[i] = vec4<f32>(0.0);
+            }
+        }
+    }
+    for (var i = 0u; i < 4u; i++) { gemm_weight_keep(co + i, kv, e[i]); }
+}
+
+// The GEMM variants' last step: dw[co, k] = pairwise_total of the blocks wg_sums holds for
+// (co, k) (read as floats: level 1 + l at (1 + l)·c_out·row4·4, then co·row4·4 + k).
+@group(0) @binding(1) var<storage, read> wt_sums: array<f32>;
+@group(0) @binding(2) var<storage, read_write> wt_dw: array<f32>;
+
+@compute @workgroup_size(WG)
+fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg);
+    let k_len = p.c_in * p.kh * p.kw;
+    if (i >= p.c_out * k_len) { return; }
+    let level = p.c_out * p.row4 * 4u;
+    let at = (i / k_len) * p.row4 * 4u + i % k_len;
+    var blocks: array<f32, 32>;
+    for (var l = 0u; (p.n >> l) != 0u; l++) {
+        blocks[l] = wt_sums[(l + 1u) * level + at];
+    }
+    wt_dw[i] = pairwise_total(&blocks, p.n);
 }

@@ -76,6 +76,7 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
         assert_eq!(bits(&out.dx), bits(&plain.dx), "conv2d_backward_input {algo} {s:?} differs from Direct in some bit");
         if let Some(dw) = &out.dw {
             assert_close(&format!("conv2d_backward_weight {algo} {s:?}"), dw, &dw_ref, 1e-4);
+            assert_eq!(bits(dw), bits(plain.dw.as_ref().unwrap()), "conv2d_backward_weight {algo} {s:?} differs from Direct in some bit");
         }
     }
 }
@@ -274,7 +275,7 @@ fn shape_sizes_match_resnet34_layers() {
 
 /// Data-parallel replicas each take the weight gradient of their shard; the all-reduce adds
 /// those in its pairwise order. For shards of 2^k examples that must rebuild the whole batch's
-/// weight gradient bit for bit (the kernels sum examples pairwise), with either algorithm and
+/// weight gradient bit for bit (the kernels sum examples pairwise), with every algorithm and
 /// any number of shards.
 #[test]
 fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
@@ -283,9 +284,10 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
     let x = uniform(70, whole.x_len() as usize);
     let w = uniform(71, whole.w_len() as usize);
     let dy = uniform(72, whole.y_len() as usize);
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for algo in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked] {
+    let direct = run(gpu, Conv2dAlgo::Direct, &whole, &x, &w, &dy).dw.unwrap();
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
         let want = run(gpu, algo, &whole, &x, &w, &dy).dw.unwrap();
+        assert_eq!(bits(&want), bits(&direct), "{algo}: the batch of 12 differs from Direct in some bit");
         for n in [1, 2, 4] {
             let s = Conv2dShape { n, ..whole };
             let (xl, yl) = (s.x_len() as usize, s.y_len() as usize);
@@ -293,5 +295,28 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
             let got = syncstep::collective::reduce(shards, syncstep::collective::ReduceOp::Sum);
             assert_eq!(bits(&got), bits(&want), "{algo:?}: {} shards of {n}", 12 / n);
         }
+    }
+}
+
+/// A scratch cap small enough to split the GEMM variants' im2col into chunks, some ending inside
+/// an output row's example (the weight gradient carries its running sum across them): every
+/// op and variant must still give Direct's bits.
+#[test]
+fn chunked_gemms_give_the_unchunked_bits() {
+    let Some(small) = gpu_with_binding_limit(32 << 10) else { return };
+    let Some(gpu) = gpu() else { return };
+    // 9×9 outputs per example, im2col rows of 144 floats: 32 KiB holds 56 pixels, so the weight
+    // gradient's chunks are 6 output rows (54 pixels) and the forward's 56 pixels.
+    let s = shape(4, 16, 9, 9, 8, 3, 3, 1, 1);
+    assert!(s.y_len() / s.c_out as u64 * (s.w_len() / s.c_out as u64) * 4 > 5 * (32 << 10), "the im2col must need several chunks");
+    let x = uniform(80, s.x_len() as usize);
+    let w = uniform(81, s.w_len() as usize);
+    let dy = uniform(82, s.y_len() as usize);
+    let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared)) {
+        let out = run(&small, algo, &s, &x, &w, &dy);
+        assert_eq!(out.y.as_deref().map(bits), plain.y.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::Forward)), "{algo}: y");
+        assert_eq!(bits(&out.dx), bits(&plain.dx), "{algo}: dx");
+        assert_eq!(out.dw.as_deref().map(bits), plain.dw.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::BackwardWeight)), "{algo}: dw");
     }
 }
