@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# Autotune choices of the test binaries go to the build folder, never the user's cache; the
+# binaries share them, so each shape is timed once per run.
+export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.txt}"
 cargo test --release --all-targets "$@"
 
 cargo build --release --bin syncstep --quiet
