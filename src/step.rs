@@ -195,6 +195,13 @@ impl Replica {
         Ok(Replica { gpu, model, params: params_buf, grads, velocity, running: running_buf, acts: HashMap::new() })
     }
 
+    /// Bytes this replica holds on its device: parameters, gradients, momentum, running
+    /// statistics and every activation buffer.
+    pub fn device_bytes(&self) -> u64 {
+        let flat = [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>();
+        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>()
+    }
+
     fn param(&self, index: usize) -> Slice<'_> {
         let p = &self.model.params[index];
         Slice::new(&self.params, p.offset as u64 * 4, p.len() as u64)
