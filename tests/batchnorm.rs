@@ -385,6 +385,22 @@ fn fused_launchers_reject_wrong_lengths() {
     ]);
 }
 
+/// The kernels with the most bindings (7) launch on a device held to WebGPU's default of 8
+/// storage buffers per shader stage (browsers' SwiftShader allows 10).
+#[test]
+fn fused_kernels_fit_webgpus_default_storage_buffer_count() {
+    let Some(gpu) = gpu_with_limits(|l| l.max_storage_buffers_per_shader_stage = 8) else { return };
+    let shape = BnShape { n: 2, c: 3, hw: 5 };
+    let b = |len| gpu.buffer("b", len).unwrap();
+    let (x, shortcut, gate, out, dy, dx, stats, sums, gamma, beta, rows) = (b(30), b(30), b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12));
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    k::bn_apply_relu(&gpu, &mut enc, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), Some(s(&shortcut)), Some(s(&gate)), s(&out)).unwrap();
+    k::bn_example_sums(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&rows)).unwrap();
+    k::bn_backward_input(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&gamma), s(&sums), s(&dx)).unwrap();
+    submit(&gpu, enc);
+}
+
 #[track_caller]
 fn expect_arg(res: syncstep::kernels::Result<()>, op: &str, arg: &str, needle: &str) {
     let err = res.unwrap_err();
