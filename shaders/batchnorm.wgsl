@@ -30,7 +30,7 @@
 //   (relu_backward's select), so the masked cotangent is never stored either.
 // - Optional inputs (the shortcut; the ReLU gate) are switched on by flags in Params. A bind
 //   group must fill every binding an entry point declares, so the launcher binds a stand-in
-//   (another input of the same length) where one is off; the kernel never reads it.
+//   (another input of the same length) where one is off; the kernel ignores its values.
 
 struct Params {
     n: u32,

@@ -178,7 +178,7 @@ pub fn bn_apply_relu(
 }
 
 /// An optional n·c·hw input and its flag: the input (length checked) and 1 when given; else
-/// `stand_in` to fill its binding, which the kernel does not read with the flag at 0.
+/// `stand_in` to fill its binding, whose values the kernel ignores with the flag at 0.
 fn optional<'a>(op: &'static str, arg: &'static str, shape: &BnShape, given: Option<Slice<'a>>, stand_in: Slice<'a>) -> Result<(Slice<'a>, u32)> {
     match given {
         Some(slice) => {
