@@ -23,6 +23,14 @@
 //   equal counts: μ = Σ μ_b / m, M2 = Σ M2_b + hw·Σ(μ_b − μ)². Mean passes sum x − x₀ (x₀ the
 //   first value) to keep a large common offset out of the f32 sum.
 // - Outputs are overwritten, never accumulated into; gathering rows is the caller's.
+// - Fused with the ReLU that follows every BN site of the step (after the residual add, at a
+//   block's end): bn_apply_relu computes relu(y [+ shortcut]) with exactly the operations, in
+//   the order, of bn_forward_apply, add and relu_forward, so it gives their bits without
+//   storing y or the sum; the backward kernels read dy through the ReLU's mask on the fly
+//   (relu_backward's select), so the masked cotangent is never stored either.
+// - Optional inputs (the shortcut; the ReLU gate) are switched on by flags in Params. A bind
+//   group must fill every binding an entry point declares, so the launcher binds a stand-in
+//   (another input of the same length) where one is off; the kernel ignores its values.
 
 struct Params {
     n: u32,
@@ -30,6 +38,11 @@ struct Params {
     hw: u32,
     count: u32,
     eps: f32,
+    // bn_apply_relu: 1 when a shortcut is added before the ReLU.
+    residual: u32,
+    // bn_apply_relu: 1 when the ReLU's gate is the bound `gate`, not its own input; the
+    // backward kernels: 1 when dy is masked by the bound `gate` (dy·[gate > 0]).
+    gated: u32,
 }
 
 // bn_update_running's own uniform, at the same binding 0.
@@ -67,6 +80,14 @@ fn tree_sum(tid: u32, v: vec2<f32>) -> vec2<f32> {
     // partial is reused by the next call.
     workgroupBarrier();
     return total;
+}
+
+// relu_backward's mask applied to dy when p.gated is 1.
+fn masked(dy: f32, gate: f32) -> f32 {
+    if (p.gated == 1u) {
+        return select(0.0, dy, gate > 0.0);
+    }
+    return dy;
 }
 
 fn channel_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -147,21 +168,49 @@ fn bn_merge_examples(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 @group(0) @binding(4) var<storage, read> apply_beta: array<f32>;
 @group(0) @binding(5) var<storage, read_write> apply_y: array<f32>;
 
+// y at element i of channel ch: one expression for both entry points, so the same bits.
+fn applied(i: u32, ch: u32) -> f32 {
+    let xhat = (apply_x[i] - apply_stats[ch]) * inv_std(apply_stats[p.c + ch]);
+    return apply_gamma[ch] * xhat + apply_beta[ch];
+}
+
 @compute @workgroup_size(WG)
 fn bn_forward_apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= p.n * p.c * p.hw) { return; }
-    let ch = (i / p.hw) % p.c;
-    let xhat = (apply_x[i] - apply_stats[ch]) * inv_std(apply_stats[p.c + ch]);
-    apply_y[i] = apply_gamma[ch] * xhat + apply_beta[ch];
+    apply_y[i] = applied(i, (i / p.hw) % p.c);
+}
+
+// bn_apply_relu: out = gate > 0 ? v : 0 with v = y (+ shortcut when p.residual is 1), y as
+// bn_forward_apply's, and gate = v itself or (p.gated is 1) the bound `gate`: bn_forward_apply,
+// add(y, shortcut) and relu_forward in one pass, the same operations in the same order.
+@group(0) @binding(5) var<storage, read> fused_shortcut: array<f32>;
+@group(0) @binding(6) var<storage, read> fused_gate: array<f32>;
+@group(0) @binding(7) var<storage, read_write> fused_out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn bn_apply_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= p.n * p.c * p.hw) { return; }
+    var v = applied(i, (i / p.hw) % p.c);
+    if (p.residual == 1u) {
+        v = v + fused_shortcut[i];
+    }
+    var gate = v;
+    if (p.gated == 1u) {
+        gate = fused_gate[i];
+    }
+    fused_out[i] = select(0.0, v, gate > 0.0);
 }
 
 // bn_example_sums: rows[b] = [Σdy | Σdy·x̂] per channel over example b's positions, x̂ from the
-// given (global) stats: Σdy·(x − μ) scaled once by 1/σ at the end. One invocation per (b, ch).
+// given (global) stats: Σdy·(x − μ) scaled once by 1/σ at the end. dy is masked by `gate`
+// when p.gated is 1. One invocation per (b, ch).
 @group(0) @binding(1) var<storage, read> esums_dy: array<f32>;
-@group(0) @binding(2) var<storage, read> esums_x: array<f32>;
-@group(0) @binding(3) var<storage, read> esums_stats: array<f32>;
-@group(0) @binding(4) var<storage, read_write> esums_rows: array<f32>;
+@group(0) @binding(2) var<storage, read> esums_gate: array<f32>;
+@group(0) @binding(3) var<storage, read> esums_x: array<f32>;
+@group(0) @binding(4) var<storage, read> esums_stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> esums_rows: array<f32>;
 
 @compute @workgroup_size(WG)
 fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -176,7 +225,8 @@ fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
         let end = min(start + BLOCK, p.hw);
         var block = vec2<f32>(0.0);
         for (var j = start; j < end; j = j + 1u) {
-            block = block + esums_dy[base + j] * vec2<f32>(1.0, esums_x[base + j] - mean);
+            let dy = masked(esums_dy[base + j], esums_gate[base + j]);
+            block = block + dy * vec2<f32>(1.0, esums_x[base + j] - mean);
         }
         total = total + block;
     }
@@ -220,13 +270,14 @@ fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 }
 
 // bn_backward_input: dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), with sums over all
-// `count` positions (over every replica's rows).
+// `count` positions (over every replica's rows); dy masked by `gate` when p.gated is 1.
 @group(0) @binding(1) var<storage, read> input_dy: array<f32>;
-@group(0) @binding(2) var<storage, read> input_x: array<f32>;
-@group(0) @binding(3) var<storage, read> input_stats: array<f32>;
-@group(0) @binding(4) var<storage, read> input_gamma: array<f32>;
-@group(0) @binding(5) var<storage, read> input_sums: array<f32>;
-@group(0) @binding(6) var<storage, read_write> input_dx: array<f32>;
+@group(0) @binding(2) var<storage, read> input_gate: array<f32>;
+@group(0) @binding(3) var<storage, read> input_x: array<f32>;
+@group(0) @binding(4) var<storage, read> input_stats: array<f32>;
+@group(0) @binding(5) var<storage, read> input_gamma: array<f32>;
+@group(0) @binding(6) var<storage, read> input_sums: array<f32>;
+@group(0) @binding(7) var<storage, read_write> input_dx: array<f32>;
 
 @compute @workgroup_size(WG)
 fn bn_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -236,7 +287,8 @@ fn bn_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let r = inv_std(input_stats[p.c + ch]);
     let xhat = (input_x[i] - input_stats[ch]) * r;
     let count = f32(p.count);
-    input_dx[i] = input_gamma[ch] * r * (input_dy[i] - input_sums[ch] / count - xhat * input_sums[p.c + ch] / count);
+    let dy = masked(input_dy[i], input_gate[i]);
+    input_dx[i] = input_gamma[ch] * r * (dy - input_sums[ch] / count - xhat * input_sums[p.c + ch] / count);
 }
 
 // bn_update_running, in place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1).

@@ -3,6 +3,10 @@
 // ReLU takes its mask from a separate `gate` tensor rather than from x itself: normally the
 // launcher binds x as the gate, but a gate run can impose another run's activation pattern
 // (DESIGN.md, "the same activation pattern"). The backward reads the same gate.
+//
+// add_relu_backward is add(a, relu_backward(dy, gate)) in one pass, with the same select and
+// the same operand order, so the same bits: a residual block's input cotangent, the conv
+// branch's plus the identity shortcut's (the block output's cotangent through its ReLU).
 
 struct Params {
     len: u32,
@@ -50,4 +54,17 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     let i = linear_index(gid, nwg);
     if (i >= p.len) { return; }
     add_out[i] = add_a[i] + add_b[i];
+}
+
+// add_relu_backward: out = a + (gate > 0 ? dy : 0)
+@group(0) @binding(1) var<storage, read> addrb_a: array<f32>;
+@group(0) @binding(2) var<storage, read> addrb_dy: array<f32>;
+@group(0) @binding(3) var<storage, read> addrb_gate: array<f32>;
+@group(0) @binding(4) var<storage, read_write> addrb_out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn add_relu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg);
+    if (i >= p.len) { return; }
+    addrb_out[i] = addrb_a[i] + select(0.0, addrb_dy[i], addrb_gate[i] > 0.0);
 }

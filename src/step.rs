@@ -120,7 +120,9 @@ pub struct StepOutput {
 }
 
 /// One device's copy of the model: parameters, gradients, momentum and BN running statistics,
-/// each one flat buffer in the model's layout, plus activation buffers reused across steps.
+/// each one flat buffer in the model's layout, plus activation buffers reused across steps:
+/// one per name for what the forward saves for the backward (and the small per-site ones), and
+/// a pool of scratch buffers shared by what lives only part of a pass.
 pub struct Replica {
     pub gpu: Gpu,
     pub model: ResNet34,
@@ -129,6 +131,53 @@ pub struct Replica {
     pub velocity: wgpu::Buffer,
     pub running: wgpu::Buffer,
     acts: HashMap<String, wgpu::Buffer>,
+    scratch: Scratch,
+}
+
+/// Activation buffers that live for part of a pass (the backward's cotangents, a downsample
+/// shortcut), shared by size: `take` hands out a free buffer of exactly `len` elements, making
+/// one when none is free, and `give_back` frees it once the last kernel reading it has been
+/// recorded. Reusing a buffer inside one encoder is safe: commands run in recording order, and
+/// wgpu orders one dispatch's reads of a buffer before a later dispatch's writes to it.
+#[derive(Default)]
+struct Scratch {
+    /// Every buffer, and whether it is taken now.
+    buffers: Vec<(wgpu::Buffer, bool)>,
+    /// The batch (n, h, w) the buffers were sized for.
+    geometry: (u32, u32, u32),
+}
+
+impl Scratch {
+    /// A pass over a batch of `geometry` begins: every buffer is free (also any a failed pass
+    /// left taken); buffers sized for another geometry are dropped.
+    fn begin(&mut self, geometry: (u32, u32, u32)) {
+        if geometry != self.geometry {
+            self.buffers.clear();
+            self.geometry = geometry;
+        }
+        self.buffers.iter_mut().for_each(|(_, taken)| *taken = false);
+    }
+
+    fn take(&mut self, gpu: &Gpu, len: u64) -> Result<wgpu::Buffer> {
+        let bytes = len.max(1) * 4;
+        if let Some((b, taken)) = self.buffers.iter_mut().find(|(b, taken)| !*taken && b.size() == bytes) {
+            *taken = true;
+            return Ok(b.clone());
+        }
+        let b = gpu.buffer("scratch", len)?;
+        self.buffers.push((b.clone(), true));
+        Ok(b)
+    }
+
+    fn give_back(&mut self, buffer: &wgpu::Buffer) {
+        if let Some((_, taken)) = self.buffers.iter_mut().find(|(b, _)| b == buffer) {
+            *taken = false;
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.buffers.iter().map(|(b, _)| b.size()).sum()
+    }
 }
 
 /// Spatial size and channels of an activation, with the batch it belongs to.
@@ -149,7 +198,8 @@ impl Dims {
     }
 }
 
-/// A Conv→BN unit's saved tensors in the forward, by name.
+/// A Conv→BN unit of the forward; its saved tensors are `{name}.conv` (the conv output, BN's
+/// input) and `{name}.stats`.
 struct Unit {
     name: String,
     conv: Conv,
@@ -157,6 +207,8 @@ struct Unit {
     site: usize,
     input: Dims,
     out: Dims,
+    /// Positions the statistics describe (every replica's).
+    count: u32,
 }
 
 /// Per-step state threaded through forward and backward.
@@ -167,7 +219,6 @@ struct Pass<'p, S> {
     units: Vec<Unit>,
     relu_gates: Vec<String>,
     impose: Option<&'p ActivationPattern>,
-    counts: Vec<u32>,
     /// The buffer holding the pool's argmax: its own, or the imposed one.
     pool_argmax: &'static str,
     /// Inference: BN normalises with these running statistics (the model's flat buffer
@@ -195,7 +246,14 @@ impl Replica {
         let grads = gpu.buffer("grads", model.param_len as u64)?;
         let velocity = gpu.buffer("velocity", model.param_len as u64)?;
         let running_buf = gpu.upload("running", running)?;
-        Ok(Replica { gpu, model, params: params_buf, grads, velocity, running: running_buf, acts: HashMap::new() })
+        Ok(Replica { gpu, model, params: params_buf, grads, velocity, running: running_buf, acts: HashMap::new(), scratch: Scratch::default() })
+    }
+
+    /// Bytes this replica holds on its device: parameters, gradients, momentum, running
+    /// statistics and every activation buffer (saved and scratch).
+    pub fn device_bytes(&self) -> u64 {
+        let flat = [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>();
+        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>() + self.scratch.bytes()
     }
 
     fn param(&self, index: usize) -> Slice<'_> {
@@ -233,20 +291,21 @@ impl Replica {
             return Err(StepError::Invalid("empty batch".into()));
         }
         let n = batch.len() as u32;
+        self.scratch.begin((n, batch.h, batch.w));
         let input = self.act("input", batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
         let labels = self.act("labels", n as u64)?;
         self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
 
-        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, counts: Vec::new(), pool_argmax: "pool.argmax", eval: None };
+        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, pool_argmax: "pool.argmax", eval: None };
         if let Some(p) = opts.impose {
             self.upload_pattern(p)?;
         }
         let x = Dims { n, c: 3, h: batch.h, w: batch.w };
         let (out, dims) = self.forward(&mut pass, x).await?;
         let (feat, logits) = self.head_forward(&mut pass, &out, dims)?;
-        let loss = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
-        self.backward(&mut pass).await?;
+        let (loss, dout) = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
+        self.backward(&mut pass, dout).await?;
 
         let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
         self.gpu.submit(enc).await?;
@@ -265,10 +324,11 @@ impl Replica {
             return Err(StepError::Invalid("empty batch".into()));
         }
         let running = self.read_running().await?;
+        self.scratch.begin((batch.len() as u32, batch.h, batch.w));
         let input = self.act("input", batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
         let cfg = StepConfig::default();
-        let mut pass = Pass { enc: self.gpu.encoder(), sync: &LocalBn, cfg: &cfg, units: Vec::new(), relu_gates: Vec::new(), impose: None, counts: Vec::new(), pool_argmax: "pool.argmax", eval: Some(running) };
+        let mut pass = Pass { enc: self.gpu.encoder(), sync: &LocalBn, cfg: &cfg, units: Vec::new(), relu_gates: Vec::new(), impose: None, pool_argmax: "pool.argmax", eval: Some(running) };
         let x = Dims { n: batch.len() as u32, c: 3, h: batch.h, w: batch.w };
         let (out, dims) = self.forward(&mut pass, x).await?;
         let (_, logits) = self.head_forward(&mut pass, &out, dims)?;
@@ -285,12 +345,6 @@ impl Replica {
         sgd::sgd_update(&self.gpu, &mut enc, &p, Slice::whole(&self.params), Slice::whole(&self.grads), Slice::whole(&self.velocity))?;
         self.gpu.submit(enc).await?;
         Ok(())
-    }
-
-    /// Bytes of the device buffers this replica holds: parameters, gradients, momentum, running
-    /// statistics and the activations (and BN rows) it keeps between steps.
-    pub fn device_bytes(&self) -> u64 {
-        [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>() + self.acts.values().map(|b| b.size()).sum::<u64>()
     }
 
     pub async fn read_params(&self) -> Result<Vec<f32>> {
@@ -335,37 +389,17 @@ impl Replica {
         Ok(ActivationPattern { relu, pool_argmax })
     }
 
-    /// ReLU of `x` into `name`; the gate is `x` itself or the imposed mask of this site.
-    fn relu<S>(&mut self, pass: &mut Pass<S>, x: &wgpu::Buffer, name: &str) -> Result<wgpu::Buffer> {
-        let y = self.act(name, x.size() / 4)?;
-        let site = pass.relu_gates.len();
-        let gate = match pass.impose {
-            Some(p) => {
-                let expected = x.size() / 4;
-                if p.relu.get(site).map(|m| m.len() as u64) != Some(expected) {
-                    return Err(StepError::Invalid(format!("imposed pattern has no ReLU site {site} of {expected} units")));
-                }
-                self.acts[&format!("impose.relu{site}")].clone()
-            }
-            None => x.clone(),
-        };
-        elementwise::relu_forward(&self.gpu, &mut pass.enc, Slice::whole(x), Slice::whole(&gate), Slice::whole(&y))?;
-        // The backward masks with the output: y > 0 exactly where the gate passed and x > 0;
-        // under an imposed pattern the gate itself decides, so keep it for the backward.
-        let name_gate = if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
-        pass.relu_gates.push(name_gate);
-        Ok(y)
-    }
-
-    /// conv → BatchNorm (training mode, statistics through `sync`), saving both outputs.
-    async fn conv_bn<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims) -> Result<(wgpu::Buffer, Dims)> {
+    /// conv → BatchNorm statistics of a unit (training mode: through `sync`, and the running
+    /// statistics updated; eval mode: the running ones), saving the conv output and statistics
+    /// the backward reads. Returns the unit's index; `bn_relu` or `bn_apply` applies its BN.
+    async fn conv_bn<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims) -> Result<usize> {
         self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&conv)));
         let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
         let shape = conv_shape(&conv, input);
         let y = self.act(&format!("{name}.conv"), out.len())?;
         conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?;
         let site = pass.units.len();
-        let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
+        let bs = bn_shape(out);
         let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
         let count = match &pass.eval {
             None => {
@@ -376,10 +410,12 @@ impl Replica {
                 batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&rows, 0, bs.rows_len()))?;
                 pass.sync.stats(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
                 batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&stats))?;
-                global.n * global.hw
+                let count = global.n * global.hw;
+                batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+                count
             }
             Some(running) => {
-                // Running statistics in the packed [mean | M2] form the apply kernel reads.
+                // Running statistics in the packed [mean | M2] form the apply kernels read.
                 let local = out.n * out.hw();
                 let (rm, rv) = (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
                 let mut packed = running[rm.range()].to_vec();
@@ -388,21 +424,59 @@ impl Replica {
                 local
             }
         };
-        let z = self.act(&format!("{name}.bn"), out.len())?;
-        batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), self.param(bn.bias), Slice::whole(&z))?;
-        if pass.eval.is_none() {
-            batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
-        }
-        pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out });
-        pass.counts.push(count);
-        Ok((z, out))
+        pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out, count });
+        Ok(site)
+    }
+
+    /// The conv output and statistics `unit` saved.
+    fn saved(&self, unit: &Unit) -> (wgpu::Buffer, wgpu::Buffer) {
+        (self.acts[&format!("{}.conv", unit.name)].clone(), self.acts[&format!("{}.stats", unit.name)].clone())
+    }
+
+    /// The BN output of `unit`, plus `shortcut` when given, through a ReLU into the saved
+    /// activation `name`, in one fused kernel. The ReLU's gate is its own input, or the imposed
+    /// mask of this ReLU site.
+    fn bn_relu<S>(&mut self, pass: &mut Pass<S>, unit: usize, shortcut: Option<&wgpu::Buffer>, name: &str) -> Result<wgpu::Buffer> {
+        let u = &pass.units[unit];
+        let (y, stats) = self.saved(u);
+        let r = self.act(name, u.out.len())?;
+        let site = pass.relu_gates.len();
+        let imposed = match pass.impose {
+            Some(p) => {
+                let expected = u.out.len();
+                if p.relu.get(site).map(|m| m.len() as u64) != Some(expected) {
+                    return Err(StepError::Invalid(format!("imposed pattern has no ReLU site {site} of {expected} units")));
+                }
+                Some(self.acts[&format!("impose.relu{site}")].clone())
+            }
+            None => None,
+        };
+        let (weight, bias) = (self.param(u.bn.weight), self.param(u.bn.bias));
+        batchnorm::bn_apply_relu(&self.gpu, &mut pass.enc, &bn_shape(u.out), u.count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), weight, bias, shortcut.map(Slice::whole), imposed.as_ref().map(Slice::whole), Slice::whole(&r))?;
+        // The backward masks with the output: r > 0 exactly where the ReLU's input was > 0;
+        // under an imposed pattern the gate itself decides, so keep it for the backward.
+        let gate = if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
+        pass.relu_gates.push(gate);
+        Ok(r)
+    }
+
+    /// The BN output of `unit` alone (a downsample shortcut, which the block's `bn_relu` adds)
+    /// into a scratch buffer.
+    fn bn_apply<S>(&mut self, pass: &mut Pass<S>, unit: usize) -> Result<wgpu::Buffer> {
+        let u = &pass.units[unit];
+        let (y, stats) = self.saved(u);
+        let z = self.scratch.take(&self.gpu, u.out.len())?;
+        let (weight, bias) = (self.param(u.bn.weight), self.param(u.bn.bias));
+        batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bn_shape(u.out), u.count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), weight, bias, Slice::whole(&z))?;
+        Ok(z)
     }
 
     async fn forward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, x: Dims) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
         let input = self.acts["input"].clone();
-        let (z, d) = self.conv_bn(pass, "stem", m.stem_conv, m.stem_bn, &input, x).await?;
-        let r = self.relu(pass, &z, "stem.relu")?;
+        let stem = self.conv_bn(pass, "stem", m.stem_conv, m.stem_bn, &input, x).await?;
+        let r = self.bn_relu(pass, stem, None, "stem.relu")?;
+        let d = pass.units[stem].out;
         let ps = pool_shape(d);
         let pooled = Dims { n: d.n, c: d.c, h: ps.out_h(), w: ps.out_w() };
         let y = self.act("pool", pooled.len())?;
@@ -423,17 +497,20 @@ impl Replica {
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
             let p = block_name(i);
-            let (z1, d1) = self.conv_bn(pass, &format!("{p}.1"), b.conv1, b.bn1, &x, d).await?;
-            let r1 = self.relu(pass, &z1, &format!("{p}.relu1"))?;
-            let (z2, d2) = self.conv_bn(pass, &format!("{p}.2"), b.conv2, b.bn2, &r1, d1).await?;
-            let shortcut = match b.downsample {
-                Some((c, bn)) => self.conv_bn(pass, &format!("{p}.ds"), c, bn, &x, d).await?.0,
-                None => x.clone(),
+            let u1 = self.conv_bn(pass, &format!("{p}.1"), b.conv1, b.bn1, &x, d).await?;
+            let r1 = self.bn_relu(pass, u1, None, &format!("{p}.relu1"))?;
+            let u2 = self.conv_bn(pass, &format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out).await?;
+            let out = match b.downsample {
+                Some((c, bn)) => {
+                    let ds = self.conv_bn(pass, &format!("{p}.ds"), c, bn, &x, d).await?;
+                    let shortcut = self.bn_apply(pass, ds)?;
+                    let out = self.bn_relu(pass, u2, Some(&shortcut), &format!("{p}.out"))?;
+                    self.scratch.give_back(&shortcut);
+                    out
+                }
+                None => self.bn_relu(pass, u2, Some(&x), &format!("{p}.out"))?,
             };
-            let s = self.act(&format!("{p}.sum"), d2.len())?;
-            elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&z2), Slice::whole(&shortcut), Slice::whole(&s))?;
-            x = self.relu(pass, &s, &format!("{p}.out"))?;
-            d = d2;
+            (x, d) = (out, pass.units[u2].out);
         }
         Ok((x, d))
     }
@@ -451,8 +528,9 @@ impl Replica {
     }
 
     /// The loss (returned in a one-element buffer), then its backward through fc and the
-    /// pool, so `{last block}.out.grad` holds the cotangent the blocks' backward starts from.
-    fn loss_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, feat: &wgpu::Buffer, logits: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+    /// pool: returns the loss and the cotangent of the last block's output (scratch), where
+    /// the blocks' backward starts.
+    fn loss_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, feat: &wgpu::Buffer, logits: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
         let losses = self.act("losses", n as u64)?;
@@ -468,28 +546,27 @@ impl Replica {
         dense::dense_backward_input(&self.gpu, &mut pass.enc, &ds, dl, self.param(fw), Slice::whole(&dfeat))?;
         dense::dense_backward_weight(&self.gpu, &mut pass.enc, &ds, dl, Slice::whole(feat), self.grad(fw))?;
         dense::dense_backward_bias(&self.gpu, &mut pass.enc, &ds, dl, self.grad(fb))?;
-        let dx = self.act(&format!("{}.out.grad", block_name(self.model.blocks.len() - 1)), d.len())?;
+        let dx = self.scratch.take(&self.gpu, d.len())?;
         avgpool::global_avgpool_backward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(&dfeat), Slice::whole(&dx))?;
-        Ok(loss)
+        Ok((loss, dx))
     }
 
-    /// Backward through BN (statistics through the sync hook) and the conv of `unit`, given
-    /// the cotangent `dz` of the BN output and the conv's input `x`: writes the conv's and
-    /// BN's parameter gradients and returns the cotangent of the conv's output.
-    async fn conv_bn_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
-        let (name, conv, bn, site, input, out) = {
-            let u = &pass.units[unit];
-            (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out)
-        };
+    /// Backward through BN (sums through the sync hook) and the conv of `unit`, given the
+    /// cotangent `dr` of the ReLU after the BN, whose site is `relu_site` (the BN kernels mask
+    /// `dr` with that ReLU's gate as they read it), and the conv's input `x`: writes the conv's
+    /// and BN's parameter gradients and returns the cotangent of the conv's output (scratch).
+    async fn conv_bn_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dr: &wgpu::Buffer, relu_site: usize, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let u = &pass.units[unit];
+        let (name, conv, bn, site, input, out, count) = (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out, u.count);
+        let (y, stats) = self.saved(u);
         self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-        let count = pass.counts[site];
-        let bs = batchnorm::BnShape { n: out.n, c: out.c, hw: out.hw() };
-        let y = self.acts[&format!("{name}.conv")].clone();
-        let stats = self.acts[&format!("{name}.stats")].clone();
+        let gate = self.acts[&pass.relu_gates[relu_site]].clone();
+        let (dr, gate) = (Slice::whole(dr), Some(Slice::whole(&gate)));
+        let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
         let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
         let local_rows = Slice::new(&rows, 0, bs.rows_len());
-        batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), local_rows)?;
+        batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, dr, gate, Slice::whole(&y), Slice::whole(&stats), local_rows)?;
         // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay local
         // until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
         let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
@@ -504,71 +581,76 @@ impl Replica {
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
         pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n, done).await?;
         batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
-        let dy = self.act(&format!("{name}.conv.grad"), out.len())?;
-        batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(dz), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
+        let dy = self.scratch.take(&self.gpu, out.len())?;
+        batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, dr, gate, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
         let shape = conv_shape(&conv, input);
         conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(x), self.grad(conv.weight))?;
         Ok(dy)
     }
 
-    /// The cotangent of `unit`'s input from that of its conv output.
-    fn conv_backward_input<S>(&mut self, pass: &mut Pass<S>, unit: usize, dy: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+    /// Both halves of a unit's backward: parameter gradients, then the cotangent of the unit's
+    /// input (scratch) from that of its conv output.
+    async fn unit_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dr: &wgpu::Buffer, relu_site: usize, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
+        let dy = self.conv_bn_backward(pass, unit, dr, relu_site, x).await?;
         let u = &pass.units[unit];
         let (shape, weight) = (conv_shape(&u.conv, u.input), u.conv.weight);
-        let dx = self.act(&format!("{}.input.grad", u.name), u.input.len())?;
-        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(dy), self.param(weight), Slice::whole(&dx))?;
+        let dx = self.scratch.take(&self.gpu, u.input.len())?;
+        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(weight), Slice::whole(&dx))?;
+        self.scratch.give_back(&dy);
         Ok(dx)
     }
 
-    /// Both halves of a unit's backward: parameter gradients and the input's cotangent.
-    async fn unit_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dz: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
-        let dy = self.conv_bn_backward(pass, unit, dz, x).await?;
-        self.conv_backward_input(pass, unit, &dy)
-    }
-
-    fn relu_backward<S>(&mut self, pass: &mut Pass<S>, dy: &wgpu::Buffer, site: usize, name: &str) -> Result<wgpu::Buffer> {
-        let gate = self.acts[&pass.relu_gates[site]].clone();
-        let dx = self.act(name, dy.size() / 4)?;
-        elementwise::relu_backward(&self.gpu, &mut pass.enc, Slice::whole(dy), Slice::whole(&gate), Slice::whole(&dx))?;
-        Ok(dx)
-    }
-
-    async fn backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>) -> Result<()> {
+    /// The blocks' and the stem's backward from `dout`, the cotangent of the last block's
+    /// output. Every cotangent is scratch, given back after its last reader.
+    async fn backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, mut dout: wgpu::Buffer) -> Result<()> {
         let m = self.model.clone();
         // Units were pushed in forward order: stem, then per block 1, 2, (ds).
         let mut unit_of = HashMap::new();
         for (i, u) in pass.units.iter().enumerate() {
             unit_of.insert(u.name.clone(), i);
         }
-        let mut dout = self.acts[&format!("{}.out.grad", block_name(m.blocks.len() - 1))].clone();
         for (i, b) in m.blocks.iter().enumerate().rev() {
             let p = block_name(i);
             let block_input = if i == 0 { self.acts["pool"].clone() } else { self.acts[&format!("{}.out", block_name(i - 1))].clone() };
             // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
-            let ds = self.relu_backward(pass, &dout, 2 + 2 * i, &format!("{p}.sum.grad"))?;
-            // The downsample (pushed last) first: units go backward in reverse forward order.
+            let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
+            // The downsample (pushed last) first: units go backward in reverse forward order,
+            // so the gradients final at each BN site are one suffix of the layout.
             let dx2 = match b.downsample {
-                Some(_) => self.unit_backward(pass, unit_of[&format!("{p}.ds")], &ds, &block_input).await?,
-                None => ds.clone(),
+                Some(_) => Some(self.unit_backward(pass, unit_of[&format!("{p}.ds")], &dout, out, &block_input).await?),
+                None => None,
             };
             let r1 = self.acts[&format!("{p}.relu1")].clone();
-            let dr1 = self.unit_backward(pass, unit_of[&format!("{p}.2")], &ds, &r1).await?;
-            let dz1 = self.relu_backward(pass, &dr1, 1 + 2 * i, &format!("{p}.relu1.grad"))?;
-            let dx1 = self.unit_backward(pass, unit_of[&format!("{p}.1")], &dz1, &block_input).await?;
-            let name = if i == 0 { "pool.grad".to_string() } else { format!("{}.out.grad", block_name(i - 1)) };
-            let dx = self.act(&name, dx1.size() / 4)?;
-            elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dx2), Slice::whole(&dx))?;
+            let dr1 = self.unit_backward(pass, unit_of[&format!("{p}.2")], &dout, out, &r1).await?;
+            let dx1 = self.unit_backward(pass, unit_of[&format!("{p}.1")], &dr1, relu1, &block_input).await?;
+            self.scratch.give_back(&dr1);
+            // The block input's cotangent: the conv branch's dx1 plus the shortcut's.
+            let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
+            match dx2 {
+                Some(dx2) => {
+                    elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dx2), Slice::whole(&dx))?;
+                    self.scratch.give_back(&dx2);
+                }
+                None => {
+                    let gate = self.acts[&pass.relu_gates[out]].clone();
+                    elementwise::add_relu_backward(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dout), Slice::whole(&gate), Slice::whole(&dx))?;
+                }
+            }
+            self.scratch.give_back(&dx1);
+            self.scratch.give_back(&dout);
             dout = dx;
         }
         let stem = &pass.units[0];
         let ps = pool_shape(stem.out);
-        let dr = self.act("stem.relu.grad", stem.out.len())?;
+        let dr = self.scratch.take(&self.gpu, stem.out.len())?;
         let argmax = self.acts[pass.pool_argmax].clone();
         maxpool::maxpool_backward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&dout), Slice::whole(&argmax), Slice::whole(&dr))?;
-        let dz = self.relu_backward(pass, &dr, 0, "stem.bn.grad")?;
+        self.scratch.give_back(&dout);
         let input = self.acts["input"].clone();
         // The stem's input is the image: no cotangent needed.
-        self.conv_bn_backward(pass, 0, &dz, &input).await?;
+        let dy = self.conv_bn_backward(pass, 0, &dr, 0, &input).await?;
+        self.scratch.give_back(&dy);
+        self.scratch.give_back(&dr);
         Ok(())
     }
 }
@@ -584,6 +666,10 @@ fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
 /// The kernel shape of `conv` on `n` inputs of `h`×`w`: what the step launches.
 pub fn conv2d_shape(c: &Conv, n: u32, h: u32, w: u32) -> conv2d::Conv2dShape {
     conv2d::Conv2dShape { n, c_in: c.c_in, h, w, c_out: c.c_out, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad }
+}
+
+fn bn_shape(d: Dims) -> batchnorm::BnShape {
+    batchnorm::BnShape { n: d.n, c: d.c, hw: d.hw() }
 }
 
 fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {

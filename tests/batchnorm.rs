@@ -32,7 +32,7 @@ fn forward_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: 
 #[allow(clippy::too_many_arguments)]
 fn backward_sums(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, count: u32, dy: Slice, x: Slice, stats: Slice, sums: Slice) {
     let rows = poisoned(gpu, "sums rows", shape.rows_len() as usize);
-    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, x, stats, Slice::whole(&rows)).unwrap();
+    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, Slice::whole(&rows)).unwrap();
     k::bn_sum_examples(gpu, enc, shape, Slice::whole(&rows), sums).unwrap();
 }
 
@@ -82,7 +82,7 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
         k::bn_update_running(gpu, &mut enc, shape.c, count, MOMENTUM, s(&stats), s(&brun_mean), s(&brun_var)).unwrap();
     }
     backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
-    k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
+    k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
     submit(gpu, enc);
 
     let (x64, dy64, gamma64, beta64) = (to_f64(&x), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
@@ -176,7 +176,7 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
         let total: Vec<f32> = local.iter().zip(&other32).map(|(a, b)| a + b).collect();
         let (bsums, dx) = (up("total", &total), poisoned(gpu, "dx", len));
         let mut enc = gpu.encoder();
-        k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&bstats), s(&bgamma), s(&bsums), s(&dx)).unwrap();
+        k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&bstats), s(&bgamma), s(&bsums), s(&dx)).unwrap();
         submit(gpu, enc);
         let ref_dx = r::bn_backward_input(d, &dy64, &x64, &global, eps, &gamma64, &unpack_sums(&total));
         assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
@@ -211,7 +211,6 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
     let whole = BnShape { n: 8, c: 64, hw: 9 };
     let (x, dy) = (activations(400, &whole), uniform(401, whole.tensor_len() as usize));
     let count = whole.positions() as u32;
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     // (stats rows, stats, sums rows, sums) of examples `ex`, sums taken with `stats` if given.
     let run = |ex: std::ops::Range<usize>, stats: Option<&[f32]>| {
         let s = Slice::whole;
@@ -225,7 +224,7 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         submit(gpu, enc);
         let stats = gpu.upload("given stats", stats.unwrap_or(&read(gpu, &own_stats))).unwrap();
         let mut enc = gpu.encoder();
-        k::bn_example_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), s(&bx), s(&stats), s(&srows)).unwrap();
+        k::bn_example_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&stats), s(&srows)).unwrap();
         k::bn_sum_examples(gpu, &mut enc, &shape, s(&srows), s(&sums)).unwrap();
         submit(gpu, enc);
         (read(gpu, &rows), read(gpu, &own_stats), read(gpu, &srows), read(gpu, &sums))
@@ -246,6 +245,160 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         let total = syncstep::collective::reduce(own, syncstep::collective::ReduceOp::Sum);
         assert_eq!(bits(&total), bits(&sums), "shards' own sums added pairwise, shards of {n}");
     }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// Shapes for the fused kernels: ResNet-like channel counts, and a tensor length that is not a
+/// multiple of the workgroup size.
+const FUSED_SHAPES: [BnShape; 3] = [BnShape { n: 2, c: 64, hw: 9 }, BnShape { n: 1, c: 128, hw: 49 }, BnShape { n: 3, c: 5, hw: 301 }];
+
+/// bn_apply_relu against bn_forward_apply, add (y first) and relu_forward on the GPU: the same
+/// bits, for each of {no shortcut, shortcut} × {own gate, imposed gate}; and against the
+/// reference composed of the same ops, fed the GPU's statistics.
+#[test]
+fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    for (i, shape) in FUSED_SHAPES.iter().enumerate() {
+        let seed = 500 + 10 * i as u64;
+        let d = dims(shape);
+        let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
+        let count = shape.positions() as u32;
+        let x = activations(seed, shape);
+        let (gamma, beta) = (uniform_in(seed + 1, c, 0.5, 1.5), uniform(seed + 2, c));
+        let (shortcut, gate) = (uniform(seed + 3, len), uniform(seed + 4, len));
+        let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
+        let (bx, bgamma, bbeta, bshortcut, bgate) = (up("x", &x), up("gamma", &gamma), up("beta", &beta), up("shortcut", &shortcut), up("gate", &gate));
+        let stats = poisoned(gpu, "stats", 2 * c);
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
+        submit(gpu, enc);
+        let gpu_stats = unpack_stats(count as usize, &read(gpu, &stats));
+        let (x64, gamma64, beta64, shortcut64, gate64) = (to_f64(&x), to_f64(&gamma), to_f64(&beta), to_f64(&shortcut), to_f64(&gate));
+        for residual in [false, true] {
+            for imposed in [false, true] {
+                let what = format!("{shape:?} residual {residual} imposed gate {imposed}");
+                let s = Slice::whole;
+                let (fused, y, sum, unfused) = (poisoned(gpu, "fused", len), poisoned(gpu, "y", len), poisoned(gpu, "sum", len), poisoned(gpu, "unfused", len));
+                let mut enc = gpu.encoder();
+                let e = &mut enc;
+                let (given_shortcut, given_gate) = (residual.then(|| s(&bshortcut)), imposed.then(|| s(&bgate)));
+                k::bn_apply_relu(gpu, e, shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), given_shortcut, given_gate, s(&fused)).unwrap();
+                k::bn_forward_apply(gpu, e, shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+                let v = if residual {
+                    syncstep::kernels::elementwise::add(gpu, e, s(&y), s(&bshortcut), s(&sum)).unwrap();
+                    &sum
+                } else {
+                    &y
+                };
+                let relu_gate = if imposed { &bgate } else { v };
+                syncstep::kernels::elementwise::relu_forward(gpu, e, s(v), s(relu_gate), s(&unfused)).unwrap();
+                submit(gpu, enc);
+                let out = read(gpu, &fused);
+                assert_eq!(bits(&out), bits(&read(gpu, &unfused)), "{what}: fused vs unfused bits");
+                let zeros = out.iter().filter(|&&v| v == 0.0).count();
+                assert!(zeros > len / 10 && zeros < len * 9 / 10, "{what}: {zeros} of {len} zero, the ReLU is barely exercised");
+                let want = r::bn_apply_relu(d, &x64, &gpu_stats, EPS as f64, &gamma64, &beta64, residual.then_some(&shortcut64[..]), imposed.then_some(&gate64[..]));
+                assert_close(&what, &out, &want, 1e-5);
+            }
+        }
+    }
+}
+
+/// bn_example_sums and bn_backward_input with a gate against relu_backward followed by the
+/// ungated kernels: the same bits (rows, sums, dx); and against the reference composition.
+#[test]
+fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
+    let Some(gpu) = gpu() else { return };
+    for (i, shape) in FUSED_SHAPES.iter().enumerate() {
+        let seed = 600 + 10 * i as u64;
+        let d = dims(shape);
+        let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
+        let count = shape.positions() as u32;
+        let (x, dy, gate) = (activations(seed, shape), uniform(seed + 1, len), uniform(seed + 2, len));
+        let gamma = uniform_in(seed + 3, c, 0.5, 1.5);
+        let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
+        let (bx, bdy, bgate, bgamma) = (up("x", &x), up("dy", &dy), up("gate", &gate), up("gamma", &gamma));
+        let stats = poisoned(gpu, "stats", 2 * c);
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
+        submit(gpu, enc);
+        // (rows, sums, dx) of dy through the gate: fused, or relu_backward first.
+        let run = |gated: bool| {
+            let s = Slice::whole;
+            let p = |label| poisoned(gpu, label, len);
+            let (dz, rows, sums, dx) = (p("dz"), poisoned(gpu, "rows", shape.rows_len() as usize), poisoned(gpu, "sums", 2 * c), p("dx"));
+            let mut enc = gpu.encoder();
+            let e = &mut enc;
+            let (dy, gate) = if gated {
+                (s(&bdy), Some(s(&bgate)))
+            } else {
+                syncstep::kernels::elementwise::relu_backward(gpu, e, s(&bdy), s(&bgate), s(&dz)).unwrap();
+                (s(&dz), None)
+            };
+            k::bn_example_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&rows)).unwrap();
+            k::bn_sum_examples(gpu, e, shape, s(&rows), s(&sums)).unwrap();
+            k::bn_backward_input(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
+            submit(gpu, enc);
+            (read(gpu, &rows), read(gpu, &sums), read(gpu, &dx))
+        };
+        let (fused, unfused) = (run(true), run(false));
+        assert_eq!(bits(&fused.0), bits(&unfused.0), "{shape:?} rows");
+        assert_eq!(bits(&fused.1), bits(&unfused.1), "{shape:?} sums");
+        assert_eq!(bits(&fused.2), bits(&unfused.2), "{shape:?} dx");
+
+        let gpu_stats = unpack_stats(count as usize, &read(gpu, &stats));
+        let (x64, gamma64, eps) = (to_f64(&x), to_f64(&gamma), EPS as f64);
+        let dz64 = syncstep::reference::elementwise::relu_backward(&to_f64(&dy), &to_f64(&gate));
+        let ref_sums = r::bn_backward_sums(d, &dz64, &x64, &gpu_stats, eps);
+        assert_packed_close(&format!("{shape:?} gated sums"), &fused.1, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
+        let ref_dx = r::bn_backward_input(d, &dz64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&fused.1));
+        assert_close(&format!("{shape:?} gated dx"), &fused.2, &ref_dx, 1e-5);
+    }
+}
+
+#[test]
+fn fused_launchers_reject_wrong_lengths() {
+    let Some(gpu) = gpu() else { return };
+    let shape = BnShape { n: 2, c: 3, hw: 5 };
+    let b = |len| gpu.buffer("b", len).unwrap();
+    let (x, out, dy, dx, stats, sums, gamma, beta, rows, short) = (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12), b(29));
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    let e = &mut enc;
+    let apply = |e: &mut wgpu::CommandEncoder, shortcut, gate, out| k::bn_apply_relu(gpu, e, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), shortcut, gate, out);
+    apply(e, Some(s(&dy)), Some(s(&dx)), s(&out)).unwrap();
+    let sums_of = |e: &mut wgpu::CommandEncoder, gate| k::bn_example_sums(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&rows));
+    let input_of = |e: &mut wgpu::CommandEncoder, gate| k::bn_backward_input(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&gamma), s(&sums), s(&dx));
+    sums_of(e, Some(s(&out))).unwrap();
+    input_of(e, Some(s(&out))).unwrap();
+    assert_arg_errors([
+        ("bn_apply_relu", "shortcut", apply(e, Some(s(&short)), None, s(&out)), "expected 30 (n·c·hw)"),
+        ("bn_apply_relu", "gate", apply(e, None, Some(s(&short)), s(&out)), "expected 30 (n·c·hw)"),
+        ("bn_apply_relu", "out", apply(e, None, None, s(&short)), "expected 30 (n·c·hw)"),
+        ("bn_example_sums", "gate", sums_of(e, Some(s(&short))), "expected 30 (n·c·hw)"),
+        ("bn_backward_input", "gate", input_of(e, Some(s(&short))), "expected 30 (n·c·hw)"),
+    ]);
+}
+
+/// The kernels with the most bindings (7) launch on a device held to WebGPU's default of 8
+/// storage buffers per shader stage (browsers' SwiftShader allows 10).
+#[test]
+fn fused_kernels_fit_webgpus_default_storage_buffer_count() {
+    let Some(gpu) = gpu_with_limits(|l| l.max_storage_buffers_per_shader_stage = 8) else { return };
+    let shape = BnShape { n: 2, c: 3, hw: 5 };
+    let b = |len| gpu.buffer("b", len).unwrap();
+    let (x, shortcut, gate, out, dy, dx, stats, sums, gamma, beta, rows) = (b(30), b(30), b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12));
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    k::bn_apply_relu(&gpu, &mut enc, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), Some(s(&shortcut)), Some(s(&gate)), s(&out)).unwrap();
+    k::bn_example_sums(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&rows)).unwrap();
+    k::bn_backward_input(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&gamma), s(&sums), s(&dx)).unwrap();
+    submit(&gpu, enc);
 }
 
 #[track_caller]
@@ -281,7 +434,7 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     expect_arg(apply(e, &zero, 10, s(&gamma)), "bn_forward_apply", "shape.hw", "is 0");
     expect_arg(apply(e, &shape, 9, s(&gamma)), "bn_forward_apply", "count", "expected at least n·hw = 10");
 
-    let example_sums = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, s(&x), s(&stats), s(&rows2));
+    let example_sums = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, None, s(&x), s(&stats), s(&rows2));
     example_sums(e, &shape, 20, s(&dy)).unwrap();
     expect_arg(example_sums(e, &shape, 20, s(&short)), "bn_example_sums", "dy", "expected 30 (n·c·hw)");
     expect_arg(example_sums(e, &zero, 20, s(&dy)), "bn_example_sums", "shape.hw", "is 0");
@@ -289,7 +442,7 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     k::bn_sum_examples(gpu, e, &shape, s(&rows2), s(&sums)).unwrap();
     expect_arg(k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)), "bn_sum_examples", "rows", "expected 12 (n·2·c");
 
-    let input = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), s(&x), s(&stats), s(&gamma), sm, s(&dx));
+    let input = |e: &mut wgpu::CommandEncoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), None, s(&x), s(&stats), s(&gamma), sm, s(&dx));
     input(e, &shape, 10, s(&sums)).unwrap();
     expect_arg(input(e, &shape, 10, s(&short)), "bn_backward_input", "sums", "expected 6 (2·c: [Σdy | Σdy·x̂])");
     expect_arg(input(e, &zero, 10, s(&sums)), "bn_backward_input", "shape.hw", "is 0");

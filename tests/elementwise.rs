@@ -28,6 +28,34 @@ fn relu_forward_backward_and_add_match_reference() {
     }
 }
 
+/// add_relu_backward against the reference and, bit for bit, against relu_backward then add.
+#[test]
+fn add_relu_backward_is_relu_backward_then_add_bitwise_and_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    for &len in &[1usize, 1000, 70_001] {
+        let (a, dy, gate) = (uniform(4, len), uniform(5, len), uniform(6, len));
+        let (ba, bdy, bg) = (gpu.upload("a", &a).unwrap(), gpu.upload("dy", &dy).unwrap(), gpu.upload("g", &gate).unwrap());
+        let (fused, masked, unfused) = (poisoned(gpu, "fused", len), poisoned(gpu, "masked", len), poisoned(gpu, "unfused", len));
+        let mut enc = gpu.encoder();
+        let s = Slice::whole;
+        k::add_relu_backward(gpu, &mut enc, s(&ba), s(&bdy), s(&bg), s(&fused)).unwrap();
+        k::relu_backward(gpu, &mut enc, s(&bdy), s(&bg), s(&masked)).unwrap();
+        k::add(gpu, &mut enc, s(&ba), s(&masked), s(&unfused)).unwrap();
+        submit(gpu, enc);
+        let out = read(gpu, &fused);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out), bits(&read(gpu, &unfused)), "len {len}");
+        assert_close("add_relu_backward", &out, &r::add_relu_backward(&to_f64(&a), &to_f64(&dy), &to_f64(&gate)), 1e-7);
+    }
+    let (a, b) = (gpu.buffer("a", 10).unwrap(), gpu.buffer("b", 9).unwrap());
+    let mut enc = gpu.encoder();
+    let s = Slice::whole;
+    assert_arg_errors([
+        ("add_relu_backward", "gate", k::add_relu_backward(gpu, &mut enc, s(&a), s(&a), s(&b), s(&a)), "expected 10"),
+        ("add_relu_backward", "dy", k::add_relu_backward(gpu, &mut enc, s(&a), s(&b), s(&a), s(&a)), "expected 10"),
+    ]);
+}
+
 #[test]
 fn relu_forward_rejects_mismatched_lengths() {
     let Some(gpu) = gpu() else { return };

@@ -15,6 +15,10 @@
 //! them, the global batch). `count` is the number of positions the statistics describe: n·hw
 //! on one device, the global count once rows were gathered; so it is a parameter, never the
 //! local shape's.
+//!
+//! Fused with the ReLU after each BN site of the step: `bn_apply_relu` is `bn_forward_apply`,
+//! an optional residual add and a ReLU in one pass, and the backward kernels take the ReLU's
+//! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
@@ -69,7 +73,7 @@ impl BnShape {
     }
 
     fn params(&self, count: u32, eps: f32) -> Params {
-        Params { n: self.n, c: self.c, hw: self.hw, count, eps }
+        Params { n: self.n, c: self.c, hw: self.hw, count, eps, residual: 0, gated: 0 }
     }
 }
 
@@ -81,6 +85,8 @@ struct Params {
     hw: u32,
     count: u32,
     eps: f32,
+    residual: u32,
+    gated: u32,
 }
 
 #[repr(C)]
@@ -137,20 +143,80 @@ pub fn bn_forward_apply(
     launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
 }
 
-/// Per-example backward sums: `rows`[b] = [Σdy | Σdy·x̂] over example b's positions, x̂ from
-/// the given (global) stats over `count` positions.
+/// `out` = relu(y + shortcut) with y = γ (x − μ)/√(M2/count + eps) + β as `bn_forward_apply`
+/// gives it, no shortcut added when `shortcut` is None. The ReLU passes where its own input is
+/// positive, or where `gate` > 0 when a gate is given (an imposed activation pattern). Bitwise
+/// the same as `bn_forward_apply`, `elementwise::add` (y first) and `elementwise::relu_forward`.
 #[allow(clippy::too_many_arguments)]
-pub fn bn_example_sums(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, count: u32, eps: f32, dy: Slice, x: Slice, stats: Slice, rows: Slice) -> Result<()> {
+pub fn bn_apply_relu(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    x: Slice,
+    stats: Slice,
+    gamma: Slice,
+    beta: Slice,
+    shortcut: Option<Slice>,
+    gate: Option<Slice>,
+    out: Slice,
+) -> Result<()> {
+    const OP: &str = "bn_apply_relu";
+    shape.check(OP)?;
+    shape.check_count(OP, count)?;
+    expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
+    expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
+    expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
+    expect_len(OP, "beta", &beta, shape.c as u64, "c")?;
+    let (shortcut, residual) = optional(OP, "shortcut", shape, shortcut, x)?;
+    let (gate, gated) = optional(OP, "gate", shape, gate, x)?;
+    expect_len(OP, "out", &out, shape.tensor_len(), "n·c·hw")?;
+    let params = Params { residual, gated, ..shape.params(count, eps) };
+    let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("shortcut", shortcut), ("gate", gate), ("out", out)];
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.tensor_len(), WG))
+}
+
+/// An optional n·c·hw input and its flag: the input (length checked) and 1 when given; else
+/// `stand_in` to fill its binding, whose values the kernel ignores with the flag at 0.
+fn optional<'a>(op: &'static str, arg: &'static str, shape: &BnShape, given: Option<Slice<'a>>, stand_in: Slice<'a>) -> Result<(Slice<'a>, u32)> {
+    match given {
+        Some(slice) => {
+            expect_len(op, arg, &slice, shape.tensor_len(), "n·c·hw")?;
+            Ok((slice, 1))
+        }
+        None => Ok((stand_in, 0)),
+    }
+}
+
+/// Per-example backward sums: `rows`[b] = [Σdy | Σdy·x̂] over example b's positions, x̂ from
+/// the given (global) stats over `count` positions. With a `gate`, dy is first masked by the
+/// ReLU that followed BN (dy where gate > 0, else 0), bitwise as `elementwise::relu_backward`.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_example_sums(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    dy: Slice,
+    gate: Option<Slice>,
+    x: Slice,
+    stats: Slice,
+    rows: Slice,
+) -> Result<()> {
     const OP: &str = "bn_example_sums";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
     expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    let (gate, gated) = optional(OP, "gate", shape, gate, dy)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
-    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("rows", rows)];
+    let params = Params { gated, ..shape.params(count, eps) };
+    let bindings = [("dy", dy), ("gate", gate), ("x", x), ("stats", stats), ("rows", rows)];
     let threads = shape.n as u64 * shape.c as u64;
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(threads, WG))
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(threads, WG))
 }
 
 /// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise
@@ -164,7 +230,8 @@ pub fn bn_sum_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShap
 }
 
 /// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all
-/// `count` positions (every replica's rows).
+/// `count` positions (every replica's rows). With a `gate`, dy is masked as in
+/// `bn_example_sums`.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_backward_input(
     gpu: &Gpu,
@@ -173,6 +240,7 @@ pub fn bn_backward_input(
     count: u32,
     eps: f32,
     dy: Slice,
+    gate: Option<Slice>,
     x: Slice,
     stats: Slice,
     gamma: Slice,
@@ -183,13 +251,15 @@ pub fn bn_backward_input(
     shape.check(OP)?;
     shape.check_count(OP, count)?;
     expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
+    let (gate, gated) = optional(OP, "gate", shape, gate, dy)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
     expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
-    let bindings = [("dy", dy), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
+    let params = Params { gated, ..shape.params(count, eps) };
+    let bindings = [("dy", dy), ("gate", gate), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.tensor_len(), WG))
 }
 
 /// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance,

@@ -1,4 +1,5 @@
-//! ReLU (forward with a gate, masked backward) and the residual add. See shaders/elementwise.wgsl.
+//! ReLU (forward with a gate, masked backward), the residual add, and the residual block's
+//! backward join (add with a ReLU-masked operand). See shaders/elementwise.wgsl.
 
 use super::{expect_len, launch, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
@@ -12,33 +13,33 @@ struct Params {
     len: u32,
 }
 
-fn binary(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    op: &'static str,
-    names: [&'static str; 3],
-    inputs: [Slice; 2],
-    out: Slice,
-) -> Result<()> {
-    let len = out.len;
-    expect_len(op, names[0], &inputs[0], len, "same length as the output")?;
-    expect_len(op, names[1], &inputs[1], len, "same length as the output")?;
+/// One invocation per element of `out`; every input has its length.
+fn elementwise(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: &'static str, inputs: &[(&'static str, Slice)], out: (&'static str, Slice)) -> Result<()> {
+    let len = out.1.len;
+    for (name, input) in inputs {
+        expect_len(op, name, input, len, "same length as the output")?;
+    }
     let params = Params { len: len as u32 };
-    let bindings = [(names[0], inputs[0]), (names[1], inputs[1]), (names[2], out)];
+    let bindings: Vec<(&'static str, Slice)> = inputs.iter().copied().chain([out]).collect();
     launch(gpu, enc, op, &SHADER, op, &params, &bindings, grid_1d(len, WG))
 }
 
 /// `y = gate > 0 ? x : 0`. Pass `x` as `gate` for a plain ReLU.
 pub fn relu_forward(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: Slice, gate: Slice, y: Slice) -> Result<()> {
-    binary(gpu, enc, "relu_forward", ["x", "gate", "y"], [x, gate], y)
+    elementwise(gpu, enc, "relu_forward", &[("x", x), ("gate", gate)], ("y", y))
 }
 
 /// `dx = gate > 0 ? dy : 0`, with the gate the forward used (its input or output).
 pub fn relu_backward(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, dy: Slice, gate: Slice, dx: Slice) -> Result<()> {
-    binary(gpu, enc, "relu_backward", ["dy", "gate", "dx"], [dy, gate], dx)
+    elementwise(gpu, enc, "relu_backward", &[("dy", dy), ("gate", gate)], ("dx", dx))
 }
 
 /// `out = a + b`.
 pub fn add(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, a: Slice, b: Slice, out: Slice) -> Result<()> {
-    binary(gpu, enc, "add", ["a", "b", "out"], [a, b], out)
+    elementwise(gpu, enc, "add", &[("a", a), ("b", b)], ("out", out))
+}
+
+/// `out = a + (gate > 0 ? dy : 0)`: bitwise `add(a, relu_backward(dy, gate))` in one pass.
+pub fn add_relu_backward(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, a: Slice, dy: Slice, gate: Slice, out: Slice) -> Result<()> {
+    elementwise(gpu, enc, "add_relu_backward", &[("a", a), ("dy", dy), ("gate", gate)], ("out", out))
 }

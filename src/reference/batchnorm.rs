@@ -2,6 +2,8 @@
 //! statistics for synchronised BatchNorm. x is NCHW seen as [n, c, hw]; per channel the set S
 //! holds the n·hw positions.
 
+use super::elementwise::{add, relu_forward};
+
 /// The extent of x: [n, c, hw] with hw = H·W.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BnDims {
@@ -73,6 +75,18 @@ pub fn bn_forward_apply(d: BnDims, x: &[f64], stats: &BnStats, eps: f64, gamma: 
         }
     }
     y
+}
+
+/// relu(y + shortcut) with y = `bn_forward_apply`, no shortcut when None; the ReLU passes where
+/// its own input is positive, or where `gate` > 0 when a gate is given (an imposed pattern).
+#[allow(clippy::too_many_arguments)]
+pub fn bn_apply_relu(d: BnDims, x: &[f64], stats: &BnStats, eps: f64, gamma: &[f64], beta: &[f64], shortcut: Option<&[f64]>, gate: Option<&[f64]>) -> Vec<f64> {
+    let y = bn_forward_apply(d, x, stats, eps, gamma, beta);
+    let v = match shortcut {
+        Some(s) => add(&y, s),
+        None => y,
+    };
+    relu_forward(&v, gate.unwrap_or(&v))
 }
 
 /// Local Σdy and Σdy·x̂ per channel, x̂ from the given (possibly global) stats.

@@ -37,13 +37,18 @@ pub fn fresh_gpu() -> Option<Gpu> {
 /// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that
 /// launches past a device limit are refused with a clear error.
 pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Gpu> {
+    gpu_with_limits(|l| l.max_storage_buffer_binding_size = max_binding_bytes)
+}
+
+/// A separate device with the adapter's limits as `lower` changes them (lower only).
+pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Gpu> {
     gpu()?;
     let choice = AdapterChoice::from_env().unwrap();
     pollster::block_on(async {
         let instance = syncstep::gpu::instance();
         let adapter = syncstep::gpu::select_adapter(&instance, &choice).await.unwrap();
         let mut limits = adapter.limits();
-        limits.max_storage_buffer_binding_size = max_binding_bytes;
+        lower(&mut limits);
         Some(Gpu::from_adapter_with_limits(&adapter, limits).await.unwrap())
     })
 }
