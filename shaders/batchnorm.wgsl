@@ -18,7 +18,7 @@
 //   adding replicas' sums in the same pairwise order, rebuilds the single device's sum bit
 //   for bit. Every reduction over the batch in the step's backward sums this way.
 // - Fixed orders throughout: serial sums in blocks of BLOCK terms whose totals are summed
-//   again; across a workgroup a fixed tree. Nothing depends on scheduling.
+//   again. Nothing depends on scheduling.
 // - Statistics are (mean, M2 = Σ(x−mean)²), never E[x²]−μ². Rows merge by Chan's formula for
 //   equal counts: μ = Σ μ_b / m, M2 = Σ M2_b + hw·Σ(μ_b − μ)². Mean passes sum x − x₀ (x₀ the
 //   first value) to keep a large common offset out of the f32 sum.
@@ -58,28 +58,9 @@ const BLOCK: u32 = 32u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(0) var<uniform> rp: RunningParams;
 
-var<workgroup> partial: array<vec2<f32>, WG>;
-
 // 1/√(M2/count + eps) of a channel.
 fn inv_std(m2: f32) -> f32 {
     return 1.0 / sqrt(m2 / f32(p.count) + p.eps);
-}
-
-// The sum over the workgroup of every invocation's `v`, in a fixed tree order; every
-// invocation gets the result. Call from uniform control flow.
-fn tree_sum(tid: u32, v: vec2<f32>) -> vec2<f32> {
-    partial[tid] = v;
-    workgroupBarrier();
-    for (var half = WG / 2u; half > 0u; half = half / 2u) {
-        if (tid < half) {
-            partial[tid] = partial[tid] + partial[tid + half];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    // partial is reused by the next call.
-    workgroupBarrier();
-    return total;
 }
 
 // relu_backward's mask applied to dy when p.gated is 1.
@@ -88,10 +69,6 @@ fn masked(dy: f32, gate: f32) -> f32 {
         return select(0.0, dy, gate > 0.0);
     }
     return dy;
-}
-
-fn channel_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x;
 }
 
 // bn_example_stats: rows[b] = [mean_b per channel | M2_b per channel] over example b's hw
@@ -128,18 +105,18 @@ fn bn_example_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 }
 
 // bn_merge_examples: stats = [mean | M2] per channel over n rows of bn_example_stats (n·hw
-// positions). One workgroup per channel.
+// positions). One invocation per channel, the rows in order: no workgroup barriers, which CPU
+// drivers run as coroutine switches (a tree over a workgroup cost more than the whole merge).
 @group(0) @binding(1) var<storage, read> merge_rows: array<f32>;
 @group(0) @binding(2) var<storage, read_write> merge_stats: array<f32>;
 
-// This invocation's share of Σ_b over rows b = tid, tid + WG, … of μ_b − shift, or (second
-// pass) of M2_b + hw·(μ_b − shift)², in blocks.
-fn rows_partial(ch: u32, tid: u32, shift: f32, second: bool) -> f32 {
+// Σ_b over the rows, in blocks, of μ_b − shift, or (second pass) of M2_b + hw·(μ_b − shift)².
+fn rows_sum(ch: u32, shift: f32, second: bool) -> f32 {
     var total = 0.0;
-    for (var start = tid; start < p.n; start = start + WG * BLOCK) {
-        let end = min(start + WG * BLOCK, p.n);
+    for (var start = 0u; start < p.n; start = start + BLOCK) {
+        let end = min(start + BLOCK, p.n);
         var block = 0.0;
-        for (var b = start; b < end; b = b + WG) {
+        for (var b = start; b < end; b++) {
             let d = merge_rows[2u * p.c * b + ch] - shift;
             block = block + select(d, merge_rows[2u * p.c * b + p.c + ch] + f32(p.hw) * d * d, second);
         }
@@ -149,16 +126,13 @@ fn rows_partial(ch: u32, tid: u32, shift: f32, second: bool) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn bn_merge_examples(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let ch = channel_of(wid, nwg);
+fn bn_merge_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
     let m0 = merge_rows[ch];
-    let mean = m0 + tree_sum(tid, vec2<f32>(rows_partial(ch, tid, m0, false), 0.0)).x / f32(p.n);
-    let m2 = tree_sum(tid, vec2<f32>(rows_partial(ch, tid, mean, true), 0.0)).x;
-    if (tid == 0u) {
-        merge_stats[ch] = mean;
-        merge_stats[p.c + ch] = m2;
-    }
+    let mean = m0 + rows_sum(ch, m0, false) / f32(p.n);
+    merge_stats[ch] = mean;
+    merge_stats[p.c + ch] = rows_sum(ch, mean, true);
 }
 
 // bn_forward_apply: y = γ (x − μ)/√(M2/count + eps) + β, one invocation per element.

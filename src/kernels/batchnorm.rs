@@ -113,8 +113,7 @@ pub fn bn_merge_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnSh
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
-    let groups = grid_1d(shape.c as u64 * WG as u64, WG);
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("stats", stats)], groups)
+    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("stats", stats)], grid_1d(shape.c as u64, WG))
 }
 
 /// y = γ (x − μ)/√(M2/count + eps) + β, with `stats` local or merged over `count` positions.
