@@ -6,6 +6,8 @@ use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "sgd", source: include_str!("../../shaders/sgd.wgsl") };
 const WG: u32 = 256;
+/// Elements per invocation (`RUN` in the shader).
+const RUN: u64 = 16;
 
 /// Hyper-parameters of one step; all must be finite.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,5 +44,5 @@ pub fn sgd_update(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, h: &SgdParams, para
     expect_len(OP, "velocity", &velocity, param.len, "same length as param")?;
     let params = Params { len, lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
     let bindings = [("param", param), ("grad", grad), ("velocity", velocity)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(param.len, WG))
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(param.len.div_ceil(RUN), WG))
 }
