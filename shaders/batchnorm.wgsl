@@ -41,6 +41,8 @@ struct RunningParams {
 
 const WG: u32 = 256u;
 const BLOCK: u32 = 32u;
+// bn_sum_examples' pairwise stack, set per launch (pairwise_shader in src/kernels/mod.rs).
+const PAIRWISE_LEVELS: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(0) var<uniform> rp: RunningParams;
@@ -196,20 +198,22 @@ fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
     // blocks[l]: the sum of the latest block of 2^l rows not yet paired with its left sibling.
-    var blocks: array<vec2<f32>, 32>;
+    // Row b closes the blocks below its lowest zero bit and becomes the block there. The loops
+    // run over every level with a constant bound, which the launcher sets to the smallest of
+    // 4, 8, 16, 32 that holds the bits of n: the driver can then keep the blocks in registers.
+    var blocks: array<vec2<f32>, PAIRWISE_LEVELS>;
     for (var b = 0u; b < p.n; b++) {
         var v = vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]);
-        var l = 0u;
-        for (; ((b >> l) & 1u) == 1u; l++) {
-            v = blocks[l] + v;
+        let closed = countTrailingZeros(~b);
+        for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+            if (l < closed) { v = blocks[l] + v; } else if (l == closed) { blocks[l] = v; }
         }
-        blocks[l] = v;
     }
     // The open blocks are the set bits of n, the earliest rows in the highest: add them up
     // from the smallest, each as the left operand.
     var sums = vec2<f32>(0.0);
     var first = true;
-    for (var l = 0u; l < 32u; l++) {
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
         if (((p.n >> l) & 1u) == 1u) {
             if (first) { sums = blocks[l]; } else { sums = blocks[l] + sums; }
             first = false;
