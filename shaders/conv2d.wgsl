@@ -105,19 +105,26 @@ fn inside4(i: vec4<i32>, size: u32) -> vec4<bool> {
 // 2^l examples not yet paired with its left sibling; push example n's total, then read the
 // total over n examples: the open blocks are the set bits of n, the earliest examples in the
 // highest, added from the smallest up, each as the left operand.
-fn pairwise_push(blocks: ptr<function, array<f32, 32>>, n: u32, total: f32) {
+//
+// The launcher sets PAIRWISE_LEVELS to the smallest of 4, 8, 16, 32 that holds the bits of the
+// example count (pairwise_shader in src/kernels/mod.rs). Both functions loop over every level
+// with that constant bound, which lets the driver unroll the loops and keep the blocks in
+// registers; an array indexed by the variable level stays in memory on CPU drivers.
+const PAIRWISE_LEVELS: u32 = 32u;
+
+fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, n: u32, total: f32) {
+    // Example n closes the blocks below its lowest zero bit and becomes the block there.
+    let closed = countTrailingZeros(~n);
     var v = total;
-    var l = 0u;
-    for (; ((n >> l) & 1u) == 1u; l++) {
-        v = (*blocks)[l] + v;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
     }
-    (*blocks)[l] = v;
 }
 
-fn pairwise_total(blocks: ptr<function, array<f32, 32>>, n: u32) -> f32 {
+fn pairwise_total(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, n: u32) -> f32 {
     var sum = 0.0;
     var first = true;
-    for (var l = 0u; l < 32u; l++) {
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
         if (((n >> l) & 1u) == 1u) {
             if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
             first = false;
@@ -127,19 +134,18 @@ fn pairwise_total(blocks: ptr<function, array<f32, 32>>, n: u32) -> f32 {
 }
 
 // The same for a 4×4 tile of sums.
-fn pairwise_push4(blocks: ptr<function, array<mat4x4<f32>, 32>>, n: u32, total: mat4x4<f32>) {
+fn pairwise_push4(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, n: u32, total: mat4x4<f32>) {
+    let closed = countTrailingZeros(~n);
     var v = total;
-    var l = 0u;
-    for (; ((n >> l) & 1u) == 1u; l++) {
-        v = (*blocks)[l] + v;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
     }
-    (*blocks)[l] = v;
 }
 
-fn pairwise_total4(blocks: ptr<function, array<mat4x4<f32>, 32>>, n: u32) -> mat4x4<f32> {
+fn pairwise_total4(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, n: u32) -> mat4x4<f32> {
     var sum = mat4x4<f32>();
     var first = true;
-    for (var l = 0u; l < 32u; l++) {
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
         if (((n >> l) & 1u) == 1u) {
             if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
             first = false;
@@ -755,7 +761,7 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     let ky = (i / p.kw) % p.kh;
     let ci = (i / (p.kw * p.kh)) % p.c_in;
     let co = i / (p.kw * p.kh * p.c_in);
-    var blocks: array<f32, 32>;
+    var blocks: array<f32, PAIRWISE_LEVELS>;
     for (var n = 0u; n < p.n; n++) {
         var example = 0.0;
         for (var oy = 0u; oy < p.out_h; oy++) {
@@ -802,7 +808,7 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
     let tap = vec4<i32>(r / khw) * hw + ky * i32(p.w) + kx;
     let ohw = p.out_h * p.out_w;
     let dyrow = min(vec4<u32>(co0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.c_out - 1u)) * ohw;
-    var blocks: array<mat4x4<f32>, 32>;
+    var blocks: array<mat4x4<f32>, PAIRWISE_LEVELS>;
     for (var n = 0u; n < p.n; n++) {
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
@@ -862,17 +868,17 @@ fn gemm_weight_start(co: u32, kv: u32) -> vec4<f32> {
     return wg_sums[at];
 }
 
-// Example n's total into the pairwise blocks, as pairwise_push.
+// Example n's total into the pairwise blocks, as pairwise_push (a loop the driver unrolls: see
+// conv2d_backward_weight's chunks in src/kernels/conv2d.rs for why that matters here).
 fn gemm_weight_push(n: u32, co: u32, kv: u32, total: vec4<f32>) {
     let at = gemm_weight_at(co, kv);
     if (at == 0xffffffffu) { return; }
     let level = g.channels * g.row4;
+    let closed = countTrailingZeros(~n);
     var v = total;
-    var l = 0u;
-    for (; ((n >> l) & 1u) == 1u; l++) {
-        v = wg_sums[(l + 1u) * level + at] + v;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = wg_sums[(l + 1u) * level + at] + v; } else if (l == closed) { wg_sums[(l + 1u) * level + at] = v; }
     }
-    wg_sums[(l + 1u) * level + at] = v;
 }
 
 // The running example sum at the end of a chunk, kept when the chunk ends inside an example.
@@ -1071,9 +1077,9 @@ fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @
     if (i >= p.c_out * k_len) { return; }
     let level = p.c_out * p.row4 * 4u;
     let at = (i / k_len) * p.row4 * 4u + i % k_len;
-    var blocks: array<f32, 32>;
-    for (var l = 0u; (p.n >> l) != 0u; l++) {
-        blocks[l] = wt_sums[(l + 1u) * level + at];
+    var blocks: array<f32, PAIRWISE_LEVELS>;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((p.n >> l) & 1u) == 1u) { blocks[l] = wt_sums[(l + 1u) * level + at]; }
     }
     wt_dw[i] = pairwise_total(&blocks, p.n);
 }

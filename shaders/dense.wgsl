@@ -50,19 +50,24 @@ fn product(o: u32) -> f32 {
 // blocks[l] holds the sum of the latest block of 2^l terms not yet paired with its left
 // sibling; push term t, then read the total over n terms (the open blocks are the set bits of
 // n, the earliest terms in the highest, added from the smallest up, each as the left operand).
-fn pairwise_push(blocks: ptr<function, array<f32, 32>>, t: u32, term: f32) {
+// PAIRWISE_LEVELS is set per launch, as in conv2d.wgsl: the smallest of 4, 8, 16, 32 that holds
+// the bits of the batch size; the loops run over every level, with that constant bound, so the
+// driver can keep the blocks in registers.
+const PAIRWISE_LEVELS: u32 = 32u;
+
+fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, t: u32, term: f32) {
+    // Term t closes the blocks below its lowest zero bit and becomes the block there.
+    let closed = countTrailingZeros(~t);
     var v = term;
-    var l = 0u;
-    for (; ((t >> l) & 1u) == 1u; l++) {
-        v = (*blocks)[l] + v;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
     }
-    (*blocks)[l] = v;
 }
 
-fn pairwise_total(blocks: ptr<function, array<f32, 32>>, n: u32) -> f32 {
+fn pairwise_total(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, n: u32) -> f32 {
     var sum = 0.0;
     var first = true;
-    for (var l = 0u; l < 32u; l++) {
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
         if (((n >> l) & 1u) == 1u) {
             if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
             first = false;
@@ -97,7 +102,7 @@ fn dense_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     if (o >= p.rows * p.cols) { return; }
     let i = o / p.cols;
     let j = o % p.cols;
-    var blocks: array<f32, 32>;
+    var blocks: array<f32, PAIRWISE_LEVELS>;
     for (var t = 0u; t < p.inner; t++) {
         pairwise_push(&blocks, t, mm_a[i * p.a_row + t * p.a_inner] * mm_b[t * p.b_inner + j * p.b_col]);
     }
@@ -113,7 +118,7 @@ fn dense_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
 fn dense_backward_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let j = linear_index(gid, nwg);
     if (j >= p.cols) { return; }
-    var blocks: array<f32, 32>;
+    var blocks: array<f32, PAIRWISE_LEVELS>;
     for (var i = 0u; i < p.rows; i++) {
         pairwise_push(&blocks, i, bias_dy[i * p.cols + j]);
     }

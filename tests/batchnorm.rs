@@ -467,3 +467,22 @@ fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
     let msg = k::bn_forward_apply(&gpu, &mut enc, &shape, count, EPS, s(&x), s(&stats), s(&per_c), s(&per_c), s(&x)).unwrap_err().to_string();
     assert!(msg.contains("bn_forward_apply") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
 }
+
+/// At batch sizes that need each pairwise stack size, bn_sum_examples is the pairwise sum of
+/// its rows, which the host takes in the same order.
+#[test]
+fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
+    let Some(gpu) = gpu() else { return };
+    let c = 3;
+    for n in pairwise_counts() {
+        let shape = BnShape { n, c, hw: 1 };
+        let rows = uniform(410 + n as u64, shape.rows_len() as usize);
+        let (brows, sums) = (gpu.upload("rows", &rows).unwrap(), poisoned(gpu, "sums", 2 * c as usize));
+        let mut enc = gpu.encoder();
+        k::bn_sum_examples(gpu, &mut enc, &shape, Slice::whole(&brows), Slice::whole(&sums)).unwrap();
+        submit(gpu, enc);
+        let want = pairwise_sum(rows.chunks(2 * c as usize).map(<[f32]>::to_vec).collect());
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&read(gpu, &sums)), bits(&want), "batch of {n}");
+    }
+}

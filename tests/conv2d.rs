@@ -298,6 +298,52 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
     }
 }
 
+/// At batch sizes that need each pairwise stack size: with 1×1 maps and kernels each example
+/// adds one product per weight, so the gradient is the pairwise sum of those products, which the
+/// host takes in the same order. Every variant must give its bits.
+#[test]
+fn backward_weight_sums_examples_pairwise_at_every_stack_size() {
+    let Some(gpu) = gpu() else { return };
+    let (c_in, c_out) = (2usize, 3usize);
+    for n in pairwise_counts() {
+        let s = shape(n, c_in as u32, 1, 1, c_out as u32, 1, 1, 1, 0);
+        let x = uniform(100 + n as u64, s.x_len() as usize);
+        let w = uniform(101, s.w_len() as usize);
+        let dy = uniform(102 + n as u64, s.y_len() as usize);
+        let products = (0..n as usize).map(|b| (0..c_out).flat_map(|co| (0..c_in).map(move |ci| (co, ci))).map(|(co, ci)| dy[b * c_out + co] * x[b * c_in + ci]).collect()).collect();
+        let want = pairwise_sum(products);
+        for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
+            let dw = run(gpu, algo, &s, &x, &w, &dy).dw.unwrap();
+            assert_eq!(bits(&dw), bits(&want), "{algo}: batch of {n}");
+        }
+    }
+}
+
+/// The largest pairwise stack, 32 levels, with the GEMM variants (their pushes and
+/// conv2d_backward_weight_total): they split the batch into chunks of at most 16384 pixels,
+/// which keeps each invocation's loops under lavapipe's limit (see `pairwise_counts`); one loop
+/// over all 65537 examples would be cut short there. GemmShared is left out: on lavapipe it
+/// gives a wrong sum at this batch with chunks of 8192 or 16384 pixels (open; it is a GPU
+/// kernel, never lavapipe's choice).
+#[test]
+fn backward_weight_gemms_sum_the_largest_batches_pairwise() {
+    let Some(gpu) = gpu() else { return };
+    let n = PAIRWISE_LARGEST;
+    assert_eq!(syncstep::kernels::pairwise_levels(n), 32);
+    let s = shape(n, 1, 1, 1, 1, 1, 1, 1, 0);
+    let x = uniform(120, n as usize);
+    let dy = uniform(121, n as usize);
+    let want = pairwise_sum(x.iter().zip(&dy).map(|(x, dy)| vec![dy * x]).collect());
+    let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| matches!(a, Conv2dAlgo::Gemm(_)) && a.has(Conv2dOp::BackwardWeight)) {
+        let dw = poisoned(gpu, "dw", 1);
+        let mut enc = gpu.encoder();
+        k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        submit(gpu, enc);
+        assert_eq!(bits(&read(gpu, &dw)), bits(&want), "{algo}: batch of {n}");
+    }
+}
+
 /// A scratch cap small enough to split the GEMM variants' im2col into chunks, some ending inside
 /// an output row's example (the weight gradient carries its running sum across them): every
 /// op and variant must still give Direct's bits.

@@ -147,3 +147,29 @@ fn gradients_of_power_of_two_shards_add_up_to_the_whole_batch_bitwise() {
         assert_eq!(bits(&got), bits(&want), "{} shards of {n}", m / n);
     }
 }
+
+/// At batch sizes that need each pairwise stack size: the weight gradient is the pairwise sum
+/// over examples of dy[t, j]·x[t, i], the bias gradient that of dy[t, j], which the host takes
+/// in the same order.
+#[test]
+fn weight_and_bias_gradients_sum_the_batch_pairwise_at_every_stack_size() {
+    let Some(gpu) = gpu() else { return };
+    let (k_in, k_out) = (2usize, 3usize);
+    for m in pairwise_counts() {
+        let s = DenseShape { m, k_in: k_in as u32, k_out: k_out as u32 };
+        let x = uniform(110 + m as u64, m as usize * k_in);
+        let dy = uniform(111 + m as u64, m as usize * k_out);
+        let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let (dw, db) = (poisoned(gpu, "dw", k_out * k_in), poisoned(gpu, "db", k_out));
+        let mut enc = gpu.encoder();
+        k::dense_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        k::dense_backward_bias(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&db)).unwrap();
+        submit(gpu, enc);
+        let rows = 0..m as usize;
+        let products = rows.clone().map(|t| (0..k_out).flat_map(|j| (0..k_in).map(move |i| (j, i))).map(|(j, i)| dy[t * k_out + j] * x[t * k_in + i]).collect()).collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&read(gpu, &dw)), bits(&pairwise_sum(products)), "dense_backward_weight, batch of {m}");
+        let terms = rows.map(|t| dy[t * k_out..(t + 1) * k_out].to_vec()).collect();
+        assert_eq!(bits(&read(gpu, &db)), bits(&pairwise_sum(terms)), "dense_backward_bias, batch of {m}");
+    }
+}

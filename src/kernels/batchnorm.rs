@@ -20,7 +20,7 @@
 //! an optional residual add and a ReLU in one pass, and the backward kernels take the ReLU's
 //! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
-use super::{expect_len, expect_positive, launch, KernelError, Result};
+use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
@@ -225,7 +225,7 @@ pub fn bn_sum_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShap
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("sums", sums)], grid_1d(shape.c as u64, WG))
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, shape.n), OP, &shape.params(0, 0.0), &[("rows", rows), ("sums", sums)], grid_1d(shape.c as u64, WG))
 }
 
 /// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all

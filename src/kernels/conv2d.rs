@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, KernelError, Result};
+use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -36,6 +36,11 @@ const SHARED_EDGE: u64 = 64;
 /// The im2col scratch buffer holds at most this many bytes (and no more than a storage binding
 /// may): larger problems run in chunks of pixels.
 const SCRATCH_BYTES: u64 = 64 << 20;
+/// Pixels per chunk of the weight gradient's GEMM at most. Each invocation loops over a chunk's
+/// pixels, and lavapipe (Mesa 22) silently ends an invocation's loops after 65535 iterations of
+/// all of them together (LP_MAX_TGSI_LOOP_ITERATIONS): a chunk's pixels and output rows stay
+/// below that, with the pairwise pushes' loops unrolled (a constant bound).
+const WEIGHT_CHUNK_PIXELS: u64 = 16384;
 
 /// One convolution: input `[n, c_in, h, w]`, weights `[c_out, c_in, kh, kw]`, output
 /// `[n, c_out, out_h, out_w]`, zero padding `pad` on every side, no bias.
@@ -430,7 +435,7 @@ pub fn conv2d_backward_weight_with(
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
-    launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), entry, &s.params(), &bindings, grid_1d(threads, WG))
 }
 
 fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
@@ -685,18 +690,21 @@ fn gemm(
 }
 
 /// Pixels per im2col chunk: a multiple of `unit` pixels, as many rows of `row4` vec4s as the
-/// scratch cap and the device's storage-binding limit allow.
-fn chunk_pixels(gpu: &Gpu, op: &'static str, row4: u64, pixels: u64, unit: u64) -> Result<u64> {
+/// scratch cap and the device's storage-binding limit allow, and no more than `most` pixels
+/// unless one unit is more.
+fn chunk_pixels(gpu: &Gpu, op: &'static str, row4: u64, (pixels, unit, most): (u64, u64, u64)) -> Result<u64> {
     let unit_bytes = row4.max(1) * 16 * unit;
     let cap = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
     if unit_bytes > cap {
         let problem = format!("needs im2col chunks of at least {unit_bytes} bytes, more than a storage binding here ({cap}); use Direct or Blocked");
         return Err(KernelError::Arg { op, arg: "algo", problem });
     }
-    Ok((cap / unit_bytes * unit).min(pixels))
+    let units = (cap / unit_bytes).min((most / unit).max(1));
+    Ok((units * unit).min(pixels))
 }
 
-/// im2col, chunk by chunk (a multiple of `unit` pixels each), each followed by
+/// im2col, chunk by chunk (a multiple of `unit` pixels each, at most `most` pixels where a
+/// row of `unit` allows), each followed by
 /// `gemm(encoder, first pixel, pixels, im2col rows)`.
 #[allow(clippy::too_many_arguments)]
 fn im2col_chunks(
@@ -704,12 +712,13 @@ fn im2col_chunks(
     enc: &mut wgpu::CommandEncoder,
     op: &'static str,
     (im2col, params): (&'static str, Params),
-    (pixels, unit): (u64, u64),
+    pixels: (u64, u64, u64),
     source: Slice,
     mut gemm: impl FnMut(&mut wgpu::CommandEncoder, u64, u64, Slice) -> Result<()>,
 ) -> Result<()> {
     let row4 = params.row4 as u64;
-    let chunk = chunk_pixels(gpu, op, row4, pixels, unit)?;
+    let chunk = chunk_pixels(gpu, op, row4, pixels)?;
+    let pixels = pixels.0;
     let scratch = gpu.buffer("conv2d im2col", (chunk * row4 * 4).max(4)).map_err(|source| KernelError::Gpu { op, source })?;
     for begin in (0..pixels).step_by(chunk as usize) {
         let count = chunk.min(pixels - begin);
@@ -738,7 +747,7 @@ fn im2col_gemm(
     out: Slice,
 ) -> Result<()> {
     let row4 = im2col.1.row4 as u64;
-    im2col_chunks(gpu, enc, op, im2col, (grid.pixels(), 1), source, |enc, begin, count, rows| {
+    im2col_chunks(gpu, enc, op, im2col, (grid.pixels(), 1, u64::MAX), source, |enc, begin, count, rows| {
         gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)
     })
 }
@@ -792,7 +801,7 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: Conv2dA
     let sums = Slice::whole(&sums);
     let (out_w, out_plane) = (s.out_w(), s.out_h() * s.out_w());
     let pixels = s.n as u64 * out_plane as u64;
-    im2col_chunks(gpu, enc, OP, ("conv2d_forward_im2col", params), (pixels, out_w as u64), x, |enc, begin, count, rows| {
+    im2col_chunks(gpu, enc, OP, ("conv2d_forward_im2col", params), (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS), x, |enc, begin, count, rows| {
         let (rows_a, rows_b) = match algo {
             Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }) => (s.c_out as u64, row4 * 4),
             _ => (row4 * 4, s.c_out as u64),
@@ -813,15 +822,16 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: Conv2dA
             Conv2dAlgo::Gemm(tile) => {
                 let entry = if tile.lanes == GemmLanes::Channels { "conv2d_gemm_weight_channels" } else { "conv2d_gemm_weight_pixels" };
                 let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-                launch(gpu, enc, OP, &gemm_lanes_shader(tile), entry, &gemm, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+                let shader = pairwise_shader(&gemm_lanes_shader(tile), s.n);
+                launch(gpu, enc, OP, &shader, entry, &gemm, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
             }
             _ => {
                 let groups = row4.div_ceil(SHARED_EDGE / 4) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-                launch(gpu, enc, OP, &SHADER, "conv2d_gemm_weight_shared", &gemm, &bindings, grid_1d(groups * SHARED_WG as u64, SHARED_WG))
+                launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), "conv2d_gemm_weight_shared", &gemm, &bindings, grid_1d(groups * SHARED_WG as u64, SHARED_WG))
             }
         }
     })?;
-    launch(gpu, enc, OP, &SHADER, "conv2d_backward_weight_total", &params, &[("weight sums", sums), ("dw", dw)], grid_1d(s.w_len(), WG))
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), "conv2d_backward_weight_total", &params, &[("weight sums", sums), ("dw", dw)], grid_1d(s.w_len(), WG))
 }
 
 /// Taps of a kernel of size `k` that the phase starting at `phase` reaches (`phase_taps` in

@@ -1,7 +1,7 @@
 //! The fully connected layer (torchvision `fc`): forward and the gradients of its input,
 //! weight and bias. See shaders/dense.wgsl.
 
-use super::{expect_len, expect_positive, launch, Result};
+use super::{expect_len, expect_positive, launch, pairwise_shader, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "dense", source: include_str!("../../shaders/dense.wgsl") };
@@ -73,7 +73,7 @@ pub fn dense_backward_input(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Dense
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("w", w), ("dx", dx)], grid_1d(s.input_len(), WG))
 }
 
-/// `dw = dyᵀ·x`, summed over the batch in ascending order.
+/// `dw = dyᵀ·x`, summed pairwise over the batch (see dense.wgsl).
 pub fn dense_backward_weight(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &DenseShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
     const OP: &str = "dense_backward_weight";
     s.check_dims(OP)?;
@@ -81,15 +81,15 @@ pub fn dense_backward_weight(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Dens
     expect_len(OP, "x", &x, s.input_len(), "m*k_in")?;
     expect_len(OP, "dw", &dw, s.weight_len(), "k_out*k_in")?;
     let params = Params { rows: s.k_out, cols: s.k_in, inner: s.m, a_row: 1, a_inner: s.k_out, b_inner: s.k_in, b_col: 1 };
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("x", x), ("dw", dw)], grid_1d(s.weight_len(), WG))
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.m), OP, &params, &[("dy", dy), ("x", x), ("dw", dw)], grid_1d(s.weight_len(), WG))
 }
 
-/// `db = Σ_m dy`, summed over the batch in ascending order.
+/// `db = Σ_m dy`, summed pairwise over the batch (see dense.wgsl).
 pub fn dense_backward_bias(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &DenseShape, dy: Slice, db: Slice) -> Result<()> {
     const OP: &str = "dense_backward_bias";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
     expect_len(OP, "db", &db, s.bias_len(), "k_out")?;
     let params = Params { rows: s.m, cols: s.k_out, inner: 0, a_row: 0, a_inner: 0, b_inner: 0, b_col: 0 };
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("db", db)], grid_1d(s.bias_len(), WG))
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.m), OP, &params, &[("dy", dy), ("db", db)], grid_1d(s.bias_len(), WG))
 }

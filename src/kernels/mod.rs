@@ -2,6 +2,9 @@
 //! check shapes and device limits up front and record into the caller's `CommandEncoder`.
 //! Nothing here submits; nothing here knows the model.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use crate::gpu::{Gpu, GpuError, Shader, Slice};
 
 pub mod avgpool;
@@ -45,6 +48,37 @@ pub(crate) fn expect_positive(op: &'static str, arg: &'static str, v: u32) -> Re
     Ok(())
 }
 
+/// The private stack sizes the pairwise sums over examples are compiled for (see
+/// [`pairwise_shader`]): few, so that few pipelines compile.
+pub const PAIRWISE_LEVELS: [u32; 4] = [4, 8, 16, 32];
+
+/// The line of a shader that sizes its pairwise stack, as the file has it.
+const PAIRWISE_LINE: &str = "const PAIRWISE_LEVELS: u32 = 32u;";
+
+/// Levels a pairwise sum over `count` terms keeps: one per bit of `count`, rounded up to the
+/// smallest of [`PAIRWISE_LEVELS`].
+pub fn pairwise_levels(count: u32) -> u32 {
+    let bits = u32::BITS - count.leading_zeros();
+    PAIRWISE_LEVELS.into_iter().find(|&l| l >= bits).unwrap_or(32)
+}
+
+/// `shader` with its pairwise stack (`PAIRWISE_LEVELS` in the WGSL) sized for sums over `count`
+/// terms. The shaders loop over every level with that constant bound, so the driver can unroll
+/// the loops and keep the blocks in registers; at a fixed 32 levels lavapipe kept each
+/// invocation's stack in memory, zeroed and indexed per lane. Only the size changes, not the
+/// order of additions. Compiled once per (shader, levels): the pipeline cache is keyed by name.
+pub(crate) fn pairwise_shader(shader: &Shader, count: u32) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<(&'static str, u32), Shader>>> = OnceLock::new();
+    let levels = pairwise_levels(count);
+    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    *shaders.entry((shader.name, levels)).or_insert_with(|| {
+        debug_assert!(shader.source.contains(PAIRWISE_LINE), "{} declares {PAIRWISE_LINE}", shader.name);
+        let source = shader.source.replace(PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"));
+        let name = format!("{}_pairwise{levels}", shader.name);
+        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+    })
+}
+
 /// Checks every named binding against the device's limits, then records the dispatch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<P: bytemuck::Pod>(
@@ -62,4 +96,39 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     }
     let slices: Vec<Slice> = bindings.iter().map(|(_, s)| *s).collect();
     gpu.dispatch(encoder, op, shader, entry, params, &slices, workgroups).map_err(|source| KernelError::Gpu { op, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairwise_levels_hold_the_bits_of_the_count() {
+        let cases = [(1, 4), (15, 4), (16, 8), (17, 8), (255, 8), (256, 16), (65535, 16), (65536, 32), (u32::MAX, 32)];
+        for (count, levels) in cases {
+            assert_eq!(pairwise_levels(count), levels, "count {count}");
+        }
+    }
+
+    #[test]
+    fn every_pairwise_stack_size_specialises_to_valid_wgsl() {
+        let shaders = [
+            Shader { name: "conv2d", source: include_str!("../../shaders/conv2d.wgsl") },
+            Shader { name: "dense", source: include_str!("../../shaders/dense.wgsl") },
+            Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") },
+        ];
+        for shader in shaders {
+            for levels in PAIRWISE_LEVELS {
+                // The largest count that still fits `levels`.
+                let specialised = pairwise_shader(&shader, ((1u64 << levels) - 1) as u32);
+                assert_eq!(specialised.name, format!("{}_pairwise{levels}", shader.name));
+                let declared = format!("const PAIRWISE_LEVELS: u32 = {levels}u;");
+                assert!(specialised.source.contains(&declared), "{}: the stack size was not substituted", specialised.name);
+                let module = naga::front::wgsl::parse_str(specialised.source)
+                    .unwrap_or_else(|e| panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source)));
+                let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+                validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source)));
+            }
+        }
+    }
 }

@@ -112,3 +112,25 @@ pub fn assert_arg_errors<const N: usize>(cases: [(&str, &str, syncstep::kernels:
         assert!(msg.contains(text), "{msg}");
     }
 }
+
+/// Batch sizes whose pairwise sums over examples need each private stack size the kernels are
+/// compiled for but the largest (4, 8 and 16 levels; see `syncstep::kernels::pairwise_levels`).
+/// 32 levels need 65536 examples or more, which lavapipe (Mesa 22) cannot loop over in one
+/// invocation: it ends every loop of an invocation after 65535 iterations of all its loops
+/// together (LP_MAX_TGSI_LOOP_ITERATIONS), silently. [`PAIRWISE_LARGEST`] is for kernels that
+/// split the batch over dispatches.
+pub fn pairwise_counts() -> [u32; 3] {
+    let counts = [1, 17, 300];
+    let levels = counts.map(syncstep::kernels::pairwise_levels);
+    assert_eq!(levels[..], syncstep::kernels::PAIRWISE_LEVELS[..3], "one batch size per stack size");
+    counts
+}
+
+/// A batch size that needs the largest pairwise stack, 32 levels.
+pub const PAIRWISE_LARGEST: u32 = 65537;
+
+/// `parts` summed element-wise in the kernels' pairwise order over examples, on the host: the
+/// all-reduce's order over replicas, which is the same binary counter.
+pub fn pairwise_sum(parts: Vec<Vec<f32>>) -> Vec<f32> {
+    syncstep::collective::reduce(parts, syncstep::collective::ReduceOp::Sum)
+}
