@@ -366,3 +366,36 @@ fn chunked_gemms_give_the_unchunked_bits() {
         assert_eq!(out.dw.as_deref().map(bits), plain.dw.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::BackwardWeight)), "{algo}: dw");
     }
 }
+
+/// llvmpipe silently stops an invocation's loops after 65535 iterations in all. Direct and
+/// Blocked weight gradients loop over every output pixel of the batch in one invocation, so
+/// past that they are refused there (naming the limit), and the plain launcher takes a GEMM
+/// whose chunks stay short: the gradient is still right. Elsewhere they run.
+#[test]
+fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
+    let Some(gpu) = gpu() else { return };
+    // One example, a 1×1 conv over 300×300 pixels: ~90,000 iterations for Direct and Blocked.
+    let s = shape(1, 2, 300, 300, 3, 1, 1, 1, 0);
+    let (x, dy) = (uniform(130, s.x_len() as usize), uniform(131, s.y_len() as usize));
+    let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+    let dw_ref = r::conv2d_backward_weight(&geometry(&s), &to_f64(&dy), &to_f64(&x));
+    let llvmpipe = gpu.info.name.contains("llvmpipe");
+    for algo in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked] {
+        let dw = poisoned(gpu, "dw", s.w_len() as usize);
+        let mut enc = gpu.encoder();
+        let out = k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw));
+        match out {
+            Err(KernelError::Arg { arg: "algo", problem, .. }) if llvmpipe => assert!(problem.contains("65535"), "{algo}: {problem}"),
+            Ok(()) if !llvmpipe => {
+                submit(gpu, enc);
+                assert_close(&format!("{algo}"), &read(gpu, &dw), &dw_ref, 1e-4);
+            }
+            other => panic!("{algo} on {}: {other:?}", gpu.info.name),
+        }
+    }
+    let dw = poisoned(gpu, "dw", s.w_len() as usize);
+    let mut enc = gpu.encoder();
+    k::conv2d_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+    submit(gpu, enc);
+    assert_close("the launchers' choice", &read(gpu, &dw), &dw_ref, 1e-4);
+}

@@ -425,6 +425,9 @@ pub fn conv2d_backward_weight_with(
         s,
         [("dy", dy, s.y_len(), "n·c_out·out_h·out_w"), ("x", x, s.x_len(), "n·c_in·h·w"), ("dw", dw, s.w_len(), "c_out·c_in·kh·kw")],
     )?;
+    if matches!(algo, Conv2dAlgo::Direct | Conv2dAlgo::Blocked) {
+        expect_within_loop_limit(gpu, OP, algo, s)?;
+    }
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
         Conv2dAlgo::Blocked => {
@@ -436,6 +439,28 @@ pub fn conv2d_backward_weight_with(
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), entry, &s.params(), &bindings, grid_1d(threads, WG))
+}
+
+/// llvmpipe (lavapipe, and Mesa's GL on the CPU) ends every loop of an invocation once its
+/// loops together have run this many iterations, silently (gallivm's loop limiter).
+const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
+
+/// Direct and Blocked weight gradients loop over every output pixel of every example in one
+/// invocation: refuse them where llvmpipe would cut those loops short (the stem at 224², N=8)
+/// rather than return a wrong gradient. The autotune then takes a GEMM, whose chunks stay short.
+fn expect_within_loop_limit(gpu: &Gpu, op: &'static str, algo: Conv2dAlgo, s: &Conv2dShape) -> Result<()> {
+    // Row loop, pixel loop and the pairwise stack's levels, per example.
+    let iterations = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
+    if gpu.info.name.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
+        return Err(KernelError::Arg {
+            op,
+            arg: "algo",
+            problem: format!(
+                "is {algo}, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}: use a gemm variant"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
