@@ -91,31 +91,23 @@ fn resnet34_convs() -> [(&'static str, Conv2dShape); 7] {
     ]
 }
 
-type Launch = fn(&Gpu, &mut wgpu::CommandEncoder, Conv2dAlgo, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
-
 fn conv2d(c: &mut Criterion) {
     let Some(gpu) = device() else { return };
     let mut group = c.benchmark_group("conv2d_gflops");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
     for (layer, s) in resnet34_convs() {
         let buffer = |label, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]).expect("buffer");
-        let (x, dx) = (buffer("x", s.x_len()), buffer("dx", s.x_len()));
-        let (w, dw) = (buffer("w", s.w_len()), buffer("dw", s.w_len()));
-        let (y, dy) = (buffer("y", s.y_len()), buffer("dy", s.y_len()));
-        let whole = Slice::whole;
-        let ops: [(Conv2dOp, &str, Launch, [Slice; 3]); 3] = [
-            (Conv2dOp::Forward, "forward", k::conv2d_forward_with, [whole(&x), whole(&w), whole(&y)]),
-            (Conv2dOp::BackwardInput, "backward_input", k::conv2d_backward_input_with, [whole(&dy), whole(&w), whole(&dx)]),
-            (Conv2dOp::BackwardWeight, "backward_weight", k::conv2d_backward_weight_with, [whole(&dy), whole(&x), whole(&dw)]),
-        ];
         group.throughput(Throughput::Elements(s.flops()));
-        for (op, name, launch, [a, b, out]) in ops {
+        for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
+            let name = op.name().trim_start_matches("conv2d_");
+            let [a, b, out] = s.operand_lens(op).map(|len| buffer(name, len));
+            let (a, b, out) = (Slice::whole(&a), Slice::whole(&b), Slice::whole(&out));
             let chosen = k::conv2d_algo(&gpu, op, &s).expect("choice");
             println!("{name} {layer}: auto = {chosen}");
             let algos = [("blocked", Conv2dAlgo::Blocked), ("auto", chosen)];
             for (label, algo) in algos.into_iter().filter(|&(label, algo)| label == "blocked" || algo != Conv2dAlgo::Blocked) {
                 group.bench_function(BenchmarkId::new(format!("{name}/{label}"), layer), |bench| {
-                    bench.iter(|| time_launch(&gpu, |enc| launch(&gpu, enc, algo, &s, a, b, out).expect("launch")))
+                    bench.iter(|| time_launch(&gpu, |enc| k::conv2d_launch_with(&gpu, enc, op, algo, &s, a, b, out).expect("launch")))
                 });
             }
         }

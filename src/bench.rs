@@ -666,19 +666,15 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
     }
     let mut convs = Vec::new();
     for (s, names, input_vjp) in shapes {
-        let (x, w, y) = (filled("probe x", s.x_len())?, filled("probe w", s.w_len())?, filled("probe y", s.y_len())?);
-        let (xs, ws, ys) = (Slice::whole(&x), Slice::whole(&w), Slice::whole(&y));
         let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
         for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
             let algo = conv2d::conv2d_algo(gpu, op, &s)?;
-            let (launcher, seconds) = match op {
-                Conv2dOp::Forward => ("conv2d_forward", best_time(gpu, |enc| conv2d::conv2d_forward(gpu, enc, &s, xs, ws, ys))?),
-                Conv2dOp::BackwardInput => ("conv2d_backward_input", best_time(gpu, |enc| conv2d::conv2d_backward_input(gpu, enc, &s, ys, ws, xs))?),
-                Conv2dOp::BackwardWeight => ("conv2d_backward_weight", best_time(gpu, |enc| conv2d::conv2d_backward_weight(gpu, enc, &s, ys, xs, ws))?),
-            };
+            let [a, b, out] = s.operand_lens(op);
+            let (a, b, out) = (filled("probe input", a)?, filled("probe second input", b)?, filled("probe output", out)?);
+            let seconds = best_time(gpu, |enc| conv2d::conv2d_launch_with(gpu, enc, op, algo, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)))?;
             let name = if names.len() > 2 { format!("{} (+{} more)", names[..2].join(", "), names.len() - 2) } else { names.join(", ") };
             let shape = format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
-            convs.push(ProbeTime { name, op: launcher, algo: algo.to_string(), shape, flops: s.flops() as f64, seconds });
+            convs.push(ProbeTime { name, op: op.name(), algo: algo.to_string(), shape, flops: s.flops() as f64, seconds });
         }
     }
     Ok(Roofline { size, tiles, convs })

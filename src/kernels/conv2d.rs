@@ -169,7 +169,8 @@ pub enum Conv2dOp {
 }
 
 impl Conv2dOp {
-    fn name(self) -> &'static str {
+    /// The launcher's name, as errors and profiles give it.
+    pub fn name(self) -> &'static str {
         match self {
             Conv2dOp::Forward => "conv2d_forward",
             Conv2dOp::BackwardInput => "conv2d_backward_input",
@@ -194,6 +195,14 @@ impl Conv2dShape {
     /// Elements of the input (and of its gradient): n·c_in·h·w.
     pub fn x_len(&self) -> u64 {
         [self.n, self.c_in, self.h, self.w].iter().map(|&d| d as u64).product()
+    }
+    /// Elements of `op`'s two inputs and its output, in [`conv2d_launch_with`]'s order.
+    pub fn operand_lens(&self, op: Conv2dOp) -> [u64; 3] {
+        match op {
+            Conv2dOp::Forward => [self.x_len(), self.w_len(), self.y_len()],
+            Conv2dOp::BackwardInput => [self.y_len(), self.w_len(), self.x_len()],
+            Conv2dOp::BackwardWeight => [self.y_len(), self.x_len(), self.w_len()],
+        }
     }
     /// Elements of the weights (and of their gradient): c_out·c_in·kh·kw.
     pub fn w_len(&self) -> u64 {
@@ -461,6 +470,17 @@ fn expect_within_loop_limit(gpu: &Gpu, op: &'static str, algo: Conv2dAlgo, s: &C
         });
     }
     Ok(())
+}
+
+/// Records `op` with `algo`: forward (x, w → y), input-VJP (dy, w → dx) or weight gradient
+/// (dy, x → dw), for callers that take the op as a value (the autotune, `syncstep bench`).
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+    match op {
+        Conv2dOp::Forward => conv2d_forward_with(gpu, enc, algo, shape, a, b, out),
+        Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, enc, algo, shape, a, b, out),
+        Conv2dOp::BackwardWeight => conv2d_backward_weight_with(gpu, enc, algo, shape, a, b, out),
+    }
 }
 
 fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
@@ -1137,23 +1157,13 @@ mod autotune {
         static TUNING: Mutex<()> = Mutex::new(());
         let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
         let gpu_err = |source| KernelError::Gpu { op: op.name(), source };
-        // The launcher's two inputs and its output, in its order.
-        let (input_len, second_len, output_len) = match op {
-            Conv2dOp::Forward => (s.x_len(), s.w_len(), s.y_len()),
-            Conv2dOp::BackwardInput => (s.y_len(), s.w_len(), s.x_len()),
-            Conv2dOp::BackwardWeight => (s.y_len(), s.x_len(), s.w_len()),
-        };
-        let input = gpu.buffer("autotune input", input_len).map_err(gpu_err)?;
-        let weights = gpu.buffer("autotune second input", second_len).map_err(gpu_err)?;
-        let output = gpu.buffer("autotune output", output_len).map_err(gpu_err)?;
+        let [input, second, output] = s.operand_lens(op);
+        let input = gpu.buffer("autotune input", input).map_err(gpu_err)?;
+        let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
+        let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
         let run = |algo: Conv2dAlgo| -> Result<Duration> {
             let mut enc = gpu.encoder();
-            let (i, w, o) = (Slice::whole(&input), Slice::whole(&weights), Slice::whole(&output));
-            match op {
-                Conv2dOp::Forward => conv2d_forward_with(gpu, &mut enc, algo, s, i, w, o)?,
-                Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, &mut enc, algo, s, i, w, o)?,
-                Conv2dOp::BackwardWeight => conv2d_backward_weight_with(gpu, &mut enc, algo, s, i, w, o)?,
-            }
+            conv2d_launch_with(gpu, &mut enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output))?;
             let start = Instant::now();
             pollster::block_on(gpu.submit(enc)).map_err(gpu_err)?;
             gpu.wait().map_err(gpu_err)?;
