@@ -21,9 +21,7 @@ const REPLICAS: usize = 2;
 const PER_REPLICA: usize = 8;
 
 fn median(times: &RefCell<Vec<Duration>>) -> f64 {
-    let mut t: Vec<f64> = times.borrow().iter().map(Duration::as_secs_f64).collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+    syncstep::bench::median(&times.borrow().iter().map(Duration::as_secs_f64).collect::<Vec<_>>())
 }
 
 /// Runs `step` once per iteration, timing each, so the medians can be compared afterwards.

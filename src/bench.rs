@@ -501,7 +501,8 @@ fn clip(s: &str, width: usize) -> String {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The median of `v` (the mean of the middle two for an even count); NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
