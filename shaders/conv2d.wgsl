@@ -66,6 +66,12 @@ struct Params {
     row_begin: u32,
     row_count: u32,
     row4: u32,
+    // conv2d_crop_weights and conv2d_uncrop_weight_gradient only: the kept taps' first row and
+    // column in the whole kernel (kh × kw), and how many rows and columns they span.
+    crop_y: u32,
+    crop_x: u32,
+    crop_h: u32,
+    crop_w: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -780,72 +786,104 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     wd_dw[i] = pairwise_total(&blocks, p.n);
 }
 
-// Tile: output channels co0..co0+3 × four consecutive weights r0..r0+3 of the flattened
-// (ci, ky, kx) axis, in the same summation order as the direct kernel.
+// Tile: output channels co0..co0+3 × input channels ci0..ci0+3, one tap (ky, kx) after the
+// other, each in the direct kernel's summation order. Rows and columns of output pixels whose
+// window puts the tap on padding only add +0 (see the header), so the loops skip them: on
+// ResNet-34's 2×2 maps a 3×3 kernel's taps read the input at 16 of 36 (pixel, tap) pairs. Every
+// invocation is at the same tap at the same time, so those loop bounds are the same across
+// invocations; and an invocation writes whole kernels (kh·kw consecutive weights), not one
+// weight per cache line.
 @group(0) @binding(1) var<storage, read> wb_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> wb_x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> wb_dw: array<f32>;
 
-fn wb_load_x(idx: vec4<i32>, ok: vec4<bool>) -> vec4<f32> {
-    let s = vec4<u32>(select(vec4<i32>(0), idx, ok));
-    return select(vec4<f32>(0.0), vec4<f32>(wb_x[s.x], wb_x[s.y], wb_x[s.z], wb_x[s.w]), ok);
+// The outputs o < out whose tap k reads inside an input axis of `size`: o·stride − pad + k in
+// [0, size), as the range [x, y).
+fn outputs_inside(k: u32, size: u32, out: u32) -> vec2<u32> {
+    let s = i32(p.stride);
+    let lo = i32(p.pad) - i32(k); // o·stride ≥ lo
+    let hi = i32(size) + lo; // o·stride < hi
+    let first = u32(max(0, (lo + s - 1) / s));
+    let end = select(0u, min(out, u32((hi - 1) / s + 1)), hi > 0);
+    return vec2<u32>(first, max(first, end));
 }
 
 @compute @workgroup_size(WG)
 fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = linear_index(gid, nwg);
-    let khw = p.kh * p.kw;
-    let k_len = p.c_in * khw;
-    let k_tiles = (k_len + 3u) / 4u;
-    if (t >= k_tiles * ((p.c_out + 3u) / 4u)) { return; }
-    let co0 = (t / k_tiles) * 4u;
-    let r0 = (t % k_tiles) * 4u;
-    let r = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(k_len - 1u));
-    let ky = vec4<i32>((r % khw) / p.kw) - i32(p.pad);
-    let kx = vec4<i32>(r % p.kw) - i32(p.pad);
-    let hw = i32(p.h * p.w);
-    // Offset in x of each weight's tap for output (0, 0) of image 0 (may be negative).
-    let tap = vec4<i32>(r / khw) * hw + ky * i32(p.w) + kx;
+    let ci_tiles = (p.c_in + 3u) / 4u;
+    if (t >= ci_tiles * ((p.c_out + 3u) / 4u)) { return; }
+    let ci0 = (t % ci_tiles) * 4u;
+    let co0 = (t / ci_tiles) * 4u;
+    let lanes = vec4<u32>(0u, 1u, 2u, 3u);
+    // Channels past a ragged edge are clamped for the loads and skipped at the write.
+    let ci = min(vec4<u32>(ci0) + lanes, vec4<u32>(p.c_in - 1u));
+    let co = min(vec4<u32>(co0) + lanes, vec4<u32>(p.c_out - 1u));
+    let hw = p.h * p.w;
     let ohw = p.out_h * p.out_w;
-    let dyrow = min(vec4<u32>(co0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.c_out - 1u)) * ohw;
-    var blocks: array<mat4x4<f32>, PAIRWISE_LEVELS>;
-    for (var n = 0u; n < p.n; n++) {
-        var acc0 = vec4<f32>(0.0);
-        var acc1 = vec4<f32>(0.0);
-        var acc2 = vec4<f32>(0.0);
-        var acc3 = vec4<f32>(0.0);
-        let dy_n = n * p.c_out * ohw;
-        let x_n = i32(n * p.c_in) * hw;
-        for (var oy = 0u; oy < p.out_h; oy++) {
-            let iy = ky + i32(oy * p.stride);
-            let row_ok = inside4(iy, p.h);
-            var row0 = vec4<f32>(0.0);
-            var row1 = vec4<f32>(0.0);
-            var row2 = vec4<f32>(0.0);
-            var row3 = vec4<f32>(0.0);
-            for (var ox = 0u; ox < p.out_w; ox++) {
-                let ix = kx + i32(ox * p.stride);
-                let idx = tap + (x_n + i32(oy * p.stride * p.w + ox * p.stride));
-                let xv = wb_load_x(idx, row_ok & inside4(ix, p.w));
-                let o = dy_n + oy * p.out_w + ox;
-                row0 += wb_dy[dyrow.x + o] * xv;
-                row1 += wb_dy[dyrow.y + o] * xv;
-                row2 += wb_dy[dyrow.z + o] * xv;
-                row3 += wb_dy[dyrow.w + o] * xv;
+    let khw = p.kh * p.kw;
+    for (var tap = 0u; tap < khw; tap++) {
+        let ky = tap / p.kw;
+        let kx = tap % p.kw;
+        let rows = outputs_inside(ky, p.h, p.out_h);
+        let cols = outputs_inside(kx, p.w, p.out_w);
+        var blocks: array<mat4x4<f32>, PAIRWISE_LEVELS>;
+        for (var n = 0u; n < p.n; n++) {
+            var acc0 = vec4<f32>(0.0);
+            var acc1 = vec4<f32>(0.0);
+            var acc2 = vec4<f32>(0.0);
+            var acc3 = vec4<f32>(0.0);
+            let x_n = (vec4<u32>(n * p.c_in) + ci) * hw;
+            let dy_n = (vec4<u32>(n * p.c_out) + co) * ohw;
+            for (var oy = rows.x; oy < rows.y; oy++) {
+                let iy = oy * p.stride + ky - p.pad;
+                var row0 = vec4<f32>(0.0);
+                var row1 = vec4<f32>(0.0);
+                var row2 = vec4<f32>(0.0);
+                var row3 = vec4<f32>(0.0);
+                for (var ox = cols.x; ox < cols.y; ox++) {
+                    let xi = x_n + vec4<u32>(iy * p.w + ox * p.stride + kx - p.pad);
+                    let xv = vec4<f32>(wb_x[xi.x], wb_x[xi.y], wb_x[xi.z], wb_x[xi.w]);
+                    let o = dy_n + vec4<u32>(oy * p.out_w + ox);
+                    row0 += wb_dy[o.x] * xv;
+                    row1 += wb_dy[o.y] * xv;
+                    row2 += wb_dy[o.z] * xv;
+                    row3 += wb_dy[o.w] * xv;
+                }
+                acc0 += row0;
+                acc1 += row1;
+                acc2 += row2;
+                acc3 += row3;
             }
-            acc0 += row0;
-            acc1 += row1;
-            acc2 += row2;
-            acc3 += row3;
+            pairwise_push4(&blocks, n, mat4x4<f32>(acc0, acc1, acc2, acc3));
         }
-        pairwise_push4(&blocks, n, mat4x4<f32>(acc0, acc1, acc2, acc3));
-    }
-    let acc = pairwise_total4(&blocks, p.n);
-    for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
-        for (var j = 0u; j < 4u && r0 + j < k_len; j++) {
-            wb_dw[(co0 + i) * k_len + r0 + j] = acc[i][j];
+        let acc = pairwise_total4(&blocks, p.n);
+        // dw[co, ci, ky, kx]: a whole tile as 16 plain stores (on Mesa 22 a loop over a matrix
+        // indexed by variables is slower), a ragged one element by element.
+        let at = (co0 * p.c_in + ci0) * khw + tap;
+        let co_step = p.c_in * khw;
+        if (co0 + 3u < p.c_out && ci0 + 3u < p.c_in) {
+            wb_store_row(at, acc[0]);
+            wb_store_row(at + co_step, acc[1]);
+            wb_store_row(at + 2u * co_step, acc[2]);
+            wb_store_row(at + 3u * co_step, acc[3]);
+        } else {
+            for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
+                for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
+                    wb_dw[at + i * co_step + j * khw] = acc[i][j];
+                }
+            }
         }
     }
+}
+
+// One output channel's four input channels at one tap, kh·kw apart in dw.
+fn wb_store_row(at: u32, v: vec4<f32>) {
+    let khw = p.kh * p.kw;
+    wb_dw[at] = v.x;
+    wb_dw[at + khw] = v.y;
+    wb_dw[at + 2u * khw] = v.z;
+    wb_dw[at + 3u * khw] = v.w;
 }
 
 // The weight gradient as a GEMM (see the header): the forward's im2col rows of one chunk
@@ -1082,4 +1120,37 @@ fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @
         if (((p.n >> l) & 1u) == 1u) { blocks[l] = wt_sums[(l + 1u) * level + at]; }
     }
     wt_dw[i] = pairwise_total(&blocks, p.n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cropped kernels (Conv2dShape::crop in src/kernels/conv2d.rs): where some taps read padding for
+// every output, the plain launchers run the convolution of the other taps. These copy the kept
+// taps' weights out of the whole kernel, and write the kept taps' gradient back into the whole
+// dw with +0 at the dropped taps (the sum every variant gives there).
+
+@group(0) @binding(1) var<storage, read> crop_in: array<f32>;
+@group(0) @binding(2) var<storage, read_write> crop_out: array<f32>;
+
+// One invocation per (co, ci) pair: its kept taps, in rows and columns of the crop.
+@compute @workgroup_size(WG)
+fn conv2d_crop_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let oc = linear_index(gid, nwg); // co·c_in + ci
+    if (oc >= p.c_out * p.c_in) { return; }
+    for (var ty = 0u; ty < p.crop_h; ty++) {
+        for (var tx = 0u; tx < p.crop_w; tx++) {
+            crop_out[(oc * p.crop_h + ty) * p.crop_w + tx] = crop_in[(oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx];
+        }
+    }
+}
+
+// The same walk the other way, into a dw the launcher cleared.
+@compute @workgroup_size(WG)
+fn conv2d_uncrop_weight_gradient(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let oc = linear_index(gid, nwg);
+    if (oc >= p.c_out * p.c_in) { return; }
+    for (var ty = 0u; ty < p.crop_h; ty++) {
+        for (var tx = 0u; tx < p.crop_w; tx++) {
+            crop_out[(oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx] = crop_in[(oc * p.crop_h + ty) * p.crop_w + tx];
+        }
+    }
 }

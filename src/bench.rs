@@ -669,13 +669,17 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
     for (s, names, input_vjp) in shapes {
         let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
         for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
-            let algo = conv2d::conv2d_algo(gpu, op, &s)?;
+            let (algo, crop) = conv2d::conv2d_choice(gpu, op, &s)?;
             let [a, b, out] = s.operand_lens(op);
             let (a, b, out) = (filled("probe input", a)?, filled("probe second input", b)?, filled("probe output", out)?);
-            let seconds = best_time(gpu, |enc| conv2d::conv2d_launch_with(gpu, enc, op, algo, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)))?;
+            let seconds = best_time(gpu, |enc| conv2d::conv2d_launch(gpu, enc, op, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)))?;
+            let algo = match crop {
+                Some(c) => format!("{algo} {}x{}", c.shape.kh, c.shape.kw),
+                None => algo.to_string(),
+            };
             let name = if names.len() > 2 { format!("{} (+{} more)", names[..2].join(", "), names.len() - 2) } else { names.join(", ") };
             let shape = format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
-            convs.push(ProbeTime { name, op: op.name(), algo: algo.to_string(), shape, flops: s.flops() as f64, seconds });
+            convs.push(ProbeTime { name, op: op.name(), algo, shape, flops: s.flops() as f64, seconds });
         }
     }
     Ok(Roofline { size, tiles, convs })

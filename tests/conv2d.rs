@@ -137,6 +137,24 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
     }
 }
 
+/// A storage buffer of `len` NaNs without COPY_DST, poisoned by a kernel since the queue
+/// cannot write it: a 1×1 convolution of NaNs whose output has `len` elements.
+fn poisoned_without_copy_dst(gpu: &Gpu, len: u64) -> wgpu::Buffer {
+    let out = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("output without COPY_DST"),
+        size: len * 4,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let same = shape(1, 1, 1, len as u32, 1, 1, 1, 1, 0);
+    let nan = gpu.upload("nan", &vec![f32::NAN; len as usize]).unwrap();
+    let one = gpu.upload("w", &[1.0f32]).unwrap();
+    let mut enc = gpu.encoder();
+    k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&out)).unwrap();
+    submit(gpu, enc);
+    out
+}
+
 #[test]
 fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
     // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
@@ -146,19 +164,8 @@ fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
     let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
     let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
     let run = |algo: Conv2dAlgo| {
-        let dx = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("dx without COPY_DST"),
-            size: s.x_len() * 4,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        // Poisoned by a kernel, since the queue cannot write it: a 1×1 convolution of NaNs
-        // whose output has dx's shape.
-        let same = shape(s.n, s.c_in, s.h, s.w, s.c_in, 1, 1, 1, 0);
-        let nan = gpu.upload("nan", &vec![f32::NAN; s.x_len() as usize]).unwrap();
-        let one = gpu.upload("w", &vec![1.0f32; same.w_len() as usize]).unwrap();
+        let dx = poisoned_without_copy_dst(gpu, s.x_len());
         let mut enc = gpu.encoder();
-        k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&dx)).unwrap();
         k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
         submit(gpu, enc);
         bits(&read(gpu, &dx))
@@ -167,6 +174,49 @@ fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
     assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
     for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
         assert_eq!(run(algo), plain, "{algo}");
+    }
+}
+
+/// Where some taps read only padding (layer4's 3×3 kernels on 1×1 maps), the plain launchers
+/// run the kept taps alone (Conv2dShape::crop). Into poisoned outputs they must give the whole
+/// kernel's bits, +0 for the dropped taps' weight gradient, also into a dw without COPY_DST
+/// (which they do not crop: the dropped taps are zeroed by a clear).
+#[test]
+fn cropped_kernels_give_the_whole_kernels_bits() {
+    let Some(gpu) = gpu() else { return };
+    // Centre tap of 3×3 on 1×1 maps; a 2×2 corner of a strided 3×3 (2×2 → 1×1); centre of 5×5.
+    let shapes = [shape(3, 5, 1, 1, 6, 3, 3, 1, 1), shape(2, 6, 2, 2, 5, 3, 3, 2, 1), shape(2, 4, 1, 1, 3, 5, 5, 1, 2)];
+    for (i, s) in shapes.into_iter().enumerate() {
+        let crop = s.crop().unwrap_or_else(|| panic!("{s:?} should crop"));
+        let seed = 80 + 3 * i as u64;
+        let (x, w, dy) = (uniform(seed, s.x_len() as usize), uniform(seed + 1, s.w_len() as usize), uniform(seed + 2, s.y_len() as usize));
+        let whole = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+        let g = geometry(&s);
+        let y_ref = r::conv2d_forward(&g, &to_f64(&x), &to_f64(&w));
+        let dx_ref = r::conv2d_backward_input(&g, &to_f64(&dy), &to_f64(&w));
+        let dw_ref = r::conv2d_backward_weight(&g, &to_f64(&dy), &to_f64(&x));
+        let (bx, bw, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("w", &w).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let (y, dx, dw) = (poisoned(gpu, "y", s.y_len() as usize), poisoned(gpu, "dx", s.x_len() as usize), poisoned(gpu, "dw", s.w_len() as usize));
+        let dw_fixed = poisoned_without_copy_dst(gpu, s.w_len());
+        let whole_slice = Slice::whole;
+        let mut enc = gpu.encoder();
+        k::conv2d_forward(gpu, &mut enc, &s, whole_slice(&bx), whole_slice(&bw), whole_slice(&y)).unwrap();
+        k::conv2d_backward_input(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bw), whole_slice(&dx)).unwrap();
+        k::conv2d_backward_weight(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bx), whole_slice(&dw)).unwrap();
+        k::conv2d_backward_weight(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bx), whole_slice(&dw_fixed)).unwrap();
+        submit(gpu, enc);
+        let kept = crop.shape.kh * crop.shape.kw;
+        println!("{s:?}: keeps {kept} of {} taps", s.kh * s.kw);
+        let (y, dx, dw) = (read(gpu, &y), read(gpu, &dx), read(gpu, &dw));
+        assert_close(&format!("conv2d_forward {s:?}"), &y, &y_ref, 1e-5);
+        assert_close(&format!("conv2d_backward_input {s:?}"), &dx, &dx_ref, 1e-5);
+        assert_eq!(bits(&y), bits(whole.y.as_ref().unwrap()), "conv2d_forward {s:?}");
+        assert_eq!(bits(&dx), bits(&whole.dx), "conv2d_backward_input {s:?}");
+        assert_eq!(bits(&dw), bits(whole.dw.as_ref().unwrap()), "conv2d_backward_weight {s:?}");
+        assert_eq!(bits(&read(gpu, &dw_fixed)), bits(&dw), "conv2d_backward_weight without COPY_DST {s:?}");
+        assert_close(&format!("conv2d_backward_weight {s:?}"), &dw, &dw_ref, 1e-4);
+        let zeros = dw.iter().filter(|&&v| v.to_bits() == 0).count() as u64;
+        assert_eq!(zeros, s.w_len() / (s.kh * s.kw) as u64 * (s.kh * s.kw - kept) as u64, "{s:?}: +0 at the dropped taps only");
     }
 }
 
@@ -368,34 +418,39 @@ fn chunked_gemms_give_the_unchunked_bits() {
 }
 
 /// llvmpipe silently stops an invocation's loops after 65535 iterations in all. Direct and
-/// Blocked weight gradients loop over every output pixel of the batch in one invocation, so
+/// Blocked weight gradients loop over every output pixel of the batch in one invocation (Blocked
+/// once per tap), so
 /// past that they are refused there (naming the limit), and the plain launcher takes a GEMM
 /// whose chunks stay short: the gradient is still right. Elsewhere they run.
 #[test]
 fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
     let Some(gpu) = gpu() else { return };
-    // One example, a 1×1 conv over 300×300 pixels: ~90,000 iterations for Direct and Blocked.
-    let s = shape(1, 2, 300, 300, 3, 1, 1, 1, 0);
-    let (x, dy) = (uniform(130, s.x_len() as usize), uniform(131, s.y_len() as usize));
-    let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
-    let dw_ref = r::conv2d_backward_weight(&geometry(&s), &to_f64(&dy), &to_f64(&x));
     let llvmpipe = gpu.info.name.contains("llvmpipe");
-    for algo in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked] {
+    // One example each. A 1×1 conv over 300×300 pixels: ~90,000 iterations for Direct and
+    // Blocked. A 3×3 conv over 100×100: ~10,000 for Direct, ~91,000 for Blocked, which loops
+    // over the taps too.
+    for (i, (s, past)) in [(shape(1, 2, 300, 300, 3, 1, 1, 1, 0), [true, true]), (shape(1, 2, 100, 100, 3, 3, 3, 1, 1), [false, true])].into_iter().enumerate() {
+        let seed = 130 + 2 * i as u64;
+        let (x, dy) = (uniform(seed, s.x_len() as usize), uniform(seed + 1, s.y_len() as usize));
+        let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let dw_ref = r::conv2d_backward_weight(&geometry(&s), &to_f64(&dy), &to_f64(&x));
+        for (algo, past) in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked].into_iter().zip(past) {
+            let dw = poisoned(gpu, "dw", s.w_len() as usize);
+            let mut enc = gpu.encoder();
+            let out = k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw));
+            match out {
+                Err(KernelError::Arg { arg: "algo", problem, .. }) if llvmpipe && past => assert!(problem.contains("65535"), "{algo}: {problem}"),
+                Ok(()) if !(llvmpipe && past) => {
+                    submit(gpu, enc);
+                    assert_close(&format!("{algo} {s:?}"), &read(gpu, &dw), &dw_ref, 1e-4);
+                }
+                other => panic!("{algo} {s:?} on {}: {other:?}", gpu.info.name),
+            }
+        }
         let dw = poisoned(gpu, "dw", s.w_len() as usize);
         let mut enc = gpu.encoder();
-        let out = k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw));
-        match out {
-            Err(KernelError::Arg { arg: "algo", problem, .. }) if llvmpipe => assert!(problem.contains("65535"), "{algo}: {problem}"),
-            Ok(()) if !llvmpipe => {
-                submit(gpu, enc);
-                assert_close(&format!("{algo}"), &read(gpu, &dw), &dw_ref, 1e-4);
-            }
-            other => panic!("{algo} on {}: {other:?}", gpu.info.name),
-        }
+        k::conv2d_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        submit(gpu, enc);
+        assert_close(&format!("the launchers' choice {s:?}"), &read(gpu, &dw), &dw_ref, 1e-4);
     }
-    let dw = poisoned(gpu, "dw", s.w_len() as usize);
-    let mut enc = gpu.encoder();
-    k::conv2d_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
-    submit(gpu, enc);
-    assert_close("the launchers' choice", &read(gpu, &dw), &dw_ref, 1e-4);
 }

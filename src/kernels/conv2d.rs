@@ -177,6 +177,28 @@ impl Conv2dOp {
             Conv2dOp::BackwardWeight => "conv2d_backward_weight",
         }
     }
+
+    /// The launcher's two inputs and its output, in its order: name and length formula.
+    fn operands(self) -> [(&'static str, &'static str); 3] {
+        const X: &str = "n·c_in·h·w";
+        const W: &str = "c_out·c_in·kh·kw";
+        const Y: &str = "n·c_out·out_h·out_w";
+        match self {
+            Conv2dOp::Forward => [("x", X), ("w", W), ("y", Y)],
+            Conv2dOp::BackwardInput => [("dy", Y), ("w", W), ("dx", X)],
+            Conv2dOp::BackwardWeight => [("dy", Y), ("x", X), ("dw", W)],
+        }
+    }
+}
+
+/// The taps of a kernel that read inside the input for some output, where that is not all of
+/// them: `shape` is the convolution of those taps alone, whose first row and column are
+/// (`ky`, `kx`) of the whole kernel. See [`Conv2dShape::crop`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crop {
+    pub ky: u32,
+    pub kx: u32,
+    pub shape: Conv2dShape,
 }
 
 fn out_size(size: u32, k: u32, stride: u32, pad: u32) -> u32 {
@@ -216,6 +238,31 @@ impl Conv2dShape {
     /// (input or weight) does the same number.
     pub fn flops(&self) -> u64 {
         2 * self.y_len() * self.c_in as u64 * self.kh as u64 * self.kw as u64
+    }
+
+    /// On maps smaller than the kernel's reach some taps read padding for every output:
+    /// ResNet-34's 3×3 convolutions on the 1×1 maps of layer4 at a 32² input read only their
+    /// centre tap. The convolution of the other taps (a smaller kernel with less padding and the
+    /// same output size) has the same nonzero terms in the same order, and the dropped taps'
+    /// weight gradient is +0, which is what every variant sums there. So the plain launchers
+    /// run that one, and skip 8/9 of layer4's arithmetic. None where every tap reads the input
+    /// somewhere, or where the kept taps would need a padding one `pad` cannot express (rows
+    /// and columns cropped differently). Meaningful for a shape `validate` accepts.
+    pub fn crop(&self) -> Option<Crop> {
+        // Tap t of an axis reads input o·stride − pad + t for outputs o < out. Kept: from the
+        // first tap that reads inside for some o to the last (with stride > 1 a tap between
+        // may read only padding, and is kept).
+        let axis = |size: u32, k: u32, out: u32| {
+            let reads = |&t: &u32| (0..out as i64).any(|o| (0..size as i64).contains(&(o * self.stride as i64 - self.pad as i64 + t as i64)));
+            let first = (0..k).find(reads)?;
+            let last = (0..k).rev().find(reads)?;
+            Some((first, last + 1 - first))
+        };
+        let (ky, kh) = axis(self.h, self.kh, self.out_h())?;
+        let (kx, kw) = axis(self.w, self.kw, self.out_w())?;
+        let shape = Conv2dShape { kh, kw, pad: self.pad - ky, ..*self };
+        let expressible = ky == kx && shape.out_h() == self.out_h() && shape.out_w() == self.out_w();
+        ((kh, kw) != (self.kh, self.kw) && expressible).then_some(Crop { ky, kx, shape })
     }
 
     /// Refuses a zero dimension, stride 0, a kernel larger than the padded input, and sizes the
@@ -277,6 +324,10 @@ impl Conv2dShape {
             row_begin: 0,
             row_count: 0,
             row4: 0,
+            crop_y: 0,
+            crop_x: 0,
+            crop_h: 0,
+            crop_w: 0,
         }
     }
 }
@@ -302,20 +353,21 @@ struct Params {
     row_begin: u32,
     row_count: u32,
     row4: u32,
+    crop_y: u32,
+    crop_x: u32,
+    crop_h: u32,
+    crop_w: u32,
 }
 
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
 /// is recorded; returns the bindings named as the shader orders them.
-fn checked<'a>(
-    op: &'static str,
-    shape: &Conv2dShape,
-    args: [(&'static str, Slice<'a>, u64, &str); 3],
-) -> Result<[(&'static str, Slice<'a>); 3]> {
-    shape.validate(op)?;
-    for (name, s, len, formula) in &args {
-        expect_len(op, name, s, *len, formula)?;
+fn checked<'a>(op: Conv2dOp, shape: &Conv2dShape, slices: [Slice<'a>; 3]) -> Result<[(&'static str, Slice<'a>); 3]> {
+    shape.validate(op.name())?;
+    let (names, lens) = (op.operands(), shape.operand_lens(op));
+    for i in 0..3 {
+        expect_len(op.name(), names[i].0, &slices[i], lens[i], names[i].1)?;
     }
-    Ok(args.map(|(name, s, _, _)| (name, s)))
+    Ok([0, 1, 2].map(|i| (names[i].0, slices[i])))
 }
 
 fn tiles(len: u64) -> u64 {
@@ -325,8 +377,7 @@ fn tiles(len: u64) -> u64 {
 /// `y = conv(x, w)`: `x` [n,c_in,h,w], `w` [c_out,c_in,kh,kw], `y` [n,c_out,out_h,out_w]
 /// (overwritten). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_forward(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
-    let algo = conv2d_algo(gpu, Conv2dOp::Forward, shape)?;
-    conv2d_forward_with(gpu, enc, algo, shape, x, w, y)
+    conv2d_launch(gpu, enc, Conv2dOp::Forward, shape, x, w, y)
 }
 
 /// [`conv2d_forward`] with the kernel chosen by `algo`.
@@ -341,11 +392,7 @@ pub fn conv2d_forward_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_forward";
     let s = shape;
-    let bindings = checked(
-        OP,
-        s,
-        [("x", x, s.x_len(), "n·c_in·h·w"), ("w", w, s.w_len(), "c_out·c_in·kh·kw"), ("y", y, s.y_len(), "n·c_out·out_h·out_w")],
-    )?;
+    let bindings = checked(Conv2dOp::Forward, s, [x, w, y])?;
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_forward_direct", s.y_len()),
         Conv2dAlgo::Blocked => {
@@ -361,8 +408,7 @@ pub fn conv2d_forward_with(
 /// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). The
 /// variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
-    let algo = conv2d_algo(gpu, Conv2dOp::BackwardInput, shape)?;
-    conv2d_backward_input_with(gpu, enc, algo, shape, dy, w, dx)
+    conv2d_launch(gpu, enc, Conv2dOp::BackwardInput, shape, dy, w, dx)
 }
 
 /// [`conv2d_backward_input`] with the kernel chosen by `algo`. All but Direct run once per
@@ -378,11 +424,7 @@ pub fn conv2d_backward_input_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_input";
     let s = shape;
-    let bindings = checked(
-        OP,
-        s,
-        [("dy", dy, s.y_len(), "n·c_out·out_h·out_w"), ("w", w, s.w_len(), "c_out·c_in·kh·kw"), ("dx", dx, s.x_len(), "n·c_in·h·w")],
-    )?;
+    let bindings = checked(Conv2dOp::BackwardInput, s, [dy, w, dx])?;
     if algo == Conv2dAlgo::Direct {
         return launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_direct", &s.params(), &bindings, grid_1d(s.x_len(), WG));
     }
@@ -413,8 +455,7 @@ pub fn conv2d_backward_input_with(
 /// [n,c_out,out_h,out_w], `x` [n,c_in,h,w], `dw` [c_out,c_in,kh,kw] (overwritten, not
 /// accumulated). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_weight(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
-    let algo = conv2d_algo(gpu, Conv2dOp::BackwardWeight, shape)?;
-    conv2d_backward_weight_with(gpu, enc, algo, shape, dy, x, dw)
+    conv2d_launch(gpu, enc, Conv2dOp::BackwardWeight, shape, dy, x, dw)
 }
 
 /// [`conv2d_backward_weight`] with the kernel chosen by `algo`.
@@ -429,18 +470,14 @@ pub fn conv2d_backward_weight_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     let s = shape;
-    let bindings = checked(
-        OP,
-        s,
-        [("dy", dy, s.y_len(), "n·c_out·out_h·out_w"), ("x", x, s.x_len(), "n·c_in·h·w"), ("dw", dw, s.w_len(), "c_out·c_in·kh·kw")],
-    )?;
+    let bindings = checked(Conv2dOp::BackwardWeight, s, [dy, x, dw])?;
     if matches!(algo, Conv2dAlgo::Direct | Conv2dAlgo::Blocked) {
         expect_within_loop_limit(gpu, OP, algo, s)?;
     }
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
         Conv2dAlgo::Blocked => {
-            ("conv2d_backward_weight_blocked", tiles(s.c_out as u64) * tiles(s.c_in as u64 * s.kh as u64 * s.kw as u64))
+            ("conv2d_backward_weight_blocked", tiles(s.c_out as u64) * tiles(s.c_in as u64))
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
@@ -455,11 +492,14 @@ pub fn conv2d_backward_weight_with(
 const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
 
 /// Direct and Blocked weight gradients loop over every output pixel of every example in one
-/// invocation: refuse them where llvmpipe would cut those loops short (the stem at 224², N=8)
-/// rather than return a wrong gradient. The autotune then takes a GEMM, whose chunks stay short.
+/// invocation, Blocked once per tap: refuse them where llvmpipe would cut those loops short (the
+/// stem at 224², N=8; Blocked at maps of ~90² and up) rather than return a wrong gradient. The
+/// autotune then takes a GEMM, whose chunks stay short.
 fn expect_within_loop_limit(gpu: &Gpu, op: &'static str, algo: Conv2dAlgo, s: &Conv2dShape) -> Result<()> {
-    // Row loop, pixel loop and the pairwise stack's levels, per example.
-    let iterations = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
+    // Row loop, pixel loop and the pairwise stack's levels, per example (at most: Blocked
+    // skips the rows and columns a tap reads only padding for).
+    let per_tap = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
+    let iterations = if algo == Conv2dAlgo::Blocked { s.kh as u64 * s.kw as u64 * (per_tap + 1) } else { per_tap };
     if gpu.info.name.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
         return Err(KernelError::Arg {
             op,
@@ -481,6 +521,39 @@ pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dO
         Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, enc, algo, shape, a, b, out),
         Conv2dOp::BackwardWeight => conv2d_backward_weight_with(gpu, enc, algo, shape, a, b, out),
     }
+}
+
+/// `op` as the plain launchers run it: on the cropped kernel where [`Conv2dShape::crop`] finds
+/// one, with [`conv2d_algo`]'s variant for the shape it runs (see [`conv2d_choice`]).
+pub fn conv2d_launch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+    let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
+    // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
+    let clearable = op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
+    let (algo, crop) = match conv2d_choice(gpu, op, shape)? {
+        (_, Some(_)) if !clearable => (conv2d_algo(gpu, op, shape)?, None),
+        choice => choice,
+    };
+    let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
+    let params = Params { crop_y: crop.ky, crop_x: crop.kx, crop_h: crop.shape.kh, crop_w: crop.shape.kw, ..shape.params() };
+    let kept = gpu.buffer("conv2d cropped weights", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
+    let kept = Slice::whole(&kept);
+    let grid = grid_1d(shape.c_out as u64 * shape.c_in as u64, WG);
+    if op == Conv2dOp::BackwardWeight {
+        conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, b, kept)?;
+        enc.clear_buffer(out.buffer, out.offset, Some(out.bytes()));
+        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &params, &[("kept taps' dw", kept), ("dw", out)], grid)
+    } else {
+        launch(gpu, enc, op.name(), &SHADER, "conv2d_crop_weights", &params, &[("w", w), ("kept taps' w", kept)], grid)?;
+        conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, kept, out)
+    }
+}
+
+/// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on
+/// (None: the whole kernel). A weight gradient into a buffer without COPY_DST is not cropped.
+pub fn conv2d_choice(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<(Conv2dAlgo, Option<Crop>)> {
+    shape.validate(op.name())?;
+    let crop = shape.crop();
+    Ok((conv2d_algo(gpu, op, crop.as_ref().map_or(shape, |c| &c.shape))?, crop))
 }
 
 fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
@@ -1054,8 +1127,8 @@ mod autotune {
     //! Times candidates on the device: wgpu has no clock inside shaders, so each run is one
     //! submit measured to completion with the host's clock (a round trip is ~60 µs on lavapipe,
     //! small beside a convolution). Remembers the choices in a text file: a header line naming
-    //! the crate version (kernels change between versions, so another version's file is not
-    //! read), then one line per choice: op, shape, variant and adapter, separated by tabs.
+    //! the crate version and the kernels' source hash (another build's file is not read), then
+    //! one line per choice: op, shape, variant and adapter, separated by tabs.
 
     use std::ffi::OsString;
     use std::path::{Path, PathBuf};
@@ -1063,7 +1136,16 @@ mod autotune {
 
     use super::*;
 
-    const HEADER: &str = concat!("syncstep-autotune ", env!("CARGO_PKG_VERSION"));
+    /// The first line of a choices file this build reads: the crate version and a hash of the
+    /// kernels' source, since a change to a kernel (within a version too) changes its speed.
+    pub(super) fn header() -> &'static str {
+        static HEADER: OnceLock<String> = OnceLock::new();
+        HEADER.get_or_init(|| {
+            // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
+            let hash = SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+            format!("syncstep-autotune {} {hash:016x}", env!("CARGO_PKG_VERSION"))
+        })
+    }
 
     /// The choices file: `SYNCSTEP_AUTOTUNE_CACHE` (a path, or `off` for none), else
     /// `$XDG_CACHE_HOME/syncstep/autotune.txt`, else `~/.cache/syncstep/autotune.txt`.
@@ -1095,9 +1177,9 @@ mod autotune {
         };
         let mut lines = text.lines();
         let choices = match lines.next() {
-            Some(HEADER) => lines.map(parse_choice).collect::<Option<Choices>>(),
+            Some(first) if first == header() => lines.map(parse_choice).collect::<Option<Choices>>(),
             Some(other) if other.starts_with("syncstep-autotune ") => {
-                log::debug!("autotune cache {}: written by {other}, not {HEADER}; timing afresh", file.display());
+                log::debug!("autotune cache {}: written by {other}, not {}; timing afresh", file.display(), header());
                 return Choices::new();
             }
             _ => None,
@@ -1134,7 +1216,7 @@ mod autotune {
             })
             .collect();
         lines.sort();
-        lines.insert(0, HEADER.to_string());
+        lines.insert(0, header().to_string());
         let temporary = file.with_extension(format!("tmp{}", std::process::id()));
         let written = file
             .parent()
@@ -1201,6 +1283,62 @@ mod autotune {
 mod tests {
     use super::*;
 
+    /// Brute force over small geometries: a crop keeps the rows and columns from the first to
+    /// the last tap some output reads inside the input, with the same output size. No crop means
+    /// those are all of them, or no tap reads, or the kept taps start at different rows and
+    /// columns, or their convolution would have another output size.
+    #[test]
+    fn crop_keeps_exactly_the_taps_that_read_the_input() {
+        let mut cropped = 0;
+        for (h, w, kh, kw, stride, pad) in small_geometries() {
+            let s = Conv2dShape { n: 1, c_in: 1, h, w, c_out: 1, kh, kw, stride, pad };
+            if s.validate("test").is_err() {
+                continue;
+            }
+            let reads = |k: u32, size: u32, out: u32| (0..out).any(|o| (0..size as i64).contains(&((o * stride) as i64 - pad as i64 + k as i64)));
+            // The first to the last tap that reads (with stride > 1 some between may not).
+            let hull = |k: u32, size: u32, out: u32| {
+                let reading: Vec<u32> = (0..k).filter(|&t| reads(t, size, out)).collect();
+                reading.first().map(|&first| (first, reading.last().unwrap() + 1 - first))
+            };
+            let (rows, cols) = (hull(kh, h, s.out_h()), hull(kw, w, s.out_w()));
+            match (s.crop(), rows, cols) {
+                (Some(c), _, _) => {
+                    cropped += 1;
+                    assert_eq!((rows, cols), (Some((c.ky, c.shape.kh)), Some((c.kx, c.shape.kw))), "{s:?}");
+                    assert_eq!((c.shape.out_h(), c.shape.out_w()), (s.out_h(), s.out_w()), "{s:?}");
+                    assert_eq!(c.shape.pad + c.ky, pad, "{s:?}");
+                    c.shape.validate("test").unwrap();
+                }
+                (None, Some((ky, kh_kept)), Some((kx, kw_kept))) if (kh_kept, kw_kept) != (kh, kw) => {
+                    let kept = Conv2dShape { kh: kh_kept, kw: kw_kept, pad: pad - ky, ..s };
+                    let same_size = (kept.out_h(), kept.out_w()) == (s.out_h(), s.out_w());
+                    assert!(ky != kx || !same_size, "{s:?}: taps {rows:?} × {cols:?} could be cropped");
+                }
+                (None, _, _) => {} // every tap kept, or none reads the input
+            }
+        }
+        assert!(cropped > 50, "only {cropped} geometries crop: the test checks little");
+        // ResNet-34 at 32²: layer4's 3×3 convolutions on 1×1 maps keep their centre tap, its
+        // strided one (2×2 → 1×1) a 2×2 corner; layer3's 2×2 maps keep every tap.
+        let resnet = |h, stride| Conv2dShape { n: 8, c_in: 512, h, w: h, c_out: 512, kh: 3, kw: 3, stride, pad: 1 }.crop().map(|c| (c.ky, c.shape.kh, c.shape.pad));
+        assert_eq!(resnet(1, 1), Some((1, 1, 0)));
+        assert_eq!(resnet(2, 2), Some((1, 2, 0)));
+        assert_eq!(resnet(2, 1), None);
+    }
+
+    /// (h, w, kh, kw, stride, pad) over small values.
+    fn small_geometries() -> impl Iterator<Item = (u32, u32, u32, u32, u32, u32)> {
+        let small = |n: u32| 1..=n;
+        small(4).flat_map(move |h| {
+            small(4).flat_map(move |w| {
+                small(5).flat_map(move |kh| {
+                    small(5).flat_map(move |kw| small(3).flat_map(move |stride| (0..=3).map(move |pad| (h, w, kh, kw, stride, pad))))
+                })
+            })
+        })
+    }
+
     #[test]
     fn the_shader_file_holds_the_generated_4x4_tiles() {
         for kernel in TileKernel::ALL {
@@ -1260,13 +1398,15 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("autotune.txt");
         let good_line = "conv2d_forward\t8 64 8 8 64 3 3 1 1\tblocked\tVulkan|x";
-        let header = concat!("syncstep-autotune ", env!("CARGO_PKG_VERSION"));
+        let header = autotune::header();
+        let other_kernels = format!("syncstep-autotune {} 0123456789abcdef", env!("CARGO_PKG_VERSION"));
         for corrupt in [
             b"\xff\xfe not text".to_vec(),
             format!("{good_line}\n").into_bytes(), // no header
             format!("{header}\n{good_line}\nconv2d_forward\t8 64 8\tblocked\tVulkan|x\n").into_bytes(), // a short shape
             format!("{header}\n{good_line}\nconv2d_forward\t8 64 8 8 64 3 3 1 1\tgemm-pixels-3x3\tVulkan|x\n").into_bytes(),
             format!("syncstep-autotune 0.0.0-other\n{good_line}\n").into_bytes(),
+            format!("{other_kernels}\n{good_line}\n").into_bytes(),
         ] {
             std::fs::write(&file, &corrupt).unwrap();
             assert!(autotune::load(&file).is_empty(), "{}", String::from_utf8_lossy(&corrupt));
