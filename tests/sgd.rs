@@ -38,7 +38,7 @@ fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
     // A sub-range of a larger flat buffer, as the model binds one tensor: sentinels on both
     // sides must survive. The length is not a multiple of the workgroup size, and the last
     // `zeros` elements are alignment padding (all zero), which must stay zero.
-    let (len, zeros) = (70_001usize, 37usize);
+    let (len, zeros) = (70_004usize, 37usize);
     let pad = gpu.limits.min_storage_buffer_offset_alignment as usize / 4;
     let mut p0 = vec![7.0f32; pad];
     p0.extend(uniform(1, len - zeros));
@@ -68,9 +68,10 @@ fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
 }
 
 #[test]
-fn sgd_update_covers_a_buffer_past_65535_workgroups() {
+fn sgd_update_covers_a_large_buffer_to_its_last_element() {
     let Some(gpu) = gpu() else { return };
-    // 65535·256 + 1000 elements: the grid spills into y, and the tail past x's end must be updated.
+    // 65535·256 + 1000 elements, ending inside one invocation's run of vec4s: every element up
+    // to the last must be updated.
     let len = 65_535 * 256 + 1000;
     let (p, v, signs) = (uniform(1, len), uniform(2, len), uniform(3, len));
     let g = grads(4, &signs);
@@ -98,6 +99,7 @@ fn sgd_update_rejects_bad_arguments() {
         ("grad", k::sgd_update(gpu, e, &h, s4, s5, s4), "expected 4 (same length as param)"),
         ("velocity", k::sgd_update(gpu, e, &h, s4, s4, s5), "expected 4 (same length as param)"),
         ("param", k::sgd_update(gpu, e, &h, empty, empty, empty), "has 0 elements"),
+        ("param", k::sgd_update(gpu, e, &h, s5, s5, s5), "has 5 elements, expected a multiple of 4"),
         ("lr", k::sgd_update(gpu, e, &SgdParams { lr: f32::NAN, ..h }, s4, s4, s4), "finite"),
         ("momentum", k::sgd_update(gpu, e, &SgdParams { momentum: f32::INFINITY, ..h }, s4, s4, s4), "finite"),
         ("weight_decay", k::sgd_update(gpu, e, &SgdParams { weight_decay: f32::NEG_INFINITY, ..h }, s4, s4, s4), "finite"),
@@ -113,7 +115,7 @@ fn sgd_update_rejects_bad_arguments() {
 #[test]
 fn sgd_update_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
-    let len = (1 << 18) + 1;
+    let len = (1 << 18) + 4;
     let (p, g, v) = (gpu.buffer("p", len).unwrap(), gpu.buffer("g", len).unwrap(), gpu.buffer("v", len).unwrap());
     let h = SgdParams { lr: 0.1, momentum: 0.9, weight_decay: 0.0 };
     let mut enc = gpu.encoder();

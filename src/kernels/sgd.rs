@@ -6,8 +6,8 @@ use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "sgd", source: include_str!("../../shaders/sgd.wgsl") };
 const WG: u32 = 256;
-/// Elements per invocation (`RUN` in the shader).
-const RUN: u64 = 16;
+/// vec4s per invocation (`RUN` in the shader).
+const RUN: u64 = 8;
 
 /// Hyper-parameters of one step; all must be finite.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,7 +20,7 @@ pub struct SgdParams {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
-    len: u32,
+    len4: u32,
     lr: f32,
     momentum: f32,
     weight_decay: f32,
@@ -28,7 +28,8 @@ struct Params {
 
 /// One step in place, elementwise over flat buffers of equal length:
 /// `g' = grad + weight_decay·param; velocity ← momentum·velocity + g'; param ← param − lr·velocity`.
-/// Start `velocity` at zero: PyTorch's first step sets it to g', which is then the same.
+/// Start `velocity` at zero: PyTorch's first step sets it to g', which is then the same. The
+/// length must be a multiple of 4 (the model's flat buffers, 256-byte aligned per tensor, are).
 pub fn sgd_update(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, h: &SgdParams, param: Slice, grad: Slice, velocity: Slice) -> Result<()> {
     const OP: &str = "sgd_update";
     for (arg, v) in [("lr", h.lr), ("momentum", h.momentum), ("weight_decay", h.weight_decay)] {
@@ -36,13 +37,14 @@ pub fn sgd_update(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, h: &SgdParams, para
             return Err(KernelError::Arg { op: OP, arg, problem: format!("is {v}, expected a finite value") });
         }
     }
-    let len = u32::try_from(param.len)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| KernelError::Arg { op: OP, arg: "param", problem: format!("has {} elements, expected 1 to {}", param.len, u32::MAX) })?;
-    expect_len(OP, "grad", &grad, param.len, "same length as param")?;
-    expect_len(OP, "velocity", &velocity, param.len, "same length as param")?;
-    let params = Params { len, lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
+    let len = param.len;
+    if len == 0 || len % 4 != 0 || len > u32::MAX as u64 {
+        let problem = format!("has {len} elements, expected a multiple of 4 from 4 to {}", u32::MAX - 3);
+        return Err(KernelError::Arg { op: OP, arg: "param", problem });
+    }
+    expect_len(OP, "grad", &grad, len, "same length as param")?;
+    expect_len(OP, "velocity", &velocity, len, "same length as param")?;
+    let params = Params { len4: (len / 4) as u32, lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
     let bindings = [("param", param), ("grad", grad), ("velocity", velocity)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(param.len.div_ceil(RUN), WG))
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d((len / 4).div_ceil(RUN), WG))
 }
