@@ -208,6 +208,9 @@ pub struct ProbeTime {
     pub op: &'static str,
     /// The kernel variant that ran (the autotune's choice for convolutions).
     pub algo: String,
+    /// Where the launcher ran only the taps that read the input (`Conv2dShape::crop`): the
+    /// rows × columns it kept. The FLOP count is still the whole kernel's.
+    pub kept_taps: Option<(u32, u32)>,
     pub shape: String,
     pub flops: f64,
     pub seconds: f64,
@@ -222,6 +225,7 @@ impl ProbeTime {
             .str("name", &self.name)
             .str("op", self.op)
             .str("algo", &self.algo)
+            .raw("kept_taps", &self.kept_taps.map_or("null".to_string(), |(h, w)| crate::json::string(&format!("{h}x{w}"))))
             .str("shape", &self.shape)
             .num("flops", self.flops)
             .num("seconds", self.seconds)
@@ -417,7 +421,8 @@ impl BenchReport {
             line(format!("roofline: matmul {0}³, best of {PROBE_RUNS} runs per tile: {best:.2} GFLOP/s ({1})", roof.size, tiles.join(", ")));
             line(format!("{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}", "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"));
             for p in &roof.convs {
-                line(format!("{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%", clip(&p.name, 44), p.op, p.algo, p.seconds * 1e3, p.gflops(), 100.0 * p.gflops() / best));
+                let kernel = p.kept_taps.map_or(p.algo.clone(), |(h, w)| format!("{} {h}x{w} taps", p.algo));
+                line(format!("{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%", clip(&p.name, 44), p.op, kernel, p.seconds * 1e3, p.gflops(), 100.0 * p.gflops() / best));
             }
         }
         line(String::new());
@@ -647,7 +652,7 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
     for algo in MATMUL_TILES {
         let MatmulAlgo::Tiled { rows, cols } = algo else { continue };
         let seconds = best_time(gpu, |enc| matmul::matmul(gpu, enc, algo, &shape, Slice::whole(&a), Slice::whole(&b), Slice::whole(&c)))?;
-        tiles.push(ProbeTime { name: format!("matmul {size}³"), op: "matmul", algo: format!("tiled {rows}x{cols}"), shape: format!("{size}x{size}x{size}"), flops: shape.flops() as f64, seconds });
+        tiles.push(ProbeTime { name: format!("matmul {size}³"), op: "matmul", algo: format!("tiled {rows}x{cols}"), kept_taps: None, shape: format!("{size}x{size}x{size}"), flops: shape.flops() as f64, seconds });
     }
     drop((a, b, c));
 
@@ -673,13 +678,10 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
             let [a, b, out] = s.operand_lens(op);
             let (a, b, out) = (filled("probe input", a)?, filled("probe second input", b)?, filled("probe output", out)?);
             let seconds = best_time(gpu, |enc| conv2d::conv2d_launch(gpu, enc, op, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)))?;
-            let algo = match crop {
-                Some(c) => format!("{algo} {}x{}", c.shape.kh, c.shape.kw),
-                None => algo.to_string(),
-            };
+            let kept_taps = crop.map(|c| (c.shape.kh, c.shape.kw));
             let name = if names.len() > 2 { format!("{} (+{} more)", names[..2].join(", "), names.len() - 2) } else { names.join(", ") };
             let shape = format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
-            convs.push(ProbeTime { name, op: op.name(), algo, shape, flops: s.flops() as f64, seconds });
+            convs.push(ProbeTime { name, op: op.name(), algo: algo.to_string(), kept_taps, shape, flops: s.flops() as f64, seconds });
         }
     }
     Ok(Roofline { size, tiles, convs })

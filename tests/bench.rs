@@ -109,6 +109,8 @@ fn one_device_report_with_profile_and_roofline() {
         assert!(positive(c.gflops()), "{c:?}");
         assert!(Conv2dAlgo::parse(&c.algo).is_some(), "{}", c.algo);
     }
+    // layer4's 3×3 convolutions on 1×1 maps run their centre tap alone.
+    assert!(roof.convs.iter().any(|c| c.kept_taps == Some((1, 1))), "{:#?}", roof.convs);
     let text = report.text(15);
     for needle in ["images/s", "GFLOP/s", "roofline: matmul 64³", "held", "layer · launcher", "conv2d_backward_weight"] {
         assert!(text.contains(needle), "{needle} missing from\n{text}");

@@ -9,11 +9,12 @@
 //! rows against dy in place. Every variant sums each output in the same order, so they agree
 //! bit for bit and the choice never changes a result.
 //!
-//! The plain launchers (`conv2d_forward`, …) pick the variant with [`conv2d_algo`]: the
-//! `SYNCSTEP_CONV_ALGO` environment variable if set, else the fastest candidate timed on the
-//! adapter at that shape on first use (natively; in a browser there is no clock, so a guess by
-//! device type), remembered for the process and, natively, in a file (see [`conv2d_algo`]).
-//! The `_with` launchers take the variant.
+//! The plain launchers (`conv2d_forward`, …) run only the taps that read the input where
+//! some read nothing but padding ([`Conv2dShape::crop`]), and pick the variant with
+//! [`conv2d_algo`]: the `SYNCSTEP_CONV_ALGO` environment variable if set, else the fastest
+//! candidate timed on the adapter at that shape on first use (natively; in a browser there is
+//! no clock, so a guess by device type), remembered for the process and, natively, in a file
+//! (see [`conv2d_algo`]). The `_with` launchers take the variant and the whole kernel.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -62,8 +63,8 @@ pub struct Conv2dShape {
 pub enum Conv2dAlgo {
     /// One output element per invocation: the plain, obviously correct version.
     Direct,
-    /// A 4×4 register tile per invocation (4 channels × 4 pixels, or 4 weights), no workgroup
-    /// memory, no scratch.
+    /// A 4×4 register tile per invocation (4 channels × 4 pixels; for the weight gradient 4
+    /// output × 4 input channels, tap by tap), no workgroup memory, no scratch.
     Blocked,
     /// im2col into a scratch buffer, then a GEMM with a register tile per invocation and no
     /// workgroup memory (CPU drivers).
