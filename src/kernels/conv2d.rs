@@ -2,7 +2,7 @@
 //! OIHW weights. See shaders/conv2d.wgsl for what is subtle.
 //!
 //! Each op has a plain kernel ([`Conv2dAlgo::Direct`], one output element per invocation) and a
-//! register-blocked one ([`Conv2dAlgo::Blocked`], a 4×4 tile per invocation). All three also
+//! register-blocked one ([`Conv2dAlgo::Blocked`], a register tile per invocation). All three also
 //! run as an explicit GEMM over im2col rows: [`Conv2dAlgo::Gemm`] (register tiles, no workgroup
 //! memory: for CPU drivers, where barriers are slow) and [`Conv2dAlgo::GemmShared`]
 //! (workgroup-shared tiles: for GPUs); the weight gradient's GEMM reads the forward's im2col
@@ -26,7 +26,8 @@ use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
 const SHADER: Shader = Shader { name: "conv2d", source: SOURCE };
 const WG: u32 = 64;
-/// The blocked kernels' tile edge: 4 channels × 4 pixels (or weights) per invocation.
+/// The blocked kernels' tile edge: 4 channels × 4 pixels per invocation; the weight gradient's
+/// tile is 2·TILE output × TILE input channels.
 const TILE: u64 = 4;
 /// vec4s one im2col or weight-rows invocation writes (`ROW_RUN` in the shader).
 const ROW_RUN: u64 = 16;
@@ -63,8 +64,8 @@ pub struct Conv2dShape {
 pub enum Conv2dAlgo {
     /// One output element per invocation: the plain, obviously correct version.
     Direct,
-    /// A 4×4 register tile per invocation (4 channels × 4 pixels; for the weight gradient 4
-    /// output × 4 input channels, tap by tap), no workgroup memory, no scratch.
+    /// A register tile per invocation (4 channels × 4 pixels; for the weight gradient 8 output
+    /// × 4 input channels, tap by tap), no workgroup memory, no scratch.
     Blocked,
     /// im2col into a scratch buffer, then a GEMM with a register tile per invocation and no
     /// workgroup memory (CPU drivers).
@@ -478,7 +479,7 @@ pub fn conv2d_backward_weight_with(
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
         Conv2dAlgo::Blocked => {
-            ("conv2d_backward_weight_blocked", tiles(s.c_out as u64) * tiles(s.c_in as u64))
+            ("conv2d_backward_weight_blocked", (s.c_out as u64).div_ceil(2 * TILE) * tiles(s.c_in as u64))
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
