@@ -92,6 +92,9 @@ fn resnet34_convs() -> [(&'static str, Conv2dShape); 7] {
     ]
 }
 
+/// One recorded convolution launch.
+type Launch<'a> = dyn Fn(&mut wgpu::CommandEncoder) -> syncstep::kernels::Result<()> + 'a;
+
 fn conv2d(c: &mut Criterion) {
     let Some(gpu) = device() else { return };
     let mut group = c.benchmark_group("conv2d_gflops");
@@ -109,7 +112,7 @@ fn conv2d(c: &mut Criterion) {
             // `blocked` on the whole kernel; `auto` as the step runs it (the plain launcher).
             let blocked = |enc: &mut wgpu::CommandEncoder| k::conv2d_launch_with(&gpu, enc, op, Conv2dAlgo::Blocked, &s, a, b, out);
             let auto = |enc: &mut wgpu::CommandEncoder| k::conv2d_launch(&gpu, enc, op, &s, a, b, out);
-            let runs: [(&str, &dyn Fn(&mut wgpu::CommandEncoder) -> syncstep::kernels::Result<()>); 2] = [("blocked", &blocked), ("auto", &auto)];
+            let runs: [(&str, &Launch); 2] = [("blocked", &blocked), ("auto", &auto)];
             for (label, launch) in runs {
                 if label == "auto" && chosen == Conv2dAlgo::Blocked && crop.is_none() {
                     continue; // the same as `blocked`

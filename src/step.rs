@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use crate::collective::CollectiveError;
 use crate::data::{Batch, DataError};
 use crate::gpu::{Gpu, GpuError, Slice};
+use crate::kernels::conv2d::Conv2dOp;
 use crate::kernels::{avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError};
 use crate::model::{ActivationPattern, BatchNorm, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
 
@@ -397,7 +398,15 @@ impl Replica {
         let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
         let shape = conv_shape(&conv, input);
         let y = self.act(&format!("{name}.conv"), out.len())?;
-        conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?;
+        match shape.crop() {
+            // The kept taps' weights, copied once for this forward and the input-VJP.
+            Some(crop) => {
+                let kept = self.act(&format!("{name}.kept weights"), crop.shape.w_len())?;
+                conv2d::crop_weights(&self.gpu, &mut pass.enc, &shape, &crop, self.param(conv.weight), Slice::whole(&kept))?;
+                conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::Forward, &crop, Slice::whole(x), Slice::whole(&kept), Slice::whole(&y))?;
+            }
+            None => conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?,
+        }
         let site = pass.units.len();
         let bs = bn_shape(out);
         let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
@@ -595,7 +604,13 @@ impl Replica {
         let u = &pass.units[unit];
         let (shape, weight) = (conv_shape(&u.conv, u.input), u.conv.weight);
         let dx = self.scratch.take(&self.gpu, u.input.len())?;
-        conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(weight), Slice::whole(&dx))?;
+        match shape.crop() {
+            Some(crop) => {
+                let kept = &self.acts[&format!("{}.kept weights", u.name)];
+                conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::BackwardInput, &crop, Slice::whole(&dy), Slice::whole(kept), Slice::whole(&dx))?;
+            }
+            None => conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(weight), Slice::whole(&dx))?,
+        }
         self.scratch.give_back(&dy);
         Ok(dx)
     }

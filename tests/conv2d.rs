@@ -180,7 +180,8 @@ fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
 /// Where some taps read only padding (layer4's 3×3 kernels on 1×1 maps), the plain launchers
 /// run the kept taps alone (Conv2dShape::crop). Into poisoned outputs they must give the whole
 /// kernel's bits, +0 for the dropped taps' weight gradient, also into a dw without COPY_DST
-/// (which they do not crop: the dropped taps are zeroed by a clear).
+/// (which they do not crop: the dropped taps are zeroed by a clear), and so must the forward
+/// and input-VJP from kept weights copied once (crop_weights, conv2d_launch_kept).
 #[test]
 fn cropped_kernels_give_the_whole_kernels_bits() {
     let Some(gpu) = gpu() else { return };
@@ -207,7 +208,17 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
         submit(gpu, enc);
         let kept = crop.shape.kh * crop.shape.kw;
         println!("{s:?}: keeps {kept} of {} taps", s.kh * s.kw);
+        // As a step runs them: the kept taps copied once for the forward and the input-VJP.
+        let kept_w = poisoned(gpu, "kept", crop.shape.w_len() as usize);
+        let (y_kept, dx_kept) = (poisoned(gpu, "y", s.y_len() as usize), poisoned(gpu, "dx", s.x_len() as usize));
+        let mut enc = gpu.encoder();
+        k::crop_weights(gpu, &mut enc, &s, &crop, whole_slice(&bw), whole_slice(&kept_w)).unwrap();
+        k::conv2d_launch_kept(gpu, &mut enc, Conv2dOp::Forward, &crop, whole_slice(&bx), whole_slice(&kept_w), whole_slice(&y_kept)).unwrap();
+        k::conv2d_launch_kept(gpu, &mut enc, Conv2dOp::BackwardInput, &crop, whole_slice(&bdy), whole_slice(&kept_w), whole_slice(&dx_kept)).unwrap();
+        submit(gpu, enc);
         let (y, dx, dw) = (read(gpu, &y), read(gpu, &dx), read(gpu, &dw));
+        assert_eq!(bits(&read(gpu, &y_kept)), bits(&y), "conv2d_launch_kept forward {s:?}");
+        assert_eq!(bits(&read(gpu, &dx_kept)), bits(&dx), "conv2d_launch_kept input-VJP {s:?}");
         assert_close(&format!("conv2d_forward {s:?}"), &y, &y_ref, 1e-5);
         assert_close(&format!("conv2d_backward_input {s:?}"), &dx, &dx_ref, 1e-5);
         assert_eq!(bits(&y), bits(whole.y.as_ref().unwrap()), "conv2d_forward {s:?}");

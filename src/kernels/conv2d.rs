@@ -536,18 +536,46 @@ pub fn conv2d_launch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, sh
         choice => choice,
     };
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
-    let params = Params { crop_y: crop.ky, crop_x: crop.kx, crop_h: crop.shape.kh, crop_w: crop.shape.kw, ..shape.params() };
-    let kept = gpu.buffer("conv2d cropped weights", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
+    let kept = gpu.buffer("conv2d kept taps", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     let kept = Slice::whole(&kept);
-    let grid = grid_1d(shape.c_out as u64 * shape.c_in as u64, WG);
     if op == Conv2dOp::BackwardWeight {
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, b, kept)?;
         enc.clear_buffer(out.buffer, out.offset, Some(out.bytes()));
-        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &params, &[("kept taps' dw", kept), ("dw", out)], grid)
+        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &crop_params(shape, &crop), &[("kept taps' dw", kept), ("dw", out)], crop_grid(shape))
     } else {
-        launch(gpu, enc, op.name(), &SHADER, "conv2d_crop_weights", &params, &[("w", w), ("kept taps' w", kept)], grid)?;
+        crop_weights(gpu, enc, shape, &crop, w, kept)?;
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, kept, out)
     }
+}
+
+/// Copies the kept taps of `crop` (`shape.crop()`) out of the whole kernel `w` into `kept`
+/// (`crop.shape.w_len()` elements), for [`conv2d_launch_kept`]. The plain launchers copy on
+/// every call; a step copies once for a convolution's forward and input-VJP.
+pub fn crop_weights(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &Conv2dShape, crop: &Crop, w: Slice, kept: Slice) -> Result<()> {
+    const OP: &str = "conv2d_crop_weights";
+    shape.validate(OP)?;
+    expect_len(OP, "w", &w, shape.w_len(), "c_out·c_in·kh·kw")?;
+    expect_len(OP, "kept", &kept, crop.shape.w_len(), "c_out·c_in times the kept taps")?;
+    launch(gpu, enc, OP, &SHADER, OP, &crop_params(shape, crop), &[("w", w), ("kept", kept)], crop_grid(shape))
+}
+
+/// The forward or input-VJP as [`conv2d_launch`] runs it on a cropped kernel, from the kept
+/// taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of the whole shape.
+pub fn conv2d_launch_kept(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, crop: &Crop, a: Slice, kept: Slice, out: Slice) -> Result<()> {
+    if op == Conv2dOp::BackwardWeight {
+        return Err(KernelError::Arg { op: op.name(), arg: "op", problem: "reads no weights: use conv2d_launch".to_string() });
+    }
+    conv2d_launch_with(gpu, enc, op, conv2d_algo(gpu, op, &crop.shape)?, &crop.shape, a, kept, out)
+}
+
+/// The crop kernels' parameters: the whole kernel's shape, and where the kept taps sit in it.
+fn crop_params(shape: &Conv2dShape, crop: &Crop) -> Params {
+    Params { crop_y: crop.ky, crop_x: crop.kx, crop_h: crop.shape.kh, crop_w: crop.shape.kw, ..shape.params() }
+}
+
+/// One crop-kernel invocation per (output channel, input channel).
+fn crop_grid(shape: &Conv2dShape) -> [u32; 3] {
+    grid_1d(shape.c_out as u64 * shape.c_in as u64, WG)
 }
 
 /// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on

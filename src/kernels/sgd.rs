@@ -38,7 +38,7 @@ pub fn sgd_update(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, h: &SgdParams, para
         }
     }
     let len = param.len;
-    if len == 0 || len % 4 != 0 || len > u32::MAX as u64 {
+    if len == 0 || !len.is_multiple_of(4) || len > u32::MAX as u64 {
         let problem = format!("has {len} elements, expected a multiple of 4 from 4 to {}", u32::MAX - 3);
         return Err(KernelError::Arg { op: OP, arg: "param", problem });
     }
