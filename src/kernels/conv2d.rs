@@ -1054,7 +1054,7 @@ fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
 /// The variant the plain launchers use for `op` at `shape` on `gpu`:
 /// 1. `SYNCSTEP_CONV_ALGO` (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
 ///    [`Conv2dAlgo::all`]), where `op` has that kernel (else Blocked: the gathering GEMM is
-///    the input-VJP's only);
+///    the input-VJP's only); or `guess`, the browser's choice;
 /// 2. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
 ///    in a browser, where there is no clock, [`guess`] by device type.
 ///
@@ -1062,8 +1062,10 @@ fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
 /// in a file (see [`autotune::cache_path`]) that a later process reads instead of timing again.
 /// Every variant gives the same bits, so this changes speed only.
 pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
-    if let Some(forced) = forced_algo(op)? {
-        return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked });
+    match forced_algo(op)? {
+        Some(Forced::Algo(forced)) => return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked }),
+        Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
+        None => {}
     }
     let candidates = candidates(gpu, op);
     if candidates.len() == 1 {
@@ -1098,16 +1100,28 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     Ok(algo)
 }
 
+/// What `SYNCSTEP_CONV_ALGO` asks for: one variant, or `guess`, the browser's choice without a
+/// clock (to run natively what a browser runs).
+#[derive(Debug, PartialEq)]
+enum Forced {
+    Algo(Conv2dAlgo),
+    Guess,
+}
+
 /// `SYNCSTEP_CONV_ALGO`, parsed; an unknown name is an error that lists the known ones.
-fn forced_algo(op: Conv2dOp) -> Result<Option<Conv2dAlgo>> {
-    let Ok(name) = std::env::var("SYNCSTEP_CONV_ALGO") else { return Ok(None) };
-    if name.trim().is_empty() {
-        return Ok(None);
+fn forced_algo(op: Conv2dOp) -> Result<Option<Forced>> {
+    std::env::var("SYNCSTEP_CONV_ALGO").map_or(Ok(None), |name| parse_forced(op, &name))
+}
+
+fn parse_forced(op: Conv2dOp, name: &str) -> Result<Option<Forced>> {
+    match name.trim() {
+        "" => Ok(None),
+        "guess" => Ok(Some(Forced::Guess)),
+        name => Conv2dAlgo::parse(name).map(|a| Some(Forced::Algo(a))).ok_or_else(|| {
+            let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
+            KernelError::Arg { op: op.name(), arg: "SYNCSTEP_CONV_ALGO", problem: format!("is `{name}`; known: {}, guess", known.join(", ")) }
+        }),
     }
-    Conv2dAlgo::parse(&name).map(Some).ok_or_else(|| {
-        let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
-        KernelError::Arg { op: op.name(), arg: "SYNCSTEP_CONV_ALGO", problem: format!("is `{name}`; known: {}", known.join(", ")) }
-    })
 }
 
 /// (adapter, op, shape) → the variant chosen there.
@@ -1144,7 +1158,6 @@ pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
 /// Blocked kernel (2–2.5× the GEMMs' speed at layer1–3 on SwiftShader, as on lavapipe) where
 /// the adapter runs it, else register tiles with lanes over whichever of pixels and channels
 /// is larger.
-#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 fn guess(info: &wgpu::AdapterInfo, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
     guess_for(is_cpu(info), &info.name, op, s)
 }
@@ -1321,6 +1334,16 @@ mod autotune {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syncstep_conv_algo_names_a_variant_or_guess() {
+        let parse = |name| parse_forced(Conv2dOp::Forward, name);
+        assert_eq!(parse(" ").unwrap(), None);
+        assert_eq!(parse("guess").unwrap(), Some(Forced::Guess));
+        assert_eq!(parse("gemm-pixels-8x8").unwrap(), Some(Forced::Algo(Conv2dAlgo::Gemm(GEMM_TILES[2]))));
+        let err = parse("fastest").unwrap_err().to_string();
+        assert!(err.contains("SYNCSTEP_CONV_ALGO") && err.contains("`fastest`") && err.contains("blocked") && err.contains("guess"), "{err}");
+    }
 
     /// The browser's choice without a clock: GPUs the shared tiles; CPU adapters Blocked for
     /// the weight gradient unless llvmpipe's loop limit refuses it there, register tiles else.
