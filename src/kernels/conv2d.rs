@@ -1143,12 +1143,19 @@ fn is_cpu(info: &wgpu::AdapterInfo) -> bool {
 /// register tiles without workgroup memory. GPUs: workgroup-shared tiles, and the register
 /// tiles for the small GEMMs of the late stages. Direct is never a candidate.
 pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
+    candidates_for(&gpu.info.name, gpu.info.backend, is_cpu(&gpu.info), op)
+}
+
+fn candidates_for(adapter: &str, backend: wgpu::Backend, cpu: bool, op: Conv2dOp) -> Vec<Conv2dAlgo> {
     let mut all = vec![Conv2dAlgo::Blocked];
-    if op == Conv2dOp::BackwardWeight && gpu.info.backend == wgpu::Backend::Gl {
+    if op == Conv2dOp::BackwardWeight && backend == wgpu::Backend::Gl {
         return all; // the GEMMs are refused there (see backward_weight_gemm)
     }
-    all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)).filter(|a| a.has(op)));
-    if !is_cpu(&gpu.info) {
+    // SwiftShader's compiler takes over 8 GB and minutes for the weight-gradient GEMMs with
+    // 64 outputs or more per invocation (measured natively, 8×8): those it is not given.
+    let compiles = |t: &GemmTile| !(op == Conv2dOp::BackwardWeight && adapter.contains("SwiftShader") && t.per_invocation * t.per_workgroup > 32);
+    all.extend(GEMM_TILES.iter().filter(|t| compiles(t)).map(|&t| Conv2dAlgo::Gemm(t)).filter(|a| a.has(op)));
+    if !cpu {
         all.push(Conv2dAlgo::GemmShared);
     }
     all
@@ -1334,6 +1341,20 @@ mod autotune {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SwiftShader is not given the weight-gradient GEMMs whose compile takes it over 8 GB;
+    /// lavapipe and its other ops keep every tile; GPUs add the shared tiles.
+    #[test]
+    fn candidates_per_adapter() {
+        let big = |all: &[Conv2dAlgo]| all.iter().any(|a| matches!(a, Conv2dAlgo::Gemm(t) if t.per_invocation * t.per_workgroup > 32));
+        let vulkan = wgpu::Backend::Vulkan;
+        let swiftshader = candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::BackwardWeight);
+        assert!(!big(&swiftshader) && swiftshader.len() > 2, "{swiftshader:?}");
+        assert!(big(&candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::Forward)));
+        assert!(big(&candidates_for("llvmpipe (LLVM 15.0.6, 256 bits)", vulkan, true, Conv2dOp::BackwardWeight)));
+        assert_eq!(candidates_for("llvmpipe", wgpu::Backend::Gl, true, Conv2dOp::BackwardWeight), [Conv2dAlgo::Blocked]);
+        assert!(candidates_for("NVIDIA H200", vulkan, false, Conv2dOp::Forward).contains(&Conv2dAlgo::GemmShared));
+    }
 
     #[test]
     fn syncstep_conv_algo_names_a_variant_or_guess() {
