@@ -1166,14 +1166,21 @@ fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @
 @group(0) @binding(1) var<storage, read> crop_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> crop_out: array<f32>;
 
-// One invocation per (co, ci) pair: its kept taps, in rows and columns of the crop.
+// Tap (ty, tx) of the crop for the (co, ci) pair oc = co·c_in + ci: its index among the kept
+// taps (x) and in the whole kernel (y).
+fn crop_indices(oc: u32, ty: u32, tx: u32) -> vec2<u32> {
+    return vec2<u32>((oc * p.crop_h + ty) * p.crop_w + tx, (oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx);
+}
+
+// One invocation per (co, ci) pair, over its kept taps.
 @compute @workgroup_size(WG)
 fn conv2d_crop_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let oc = linear_index(gid, nwg); // co·c_in + ci
+    let oc = linear_index(gid, nwg);
     if (oc >= p.c_out * p.c_in) { return; }
     for (var ty = 0u; ty < p.crop_h; ty++) {
         for (var tx = 0u; tx < p.crop_w; tx++) {
-            crop_out[(oc * p.crop_h + ty) * p.crop_w + tx] = crop_in[(oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx];
+            let at = crop_indices(oc, ty, tx);
+            crop_out[at.x] = crop_in[at.y];
         }
     }
 }
@@ -1185,7 +1192,8 @@ fn conv2d_uncrop_weight_gradient(@builtin(global_invocation_id) gid: vec3<u32>, 
     if (oc >= p.c_out * p.c_in) { return; }
     for (var ty = 0u; ty < p.crop_h; ty++) {
         for (var tx = 0u; tx < p.crop_w; tx++) {
-            crop_out[(oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx] = crop_in[(oc * p.crop_h + ty) * p.crop_w + tx];
+            let at = crop_indices(oc, ty, tx);
+            crop_out[at.y] = crop_in[at.x];
         }
     }
 }
