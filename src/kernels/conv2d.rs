@@ -1292,6 +1292,8 @@ mod autotune {
     /// Timed runs per candidate after one untimed run (which compiles its pipelines on first
     /// use); the fastest run counts, the least disturbed by other work on the machine.
     const RUNS: usize = 2;
+    /// Candidates timed again in turns at the end.
+    const FINALISTS: usize = 3;
 
     pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
         // One tuning at a time per process: concurrent ones would time each other.
@@ -1312,6 +1314,7 @@ mod autotune {
         };
         gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
         let mut best: Option<(Duration, Conv2dAlgo)> = None;
+        let mut timed = Vec::new();
         for &algo in candidates {
             match run(algo) {
                 Ok(_) => {}
@@ -1333,8 +1336,19 @@ mod autotune {
             if best.is_none_or(|(t, _)| fastest < t) {
                 best = Some((fastest, algo));
             }
+            timed.push((fastest, algo));
         }
-        Ok(best.map_or(Conv2dAlgo::Blocked, |(_, algo)| algo))
+        // Other work on the machine during one candidate's runs makes it look slow, and the
+        // choice is kept for good: the three fastest run again, taking turns, and each keeps
+        // its best time.
+        timed.sort_by_key(|&(t, _)| t);
+        timed.truncate(FINALISTS);
+        for _ in 0..RUNS {
+            for (t, algo) in timed.iter_mut() {
+                *t = (*t).min(run(*algo)?);
+            }
+        }
+        Ok(timed.into_iter().min_by_key(|&(t, _)| t).map_or(Conv2dAlgo::Blocked, |(_, algo)| algo))
     }
 }
 
