@@ -531,10 +531,7 @@ pub fn conv2d_launch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, sh
     let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
     let clearable = op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
-    let (algo, crop) = match conv2d_choice(gpu, op, shape)? {
-        (_, Some(_)) if !clearable => (conv2d_algo(gpu, op, shape)?, None),
-        choice => choice,
-    };
+    let (algo, crop) = if clearable { conv2d_choice(gpu, op, shape)? } else { (conv2d_algo(gpu, op, shape)?, None) };
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
     let kept = gpu.buffer("conv2d kept taps", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     let kept = Slice::whole(&kept);
@@ -1081,7 +1078,7 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     #[cfg(not(target_arch = "wasm32"))]
     let algo = {
         let file = autotune::cache_path();
-        let remembered = file.as_deref().and_then(|f| autotune::load(f).get(&key).copied()).filter(|a| candidates.contains(a));
+        let remembered = file.as_deref().and_then(|f| autotune::remembered(f, &key)).filter(|a| candidates.contains(a));
         match remembered {
             Some(algo) => algo,
             None => {
@@ -1249,6 +1246,14 @@ mod autotune {
         })
     }
 
+    /// The choice for `key` in `file` as this process first read it: the file is read once, not
+    /// for each of a step's ~40 (op, shape) pairs. Choices this process makes stay in memory.
+    pub(super) fn remembered(file: &Path, key: &(String, Conv2dOp, Conv2dShape)) -> Option<Conv2dAlgo> {
+        static READ: OnceLock<Mutex<HashMap<PathBuf, Choices>>> = OnceLock::new();
+        let mut read = READ.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        read.entry(file.to_path_buf()).or_insert_with(|| load(file)).get(key).copied()
+    }
+
     fn parse_choice(line: &str) -> Option<((String, Conv2dOp, Conv2dShape), Conv2dAlgo)> {
         let [op, dims, algo, adapter] = line.split('\t').collect::<Vec<_>>().try_into().ok()?;
         let op = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight].into_iter().find(|o| o.name() == op)?;
@@ -1313,8 +1318,7 @@ mod autotune {
             Ok(start.elapsed())
         };
         gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
-        let mut best: Option<(Duration, Conv2dAlgo)> = None;
-        let mut timed = Vec::new();
+        let mut timed: Vec<(Duration, Conv2dAlgo)> = Vec::new();
         for &algo in candidates {
             match run(algo) {
                 Ok(_) => {}
@@ -1326,16 +1330,13 @@ mod autotune {
             // The untimed run included the JIT compile (which on lavapipe can take longer than
             // ten runs): the first timed run decides whether the candidate is worth more.
             let mut fastest = run(algo)?;
-            if best.is_some_and(|(t, _)| fastest > 10 * t) {
+            if timed.iter().any(|&(t, _)| fastest > 10 * t) {
                 continue;
             }
             for _ in 1..RUNS {
                 fastest = fastest.min(run(algo)?);
             }
             log::debug!("autotune {} {s:?}: {algo} {:.3} ms", op.name(), fastest.as_secs_f64() * 1e3);
-            if best.is_none_or(|(t, _)| fastest < t) {
-                best = Some((fastest, algo));
-            }
             timed.push((fastest, algo));
         }
         // Other work on the machine during one candidate's runs makes it look slow, and the
