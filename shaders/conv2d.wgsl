@@ -73,6 +73,11 @@ struct Params {
     crop_x: u32,
     crop_h: u32,
     crop_w: u32,
+    // conv2d_backward_weight_blocked only: dw's kernel size; tap (ky, kx) is its tap
+    // (crop_y + ky, crop_x + kx). The whole kernel when the launcher runs a cropped one, else
+    // kh × kw (and crop_y = crop_x = 0).
+    dw_kh: u32,
+    dw_kw: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -886,8 +891,9 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
         let accb = pairwise_total4(&blocks_b, p.n);
         // dw[co, ci, ky, kx]: a whole tile as 32 plain stores (on Mesa 22 a loop over a matrix
         // indexed by variables is slower), a ragged one element by element.
-        let at = (co0 * p.c_in + ci0) * khw + tap;
-        let co_step = p.c_in * khw;
+        let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
+        let dw_khw = p.dw_kh * p.dw_kw;
+        let co_step = p.c_in * dw_khw;
         if (co0 + 7u < p.c_out && ci0 + 3u < p.c_in) {
             wb_store_row(at, acc[0]);
             wb_store_row(at + co_step, acc[1]);
@@ -900,21 +906,21 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
         } else {
             for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
                 for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
-                    wb_dw[at + i * co_step + j * khw] = acc[i][j];
+                    wb_dw[at + i * co_step + j * dw_khw] = acc[i][j];
                 }
             }
             for (var i = 4u; i < 8u && co0 + i < p.c_out; i++) {
                 for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
-                    wb_dw[at + i * co_step + j * khw] = accb[i - 4u][j];
+                    wb_dw[at + i * co_step + j * dw_khw] = accb[i - 4u][j];
                 }
             }
         }
     }
 }
 
-// One output channel's four input channels at one tap, kh·kw apart in dw.
+// One output channel's four input channels at one tap, a kernel apart in dw.
 fn wb_store_row(at: u32, v: vec4<f32>) {
-    let khw = p.kh * p.kw;
+    let khw = p.dw_kh * p.dw_kw;
     wb_dw[at] = v.x;
     wb_dw[at + khw] = v.y;
     wb_dw[at + 2u * khw] = v.z;

@@ -228,6 +228,17 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
         assert_close(&format!("conv2d_backward_weight {s:?}"), &dw, &dw_ref, 1e-4);
         let zeros = dw.iter().filter(|&&v| v.to_bits() == 0).count() as u64;
         assert_eq!(zeros, s.w_len() / (s.kh * s.kw) as u64 * (s.kh * s.kw - kept) as u64, "{s:?}: +0 at the dropped taps only");
+        // Whichever variant runs the crop (Blocked writes the kept taps straight into dw, the
+        // others through a kept-taps buffer), the same bits; without COPY_DST, an error.
+        for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
+            let dw_algo = poisoned(gpu, "dw", s.w_len() as usize);
+            let mut enc = gpu.encoder();
+            k::conv2d_launch_cropped(gpu, &mut enc, Conv2dOp::BackwardWeight, algo, &s, Some(&crop), Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw_algo)).unwrap();
+            submit(gpu, enc);
+            assert_eq!(bits(&read(gpu, &dw_algo)), bits(&dw), "{algo} on the crop of {s:?}");
+            let err = k::conv2d_launch_cropped(gpu, &mut gpu.encoder(), Conv2dOp::BackwardWeight, algo, &s, Some(&crop), Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw_fixed)).unwrap_err().to_string();
+            assert!(err.contains("COPY_DST"), "{err}");
+        }
     }
 }
 

@@ -330,6 +330,8 @@ impl Conv2dShape {
             crop_x: 0,
             crop_h: 0,
             crop_w: 0,
+            dw_kh: self.kh,
+            dw_kw: self.kw,
         }
     }
 }
@@ -359,6 +361,8 @@ struct Params {
     crop_x: u32,
     crop_h: u32,
     crop_w: u32,
+    dw_kh: u32,
+    dw_kw: u32,
 }
 
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
@@ -478,15 +482,28 @@ pub fn conv2d_backward_weight_with(
     }
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
-        Conv2dAlgo::Blocked => {
-            ("conv2d_backward_weight_blocked", (s.c_out as u64).div_ceil(2 * TILE) * tiles(s.c_in as u64))
-        }
+        Conv2dAlgo::Blocked => return backward_weight_blocked(gpu, enc, s, dy, x, dw, None),
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), entry, &s.params(), &bindings, grid_1d(threads, WG))
+}
+
+/// The Blocked weight gradient of `s` into `dw` [c_out, c_in, kh, kw]; or, with `into` = (the
+/// whole shape, its crop) and `s` the cropped shape, straight into the kept taps of the whole
+/// kernel's `dw`, leaving the other taps as they are.
+fn backward_weight_blocked(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice, into: Option<(&Conv2dShape, &Crop)>) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let bindings = checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
+    expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
+    let params = match into {
+        Some((whole, crop)) => Params { crop_y: crop.ky, crop_x: crop.kx, dw_kh: whole.kh, dw_kw: whole.kw, ..s.params() },
+        None => s.params(),
+    };
+    let threads = (s.c_out as u64).div_ceil(2 * TILE) * tiles(s.c_in as u64);
+    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), "conv2d_backward_weight_blocked", &params, &bindings, grid_1d(threads, WG))
 }
 
 /// llvmpipe (lavapipe, and Mesa's GL on the CPU) ends every loop of an invocation once its
@@ -528,19 +545,36 @@ pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dO
 /// `op` as the plain launchers run it: on the cropped kernel where [`Conv2dShape::crop`] finds
 /// one, with [`conv2d_algo`]'s variant for the shape it runs (see [`conv2d_choice`]).
 pub fn conv2d_launch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
-    let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
+    checked(op, shape, [a, b, out])?;
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
     let clearable = op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
     let (algo, crop) = if clearable { conv2d_choice(gpu, op, shape)? } else { (conv2d_algo(gpu, op, shape)?, None) };
+    conv2d_launch_cropped(gpu, enc, op, algo, shape, crop.as_ref(), a, b, out)
+}
+
+/// `op` with `algo` run on `crop` (from `shape.crop()`; None: the whole kernel), as
+/// [`conv2d_launch`] runs its choice. A cropped weight gradient needs `out` with COPY_DST.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, crop: Option<&Crop>, a: Slice, b: Slice, out: Slice) -> Result<()> {
+    let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
+    if op == Conv2dOp::BackwardWeight {
+        // The dropped taps' gradient is +0: a clear, then the kept taps' kernel.
+        if !out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+            return Err(KernelError::Arg { op: op.name(), arg: "dw", problem: "needs COPY_DST to run on a cropped kernel (its dropped taps are cleared)".to_string() });
+        }
+        enc.clear_buffer(out.buffer, out.offset, Some(out.bytes()));
+        if algo == Conv2dAlgo::Blocked {
+            return backward_weight_blocked(gpu, enc, &crop.shape, a, b, out, Some((shape, crop)));
+        }
+    }
     let kept = gpu.buffer("conv2d kept taps", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     let kept = Slice::whole(&kept);
     if op == Conv2dOp::BackwardWeight {
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, b, kept)?;
-        enc.clear_buffer(out.buffer, out.offset, Some(out.bytes()));
-        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &crop_params(shape, &crop), &[("kept taps' dw", kept), ("dw", out)], crop_grid(shape))
+        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &crop_params(shape, crop), &[("kept taps' dw", kept), ("dw", out)], crop_grid(shape))
     } else {
-        crop_weights(gpu, enc, shape, &crop, w, kept)?;
+        crop_weights(gpu, enc, shape, crop, w, kept)?;
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, kept, out)
     }
 }
