@@ -589,7 +589,10 @@ impl Replica {
         let from = self.model.params[bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
         pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n, done).await?;
-        batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
+        if global.n > bs.n {
+            // Over every replica's rows; on one device those are the rows just summed.
+            batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
+        }
         let dy = self.scratch.take(&self.gpu, out.len())?;
         batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, dr, gate, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
         let shape = conv_shape(&conv, input);
