@@ -31,9 +31,12 @@ fn sgd_update(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     for (var k = 0u; k < RUN; k++) {
         let i = first + k * WG;
         if (i >= p.len4) { return; }
-        let g = grad[i] + p.weight_decay * param[i];
+        // One load of the parameter: after the velocity store a second would be loaded again
+        // (the driver cannot tell that the bindings do not alias).
+        let w = param[i];
+        let g = grad[i] + p.weight_decay * w;
         let v = p.momentum * velocity[i] + g;
         velocity[i] = v;
-        param[i] = param[i] - p.lr * v;
+        param[i] = w - p.lr * v;
     }
 }
