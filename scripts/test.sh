@@ -12,6 +12,9 @@ source scripts/setup.sh
 # binaries share them, so each shape is timed once per run.
 export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.txt}"
 cargo test --release --all-targets "$@"
+# lavapipe has subgroups, so the run above tested the kernels that broadcast; the ones that
+# load (browsers, devices without subgroups) once more here.
+SYNCSTEP_SUBGROUPS=off cargo test --release --test conv2d "$@"
 
 cargo build --release --bin syncstep --quiet
 bash scripts/setup-web.sh --test

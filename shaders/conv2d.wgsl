@@ -815,13 +815,26 @@ fn outputs_inside(k: u32, size: u32, out: u32) -> vec2<u32> {
     return vec2<u32>(first, max(first, end));
 }
 
-@compute @workgroup_size(WG)
-fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_index(gid, nwg);
+// A workgroup holds one tile of output channels, its invocations consecutive tiles of input
+// channels: every invocation of a workgroup reads the same dy. Where the device has subgroups
+// of 8 or more, the launcher compiles the dy reads between BEGIN DY and END DY as one load per
+// invocation, each of a different output channel, and subgroupBroadcast to the others (on
+// lavapipe a storage load is a loop over the SIMD lanes, a broadcast one instruction: 1.4–1.7×
+// the plain kernel at layer1–3, Mesa 22 and 25).
+const WB_LANES: u32 = 16u;
+
+@compute @workgroup_size(WB_LANES)
+fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let ci_tiles = (p.c_in + 3u) / 4u;
-    if (t >= ci_tiles * ((p.c_out + 7u) / 8u)) { return; }
-    let ci0 = (t % ci_tiles) * 4u;
-    let co0 = (t / ci_tiles) * 8u;
+    let ci_blocks = (ci_tiles + WB_LANES - 1u) / WB_LANES;
+    let f = wid.x + wid.y * nwg.x;
+    let co0 = (f / ci_blocks) * 8u;
+    if (co0 >= p.c_out) { return; }
+    // Invocations past the last input-channel tile repeat it and skip the write: all of a
+    // subgroup stay active for its broadcasts.
+    let ci_tile = (f % ci_blocks) * WB_LANES + lid;
+    let live = ci_tile < ci_tiles;
+    let ci0 = min(ci_tile, ci_tiles - 1u) * 4u;
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
     // Channels past a ragged edge are clamped for the loads and skipped at the write; the
     // output channels in two vec4s, co0..co0+3 (a) and co0+4..co0+7 (b).
@@ -863,17 +876,21 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
                 for (var ox = cols.x; ox < cols.y; ox++) {
                     let xi = x_n + vec4<u32>(iy * p.w + ox * p.stride + kx - p.pad);
                     let xv = vec4<f32>(wb_x[xi.x], wb_x[xi.y], wb_x[xi.z], wb_x[xi.w]);
-                    let pix = vec4<u32>(oy * p.out_w + ox);
-                    let o = dy_n + pix;
-                    let q = dy_b + pix;
-                    row0 += wb_dy[o.x] * xv;
-                    row1 += wb_dy[o.y] * xv;
-                    row2 += wb_dy[o.z] * xv;
-                    row3 += wb_dy[o.w] * xv;
-                    row4 += wb_dy[q.x] * xv;
-                    row5 += wb_dy[q.y] * xv;
-                    row6 += wb_dy[q.z] * xv;
-                    row7 += wb_dy[q.w] * xv;
+                    let pix = oy * p.out_w + ox;
+                    // BEGIN DY conv2d_backward_weight_blocked
+                    let o = dy_n + vec4<u32>(pix);
+                    let q = dy_b + vec4<u32>(pix);
+                    let da = vec4<f32>(wb_dy[o.x], wb_dy[o.y], wb_dy[o.z], wb_dy[o.w]);
+                    let db = vec4<f32>(wb_dy[q.x], wb_dy[q.y], wb_dy[q.z], wb_dy[q.w]);
+                    // END DY conv2d_backward_weight_blocked
+                    row0 += da.x * xv;
+                    row1 += da.y * xv;
+                    row2 += da.z * xv;
+                    row3 += da.w * xv;
+                    row4 += db.x * xv;
+                    row5 += db.y * xv;
+                    row6 += db.z * xv;
+                    row7 += db.w * xv;
                 }
                 acc0 += row0;
                 acc1 += row1;
@@ -894,7 +911,7 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
         let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
         let dw_khw = p.dw_kh * p.dw_kw;
         let co_step = p.c_in * dw_khw;
-        if (co0 + 7u < p.c_out && ci0 + 3u < p.c_in) {
+        if (live && co0 + 7u < p.c_out && ci0 + 3u < p.c_in) {
             wb_store_row(at, acc[0]);
             wb_store_row(at + co_step, acc[1]);
             wb_store_row(at + 2u * co_step, acc[2]);
@@ -903,7 +920,7 @@ fn conv2d_backward_weight_blocked(@builtin(global_invocation_id) gid: vec3<u32>,
             wb_store_row(at + 5u * co_step, accb[1]);
             wb_store_row(at + 6u * co_step, accb[2]);
             wb_store_row(at + 7u * co_step, accb[3]);
-        } else {
+        } else if (live) {
             for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
                 for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
                     wb_dw[at + i * co_step + j * dw_khw] = acc[i][j];

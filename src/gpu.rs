@@ -240,6 +240,10 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// Whether kernels may pass values between the first 8 invocations of a subgroup with
+    /// subgroupBroadcast: subgroups of 8 or more, and `SYNCSTEP_SUBGROUPS` is not `off` (which
+    /// runs the kernels that load instead, as on devices without subgroups).
+    pub broadcasts: bool,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
     sink: Arc<Mutex<ErrorSink>>,
@@ -264,7 +268,10 @@ impl Gpu {
     /// A device with the given limits, e.g. tighter ones to see how shapes past them are refused.
     pub async fn from_adapter_with_limits(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
         let info = adapter.get_info();
-        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let subgroups_off = cfg!(not(target_arch = "wasm32")) && std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
+        let wanted = if subgroups_off { wgpu::Features::TIMESTAMP_QUERY } else { wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP };
+        let features = adapter.features() & wanted;
+        let broadcasts = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size >= 8;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("syncstep"),
@@ -292,6 +299,7 @@ impl Gpu {
             info,
             limits,
             features,
+            broadcasts,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             sink,

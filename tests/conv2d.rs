@@ -242,6 +242,21 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
     }
 }
 
+/// CI's lavapipe has subgroups of 8, so the run of these tests without SYNCSTEP_SUBGROUPS=off
+/// must be the one of the kernels that broadcast (scripts/test.sh runs the others after).
+#[test]
+fn lavapipe_runs_the_kernels_that_broadcast_unless_told_not_to() {
+    let Some(gpu) = gpu() else { return };
+    let off = std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
+    println!("{}: subgroups of {}–{}, broadcasts: {}", gpu.info.name, gpu.info.subgroup_min_size, gpu.info.subgroup_max_size, gpu.broadcasts);
+    if gpu.info.name.contains("llvmpipe") && gpu.info.backend == wgpu::Backend::Vulkan {
+        assert_eq!(gpu.broadcasts, !off);
+    }
+    if off {
+        assert!(!gpu.broadcasts);
+    }
+}
+
 #[test]
 fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     let Some(gpu) = gpu() else { return };
