@@ -577,13 +577,19 @@ const GEMM_WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read> gl_b: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> gl_out: array<f32>;
 
-// The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge.
-fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+// Whether conv2d_gemm_lanes and _gather broadcast their rows of b across a subgroup (see
+// gemm_tile_body in src/kernels/conv2d.rs, which sets it).
+const GEMM_BROADCAST: bool = false;
+
+// The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge. With
+// `whole_subgroups`, invocations past the last rows of a go on with clamped loads and no stores,
+// so that all of a subgroup take part in its broadcasts.
+fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>, whole_subgroups: bool) -> vec2<u32> {
     let a_groups = (g.rows_a + GEMM_WG * GEMM_A - 1u) / (GEMM_WG * GEMM_A);
     let f = wid.x + wid.y * nwg.x;
     let i0 = ((f % a_groups) * GEMM_WG + lid) * GEMM_A;
     let j0 = (f / a_groups) * GEMM_B;
-    if (i0 >= g.rows_a || j0 >= g.rows_b) { return vec2<u32>(0xffffffffu); }
+    if ((i0 >= g.rows_a && !whole_subgroups) || j0 >= g.rows_b) { return vec2<u32>(0xffffffffu); }
     return vec2<u32>(i0, j0);
 }
 
@@ -593,7 +599,7 @@ fn gemm_lanes_store(i: u32, j: u32, sum: f32) {
 
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let origin = gemm_lanes_origin(lid, wid, nwg);
+    let origin = gemm_lanes_origin(lid, wid, nwg, GEMM_BROADCAST);
     if (origin.x == 0xffffffffu) { return; }
     let i0 = origin.x;
     let j0 = origin.y;
@@ -654,7 +660,7 @@ fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgro
 
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let origin = gemm_lanes_origin(lid, wid, nwg);
+    let origin = gemm_lanes_origin(lid, wid, nwg, GEMM_BROADCAST);
     if (origin.x == 0xffffffffu) { return; }
     let i0 = origin.x;
     let j0 = origin.y;
@@ -994,7 +1000,7 @@ fn gemm_weight_dy_row(q: u32) -> u32 {
 // workgroup shares GEMM_B / 4 vec4s of k. Tile bodies as conv2d_gemm_lanes'.
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let origin = gemm_lanes_origin(lid, wid, nwg);
+    let origin = gemm_lanes_origin(lid, wid, nwg, false);
     if (origin.x == 0xffffffffu) { return; }
     let kv0 = origin.x / 4u;
     let co0 = origin.y;
@@ -1053,7 +1059,7 @@ fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin
 
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_weight_channels(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let origin = gemm_lanes_origin(lid, wid, nwg);
+    let origin = gemm_lanes_origin(lid, wid, nwg, false);
     if (origin.x == 0xffffffffu) { return; }
     let co0 = origin.x;
     let kv0 = origin.y / 4u;

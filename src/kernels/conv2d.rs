@@ -653,21 +653,31 @@ fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
 /// conv2d.wgsl for one tile of the conv2d_gemm_* kernels with register tiles: the tile constants
 /// and the bodies between BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline
 /// cache is keyed by the shader's name).
-fn gemm_lanes_shader(tile: GemmTile) -> Shader {
-    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32), Shader>>> = OnceLock::new();
+fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32, bool), Shader>>> = OnceLock::new();
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
     let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    *shaders.entry((a, b)).or_insert_with(|| {
+    *shaders.entry((a, b, broadcasts)).or_insert_with(|| {
         let source = TileKernel::ALL.into_iter().fold(SOURCE.to_string(), |source, kernel| {
             let (begin, end) = tile_block(&source, kernel);
-            format!("{}{}{}", &source[..begin], gemm_tile(kernel, a, b), &source[end..])
+            let body = gemm_tile(kernel, a, b, broadcasts && kernel.broadcasts());
+            let source = format!("{}{}{}", &source[..begin], body, &source[end..]);
+            if broadcasts && kernel.broadcasts() { with_subgroup_index(&source, kernel.entry()) } else { source }
         });
         let source = source
             .replace("const GEMM_A: u32 = 4u;", &format!("const GEMM_A: u32 = {a}u;"))
-            .replace("const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"));
-        let name = format!("conv2d_gemm_{a}x{b}");
+            .replace("const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"))
+            .replace("const GEMM_BROADCAST: bool = false;", &format!("const GEMM_BROADCAST: bool = {broadcasts};"));
+        let name = format!("conv2d_gemm_{a}x{b}{}", if broadcasts { "_broadcast" } else { "" });
         Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
     })
+}
+
+/// `source` with entry point `entry` also taking its subgroup index, `sid`.
+fn with_subgroup_index(source: &str, entry: &str) -> String {
+    let head = format!("fn {entry}(");
+    let at = source.find(&head).unwrap_or_else(|| panic!("conv2d.wgsl has `{head}`")) + head.len();
+    format!("{}@builtin(subgroup_invocation_id) sid: u32, {}", &source[..at], &source[at..])
 }
 
 /// The kernels whose tile bodies are written out per tile.
@@ -681,6 +691,12 @@ enum TileKernel {
 
 impl TileKernel {
     const ALL: [TileKernel; 4] = [TileKernel::Lanes, TileKernel::Gather, TileKernel::WeightPixels, TileKernel::WeightChannels];
+
+    /// Whether the tile's shared rows (b) can be broadcast (`Gpu::broadcasts`): the GEMMs of the
+    /// forward and input-VJP.
+    fn broadcasts(self) -> bool {
+        matches!(self, TileKernel::Lanes | TileKernel::Gather)
+    }
 
     fn entry(self) -> &'static str {
         match self {
@@ -701,13 +717,13 @@ fn tile_block(source: &str, kernel: TileKernel) -> (usize, usize) {
 
 /// `kernel`'s body for an `a`×`b` tile, written out with a variable per output: CPU drivers run
 /// a loop as a SIMD loop under a lane mask, which keeps an array it indexes in memory.
-fn gemm_tile(kernel: TileKernel, a: u32, b: u32) -> String {
+fn gemm_tile(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> String {
     let mut lines = vec![
         format!("    // BEGIN TILE {}: the body for GEMM_A × GEMM_B = {a} × {b}, as gemm_tile in", kernel.entry()),
         "    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.".into(),
     ];
     match kernel {
-        TileKernel::Lanes | TileKernel::Gather => lines.extend(gemm_tile_body(kernel, a, b)),
+        TileKernel::Lanes | TileKernel::Gather => lines.extend(gemm_tile_body(kernel, a, b, broadcast)),
         TileKernel::WeightPixels => lines.extend(gemm_weight_tile_body(b, a / 4)),
         TileKernel::WeightChannels => lines.extend(gemm_weight_tile_body(a, b / 4)),
     }
@@ -722,12 +738,24 @@ fn unrolled(indent: &str, rows: u32, cols: u32, f: impl Fn(u32, u32) -> String) 
 
 /// conv2d_gemm_lanes' and conv2d_gemm_gather's tile: outputs s{i}_{j}, a row i of a by a row j
 /// of b, summed over k.
-fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32) -> Vec<String> {
+/// With `broadcast`, the workgroup's rows of b are not loaded by every invocation: row j by those
+/// whose subgroup index is j mod 8 (one load each per 8 rows), then subgroupBroadcast to all.
+fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<String> {
     let mut lines: Vec<String> = (0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")).collect();
-    lines.extend((0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")));
+    let loads = b.div_ceil(8);
+    if broadcast {
+        lines.extend((0..loads).map(|k| format!("    let bl{k} = min(j0 + {}u + sid % 8u, g.rows_b - 1u) * g.row4;", 8 * k)));
+    } else {
+        lines.extend((0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")));
+    }
     lines.extend(unrolled("    ", a, b, |i, j| format!("var s{i}_{j} = 0.0;")));
     lines.push("    for (var v = 0u; v < g.row4; v++) {".into());
-    lines.extend((0..b).map(|j| format!("        let bv{j} = gl_b[b{j} + v];")));
+    if broadcast {
+        lines.extend((0..loads).map(|k| format!("        let bm{k} = gl_b[bl{k} + v];")));
+        lines.extend((0..b).map(|j| format!("        let bv{j} = subgroupBroadcast(bm{}, {}u);", j / 8, j % 8)));
+    } else {
+        lines.extend((0..b).map(|j| format!("        let bv{j} = gl_b[b{j} + v];")));
+    }
     if kernel == TileKernel::Gather {
         lines.push("        let tap = gg_taps[v];".into());
         lines.push("        let live = tap != vec4<u32>(0xffffffffu);".into());
@@ -885,7 +913,7 @@ fn gemm(
         Conv2dAlgo::Gemm(tile) => {
             let entry = if tile.lanes == GemmLanes::ChannelsGather { "conv2d_gemm_gather" } else { "conv2d_gemm_lanes" };
             let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-            launch(gpu, enc, op, &gemm_lanes_shader(tile), entry, &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+            launch(gpu, enc, op, &gemm_lanes_shader(tile, gpu.broadcasts), entry, &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
         }
         _ => {
             let groups = rows_a.div_ceil(SHARED_EDGE) * rows_b.div_ceil(SHARED_EDGE);
@@ -1027,7 +1055,7 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: Conv2dA
             Conv2dAlgo::Gemm(tile) => {
                 let entry = if tile.lanes == GemmLanes::Channels { "conv2d_gemm_weight_channels" } else { "conv2d_gemm_weight_pixels" };
                 let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-                let shader = pairwise_shader(&gemm_lanes_shader(tile), s.n);
+                let shader = pairwise_shader(&gemm_lanes_shader(tile, false), s.n);
                 launch(gpu, enc, OP, &shader, entry, &gemm, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
             }
             _ => {
@@ -1532,16 +1560,17 @@ mod tests {
     fn the_shader_file_holds_the_generated_4x4_tiles() {
         for kernel in TileKernel::ALL {
             let (begin, end) = tile_block(SOURCE, kernel);
-            assert_eq!(&SOURCE[begin..end], gemm_tile(kernel, 4, 4), "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4)");
+            assert_eq!(&SOURCE[begin..end], gemm_tile(kernel, 4, 4, false), "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4, false)");
         }
     }
 
     #[test]
     fn every_tile_specialises_to_valid_wgsl() {
-        for tile in GEMM_TILES {
-            let shader = gemm_lanes_shader(tile);
+        for (tile, broadcasts) in GEMM_TILES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
+            let shader = gemm_lanes_shader(tile, broadcasts);
             let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
-            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+            let capabilities = if broadcasts { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };
+            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
             validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
             assert!(shader.source.contains(&format!("s{}_{} += ", tile.per_invocation - 1, tile.per_workgroup - 1)), "{}", shader.name);
         }
