@@ -653,8 +653,11 @@ fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
 /// conv2d.wgsl for one tile of the conv2d_gemm_* kernels with register tiles: the tile constants
 /// and the bodies between BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline
 /// cache is keyed by the shader's name).
+/// The compiled-in variants of conv2d.wgsl: (tile rows per invocation, per workgroup, broadcast).
+type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
+
 fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
-    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32, bool), Shader>>> = OnceLock::new();
+    static SHADERS: OnceLock<TileShaders> = OnceLock::new();
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
     let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((a, b, broadcasts)).or_insert_with(|| {
