@@ -14,7 +14,7 @@ export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-
 cargo test --release --all-targets "$@"
 # lavapipe has subgroups, so the run above tested the kernels that broadcast; the ones that
 # load (browsers, devices without subgroups) once more here.
-SYNCSTEP_SUBGROUPS=off cargo test --release --test conv2d "$@"
+SYNCSTEP_SUBGROUPS=off cargo test --release --test conv2d --test matmul "$@"
 
 cargo build --release --bin syncstep --quiet
 bash scripts/setup-web.sh --test

@@ -43,6 +43,8 @@ fn matmul_simple(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 
 const TILE_M: u32 = 4u;
 const TILE_N4: u32 = 2u;
+// Whether the tile broadcasts A's rows across a subgroup (set by the launcher with the body).
+const TILE_BROADCAST: bool = false;
 
 @group(0) @binding(1) var<storage, read> mt_a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> mt_b: array<vec4<f32>>;
@@ -60,7 +62,9 @@ fn matmul_tiled(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     let f = wid.x + wid.y * nwg.x;
     let r0 = (f / col_groups) * TILE_M;
     let c0 = ((f % col_groups) * WG + lid) * TILE_N4;
-    if (r0 >= p.m || c0 >= n4) { return; }
+    // Past C's last columns an invocation clamps its reads and skips its writes, but stays when
+    // the tile broadcasts, for every invocation of a subgroup to take part.
+    if (r0 >= p.m || (c0 >= n4 && !TILE_BROADCAST)) { return; }
     // BEGIN TILE: 4 rows × 2 vec4s, as matmul_tile in src/kernels/matmul.rs writes it.
     let a0 = min(r0 + 0u, p.m - 1u) * k4;
     let a1 = min(r0 + 1u, p.m - 1u) * k4;

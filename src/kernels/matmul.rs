@@ -81,22 +81,33 @@ pub fn matmul(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: MatmulAlgo, shape
             }
             let col_groups = (n / 4).div_ceil(WG as u64 * (cols / 4) as u64);
             let groups = m.div_ceil(rows as u64) * col_groups;
-            launch(gpu, enc, OP, &tiled_shader(rows, cols / 4), "matmul_tiled", &params, &bindings, grid_1d(groups * WG as u64, WG))
+            launch(gpu, enc, OP, &tiled_shader(rows, cols / 4, gpu.broadcasts), "matmul_tiled", &params, &bindings, grid_1d(groups * WG as u64, WG))
         }
     }
 }
 
+/// The compiled tiles: (rows, vec4 columns, broadcast).
+type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
+
 /// matmul.wgsl for one tile: its constants and the body between BEGIN TILE and END TILE
-/// replaced; compiled once per tile (the pipeline cache is keyed by the shader's name).
-fn tiled_shader(rows: u32, cols4: u32) -> Shader {
-    static SHADERS: OnceLock<Mutex<HashMap<(u32, u32), Shader>>> = OnceLock::new();
+/// replaced; compiled once per tile (the pipeline cache is keyed by the shader's name). With
+/// `broadcasts` (`Gpu::broadcasts`) the workgroup's rows of A are loaded once per 8
+/// invocations and subgroupBroadcast, as the convolutions' GEMMs do.
+fn tiled_shader(rows: u32, cols4: u32, broadcasts: bool) -> Shader {
+    static SHADERS: OnceLock<TileShaders> = OnceLock::new();
     let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    *shaders.entry((rows, cols4)).or_insert_with(|| {
+    *shaders.entry((rows, cols4, broadcasts)).or_insert_with(|| {
         let (begin, end) = tile_block(SOURCE);
-        let source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4), &SOURCE[end..])
+        let mut source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4, broadcasts), &SOURCE[end..])
             .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
-            .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"));
-        let name = format!("matmul_{rows}x{}", 4 * cols4);
+            .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"))
+            .replace("const TILE_BROADCAST: bool = false;", &format!("const TILE_BROADCAST: bool = {broadcasts};"));
+        if broadcasts {
+            const HEAD: &str = "fn matmul_tiled(";
+            let at = source.find(HEAD).expect("matmul.wgsl has matmul_tiled") + HEAD.len();
+            source.insert_str(at, "@builtin(subgroup_invocation_id) sid: u32, ");
+        }
+        let name = format!("matmul_{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
         Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
     })
 }
@@ -111,9 +122,14 @@ fn tile_block(source: &str) -> (usize, usize) {
 /// matmul_tiled's body for `rows` × `cols4` vec4s, written out with a variable per vec4 of C:
 /// CPU drivers run a loop as a SIMD loop under a lane mask, which keeps an array it indexes in
 /// memory.
-fn matmul_tile(rows: u32, cols4: u32) -> String {
+fn matmul_tile(rows: u32, cols4: u32, broadcast: bool) -> String {
     let mut lines = vec![format!("    // BEGIN TILE: {rows} rows × {cols4} vec4s, as matmul_tile in src/kernels/matmul.rs writes it.")];
-    lines.extend((0..rows).map(|i| format!("    let a{i} = min(r0 + {i}u, p.m - 1u) * k4;")));
+    let loads = rows.div_ceil(8);
+    if broadcast {
+        lines.extend((0..loads).map(|k| format!("    let al{k} = min(r0 + {}u + sid % 8u, p.m - 1u) * k4;", 8 * k)));
+    } else {
+        lines.extend((0..rows).map(|i| format!("    let a{i} = min(r0 + {i}u, p.m - 1u) * k4;")));
+    }
     lines.extend((0..cols4).map(|j| format!("    let col{j} = min(c0 + {j}u, n4 - 1u);")));
     let row = |i: u32, f: &dyn Fn(u32, u32) -> String| (0..cols4).map(|j| f(i, j)).collect::<Vec<_>>().join(" ");
     lines.extend((0..rows).map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = vec4<f32>(0.0);")))));
@@ -122,8 +138,11 @@ fn matmul_tile(rows: u32, cols4: u32) -> String {
     for j in 0..cols4 {
         lines.push(format!("        let b{j} = array<vec4<f32>, 4>(mt_b[b_row + col{j}], mt_b[b_row + n4 + col{j}], mt_b[b_row + 2u * n4 + col{j}], mt_b[b_row + 3u * n4 + col{j}]);"));
     }
+    if broadcast {
+        lines.extend((0..loads).map(|k| format!("        let am{k} = mt_a[al{k} + kk];")));
+    }
     for i in 0..rows {
-        lines.push(format!("        let av{i} = mt_a[a{i} + kk];"));
+        lines.push(if broadcast { format!("        let av{i} = subgroupBroadcast(am{}, {}u);", i / 8, i % 8) } else { format!("        let av{i} = mt_a[a{i} + kk];") });
         lines.extend((0..cols4).map(|j| {
             format!("        s{i}_{j} += av{i}.x * b{j}[0]; s{i}_{j} += av{i}.y * b{j}[1]; s{i}_{j} += av{i}.z * b{j}[2]; s{i}_{j} += av{i}.w * b{j}[3];")
         }));
@@ -141,16 +160,17 @@ mod tests {
     #[test]
     fn the_shader_file_holds_the_generated_4x8_tile() {
         let (begin, end) = tile_block(SOURCE);
-        assert_eq!(&SOURCE[begin..end], matmul_tile(4, 2), "regenerate matmul.wgsl's tile body with matmul_tile(4, 2)");
+        assert_eq!(&SOURCE[begin..end], matmul_tile(4, 2, false), "regenerate matmul.wgsl's tile body with matmul_tile(4, 2, false)");
     }
 
     #[test]
     fn every_tile_specialises_to_valid_wgsl() {
-        for algo in MATMUL_TILES {
+        for (algo, broadcasts) in MATMUL_TILES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
             let MatmulAlgo::Tiled { rows, cols } = algo else { unreachable!() };
-            let shader = tiled_shader(rows, cols / 4);
+            let shader = tiled_shader(rows, cols / 4, broadcasts);
             let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
-            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+            let capabilities = if broadcasts { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };
+            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
             validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
         }
     }
