@@ -107,7 +107,7 @@ pub enum GemmLanes {
 /// holds as many outputs, each with a row and an example sum: on Mesa 22 (shared cores) the
 /// autotune picked 8×8 and 12×8 tiles at 8² maps and up, 4×8 channel lanes below, and kept
 /// Blocked for the stem, the 1×1 projections and some 1×1 maps.
-pub const GEMM_TILES: [GemmTile; 10] = [
+pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 },
@@ -118,6 +118,11 @@ pub const GEMM_TILES: [GemmTile; 10] = [
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 12 },
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 8, per_workgroup: 8 },
+    // 16 rows shared by the workgroup: two loads and sixteen broadcasts where the device
+    // broadcasts (Gpu::broadcasts); the autotune took them at layer1–3 on Mesa 25.
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 16 },
+    GemmTile { lanes: GemmLanes::Channels, per_invocation: 4, per_workgroup: 16 },
+    GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 16 },
 ];
 
 impl Conv2dAlgo {
