@@ -798,14 +798,14 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     wd_dw[i] = pairwise_total(&blocks, p.n);
 }
 
-// Tile: output channels co0..co0+7 × input channels ci0..ci0+3, one tap (ky, kx) after the
-// other, each in the direct kernel's summation order (8×4 beat 4×4 by 8–24% at layer1–3 on
-// Mesa 22 and 25: four x loads serve 32 products). Rows and columns of output pixels whose
-// window puts the tap on padding only add +0 (see the header), so the loops skip them: on
-// ResNet-34's 2×2 maps a 3×3 kernel's taps read the input at 16 of 36 (pixel, tap) pairs. Every
-// invocation is at the same tap at the same time, so those loop bounds are the same across
-// invocations; and an invocation writes whole kernels (kh·kw consecutive weights), not one
-// weight per cache line.
+// Tile: output channels co0..co0+15 × input channels ci0..ci0+3, one tap (ky, kx) after the
+// other, each in the direct kernel's summation order (four x loads serve 64 products). Rows and
+// columns of output pixels whose window puts the tap on padding only add +0 (see the header), so
+// the loops skip them: on ResNet-34's 2×2 maps a 3×3 kernel's taps read the input at 16 of 36
+// (pixel, tap) pairs. Every invocation is at the same tap at the same time, so those loop bounds
+// are the same across invocations; and an invocation writes whole kernels (kh·kw consecutive
+// weights), not one weight per cache line. The sums of 4 output channels are the columns of one
+// matrix: a, b, c, d hold channels co0..co0+3, +4..+7, +8..+11, +12..+15.
 @group(0) @binding(1) var<storage, read> wb_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> wb_x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> wb_dw: array<f32>;
@@ -823,30 +823,32 @@ fn outputs_inside(k: u32, size: u32, out: u32) -> vec2<u32> {
 
 // A workgroup holds one tile of output channels, its invocations consecutive tiles of input
 // channels: every invocation of a workgroup reads the same dy. Where the device has subgroups
-// of 8 or more, the launcher compiles the dy reads between BEGIN DY and END DY as one load per
+// of 8 or more, the launcher compiles the dy reads between BEGIN DY and END DY as two loads per
 // invocation, each of a different output channel, and subgroupBroadcast to the others (on
-// lavapipe a storage load is a loop over the SIMD lanes, a broadcast one instruction: 1.4–1.7×
-// the plain kernel at layer1–3, Mesa 22 and 25).
+// lavapipe a storage load is a loop over the SIMD lanes, a broadcast one instruction).
 const WB_LANES: u32 = 16u;
+const WB_CO: u32 = 16u;
 
 @compute @workgroup_size(WB_LANES)
 fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let ci_tiles = (p.c_in + 3u) / 4u;
     let ci_blocks = (ci_tiles + WB_LANES - 1u) / WB_LANES;
     let f = wid.x + wid.y * nwg.x;
-    let co0 = (f / ci_blocks) * 8u;
+    let co0 = (f / ci_blocks) * WB_CO;
     if (co0 >= p.c_out) { return; }
     // Invocations past the last input-channel tile repeat it and skip the write: all of a
-    // subgroup stay active for its broadcasts.
+    // subgroup stay active for its broadcasts. Channels past a ragged edge are clamped for the
+    // loads and skipped at the write.
     let ci_tile = (f % ci_blocks) * WB_LANES + lid;
     let live = ci_tile < ci_tiles;
     let ci0 = min(ci_tile, ci_tiles - 1u) * 4u;
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
-    // Channels past a ragged edge are clamped for the loads and skipped at the write; the
-    // output channels in two vec4s, co0..co0+3 (a) and co0+4..co0+7 (b).
     let ci = min(vec4<u32>(ci0) + lanes, vec4<u32>(p.c_in - 1u));
-    let co = min(vec4<u32>(co0) + lanes, vec4<u32>(p.c_out - 1u));
-    let cb = min(vec4<u32>(co0 + 4u) + lanes, vec4<u32>(p.c_out - 1u));
+    let last = vec4<u32>(p.c_out - 1u);
+    let co_a = min(vec4<u32>(co0) + lanes, last);
+    let co_b = min(vec4<u32>(co0 + 4u) + lanes, last);
+    let co_c = min(vec4<u32>(co0 + 8u) + lanes, last);
+    let co_d = min(vec4<u32>(co0 + 12u) + lanes, last);
     let hw = p.h * p.w;
     let ohw = p.out_h * p.out_w;
     let khw = p.kh * p.kw;
@@ -855,88 +857,81 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
         let kx = tap % p.kw;
         let rows = outputs_inside(ky, p.h, p.out_h);
         let cols = outputs_inside(kx, p.w, p.out_w);
-        var blocks: array<mat4x4<f32>, PAIRWISE_LEVELS>;
+        var blocks_a: array<mat4x4<f32>, PAIRWISE_LEVELS>;
         var blocks_b: array<mat4x4<f32>, PAIRWISE_LEVELS>;
+        var blocks_c: array<mat4x4<f32>, PAIRWISE_LEVELS>;
+        var blocks_d: array<mat4x4<f32>, PAIRWISE_LEVELS>;
         for (var n = 0u; n < p.n; n++) {
-            var acc0 = vec4<f32>(0.0);
-            var acc1 = vec4<f32>(0.0);
-            var acc2 = vec4<f32>(0.0);
-            var acc3 = vec4<f32>(0.0);
-            var acc4 = vec4<f32>(0.0);
-            var acc5 = vec4<f32>(0.0);
-            var acc6 = vec4<f32>(0.0);
-            var acc7 = vec4<f32>(0.0);
+            var ea = mat4x4<f32>();
+            var eb = mat4x4<f32>();
+            var ec = mat4x4<f32>();
+            var ed = mat4x4<f32>();
             let x_n = (vec4<u32>(n * p.c_in) + ci) * hw;
-            let dy_n = (vec4<u32>(n * p.c_out) + co) * ohw;
-            let dy_b = (vec4<u32>(n * p.c_out) + cb) * ohw;
+            let dy_n = n * p.c_out * ohw;
             for (var oy = rows.x; oy < rows.y; oy++) {
                 let iy = oy * p.stride + ky - p.pad;
-                var row0 = vec4<f32>(0.0);
-                var row1 = vec4<f32>(0.0);
-                var row2 = vec4<f32>(0.0);
-                var row3 = vec4<f32>(0.0);
-                var row4 = vec4<f32>(0.0);
-                var row5 = vec4<f32>(0.0);
-                var row6 = vec4<f32>(0.0);
-                var row7 = vec4<f32>(0.0);
+                var ra = mat4x4<f32>();
+                var rb = mat4x4<f32>();
+                var rc = mat4x4<f32>();
+                var rd = mat4x4<f32>();
                 for (var ox = cols.x; ox < cols.y; ox++) {
                     let xi = x_n + vec4<u32>(iy * p.w + ox * p.stride + kx - p.pad);
                     let xv = vec4<f32>(wb_x[xi.x], wb_x[xi.y], wb_x[xi.z], wb_x[xi.w]);
-                    let pix = oy * p.out_w + ox;
+                    let pix = dy_n + oy * p.out_w + ox;
                     // BEGIN DY conv2d_backward_weight_blocked
-                    let o = dy_n + vec4<u32>(pix);
-                    let q = dy_b + vec4<u32>(pix);
-                    let da = vec4<f32>(wb_dy[o.x], wb_dy[o.y], wb_dy[o.z], wb_dy[o.w]);
-                    let db = vec4<f32>(wb_dy[q.x], wb_dy[q.y], wb_dy[q.z], wb_dy[q.w]);
+                    let da = wb_dy4(co_a * ohw + vec4<u32>(pix));
+                    let db = wb_dy4(co_b * ohw + vec4<u32>(pix));
+                    let dc = wb_dy4(co_c * ohw + vec4<u32>(pix));
+                    let dd = wb_dy4(co_d * ohw + vec4<u32>(pix));
                     // END DY conv2d_backward_weight_blocked
-                    row0 += da.x * xv;
-                    row1 += da.y * xv;
-                    row2 += da.z * xv;
-                    row3 += da.w * xv;
-                    row4 += db.x * xv;
-                    row5 += db.y * xv;
-                    row6 += db.z * xv;
-                    row7 += db.w * xv;
+                    ra[0] += da.x * xv; ra[1] += da.y * xv; ra[2] += da.z * xv; ra[3] += da.w * xv;
+                    rb[0] += db.x * xv; rb[1] += db.y * xv; rb[2] += db.z * xv; rb[3] += db.w * xv;
+                    rc[0] += dc.x * xv; rc[1] += dc.y * xv; rc[2] += dc.z * xv; rc[3] += dc.w * xv;
+                    rd[0] += dd.x * xv; rd[1] += dd.y * xv; rd[2] += dd.z * xv; rd[3] += dd.w * xv;
                 }
-                acc0 += row0;
-                acc1 += row1;
-                acc2 += row2;
-                acc3 += row3;
-                acc4 += row4;
-                acc5 += row5;
-                acc6 += row6;
-                acc7 += row7;
+                ea += ra;
+                eb += rb;
+                ec += rc;
+                ed += rd;
             }
-            pairwise_push4(&blocks, n, mat4x4<f32>(acc0, acc1, acc2, acc3));
-            pairwise_push4(&blocks_b, n, mat4x4<f32>(acc4, acc5, acc6, acc7));
+            pairwise_push4(&blocks_a, n, ea);
+            pairwise_push4(&blocks_b, n, eb);
+            pairwise_push4(&blocks_c, n, ec);
+            pairwise_push4(&blocks_d, n, ed);
         }
-        let acc = pairwise_total4(&blocks, p.n);
-        let accb = pairwise_total4(&blocks_b, p.n);
-        // dw[co, ci, ky, kx]: a whole tile as 32 plain stores (on Mesa 22 a loop over a matrix
-        // indexed by variables is slower), a ragged one element by element.
-        let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
-        let dw_khw = p.dw_kh * p.dw_kw;
-        let co_step = p.c_in * dw_khw;
-        if (live && co0 + 7u < p.c_out && ci0 + 3u < p.c_in) {
-            wb_store_row(at, acc[0]);
-            wb_store_row(at + co_step, acc[1]);
-            wb_store_row(at + 2u * co_step, acc[2]);
-            wb_store_row(at + 3u * co_step, acc[3]);
-            wb_store_row(at + 4u * co_step, accb[0]);
-            wb_store_row(at + 5u * co_step, accb[1]);
-            wb_store_row(at + 6u * co_step, accb[2]);
-            wb_store_row(at + 7u * co_step, accb[3]);
-        } else if (live) {
-            for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
-                for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
-                    wb_dw[at + i * co_step + j * dw_khw] = acc[i][j];
-                }
-            }
-            for (var i = 4u; i < 8u && co0 + i < p.c_out; i++) {
-                for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
-                    wb_dw[at + i * co_step + j * dw_khw] = accb[i - 4u][j];
-                }
-            }
+        if (live) {
+            // dw[co, ci, ky, kx]: whole groups of 4 output channels as 16 plain stores each (on
+            // Mesa 22 a loop over a matrix indexed by variables is slower), ragged ones element
+            // by element.
+            let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
+            let co_step = p.c_in * p.dw_kh * p.dw_kw;
+            wb_store(at, co_step, co0, ci0, pairwise_total4(&blocks_a, p.n));
+            wb_store(at + 4u * co_step, co_step, co0 + 4u, ci0, pairwise_total4(&blocks_b, p.n));
+            wb_store(at + 8u * co_step, co_step, co0 + 8u, ci0, pairwise_total4(&blocks_c, p.n));
+            wb_store(at + 12u * co_step, co_step, co0 + 12u, ci0, pairwise_total4(&blocks_d, p.n));
+        }
+    }
+}
+
+// dy at four indices.
+fn wb_dy4(at: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(wb_dy[at.x], wb_dy[at.y], wb_dy[at.z], wb_dy[at.w]);
+}
+
+// Output channels co..co+3 (the columns of t) × input channels ci0..ci0+3 at one tap, from
+// dw index `at` (co_step apart per output channel, a kernel apart per input channel).
+fn wb_store(at: u32, co_step: u32, co: u32, ci0: u32, t: mat4x4<f32>) {
+    let khw = p.dw_kh * p.dw_kw;
+    if (co + 3u < p.c_out && ci0 + 3u < p.c_in) {
+        wb_store_row(at, t[0]);
+        wb_store_row(at + co_step, t[1]);
+        wb_store_row(at + 2u * co_step, t[2]);
+        wb_store_row(at + 3u * co_step, t[3]);
+        return;
+    }
+    for (var i = 0u; i < 4u && co + i < p.c_out; i++) {
+        for (var j = 0u; j < 4u && ci0 + j < p.c_in; j++) {
+            wb_dw[at + i * co_step + j * khw] = t[i][j];
         }
     }
 }

@@ -507,33 +507,35 @@ fn backward_weight_blocked(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Conv2d
         Some((whole, crop)) => Params { crop_y: crop.ky, crop_x: crop.kx, dw_kh: whole.kh, dw_kw: whole.kw, ..s.params() },
         None => s.params(),
     };
-    // Workgroups of WB_LANES input-channel tiles, one tile of 8 output channels each.
+    // Workgroups of WB_LANES input-channel tiles, one tile of WB_CO output channels each.
     const WB_LANES: u64 = 16;
-    let workgroups = (s.c_out as u64).div_ceil(2 * TILE) * tiles(s.c_in as u64).div_ceil(WB_LANES);
+    const WB_CO: u64 = 16;
+    let workgroups = (s.c_out as u64).div_ceil(WB_CO) * tiles(s.c_in as u64).div_ceil(WB_LANES);
     let shader = if gpu.broadcasts { broadcast_shader() } else { SHADER };
     launch(gpu, enc, OP, &pairwise_shader(&shader, s.n), "conv2d_backward_weight_blocked", &params, &bindings, grid_1d(workgroups, 1))
 }
 
 /// conv2d.wgsl for devices that broadcast (`Gpu::broadcasts`): the Blocked weight gradient's dy
-/// reads (BEGIN DY … END DY) as one load per subgroup invocation, of output channel
-/// co0 + its index mod 8, and a subgroupBroadcast of each of the 8 to all. The same values: the
-/// same bits.
+/// reads (BEGIN DY … END DY) as two loads per subgroup invocation, of output channels
+/// co0 + its index mod 8 and 8 more, and a subgroupBroadcast of each of the 16 to all. The same
+/// values: the same bits.
 fn broadcast_shader() -> Shader {
     static SHADER_BROADCAST: OnceLock<Shader> = OnceLock::new();
     *SHADER_BROADCAST.get_or_init(|| {
-        const ENTRY: &str = "fn conv2d_backward_weight_blocked(";
         let (begin, end) = ("                    // BEGIN DY conv2d_backward_weight_blocked\n", "                    // END DY conv2d_backward_weight_blocked\n");
         let at = |marker: &str| SOURCE.find(marker).unwrap_or_else(|| panic!("conv2d.wgsl has `{}`", marker.trim()));
         let (b, e) = (at(begin), at(end) + end.len());
-        let channel = |j: u32| format!("subgroupBroadcast(mine, {j}u)");
-        let broadcast = format!(
-            "{begin}                    let mine = wb_dy[(n * p.c_out + min(co0 + sid % 8u, p.c_out - 1u)) * ohw + pix];\n                    let da = vec4<f32>({}, {}, {}, {});\n                    let db = vec4<f32>({}, {}, {}, {});\n{end}",
-            channel(0), channel(1), channel(2), channel(3), channel(4), channel(5), channel(6), channel(7)
-        );
-        let source = format!("{}{}{}", &SOURCE[..b], broadcast, &SOURCE[e..]);
-        let entry = source.find(ENTRY).unwrap_or_else(|| panic!("conv2d.wgsl has `{ENTRY}`")) + ENTRY.len();
-        let source = format!("{}@builtin(subgroup_invocation_id) sid: u32, {}", &source[..entry], &source[entry..]);
-        Shader { name: "conv2d_broadcast", source: Box::leak(source.into_boxed_str()) }
+        let mut lines = vec![begin.trim_end().to_string()];
+        for (m, first) in [(0, ""), (1, " + 8u")] {
+            lines.push(format!("                    let m{m} = wb_dy[pix + min(co0{first} + sid % 8u, p.c_out - 1u) * ohw];"));
+        }
+        for (g, name) in ["da", "db", "dc", "dd"].iter().enumerate() {
+            let lanes: Vec<String> = (0..4).map(|i| format!("subgroupBroadcast(m{}, {}u)", g / 2, 4 * (g % 2) + i)).collect();
+            lines.push(format!("                    let {name} = vec4<f32>({});", lanes.join(", ")));
+        }
+        lines.push(end.trim_end().to_string());
+        let source = format!("{}{}\n{}", &SOURCE[..b], lines.join("\n"), &SOURCE[e..]);
+        Shader { name: "conv2d_broadcast", source: Box::leak(with_subgroup_index(&source, "conv2d_backward_weight_blocked").into_boxed_str()) }
     })
 }
 
@@ -1455,7 +1457,7 @@ mod tests {
     use super::*;
 
     /// The broadcasting module is conv2d.wgsl with the dy reads swapped: it must stay valid WGSL
-    /// (with subgroups), broadcast all 8 channels, and load dy once.
+    /// (with subgroups), broadcast all 16 channels, and load dy twice.
     #[test]
     fn broadcast_shader_is_valid_and_loads_dy_once() {
         let shader = broadcast_shader();
@@ -1465,8 +1467,9 @@ mod tests {
         let kernel = &shader.source[shader.source.find("fn conv2d_backward_weight_blocked(").unwrap()..];
         let kernel = &kernel[..kernel.find("\n}\n").unwrap()];
         assert!(kernel.starts_with("fn conv2d_backward_weight_blocked(@builtin(subgroup_invocation_id) sid: u32, "));
-        assert_eq!(kernel.matches("wb_dy[").count(), 1, "{kernel}");
-        assert!((0..8).all(|j| kernel.contains(&format!("subgroupBroadcast(mine, {j}u)"))));
+        assert_eq!(kernel.matches("wb_dy[").count(), 2, "{kernel}");
+        assert!(!kernel.contains("wb_dy4("), "{kernel}");
+        assert!((0..2).all(|m| (0..8).all(|j| kernel.contains(&format!("subgroupBroadcast(m{m}, {j}u)")))), "{kernel}");
     }
 
     /// SwiftShader is not given the weight-gradient GEMMs whose compile takes it over 8 GB;
