@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
+use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -511,8 +511,27 @@ fn backward_weight_blocked(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Conv2d
     const WB_LANES: u64 = 16;
     const WB_CO: u64 = 16;
     let workgroups = (s.c_out as u64).div_ceil(WB_CO) * tiles(s.c_in as u64).div_ceil(WB_LANES);
-    let shader = if gpu.broadcasts { broadcast_shader() } else { SHADER };
-    launch(gpu, enc, OP, &pairwise_shader(&shader, s.n), "conv2d_backward_weight_blocked", &params, &bindings, grid_1d(workgroups, 1))
+    // Closing the examples' sum at the last saves a level of the pairwise stack where count − 1
+    // needs fewer than count (see pairwise_push_or_close4).
+    let close = pairwise_levels(s.n - 1) < pairwise_levels(s.n);
+    let shader = blocked_weight_shader(gpu.broadcasts, close);
+    launch(gpu, enc, OP, &pairwise_shader(&shader, if close { s.n - 1 } else { s.n }), "conv2d_backward_weight_blocked", &params, &bindings, grid_1d(workgroups, 1))
+}
+
+/// conv2d.wgsl as the Blocked weight gradient runs it: broadcasting dy or not, closing the
+/// examples' pairwise sum at the last (WB_CLOSE) or not.
+fn blocked_weight_shader(broadcasts: bool, close: bool) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<(bool, bool), Shader>>> = OnceLock::new();
+    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    *shaders.entry((broadcasts, close)).or_insert_with(|| {
+        let base = if broadcasts { broadcast_shader() } else { SHADER };
+        if !close {
+            return base;
+        }
+        let source = base.source.replace("const WB_CLOSE: bool = false;", "const WB_CLOSE: bool = true;");
+        let name = format!("{}_close", base.name);
+        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+    })
 }
 
 /// conv2d.wgsl for devices that broadcast (`Gpu::broadcasts`): the Blocked weight gradient's dy
