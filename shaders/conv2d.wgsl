@@ -19,7 +19,7 @@
 // - Padding: coordinates are i32; a read that falls outside the input is replaced by 0 with
 //   `select` and its index by 0, so nothing relies on robust-buffer-access clamping.
 // - *_direct: one output element per invocation, the plain version. *_blocked: a 4×4 register
-//   tile per invocation (4 channels × 4 pixels; for the weight gradient 8 output × 4 input
+//   tile per invocation (4 channels × 4 pixels; for the weight gradient 16 output × 4 input
 //   channels, tap by tap), no workgroup memory (barriers are slow on CPU drivers such as
 //   lavapipe). Pixel tiles are flattened over the batch too, so 2×2 and 1×1 feature maps fill
 //   them. At a ragged edge a tile's indices are clamped for the loads and the extra lanes

@@ -64,7 +64,7 @@ pub struct Conv2dShape {
 pub enum Conv2dAlgo {
     /// One output element per invocation: the plain, obviously correct version.
     Direct,
-    /// A register tile per invocation (4 channels × 4 pixels; for the weight gradient 8 output
+    /// A register tile per invocation (4 channels × 4 pixels; for the weight gradient 16 output
     /// × 4 input channels, tap by tap), no workgroup memory, no scratch.
     Blocked,
     /// im2col into a scratch buffer, then a GEMM with a register tile per invocation and no
