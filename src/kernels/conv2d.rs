@@ -1311,12 +1311,16 @@ mod autotune {
     use super::*;
 
     /// The first line of a choices file this build reads: the crate version and a hash of the
-    /// kernels' source, since a change to a kernel (within a version too) changes its speed.
+    /// kernels' source as compiled (conv2d.wgsl, every tile's module with and without broadcasts,
+    /// the broadcasting module), since a change to a kernel or to the tiles on offer (within a
+    /// version too) changes which is fastest.
     pub(super) fn header() -> &'static str {
         static HEADER: OnceLock<String> = OnceLock::new();
         HEADER.get_or_init(|| {
+            let tiles = GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
+            let sources = [SOURCE, broadcast_shader().source].into_iter().chain(tiles);
             // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
-            let hash = SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+            let hash = sources.flat_map(str::bytes).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
             format!("syncstep-autotune {} {hash:016x}", env!("CARGO_PKG_VERSION"))
         })
     }
