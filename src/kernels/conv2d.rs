@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, KernelError, Result};
+use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -700,13 +700,6 @@ fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
         let name = format!("conv2d_gemm_{a}x{b}{}", if broadcasts { "_broadcast" } else { "" });
         Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
     })
-}
-
-/// `source` with entry point `entry` also taking its subgroup index, `sid`.
-fn with_subgroup_index(source: &str, entry: &str) -> String {
-    let head = format!("fn {entry}(");
-    let at = source.find(&head).unwrap_or_else(|| panic!("conv2d.wgsl has `{head}`")) + head.len();
-    format!("{}@builtin(subgroup_invocation_id) sid: u32, {}", &source[..at], &source[at..])
 }
 
 /// The kernels whose tile bodies are written out per tile.

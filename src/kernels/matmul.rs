@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, KernelError, Result};
+use super::{expect_len, expect_positive, launch, with_subgroup_index, KernelError, Result};
 use crate::gpu::{grid_1d, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
@@ -98,15 +98,11 @@ fn tiled_shader(rows: u32, cols4: u32, broadcasts: bool) -> Shader {
     let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((rows, cols4, broadcasts)).or_insert_with(|| {
         let (begin, end) = tile_block(SOURCE);
-        let mut source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4, broadcasts), &SOURCE[end..])
+        let source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4, broadcasts), &SOURCE[end..])
             .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
             .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"))
             .replace("const TILE_BROADCAST: bool = false;", &format!("const TILE_BROADCAST: bool = {broadcasts};"));
-        if broadcasts {
-            const HEAD: &str = "fn matmul_tiled(";
-            let at = source.find(HEAD).expect("matmul.wgsl has matmul_tiled") + HEAD.len();
-            source.insert_str(at, "@builtin(subgroup_invocation_id) sid: u32, ");
-        }
+        let source = if broadcasts { with_subgroup_index(&source, "matmul_tiled") } else { source };
         let name = format!("matmul_{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
         Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
     })

@@ -79,6 +79,14 @@ pub(crate) fn pairwise_shader(shader: &Shader, count: u32) -> Shader {
     })
 }
 
+/// `source` with entry point `entry` also taking its subgroup index, `sid`: for the modules that
+/// broadcast (`Gpu::broadcasts`), compiled only where the device has subgroups.
+pub(crate) fn with_subgroup_index(source: &str, entry: &str) -> String {
+    let head = format!("fn {entry}(");
+    let at = source.find(&head).unwrap_or_else(|| panic!("the shader has `{head}`")) + head.len();
+    format!("{}@builtin(subgroup_invocation_id) sid: u32, {}", &source[..at], &source[at..])
+}
+
 /// Checks every named binding against the device's limits, then records the dispatch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<P: bytemuck::Pod>(
