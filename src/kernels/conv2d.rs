@@ -27,7 +27,7 @@ const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
 const SHADER: Shader = Shader { name: "conv2d", source: SOURCE };
 const WG: u32 = 64;
 /// The blocked kernels' tile edge: 4 channels × 4 pixels per invocation; the weight gradient's
-/// tile is 2·TILE output × TILE input channels.
+/// tile is 4·TILE output × TILE input channels (WB_CO in the shader).
 const TILE: u64 = 4;
 /// vec4s one im2col or weight-rows invocation writes (`ROW_RUN` in the shader).
 const ROW_RUN: u64 = 16;
@@ -509,7 +509,7 @@ fn backward_weight_blocked(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, s: &Conv2d
     };
     // Workgroups of WB_LANES input-channel tiles, one tile of WB_CO output channels each.
     const WB_LANES: u64 = 16;
-    const WB_CO: u64 = 16;
+    const WB_CO: u64 = 4 * TILE;
     let workgroups = (s.c_out as u64).div_ceil(WB_CO) * tiles(s.c_in as u64).div_ceil(WB_LANES);
     // Closing the examples' sum at the last saves a level of the pairwise stack where count − 1
     // needs fewer than count (see pairwise_push_or_close4).
@@ -676,12 +676,13 @@ fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
 // ---------------------------------------------------------------------------------------------
 // The GEMM variants.
 
-/// conv2d.wgsl for one tile of the conv2d_gemm_* kernels with register tiles: the tile constants
-/// and the bodies between BEGIN TILE and END TILE replaced. Compiled once per tile (the pipeline
-/// cache is keyed by the shader's name).
 /// The compiled-in variants of conv2d.wgsl: (tile rows per invocation, per workgroup, broadcast).
 type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
 
+/// conv2d.wgsl for one tile of the conv2d_gemm_* kernels with register tiles: the tile constants
+/// and the bodies between BEGIN TILE and END TILE replaced, the forward's and input-VJP's
+/// broadcasting their shared rows where `broadcasts`. Compiled once per tile and mode (the
+/// pipeline cache is keyed by the shader's name).
 fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
     static SHADERS: OnceLock<TileShaders> = OnceLock::new();
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
