@@ -604,7 +604,8 @@ const GEMM_BROADCAST: bool = false;
 
 // The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge. With
 // `whole_subgroups`, invocations past the last rows of a go on with clamped loads and no stores,
-// so that all of a subgroup take part in its broadcasts.
+// so that all of a subgroup take part in its broadcasts (the tile body returns for a subgroup
+// wholly past the edge).
 fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>, whole_subgroups: bool) -> vec2<u32> {
     let a_groups = (g.rows_a + GEMM_WG * GEMM_A - 1u) / (GEMM_WG * GEMM_A);
     let f = wid.x + wid.y * nwg.x;
