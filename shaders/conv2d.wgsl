@@ -1231,28 +1231,42 @@ fn crop_indices(oc: u32, ty: u32, tx: u32) -> vec2<u32> {
     return vec2<u32>((oc * p.crop_h + ty) * p.crop_w + tx, (oc * p.kh + p.crop_y + ty) * p.kw + p.crop_x + tx);
 }
 
-// One invocation per (co, ci) pair, over its kept taps.
+// An invocation copies the kept taps of CROP_RUN (co, ci) pairs WG apart: CPU drivers pay per
+// workgroup, and a pair is a few loads (one per kept tap; layer4's 512×512 kernels are 262144
+// pairs).
+const CROP_RUN: u32 = 16u;
+
+// The (co, ci) pair of run k of this invocation, or none (u32 max) past the last.
+fn crop_pair(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32) -> u32 {
+    let oc = (wid.x + wid.y * nwg.x) * WG * CROP_RUN + k * WG + lid;
+    return select(0xffffffffu, oc, oc < p.c_out * p.c_in);
+}
+
 @compute @workgroup_size(WG)
-fn conv2d_crop_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let oc = linear_index(gid, nwg);
-    if (oc >= p.c_out * p.c_in) { return; }
-    for (var ty = 0u; ty < p.crop_h; ty++) {
-        for (var tx = 0u; tx < p.crop_w; tx++) {
-            let at = crop_indices(oc, ty, tx);
-            crop_out[at.x] = crop_in[at.y];
+fn conv2d_crop_weights(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    for (var k = 0u; k < CROP_RUN; k++) {
+        let oc = crop_pair(wid, nwg, lid, k);
+        if (oc == 0xffffffffu) { return; }
+        for (var ty = 0u; ty < p.crop_h; ty++) {
+            for (var tx = 0u; tx < p.crop_w; tx++) {
+                let at = crop_indices(oc, ty, tx);
+                crop_out[at.x] = crop_in[at.y];
+            }
         }
     }
 }
 
 // The same walk the other way, into a dw the launcher cleared.
 @compute @workgroup_size(WG)
-fn conv2d_uncrop_weight_gradient(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let oc = linear_index(gid, nwg);
-    if (oc >= p.c_out * p.c_in) { return; }
-    for (var ty = 0u; ty < p.crop_h; ty++) {
-        for (var tx = 0u; tx < p.crop_w; tx++) {
-            let at = crop_indices(oc, ty, tx);
-            crop_out[at.y] = crop_in[at.x];
+fn conv2d_uncrop_weight_gradient(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    for (var k = 0u; k < CROP_RUN; k++) {
+        let oc = crop_pair(wid, nwg, lid, k);
+        if (oc == 0xffffffffu) { return; }
+        for (var ty = 0u; ty < p.crop_h; ty++) {
+            for (var tx = 0u; tx < p.crop_w; tx++) {
+                let at = crop_indices(oc, ty, tx);
+                crop_out[at.y] = crop_in[at.x];
+            }
         }
     }
 }

@@ -656,9 +656,10 @@ fn crop_params(shape: &Conv2dShape, crop: &Crop) -> Params {
     Params { crop_y: crop.ky, crop_x: crop.kx, crop_h: crop.shape.kh, crop_w: crop.shape.kw, ..shape.params() }
 }
 
-/// One crop-kernel invocation per (output channel, input channel).
+/// One crop-kernel invocation per `CROP_RUN` (output channel, input channel) pairs.
 fn crop_grid(shape: &Conv2dShape) -> [u32; 3] {
-    grid_1d(shape.c_out as u64 * shape.c_in as u64, WG)
+    const CROP_RUN: u64 = 16;
+    grid_1d((shape.c_out as u64 * shape.c_in as u64).div_ceil(CROP_RUN), WG)
 }
 
 /// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on
