@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::data::synthetic_batch;
-use crate::gpu::{describe, AdapterChoice, Gpu, GpuError, KernelTime, MemoryStats, Slice};
+use crate::gpu::{describe, launches_to_fill, AdapterChoice, Gpu, GpuError, KernelTime, MemoryStats, Slice};
 use crate::json::{array, Object};
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
@@ -46,6 +46,8 @@ pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
 pub const ALL_LAYERS: &str = "all layers";
 /// Timed runs per probe kernel, after one untimed run; the fastest counts.
 const PROBE_RUNS: usize = 3;
+/// The least one timed submission of a probe kernel runs.
+const PROBE_SUBMIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -625,18 +627,14 @@ fn profile_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepCon
     Ok((secs, kernels.map_err(|e| e.to_string())?))
 }
 
-/// Best of [`PROBE_RUNS`] submissions of what `record` records, after one untimed run.
+/// Seconds of one run of what `record` records: the best of [`PROBE_RUNS`] submissions, each of
+/// enough runs back to back to fill [`PROBE_SUBMIT`], after one untimed run.
 fn best_time(gpu: &Gpu, record: impl Fn(&mut wgpu::CommandEncoder) -> crate::kernels::Result<()>) -> Result<f64> {
+    let time = |launches| gpu.time_recorded(launches, |enc| record(enc).map_err(BenchError::from), BenchError::from);
+    let launches = launches_to_fill(PROBE_SUBMIT, time(1)?);
     let mut best = f64::INFINITY;
-    for run in 0..=PROBE_RUNS {
-        let mut enc = gpu.encoder();
-        record(&mut enc)?;
-        let start = Instant::now();
-        pollster::block_on(gpu.submit(enc))?;
-        gpu.wait()?;
-        if run > 0 {
-            best = best.min(start.elapsed().as_secs_f64());
-        }
+    for _ in 0..PROBE_RUNS {
+        best = best.min(time(launches)?.as_secs_f64());
     }
     Ok(best)
 }

@@ -459,6 +459,22 @@ impl Gpu {
         self.check()
     }
 
+    /// The device time of one recording of `record`, for timing a kernel (the autotune, the
+    /// bench's roofline): `launches` recordings in one submission, submit to idle, divided by
+    /// `launches`; this device's errors come back through `gpu_err`. Native only.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn time_recorded<E>(&self, launches: u32, record: impl Fn(&mut wgpu::CommandEncoder) -> Result<(), E>, gpu_err: impl Fn(GpuError) -> E) -> Result<std::time::Duration, E> {
+        let launches = launches.max(1);
+        let mut encoder = self.encoder();
+        for _ in 0..launches {
+            record(&mut encoder)?;
+        }
+        let start = std::time::Instant::now();
+        pollster::block_on(self.submit(encoder)).map_err(&gpu_err)?;
+        self.wait().map_err(&gpu_err)?;
+        Ok(start.elapsed() / launches)
+    }
+
     /// A zeroed storage buffer of `len` 4-byte elements, usable as copy source and destination.
     pub fn buffer(&self, label: &str, len: u64) -> Result<wgpu::Buffer> {
         let size = (len * 4).max(4);
@@ -678,6 +694,13 @@ impl Gpu {
         }
         Ok(())
     }
+}
+
+/// How many launches of a kernel that took `one` alone [`Gpu::time_recorded`] should time
+/// together to run at least `at_least` (at most 64): a short kernel timed alone is mostly submit
+/// and wait (~0.1 ms on lavapipe), which hid there that one workgroup leaves a core idle.
+pub fn launches_to_fill(at_least: std::time::Duration, one: std::time::Duration) -> u32 {
+    (at_least.as_secs_f64() / one.as_secs_f64().max(1e-9)).ceil().clamp(1.0, 64.0) as u32
 }
 
 /// Workgroup counts covering `threads` invocations in workgroups of `size`, spilling into y

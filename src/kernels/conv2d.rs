@@ -1300,16 +1300,17 @@ fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dA
 #[cfg(not(target_arch = "wasm32"))]
 mod autotune {
     //! Times candidates on the device: wgpu has no clock inside shaders, so each run is one
-    //! submit measured to completion with the host's clock (a round trip is ~60 µs on lavapipe,
-    //! small beside a convolution). Remembers the choices in a text file: a header line naming
+    //! submission measured to completion with the host's clock, holding enough launches of a
+    //! short kernel that the round trip (~0.1 ms on lavapipe) is small beside them. Remembers the choices in a text file: a header line naming
     //! the crate version and the kernels' source hash (another build's file is not read), then
     //! one line per choice: op, shape, variant and adapter, separated by tabs.
 
     use std::ffi::OsString;
     use std::path::{Path, PathBuf};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::*;
+    use crate::gpu::launches_to_fill;
 
     /// The first line of a choices file this build reads: the crate version and a hash of the
     /// kernels' source as compiled (conv2d.wgsl, every tile's module with and without broadcasts,
@@ -1422,9 +1423,8 @@ mod autotune {
     const RUNS: usize = 2;
     /// Candidates timed again in turns at the end.
     const FINALISTS: usize = 3;
-    /// The least a timed submit runs: a kernel of 0.2 ms timed alone is half submit and wait,
-    /// which hid on lavapipe that one workgroup leaves a core idle. Short kernels are launched
-    /// several times in one submit (as many for every candidate of a shape).
+    /// The least a timed submission runs: short kernels are launched several times in one
+    /// (as many for every candidate of a shape; see `launches_to_fill`).
     const MIN_SUBMIT: Duration = Duration::from_millis(2);
 
     pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
@@ -1436,16 +1436,9 @@ mod autotune {
         let input = gpu.buffer("autotune input", input).map_err(gpu_err)?;
         let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
         let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
-        // The time of one launch, from `launches` in one submit.
         let run = |algo: Conv2dAlgo, launches: u32| -> Result<Duration> {
-            let mut enc = gpu.encoder();
-            for _ in 0..launches {
-                conv2d_launch_with(gpu, &mut enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output))?;
-            }
-            let start = Instant::now();
-            pollster::block_on(gpu.submit(enc)).map_err(gpu_err)?;
-            gpu.wait().map_err(gpu_err)?;
-            Ok(start.elapsed() / launches)
+            let launch = |enc: &mut wgpu::CommandEncoder| conv2d_launch_with(gpu, enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output));
+            gpu.time_recorded(launches, launch, gpu_err)
         };
         gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
         let mut launches = 0;
@@ -1461,7 +1454,7 @@ mod autotune {
             // The untimed run included the JIT compile (which on lavapipe can take longer than
             // ten runs): the first timed run decides whether the candidate is worth more.
             if launches == 0 {
-                launches = (MIN_SUBMIT.as_secs_f64() / run(algo, 1)?.as_secs_f64()).ceil().clamp(1.0, 32.0) as u32;
+                launches = launches_to_fill(MIN_SUBMIT, run(algo, 1)?);
             }
             let mut fastest = run(algo, launches)?;
             if timed.iter().any(|&(t, _)| fastest > 10 * t) {
