@@ -198,7 +198,7 @@ async fn run_kernel(
     gpu: &Gpu,
     inputs: &[&[f32]],
     len: u64,
-    launch: impl FnOnce(&mut wgpu::CommandEncoder, &[Slice], Slice) -> Result<(), KernelError>,
+    launch: impl FnOnce(&mut crate::gpu::Encoder, &[Slice], Slice) -> Result<(), KernelError>,
 ) -> Result<Vec<f32>> {
     let buffers = inputs.iter().map(|v| gpu.upload("selfcheck input", v)).collect::<Result<Vec<_>, _>>()?;
     let out = gpu.buffer("selfcheck output", len)?;

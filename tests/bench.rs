@@ -188,7 +188,7 @@ fn the_profiler_times_every_dispatch_across_query_sets() {
     let a = gpu.upload("a", &uniform(1, len as usize)).unwrap();
     let b = gpu.upload("b", &uniform(2, len as usize)).unwrap();
     let out = gpu.buffer("out", len).unwrap();
-    let add = |enc: &mut wgpu::CommandEncoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
+    let add = |enc: &mut syncstep::gpu::Encoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
     // Not profiling: nothing recorded.
     let mut enc = gpu.encoder();
     add(&mut enc);

@@ -277,7 +277,7 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     }
 }
 
-type Launcher = fn(&Gpu, &mut wgpu::CommandEncoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+type Launcher = fn(&Gpu, &mut syncstep::gpu::Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 /// Each launcher's three arguments: names and lengths, in the order it takes them.
 type Args = [(&'static str, u64); 3];

@@ -84,7 +84,7 @@ fn cross_entropy_rejects_bad_arguments() {
     let [b1, b2, b3, b6] = [0, 1, 2, 3].map(|i| Slice::whole(&bufs[i]));
     let mut enc = gpu.encoder();
     let e = &mut enc;
-    let fwd = |e: &mut wgpu::CommandEncoder, s: &CrossEntropyShape, eps, d, z, y, ls, l| k::cross_entropy_forward(gpu, e, s, eps, d, z, y, ls, l);
+    let fwd = |e: &mut syncstep::gpu::Encoder, s: &CrossEntropyShape, eps, d, z, y, ls, l| k::cross_entropy_forward(gpu, e, s, eps, d, z, y, ls, l);
     let cases = [
         ("cross_entropy_forward", "logits", fwd(e, &s, 0.1, 2.0, b3, b2, b2, b1), "expected 6 (m*k)"),
         ("cross_entropy_forward", "labels", fwd(e, &s, 0.1, 2.0, b6, b3, b2, b1), "expected 2 (m)"),

@@ -98,7 +98,7 @@ struct RunningParams {
 }
 
 /// Per-example statistics: `rows`[b] = [mean | M2] over example b's hw positions.
-pub fn bn_example_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
+pub fn bn_example_stats(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
     const OP: &str = "bn_example_stats";
     shape.check(OP)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
@@ -108,7 +108,7 @@ pub fn bn_example_stats(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnSha
 }
 
 /// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
-pub fn bn_merge_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
+pub fn bn_merge_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
     const OP: &str = "bn_merge_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
@@ -120,7 +120,7 @@ pub fn bn_merge_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnSh
 #[allow(clippy::too_many_arguments)]
 pub fn bn_forward_apply(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut crate::gpu::Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -149,7 +149,7 @@ pub fn bn_forward_apply(
 #[allow(clippy::too_many_arguments)]
 pub fn bn_apply_relu(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut crate::gpu::Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -194,7 +194,7 @@ fn optional<'a>(op: &'static str, arg: &'static str, shape: &BnShape, given: Opt
 #[allow(clippy::too_many_arguments)]
 pub fn bn_example_sums(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut crate::gpu::Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -220,7 +220,7 @@ pub fn bn_example_sums(
 
 /// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise
 /// so that a power-of-two shard's sum is a subtree of the batch's.
-pub fn bn_sum_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
+pub fn bn_sum_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
     const OP: &str = "bn_sum_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
@@ -234,7 +234,7 @@ pub fn bn_sum_examples(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, shape: &BnShap
 #[allow(clippy::too_many_arguments)]
 pub fn bn_backward_input(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut crate::gpu::Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -266,7 +266,7 @@ pub fn bn_backward_input(
 #[allow(clippy::too_many_arguments)]
 pub fn bn_update_running(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    enc: &mut crate::gpu::Encoder,
     c: u32,
     count: u32,
     momentum: f32,

@@ -51,7 +51,7 @@ pub const MATMUL_TILES: [MatmulAlgo; 4] = [
 ];
 
 /// `c = a·b`: `a` [m, k], `b` [k, n], `c` [m, n] (overwritten), with the kernel `algo`.
-pub fn matmul(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
+pub fn matmul(gpu: &Gpu, enc: &mut crate::gpu::Encoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
     const OP: &str = "matmul";
     let s = shape;
     for (arg, v) in [("m", s.m), ("k", s.k), ("n", s.n)] {

@@ -91,7 +91,7 @@ pub(crate) fn with_subgroup_index(source: &str, entry: &str) -> String {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<P: bytemuck::Pod>(
     gpu: &Gpu,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut crate::gpu::Encoder,
     op: &'static str,
     shader: &Shader,
     entry: &'static str,

@@ -97,7 +97,7 @@ pub fn read(gpu: &Gpu, b: &wgpu::Buffer) -> Vec<f32> {
     pollster::block_on(gpu.read_f32(Slice::whole(b))).unwrap()
 }
 
-pub fn submit(gpu: &Gpu, enc: wgpu::CommandEncoder) {
+pub fn submit(gpu: &Gpu, enc: syncstep::gpu::Encoder) {
     pollster::block_on(gpu.submit(enc)).unwrap();
 }
 
