@@ -144,17 +144,28 @@ fn bn_merge_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 @group(0) @binding(4) var<storage, read> apply_beta: array<f32>;
 @group(0) @binding(5) var<storage, read_write> apply_y: array<f32>;
 
-// y at element i of channel ch: one expression for both entry points, so the same bits.
-fn applied(i: u32, ch: u32) -> f32 {
-    let xhat = (apply_x[i] - apply_stats[ch]) * inv_std(apply_stats[p.c + ch]);
-    return apply_gamma[ch] * xhat + apply_beta[ch];
+// Channel ch's affine map as (μ, 1/σ, γ, β).
+fn affine_of(ch: u32) -> vec4<f32> {
+    return vec4<f32>(apply_stats[ch], inv_std(apply_stats[p.c + ch]), apply_gamma[ch], apply_beta[ch]);
+}
+
+// y of one element x under the affine map k: one expression for every entry point, so the same
+// bits.
+fn applied(x: f32, k: vec4<f32>) -> f32 {
+    let xhat = (x - k.x) * k.y;
+    return k.z * xhat + k.w;
+}
+
+// The channel of element i: (i / hw) mod c.
+fn channel_of(i: u32) -> u32 {
+    return (i / p.hw) % p.c;
 }
 
 @compute @workgroup_size(WG)
 fn bn_forward_apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= p.n * p.c * p.hw) { return; }
-    apply_y[i] = applied(i, (i / p.hw) % p.c);
+    apply_y[i] = applied(apply_x[i], affine_of(channel_of(i)));
 }
 
 // bn_apply_relu: out = gate > 0 ? v : 0 with v = y (+ shortcut when p.residual is 1), y as
@@ -168,7 +179,7 @@ fn bn_forward_apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 fn bn_apply_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= p.n * p.c * p.hw) { return; }
-    var v = applied(i, (i / p.hw) % p.c);
+    var v = applied(apply_x[i], affine_of(channel_of(i)));
     if (p.residual == 1u) {
         v = v + fused_shortcut[i];
     }
@@ -177,6 +188,32 @@ fn bn_apply_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
         gate = fused_gate[i];
     }
     fused_out[i] = select(0.0, v, gate > 0.0);
+}
+
+// bn_apply_relu4 and bn_backward_input4: the same four elements at a time, where hw is a
+// multiple of 4 so that the four share a channel: one channel lookup, and vec4 loads and stores
+// (CPU drivers pay per invocation and per load; lavapipe runs them ~2× as fast). Each element
+// goes through the same expressions as in the one-element kernels: the same bits.
+@group(0) @binding(1) var<storage, read> apply4_x: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> fused4_shortcut: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> fused4_gate: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> fused4_out: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn bn_apply_relu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * WG;
+    if (t >= p.n * p.c * p.hw / 4u) { return; }
+    let k = affine_of(channel_of(4u * t));
+    let x = apply4_x[t];
+    var v = vec4<f32>(applied(x.x, k), applied(x.y, k), applied(x.z, k), applied(x.w, k));
+    if (p.residual == 1u) {
+        v = v + fused4_shortcut[t];
+    }
+    var gate = v;
+    if (p.gated == 1u) {
+        gate = fused4_gate[t];
+    }
+    fused4_out[t] = select(vec4<f32>(0.0), v, gate > vec4<f32>(0.0));
 }
 
 // bn_example_sums: rows[b] = [Σdy | Σdy·x̂] per channel over example b's positions, x̂ from the
@@ -259,16 +296,44 @@ fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 @group(0) @binding(6) var<storage, read> input_sums: array<f32>;
 @group(0) @binding(7) var<storage, read_write> input_dx: array<f32>;
 
+// Channel ch's factors of the input gradient: (μ, 1/σ, γ, Σdy/count) and Σdy·x̂.
+struct InputFactors {
+    k: vec4<f32>,
+    sum_dy_xhat: f32,
+}
+
+fn input_factors(ch: u32) -> InputFactors {
+    let k = vec4<f32>(input_stats[ch], inv_std(input_stats[p.c + ch]), input_gamma[ch], input_sums[ch] / f32(p.count));
+    return InputFactors(k, input_sums[p.c + ch]);
+}
+
+// dx of one element: one expression for both entry points, so the same bits.
+fn input_grad(dy: f32, gate: f32, x: f32, f: InputFactors) -> f32 {
+    let xhat = (x - f.k.x) * f.k.y;
+    return f.k.z * f.k.y * (masked(dy, gate) - f.k.w - xhat * f.sum_dy_xhat / f32(p.count));
+}
+
 @compute @workgroup_size(WG)
 fn bn_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= p.n * p.c * p.hw) { return; }
-    let ch = (i / p.hw) % p.c;
-    let r = inv_std(input_stats[p.c + ch]);
-    let xhat = (input_x[i] - input_stats[ch]) * r;
-    let count = f32(p.count);
-    let dy = masked(input_dy[i], input_gate[i]);
-    input_dx[i] = input_gamma[ch] * r * (dy - input_sums[ch] / count - xhat * input_sums[p.c + ch] / count);
+    input_dx[i] = input_grad(input_dy[i], input_gate[i], input_x[i], input_factors(channel_of(i)));
+}
+
+@group(0) @binding(1) var<storage, read> input4_dy: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> input4_gate: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> input4_x: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> input4_dx: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn bn_backward_input4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * WG;
+    if (t >= p.n * p.c * p.hw / 4u) { return; }
+    let f = input_factors(channel_of(4u * t));
+    let dy = input4_dy[t];
+    let gate = input4_gate[t];
+    let x = input4_x[t];
+    input4_dx[t] = vec4<f32>(input_grad(dy.x, gate.x, x.x, f), input_grad(dy.y, gate.y, x.y, f), input_grad(dy.z, gate.z, x.z, f), input_grad(dy.w, gate.w, x.w, f));
 }
 
 // bn_update_running, in place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1).

@@ -252,8 +252,15 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Shapes for the fused kernels: ResNet-like channel counts, and a tensor length that is not a
-/// multiple of the workgroup size.
-const FUSED_SHAPES: [BnShape; 3] = [BnShape { n: 2, c: 64, hw: 9 }, BnShape { n: 1, c: 128, hw: 49 }, BnShape { n: 3, c: 5, hw: 301 }];
+/// multiple of the workgroup size; hw not a multiple of 4 (one element an invocation) and a
+/// multiple of 4 (four, in vec4s).
+const FUSED_SHAPES: [BnShape; 5] = [
+    BnShape { n: 2, c: 64, hw: 9 },
+    BnShape { n: 1, c: 128, hw: 49 },
+    BnShape { n: 3, c: 5, hw: 301 },
+    BnShape { n: 3, c: 7, hw: 4 },
+    BnShape { n: 2, c: 6, hw: 64 },
+];
 
 /// bn_apply_relu against bn_forward_apply, add (y first) and relu_forward on the GPU: the same
 /// bits, for each of {no shortcut, shortcut} × {own gate, imposed gate}; and against the

@@ -72,6 +72,16 @@ impl BnShape {
         Ok(())
     }
 
+    /// The entry point and grid of an elementwise kernel: `by_four` (four elements an
+    /// invocation, vec4 loads and stores) where hw is a multiple of 4, else `one` (an element).
+    fn elementwise(&self, one: &'static str, by_four: &'static str) -> (&'static str, [u32; 3]) {
+        if self.hw % 4 == 0 {
+            (by_four, grid_1d(self.tensor_len() / 4, WG))
+        } else {
+            (one, grid_1d(self.tensor_len(), WG))
+        }
+    }
+
     fn params(&self, count: u32, eps: f32) -> Params {
         Params { n: self.n, c: self.c, hw: self.hw, count, eps, residual: 0, gated: 0 }
     }
@@ -173,7 +183,8 @@ pub fn bn_apply_relu(
     expect_len(OP, "out", &out, shape.tensor_len(), "n·c·hw")?;
     let params = Params { residual, gated, ..shape.params(count, eps) };
     let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("shortcut", shortcut), ("gate", gate), ("out", out)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.tensor_len(), WG))
+    let (entry, grid) = shape.elementwise(OP, "bn_apply_relu4");
+    launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }
 
 /// An optional n·c·hw input and its flag: the input (length checked) and 1 when given; else
@@ -258,7 +269,8 @@ pub fn bn_backward_input(
     expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
     let params = Params { gated, ..shape.params(count, eps) };
     let bindings = [("dy", dy), ("gate", gate), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.tensor_len(), WG))
+    let (entry, grid) = shape.elementwise(OP, "bn_backward_input4");
+    launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }
 
 /// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance,
