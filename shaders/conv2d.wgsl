@@ -1242,31 +1242,29 @@ fn crop_pair(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32) -> u32 {
     return select(0xffffffffu, oc, oc < p.c_out * p.c_in);
 }
 
-@compute @workgroup_size(WG)
-fn conv2d_crop_weights(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+// The kept taps of this invocation's pairs, copied to the kept layout (crop) or back into the
+// whole kernel (uncrop).
+fn crop_walk(lid: u32, wid: vec3<u32>, nwg: vec3<u32>, uncrop: bool) {
     for (var k = 0u; k < CROP_RUN; k++) {
         let oc = crop_pair(wid, nwg, lid, k);
         if (oc == 0xffffffffu) { return; }
         for (var ty = 0u; ty < p.crop_h; ty++) {
             for (var tx = 0u; tx < p.crop_w; tx++) {
-                let at = crop_indices(oc, ty, tx);
-                crop_out[at.x] = crop_in[at.y];
+                let kept_whole = crop_indices(oc, ty, tx);
+                let to_from = select(kept_whole, kept_whole.yx, uncrop);
+                crop_out[to_from.x] = crop_in[to_from.y];
             }
         }
     }
 }
 
+@compute @workgroup_size(WG)
+fn conv2d_crop_weights(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    crop_walk(lid, wid, nwg, false);
+}
+
 // The same walk the other way, into a dw the launcher cleared.
 @compute @workgroup_size(WG)
 fn conv2d_uncrop_weight_gradient(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    for (var k = 0u; k < CROP_RUN; k++) {
-        let oc = crop_pair(wid, nwg, lid, k);
-        if (oc == 0xffffffffu) { return; }
-        for (var ty = 0u; ty < p.crop_h; ty++) {
-            for (var tx = 0u; tx < p.crop_w; tx++) {
-                let at = crop_indices(oc, ty, tx);
-                crop_out[at.y] = crop_in[at.x];
-            }
-        }
-    }
+    crop_walk(lid, wid, nwg, true);
 }
