@@ -671,11 +671,13 @@ impl Gpu {
             beginning_of_pass_write_index: Some(*index),
             end_of_pass_write_index: Some(index + 1),
         });
-        // A profiled dispatch is a pass of its own, bracketed by its timestamps.
-        if timestamp_writes.is_some() {
+        // A profiled dispatch is a pass of its own, bracketed by its timestamps and named after
+        // its entry point; the shared pass holds many.
+        let label = timestamp_writes.is_some().then_some(entry);
+        if label.is_some() {
             encoder.end_pass();
         }
-        let pass = encoder.pass(wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
+        let pass = encoder.pass(wgpu::ComputePassDescriptor { label, timestamp_writes });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);

@@ -75,7 +75,7 @@ impl BnShape {
     /// The entry point and grid of an elementwise kernel: `by_four` (four elements an
     /// invocation, vec4 loads and stores) where hw is a multiple of 4, else `one` (an element).
     fn elementwise(&self, one: &'static str, by_four: &'static str) -> (&'static str, [u32; 3]) {
-        if self.hw % 4 == 0 {
+        if self.hw.is_multiple_of(4) {
             (by_four, grid_1d(self.tensor_len() / 4, WG))
         } else {
             (one, grid_1d(self.tensor_len(), WG))
