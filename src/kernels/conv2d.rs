@@ -658,7 +658,7 @@ fn crop_params(shape: &Conv2dShape, crop: &Crop) -> Params {
 
 /// One crop-kernel invocation per `CROP_RUN` (output channel, input channel) pairs.
 fn crop_grid(shape: &Conv2dShape) -> [u32; 3] {
-    const CROP_RUN: u64 = 16;
+    const CROP_RUN: u64 = 16; // as in conv2d.wgsl
     grid_1d((shape.c_out as u64 * shape.c_in as u64).div_ceil(CROP_RUN), WG)
 }
 
@@ -1301,9 +1301,10 @@ fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dA
 mod autotune {
     //! Times candidates on the device: wgpu has no clock inside shaders, so each run is one
     //! submission measured to completion with the host's clock, holding enough launches of a
-    //! short kernel that the round trip (~0.1 ms on lavapipe) is small beside them. Remembers the choices in a text file: a header line naming
-    //! the crate version and the kernels' source hash (another build's file is not read), then
-    //! one line per choice: op, shape, variant and adapter, separated by tabs.
+    //! short kernel that the round trip (~0.1 ms on lavapipe) is small beside them. Remembers
+    //! the choices in a text file: a header line naming the crate version and the kernels'
+    //! source hash (another build's file is not read), then one line per choice: op, shape,
+    //! variant and adapter, separated by tabs.
 
     use std::ffi::OsString;
     use std::path::{Path, PathBuf};
