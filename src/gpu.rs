@@ -249,6 +249,7 @@ pub struct Gpu {
     sink: Arc<Mutex<ErrorSink>>,
     memory: Mutex<MemoryCounter>,
     profiler: Mutex<Option<Profiler>>,
+    scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
 }
 
 impl Gpu {
@@ -305,6 +306,7 @@ impl Gpu {
             sink,
             memory: Mutex::new(MemoryCounter::default()),
             profiler: Mutex::new(None),
+            scratch: Mutex::new(HashMap::new()),
         })
     }
 
@@ -485,6 +487,29 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
+    }
+
+    /// A storage buffer of at least `len` 4-byte elements for a launch's temporary use under
+    /// `label` (an im2col chunk, weight rows): the same buffer for every launch that asks for
+    /// `label`, replaced by a larger one when a launch needs more. It holds whatever the last
+    /// launch left, so a kernel must write what it reads. wgpu orders the launches that share it,
+    /// and keeps a replaced buffer until the work recorded on it is done. Fresh buffers per
+    /// launch were all resident until their submission completed (1.9 GB in a step at 224²,
+    /// N = 8) and were new memory to fault in every step.
+    pub fn scratch(&self, label: &'static str, len: u64) -> Result<wgpu::Buffer> {
+        let bytes = (len * 4).max(4);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = scratch.get(label).filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let b = self.buffer(label, len)?;
+        scratch.insert(label, b.clone());
+        Ok(b)
+    }
+
+    /// Bytes of the buffers [`Gpu::scratch`] keeps.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch.lock().unwrap_or_else(|p| p.into_inner()).values().map(wgpu::Buffer::size).sum()
     }
 
     /// A storage buffer holding `data` (f32, u32, …).

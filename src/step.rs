@@ -251,10 +251,11 @@ impl Replica {
     }
 
     /// Bytes this replica holds on its device: parameters, gradients, momentum, running
-    /// statistics and every activation buffer (saved and scratch).
+    /// statistics, every activation buffer (saved and scratch) and the kernels' scratch its
+    /// `Gpu` keeps ([`Gpu::scratch`]).
     pub fn device_bytes(&self) -> u64 {
         let flat = [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>();
-        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>() + self.scratch.bytes()
+        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>() + self.scratch.bytes() + self.gpu.scratch_bytes()
     }
 
     fn param(&self, index: usize) -> Slice<'_> {
