@@ -238,3 +238,34 @@ fn memory_stats_count_each_submissions_buffers() {
     // Not yet submitted: the open set counts.
     assert_eq!(gpu.memory_stats().largest_submission_bytes, 80);
 }
+
+/// Gpu::scratch: one buffer per purpose, kept while it is large enough and replaced by a larger
+/// one; so GEMM convolutions recorded into one submission share their im2col chunk rather than
+/// each creating one (they were all resident until the submission completed).
+#[test]
+fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let a = gpu.scratch("test a", 100).unwrap();
+    assert_eq!(gpu.scratch("test a", 60).unwrap(), a, "a smaller request reuses the buffer");
+    let b = gpu.scratch("test b", 100).unwrap();
+    assert_ne!(a, b, "another purpose has a buffer of its own");
+    let bigger = gpu.scratch("test a", 200).unwrap();
+    assert!(bigger != a && bigger.size() >= 800, "a larger request replaces the buffer");
+    assert_eq!(gpu.scratch_bytes(), bigger.size() + b.size());
+
+    let s = syncstep::kernels::conv2d::Conv2dShape { n: 2, c_in: 16, h: 12, w: 12, c_out: 8, kh: 3, kw: 3, stride: 1, pad: 1 };
+    let gemm = Conv2dAlgo::Gemm(syncstep::kernels::conv2d::GEMM_TILES[0]);
+    let (x, w, y) = (gpu.upload("x", &uniform(1, s.x_len() as usize)).unwrap(), gpu.upload("w", &uniform(2, s.w_len() as usize)).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
+    let mut enc = gpu.encoder();
+    let mut launch = |enc: &mut syncstep::gpu::Encoder| {
+        syncstep::kernels::conv2d::conv2d_launch_with(&gpu, enc, syncstep::kernels::conv2d::Conv2dOp::Forward, gemm, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap();
+        gpu.memory_stats().created_bytes
+    };
+    gpu.reset_memory_stats();
+    let first = launch(&mut enc);
+    let second = launch(&mut enc) - first;
+    let im2col = s.n as u64 * s.out_h() as u64 * s.out_w() as u64 * (s.c_in * s.kh * s.kw).div_ceil(4) as u64 * 16;
+    assert!(first >= im2col, "the first launch creates the im2col chunk ({first} bytes created, the chunk is {im2col})");
+    assert!(second < im2col, "the second launch creates {second} bytes: its own im2col chunk");
+    pollster::block_on(gpu.submit(enc)).unwrap();
+}
