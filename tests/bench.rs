@@ -257,7 +257,7 @@ fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     let gemm = Conv2dAlgo::Gemm(syncstep::kernels::conv2d::GEMM_TILES[0]);
     let (x, w, y) = (gpu.upload("x", &uniform(1, s.x_len() as usize)).unwrap(), gpu.upload("w", &uniform(2, s.w_len() as usize)).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
     let mut enc = gpu.encoder();
-    let mut launch = |enc: &mut syncstep::gpu::Encoder| {
+    let launch = |enc: &mut syncstep::gpu::Encoder| {
         syncstep::kernels::conv2d::conv2d_launch_with(&gpu, enc, syncstep::kernels::conv2d::Conv2dOp::Forward, gemm, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap();
         gpu.memory_stats().created_bytes
     };
