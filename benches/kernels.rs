@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::gpu::{AdapterChoice, Encoder, Gpu, Slice};
 use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use syncstep::kernels::matmul::{self as mm, MatmulAlgo, MatmulShape, MATMUL_TILES};
 
@@ -33,7 +33,7 @@ fn device() -> Option<Gpu> {
 }
 
 /// Records `launch`, submits it and waits.
-fn time_launch(gpu: &Gpu, launch: impl Fn(&mut syncstep::gpu::Encoder)) {
+fn time_launch(gpu: &Gpu, launch: impl Fn(&mut Encoder)) {
     let mut enc = gpu.encoder();
     launch(&mut enc);
     pollster::block_on(gpu.submit(enc)).expect("submit");
@@ -93,7 +93,7 @@ fn resnet34_convs() -> [(&'static str, Conv2dShape); 7] {
 }
 
 /// One recorded convolution launch.
-type Launch<'a> = dyn Fn(&mut syncstep::gpu::Encoder) -> syncstep::kernels::Result<()> + 'a;
+type Launch<'a> = dyn Fn(&mut Encoder) -> syncstep::kernels::Result<()> + 'a;
 
 fn conv2d(c: &mut Criterion) {
     let Some(gpu) = device() else { return };
@@ -110,8 +110,8 @@ fn conv2d(c: &mut Criterion) {
             let kept = crop.map_or(String::new(), |c| format!(" on the kept {}x{} taps", c.shape.kh, c.shape.kw));
             println!("{name} {layer}: auto = {chosen}{kept}");
             // `blocked` on the whole kernel; `auto` as the step runs it (the plain launcher).
-            let blocked = |enc: &mut syncstep::gpu::Encoder| k::conv2d_launch_with(&gpu, enc, op, Conv2dAlgo::Blocked, &s, a, b, out);
-            let auto = |enc: &mut syncstep::gpu::Encoder| k::conv2d_launch(&gpu, enc, op, &s, a, b, out);
+            let blocked = |enc: &mut Encoder| k::conv2d_launch_with(&gpu, enc, op, Conv2dAlgo::Blocked, &s, a, b, out);
+            let auto = |enc: &mut Encoder| k::conv2d_launch(&gpu, enc, op, &s, a, b, out);
             let runs: [(&str, &Launch); 2] = [("blocked", &blocked), ("auto", &auto)];
             for (label, launch) in runs {
                 if label == "auto" && chosen == Conv2dAlgo::Blocked && crop.is_none() {

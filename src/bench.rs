@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::data::synthetic_batch;
-use crate::gpu::{describe, launches_to_fill, AdapterChoice, Gpu, GpuError, KernelTime, MemoryStats, Slice};
+use crate::gpu::{describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, MemoryStats, Slice};
 use crate::json::{array, Object};
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
@@ -629,7 +629,7 @@ fn profile_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepCon
 
 /// Seconds of one run of what `record` records: the best of [`PROBE_RUNS`] submissions, each of
 /// enough runs back to back to fill [`PROBE_SUBMIT`], after one untimed run.
-fn best_time(gpu: &Gpu, record: impl Fn(&mut crate::gpu::Encoder) -> crate::kernels::Result<()>) -> Result<f64> {
+fn best_time(gpu: &Gpu, record: impl Fn(&mut Encoder) -> crate::kernels::Result<()>) -> Result<f64> {
     let time = |launches| gpu.time_recorded(launches, |enc| record(enc).map_err(BenchError::from), BenchError::from);
     let launches = launches_to_fill(PROBE_SUBMIT, time(1)?);
     let mut best = f64::INFINITY;

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use crate::gpu::{Gpu, GpuError, Slice};
+use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 
 /// `Clone`: one bucket's error reaches every replica of its round.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -258,7 +258,7 @@ impl<'a> BucketAllReduce<'a> {
     /// Records into `enc` the copies back of the buckets reduced so far, and the copy into
     /// staging of what `done` adds to the final part. `done` is the final part of the buffer:
     /// from some offset to the end, never shrinking from one call to the next.
-    pub fn record(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, done: Slice<'_>) -> Result<()> {
+    pub fn record(&self, gpu: &Gpu, enc: &mut Encoder, done: Slice<'_>) -> Result<()> {
         for range in self.reduced.take() {
             let (_, write) = self.staging.buffers(gpu, range);
             enc.copy_buffer_to_buffer(&write, 0, done.buffer, range.0, range.1);

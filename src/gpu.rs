@@ -722,15 +722,15 @@ impl Gpu {
         });
         // A profiled dispatch is a pass of its own, bracketed by its timestamps and named after
         // its entry point; the shared pass holds many.
-        let label = timestamp_writes.is_some().then_some(entry);
-        if label.is_some() {
+        let profiled = timed.is_some();
+        if profiled {
             encoder.end_pass();
         }
-        let pass = encoder.pass(wgpu::ComputePassDescriptor { label, timestamp_writes });
+        let pass = encoder.pass(wgpu::ComputePassDescriptor { label: profiled.then_some(entry), timestamp_writes });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        if timed.is_some() {
+        if profiled {
             encoder.end_pass();
         }
         Ok(())

@@ -26,7 +26,7 @@
 
 use crate::collective::{self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp, Rendezvous};
 use crate::data::{Batch, DataError};
-use crate::gpu::{self, AdapterChoice, Gpu, GpuError, Slice};
+use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::model::ResNet34;
 use crate::step::{self, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput};
 
@@ -126,7 +126,7 @@ pub struct SyncBn<'a> {
 }
 
 impl SyncBn<'_> {
-    async fn gather(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, rows: &wgpu::Buffer, local: u32, exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
+    async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, rows: &wgpu::Buffer, local: u32, exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
         if let Some(done) = done {
             self.grads.record(gpu, enc, done)?;
         }
@@ -158,11 +158,11 @@ impl BnSync for SyncBn<'_> {
         self.exchange.replicas
     }
 
-    async fn stats(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
+    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
         self.gather(gpu, enc, rows, local, !self.exchange.unmerged_stats, None).await
     }
 
-    async fn sums(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, _site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> step::Result<()> {
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, _site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> step::Result<()> {
         self.gather(gpu, enc, rows, local, true, Some(done)).await
     }
 }

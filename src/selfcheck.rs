@@ -11,7 +11,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::gpu::{Gpu, GpuError, Slice};
+use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::json;
 use crate::kernels::conv2d::{self as kconv, Conv2dShape};
 use crate::kernels::{elementwise as kelem, KernelError};
@@ -198,7 +198,7 @@ async fn run_kernel(
     gpu: &Gpu,
     inputs: &[&[f32]],
     len: u64,
-    launch: impl FnOnce(&mut crate::gpu::Encoder, &[Slice], Slice) -> Result<(), KernelError>,
+    launch: impl FnOnce(&mut Encoder, &[Slice], Slice) -> Result<(), KernelError>,
 ) -> Result<Vec<f32>> {
     let buffers = inputs.iter().map(|v| gpu.upload("selfcheck input", v)).collect::<Result<Vec<_>, _>>()?;
     let out = gpu.buffer("selfcheck output", len)?;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crate::collective::CollectiveError;
 use crate::data::{Batch, DataError};
-use crate::gpu::{Gpu, GpuError, Slice};
+use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::conv2d::Conv2dOp;
 use crate::kernels::{avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError};
 use crate::model::{ActivationPattern, BatchNorm, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
@@ -80,12 +80,12 @@ pub trait BnSync {
     fn replicas(&self) -> u32;
     /// `rows` holds room for `replicas()·local` rows, this device's `local` rows of per-example
     /// `[mean | M2]` first; fills it with every replica's rows in replica order, in place.
-    async fn stats(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
+    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
     /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
     /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
     /// some offset to the end, growing from call to call, so a hook can start moving gradients
     /// while the backward goes on.
-    async fn sums(&self, gpu: &Gpu, enc: &mut crate::gpu::Encoder, site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> Result<()>;
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> Result<()>;
 }
 
 /// One device's own statistics: plain training-mode BatchNorm.
@@ -95,10 +95,10 @@ impl BnSync for LocalBn {
     fn replicas(&self) -> u32 {
         1
     }
-    async fn stats(&self, _: &Gpu, _: &mut crate::gpu::Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
+    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
         Ok(())
     }
-    async fn sums(&self, _: &Gpu, _: &mut crate::gpu::Encoder, _: usize, _: &wgpu::Buffer, _: u32, _: Slice<'_>) -> Result<()> {
+    async fn sums(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32, _: Slice<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -214,7 +214,7 @@ struct Unit {
 
 /// Per-step state threaded through forward and backward.
 struct Pass<'p, S> {
-    enc: crate::gpu::Encoder,
+    enc: Encoder,
     sync: &'p S,
     cfg: &'p StepConfig,
     units: Vec<Unit>,

@@ -1,7 +1,7 @@
 mod common;
 
 use common::*;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::batchnorm::{self as k, BnShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::batchnorm::{self as r, BnDims, BnStats, BnSums};
@@ -22,7 +22,7 @@ fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
 }
 
 /// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them.
-fn forward_stats(gpu: &Gpu, enc: &mut syncstep::gpu::Encoder, shape: &BnShape, x: Slice, stats: Slice) {
+fn forward_stats(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, x: Slice, stats: Slice) {
     let rows = poisoned(gpu, "stats rows", shape.rows_len() as usize);
     k::bn_example_stats(gpu, enc, shape, x, Slice::whole(&rows)).unwrap();
     k::bn_merge_examples(gpu, enc, shape, Slice::whole(&rows), stats).unwrap();
@@ -30,7 +30,7 @@ fn forward_stats(gpu: &Gpu, enc: &mut syncstep::gpu::Encoder, shape: &BnShape, x
 
 /// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
 #[allow(clippy::too_many_arguments)]
-fn backward_sums(gpu: &Gpu, enc: &mut syncstep::gpu::Encoder, shape: &BnShape, count: u32, dy: Slice, x: Slice, stats: Slice, sums: Slice) {
+fn backward_sums(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, count: u32, dy: Slice, x: Slice, stats: Slice, sums: Slice) {
     let rows = poisoned(gpu, "sums rows", shape.rows_len() as usize);
     k::bn_example_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, Slice::whole(&rows)).unwrap();
     k::bn_sum_examples(gpu, enc, shape, Slice::whole(&rows), sums).unwrap();
@@ -377,10 +377,10 @@ fn fused_launchers_reject_wrong_lengths() {
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     let e = &mut enc;
-    let apply = |e: &mut syncstep::gpu::Encoder, shortcut, gate, out| k::bn_apply_relu(gpu, e, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), shortcut, gate, out);
+    let apply = |e: &mut Encoder, shortcut, gate, out| k::bn_apply_relu(gpu, e, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), shortcut, gate, out);
     apply(e, Some(s(&dy)), Some(s(&dx)), s(&out)).unwrap();
-    let sums_of = |e: &mut syncstep::gpu::Encoder, gate| k::bn_example_sums(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&rows));
-    let input_of = |e: &mut syncstep::gpu::Encoder, gate| k::bn_backward_input(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&gamma), s(&sums), s(&dx));
+    let sums_of = |e: &mut Encoder, gate| k::bn_example_sums(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&rows));
+    let input_of = |e: &mut Encoder, gate| k::bn_backward_input(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&gamma), s(&sums), s(&dx));
     sums_of(e, Some(s(&out))).unwrap();
     input_of(e, Some(s(&out))).unwrap();
     assert_arg_errors([
@@ -435,13 +435,13 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats)).unwrap();
     expect_arg(k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short)), "bn_merge_examples", "stats", "expected 6 (2·c");
 
-    let apply = |e: &mut syncstep::gpu::Encoder, shape: &BnShape, count, g| k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y));
+    let apply = |e: &mut Encoder, shape: &BnShape, count, g| k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y));
     apply(e, &shape, 10, s(&gamma)).unwrap();
     expect_arg(apply(e, &shape, 10, s(&short)), "bn_forward_apply", "gamma", "expected 3 (c)");
     expect_arg(apply(e, &zero, 10, s(&gamma)), "bn_forward_apply", "shape.hw", "is 0");
     expect_arg(apply(e, &shape, 9, s(&gamma)), "bn_forward_apply", "count", "expected at least n·hw = 10");
 
-    let example_sums = |e: &mut syncstep::gpu::Encoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, None, s(&x), s(&stats), s(&rows2));
+    let example_sums = |e: &mut Encoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, None, s(&x), s(&stats), s(&rows2));
     example_sums(e, &shape, 20, s(&dy)).unwrap();
     expect_arg(example_sums(e, &shape, 20, s(&short)), "bn_example_sums", "dy", "expected 30 (n·c·hw)");
     expect_arg(example_sums(e, &zero, 20, s(&dy)), "bn_example_sums", "shape.hw", "is 0");
@@ -449,13 +449,13 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     k::bn_sum_examples(gpu, e, &shape, s(&rows2), s(&sums)).unwrap();
     expect_arg(k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)), "bn_sum_examples", "rows", "expected 12 (n·2·c");
 
-    let input = |e: &mut syncstep::gpu::Encoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), None, s(&x), s(&stats), s(&gamma), sm, s(&dx));
+    let input = |e: &mut Encoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), None, s(&x), s(&stats), s(&gamma), sm, s(&dx));
     input(e, &shape, 10, s(&sums)).unwrap();
     expect_arg(input(e, &shape, 10, s(&short)), "bn_backward_input", "sums", "expected 6 (2·c: [Σdy | Σdy·x̂])");
     expect_arg(input(e, &zero, 10, s(&sums)), "bn_backward_input", "shape.hw", "is 0");
     expect_arg(input(e, &shape, 0, s(&sums)), "bn_backward_input", "count", "expected at least");
 
-    let running = |e: &mut syncstep::gpu::Encoder, c, count, var| k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var);
+    let running = |e: &mut Encoder, c, count, var| k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var);
     running(e, 3, 2, s(&run_var)).unwrap();
     expect_arg(running(e, 3, 2, s(&short)), "bn_update_running", "running_var", "expected 3 (c)");
     expect_arg(running(e, 0, 2, s(&run_var)), "bn_update_running", "c", "is 0");

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::*;
 use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER_FORWARD};
-use syncstep::gpu::{AdapterChoice, Slice};
+use syncstep::gpu::{AdapterChoice, Encoder, Slice};
 use syncstep::json::{parse, Value};
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
@@ -188,7 +188,7 @@ fn the_profiler_times_every_dispatch_across_query_sets() {
     let a = gpu.upload("a", &uniform(1, len as usize)).unwrap();
     let b = gpu.upload("b", &uniform(2, len as usize)).unwrap();
     let out = gpu.buffer("out", len).unwrap();
-    let add = |enc: &mut syncstep::gpu::Encoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
+    let add = |enc: &mut Encoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
     // Not profiling: nothing recorded.
     let mut enc = gpu.encoder();
     add(&mut enc);
@@ -257,7 +257,7 @@ fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     let gemm = Conv2dAlgo::Gemm(syncstep::kernels::conv2d::GEMM_TILES[0]);
     let (x, w, y) = (gpu.upload("x", &uniform(1, s.x_len() as usize)).unwrap(), gpu.upload("w", &uniform(2, s.w_len() as usize)).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
     let mut enc = gpu.encoder();
-    let launch = |enc: &mut syncstep::gpu::Encoder| {
+    let launch = |enc: &mut Encoder| {
         syncstep::kernels::conv2d::conv2d_launch_with(&gpu, enc, syncstep::kernels::conv2d::Conv2dOp::Forward, gemm, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap();
         gpu.memory_stats().created_bytes
     };

@@ -1,7 +1,7 @@
 mod common;
 
 use common::*;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
@@ -277,7 +277,7 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     }
 }
 
-type Launcher = fn(&Gpu, &mut syncstep::gpu::Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+type Launcher = fn(&Gpu, &mut Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 /// Each launcher's three arguments: names and lengths, in the order it takes them.
 type Args = [(&'static str, u64); 3];

@@ -3,7 +3,7 @@ mod common;
 use common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::cross_entropy::{self as k, CrossEntropyShape};
 use syncstep::reference::cross_entropy as r;
 
@@ -84,7 +84,7 @@ fn cross_entropy_rejects_bad_arguments() {
     let [b1, b2, b3, b6] = [0, 1, 2, 3].map(|i| Slice::whole(&bufs[i]));
     let mut enc = gpu.encoder();
     let e = &mut enc;
-    let fwd = |e: &mut syncstep::gpu::Encoder, s: &CrossEntropyShape, eps, d, z, y, ls, l| k::cross_entropy_forward(gpu, e, s, eps, d, z, y, ls, l);
+    let fwd = |e: &mut Encoder, s: &CrossEntropyShape, eps, d, z, y, ls, l| k::cross_entropy_forward(gpu, e, s, eps, d, z, y, ls, l);
     let cases = [
         ("cross_entropy_forward", "logits", fwd(e, &s, 0.1, 2.0, b3, b2, b2, b1), "expected 6 (m*k)"),
         ("cross_entropy_forward", "labels", fwd(e, &s, 0.1, 2.0, b6, b3, b2, b1), "expected 2 (m)"),

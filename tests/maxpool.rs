@@ -1,7 +1,7 @@
 mod common;
 
 use common::*;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::maxpool::{self as k, MaxPoolShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::maxpool::{self as r, Pool};
@@ -102,7 +102,7 @@ fn launchers_reject_wrong_lengths_and_bad_shapes() {
     let (x, out, argmax) = (gpu.buffer("x", 50).unwrap(), gpu.buffer("out", 18).unwrap(), gpu.buffer("argmax", 18).unwrap());
     let short = gpu.buffer("short", 17).unwrap();
     let s = Slice::whole;
-    type Launch = fn(&Gpu, &mut syncstep::gpu::Encoder, &MaxPoolShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+    type Launch = fn(&Gpu, &mut Encoder, &MaxPoolShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
     let launchers: [(&str, Launch, [&wgpu::Buffer; 3], usize, &str); 3] = [
         ("maxpool_forward", k::maxpool_forward, [&x, &out, &argmax], 1, "y"),
         ("maxpool_forward_with_argmax", k::maxpool_forward_with_argmax, [&x, &argmax, &out], 1, "argmax"),

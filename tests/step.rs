@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use syncstep::data::synthetic_batch;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::reference::step as reference;
 use syncstep::step::{BnSync, LocalBn, Replica, StepConfig, StepOptions, StepOutput};
@@ -127,10 +127,10 @@ impl BnSync for FinalGradients {
     fn replicas(&self) -> u32 {
         1
     }
-    async fn stats(&self, _: &Gpu, _: &mut syncstep::gpu::Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> syncstep::step::Result<()> {
+    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> syncstep::step::Result<()> {
         Ok(())
     }
-    async fn sums(&self, gpu: &Gpu, enc: &mut syncstep::gpu::Encoder, _: usize, _: &wgpu::Buffer, _: u32, done: Slice<'_>) -> syncstep::step::Result<()> {
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32, done: Slice<'_>) -> syncstep::step::Result<()> {
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
         let values = gpu.read_f32(done).await?;

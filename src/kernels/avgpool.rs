@@ -1,7 +1,7 @@
 //! Global average pool (the head's spatial mean) and its backward. See shaders/avgpool.wgsl.
 
 use super::{expect_len, expect_positive, launch, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "avgpool", source: include_str!("../../shaders/avgpool.wgsl") };
 const WG: u32 = 256;
@@ -44,14 +44,14 @@ struct Params {
 }
 
 /// `y[n, c] = mean over hw of x[n, c, :]`, each mean summed in ascending order.
-pub fn global_avgpool_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &AvgPoolShape, x: Slice, y: Slice) -> Result<()> {
+pub fn global_avgpool_forward(gpu: &Gpu, enc: &mut Encoder, s: &AvgPoolShape, x: Slice, y: Slice) -> Result<()> {
     const OP: &str = "global_avgpool_forward";
     let params = s.check(OP, ("x", &x), ("y", &y))?;
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("y", y)], grid_1d(s.output_len(), WG))
 }
 
 /// `dx[n, c, :] = dy[n, c] / hw`, overwriting dx.
-pub fn global_avgpool_backward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &AvgPoolShape, dy: Slice, dx: Slice) -> Result<()> {
+pub fn global_avgpool_backward(gpu: &Gpu, enc: &mut Encoder, s: &AvgPoolShape, dy: Slice, dx: Slice) -> Result<()> {
     const OP: &str = "global_avgpool_backward";
     let params = s.check(OP, ("dx", &dx), ("dy", &dy))?;
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("dx", dx)], grid_1d(s.input_len(), WG))

@@ -21,7 +21,7 @@
 //! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
 use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
 const WG: u32 = 256;
@@ -108,7 +108,7 @@ struct RunningParams {
 }
 
 /// Per-example statistics: `rows`[b] = [mean | M2] over example b's hw positions.
-pub fn bn_example_stats(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
+pub fn bn_example_stats(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
     const OP: &str = "bn_example_stats";
     shape.check(OP)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
@@ -118,7 +118,7 @@ pub fn bn_example_stats(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShap
 }
 
 /// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
-pub fn bn_merge_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
+pub fn bn_merge_examples(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
     const OP: &str = "bn_merge_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
@@ -130,7 +130,7 @@ pub fn bn_merge_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnSha
 #[allow(clippy::too_many_arguments)]
 pub fn bn_forward_apply(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -159,7 +159,7 @@ pub fn bn_forward_apply(
 #[allow(clippy::too_many_arguments)]
 pub fn bn_apply_relu(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -205,7 +205,7 @@ fn optional<'a>(op: &'static str, arg: &'static str, shape: &BnShape, given: Opt
 #[allow(clippy::too_many_arguments)]
 pub fn bn_example_sums(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -231,7 +231,7 @@ pub fn bn_example_sums(
 
 /// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise
 /// so that a power-of-two shard's sum is a subtree of the batch's.
-pub fn bn_sum_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
+pub fn bn_sum_examples(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
     const OP: &str = "bn_sum_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
@@ -245,7 +245,7 @@ pub fn bn_sum_examples(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &BnShape
 #[allow(clippy::too_many_arguments)]
 pub fn bn_backward_input(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     shape: &BnShape,
     count: u32,
     eps: f32,
@@ -278,7 +278,7 @@ pub fn bn_backward_input(
 #[allow(clippy::too_many_arguments)]
 pub fn bn_update_running(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     c: u32,
     count: u32,
     momentum: f32,

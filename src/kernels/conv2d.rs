@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
 use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, KernelError, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
 const SHADER: Shader = Shader { name: "conv2d", source: SOURCE };
@@ -387,14 +387,14 @@ fn tiles(len: u64) -> u64 {
 
 /// `y = conv(x, w)`: `x` [n,c_in,h,w], `w` [c_out,c_in,kh,kw], `y` [n,c_out,out_h,out_w]
 /// (overwritten). The variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
+pub fn conv2d_forward(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::Forward, shape, x, w, y)
 }
 
 /// [`conv2d_forward`] with the kernel chosen by `algo`.
 pub fn conv2d_forward_with(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,
     x: Slice,
@@ -418,7 +418,7 @@ pub fn conv2d_forward_with(
 /// The input-VJP `dx = convᵀ(dy, w)`, a gather over output positions: `dy`
 /// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). The
 /// variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &Conv2dShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
+pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::BackwardInput, shape, dy, w, dx)
 }
 
@@ -426,7 +426,7 @@ pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &C
 /// phase (iy mod stride, ix mod stride).
 pub fn conv2d_backward_input_with(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,
     dy: Slice,
@@ -465,14 +465,14 @@ pub fn conv2d_backward_input_with(
 /// The weight gradient `dw = Σ_{n,oy,ox} dy ⊗ x-window`, summed in a fixed order: `dy`
 /// [n,c_out,out_h,out_w], `x` [n,c_in,h,w], `dw` [c_out,c_in,kh,kw] (overwritten, not
 /// accumulated). The variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_backward_weight(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+pub fn conv2d_backward_weight(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::BackwardWeight, shape, dy, x, dw)
 }
 
 /// [`conv2d_backward_weight`] with the kernel chosen by `algo`.
 pub fn conv2d_backward_weight_with(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,
     dy: Slice,
@@ -499,7 +499,7 @@ pub fn conv2d_backward_weight_with(
 /// The Blocked weight gradient of `s` into `dw` [c_out, c_in, kh, kw]; or, with `into` = (the
 /// whole shape, its crop) and `s` the cropped shape, straight into the kept taps of the whole
 /// kernel's `dw`, leaving the other taps as they are.
-fn backward_weight_blocked(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice, into: Option<(&Conv2dShape, &Crop)>) -> Result<()> {
+fn backward_weight_blocked(gpu: &Gpu, enc: &mut Encoder, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice, into: Option<(&Conv2dShape, &Crop)>) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     let bindings = checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
     expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
@@ -586,7 +586,7 @@ fn expect_within_loop_limit(adapter: &str, op: &'static str, algo: Conv2dAlgo, s
 /// Records `op` with `algo`: forward (x, w → y), input-VJP (dy, w → dx) or weight gradient
 /// (dy, x → dw), for callers that take the op as a value (the autotune, `syncstep bench`).
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
     match op {
         Conv2dOp::Forward => conv2d_forward_with(gpu, enc, algo, shape, a, b, out),
         Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, enc, algo, shape, a, b, out),
@@ -596,7 +596,7 @@ pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp
 
 /// `op` as the plain launchers run it: on the cropped kernel where [`Conv2dShape::crop`] finds
 /// one, with [`conv2d_algo`]'s variant for the shape it runs (see [`conv2d_choice`]).
-pub fn conv2d_launch(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
     checked(op, shape, [a, b, out])?;
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
     let clearable = op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
@@ -607,7 +607,7 @@ pub fn conv2d_launch(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp, sha
 /// `op` with `algo` run on `crop` (from `shape.crop()`; None: the whole kernel), as
 /// [`conv2d_launch`] runs its choice. A cropped weight gradient needs `out` with COPY_DST.
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, crop: Option<&Crop>, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, crop: Option<&Crop>, a: Slice, b: Slice, out: Slice) -> Result<()> {
     let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
     if op == Conv2dOp::BackwardWeight {
@@ -634,7 +634,7 @@ pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2
 /// Copies the kept taps of `crop` (`shape.crop()`) out of the whole kernel `w` into `kept`
 /// (`crop.shape.w_len()` elements), for [`conv2d_launch_kept`]. The plain launchers copy on
 /// every call; a step copies once for a convolution's forward and input-VJP.
-pub fn crop_weights(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &Conv2dShape, crop: &Crop, w: Slice, kept: Slice) -> Result<()> {
+pub fn crop_weights(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, crop: &Crop, w: Slice, kept: Slice) -> Result<()> {
     const OP: &str = "conv2d_crop_weights";
     shape.validate(OP)?;
     expect_len(OP, "w", &w, shape.w_len(), "c_out·c_in·kh·kw")?;
@@ -644,7 +644,7 @@ pub fn crop_weights(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &Conv2dShap
 
 /// The forward or input-VJP as [`conv2d_launch`] runs it on a cropped kernel, from the kept
 /// taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of the whole shape.
-pub fn conv2d_launch_kept(gpu: &Gpu, enc: &mut crate::gpu::Encoder, op: Conv2dOp, crop: &Crop, a: Slice, kept: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_kept(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, crop: &Crop, a: Slice, kept: Slice, out: Slice) -> Result<()> {
     if op == Conv2dOp::BackwardWeight {
         return Err(KernelError::Arg { op: op.name(), arg: "op", problem: "reads no weights: use conv2d_launch".to_string() });
     }
@@ -899,7 +899,7 @@ enum Weights<'a> {
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     op: &'static str,
     algo: Conv2dAlgo,
     grid: &PixelGrid,
@@ -972,12 +972,12 @@ fn chunk_pixels(gpu: &Gpu, op: &'static str, row4: u64, (pixels, unit, most): (u
 #[allow(clippy::too_many_arguments)]
 fn im2col_chunks(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     op: &'static str,
     (im2col, params): (&'static str, Params),
     pixels: (u64, u64, u64),
     source: Slice,
-    mut gemm: impl FnMut(&mut crate::gpu::Encoder, u64, u64, Slice) -> Result<()>,
+    mut gemm: impl FnMut(&mut Encoder, u64, u64, Slice) -> Result<()>,
 ) -> Result<()> {
     let row4 = params.row4 as u64;
     let chunk = chunk_pixels(gpu, op, row4, pixels)?;
@@ -1000,7 +1000,7 @@ fn im2col_chunks(
 #[allow(clippy::too_many_arguments)]
 fn im2col_gemm(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     op: &'static str,
     algo: Conv2dAlgo,
     im2col: (&'static str, Params),
@@ -1015,7 +1015,7 @@ fn im2col_gemm(
     })
 }
 
-fn forward_gemm(gpu: &Gpu, enc: &mut crate::gpu::Encoder, algo: Conv2dAlgo, s: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
+fn forward_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
     const OP: &str = "conv2d_forward";
     let k_len = s.c_in as u64 * s.kh as u64 * s.kw as u64;
     let row4 = k_len.div_ceil(4);
@@ -1048,7 +1048,7 @@ fn forward_gemm(gpu: &Gpu, enc: &mut crate::gpu::Encoder, algo: Conv2dAlgo, s: &
 /// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)
 /// against dy, into pairwise blocks of example sums (a scratch of 1 + bit length of n levels,
 /// the first the carry between chunks), then their total into dw.
-fn backward_weight_gemm(gpu: &Gpu, enc: &mut crate::gpu::Encoder, algo: Conv2dAlgo, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+fn backward_weight_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     if gpu.info.backend == wgpu::Backend::Gl {
         // Open issue: on wgpu's GL backend (llvmpipe GL, Mesa 22) these kernels give wrong sums
@@ -1108,7 +1108,7 @@ fn phase_taps(phase: u32, k: u32, s: &Conv2dShape) -> u32 {
 #[allow(clippy::too_many_arguments)]
 fn backward_input_gemm_phase(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     algo: Conv2dAlgo,
     s: &Conv2dShape,
     params: Params,
@@ -1438,7 +1438,7 @@ mod autotune {
         let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
         let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
         let run = |algo: Conv2dAlgo, launches: u32| -> Result<Duration> {
-            let launch = |enc: &mut crate::gpu::Encoder| conv2d_launch_with(gpu, enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output));
+            let launch = |enc: &mut Encoder| conv2d_launch_with(gpu, enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output));
             gpu.time_recorded(launches, launch, gpu_err)
         };
         gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time

@@ -6,7 +6,7 @@
 //! host before upload.
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
-use crate::gpu::{Gpu, Shader, Slice};
+use crate::gpu::{Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "cross_entropy", source: include_str!("../../shaders/cross_entropy.wgsl") };
 
@@ -56,7 +56,7 @@ struct Params {
 #[allow(clippy::too_many_arguments)] // the signature mirrors the math: shape, ε, D, three tensors and the result
 pub fn cross_entropy_forward(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     s: &CrossEntropyShape,
     smoothing: f32,
     divisor: f32,
@@ -80,7 +80,7 @@ pub fn cross_entropy_forward(
 #[allow(clippy::too_many_arguments)] // as cross_entropy_forward
 pub fn cross_entropy_backward(
     gpu: &Gpu,
-    enc: &mut crate::gpu::Encoder,
+    enc: &mut Encoder,
     s: &CrossEntropyShape,
     smoothing: f32,
     divisor: f32,

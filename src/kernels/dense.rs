@@ -2,7 +2,7 @@
 //! weight and bias. See shaders/dense.wgsl.
 
 use super::{expect_len, expect_positive, launch, pairwise_shader, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "dense", source: include_str!("../../shaders/dense.wgsl") };
 const WG: u32 = 256;
@@ -51,7 +51,7 @@ struct Params {
 }
 
 /// `y = x·wᵀ + b`.
-pub fn dense_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseShape, x: Slice, w: Slice, b: Slice, y: Slice) -> Result<()> {
+pub fn dense_forward(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, x: Slice, w: Slice, b: Slice, y: Slice) -> Result<()> {
     const OP: &str = "dense_forward";
     s.check_dims(OP)?;
     expect_len(OP, "x", &x, s.input_len(), "m*k_in")?;
@@ -63,7 +63,7 @@ pub fn dense_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseShape, x
 }
 
 /// `dx = dy·w`.
-pub fn dense_backward_input(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
+pub fn dense_backward_input(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
     const OP: &str = "dense_backward_input";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
@@ -74,7 +74,7 @@ pub fn dense_backward_input(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseS
 }
 
 /// `dw = dyᵀ·x`, summed pairwise over the batch (see dense.wgsl).
-pub fn dense_backward_weight(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+pub fn dense_backward_weight(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
     const OP: &str = "dense_backward_weight";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
@@ -85,7 +85,7 @@ pub fn dense_backward_weight(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &Dense
 }
 
 /// `db = Σ_m dy`, summed pairwise over the batch (see dense.wgsl).
-pub fn dense_backward_bias(gpu: &Gpu, enc: &mut crate::gpu::Encoder, s: &DenseShape, dy: Slice, db: Slice) -> Result<()> {
+pub fn dense_backward_bias(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, db: Slice) -> Result<()> {
     const OP: &str = "dense_backward_bias";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;

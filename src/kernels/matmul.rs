@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use super::{expect_len, expect_positive, launch, with_subgroup_index, KernelError, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 const SHADER: Shader = Shader { name: "matmul", source: SOURCE };
@@ -51,7 +51,7 @@ pub const MATMUL_TILES: [MatmulAlgo; 4] = [
 ];
 
 /// `c = a·b`: `a` [m, k], `b` [k, n], `c` [m, n] (overwritten), with the kernel `algo`.
-pub fn matmul(gpu: &Gpu, enc: &mut crate::gpu::Encoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
+pub fn matmul(gpu: &Gpu, enc: &mut Encoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
     const OP: &str = "matmul";
     let s = shape;
     for (arg, v) in [("m", s.m), ("k", s.k), ("n", s.n)] {

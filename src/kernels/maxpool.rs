@@ -7,7 +7,7 @@
 //! NaN inputs get no promise beyond an argmax inside the window (see the shader).
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
 const WG: u32 = 256;
@@ -79,7 +79,7 @@ struct Params {
 }
 
 /// y = the maximum of each window, and `argmax` (u32) the input cell it came from.
-pub fn maxpool_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &MaxPoolShape, x: Slice, y: Slice, argmax: Slice) -> Result<()> {
+pub fn maxpool_forward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Slice, y: Slice, argmax: Slice) -> Result<()> {
     const OP: &str = "maxpool_forward";
     let params = shape.check(OP)?;
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
@@ -91,7 +91,7 @@ pub fn maxpool_forward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &MaxPool
 
 /// y = x at the given `argmax` (e.g. saved by another run's `maxpool_forward`). Each argmax
 /// value must be a cell of its window; out-of-plane values are not detected.
-pub fn maxpool_forward_with_argmax(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &MaxPoolShape, x: Slice, argmax: Slice, y: Slice) -> Result<()> {
+pub fn maxpool_forward_with_argmax(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Slice, argmax: Slice, y: Slice) -> Result<()> {
     const OP: &str = "maxpool_forward_with_argmax";
     let params = shape.check(OP)?;
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
@@ -102,7 +102,7 @@ pub fn maxpool_forward_with_argmax(gpu: &Gpu, enc: &mut crate::gpu::Encoder, sha
 }
 
 /// dx[cell] = Σ dy over the windows whose argmax names the cell (a gather; dx is overwritten).
-pub fn maxpool_backward(gpu: &Gpu, enc: &mut crate::gpu::Encoder, shape: &MaxPoolShape, dy: Slice, argmax: Slice, dx: Slice) -> Result<()> {
+pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: Slice, argmax: Slice, dx: Slice) -> Result<()> {
     const OP: &str = "maxpool_backward";
     let params = shape.check(OP)?;
     expect_len(OP, "dy", &dy, shape.output_len(), "n·c·out_h·out_w")?;

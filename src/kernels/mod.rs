@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use crate::gpu::{Gpu, GpuError, Shader, Slice};
+use crate::gpu::{Encoder, Gpu, GpuError, Shader, Slice};
 
 pub mod avgpool;
 pub mod batchnorm;
@@ -91,7 +91,7 @@ pub(crate) fn with_subgroup_index(source: &str, entry: &str) -> String {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<P: bytemuck::Pod>(
     gpu: &Gpu,
-    encoder: &mut crate::gpu::Encoder,
+    encoder: &mut Encoder,
     op: &'static str,
     shader: &Shader,
     entry: &'static str,

@@ -2,7 +2,7 @@
 //! (dampening 0, not Nesterov). See shaders/sgd.wgsl.
 
 use super::{expect_len, launch, KernelError, Result};
-use crate::gpu::{grid_1d, Gpu, Shader, Slice};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "sgd", source: include_str!("../../shaders/sgd.wgsl") };
 const WG: u32 = 256;
@@ -30,7 +30,7 @@ struct Params {
 /// `g' = grad + weight_decay·param; velocity ← momentum·velocity + g'; param ← param − lr·velocity`.
 /// Start `velocity` at zero: PyTorch's first step sets it to g', which is then the same. The
 /// length must be a multiple of 4 (the model's flat buffers, 256-byte aligned per tensor, are).
-pub fn sgd_update(gpu: &Gpu, enc: &mut crate::gpu::Encoder, h: &SgdParams, param: Slice, grad: Slice, velocity: Slice) -> Result<()> {
+pub fn sgd_update(gpu: &Gpu, enc: &mut Encoder, h: &SgdParams, param: Slice, grad: Slice, velocity: Slice) -> Result<()> {
     const OP: &str = "sgd_update";
     for (arg, v) in [("lr", h.lr), ("momentum", h.momentum), ("weight_decay", h.weight_decay)] {
         if !v.is_finite() {

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::gpu::{AdapterChoice, Encoder, Gpu, Slice};
 use syncstep::kernels::KernelError;
 
 /// The shared device, or None (with a loud message) when no adapter exists outside CI.
@@ -97,7 +97,7 @@ pub fn read(gpu: &Gpu, b: &wgpu::Buffer) -> Vec<f32> {
     pollster::block_on(gpu.read_f32(Slice::whole(b))).unwrap()
 }
 
-pub fn submit(gpu: &Gpu, enc: syncstep::gpu::Encoder) {
+pub fn submit(gpu: &Gpu, enc: Encoder) {
     pollster::block_on(gpu.submit(enc)).unwrap();
 }
 
