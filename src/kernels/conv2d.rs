@@ -620,8 +620,9 @@ pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: C
             return backward_weight_blocked(gpu, enc, &crop.shape, a, b, out, Some((shape, crop)));
         }
     }
-    let kept = gpu.scratch("conv2d kept taps", crop.shape.w_len()).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
-    let kept = Slice::new(&kept, 0, crop.shape.w_len());
+    let kept_len = crop.shape.w_len();
+    let kept = gpu.scratch("conv2d kept taps", kept_len).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
+    let kept = Slice::new(&kept, 0, kept_len);
     if op == Conv2dOp::BackwardWeight {
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, b, kept)?;
         launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &crop_params(shape, crop), &[("kept taps' dw", kept), ("dw", out)], crop_grid(shape))
@@ -1025,8 +1026,9 @@ fn forward_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape,
     let weights = if k_len.is_multiple_of(4) {
         w
     } else {
-        padded = gpu.scratch("conv2d weight rows", s.c_out as u64 * row4 * 4).map_err(|source| KernelError::Gpu { op: OP, source })?;
-        let rows = Slice::new(&padded, 0, s.c_out as u64 * row4 * 4);
+        let len = s.c_out as u64 * row4 * 4;
+        padded = gpu.scratch("conv2d weight rows", len).map_err(|source| KernelError::Gpu { op: OP, source })?;
+        let rows = Slice::new(&padded, 0, len);
         let threads = s.c_out as u64 * row4;
         launch(gpu, enc, OP, &SHADER, "conv2d_forward_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
         rows
@@ -1060,8 +1062,9 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv
     let params = Params { row4: row4 as u32, ..s.params() };
     let levels = 1 + (u32::BITS - s.n.leading_zeros()) as u64;
     let level = s.c_out as u64 * row4 * 4;
-    let sums = gpu.scratch("conv2d weight sums", levels * level).map_err(|source| KernelError::Gpu { op: OP, source })?;
-    let sums = Slice::new(&sums, 0, levels * level);
+    let sums_len = levels * level;
+    let sums = gpu.scratch("conv2d weight sums", sums_len).map_err(|source| KernelError::Gpu { op: OP, source })?;
+    let sums = Slice::new(&sums, 0, sums_len);
     let (out_w, out_plane) = (s.out_w(), s.out_h() * s.out_w());
     let pixels = s.n as u64 * out_plane as u64;
     im2col_chunks(gpu, enc, OP, ("conv2d_forward_im2col", params), (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS), x, |enc, begin, count, rows| {
@@ -1126,8 +1129,9 @@ fn backward_input_gemm_phase(
         taps = gpu.upload("conv2d taps", &gather_taps(s, &params)).map_err(gpu_err)?;
         Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
     } else {
-        weight_rows = gpu.scratch("conv2d weight rows", (s.c_in as u64 * row4 * 4).max(4)).map_err(gpu_err)?;
-        let rows = Slice::new(&weight_rows, 0, (s.c_in as u64 * row4 * 4).max(4));
+        let len = (s.c_in as u64 * row4 * 4).max(4);
+        weight_rows = gpu.scratch("conv2d weight rows", len).map_err(gpu_err)?;
+        let rows = Slice::new(&weight_rows, 0, len);
         if row4 > 0 {
             let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
             launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
