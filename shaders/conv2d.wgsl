@@ -598,8 +598,9 @@ const GEMM_WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read> gl_b: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> gl_out: array<f32>;
 
-// Whether conv2d_gemm_lanes and _gather broadcast their rows of b across a subgroup (see
-// gemm_tile_body in src/kernels/conv2d.rs, which sets it).
+// Whether conv2d_gemm_lanes, _gather and _weight_pixels broadcast their rows of b across a
+// subgroup (see gemm_tile_body and gemm_weight_tile_body in src/kernels/conv2d.rs; the launcher
+// sets it).
 const GEMM_BROADCAST: bool = false;
 
 // The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge. With
@@ -1030,7 +1031,7 @@ fn gemm_weight_dy_row(q: u32) -> u32 {
 // workgroup shares GEMM_B / 4 vec4s of k. Tile bodies as conv2d_gemm_lanes'.
 @compute @workgroup_size(GEMM_WG)
 fn conv2d_gemm_weight_pixels(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let origin = gemm_lanes_origin(lid, wid, nwg, false);
+    let origin = gemm_lanes_origin(lid, wid, nwg, GEMM_BROADCAST);
     if (origin.x == 0xffffffffu) { return; }
     let kv0 = origin.x / 4u;
     let co0 = origin.y;

@@ -718,9 +718,10 @@ impl TileKernel {
     const ALL: [TileKernel; 4] = [TileKernel::Lanes, TileKernel::Gather, TileKernel::WeightPixels, TileKernel::WeightChannels];
 
     /// Whether the tile's shared rows (b) can be broadcast (`Gpu::broadcasts`): the GEMMs of the
-    /// forward and input-VJP.
+    /// forward and input-VJP, and the weight gradient's whose workgroup shares output channels
+    /// (its dy values).
     fn broadcasts(self) -> bool {
-        matches!(self, TileKernel::Lanes | TileKernel::Gather)
+        matches!(self, TileKernel::Lanes | TileKernel::Gather | TileKernel::WeightPixels)
     }
 
     fn entry(self) -> &'static str {
@@ -749,8 +750,8 @@ fn gemm_tile(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> String {
     ];
     match kernel {
         TileKernel::Lanes | TileKernel::Gather => lines.extend(gemm_tile_body(kernel, a, b, broadcast)),
-        TileKernel::WeightPixels => lines.extend(gemm_weight_tile_body(b, a / 4)),
-        TileKernel::WeightChannels => lines.extend(gemm_weight_tile_body(a, b / 4)),
+        TileKernel::WeightPixels => lines.extend(gemm_weight_tile_body(b, a / 4, broadcast)),
+        TileKernel::WeightChannels => lines.extend(gemm_weight_tile_body(a, b / 4, false)),
     }
     lines.push(format!("    // END TILE {}", kernel.entry()));
     lines.join("\n") + "\n"
@@ -812,9 +813,18 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
 /// conv2d_gemm_weight_*'s tile: `channels` output channels from co0 × `quads` vec4s of k from
 /// kv0; per output (vec4) s{c}_{v}, the sum over the current output row, and e{c}_{v}, over the
 /// current example.
-fn gemm_weight_tile_body(channels: u32, quads: u32) -> Vec<String> {
+/// With `broadcast` (the workgroup shares the channels), channel c's dy is loaded by the
+/// invocations whose subgroup index is c mod 8 and broadcast, as in gemm_tile_body.
+fn gemm_weight_tile_body(channels: u32, quads: u32, broadcast: bool) -> Vec<String> {
     let mut lines: Vec<String> = (0..quads).map(|v| format!("    let k{v} = min(kv0 + {v}u, g.row4 - 1u);")).collect();
-    lines.extend((0..channels).map(|c| format!("    let d{c} = min(co0 + {c}u, g.channels - 1u) * g.out_plane;")));
+    let loads = channels.div_ceil(8);
+    if broadcast {
+        // As in gemm_tile_body: a subgroup wholly past the last k has no work.
+        lines.push("    if (subgroupAll(kv0 >= g.row4)) { return; }".into());
+        lines.extend((0..loads).map(|k| format!("    let dl{k} = min(co0 + {}u + sid % 8u, g.channels - 1u) * g.out_plane;", 8 * k)));
+    } else {
+        lines.extend((0..channels).map(|c| format!("    let d{c} = min(co0 + {c}u, g.channels - 1u) * g.out_plane;")));
+    }
     lines.extend(unrolled("    ", channels, quads, |c, v| format!("var e{c}_{v} = gemm_weight_start(co0 + {c}u, kv0 + {v}u);")));
     // Running counters rather than a division per output row (slow on CPU drivers).
     lines.push("    var n = g.pixel_begin / g.out_plane;".into());
@@ -824,8 +834,15 @@ fn gemm_weight_tile_body(channels: u32, quads: u32) -> Vec<String> {
     lines.extend(unrolled("        ", channels, quads, |c, v| format!("var s{c}_{v} = vec4<f32>(0.0);")));
     lines.push("        for (var ox = 0u; ox < g.out_w; ox++) {".into());
     lines.extend((0..quads).map(|v| format!("            let cv{v} = wg_cols[cols_row + ox * g.row4 + k{v}];")));
+    if broadcast {
+        lines.extend((0..loads).map(|k| format!("            let dm{k} = wg_dy[dy_row + dl{k} + ox];")));
+    }
     for c in 0..channels {
-        lines.push(format!("            let dv{c} = wg_dy[dy_row + d{c} + ox];"));
+        lines.push(if broadcast {
+            format!("            let dv{c} = subgroupBroadcast(dm{}, {}u);", c / 8, c % 8)
+        } else {
+            format!("            let dv{c} = wg_dy[dy_row + d{c} + ox];")
+        });
         lines.extend(unrolled("            ", 1, quads, |_, v| format!("s{c}_{v} += dv{c} * cv{v};")));
     }
     lines.push("        }".into());
@@ -1088,7 +1105,7 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv
             Conv2dAlgo::Gemm(tile) => {
                 let entry = if tile.lanes == GemmLanes::Channels { "conv2d_gemm_weight_channels" } else { "conv2d_gemm_weight_pixels" };
                 let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-                let shader = pairwise_shader(&gemm_lanes_shader(tile, false), s.n);
+                let shader = pairwise_shader(&gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels), s.n);
                 launch(gpu, enc, OP, &shader, entry, &gemm, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
             }
             _ => {
