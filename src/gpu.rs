@@ -530,6 +530,13 @@ impl Gpu {
         Ok(b)
     }
 
+    /// Lets go of the buffers [`Gpu::scratch`] keeps, for after one-off launches whose sizes the
+    /// steady work does not need (the autotune's candidates): the next request creates one of
+    /// its own size. Work already recorded on them keeps them alive until it is done.
+    pub fn release_scratch(&self) {
+        self.scratch.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// Bytes of the buffers [`Gpu::scratch`] keeps.
     pub fn scratch_bytes(&self) -> u64 {
         self.scratch.lock().unwrap_or_else(|p| p.into_inner()).values().map(wgpu::Buffer::size).sum()
