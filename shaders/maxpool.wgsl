@@ -7,9 +7,9 @@
 // - NaN: WGSL lets implementations assume there are none, so no NaN rule is promised. As
 //   written, a NaN wins only as a window's first real cell (comparisons with NaN are false);
 //   PyTorch would propagate it. argmax always names a real cell of the window either way.
-// - The backward is a GATHER, one invocation per input cell: it visits the output windows
-//   containing the cell (rows, then columns, ascending) and sums the dy of those whose argmax
-//   names it. Fixed order, every dx element written once by its own invocation.
+// - The backward is a GATHER: for each input cell it visits the output windows containing the
+//   cell (rows, then columns, ascending) and sums the dy of those whose argmax names it. Fixed
+//   order, every dx element written once, by the invocation of its row.
 // - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
 //   run's pooling choices (DESIGN.md, "the same activation pattern").
 
@@ -33,38 +33,39 @@ fn linear_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
 
-// maxpool_forward: y and argmax, one invocation per output element.
+// maxpool_forward: y and argmax, one invocation per output row (as the backward, per input row).
 @group(0) @binding(1) var<storage, read> fwd_x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> fwd_y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> fwd_argmax: array<u32>;
 
 @compute @workgroup_size(WG)
 fn maxpool_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o = linear_index(gid, nwg);
-    let per_plane = p.out_h * p.out_w;
-    if (o >= p.n * p.c * per_plane) { return; }
-    let base = (o / per_plane) * p.h * p.w;
+    let t = linear_index(gid, nwg);
+    if (t >= p.n * p.c * p.out_h) { return; }
+    let base = (t / p.out_h) * p.h * p.w;
     // The window's rows and columns in padded coordinates, clipped to the real input: i + pad.
-    let r0 = (o % per_plane) / p.out_w * p.stride;
-    let c0 = (o % per_plane) % p.out_w * p.stride;
+    let r0 = (t % p.out_h) * p.stride;
     let r_lo = max(r0, p.pad);
-    let c_lo = max(c0, p.pad);
     let r_hi = min(r0 + p.k, p.h + p.pad);
-    let c_hi = min(c0 + p.k, p.w + p.pad);
-    var best_at = (r_lo - p.pad) * p.w + (c_lo - p.pad);
-    var best = fwd_x[base + best_at];
-    for (var r = r_lo; r < r_hi; r = r + 1u) {
-        for (var c = c_lo; c < c_hi; c = c + 1u) {
-            let at = (r - p.pad) * p.w + (c - p.pad);
-            let v = fwd_x[base + at];
-            if (v > best) {
-                best = v;
-                best_at = at;
+    for (var ox = 0u; ox < p.out_w; ox = ox + 1u) {
+        let c0 = ox * p.stride;
+        let c_lo = max(c0, p.pad);
+        let c_hi = min(c0 + p.k, p.w + p.pad);
+        var best_at = (r_lo - p.pad) * p.w + (c_lo - p.pad);
+        var best = fwd_x[base + best_at];
+        for (var r = r_lo; r < r_hi; r = r + 1u) {
+            for (var c = c_lo; c < c_hi; c = c + 1u) {
+                let at = (r - p.pad) * p.w + (c - p.pad);
+                let v = fwd_x[base + at];
+                if (v > best) {
+                    best = v;
+                    best_at = at;
+                }
             }
         }
+        fwd_y[t * p.out_w + ox] = best;
+        fwd_argmax[t * p.out_w + ox] = best_at;
     }
-    fwd_y[o] = best;
-    fwd_argmax[o] = best_at;
 }
 
 // maxpool_forward_with_argmax: y = x at the given argmax.
@@ -93,23 +94,28 @@ fn covering(i: u32, out_len: u32) -> vec2<u32> {
     return vec2<u32>(lo, hi);
 }
 
+// One invocation per input row: the column loop is the same for every invocation, so the
+// windows covering a column are worked out once for all of them (integer division is a scalar
+// loop per lane on CPU drivers; per cell it took most of the kernel's time).
 @compute @workgroup_size(WG)
 fn maxpool_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_index(gid, nwg);
-    let plane_len = p.h * p.w;
-    if (i >= p.n * p.c * plane_len) { return; }
-    let cell = i % plane_len;
-    let out_base = (i / plane_len) * p.out_h * p.out_w;
-    let rows = covering(cell / p.w, p.out_h);
-    let cols = covering(cell % p.w, p.out_w);
-    var sum = 0.0;
-    for (var r = rows.x; r < rows.y; r = r + 1u) {
-        for (var c = cols.x; c < cols.y; c = c + 1u) {
-            let o = out_base + r * p.out_w + c;
-            if (bwd_argmax[o] == cell) {
-                sum = sum + bwd_dy[o];
+    let t = linear_index(gid, nwg);
+    if (t >= p.n * p.c * p.h) { return; }
+    let row = t % p.h;
+    let out_base = (t / p.h) * p.out_h * p.out_w;
+    let rows = covering(row, p.out_h);
+    for (var col = 0u; col < p.w; col = col + 1u) {
+        let cols = covering(col, p.out_w);
+        let cell = row * p.w + col;
+        var sum = 0.0;
+        for (var r = rows.x; r < rows.y; r = r + 1u) {
+            for (var c = cols.x; c < cols.y; c = c + 1u) {
+                let o = out_base + r * p.out_w + c;
+                if (bwd_argmax[o] == cell) {
+                    sum = sum + bwd_dy[o];
+                }
             }
         }
+        bwd_dx[t * p.w + col] = sum;
     }
-    bwd_dx[i] = sum;
 }

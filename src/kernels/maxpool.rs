@@ -86,7 +86,8 @@ pub fn maxpool_forward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Sl
     expect_len(OP, "y", &y, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
     let bindings = [("x", x), ("y", y), ("argmax", argmax)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.output_len(), WG))
+    // One invocation per output row (n, c, oy).
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.output_len() / shape.out_w() as u64, WG))
 }
 
 /// y = x at the given `argmax` (e.g. saved by another run's `maxpool_forward`). Each argmax
@@ -109,5 +110,6 @@ pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: 
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "dx", &dx, shape.input_len(), "n·c·h·w")?;
     let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.input_len(), WG))
+    // One invocation per input row (n, c, iy).
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.input_len() / shape.w as u64, WG))
 }
