@@ -33,7 +33,7 @@ fn linear_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
 
-// maxpool_forward: y and argmax, one invocation per output row (as the backward, per input row).
+// maxpool_forward: y and argmax, one invocation per output row (see maxpool_backward for why).
 @group(0) @binding(1) var<storage, read> fwd_x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> fwd_y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> fwd_argmax: array<u32>;

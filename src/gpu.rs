@@ -530,11 +530,14 @@ impl Gpu {
         Ok(b)
     }
 
-    /// Lets go of the buffers [`Gpu::scratch`] keeps, for after one-off launches whose sizes the
-    /// steady work does not need (the autotune's candidates): the next request creates one of
-    /// its own size. Work already recorded on them keeps them alive until it is done.
-    pub fn release_scratch(&self) {
-        self.scratch.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    /// Runs `f`, then puts back the buffers [`Gpu::scratch`] kept before it: for one-off launches
+    /// whose sizes the steady work does not need (the autotune's candidates). Those `f` created
+    /// are let go (wgpu keeps them while work recorded on them is pending).
+    pub fn scratch_as_before<T>(&self, f: impl FnOnce() -> T) -> T {
+        let before = self.scratch.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let result = f();
+        *self.scratch.lock().unwrap_or_else(|p| p.into_inner()) = before;
+        result
     }
 
     /// Bytes of the buffers [`Gpu::scratch`] keeps.

@@ -130,6 +130,27 @@ fn launchers_reject_wrong_lengths_and_bad_shapes() {
     }
 }
 
+/// An invocation loops over a row: on llvmpipe, whose loop limiter would cut a very long row
+/// short, such rows are refused with the reason; elsewhere they run.
+#[test]
+fn rows_past_llvmpipes_loop_limit_are_refused_there() {
+    let Some(gpu) = gpu() else { return };
+    let shape = MaxPoolShape { n: 1, c: 1, h: 2, w: 20000, k: 3, stride: 1, pad: 1 };
+    let len = shape.input_len();
+    let (x, y, argmax) = (gpu.buffer("x", len).unwrap(), gpu.buffer("y", len).unwrap(), gpu.buffer("argmax", len).unwrap());
+    let s = Slice::whole;
+    let mut enc = gpu.encoder();
+    let results = [k::maxpool_forward(gpu, &mut enc, &shape, s(&x), s(&y), s(&argmax)), k::maxpool_backward(gpu, &mut enc, &shape, s(&y), s(&argmax), s(&x))];
+    for result in results {
+        if gpu.info.name.contains("llvmpipe") {
+            let msg = result.unwrap_err().to_string();
+            assert!(msg.contains("shape.w") && msg.contains("llvmpipe stops loops after 65535"), "{msg}");
+        } else {
+            result.unwrap();
+        }
+    }
+}
+
 #[test]
 fn maxpool_forward_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };

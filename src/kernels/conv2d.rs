@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, KernelError, Result};
+use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, KernelError, Result, LLVMPIPE_LOOP_ITERATIONS};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -557,10 +557,6 @@ fn broadcast_shader() -> Shader {
         Shader { name: "conv2d_broadcast", source: Box::leak(with_subgroup_index(&source, "conv2d_backward_weight_blocked").into_boxed_str()) }
     })
 }
-
-/// llvmpipe (lavapipe, and Mesa's GL on the CPU) ends every loop of an invocation once its
-/// loops together have run this many iterations, silently (gallivm's loop limiter).
-const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
 
 /// Direct and Blocked weight gradients loop over every output pixel of every example in one
 /// invocation, Blocked once per tap: refuse them where llvmpipe would cut those loops short (the
@@ -1450,6 +1446,13 @@ mod autotune {
     const MIN_SUBMIT: Duration = Duration::from_millis(2);
 
     pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
+        // The candidates' scratch (an im2col chunk the choice may never use) would otherwise stay
+        // held for the device's life: a process that tuned held 13–60 MiB more than one that
+        // read its choices from the file.
+        gpu.scratch_as_before(|| time_candidates(gpu, op, s, candidates))
+    }
+
+    fn time_candidates(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
         // One tuning at a time per process: concurrent ones would time each other.
         static TUNING: Mutex<()> = Mutex::new(());
         let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
@@ -1498,10 +1501,6 @@ mod autotune {
                 *t = (*t).min(run(*algo, launches)?);
             }
         }
-        // The candidates' scratch (an im2col chunk the choice may never use) would stay held for
-        // the device's life: a process that tuned held 13–44 MiB more than one that read the
-        // choices from the file.
-        gpu.release_scratch();
         Ok(timed.into_iter().min_by_key(|&(t, _)| t).map_or(Conv2dAlgo::Blocked, |(_, algo)| algo))
     }
 }

@@ -6,7 +6,7 @@
 //! first maximum in window scan order (kh outer, kw inner), padding never chosen, as PyTorch.
 //! NaN inputs get no promise beyond an argmax inside the window (see the shader).
 
-use super::{expect_len, expect_positive, launch, KernelError, Result};
+use super::{expect_len, expect_positive, launch, KernelError, Result, LLVMPIPE_LOOP_ITERATIONS};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
@@ -85,6 +85,7 @@ pub fn maxpool_forward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Sl
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
     expect_len(OP, "y", &y, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
+    expect_row_within_loop_limit(gpu, OP, shape.out_w(), shape)?;
     let bindings = [("x", x), ("y", y), ("argmax", argmax)];
     // One invocation per output row (n, c, oy).
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.output_len() / shape.out_w() as u64, WG))
@@ -109,7 +110,22 @@ pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: 
     expect_len(OP, "dy", &dy, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "dx", &dx, shape.input_len(), "n·c·h·w")?;
+    expect_row_within_loop_limit(gpu, OP, shape.w, shape)?;
     let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx)];
     // One invocation per input row (n, c, iy).
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.input_len() / shape.w as u64, WG))
+}
+
+/// An invocation loops over a row of `cells`, each visiting up to k·k window cells: refuse rows
+/// where llvmpipe would cut the loops short (rows of ~6500 cells and more at k = 3) rather than
+/// return a wrong result.
+fn expect_row_within_loop_limit(gpu: &Gpu, op: &'static str, cells: u32, shape: &MaxPoolShape) -> Result<()> {
+    let iterations = cells as u64 * (shape.k as u64 * shape.k as u64 + 1);
+    if gpu.info.name.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
+        let problem = format!(
+            "has rows of {cells} cells, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}"
+        );
+        return Err(KernelError::Arg { op, arg: "shape.w", problem });
+    }
+    Ok(())
 }

@@ -32,6 +32,11 @@ pub enum KernelError {
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 
+/// llvmpipe (lavapipe, and Mesa's GL on the CPU) ends every loop of an invocation once its
+/// loops together have run this many iterations, silently (gallivm's loop limiter): launchers
+/// whose invocations loop over a size the caller picks refuse what would pass it there.
+pub(crate) const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
+
 /// Fails unless `s` holds exactly `expected` elements; `formula` says where that number comes from.
 pub(crate) fn expect_len(op: &'static str, arg: &'static str, s: &Slice, expected: u64, formula: &str) -> Result<()> {
     if s.len != expected {
