@@ -1447,7 +1447,7 @@ mod autotune {
 
     pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
         // The candidates' scratch (an im2col chunk the choice may never use) would otherwise stay
-        // held for the device's life: a process that tuned held 13–60 MiB more than one that
+        // held for the device's life: a process that tuned held 13–61 MiB more than one that
         // read its choices from the file.
         gpu.scratch_as_before(|| time_candidates(gpu, op, s, candidates))
     }
