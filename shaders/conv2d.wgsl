@@ -577,13 +577,21 @@ struct Gemm {
 
 @group(0) @binding(0) var<uniform> g: Gemm;
 
-fn gemm_out_index(i: u32, j: u32) -> u32 {
-    let pixel = g.pixel_begin + select(j, i, g.a_is_pixels == 1u);
-    let channel = select(i, j, g.a_is_pixels == 1u);
+// Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
+// pixel's (n, y, x) offset, or a channel's c · out_plane. The register tiles work these out once
+// per row, not once per output: a pixel's takes four integer divisions, slow on CPU drivers
+// (at 224² the stem's forward spent 16% of its time on them, layer2's 1×1 downsample 33%).
+fn gemm_out_offset(row: u32, of_a: bool) -> u32 {
+    if ((g.a_is_pixels == 1u) != of_a) { return row * g.out_plane; }
+    let pixel = g.pixel_begin + row;
     let r = pixel % g.grid_plane;
     let y = g.origin_y + g.step * (r / g.grid_w);
     let x = g.origin_x + g.step * (r % g.grid_w);
-    return ((pixel / g.grid_plane) * g.channels + channel) * g.out_plane + y * g.out_w + x;
+    return (pixel / g.grid_plane) * g.channels * g.out_plane + y * g.out_w + x;
+}
+
+fn gemm_out_index(i: u32, j: u32) -> u32 {
+    return gemm_out_offset(i, true) + gemm_out_offset(j, false);
 }
 
 // conv2d_gemm_lanes, for CPU drivers: each invocation GEMM_A rows of a; the workgroup's
@@ -616,8 +624,9 @@ fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>, whole_subgroups: 
     return vec2<u32>(i0, j0);
 }
 
-fn gemm_lanes_store(i: u32, j: u32, sum: f32) {
-    if (i < g.rows_a && j < g.rows_b) { gl_out[gemm_out_index(i, j)] = sum; }
+// Output (i, j) at `at` (gemm_out_offset of i and of j).
+fn gemm_lanes_store(i: u32, j: u32, at: u32, sum: f32) {
+    if (i < g.rows_a && j < g.rows_b) { gl_out[at] = sum; }
 }
 
 @compute @workgroup_size(GEMM_WG)
@@ -666,10 +675,18 @@ fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgro
         s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
         s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
     }
-    gemm_lanes_store(i0 + 0u, j0 + 0u, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, s0_3);
-    gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
-    gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
-    gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
+    let oa0 = gemm_out_offset(i0 + 0u, true);
+    let oa1 = gemm_out_offset(i0 + 1u, true);
+    let oa2 = gemm_out_offset(i0 + 2u, true);
+    let oa3 = gemm_out_offset(i0 + 3u, true);
+    let ob0 = gemm_out_offset(j0 + 0u, false);
+    let ob1 = gemm_out_offset(j0 + 1u, false);
+    let ob2 = gemm_out_offset(j0 + 2u, false);
+    let ob3 = gemm_out_offset(j0 + 3u, false);
+    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0 + ob0, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0 + ob1, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0 + ob2, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0 + ob3, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1 + ob0, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1 + ob1, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1 + ob2, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1 + ob3, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2 + ob0, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2 + ob1, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2 + ob2, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2 + ob3, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3 + ob0, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3 + ob1, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3 + ob2, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3 + ob3, s3_3);
     // END TILE conv2d_gemm_lanes
 }
 
@@ -730,10 +747,18 @@ fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgr
         s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
         s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
     }
-    gemm_lanes_store(i0 + 0u, j0 + 0u, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, s0_3);
-    gemm_lanes_store(i0 + 1u, j0 + 0u, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, s1_3);
-    gemm_lanes_store(i0 + 2u, j0 + 0u, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, s2_3);
-    gemm_lanes_store(i0 + 3u, j0 + 0u, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, s3_3);
+    let oa0 = gemm_out_offset(i0 + 0u, true);
+    let oa1 = gemm_out_offset(i0 + 1u, true);
+    let oa2 = gemm_out_offset(i0 + 2u, true);
+    let oa3 = gemm_out_offset(i0 + 3u, true);
+    let ob0 = gemm_out_offset(j0 + 0u, false);
+    let ob1 = gemm_out_offset(j0 + 1u, false);
+    let ob2 = gemm_out_offset(j0 + 2u, false);
+    let ob3 = gemm_out_offset(j0 + 3u, false);
+    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0 + ob0, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0 + ob1, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0 + ob2, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0 + ob3, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1 + ob0, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1 + ob1, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1 + ob2, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1 + ob3, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2 + ob0, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2 + ob1, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2 + ob2, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2 + ob3, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3 + ob0, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3 + ob1, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3 + ob2, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3 + ob3, s3_3);
     // END TILE conv2d_gemm_gather
 }
 

@@ -802,7 +802,9 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
         }));
     }
     lines.push("    }".into());
-    lines.extend(unrolled("    ", a, b, |i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, s{i}_{j});")));
+    lines.extend((0..a).map(|i| format!("    let oa{i} = gemm_out_offset(i0 + {i}u, true);")));
+    lines.extend((0..b).map(|j| format!("    let ob{j} = gemm_out_offset(j0 + {j}u, false);")));
+    lines.extend(unrolled("    ", a, b, |i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i} + ob{j}, s{i}_{j});")));
     lines
 }
 
