@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, KernelError, Result, LLVMPIPE_LOOP_ITERATIONS};
+use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, expect_within_llvmpipe_loops, KernelError, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -567,16 +567,7 @@ fn expect_within_loop_limit(adapter: &str, op: &'static str, algo: Conv2dAlgo, s
     // skips the rows and columns a tap reads only padding for).
     let per_tap = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
     let iterations = if algo == Conv2dAlgo::Blocked { s.kh as u64 * s.kw as u64 * (per_tap + 1) } else { per_tap };
-    if adapter.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
-        return Err(KernelError::Arg {
-            op,
-            arg: "algo",
-            problem: format!(
-                "is {algo}, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}: use a gemm variant"
-            ),
-        });
-    }
-    Ok(())
+    expect_within_llvmpipe_loops(adapter, op, "algo", iterations, || format!("is {algo}"), ": use a gemm variant")
 }
 
 /// Records `op` with `algo`: forward (x, w → y), input-VJP (dy, w → dx) or weight gradient

@@ -6,7 +6,7 @@
 //! first maximum in window scan order (kh outer, kw inner), padding never chosen, as PyTorch.
 //! NaN inputs get no promise beyond an argmax inside the window (see the shader).
 
-use super::{expect_len, expect_positive, launch, KernelError, Result, LLVMPIPE_LOOP_ITERATIONS};
+use super::{expect_len, expect_positive, expect_within_llvmpipe_loops, launch, KernelError, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SHADER: Shader = Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
@@ -121,11 +121,5 @@ pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: 
 /// return a wrong result.
 fn expect_row_within_loop_limit(gpu: &Gpu, op: &'static str, cells: u32, shape: &MaxPoolShape) -> Result<()> {
     let iterations = cells as u64 * (shape.k as u64 * shape.k as u64 + 1);
-    if gpu.info.name.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
-        let problem = format!(
-            "has rows of {cells} cells, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}"
-        );
-        return Err(KernelError::Arg { op, arg: "shape.w", problem });
-    }
-    Ok(())
+    expect_within_llvmpipe_loops(&gpu.info.name, op, "shape.w", iterations, || format!("has rows of {cells} cells"), "")
 }

@@ -33,9 +33,19 @@ pub enum KernelError {
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 
 /// llvmpipe (lavapipe, and Mesa's GL on the CPU) ends every loop of an invocation once its
-/// loops together have run this many iterations, silently (gallivm's loop limiter): launchers
-/// whose invocations loop over a size the caller picks refuse what would pass it there.
-pub(crate) const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
+/// loops together have run this many iterations, silently (gallivm's loop limiter).
+const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
+
+/// Refuses, on llvmpipe, a launch whose invocations would loop `iterations` times, rather than
+/// return what the loop limiter cut short: for launchers whose loops run over a size the caller
+/// picks. The problem reads "`subject`, which would loop … after 65535`advice`".
+pub(crate) fn expect_within_llvmpipe_loops(adapter: &str, op: &'static str, arg: &'static str, iterations: u64, subject: impl FnOnce() -> String, advice: &str) -> Result<()> {
+    if adapter.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
+        let problem = format!("{}, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}{advice}", subject());
+        return Err(KernelError::Arg { op, arg, problem });
+    }
+    Ok(())
+}
 
 /// Fails unless `s` holds exactly `expected` elements; `formula` says where that number comes from.
 pub(crate) fn expect_len(op: &'static str, arg: &'static str, s: &Slice, expected: u64, formula: &str) -> Result<()> {
