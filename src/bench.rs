@@ -332,6 +332,7 @@ impl Profile {
             .raw("by_layer", &rows(&self.by_layer))
             .raw("by_op", &rows(&self.by_op))
             .raw("by_entry", &rows(&self.by_entry))
+            .raw("in_order", &array(self.kernels.iter().map(|k| Object::new().str("layer", &k.scope).str("kernel", k.op).str("entry", k.entry).num("seconds", k.seconds).finish())))
             .finish()
     }
 }

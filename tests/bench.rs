@@ -79,6 +79,9 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     assert_eq!(json.get("step").unwrap().get("memory").unwrap().as_array().unwrap().len(), cfg.replicas);
     assert!(num(&json.get("step").unwrap().get("memory").unwrap().as_array().unwrap()[0], &["peak_bytes"]) > 0.0);
     assert_eq!(json.get("profile").unwrap().get("by_layer").unwrap().as_array().unwrap().len(), p.by_layer.len());
+    let in_order = json.get("profile").unwrap().get("in_order").unwrap().as_array().unwrap();
+    assert_eq!(in_order.len(), p.kernels.len());
+    assert_eq!(in_order[0].get("entry").unwrap().as_str(), Some(p.kernels[0].entry));
     assert_eq!(json.get("adapters").unwrap().as_array().unwrap().len(), cfg.replicas);
     assert!(json.get("ratio").is_some() && json.get("single").is_some() && json.get("roofline").is_some());
 }
