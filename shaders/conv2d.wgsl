@@ -384,9 +384,20 @@ fn conv2d_backward_input_blocked(@builtin(global_invocation_id) gid: vec3<u32>, 
 // The convolution as an explicit GEMM (see the header): im2col, weight rows, then a GEMM whose
 // every output is Σ_k a[row, k]·b[row', k] over rows of vec4s, written straight into NCHW.
 
-// vec4s one im2col (or weight-rows) invocation writes: one division to find its first tap,
-// then running counters (integer division is slow on CPU drivers: a scalar loop per lane).
+// vec4s one im2col (or weight-rows) invocation writes at most: one division to find its first
+// tap, then running counters (integer division is slow on CPU drivers: a scalar loop per lane).
 const ROW_RUN: u32 = 16u;
+
+// The run of `rows` rows of p.row4 vec4s that invocation t writes, or none past the last row:
+// (row, first vec4, end). A row's runs are as long as each other (37 vec4s go 13 + 13 + 11, not
+// 16 + 16 + 5): a subgroup's lanes loop as long as its longest run.
+fn row_run(t: u32, rows: u32) -> vec3<u32> {
+    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
+    if (t >= rows * runs) { return vec3<u32>(0xffffffffu); }
+    let len = (p.row4 + runs - 1u) / runs;
+    let v0 = (t % runs) * len;
+    return vec3<u32>(t / runs, v0, min(v0 + len, p.row4));
+}
 
 // Taps of a kernel of size k that the phase starting at input coordinate `phase` reaches:
 // k0 = (phase + pad) mod stride, then every stride-th.
@@ -406,11 +417,10 @@ fn phase_taps(phase: u32, k: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn conv2d_forward_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_index(gid, nwg);
-    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
-    if (t >= p.row_count * runs) { return; }
-    let r = t / runs;
-    let v0 = (t % runs) * ROW_RUN;
+    let run = row_run(linear_index(gid, nwg), p.row_count);
+    if (run.x == 0xffffffffu) { return; }
+    let r = run.x;
+    let v0 = run.y;
     let q = p.row_begin + r;
     let ohw = p.out_h * p.out_w;
     let y0 = i32(((q % ohw) / p.out_w) * p.stride) - i32(p.pad);
@@ -422,7 +432,7 @@ fn conv2d_forward_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     var at = i32((q / ohw) * p.c_in + k / khw) * plane;   // x offset of (n, ci)
     var ky = (k % khw) / p.kw;
     var kx = k % p.kw;
-    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+    for (var v = v0; v < run.z; v++) {
         var quad = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
             let iy = y0 + i32(ky);
@@ -471,11 +481,10 @@ fn conv2d_forward_weight_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
 
 @compute @workgroup_size(WG)
 fn conv2d_backward_input_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_index(gid, nwg);
-    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
-    if (t >= p.row_count * runs) { return; }
-    let r = t / runs;
-    let v0 = (t % runs) * ROW_RUN;
+    let run = row_run(linear_index(gid, nwg), p.row_count);
+    if (run.x == 0xffffffffu) { return; }
+    let r = run.x;
+    let v0 = run.y;
     let pixel = p.row_begin + r;
     let phw = p.phase_h * p.phase_w;
     let iy = p.phase_y + p.stride * ((pixel % phw) / p.phase_w);
@@ -490,7 +499,7 @@ fn conv2d_backward_input_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @
     var at = i32((pixel / phw) * p.c_out + k / max(taps, 1u)) * ohw;   // dy offset of (n, co)
     var ty = (k % max(taps, 1u)) / max(taps_x, 1u);
     var tx = k % max(taps_x, 1u);
-    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+    for (var v = v0; v < run.z; v++) {
         var quad = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
             let oy = oy0 - i32(ty);
@@ -519,11 +528,10 @@ fn conv2d_backward_input_im2col(@builtin(global_invocation_id) gid: vec3<u32>, @
 
 @compute @workgroup_size(WG)
 fn conv2d_backward_input_weight_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_index(gid, nwg);
-    let runs = (p.row4 + ROW_RUN - 1u) / ROW_RUN;
-    if (t >= p.c_in * runs) { return; }
-    let ci = t / runs;
-    let v0 = (t % runs) * ROW_RUN;
+    let run = row_run(linear_index(gid, nwg), p.c_in);
+    if (run.x == 0xffffffffu) { return; }
+    let ci = run.x;
+    let v0 = run.y;
     let ky0 = phase_first_tap(p.phase_y);
     let kx0 = phase_first_tap(p.phase_x);
     let taps_x = phase_taps(p.phase_x, p.kw);
@@ -534,7 +542,7 @@ fn conv2d_backward_input_weight_rows(@builtin(global_invocation_id) gid: vec3<u3
     var at = ((k / max(taps, 1u)) * p.c_in + ci) * khw + ky0 * p.kw + kx0;   // w offset of (co, ci, ky0, kx0)
     var ty = (k % max(taps, 1u)) / max(taps_x, 1u);
     var tx = k % max(taps_x, 1u);
-    for (var v = v0; v < min(v0 + ROW_RUN, p.row4); v++) {
+    for (var v = v0; v < run.z; v++) {
         var quad = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
             let ok = k < k_len;
@@ -578,16 +586,41 @@ struct Gemm {
 @group(0) @binding(0) var<uniform> g: Gemm;
 
 // Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
-// pixel's (n, y, x) offset, or a channel's c · out_plane. The register tiles work these out once
-// per row, not once per output: a pixel's takes four integer divisions, slow on CPU drivers
-// (at 224² the stem's forward spent 16% of its time on them, layer2's 1×1 downsample 33%).
+// pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
+// slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
+// with gemm_out_first and step to the next with gemm_out_next, which only compares.
 fn gemm_out_offset(row: u32, of_a: bool) -> u32 {
-    if ((g.a_is_pixels == 1u) != of_a) { return row * g.out_plane; }
+    return gemm_out_first(row, of_a).at;
+}
+
+// A row's output offset `at` and, for a pixel, its column and row in the grid.
+struct OutRow {
+    at: u32,
+    x: u32,
+    y: u32,
+}
+
+fn gemm_out_first(row: u32, of_a: bool) -> OutRow {
+    if ((g.a_is_pixels == 1u) != of_a) { return OutRow(row * g.out_plane, 0u, 0u); }
     let pixel = g.pixel_begin + row;
     let r = pixel % g.grid_plane;
-    let y = g.origin_y + g.step * (r / g.grid_w);
-    let x = g.origin_x + g.step * (r % g.grid_w);
-    return (pixel / g.grid_plane) * g.channels * g.out_plane + y * g.out_w + x;
+    let gy = r / g.grid_w;
+    let gx = r % g.grid_w;
+    let at = (pixel / g.grid_plane) * g.channels * g.out_plane + (g.origin_y + g.step * gy) * g.out_w + g.origin_x + g.step * gx;
+    return OutRow(at, gx, gy);
+}
+
+// The row after `r`: the next channel's plane, or the grid's next pixel (the next column, else
+// the next grid row, else the next image's first pixel). u32 arithmetic wraps, so the steps back
+// are additions.
+fn gemm_out_next(r: OutRow, of_a: bool) -> OutRow {
+    if ((g.a_is_pixels == 1u) != of_a) { return OutRow(r.at + g.out_plane, 0u, 0u); }
+    let next_row = r.x + 1u == g.grid_w;
+    let next_image = next_row && r.y + 1u == g.grid_plane / g.grid_w;
+    var at = r.at + g.step;
+    at += select(0u, g.step * (g.out_w - g.grid_w), next_row);
+    at += select(0u, g.channels * g.out_plane - g.step * g.out_w * (g.grid_plane / g.grid_w), next_image);
+    return OutRow(at, select(r.x + 1u, 0u, next_row), select(select(r.y, r.y + 1u, next_row), 0u, next_image));
 }
 
 fn gemm_out_index(i: u32, j: u32) -> u32 {
@@ -675,18 +708,18 @@ fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgro
         s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
         s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
     }
-    let oa0 = gemm_out_offset(i0 + 0u, true);
-    let oa1 = gemm_out_offset(i0 + 1u, true);
-    let oa2 = gemm_out_offset(i0 + 2u, true);
-    let oa3 = gemm_out_offset(i0 + 3u, true);
-    let ob0 = gemm_out_offset(j0 + 0u, false);
-    let ob1 = gemm_out_offset(j0 + 1u, false);
-    let ob2 = gemm_out_offset(j0 + 2u, false);
-    let ob3 = gemm_out_offset(j0 + 3u, false);
-    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0 + ob0, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0 + ob1, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0 + ob2, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0 + ob3, s0_3);
-    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1 + ob0, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1 + ob1, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1 + ob2, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1 + ob3, s1_3);
-    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2 + ob0, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2 + ob1, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2 + ob2, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2 + ob3, s2_3);
-    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3 + ob0, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3 + ob1, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3 + ob2, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3 + ob3, s3_3);
+    let oa0 = gemm_out_first(i0, true);
+    let oa1 = gemm_out_next(oa0, true);
+    let oa2 = gemm_out_next(oa1, true);
+    let oa3 = gemm_out_next(oa2, true);
+    let ob0 = gemm_out_first(j0, false);
+    let ob1 = gemm_out_next(ob0, false);
+    let ob2 = gemm_out_next(ob1, false);
+    let ob3 = gemm_out_next(ob2, false);
+    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0.at + ob0.at, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0.at + ob1.at, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0.at + ob2.at, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0.at + ob3.at, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1.at + ob0.at, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1.at + ob1.at, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1.at + ob2.at, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1.at + ob3.at, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2.at + ob0.at, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2.at + ob1.at, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2.at + ob2.at, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2.at + ob3.at, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3.at + ob0.at, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3.at + ob1.at, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3.at + ob2.at, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3.at + ob3.at, s3_3);
     // END TILE conv2d_gemm_lanes
 }
 
@@ -747,18 +780,18 @@ fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgr
         s3_2 += av3.x * bv2.x; s3_2 += av3.y * bv2.y; s3_2 += av3.z * bv2.z; s3_2 += av3.w * bv2.w;
         s3_3 += av3.x * bv3.x; s3_3 += av3.y * bv3.y; s3_3 += av3.z * bv3.z; s3_3 += av3.w * bv3.w;
     }
-    let oa0 = gemm_out_offset(i0 + 0u, true);
-    let oa1 = gemm_out_offset(i0 + 1u, true);
-    let oa2 = gemm_out_offset(i0 + 2u, true);
-    let oa3 = gemm_out_offset(i0 + 3u, true);
-    let ob0 = gemm_out_offset(j0 + 0u, false);
-    let ob1 = gemm_out_offset(j0 + 1u, false);
-    let ob2 = gemm_out_offset(j0 + 2u, false);
-    let ob3 = gemm_out_offset(j0 + 3u, false);
-    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0 + ob0, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0 + ob1, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0 + ob2, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0 + ob3, s0_3);
-    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1 + ob0, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1 + ob1, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1 + ob2, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1 + ob3, s1_3);
-    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2 + ob0, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2 + ob1, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2 + ob2, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2 + ob3, s2_3);
-    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3 + ob0, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3 + ob1, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3 + ob2, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3 + ob3, s3_3);
+    let oa0 = gemm_out_first(i0, true);
+    let oa1 = gemm_out_next(oa0, true);
+    let oa2 = gemm_out_next(oa1, true);
+    let oa3 = gemm_out_next(oa2, true);
+    let ob0 = gemm_out_first(j0, false);
+    let ob1 = gemm_out_next(ob0, false);
+    let ob2 = gemm_out_next(ob1, false);
+    let ob3 = gemm_out_next(ob2, false);
+    gemm_lanes_store(i0 + 0u, j0 + 0u, oa0.at + ob0.at, s0_0); gemm_lanes_store(i0 + 0u, j0 + 1u, oa0.at + ob1.at, s0_1); gemm_lanes_store(i0 + 0u, j0 + 2u, oa0.at + ob2.at, s0_2); gemm_lanes_store(i0 + 0u, j0 + 3u, oa0.at + ob3.at, s0_3);
+    gemm_lanes_store(i0 + 1u, j0 + 0u, oa1.at + ob0.at, s1_0); gemm_lanes_store(i0 + 1u, j0 + 1u, oa1.at + ob1.at, s1_1); gemm_lanes_store(i0 + 1u, j0 + 2u, oa1.at + ob2.at, s1_2); gemm_lanes_store(i0 + 1u, j0 + 3u, oa1.at + ob3.at, s1_3);
+    gemm_lanes_store(i0 + 2u, j0 + 0u, oa2.at + ob0.at, s2_0); gemm_lanes_store(i0 + 2u, j0 + 1u, oa2.at + ob1.at, s2_1); gemm_lanes_store(i0 + 2u, j0 + 2u, oa2.at + ob2.at, s2_2); gemm_lanes_store(i0 + 2u, j0 + 3u, oa2.at + ob3.at, s2_3);
+    gemm_lanes_store(i0 + 3u, j0 + 0u, oa3.at + ob0.at, s3_0); gemm_lanes_store(i0 + 3u, j0 + 1u, oa3.at + ob1.at, s3_1); gemm_lanes_store(i0 + 3u, j0 + 2u, oa3.at + ob2.at, s3_2); gemm_lanes_store(i0 + 3u, j0 + 3u, oa3.at + ob3.at, s3_3);
     // END TILE conv2d_gemm_gather
 }
 

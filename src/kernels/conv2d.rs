@@ -793,9 +793,18 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
         }));
     }
     lines.push("    }".into());
-    lines.extend((0..a).map(|i| format!("    let oa{i} = gemm_out_offset(i0 + {i}u, true);")));
-    lines.extend((0..b).map(|j| format!("    let ob{j} = gemm_out_offset(j0 + {j}u, false);")));
-    lines.extend(unrolled("    ", a, b, |i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i} + ob{j}, s{i}_{j});")));
+    // Output offsets: the first row's by division, each next one by a step from it.
+    let rows = |name: char, first: &str, of_a: bool, count: u32| -> Vec<String> {
+        (0..count)
+            .map(|i| match i {
+                0 => format!("    let o{name}0 = gemm_out_first({first}, {of_a});"),
+                i => format!("    let o{name}{i} = gemm_out_next(o{name}{}, {of_a});", i - 1),
+            })
+            .collect()
+    };
+    lines.extend(rows('a', "i0", true, a));
+    lines.extend(rows('b', "j0", false, b));
+    lines.extend(unrolled("    ", a, b, |i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at, s{i}_{j});")));
     lines
 }
 
