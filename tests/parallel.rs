@@ -167,6 +167,30 @@ fn synchronised_replicas_hold_identical_gradients_and_running_statistics() {
     assert_eq!(bits(&grads[0]), bits(&grads[1]), "gradients differ between replicas after the all-reduce");
 }
 
+/// Replicas whose maps wait on helper threads (GPUs: the devices run at once) take the same
+/// step, to the bit, as replicas whose maps block the one thread they share (CPU adapters: the
+/// devices take turns); both finish, with no replica waiting on another forever.
+#[test]
+fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
+    let (model, params, running) = model_and_state(7);
+    if gpu().is_none() {
+        return;
+    }
+    let batch = synthetic_batch(5, 0, 8, 32, 32, 10);
+    let step = |blocking: bool| {
+        let mut gpus = pollster::block_on(syncstep::parallel::devices(2, &adapters())).unwrap();
+        gpus.iter_mut().for_each(|g| g.blocking_maps = blocking);
+        let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running).unwrap();
+        pollster::block_on(dp.forward_backward(&batch, &StepConfig::default(), ParallelOptions::default())).unwrap();
+        (pollster::block_on(dp.read_grads()).unwrap(), pollster::block_on(dp.read_running()).unwrap())
+    };
+    let (turns, at_once) = (step(true), step(false));
+    for r in 0..2 {
+        assert_eq!(bits(&turns.0[r]), bits(&at_once.0[r]), "replica {r}'s gradients");
+        assert_eq!(bits(&turns.1[r]), bits(&at_once.1[r]), "replica {r}'s running statistics");
+    }
+}
+
 /// Every gradient is all-reduced exactly once, in a bucket during the backward or after it:
 /// summed instead of averaged it is exactly twice the mean (reduced twice it would be four times,
 /// never reduced it would be one replica's own).
