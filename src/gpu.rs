@@ -650,8 +650,16 @@ impl Gpu {
             } else {
                 std::thread::spawn(wait);
             }
+            // After a poll that succeeded only the callback decides: another thread's poll may
+            // be the one running it, a moment after this poll returned.
+            let lost = Box::pin(async move {
+                match lost_rx.await {
+                    Ok(lost) => Ok(lost),
+                    Err(_) => futures::future::pending().await,
+                }
+            });
             async move {
-                match futures::future::select(rx, lost_rx).await {
+                match futures::future::select(rx, lost).await {
                     futures::future::Either::Left((r, _)) | futures::future::Either::Right((r, _)) => r,
                 }
             }
