@@ -588,7 +588,8 @@ struct Gemm {
 // Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
 // pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
 // slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
-// with gemm_out_first and step to the next with gemm_out_next, which only compares.
+// with gemm_out_first and step to the next with gemm_out_next, which compares and adds (its one
+// division, the grid's height, is of uniforms: the same for every lane).
 fn gemm_out_offset(row: u32, of_a: bool) -> u32 {
     return gemm_out_first(row, of_a).at;
 }
