@@ -30,7 +30,7 @@ const WG: u32 = 64;
 /// tile is 4·TILE output × TILE input channels (WB_CO in the shader).
 const TILE: u64 = 4;
 /// vec4s one im2col or weight-rows invocation writes (`ROW_RUN` in the shader).
-const ROW_RUN: u64 = 16;
+const ROW_RUN: u64 = 48;
 /// conv2d_gemm_lanes' workgroup size and conv2d_gemm_shared's (with its tile edge).
 const GEMM_WG: u32 = 64;
 const SHARED_WG: u32 = 256;
