@@ -576,6 +576,7 @@ struct Gemm {
     pixel_count: u32,   // conv2d_gemm_weight_* only: the chunk's pixels
     channels: u32,
     grid_w: u32,
+    grid_h: u32,
     grid_plane: u32,
     out_w: u32,
     out_plane: u32,
@@ -589,8 +590,7 @@ struct Gemm {
 // Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
 // pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
 // slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
-// with gemm_out_first and step to the next with gemm_out_next, which compares and adds (its one
-// division, the grid's height, is of uniforms: the same for every lane).
+// with gemm_out_first and step to the next with gemm_out_next, which only compares and adds.
 fn gemm_out_offset(row: u32, of_a: bool) -> u32 {
     return gemm_out_first(row, of_a).at;
 }
@@ -618,10 +618,10 @@ fn gemm_out_first(row: u32, of_a: bool) -> OutRow {
 fn gemm_out_next(r: OutRow, of_a: bool) -> OutRow {
     if ((g.a_is_pixels == 1u) != of_a) { return OutRow(r.at + g.out_plane, 0u, 0u); }
     let next_row = r.x + 1u == g.grid_w;
-    let next_image = next_row && r.y + 1u == g.grid_plane / g.grid_w;
+    let next_image = next_row && r.y + 1u == g.grid_h;
     var at = r.at + g.step;
     at += select(0u, g.step * (g.out_w - g.grid_w), next_row);
-    at += select(0u, g.channels * g.out_plane - g.step * g.out_w * (g.grid_plane / g.grid_w), next_image);
+    at += select(0u, g.channels * g.out_plane - g.step * g.out_w * g.grid_h, next_image);
     return OutRow(at, select(r.x + 1u, 0u, next_row), select(select(r.y, r.y + 1u, next_row), 0u, next_image));
 }
 
