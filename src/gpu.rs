@@ -601,25 +601,33 @@ impl Gpu {
 
     /// Copies a slice back to the host. Awaits the map without blocking (works in a browser).
     pub async fn read<T: bytemuck::Pod>(&self, s: Slice<'_>) -> Result<Vec<T>> {
-        let bytes = s.bytes();
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let staging = self.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         let mut encoder = self.encoder();
-        encoder.copy_buffer_to_buffer(s.buffer, s.offset, &staging, 0, bytes);
+        let readback = self.record_read(&mut encoder, &[s]);
         self.submit(encoder).await?;
-        self.map(&staging, wgpu::MapMode::Read, None).await?;
-        let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
-        let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(data)
+        readback.read(self).await
+    }
+
+    /// Records into `encoder` copies of `slices`, one after the other, to one MAP_READ staging
+    /// buffer; once the encoder is submitted, [`Readback::read`] returns them. Reading what a
+    /// submission computes as part of it saves a second submission, and one staging buffer one
+    /// map: a data-parallel step reads several BN sites' rows at once.
+    pub fn record_read(&self, encoder: &mut Encoder, slices: &[Slice<'_>]) -> Readback {
+        let bytes: u64 = slices.iter().map(Slice::bytes).sum();
+        let staging = (bytes > 0).then(|| {
+            let staging = self.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut at = 0;
+            for s in slices.iter().filter(|s| s.len > 0) {
+                encoder.copy_buffer_to_buffer(s.buffer, s.offset, &staging, at, s.bytes());
+                at += s.bytes();
+            }
+            staging
+        });
+        Readback { staging }
     }
 
     pub async fn read_f32(&self, s: Slice<'_>) -> Result<Vec<f32>> {
@@ -797,6 +805,27 @@ impl Gpu {
 
 /// Bytes of one page of dispatch uniforms (see [`Encoder`]).
 const UNIFORM_PAGE: u64 = 64 << 10;
+
+/// Copies recorded by [`Gpu::record_read`], readable once their encoder is submitted.
+#[must_use = "recorded copies are read with `read`"]
+pub struct Readback {
+    /// `None` when there is nothing to copy.
+    staging: Option<wgpu::Buffer>,
+}
+
+impl Readback {
+    /// Awaits the latest submission on `gpu` (which must include the recorded copies) and
+    /// returns the slices' contents, one after the other.
+    pub async fn read<T: bytemuck::Pod>(self, gpu: &Gpu) -> Result<Vec<T>> {
+        let Some(staging) = self.staging else { return Ok(Vec::new()) };
+        gpu.map(&staging, wgpu::MapMode::Read, None).await?;
+        let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(data)
+    }
+}
 
 /// A command encoder that records consecutive dispatches into one compute pass, ended when
 /// something else is recorded (a copy, a clear) or the encoder is finished: on lavapipe a pass

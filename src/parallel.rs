@@ -3,8 +3,9 @@
 //! training step on R contiguous shards of a global batch so that the result IS the
 //! single-device step at the global batch (DESIGN.md "Synchronised BatchNorm"):
 //!
-//! - every BN site goes through [`SyncBn`]: the replicas' per-example rows (forward [mean |
-//!   M2], backward [Σdy | Σdy·x̂]) are gathered, in replica order, onto every replica,
+//! - every BN site goes through [`SyncBn`], in one trip with the sites whose rows are ready at
+//!   the same time ([`BnSync`]): the replicas' per-example rows (forward [mean | M2], backward
+//!   [Σdy | Σdy·x̂]) are gathered, in replica order, onto every replica,
 //!   which then merges them on its device by Chan's formula (forward) or sums them (backward)
 //!   exactly as one device holding the whole batch does. So the forward, and every cotangent,
 //!   are bitwise those of the single device (for R a power of two, where the loss divisor's
@@ -28,7 +29,7 @@ use crate::collective::{self, BucketAllReduce, BucketRounds, BucketStaging, Coll
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::model::ResNet34;
-use crate::step::{self, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput};
+use crate::step::{self, BnRows, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ParallelError {
@@ -126,10 +127,15 @@ pub struct SyncBn<'a> {
 }
 
 impl SyncBn<'_> {
-    async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, rows: &wgpu::Buffer, local: u32, exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
+    /// One trip for every site of `sites`: their own rows go out together, and every replica's
+    /// come back into each site's `rows`.
+    async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
         if let Some(done) = done {
             self.grads.record(gpu, enc, done)?;
         }
+        let replicas = self.exchange.replicas as usize;
+        let own: Vec<Slice> = sites.iter().map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / replicas as u64)).collect();
+        let own_read = gpu.record_read(enc, &own);
         let recorded = std::mem::replace(enc, gpu.encoder());
         self.grads.submitted(gpu.submit(recorded).await?);
         // Natively a readback blocks until this device is done: let the other replicas queue
@@ -137,18 +143,26 @@ impl SyncBn<'_> {
         collective::yield_now().await;
         // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
         self.grads.reduce(gpu, Filled::AllButLatest).await?;
-        let replicas = self.exchange.replicas as u64;
-        let own = gpu.read_f32(Slice::new(rows, 0, rows.size() / 4 / replicas)).await?;
-        let all = if exchange { self.exchange.rows.exchange(self.replica, own).await?.to_vec() } else { own.repeat(replicas as usize) };
-        if all.len() as u64 * 4 != rows.size() {
+        let mine = own_read.read(gpu).await?;
+        let all = if exchange { self.exchange.rows.exchange(self.replica, mine).await?.to_vec() } else { mine.repeat(replicas) };
+        // `all` is each replica's own rows of every site, replica after replica.
+        let per_replica: usize = own.iter().map(|s| s.len as usize).sum();
+        if all.len() != per_replica * replicas {
+            let (site, local) = (sites[0].site, sites[0].local);
             return Err(StepError::Invalid(format!(
-                "replica {} has {local} examples but the replicas' rows add up to {} values, not {}: every replica must hold an equal shard",
+                "replica {} has {local} examples at BN site {site}, but the replicas' rows add up to {} values, not {}: every replica must hold an equal shard",
                 self.replica,
                 all.len(),
-                rows.size() / 4
+                per_replica * replicas
             )));
         }
-        gpu.queue.write_buffer(rows, 0, bytemuck::cast_slice(&all));
+        let mut at = 0;
+        for (site, own) in sites.iter().zip(&own) {
+            let len = own.len as usize;
+            let rows: Vec<f32> = all.chunks(per_replica).flat_map(|replica| &replica[at..at + len]).copied().collect();
+            gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
+            at += len;
+        }
         Ok(())
     }
 }
@@ -158,12 +172,12 @@ impl BnSync for SyncBn<'_> {
         self.exchange.replicas
     }
 
-    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, _site: usize, rows: &wgpu::Buffer, local: u32) -> step::Result<()> {
-        self.gather(gpu, enc, rows, local, !self.exchange.unmerged_stats, None).await
+    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
+        self.gather(gpu, enc, sites, !self.exchange.unmerged_stats, None).await
     }
 
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, _site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> step::Result<()> {
-        self.gather(gpu, enc, rows, local, true, Some(done)).await
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> step::Result<()> {
+        self.gather(gpu, enc, sites, true, Some(done)).await
     }
 }
 

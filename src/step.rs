@@ -73,19 +73,35 @@ impl StepConfig {
 /// per example (rows of C + C floats, see `kernels::batchnorm`) and only then reduced over the
 /// batch's rows on the device; a hook makes every replica's rows available, in replica order,
 /// so each replica reduces exactly the rows one device holding the global batch would.
-/// `site` numbers the BN sites in forward order (`ResNet34::batchnorms`).
+///
+/// One call is one trip beyond the device, for every site whose rows are ready together: the
+/// first conv of a block with a downsample and the downsample read the same input, so their
+/// statistics travel together, and so do the backward sums of the downsample and the block's
+/// second BN, which read the same cotangent. That leaves 33 trips each way for ResNet-34's 36
+/// sites, the fewest the dependencies allow.
 #[allow(async_fn_in_trait)]
 pub trait BnSync {
     /// How many replicas' rows a site ends up with (1 on one device). All shards are equal.
     fn replicas(&self) -> u32;
-    /// `rows` holds room for `replicas()·local` rows, this device's `local` rows of per-example
-    /// `[mean | M2]` first; fills it with every replica's rows in replica order, in place.
-    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, site: usize, rows: &wgpu::Buffer, local: u32) -> Result<()>;
+    /// Each site's `rows` holds room for `replicas()·local` rows, this device's `local` rows of
+    /// per-example `[mean | M2]` first; fills it with every replica's rows in replica order, in
+    /// place.
+    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
     /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
     /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
     /// some offset to the end, growing from call to call, so a hook can start moving gradients
     /// while the backward goes on.
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, site: usize, rows: &wgpu::Buffer, local: u32, done: Slice<'_>) -> Result<()>;
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> Result<()>;
+}
+
+/// One BN site's rows in a [`BnSync`] call.
+#[derive(Clone, Copy)]
+pub struct BnRows<'a> {
+    /// The site's number in forward order (`ResNet34::batchnorms`).
+    pub site: usize,
+    pub rows: &'a wgpu::Buffer,
+    /// This device's examples: its rows come first in `rows`.
+    pub local: u32,
 }
 
 /// One device's own statistics: plain training-mode BatchNorm.
@@ -95,10 +111,10 @@ impl BnSync for LocalBn {
     fn replicas(&self) -> u32 {
         1
     }
-    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> Result<()> {
+    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
         Ok(())
     }
-    async fn sums(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32, _: Slice<'_>) -> Result<()> {
+    async fn sums(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>], _: Slice<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -212,6 +228,34 @@ struct Unit {
     count: u32,
 }
 
+/// A conv and the BN after it, for [`Replica::conv_bn`]: the unit's name, its input `x` and its
+/// dimensions.
+struct ConvBn<'a> {
+    name: String,
+    conv: Conv,
+    bn: BatchNorm,
+    x: &'a wgpu::Buffer,
+    input: Dims,
+}
+
+impl<'a> ConvBn<'a> {
+    fn new(name: &str, conv: Conv, bn: BatchNorm, x: &'a wgpu::Buffer, input: Dims) -> Self {
+        ConvBn { name: name.to_string(), conv, bn, x, input }
+    }
+}
+
+/// A unit's backward, for [`Replica::units_backward`].
+struct UnitGrad<'a> {
+    unit: usize,
+    /// The cotangent of the ReLU after the unit's BN, and that ReLU's site.
+    dr: &'a wgpu::Buffer,
+    relu_site: usize,
+    /// The conv's input.
+    x: &'a wgpu::Buffer,
+    /// Whether the cotangent of the conv's input is wanted (not for the stem: it is the image).
+    input_grad: bool,
+}
+
 /// Per-step state threaded through forward and backward.
 struct Pass<'p, S> {
     enc: Encoder,
@@ -309,10 +353,11 @@ impl Replica {
         let (loss, dout) = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
         self.backward(&mut pass, dout).await?;
 
-        let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        let mut enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        let read = self.gpu.record_read(&mut enc, &[Slice::whole(&loss), Slice::whole(&logits)]);
         self.gpu.submit(enc).await?;
-        let loss = self.gpu.read_f32(Slice::whole(&loss)).await?[0];
-        let logits = self.gpu.read_f32(Slice::whole(&logits)).await?;
+        let mut logits = read.read::<f32>(&self.gpu).await?;
+        let loss = logits.remove(0);
         let pattern = if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
         Ok(StepOutput { loss, logits, pattern })
     }
@@ -391,51 +436,70 @@ impl Replica {
         Ok(ActivationPattern { relu, pool_argmax })
     }
 
-    /// conv → BatchNorm statistics of a unit (training mode: through `sync`, and the running
-    /// statistics updated; eval mode: the running ones), saving the conv output and statistics
-    /// the backward reads. Returns the unit's index; `bn_relu` or `bn_apply` applies its BN.
-    async fn conv_bn<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, name: &str, conv: Conv, bn: BatchNorm, x: &wgpu::Buffer, input: Dims) -> Result<usize> {
-        self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&conv)));
-        let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
-        let shape = conv_shape(&conv, input);
-        let y = self.act(&format!("{name}.conv"), out.len())?;
-        match shape.crop() {
-            // The kept taps' weights, copied once for this forward and the input-VJP.
-            Some(crop) => {
-                let kept = self.act(&format!("{name}.kept weights"), crop.shape.w_len())?;
-                conv2d::crop_weights(&self.gpu, &mut pass.enc, &shape, &crop, self.param(conv.weight), Slice::whole(&kept))?;
-                conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::Forward, &crop, Slice::whole(x), Slice::whole(&kept), Slice::whole(&y))?;
+    /// conv → BatchNorm statistics of `units` (training mode: through `sync`, in one trip for
+    /// all of them, and the running statistics updated; eval mode: the running ones), saving
+    /// each conv output and statistics the backward reads. Returns the units' indices; `bn_relu`
+    /// or `bn_apply` applies their BN.
+    async fn conv_bn<S: BnSync, const K: usize>(&mut self, pass: &mut Pass<'_, S>, units: [ConvBn<'_>; K]) -> Result<[usize; K]> {
+        let mut rows = Vec::with_capacity(K);
+        for u in &units {
+            self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
+            let (conv, input) = (u.conv, u.input);
+            let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
+            let shape = conv_shape(&conv, input);
+            let y = self.act(&format!("{}.conv", u.name), out.len())?;
+            match shape.crop() {
+                // The kept taps' weights, copied once for this forward and the input-VJP.
+                Some(crop) => {
+                    let kept = self.act(&format!("{}.kept weights", u.name), crop.shape.w_len())?;
+                    conv2d::crop_weights(&self.gpu, &mut pass.enc, &shape, &crop, self.param(conv.weight), Slice::whole(&kept))?;
+                    conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::Forward, &crop, Slice::whole(u.x), Slice::whole(&kept), Slice::whole(&y))?;
+                }
+                None => conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(u.x), self.param(conv.weight), Slice::whole(&y))?,
             }
-            None => conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(x), self.param(conv.weight), Slice::whole(&y))?,
-        }
-        let site = pass.units.len();
-        let bs = bn_shape(out);
-        let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
-        let count = match &pass.eval {
-            None => {
+            if pass.eval.is_none() {
                 // The rows of every replica's examples: this device's first, then the hook's
                 // gather; merged, they are the statistics of the global batch.
+                let bs = bn_shape(out);
                 let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-                let rows = self.act(&format!("{name}.stats.rows"), global.rows_len())?;
-                batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&rows, 0, bs.rows_len()))?;
-                pass.sync.stats(&self.gpu, &mut pass.enc, site, &rows, out.n).await?;
-                batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&stats))?;
-                let count = global.n * global.hw;
-                batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
-                count
+                let r = self.act(&format!("{}.stats.rows", u.name), global.rows_len())?;
+                batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&r, 0, bs.rows_len()))?;
+                rows.push(r);
             }
-            Some(running) => {
-                // Running statistics in the packed [mean | M2] form the apply kernels read.
-                let local = out.n * out.hw();
-                let (rm, rv) = (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
-                let mut packed = running[rm.range()].to_vec();
-                packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
-                self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
-                local
-            }
-        };
-        pass.units.push(Unit { name: name.to_string(), conv, bn, site, input, out, count });
-        Ok(site)
+            let site = self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| StepError::Invalid(format!("{} is not a BatchNorm of the model", u.name)))?;
+            pass.units.push(Unit { name: u.name.clone(), conv, bn: u.bn, site, input, out, count: 0 });
+        }
+        let first = pass.units.len() - K;
+        if pass.eval.is_none() {
+            let sites: Vec<BnRows> = pass.units[first..].iter().zip(&rows).map(|(u, rows)| BnRows { site: u.site, rows, local: u.out.n }).collect();
+            pass.sync.stats(&self.gpu, &mut pass.enc, &sites).await?;
+        }
+        for (i, unit) in (first..pass.units.len()).enumerate() {
+            let u = &pass.units[unit];
+            let (name, bn, out) = (u.name.clone(), u.bn, u.out);
+            self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
+            let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
+            let count = match &pass.eval {
+                None => {
+                    let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bn_shape(out) };
+                    batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows[i]), Slice::whole(&stats))?;
+                    let count = global.n * global.hw;
+                    batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+                    count
+                }
+                Some(running) => {
+                    // Running statistics in the packed [mean | M2] form the apply kernels read.
+                    let local = out.n * out.hw();
+                    let (rm, rv) = (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
+                    let mut packed = running[rm.range()].to_vec();
+                    packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
+                    self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
+                    local
+                }
+            };
+            pass.units[unit].count = count;
+        }
+        Ok(std::array::from_fn(|i| first + i))
     }
 
     /// The conv output and statistics `unit` saved.
@@ -484,7 +548,7 @@ impl Replica {
     async fn forward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, x: Dims) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
         let input = self.acts["input"].clone();
-        let stem = self.conv_bn(pass, "stem", m.stem_conv, m.stem_bn, &input, x).await?;
+        let [stem] = self.conv_bn(pass, [ConvBn::new("stem", m.stem_conv, m.stem_bn, &input, x)]).await?;
         let r = self.bn_relu(pass, stem, None, "stem.relu")?;
         let d = pass.units[stem].out;
         let ps = pool_shape(d);
@@ -507,12 +571,19 @@ impl Replica {
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
             let p = block_name(i);
-            let u1 = self.conv_bn(pass, &format!("{p}.1"), b.conv1, b.bn1, &x, d).await?;
-            let r1 = self.bn_relu(pass, u1, None, &format!("{p}.relu1"))?;
-            let u2 = self.conv_bn(pass, &format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out).await?;
-            let out = match b.downsample {
+            let conv1 = ConvBn::new(&format!("{p}.1"), b.conv1, b.bn1, &x, d);
+            // The downsample reads the block's input too: its statistics travel with conv1's.
+            let (u1, ds) = match b.downsample {
                 Some((c, bn)) => {
-                    let ds = self.conv_bn(pass, &format!("{p}.ds"), c, bn, &x, d).await?;
+                    let [u1, ds] = self.conv_bn(pass, [conv1, ConvBn::new(&format!("{p}.ds"), c, bn, &x, d)]).await?;
+                    (u1, Some(ds))
+                }
+                None => (self.conv_bn(pass, [conv1]).await?[0], None),
+            };
+            let r1 = self.bn_relu(pass, u1, None, &format!("{p}.relu1"))?;
+            let [u2] = self.conv_bn(pass, [ConvBn::new(&format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out)]).await?;
+            let out = match ds {
+                Some(ds) => {
                     let shortcut = self.bn_apply(pass, ds)?;
                     let out = self.bn_relu(pass, u2, Some(&shortcut), &format!("{p}.out"))?;
                     self.scratch.give_back(&shortcut);
@@ -561,69 +632,83 @@ impl Replica {
         Ok((loss, dx))
     }
 
-    /// Backward through BN (sums through the sync hook) and the conv of `unit`, given the
-    /// cotangent `dr` of the ReLU after the BN, whose site is `relu_site` (the BN kernels mask
-    /// `dr` with that ReLU's gate as they read it), and the conv's input `x`: writes the conv's
-    /// and BN's parameter gradients and returns the cotangent of the conv's output (scratch).
-    async fn conv_bn_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dr: &wgpu::Buffer, relu_site: usize, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
-        let u = &pass.units[unit];
-        let (name, conv, bn, site, input, out, count) = (u.name.clone(), u.conv, u.bn, u.site, u.input, u.out, u.count);
-        let (y, stats) = self.saved(u);
-        self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-        let gate = self.acts[&pass.relu_gates[relu_site]].clone();
-        let (dr, gate) = (Slice::whole(dr), Some(Slice::whole(&gate)));
-        let bs = bn_shape(out);
-        let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-        let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
-        let local_rows = Slice::new(&rows, 0, bs.rows_len());
-        batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, dr, gate, Slice::whole(&y), Slice::whole(&stats), local_rows)?;
-        // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay local
-        // until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
-        let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
-        batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &bs, local_rows, Slice::whole(&sums))?;
-        let c4 = out.c as u64 * 4;
-        let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
-        pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
-        pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+    /// The backward of `units` (in reverse layout order), each given the cotangent `dr` of the
+    /// ReLU after its BN, whose site is `relu_site` (the BN kernels mask `dr` with that ReLU's
+    /// gate as they read it), and its conv's input `x`: BN (the sums of all of them through the
+    /// sync hook in one trip), then each conv's weight gradient and, where `input_grad`, the
+    /// cotangent of its input (scratch), returned in the units' order.
+    async fn units_backward<S: BnSync, const K: usize>(&mut self, pass: &mut Pass<'_, S>, units: [UnitGrad<'_>; K]) -> Result<[Option<wgpu::Buffer>; K]> {
+        let mut rows = Vec::with_capacity(K);
+        for g in &units {
+            let u = &pass.units[g.unit];
+            let (name, conv, bn, out, count) = (u.name.clone(), u.conv, u.bn, u.out, u.count);
+            let (y, stats) = self.saved(u);
+            self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
+            let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
+            let bs = bn_shape(out);
+            let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+            let r = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
+            let local_rows = Slice::new(&r, 0, bs.rows_len());
+            batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(&gate)), Slice::whole(&y), Slice::whole(&stats), local_rows)?;
+            // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay
+            // local until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
+            let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
+            batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &bs, local_rows, Slice::whole(&sums))?;
+            let c4 = out.c as u64 * 4;
+            let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
+            pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
+            pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+            rows.push(r);
+        }
         // Units go backward in reverse forward order, which is the layout's: every later unit's
-        // gradients are final, and so are this unit's dγ, dβ just copied. The rest is later.
-        let from = self.model.params[bn.weight].offset as u64;
+        // gradients are final, and so are the first unit's dγ, dβ just copied. The rest is later.
+        let first = &pass.units[units[0].unit];
+        let from = self.model.params[first.bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
-        pass.sync.sums(&self.gpu, &mut pass.enc, site, &rows, out.n, done).await?;
-        if global.n > bs.n {
-            // Over every replica's rows; on one device those are the rows just summed.
-            batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows), Slice::whole(&sums))?;
-        }
-        let dy = self.scratch.take(&self.gpu, out.len())?;
-        batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, dr, gate, Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
-        let shape = conv_shape(&conv, input);
-        conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(x), self.grad(conv.weight))?;
-        Ok(dy)
-    }
-
-    /// Both halves of a unit's backward: parameter gradients, then the cotangent of the unit's
-    /// input (scratch) from that of its conv output.
-    async fn unit_backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, unit: usize, dr: &wgpu::Buffer, relu_site: usize, x: &wgpu::Buffer) -> Result<wgpu::Buffer> {
-        let dy = self.conv_bn_backward(pass, unit, dr, relu_site, x).await?;
-        let u = &pass.units[unit];
-        let (shape, weight) = (conv_shape(&u.conv, u.input), u.conv.weight);
-        let dx = self.scratch.take(&self.gpu, u.input.len())?;
-        match shape.crop() {
-            Some(crop) => {
-                let kept = &self.acts[&format!("{}.kept weights", u.name)];
-                conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::BackwardInput, &crop, Slice::whole(&dy), Slice::whole(kept), Slice::whole(&dx))?;
+        let sites: Vec<BnRows> = units.iter().zip(&rows).map(|(g, rows)| BnRows { site: pass.units[g.unit].site, rows, local: pass.units[g.unit].out.n }).collect();
+        pass.sync.sums(&self.gpu, &mut pass.enc, &sites, done).await?;
+        let mut dxs = Vec::with_capacity(K);
+        for (g, rows) in units.iter().zip(&rows) {
+            let u = &pass.units[g.unit];
+            let (name, conv, bn, input, out, count) = (u.name.clone(), u.conv, u.bn, u.input, u.out, u.count);
+            let (y, stats) = self.saved(u);
+            self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
+            let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
+            let bs = bn_shape(out);
+            let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+            let sums = self.acts[&format!("{name}.sums")].clone();
+            if global.n > bs.n {
+                // Over every replica's rows; on one device those are the rows just summed.
+                batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(rows), Slice::whole(&sums))?;
             }
-            None => conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(weight), Slice::whole(&dx))?,
+            let dy = self.scratch.take(&self.gpu, out.len())?;
+            batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(&gate)), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
+            let shape = conv_shape(&conv, input);
+            conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(g.x), self.grad(conv.weight))?;
+            let dx = if g.input_grad {
+                let dx = self.scratch.take(&self.gpu, input.len())?;
+                match shape.crop() {
+                    Some(crop) => {
+                        let kept = &self.acts[&format!("{name}.kept weights")];
+                        conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::BackwardInput, &crop, Slice::whole(&dy), Slice::whole(kept), Slice::whole(&dx))?;
+                    }
+                    None => conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(conv.weight), Slice::whole(&dx))?,
+                }
+                Some(dx)
+            } else {
+                None
+            };
+            self.scratch.give_back(&dy);
+            dxs.push(dx);
         }
-        self.scratch.give_back(&dy);
-        Ok(dx)
+        Ok(dxs.try_into().unwrap_or_else(|_| unreachable!("one cotangent per unit")))
     }
 
     /// The blocks' and the stem's backward from `dout`, the cotangent of the last block's
     /// output. Every cotangent is scratch, given back after its last reader.
     async fn backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, mut dout: wgpu::Buffer) -> Result<()> {
         let m = self.model.clone();
-        // Units were pushed in forward order: stem, then per block 1, 2, (ds).
+        // The stem is unit 0; blocks' units are found by name.
         let mut unit_of = HashMap::new();
         for (i, u) in pass.units.iter().enumerate() {
             unit_of.insert(u.name.clone(), i);
@@ -633,15 +718,26 @@ impl Replica {
             let block_input = if i == 0 { self.acts["pool"].clone() } else { self.acts[&format!("{}.out", block_name(i - 1))].clone() };
             // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
             let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
-            // The downsample (pushed last) first: units go backward in reverse forward order,
-            // so the gradients final at each BN site are one suffix of the layout.
-            let dx2 = match b.downsample {
-                Some(_) => Some(self.unit_backward(pass, unit_of[&format!("{p}.ds")], &dout, out, &block_input).await?),
-                None => None,
-            };
+            // The downsample (last in the layout) first: units go backward in reverse layout
+            // order, so the gradients final at each BN site are one suffix of the layout. It
+            // and conv2 read the same cotangent: their BN sums travel together.
             let r1 = self.acts[&format!("{p}.relu1")].clone();
-            let dr1 = self.unit_backward(pass, unit_of[&format!("{p}.2")], &dout, out, &r1).await?;
-            let dx1 = self.unit_backward(pass, unit_of[&format!("{p}.1")], &dr1, relu1, &block_input).await?;
+            let conv2 = UnitGrad { unit: unit_of[&format!("{p}.2")], dr: &dout, relu_site: out, x: &r1, input_grad: true };
+            let (dx2, dr1) = match b.downsample {
+                Some(_) => {
+                    let ds = UnitGrad { unit: unit_of[&format!("{p}.ds")], dr: &dout, relu_site: out, x: &block_input, input_grad: true };
+                    let [dx2, dr1] = self.units_backward(pass, [ds, conv2]).await?;
+                    (dx2, dr1)
+                }
+                None => {
+                    let [dr1] = self.units_backward(pass, [conv2]).await?;
+                    (None, dr1)
+                }
+            };
+            let dr1 = dr1.expect("conv2's input cotangent was asked for");
+            let conv1 = UnitGrad { unit: unit_of[&format!("{p}.1")], dr: &dr1, relu_site: relu1, x: &block_input, input_grad: true };
+            let [dx1] = self.units_backward(pass, [conv1]).await?;
+            let dx1 = dx1.expect("conv1's input cotangent was asked for");
             self.scratch.give_back(&dr1);
             // The block input's cotangent: the conv branch's dx1 plus the shortcut's.
             let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
@@ -667,8 +763,7 @@ impl Replica {
         self.scratch.give_back(&dout);
         let input = self.acts["input"].clone();
         // The stem's input is the image: no cotangent needed.
-        let dy = self.conv_bn_backward(pass, 0, &dr, 0, &input).await?;
-        self.scratch.give_back(&dy);
+        self.units_backward(pass, [UnitGrad { unit: 0, dr: &dr, relu_site: 0, x: &input, input_grad: false }]).await?;
         self.scratch.give_back(&dr);
         Ok(())
     }

@@ -8,7 +8,7 @@ use syncstep::data::synthetic_batch;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::reference::step as reference;
-use syncstep::step::{BnSync, LocalBn, Replica, StepConfig, StepOptions, StepOutput};
+use syncstep::step::{BnRows, BnSync, LocalBn, Replica, StepConfig, StepOptions, StepOutput};
 
 const BATCH: usize = 8;
 
@@ -116,10 +116,12 @@ fn predict_uses_running_statistics_and_changes_nothing() {
     assert_eq!(pollster::block_on(r.predict(&batch)).unwrap(), logits);
 }
 
-/// A hook that, at each backward site, submits what was recorded and reads back the gradients
-/// the step says are final.
+/// A hook that notes the sites of every trip and, at each backward one, submits what was
+/// recorded and reads back the gradients the step says are final.
 #[derive(Default)]
 struct FinalGradients {
+    stats_trips: std::cell::RefCell<Vec<Vec<usize>>>,
+    sums_trips: std::cell::RefCell<Vec<Vec<usize>>>,
     seen: std::cell::RefCell<Vec<(u64, Vec<f32>)>>,
 }
 
@@ -127,16 +129,48 @@ impl BnSync for FinalGradients {
     fn replicas(&self) -> u32 {
         1
     }
-    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32) -> syncstep::step::Result<()> {
+    async fn stats(&self, _: &Gpu, _: &mut Encoder, sites: &[BnRows<'_>]) -> syncstep::step::Result<()> {
+        self.stats_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         Ok(())
     }
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, _: usize, _: &wgpu::Buffer, _: u32, done: Slice<'_>) -> syncstep::step::Result<()> {
+    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> syncstep::step::Result<()> {
+        self.sums_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
         let values = gpu.read_f32(done).await?;
         self.seen.borrow_mut().push((done.offset / 4, values));
         Ok(())
     }
+}
+
+/// The fewest trips the dependencies allow: a block's downsample travels with its conv1 in the
+/// forward (both read the block's input) and with its conv2 in the backward (both read the
+/// block's output cotangent); every other BN site travels alone.
+#[test]
+fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
+    let (model, params, running) = setup(10, 13);
+    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let hook = FinalGradients::default();
+    pollster::block_on(r.forward_backward(&synthetic_batch(6, 0, 2, 32, 32, 10), &StepConfig::default(), 2.0, &hook, StepOptions::default())).unwrap();
+    let site = |bn| model.batchnorms().iter().position(|b| *b == bn).unwrap();
+    let (mut forward, mut backward) = (vec![vec![site(model.stem_bn)]], vec![vec![site(model.stem_bn)]]);
+    for b in &model.blocks {
+        let (bn1, bn2) = (site(b.bn1), site(b.bn2));
+        match b.downsample {
+            Some((_, ds)) => {
+                forward.extend([vec![bn1, site(ds)], vec![bn2]]);
+                backward.extend([vec![bn1], vec![site(ds), bn2]]);
+            }
+            None => {
+                forward.extend([vec![bn1], vec![bn2]]);
+                backward.extend([vec![bn1], vec![bn2]]);
+            }
+        }
+    }
+    backward.reverse();
+    assert_eq!(*hook.stats_trips.borrow(), forward);
+    assert_eq!(*hook.sums_trips.borrow(), backward);
+    assert_eq!((forward.len(), backward.len()), (33, 33), "ResNet-34: 36 sites, 3 downsamples");
 }
 
 /// What the data-parallel all-reduce relies on: the part of the gradient buffer a backward hook
@@ -155,7 +189,7 @@ fn the_gradients_a_backward_hook_is_told_are_final_are() {
     assert_eq!((got.loss.to_bits(), got.logits), (want.loss.to_bits(), want.logits), "the hook's submissions changed the step");
     let grads = pollster::block_on(r.read_grads()).unwrap();
     let seen = hook.seen.into_inner();
-    assert_eq!(seen.len(), model.batchnorms().len(), "one backward call per BN site");
+    assert_eq!(seen.len(), hook.sums_trips.borrow().len(), "one read per backward trip");
     assert!(seen.windows(2).all(|w| w[1].0 < w[0].0), "the final part must grow at every site: {:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
     assert!(seen[0].0 <= model.param("fc.weight").unwrap().offset as u64);
     assert_eq!(seen.last().unwrap().0, model.param("bn1.weight").unwrap().offset as u64);
