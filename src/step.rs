@@ -638,7 +638,8 @@ impl Replica {
     /// sync hook in one trip), then each conv's weight gradient and, where `input_grad`, the
     /// cotangent of its input (scratch), returned in the units' order.
     async fn units_backward<S: BnSync, const K: usize>(&mut self, pass: &mut Pass<'_, S>, units: [UnitGrad<'_>; K]) -> Result<[Option<wgpu::Buffer>; K]> {
-        let mut rows = Vec::with_capacity(K);
+        // Per unit: its saved conv output and statistics, its ReLU's gate, its BN rows and sums.
+        let mut read = Vec::with_capacity(K);
         for g in &units {
             let u = &pass.units[g.unit];
             let (name, conv, bn, out, count) = (u.name.clone(), u.conv, u.bn, u.out, u.count);
@@ -647,8 +648,8 @@ impl Replica {
             let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
             let bs = bn_shape(out);
             let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-            let r = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
-            let local_rows = Slice::new(&r, 0, bs.rows_len());
+            let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
+            let local_rows = Slice::new(&rows, 0, bs.rows_len());
             batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(&gate)), Slice::whole(&y), Slice::whole(&stats), local_rows)?;
             // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay
             // local until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
@@ -658,38 +659,35 @@ impl Replica {
             let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
             pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
             pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
-            rows.push(r);
+            read.push((y, stats, gate, rows, sums));
         }
         // Units go backward in reverse forward order, which is the layout's: every later unit's
         // gradients are final, and so are the first unit's dγ, dβ just copied. The rest is later.
         let first = &pass.units[units[0].unit];
         let from = self.model.params[first.bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
-        let sites: Vec<BnRows> = units.iter().zip(&rows).map(|(g, rows)| BnRows { site: pass.units[g.unit].site, rows, local: pass.units[g.unit].out.n }).collect();
+        let sites: Vec<BnRows> = units.iter().zip(&read).map(|(g, (.., rows, _))| BnRows { site: pass.units[g.unit].site, rows, local: pass.units[g.unit].out.n }).collect();
         pass.sync.sums(&self.gpu, &mut pass.enc, &sites, done).await?;
         let mut dxs = Vec::with_capacity(K);
-        for (g, rows) in units.iter().zip(&rows) {
+        for (g, (y, stats, gate, rows, sums)) in units.iter().zip(&read) {
             let u = &pass.units[g.unit];
-            let (name, conv, bn, input, out, count) = (u.name.clone(), u.conv, u.bn, u.input, u.out, u.count);
-            let (y, stats) = self.saved(u);
+            let (conv, bn, input, out, count) = (u.conv, u.bn, u.input, u.out, u.count);
             self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-            let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
             let bs = bn_shape(out);
             let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-            let sums = self.acts[&format!("{name}.sums")].clone();
             if global.n > bs.n {
                 // Over every replica's rows; on one device those are the rows just summed.
-                batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(rows), Slice::whole(&sums))?;
+                batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(rows), Slice::whole(sums))?;
             }
             let dy = self.scratch.take(&self.gpu, out.len())?;
-            batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(&gate)), Slice::whole(&y), Slice::whole(&stats), self.param(bn.weight), Slice::whole(&sums), Slice::whole(&dy))?;
+            batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(gate)), Slice::whole(y), Slice::whole(stats), self.param(bn.weight), Slice::whole(sums), Slice::whole(&dy))?;
             let shape = conv_shape(&conv, input);
             conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(g.x), self.grad(conv.weight))?;
             let dx = if g.input_grad {
                 let dx = self.scratch.take(&self.gpu, input.len())?;
                 match shape.crop() {
                     Some(crop) => {
-                        let kept = &self.acts[&format!("{name}.kept weights")];
+                        let kept = &self.acts[&format!("{}.kept weights", u.name)];
                         conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::BackwardInput, &crop, Slice::whole(&dy), Slice::whole(kept), Slice::whole(&dx))?;
                     }
                     None => conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(conv.weight), Slice::whole(&dx))?,
