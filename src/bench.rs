@@ -6,7 +6,10 @@
 //!   a training step as 2.97 × the forward FLOPs. With R > 1 the single-device step at batch R·N
 //!   runs in the same process on replica 0's adapter, its steps interleaved with the
 //!   data-parallel ones (so both see the same machine load), and the ratio DP / single is
-//!   reported.
+//!   reported; so is the single device at batch N, one replica's shard, which says what the
+//!   replicas' own steps take without the exchange: N's step once where the replicas run at
+//!   once, R times where they take turns (CPU adapters, sharing the machine's cores; see
+//!   `Gpu::blocking_maps`).
 //! - **Memory** per replica: the buffers the replica holds after a step (parameters, gradients,
 //!   momentum, running statistics, saved activations; [`Replica::device_bytes`]), plus the
 //!   largest transient set: everything created through the replica's `Gpu` between two
@@ -369,6 +372,11 @@ pub struct BenchReport {
     pub step: StepBench,
     /// With R > 1: one device at R·N on replica 0's adapter.
     pub single: Option<StepBench>,
+    /// With R > 1: one device at N, one replica's shard, on replica 0's adapter.
+    pub shard: Option<StepBench>,
+    /// Whether the replicas take turns on the devices (a replica's maps wait in place,
+    /// `Gpu::blocking_maps`) rather than run at once.
+    pub replicas_take_turns: bool,
     pub roofline: Option<Roofline>,
     /// The profile, or why there is none (`--profile` not given, or no timestamp queries).
     pub profile: std::result::Result<Profile, String>,
@@ -378,6 +386,25 @@ impl BenchReport {
     /// Data-parallel step time over the single device's at the same global batch (R > 1).
     pub fn ratio(&self) -> Option<f64> {
         self.single.as_ref().map(|s| self.step.median() / s.median())
+    }
+
+    /// What the replicas' own steps take, without the exchange (R > 1): the shard's step R
+    /// times where the replicas take turns, once where they run at once.
+    pub fn own_steps_seconds(&self) -> Option<f64> {
+        let turns = if self.replicas_take_turns { self.step.replicas as f64 } else { 1.0 };
+        self.shard.as_ref().map(|s| turns * s.median())
+    }
+
+    /// The ratio to the single device that a free exchange would leave (R > 1): the replicas'
+    /// own steps over the single device's at R·N.
+    pub fn own_steps_ratio(&self) -> Option<f64> {
+        Some(self.own_steps_seconds()? / self.single.as_ref()?.median())
+    }
+
+    /// The data-parallel step over the replicas' own steps (R > 1): what the BatchNorm trips and
+    /// the gradient all-reduce add.
+    pub fn exchange_ratio(&self) -> Option<f64> {
+        Some(self.step.median() / self.own_steps_seconds()?)
     }
 
     /// The human-readable report; `rows` limits the layer table of the profile.
@@ -398,14 +425,24 @@ impl BenchReport {
         line(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
         line(String::new());
         line(format!("{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}", "configuration", "median s", "min s", "max s", "images/s", "GFLOP/s"));
-        for s in std::iter::once(&self.step).chain(&self.single) {
+        for s in self.benches() {
             line(format!("{:<34} {:>9.4} {:>9.4} {:>9.4} {:>9.1} {:>9.2}", s.label(), s.median(), s.min(), s.max(), s.images_per_second(), s.gflops()));
         }
         if let Some(ratio) = self.ratio() {
             line(format!("data-parallel / single device at batch {}: {ratio:.3}", self.step.global_batch()));
         }
+        if let (Some(own), Some(own_ratio), Some(exchange)) = (self.own_steps_seconds(), self.own_steps_ratio(), self.exchange_ratio()) {
+            let (r, n) = (self.step.replicas, self.step.batch_per_replica);
+            let how = if self.replicas_take_turns {
+                format!("{r} × single device at batch {n} (the replicas take turns: CPU adapters share the cores)")
+            } else {
+                format!("single device at batch {n} (the replicas run at once)")
+            };
+            line(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch()));
+            line(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
+        }
         line(String::new());
-        for s in std::iter::once(&self.step).chain(&self.single) {
+        for s in self.benches() {
             for (r, m) in s.memory.iter().enumerate() {
                 line(format!(
                     "memory, {} replica {r}: held {}, + largest transient set {} (largest buffer {}) = peak {}",
@@ -461,6 +498,12 @@ impl BenchReport {
         out
     }
 
+    /// The configurations measured: the one asked for, then (R > 1) the single device at R·N
+    /// and at N.
+    fn benches(&self) -> impl Iterator<Item = &StepBench> {
+        std::iter::once(&self.step).chain(&self.single).chain(&self.shard)
+    }
+
     /// Every figure as one JSON object.
     pub fn to_json(&self) -> String {
         let c = &self.config;
@@ -480,7 +523,12 @@ impl BenchReport {
             .num("step_flops_per_forward", STEP_FLOPS_PER_FORWARD)
             .raw("step", &self.step.to_json())
             .raw("single", &self.single.as_ref().map_or("null".into(), StepBench::to_json))
-            .raw("ratio", &self.ratio().map_or("null".into(), crate::json::number));
+            .raw("ratio", &self.ratio().map_or("null".into(), crate::json::number))
+            .raw("shard", &self.shard.as_ref().map_or("null".into(), StepBench::to_json))
+            .bool("replicas_take_turns", self.replicas_take_turns)
+            .raw("own_steps_s", &self.own_steps_seconds().map_or("null".into(), crate::json::number))
+            .raw("own_steps_ratio", &self.own_steps_ratio().map_or("null".into(), crate::json::number))
+            .raw("exchange_ratio", &self.exchange_ratio().map_or("null".into(), crate::json::number));
         o = match &self.roofline {
             Some(r) => {
                 let roof = r.gflops();
@@ -551,33 +599,38 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
 
     progress(&format!("opening {r} device(s)"));
     let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
-    let mut single = match r {
-        1 => None,
-        _ => Some(pollster::block_on(DataParallel::new(&model, &params, &running, 1, &cfg.adapters[..cfg.adapters.len().min(1)]))?),
-    };
-    let mut runs: Vec<&mut DataParallel> = std::iter::once(&mut dp).chain(single.as_mut()).collect();
-    for w in 0..cfg.warmup {
-        progress(&format!("warm-up step {}/{} (compiles pipelines, autotunes convolutions)", w + 1, cfg.warmup));
-        for run in runs.iter_mut() {
-            timed_step(run, &batch, &step_cfg)?;
+    let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
+    // With R > 1, one device on replica 0's adapter at R·N and at N (replica 0's shard).
+    let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
+    let mut singles = Vec::new();
+    if r > 1 {
+        for _ in [r * n, n] {
+            singles.push(pollster::block_on(DataParallel::new(&model, &params, &running, 1, &cfg.adapters[..cfg.adapters.len().min(1)]))?);
         }
     }
-    runs.iter().flat_map(|run| run.replicas()).for_each(|replica| replica.gpu.reset_memory_stats());
+    let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> = std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
+    for w in 0..cfg.warmup {
+        progress(&format!("warm-up step {}/{} (compiles pipelines, autotunes convolutions)", w + 1, cfg.warmup));
+        for (run, batch) in runs.iter_mut() {
+            timed_step(run, batch, &step_cfg)?;
+        }
+    }
+    runs.iter().flat_map(|(run, _)| run.replicas()).for_each(|replica| replica.gpu.reset_memory_stats());
     let mut seconds = vec![Vec::new(); runs.len()];
     for s in 0..cfg.steps {
         progress(&format!("timed step {}/{}", s + 1, cfg.steps));
-        for (run, times) in runs.iter_mut().zip(&mut seconds) {
-            times.push(timed_step(run, &batch, &step_cfg)?);
+        for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
+            times.push(timed_step(run, batch, &step_cfg)?);
         }
     }
-    let mut benches = runs.iter().zip(seconds).map(|(run, seconds)| StepBench {
+    let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
         replicas: run.replicas().len(),
-        batch_per_replica: r * n / run.replicas().len(),
+        batch_per_replica: batch.len() / run.replicas().len(),
         seconds,
-        flops: step_flops,
+        flops: step_flops * batch.len() as f64 / (r * n) as f64,
         memory: run.replicas().iter().map(ReplicaMemory::of).collect(),
     });
-    let (step, single_bench) = (benches.next().expect("the configuration asked for"), benches.next());
+    let (step, single_bench, shard_bench) = (benches.next().expect("the configuration asked for"), benches.next(), benches.next());
 
     let profile = if cfg.profile {
         progress("profiled step");
@@ -599,6 +652,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),
         step,
         single: single_bench,
+        shard: shard_bench,
+        replicas_take_turns,
         roofline,
         profile,
     })

@@ -94,9 +94,11 @@ fn one_device_report_with_profile_and_roofline() {
     let cfg = BenchConfig { roofline: Some(64), ..small(1) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
-    assert!(report.single.is_none() && report.ratio().is_none());
+    assert!(report.single.is_none() && report.shard.is_none() && report.ratio().is_none() && report.exchange_ratio().is_none());
     let json = parse(&report.to_json()).unwrap();
-    assert_eq!(json.get("ratio"), Some(&Value::Null));
+    for key in ["ratio", "shard", "own_steps_s", "own_steps_ratio", "exchange_ratio"] {
+        assert_eq!(json.get(key), Some(&Value::Null), "{key}");
+    }
 
     let roof = report.roofline.as_ref().unwrap();
     assert_eq!(roof.tiles.len(), 4);
@@ -138,6 +140,21 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert_eq!(json.get("ratio").and_then(Value::as_f64), Some(ratio));
     assert_eq!(json.get("roofline"), Some(&Value::Null));
     assert!(report.text(5).contains("data-parallel / single device at batch 4"));
+
+    // One replica's shard alone: what the replicas' own steps take without the exchange.
+    let shard = report.shard.as_ref().expect("R = 2 measures one replica's shard too");
+    assert_eq!((shard.replicas, shard.batch_per_replica, shard.seconds.len()), (1, 2, 1));
+    assert_eq!(shard.flops, report.step.flops / 2.0);
+    let gpu = gpu().unwrap();
+    assert_eq!(report.replicas_take_turns, gpu.blocking_maps, "lavapipe's replicas take turns, a GPU's run at once");
+    let own = report.own_steps_seconds().unwrap();
+    assert_eq!(own, if report.replicas_take_turns { 2.0 * shard.median() } else { shard.median() });
+    assert_eq!(report.own_steps_ratio(), Some(own / single.median()));
+    assert_eq!(report.exchange_ratio(), Some(report.step.median() / own));
+    assert_eq!(json.get("own_steps_s").and_then(Value::as_f64), Some(own));
+    assert_eq!(json.get("exchange_ratio").and_then(Value::as_f64), report.exchange_ratio());
+    assert_eq!(json.get("replicas_take_turns"), Some(&Value::Bool(report.replicas_take_turns)));
+    assert!(report.text(5).contains("data-parallel / the replicas' own steps"));
 }
 
 #[test]
