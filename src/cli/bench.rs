@@ -7,8 +7,9 @@ use syncstep::bench::{self, BenchConfig};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Data-parallel over this many devices; with R > 1 the single device at batch R·N is
-    /// measured too, in the same run, and the ratio printed.
+    /// Data-parallel over this many devices; with R > 1 the single device at batch R·N and at N
+    /// (the replicas' own steps, without the exchange) are measured too, in the same run, and
+    /// the ratios printed.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
     /// Images per replica N.
