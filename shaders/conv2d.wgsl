@@ -587,14 +587,6 @@ struct Gemm {
 
 @group(0) @binding(0) var<uniform> g: Gemm;
 
-// Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
-// pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
-// slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
-// with gemm_out_first and step to the next with gemm_out_next, which only compares and adds.
-fn gemm_out_offset(row: u32, of_a: bool) -> u32 {
-    return gemm_out_first(row, of_a).at;
-}
-
 // A row's output offset `at` and, for a pixel, its column and row in the grid.
 struct OutRow {
     at: u32,
@@ -602,6 +594,10 @@ struct OutRow {
     y: u32,
 }
 
+// Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
+// pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
+// slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
+// here and step to the next with gemm_out_next, which only compares and adds.
 fn gemm_out_first(row: u32, of_a: bool) -> OutRow {
     if ((g.a_is_pixels == 1u) != of_a) { return OutRow(row * g.out_plane, 0u, 0u); }
     let pixel = g.pixel_begin + row;
@@ -626,7 +622,7 @@ fn gemm_out_next(r: OutRow, of_a: bool) -> OutRow {
 }
 
 fn gemm_out_index(i: u32, j: u32) -> u32 {
-    return gemm_out_offset(i, true) + gemm_out_offset(j, false);
+    return gemm_out_first(i, true).at + gemm_out_first(j, false).at;
 }
 
 // conv2d_gemm_lanes, for CPU drivers: each invocation GEMM_A rows of a; the workgroup's
@@ -659,7 +655,7 @@ fn gemm_lanes_origin(lid: u32, wid: vec3<u32>, nwg: vec3<u32>, whole_subgroups: 
     return vec2<u32>(i0, j0);
 }
 
-// Output (i, j) at `at` (gemm_out_offset of i and of j).
+// Output (i, j) at `at` (the sum of i's and j's offsets: gemm_out_first, gemm_out_next).
 fn gemm_lanes_store(i: u32, j: u32, at: u32, sum: f32) {
     if (i < g.rows_a && j < g.rows_b) { gl_out[at] = sum; }
 }
