@@ -43,10 +43,15 @@ fn time_launch(gpu: &Gpu, launch: impl Fn(&mut Encoder)) {
 fn matmul(c: &mut Criterion) {
     let Some(gpu) = device() else { return };
     let mut group = c.benchmark_group("matmul_gflops");
-    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
     for size in [512, 1024] {
         let s = MatmulShape { m: size, k: size, n: size };
-        let buffer = |label, len: u32| gpu.upload(label, &vec![0.5f32; len as usize * len as usize]).expect("buffer");
+        let buffer = |label, len: u32| {
+            gpu.upload(label, &vec![0.5f32; len as usize * len as usize]).expect("buffer")
+        };
         let (a, b, out) = (buffer("a", size), buffer("b", size), buffer("c", size));
         group.throughput(Throughput::Elements(s.flops()));
         // The simple kernel takes seconds at 1024³; 512³ shows what the tiles gain.
@@ -59,7 +64,16 @@ fn matmul(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(name, format!("{size}^3")), |bench| {
                 bench.iter(|| {
                     time_launch(&gpu, |enc| {
-                        mm::matmul(&gpu, enc, algo, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).expect("launch")
+                        mm::matmul(
+                            &gpu,
+                            enc,
+                            algo,
+                            &s,
+                            Slice::whole(&a),
+                            Slice::whole(&b),
+                            Slice::whole(&out),
+                        )
+                        .expect("launch")
                     })
                 })
             });
@@ -98,19 +112,27 @@ type Launch<'a> = dyn Fn(&mut Encoder) -> syncstep::kernels::Result<()> + 'a;
 fn conv2d(c: &mut Criterion) {
     let Some(gpu) = device() else { return };
     let mut group = c.benchmark_group("conv2d_gflops");
-    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
     for (layer, s) in resnet34_convs() {
-        let buffer = |label, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]).expect("buffer");
+        let buffer =
+            |label, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]).expect("buffer");
         group.throughput(Throughput::Elements(s.flops()));
         for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
             let name = op.name().trim_start_matches("conv2d_");
             let [a, b, out] = s.operand_lens(op).map(|len| buffer(name, len));
             let (a, b, out) = (Slice::whole(&a), Slice::whole(&b), Slice::whole(&out));
             let (chosen, crop) = k::conv2d_choice(&gpu, op, &s).expect("choice");
-            let kept = crop.map_or(String::new(), |c| format!(" on the kept {}x{} taps", c.shape.kh, c.shape.kw));
+            let kept = crop.map_or(String::new(), |c| {
+                format!(" on the kept {}x{} taps", c.shape.kh, c.shape.kw)
+            });
             println!("{name} {layer}: auto = {chosen}{kept}");
             // `blocked` on the whole kernel; `auto` as the step runs it (the plain launcher).
-            let blocked = |enc: &mut Encoder| k::conv2d_launch_with(&gpu, enc, op, Conv2dAlgo::Blocked, &s, a, b, out);
+            let blocked = |enc: &mut Encoder| {
+                k::conv2d_launch_with(&gpu, enc, op, Conv2dAlgo::Blocked, &s, a, b, out)
+            };
             let auto = |enc: &mut Encoder| k::conv2d_launch(&gpu, enc, op, &s, a, b, out);
             let runs: [(&str, &Launch); 2] = [("blocked", &blocked), ("auto", &auto)];
             for (label, launch) in runs {
@@ -121,7 +143,9 @@ fn conv2d(c: &mut Criterion) {
                     println!("{name}/{label} {layer}: not run ({e})");
                     continue;
                 }
-                group.bench_function(BenchmarkId::new(format!("{name}/{label}"), layer), |bench| bench.iter(|| time_launch(&gpu, |enc| launch(enc).expect("launch"))));
+                group.bench_function(BenchmarkId::new(format!("{name}/{label}"), layer), |bench| {
+                    bench.iter(|| time_launch(&gpu, |enc| launch(enc).expect("launch")))
+                });
             }
         }
     }

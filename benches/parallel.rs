@@ -25,7 +25,10 @@ fn median(times: &RefCell<Vec<Duration>>) -> f64 {
 }
 
 /// Runs `step` once per iteration, timing each, so the medians can be compared afterwards.
-fn timed<'a>(times: &'a RefCell<Vec<Duration>>, mut step: impl FnMut() + 'a) -> impl FnMut(u64) -> Duration + 'a {
+fn timed<'a>(
+    times: &'a RefCell<Vec<Duration>>,
+    mut step: impl FnMut() + 'a,
+) -> impl FnMut(u64) -> Duration + 'a {
     move |iters| {
         let mut total = Duration::ZERO;
         for _ in 0..iters {
@@ -49,8 +52,12 @@ fn parallel(c: &mut Criterion) {
     let running = model.init_buffers();
     let (mut single, mut dp) = match pollster::block_on(async {
         let device = Gpu::new(&choice).await?;
-        let single = Replica::new(device, model.clone(), &params, &running).map_err(|e| e.to_string())?;
-        let dp = DataParallel::new(&model, &params, &running, REPLICAS, std::slice::from_ref(&choice)).await.map_err(|e| e.to_string())?;
+        let single =
+            Replica::new(device, model.clone(), &params, &running).map_err(|e| e.to_string())?;
+        let dp =
+            DataParallel::new(&model, &params, &running, REPLICAS, std::slice::from_ref(&choice))
+                .await
+                .map_err(|e| e.to_string())?;
         Ok::<_, Box<dyn std::error::Error>>((single, dp))
     }) {
         Ok(pair) => pair,
@@ -60,26 +67,48 @@ fn parallel(c: &mut Criterion) {
     let batch = synthetic_batch(0, 0, REPLICAS * PER_REPLICA, 32, 32, 10);
     let cfg = StepConfig::default();
     let mut single_step = || {
-        pollster::block_on(single.forward_backward(&batch, &cfg, batch.len() as f32, &LocalBn, StepOptions::default())).expect("single step");
+        pollster::block_on(single.forward_backward(
+            &batch,
+            &cfg,
+            batch.len() as f32,
+            &LocalBn,
+            StepOptions::default(),
+        ))
+        .expect("single step");
     };
     let mut dp_step = || {
-        pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).expect("data-parallel step");
+        pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))
+            .expect("data-parallel step");
     };
 
     let mut group = c.benchmark_group("step_32px");
-    group.sample_size(10).sampling_mode(SamplingMode::Flat).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(20));
     let (single_times, dp_times) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    group.bench_function(format!("single_device_batch_{}", REPLICAS * PER_REPLICA), |b| b.iter_custom(timed(&single_times, &mut single_step)));
-    group.bench_function(format!("data_parallel_{REPLICAS}x{PER_REPLICA}"), |b| b.iter_custom(timed(&dp_times, &mut dp_step)));
+    group.bench_function(format!("single_device_batch_{}", REPLICAS * PER_REPLICA), |b| {
+        b.iter_custom(timed(&single_times, &mut single_step))
+    });
+    group.bench_function(format!("data_parallel_{REPLICAS}x{PER_REPLICA}"), |b| {
+        b.iter_custom(timed(&dp_times, &mut dp_step))
+    });
     group.finish();
     let (ts, td) = (median(&single_times), median(&dp_times));
     println!("\nstep medians: single device {ts:.3} s, data-parallel {td:.3} s: ratio {:.3} (goal ≤ 1.10)\n", td / ts);
 
     let bytes = model.param_len as u64 * 4;
     let mut group = c.benchmark_group("gradient_all_reduce");
-    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5)).throughput(Throughput::Bytes(bytes));
-    let (reduce_times, staged_times, copy_times) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    let parts: Vec<(&Gpu, Slice)> = dp.replicas().iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Bytes(bytes));
+    let (reduce_times, staged_times, copy_times) =
+        (RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()));
+    let parts: Vec<(&Gpu, Slice)> =
+        dp.replicas().iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
     group.bench_function(format!("all_reduce_{REPLICAS}_replicas"), |b| {
         b.iter_custom(timed(&reduce_times, || {
             pollster::block_on(all_reduce(&parts, ReduceOp::Mean)).expect("all-reduce");
@@ -102,7 +131,9 @@ fn parallel(c: &mut Criterion) {
     });
     let src = vec![1.0f32; model.param_len];
     let mut dst = vec![0.0f32; model.param_len];
-    group.bench_function("host_memcpy", |b| b.iter_custom(timed(&copy_times, || dst.copy_from_slice(std::hint::black_box(&src)))));
+    group.bench_function("host_memcpy", |b| {
+        b.iter_custom(timed(&copy_times, || dst.copy_from_slice(std::hint::black_box(&src))))
+    });
     group.finish();
     let gbs = |t: f64| bytes as f64 / t / 1e9;
     let (tr, ts, tc) = (median(&reduce_times), median(&staged_times), median(&copy_times));

@@ -11,20 +11,27 @@ use syncstep::model::ResNet34;
 use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
 
 fn step_bench(c: &mut Criterion) {
-    let gpu = pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).expect("a GPU adapter");
+    let gpu =
+        pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).expect("a GPU adapter");
     eprintln!("adapter: {}", describe(&gpu.info));
     let model = ResNet34::new(10).unwrap();
     let params = model.init_params(0);
     let mut replica = Replica::new(gpu, model.clone(), &params, &model.init_buffers()).unwrap();
     let cfg = StepConfig::default();
     let mut group = c.benchmark_group("resnet34_step");
-    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(20));
     for (n, size) in [(8usize, 32u32), (16, 64)] {
         let batch = synthetic_batch(0, 0, n, size, size, 10);
         let flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * n as f64;
         let mut one_step = || {
             pollster::block_on(async {
-                replica.forward_backward(&batch, &cfg, n as f32, &LocalBn, StepOptions::default()).await.unwrap();
+                replica
+                    .forward_backward(&batch, &cfg, n as f32, &LocalBn, StepOptions::default())
+                    .await
+                    .unwrap();
                 replica.sgd_update(&cfg).await.unwrap();
             })
         };
@@ -32,7 +39,12 @@ fn step_bench(c: &mut Criterion) {
         let t = Instant::now();
         one_step();
         let s = t.elapsed().as_secs_f64();
-        eprintln!("N={n} {size}x{size}: {:.3} s/step, {:.1} images/s, {:.2} GFLOP/s (single timed step)", s, n as f64 / s, flops / s / 1e9);
+        eprintln!(
+            "N={n} {size}x{size}: {:.3} s/step, {:.1} images/s, {:.2} GFLOP/s (single timed step)",
+            s,
+            n as f64 / s,
+            flops / s / 1e9
+        );
         group.throughput(Throughput::Elements(n as u64));
         group.bench_function(format!("images/N{n}_{size}px"), |b| b.iter(&mut one_step));
     }

@@ -34,7 +34,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::data::synthetic_batch;
-use crate::gpu::{describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, MemoryStats, Slice};
+use crate::gpu::{
+    describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, MemoryStats,
+    Slice,
+};
 use crate::json::{array, Object};
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
@@ -86,14 +89,26 @@ pub struct BenchConfig {
 
 impl Default for BenchConfig {
     fn default() -> Self {
-        BenchConfig { replicas: 1, batch: 8, image_size: 32, classes: 10, steps: 5, warmup: 1, adapters: Vec::new(), profile: false, roofline: Some(512), seed: 0 }
+        BenchConfig {
+            replicas: 1,
+            batch: 8,
+            image_size: 32,
+            classes: 10,
+            steps: 5,
+            warmup: 1,
+            adapters: Vec::new(),
+            profile: false,
+            roofline: Some(512),
+            seed: 0,
+        }
     }
 }
 
 impl BenchConfig {
     /// Refuses settings that cannot be measured, naming the command-line flag.
     pub fn validate(&self) -> Result<()> {
-        let setting = |flag, problem: &str| Err(BenchError::Setting { flag, problem: problem.to_string() });
+        let setting =
+            |flag, problem: &str| Err(BenchError::Setting { flag, problem: problem.to_string() });
         if self.replicas == 0 {
             return setting("replicas", "is 0: at least 1 device is needed");
         }
@@ -114,7 +129,10 @@ impl BenchConfig {
         }
         if let Some(size) = self.roofline {
             if size == 0 || size % 4 != 0 {
-                return setting("roofline-size", &format!("is {size}: the tiled matmul needs a positive multiple of 4"));
+                return setting(
+                    "roofline-size",
+                    &format!("is {size}: the tiled matmul needs a positive multiple of 4"),
+                );
             }
         }
         Ok(())
@@ -187,8 +205,13 @@ pub struct ReplicaMemory {
 
 impl ReplicaMemory {
     fn of(replica: &Replica) -> ReplicaMemory {
-        let MemoryStats { largest_submission_bytes, largest_buffer_bytes, .. } = replica.gpu.memory_stats();
-        ReplicaMemory { held_bytes: replica.device_bytes(), transient_bytes: largest_submission_bytes, largest_transient_buffer_bytes: largest_buffer_bytes }
+        let MemoryStats { largest_submission_bytes, largest_buffer_bytes, .. } =
+            replica.gpu.memory_stats();
+        ReplicaMemory {
+            held_bytes: replica.device_bytes(),
+            transient_bytes: largest_submission_bytes,
+            largest_transient_buffer_bytes: largest_buffer_bytes,
+        }
     }
     /// Held plus the largest transient set.
     pub fn peak_bytes(&self) -> u64 {
@@ -230,7 +253,12 @@ impl ProbeTime {
             .str("name", &self.name)
             .str("op", self.op)
             .str("algo", &self.algo)
-            .raw("kept_taps", &self.kept_taps.map_or("null".to_string(), |(h, w)| crate::json::string(&format!("{h}x{w}"))))
+            .raw(
+                "kept_taps",
+                &self
+                    .kept_taps
+                    .map_or("null".to_string(), |(h, w)| crate::json::string(&format!("{h}x{w}"))),
+            )
             .str("shape", &self.shape)
             .num("flops", self.flops)
             .num("seconds", self.seconds)
@@ -268,7 +296,12 @@ pub struct ProfileRow {
 
 impl ProfileRow {
     fn to_json(&self, step: f64) -> String {
-        let o = Object::new().str("layer", &self.layer).str("kernel", &self.kernel).int("dispatches", self.dispatches as u64).num("seconds", self.seconds).num("fraction_of_step", self.seconds / step);
+        let o = Object::new()
+            .str("layer", &self.layer)
+            .str("kernel", &self.kernel)
+            .int("dispatches", self.dispatches as u64)
+            .num("seconds", self.seconds)
+            .num("fraction_of_step", self.seconds / step);
         match self.flops {
             Some(f) => o.num("flops", f).num("gflops", f / self.seconds / 1e9),
             None => o.raw("gflops", "null"),
@@ -298,7 +331,13 @@ impl Profile {
         self.kernels.iter().map(|k| k.seconds).sum()
     }
 
-    fn new(model: &ResNet34, batch: u32, image_size: u32, step_seconds: f64, kernels: Vec<KernelTime>) -> Profile {
+    fn new(
+        model: &ResNet34,
+        batch: u32,
+        image_size: u32,
+        step_seconds: f64,
+        kernels: Vec<KernelTime>,
+    ) -> Profile {
         // Convolution FLOPs per (scope, launcher): the step names a layer's scopes
         // "<conv> forward" and "<conv> backward".
         let mut conv_flops = HashMap::new();
@@ -308,7 +347,11 @@ impl Profile {
             conv_flops.insert((format!("{name} backward"), "conv2d_backward_input"), flops);
             conv_flops.insert((format!("{name} backward"), "conv2d_backward_weight"), flops);
         }
-        let by_layer = group(&kernels, |k| (k.scope.clone(), k.op.to_string()), |layer, op| conv_flops.get(&(layer.to_string(), op)).copied());
+        let by_layer = group(
+            &kernels,
+            |k| (k.scope.clone(), k.op.to_string()),
+            |layer, op| conv_flops.get(&(layer.to_string(), op)).copied(),
+        );
         // Per launcher: FLOPs are known when every layer's row of it knows them.
         let mut by_op: Vec<ProfileRow> = Vec::new();
         for row in &by_layer {
@@ -335,19 +378,39 @@ impl Profile {
             .raw("by_layer", &rows(&self.by_layer))
             .raw("by_op", &rows(&self.by_op))
             .raw("by_entry", &rows(&self.by_entry))
-            .raw("in_order", &array(self.kernels.iter().map(|k| Object::new().str("layer", &k.scope).str("kernel", k.op).str("entry", k.entry).num("seconds", k.seconds).finish())))
+            .raw(
+                "in_order",
+                &array(self.kernels.iter().map(|k| {
+                    Object::new()
+                        .str("layer", &k.scope)
+                        .str("kernel", k.op)
+                        .str("entry", k.entry)
+                        .num("seconds", k.seconds)
+                        .finish()
+                })),
+            )
             .finish()
     }
 }
 
 /// Dispatches grouped by `key` (layer, kernel), with `flops` of each group where known.
-fn group(kernels: &[KernelTime], key: impl Fn(&KernelTime) -> (String, String), flops: impl Fn(&str, &'static str) -> Option<f64>) -> Vec<ProfileRow> {
+fn group(
+    kernels: &[KernelTime],
+    key: impl Fn(&KernelTime) -> (String, String),
+    flops: impl Fn(&str, &'static str) -> Option<f64>,
+) -> Vec<ProfileRow> {
     let mut rows: Vec<ProfileRow> = Vec::new();
     let mut index: HashMap<(String, String), usize> = HashMap::new();
     for k in kernels {
         let (layer, kernel) = key(k);
         let i = *index.entry((layer.clone(), kernel.clone())).or_insert_with(|| {
-            rows.push(ProfileRow { flops: flops(&layer, k.op), layer, kernel, dispatches: 0, seconds: 0.0 });
+            rows.push(ProfileRow {
+                flops: flops(&layer, k.op),
+                layer,
+                kernel,
+                dispatches: 0,
+                seconds: 0.0,
+            });
             rows.len() - 1
         });
         rows[i].dispatches += 1;
@@ -424,14 +487,30 @@ impl BenchReport {
         }
         line(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
         line(String::new());
-        line(format!("{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}", "configuration", "median s", "min s", "max s", "images/s", "GFLOP/s"));
+        line(format!(
+            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "configuration", "median s", "min s", "max s", "images/s", "GFLOP/s"
+        ));
         for s in self.benches() {
-            line(format!("{:<34} {:>9.4} {:>9.4} {:>9.4} {:>9.1} {:>9.2}", s.label(), s.median(), s.min(), s.max(), s.images_per_second(), s.gflops()));
+            line(format!(
+                "{:<34} {:>9.4} {:>9.4} {:>9.4} {:>9.1} {:>9.2}",
+                s.label(),
+                s.median(),
+                s.min(),
+                s.max(),
+                s.images_per_second(),
+                s.gflops()
+            ));
         }
         if let Some(ratio) = self.ratio() {
-            line(format!("data-parallel / single device at batch {}: {ratio:.3}", self.step.global_batch()));
+            line(format!(
+                "data-parallel / single device at batch {}: {ratio:.3}",
+                self.step.global_batch()
+            ));
         }
-        if let (Some(own), Some(own_ratio), Some(exchange)) = (self.own_steps_seconds(), self.own_steps_ratio(), self.exchange_ratio()) {
+        if let (Some(own), Some(own_ratio), Some(exchange)) =
+            (self.own_steps_seconds(), self.own_steps_ratio(), self.exchange_ratio())
+        {
             let (r, n) = (self.step.replicas, self.step.batch_per_replica);
             let how = if self.replicas_take_turns {
                 format!("{r} × single device at batch {n} (the replicas take turns: CPU adapters share the cores)")
@@ -457,12 +536,25 @@ impl BenchReport {
         if let Some(roof) = &self.roofline {
             line(String::new());
             let best = roof.gflops();
-            let tiles: Vec<String> = roof.tiles.iter().map(|t| format!("{} {:.2}", t.algo, t.gflops())).collect();
+            let tiles: Vec<String> =
+                roof.tiles.iter().map(|t| format!("{} {:.2}", t.algo, t.gflops())).collect();
             line(format!("roofline: matmul {0}³, best of {PROBE_RUNS} runs per tile: {best:.2} GFLOP/s ({1})", roof.size, tiles.join(", ")));
-            line(format!("{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}", "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"));
+            line(format!(
+                "{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}",
+                "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"
+            ));
             for p in &roof.convs {
-                let kernel = p.kept_taps.map_or(p.algo.clone(), |(h, w)| format!("{} {h}x{w} taps", p.algo));
-                line(format!("{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%", clip(&p.name, 44), p.op, kernel, p.seconds * 1e3, p.gflops(), 100.0 * p.gflops() / best));
+                let kernel =
+                    p.kept_taps.map_or(p.algo.clone(), |(h, w)| format!("{} {h}x{w} taps", p.algo));
+                line(format!(
+                    "{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%",
+                    clip(&p.name, 44),
+                    p.op,
+                    kernel,
+                    p.seconds * 1e3,
+                    p.gflops(),
+                    100.0 * p.gflops() / best
+                ));
             }
         }
         line(String::new());
@@ -477,12 +569,33 @@ impl BenchReport {
                     100.0 * p.kernel_seconds() / p.step_seconds
                 ));
                 // The per-layer table names layer and launcher; the others the kernel alone.
-                let table = |line: &mut dyn FnMut(String), title: &str, rows: &[ProfileRow], limit: usize| {
-                    let name = |r: &ProfileRow| if rows.first().is_some_and(|f| f.layer == ALL_LAYERS) { r.kernel.clone() } else { format!("{} · {}", r.layer, r.kernel) };
-                    line(format!("{:<56} {:>6} {:>9} {:>6} {:>8}", title, "calls", "ms", "step", "GFLOP/s"));
+                let table = |line: &mut dyn FnMut(String),
+                             title: &str,
+                             rows: &[ProfileRow],
+                             limit: usize| {
+                    let name = |r: &ProfileRow| {
+                        if rows.first().is_some_and(|f| f.layer == ALL_LAYERS) {
+                            r.kernel.clone()
+                        } else {
+                            format!("{} · {}", r.layer, r.kernel)
+                        }
+                    };
+                    line(format!(
+                        "{:<56} {:>6} {:>9} {:>6} {:>8}",
+                        title, "calls", "ms", "step", "GFLOP/s"
+                    ));
                     for r in rows.iter().take(limit) {
-                        let gflops = r.flops.map_or(String::new(), |f| format!("{:.2}", f / r.seconds / 1e9));
-                        line(format!("{:<56} {:>6} {:>9.3} {:>5.1}% {:>8}", clip(&name(r), 56), r.dispatches, r.seconds * 1e3, 100.0 * r.seconds / p.step_seconds, gflops));
+                        let gflops = r
+                            .flops
+                            .map_or(String::new(), |f| format!("{:.2}", f / r.seconds / 1e9));
+                        line(format!(
+                            "{:<56} {:>6} {:>9.3} {:>5.1}% {:>8}",
+                            clip(&name(r), 56),
+                            r.dispatches,
+                            r.seconds * 1e3,
+                            100.0 * r.seconds / p.step_seconds,
+                            gflops
+                        ));
                     }
                     if rows.len() > limit {
                         line(format!("… {} more rows (all of them in --json)", rows.len() - limit));
@@ -519,21 +632,41 @@ impl BenchReport {
         let mut o = Object::new()
             .raw("config", &config)
             .raw("adapters", &array(self.adapters.iter().map(|a| crate::json::string(a))))
-            .raw("lp_num_threads", &self.lp_num_threads.as_deref().map_or("null".into(), crate::json::string))
+            .raw(
+                "lp_num_threads",
+                &self.lp_num_threads.as_deref().map_or("null".into(), crate::json::string),
+            )
             .num("step_flops_per_forward", STEP_FLOPS_PER_FORWARD)
             .raw("step", &self.step.to_json())
             .raw("single", &self.single.as_ref().map_or("null".into(), StepBench::to_json))
             .raw("ratio", &self.ratio().map_or("null".into(), crate::json::number))
             .raw("shard", &self.shard.as_ref().map_or("null".into(), StepBench::to_json))
             .bool("replicas_take_turns", self.replicas_take_turns)
-            .raw("own_steps_s", &self.own_steps_seconds().map_or("null".into(), crate::json::number))
-            .raw("own_steps_ratio", &self.own_steps_ratio().map_or("null".into(), crate::json::number))
-            .raw("exchange_ratio", &self.exchange_ratio().map_or("null".into(), crate::json::number));
+            .raw(
+                "own_steps_s",
+                &self.own_steps_seconds().map_or("null".into(), crate::json::number),
+            )
+            .raw(
+                "own_steps_ratio",
+                &self.own_steps_ratio().map_or("null".into(), crate::json::number),
+            )
+            .raw(
+                "exchange_ratio",
+                &self.exchange_ratio().map_or("null".into(), crate::json::number),
+            );
         o = match &self.roofline {
             Some(r) => {
                 let roof = r.gflops();
                 let probes = |v: &[ProbeTime]| array(v.iter().map(|p| p.to_json(roof)));
-                o.raw("roofline", &Object::new().int("size", r.size as u64).num("gflops", roof).raw("tiles", &probes(&r.tiles)).raw("convs", &probes(&r.convs)).finish())
+                o.raw(
+                    "roofline",
+                    &Object::new()
+                        .int("size", r.size as u64)
+                        .num("gflops", roof)
+                        .raw("tiles", &probes(&r.tiles))
+                        .raw("convs", &probes(&r.convs))
+                        .finish(),
+                )
             }
             None => o.raw("roofline", "null"),
         };
@@ -589,7 +722,8 @@ fn timed_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepConfi
 /// CPU driver).
 pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchReport> {
     cfg.validate()?;
-    let model = ResNet34::new(cfg.classes).map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
+    let model = ResNet34::new(cfg.classes)
+        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
     let params = model.init_params(cfg.seed);
     let running = model.init_buffers();
     let step_cfg = StepConfig::default();
@@ -598,24 +732,38 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * (r * n) as f64;
 
     progress(&format!("opening {r} device(s)"));
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
     // With R > 1, one device on replica 0's adapter at R·N and at N (replica 0's shard).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
     let mut singles = Vec::new();
     if r > 1 {
         for _ in [r * n, n] {
-            singles.push(pollster::block_on(DataParallel::new(&model, &params, &running, 1, &cfg.adapters[..cfg.adapters.len().min(1)]))?);
+            singles.push(pollster::block_on(DataParallel::new(
+                &model,
+                &params,
+                &running,
+                1,
+                &cfg.adapters[..cfg.adapters.len().min(1)],
+            ))?);
         }
     }
-    let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> = std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
+    let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
+        std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
     for w in 0..cfg.warmup {
-        progress(&format!("warm-up step {}/{} (compiles pipelines, autotunes convolutions)", w + 1, cfg.warmup));
+        progress(&format!(
+            "warm-up step {}/{} (compiles pipelines, autotunes convolutions)",
+            w + 1,
+            cfg.warmup
+        ));
         for (run, batch) in runs.iter_mut() {
             timed_step(run, batch, &step_cfg)?;
         }
     }
-    runs.iter().flat_map(|(run, _)| run.replicas()).for_each(|replica| replica.gpu.reset_memory_stats());
+    runs.iter()
+        .flat_map(|(run, _)| run.replicas())
+        .for_each(|replica| replica.gpu.reset_memory_stats());
     let mut seconds = vec![Vec::new(); runs.len()];
     for s in 0..cfg.steps {
         progress(&format!("timed step {}/{}", s + 1, cfg.steps));
@@ -630,11 +778,13 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         flops: step_flops * batch.len() as f64 / (r * n) as f64,
         memory: run.replicas().iter().map(ReplicaMemory::of).collect(),
     });
-    let (step, single_bench, shard_bench) = (benches.next().expect("the configuration asked for"), benches.next(), benches.next());
+    let (step, single_bench, shard_bench) =
+        (benches.next().expect("the configuration asked for"), benches.next(), benches.next());
 
     let profile = if cfg.profile {
         progress("profiled step");
-        profile_step(&mut dp, &batch, &step_cfg).map(|(secs, kernels)| Profile::new(&model, n as u32, size, secs, kernels))
+        profile_step(&mut dp, &batch, &step_cfg)
+            .map(|(secs, kernels)| Profile::new(&model, n as u32, size, secs, kernels))
     } else {
         Err("not asked for (--profile)".to_string())
     };
@@ -660,11 +810,17 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
 }
 
 /// One more step with replica 0's dispatches timed; Err says why there is no profile.
-fn profile_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepConfig) -> std::result::Result<(f64, Vec<KernelTime>), String> {
+fn profile_step(
+    dp: &mut DataParallel,
+    batch: &crate::data::Batch,
+    cfg: &StepConfig,
+) -> std::result::Result<(f64, Vec<KernelTime>), String> {
     let gpu = &dp.replicas()[0].gpu;
     match gpu.start_profile() {
         Ok(()) => {}
-        Err(GpuError::MissingFeature(what)) => return Err(format!("unavailable: the adapter lacks {what}")),
+        Err(GpuError::MissingFeature(what)) => {
+            return Err(format!("unavailable: the adapter lacks {what}"))
+        }
         Err(e) => return Err(e.to_string()),
     }
     let start = Instant::now();
@@ -685,8 +841,13 @@ fn profile_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepCon
 
 /// Seconds of one run of what `record` records: the best of [`PROBE_RUNS`] submissions, each of
 /// enough runs back to back to fill [`PROBE_SUBMIT`], after one untimed run.
-fn best_time(gpu: &Gpu, record: impl Fn(&mut Encoder) -> crate::kernels::Result<()>) -> Result<f64> {
-    let time = |launches| gpu.time_recorded(launches, |enc| record(enc).map_err(BenchError::from), BenchError::from);
+fn best_time(
+    gpu: &Gpu,
+    record: impl Fn(&mut Encoder) -> crate::kernels::Result<()>,
+) -> Result<f64> {
+    let time = |launches| {
+        gpu.time_recorded(launches, |enc| record(enc).map_err(BenchError::from), BenchError::from)
+    };
     let launches = launches_to_fill(PROBE_SUBMIT, time(1)?);
     let mut best = f64::INFINITY;
     for _ in 0..PROBE_RUNS {
@@ -697,7 +858,13 @@ fn best_time(gpu: &Gpu, record: impl Fn(&mut Encoder) -> crate::kernels::Result<
 
 /// The matmul tiles at `size`³, then every distinct convolution of the step at `batch` images
 /// per device, through the plain (autotuned) launchers.
-fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32) -> Result<Roofline> {
+fn roofline(
+    gpu: &Gpu,
+    model: &ResNet34,
+    batch: u32,
+    image_size: u32,
+    size: u32,
+) -> Result<Roofline> {
     let filled = |label: &str, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]);
     let shape = MatmulShape { m: size, k: size, n: size };
     let len = size as u64 * size as u64;
@@ -705,8 +872,26 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
     let mut tiles = Vec::new();
     for algo in MATMUL_TILES {
         let MatmulAlgo::Tiled { rows, cols } = algo else { continue };
-        let seconds = best_time(gpu, |enc| matmul::matmul(gpu, enc, algo, &shape, Slice::whole(&a), Slice::whole(&b), Slice::whole(&c)))?;
-        tiles.push(ProbeTime { name: format!("matmul {size}³"), op: "matmul", algo: format!("tiled {rows}x{cols}"), kept_taps: None, shape: format!("{size}x{size}x{size}"), flops: shape.flops() as f64, seconds });
+        let seconds = best_time(gpu, |enc| {
+            matmul::matmul(
+                gpu,
+                enc,
+                algo,
+                &shape,
+                Slice::whole(&a),
+                Slice::whole(&b),
+                Slice::whole(&c),
+            )
+        })?;
+        tiles.push(ProbeTime {
+            name: format!("matmul {size}³"),
+            op: "matmul",
+            algo: format!("tiled {rows}x{cols}"),
+            kept_taps: None,
+            shape: format!("{size}x{size}x{size}"),
+            flops: shape.flops() as f64,
+            seconds,
+        });
     }
     drop((a, b, c));
 
@@ -730,12 +915,39 @@ fn roofline(gpu: &Gpu, model: &ResNet34, batch: u32, image_size: u32, size: u32)
         for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
             let (algo, crop) = conv2d::conv2d_choice(gpu, op, &s)?;
             let [a, b, out] = s.operand_lens(op);
-            let (a, b, out) = (filled("probe input", a)?, filled("probe second input", b)?, filled("probe output", out)?);
-            let seconds = best_time(gpu, |enc| conv2d::conv2d_launch(gpu, enc, op, &s, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)))?;
+            let (a, b, out) = (
+                filled("probe input", a)?,
+                filled("probe second input", b)?,
+                filled("probe output", out)?,
+            );
+            let seconds = best_time(gpu, |enc| {
+                conv2d::conv2d_launch(
+                    gpu,
+                    enc,
+                    op,
+                    &s,
+                    Slice::whole(&a),
+                    Slice::whole(&b),
+                    Slice::whole(&out),
+                )
+            })?;
             let kept_taps = crop.map(|c| (c.shape.kh, c.shape.kw));
-            let name = if names.len() > 2 { format!("{} (+{} more)", names[..2].join(", "), names.len() - 2) } else { names.join(", ") };
-            let shape = format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
-            convs.push(ProbeTime { name, op: op.name(), algo: algo.to_string(), kept_taps, shape, flops: s.flops() as f64, seconds });
+            let name = if names.len() > 2 {
+                format!("{} (+{} more)", names[..2].join(", "), names.len() - 2)
+            } else {
+                names.join(", ")
+            };
+            let shape =
+                format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
+            convs.push(ProbeTime {
+                name,
+                op: op.name(),
+                algo: algo.to_string(),
+                kept_taps,
+                shape,
+                flops: s.flops() as f64,
+                seconds,
+            });
         }
     }
     Ok(Roofline { size, tiles, convs })

@@ -18,7 +18,9 @@ use crate::golden::Golden;
 use crate::gpu::{AdapterChoice, Gpu};
 use crate::json;
 use crate::model::{ActivationPattern, ModelError, ResNet34};
-use crate::parallel::{self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage};
+use crate::parallel::{
+    self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage,
+};
 use crate::reference::step as reference;
 use crate::step::{LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput, BN_EPS};
 
@@ -81,7 +83,17 @@ pub struct CheckConfig {
 
 impl Default for CheckConfig {
     fn default() -> Self {
-        CheckConfig { replicas: 2, batch: 8, image_size: 32, classes: 10, steps: 5, seed: 0, adapters: Vec::new(), tie: false, sabotage: None }
+        CheckConfig {
+            replicas: 2,
+            batch: 8,
+            image_size: 32,
+            classes: 10,
+            steps: 5,
+            seed: 0,
+            adapters: Vec::new(),
+            tie: false,
+            sabotage: None,
+        }
     }
 }
 
@@ -205,12 +217,19 @@ pub struct CheckReport {
 /// reference); infinite if the lengths differ or a or b is not finite (an unwritten, poisoned
 /// element).
 pub fn norm_rel<B: Copy + Into<f64>>(a: &[f32], b: &[B]) -> f64 {
-    if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) || b.iter().any(|&v| !v.into().is_finite()) {
+    if a.len() != b.len()
+        || a.iter().any(|v| !v.is_finite())
+        || b.iter().any(|&v| !v.into().is_finite())
+    {
         return f64::INFINITY;
     }
     let num = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y.into()).powi(2)).sum::<f64>().sqrt();
     let den = b.iter().map(|&y| y.into().powi(2)).sum::<f64>().sqrt();
-    if den == 0.0 { num } else { num / den }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
 }
 
 /// Each parameter tensor's norm-rel error between two flat buffers in the model's layout, in
@@ -243,7 +262,8 @@ pub fn gate_batch(cfg: &CheckConfig, step: usize) -> Result<Batch> {
     let size = cfg.image_size;
     let plain = synthetic_batch(cfg.seed, (step * m) as u64, m, size, size, cfg.classes);
     let shards = plain.shards(cfg.replicas).map_err(ParallelError::from)?;
-    let shifted: Vec<Batch> = shards.iter().enumerate().map(|(r, s)| s.shifted(SHARD_SHIFT * r as f32)).collect();
+    let shifted: Vec<Batch> =
+        shards.iter().enumerate().map(|(r, s)| s.shifted(SHARD_SHIFT * r as f32)).collect();
     Ok(Batch::concat(&shifted))
 }
 
@@ -254,9 +274,17 @@ struct Single {
 }
 
 impl Single {
-    async fn step(&mut self, batch: &Batch, cfg: &StepConfig, opts: StepOptions<'_>) -> Result<StepOutput> {
+    async fn step(
+        &mut self,
+        batch: &Batch,
+        cfg: &StepConfig,
+        opts: StepOptions<'_>,
+    ) -> Result<StepOutput> {
         let divisor = batch.len() as f32;
-        self.replica.forward_backward(batch, cfg, divisor, &LocalBn, opts).await.map_err(|e| self.named(e))
+        self.replica
+            .forward_backward(batch, cfg, divisor, &LocalBn, opts)
+            .await
+            .map_err(|e| self.named(e))
     }
     fn named(&self, source: StepError) -> CheckError {
         CheckError::Single { adapter: self.adapter.clone(), source }
@@ -276,21 +304,36 @@ pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
 
 /// [`run_check`] on the given devices (`cfg.adapters` is not read), with PORTABLE against
 /// `golden` if one is given, calling `progress` as each phase starts and once when done.
-pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Option<&Golden>, progress: &mut dyn FnMut(&CheckProgress)) -> Result<CheckReport> {
+pub async fn run_check_on(
+    cfg: &CheckConfig,
+    devices: CheckDevices,
+    golden: Option<&Golden>,
+    progress: &mut dyn FnMut(&CheckProgress),
+) -> Result<CheckReport> {
     let model = cfg.model()?;
     if devices.replicas.len() != cfg.replicas {
-        return Err(CheckError::Config(format!("{} replicas need {} devices, {} given", cfg.replicas, cfg.replicas, devices.replicas.len())));
+        return Err(CheckError::Config(format!(
+            "{} replicas need {} devices, {} given",
+            cfg.replicas,
+            cfg.replicas,
+            devices.replicas.len()
+        )));
     }
     if let Some(g) = golden {
         g.check_fits(cfg, &model)?;
     }
-    let mut phases = Phases { index: 0, total: 5 + golden.is_some() as usize + cfg.tie as usize + cfg.steps, report: progress };
+    let mut phases = Phases {
+        index: 0,
+        total: 5 + golden.is_some() as usize + cfg.tie as usize + cfg.steps,
+        report: progress,
+    };
     let mut params = model.init_params(cfg.seed);
     model.randomize_batchnorm(&mut params, cfg.seed + 1);
     let running = model.init_buffers();
     let mut dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?;
     let adapter = adapter_label(&devices.single.info);
-    let replica = Replica::new(devices.single, model.clone(), &params, &running).map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
+    let replica = Replica::new(devices.single, model.clone(), &params, &running)
+        .map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
     let mut single = Single { replica, adapter };
     let step_cfg = StepConfig::default();
     let sync = ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage };
@@ -302,20 +345,31 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     phases.start(format!("TEST: data-parallel step, {r} replicas × {n}"), &rows);
     let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
     let dp_grads = dp.read_grads().await?.swap_remove(0);
-    let pattern = ActivationPattern::concat(&dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
-    phases.start(format!("TEST: single-device step at {m}, deciding its own activation pattern"), &rows);
-    let free = single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
+    let pattern = ActivationPattern::concat(
+        &dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
+    );
+    phases.start(
+        format!("TEST: single-device step at {m}, deciding its own activation pattern"),
+        &rows,
+    );
+    let free =
+        single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
     let free_pattern = free.pattern.unwrap_or_default();
     // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
     let portable = match golden {
         Some(g) => {
-            phases.start(format!("PORTABLE: single-device step at {m} on the golden's activation pattern"), &rows);
+            phases.start(
+                format!("PORTABLE: single-device step at {m} on the golden's activation pattern"),
+                &rows,
+            );
             Some(portable(&model, &mut single, &batch, &step_cfg, g, &free_pattern).await?)
         }
         None => None,
     };
     phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"), &rows);
-    let single_out = single.step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
+    let single_out = single
+        .step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false })
+        .await?;
     let single_grads = single.read_grads().await?;
     let flips = Some(free_pattern.flips(&pattern));
     let test_errors = tensor_errors(&model, &dp_grads, &single_grads);
@@ -324,10 +378,24 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     rows.push(row("TEST", test, Bound::AtMost(TEST_GRAD_BOUND), worst, flips, bitwise(test)));
     let dp_loss = dp_out.iter().map(|o| o.loss as f64).sum::<f64>() / dp_out.len() as f64;
     let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
-    rows.push(row("TEST loss", loss_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, format!("{dp_loss:.7} vs {:.7}", single_out.loss)));
+    rows.push(row(
+        "TEST loss",
+        loss_err,
+        Bound::AtMost(TEST_OUTPUT_BOUND),
+        None,
+        None,
+        format!("{dp_loss:.7} vs {:.7}", single_out.loss),
+    ));
     let dp_logits: Vec<f32> = dp_out.iter().flat_map(|o| o.logits.iter().copied()).collect();
     let logits_err = norm_rel(&dp_logits, &single_out.logits);
-    rows.push(row("TEST logits", logits_err, Bound::AtMost(TEST_OUTPUT_BOUND), None, None, bitwise(logits_err)));
+    rows.push(row(
+        "TEST logits",
+        logits_err,
+        Bound::AtMost(TEST_OUTPUT_BOUND),
+        None,
+        None,
+        bitwise(logits_err),
+    ));
 
     if cfg.tie {
         phases.start(format!("TIE: the f64 reference step at {m}"), &rows);
@@ -345,34 +413,76 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
     let local_grads = dp.read_grads().await?.swap_remove(0);
     let control_errors = tensor_errors(&model, &local_grads, &single_grads);
     let (control, worst) = worst_of(&model, &control_errors);
-    let local_pattern = ActivationPattern::concat(&local_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
+    let local_pattern = ActivationPattern::concat(
+        &local_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
+    );
     let floor = test.max(CONTROL_FLOOR);
-    rows.push(row("CONTROL", control, Bound::AtLeast(CONTROL_FACTOR * floor), worst, Some(local_pattern.flips(&pattern)), String::new()));
+    rows.push(row(
+        "CONTROL",
+        control,
+        Bound::AtLeast(CONTROL_FACTOR * floor),
+        worst,
+        Some(local_pattern.flips(&pattern)),
+        String::new(),
+    ));
 
     // REPEAT: the same DP step again. Only the running statistics moved since, and training
     // mode does not read them. It leaves step 0's gradients in place for DRIFT.
     phases.start("REPEAT: the data-parallel step again".into(), &rows);
-    let again = dp.forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync }).await?;
+    let again = dp
+        .forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync })
+        .await?;
     let again_grads = dp.read_grads().await?.swap_remove(0);
-    let differing = again_grads.iter().zip(&dp_grads).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
+    let differing = again_grads
+        .iter()
+        .zip(&dp_grads)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count()
         + again.iter().zip(&dp_out).filter(|(a, b)| a.loss.to_bits() != b.loss.to_bits()).count();
-    rows.push(row("REPEAT", differing as f64, Bound::AtMost(0.0), None, None, "measured = gradient and loss values that differ bitwise between two runs".into()));
+    rows.push(row(
+        "REPEAT",
+        differing as f64,
+        Bound::AtMost(0.0),
+        None,
+        None,
+        "measured = gradient and loss values that differ bitwise between two runs".into(),
+    ));
 
     if cfg.steps > 0 {
-        rows.push(drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, (&mut phases, &rows)).await?);
+        rows.push(
+            drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, (&mut phases, &rows)).await?,
+        );
     }
     let pass_all = |r: &GateRow| r.pass;
-    phases.start(format!("done: {}", if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }), &rows);
+    phases.start(
+        format!(
+            "done: {}",
+            if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }
+        ),
+        &rows,
+    );
     let tensors = model
         .params
         .iter()
         .enumerate()
-        .map(|(i, spec)| TensorErrors { name: spec.name.clone(), test: test_errors[i], control: control_errors[i], portable: portable_errors.as_ref().map(|e| e[i]) })
+        .map(|(i, spec)| TensorErrors {
+            name: spec.name.clone(),
+            test: test_errors[i],
+            control: control_errors[i],
+            portable: portable_errors.as_ref().map(|e| e[i]),
+        })
         .collect();
     Ok(CheckReport {
         config: cfg.clone(),
         replica_adapters: dp.adapters(),
-        golden: Golden::of_step(cfg, &model, &single.adapter, single_out.loss, &single_grads, &pattern),
+        golden: Golden::of_step(
+            cfg,
+            &model,
+            &single.adapter,
+            single_out.loss,
+            &single_grads,
+            &pattern,
+        ),
         single_adapter: single.adapter,
         portable_against: golden.map(|g| g.adapter.clone()),
         rows,
@@ -383,8 +493,21 @@ pub async fn run_check_on(cfg: &CheckConfig, devices: CheckDevices, golden: Opti
 /// PORTABLE: the single-device step on `golden`'s activation pattern, held to its loss and
 /// gradients; flips are those of this build's own free pattern. Returns the rows and each
 /// tensor's error.
-async fn portable(model: &ResNet34, single: &mut Single, batch: &Batch, step_cfg: &StepConfig, golden: &Golden, free: &ActivationPattern) -> Result<(Vec<GateRow>, Vec<f64>)> {
-    let out = single.step(batch, step_cfg, StepOptions { impose: Some(&golden.pattern), capture_pattern: false }).await?;
+async fn portable(
+    model: &ResNet34,
+    single: &mut Single,
+    batch: &Batch,
+    step_cfg: &StepConfig,
+    golden: &Golden,
+    free: &ActivationPattern,
+) -> Result<(Vec<GateRow>, Vec<f64>)> {
+    let out = single
+        .step(
+            batch,
+            step_cfg,
+            StepOptions { impose: Some(&golden.pattern), capture_pattern: false },
+        )
+        .await?;
     let errors = golden.tensor_errors(model, &single.read_grads().await?);
     let (grad_err, worst) = worst_of(model, &errors);
     let loss_err = (out.loss as f64 - golden.loss as f64).abs() / (golden.loss as f64).abs();
@@ -392,7 +515,14 @@ async fn portable(model: &ResNet34, single: &mut Single, batch: &Batch, step_cfg
     let against = format!("against {}", golden.adapter);
     let rows = vec![
         row("PORTABLE", grad_err, Bound::AtMost(PORTABLE_GRAD_BOUND), worst, flips, against),
-        row("PORTABLE loss", loss_err, Bound::AtMost(PORTABLE_LOSS_BOUND), None, None, format!("{:.7} vs {:.7}", out.loss, golden.loss)),
+        row(
+            "PORTABLE loss",
+            loss_err,
+            Bound::AtMost(PORTABLE_LOSS_BOUND),
+            None,
+            None,
+            format!("{:.7} vs {:.7}", out.loss, golden.loss),
+        ),
     ];
     Ok((rows, errors))
 }
@@ -404,7 +534,11 @@ impl GateRow {
             Bound::AtMost(b) => ("at_most", b),
             Bound::AtLeast(b) => ("at_least", b),
         };
-        let gate = json::Object::new().str("gate", self.gate).num("measured", self.measured).num("bound", bound).str("bound_kind", kind);
+        let gate = json::Object::new()
+            .str("gate", self.gate)
+            .num("measured", self.measured)
+            .num("bound", bound)
+            .str("bound_kind", kind);
         let gate = match &self.worst {
             Some(w) => gate.str("worst_tensor", w),
             None => gate.raw("worst_tensor", "null"),
@@ -417,7 +551,14 @@ impl GateRow {
     }
 }
 
-fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, flips: Option<usize>, note: String) -> GateRow {
+fn row(
+    gate: &'static str,
+    measured: f64,
+    bound: Bound,
+    worst: Option<String>,
+    flips: Option<usize>,
+    note: String,
+) -> GateRow {
     GateRow { gate, measured, bound, worst, flips, note, pass: bound.holds(measured) }
 }
 
@@ -425,14 +566,37 @@ fn row(gate: &'static str, measured: f64, bound: Bound, worst: Option<String>, f
 /// pattern), from the same state; then parameters against each other, and replicas among
 /// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
 /// the single device's from TEST (parameters untouched since).
-async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, single: &mut Single, step_cfg: &StepConfig, sync: ParallelOptions, (phases, done): (&mut Phases<'_>, &[GateRow])) -> Result<GateRow> {
+async fn drift(
+    cfg: &CheckConfig,
+    model: &ResNet34,
+    dp: &mut DataParallel,
+    single: &mut Single,
+    step_cfg: &StepConfig,
+    sync: ParallelOptions,
+    (phases, done): (&mut Phases<'_>, &[GateRow]),
+) -> Result<GateRow> {
     for step in 0..cfg.steps {
-        phases.start(format!("DRIFT: SGD step {} of {}, data-parallel and single-device", step + 1, cfg.steps), done);
+        phases.start(
+            format!(
+                "DRIFT: SGD step {} of {}, data-parallel and single-device",
+                step + 1,
+                cfg.steps
+            ),
+            done,
+        );
         if step > 0 {
             let batch = gate_batch(cfg, step)?;
             let out = dp.forward_backward(&batch, step_cfg, sync).await?;
-            let pattern = ActivationPattern::concat(&out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>());
-            single.step(&batch, step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false }).await?;
+            let pattern = ActivationPattern::concat(
+                &out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
+            );
+            single
+                .step(
+                    &batch,
+                    step_cfg,
+                    StepOptions { impose: Some(&pattern), capture_pattern: false },
+                )
+                .await?;
         }
         dp.sgd_update(step_cfg).await?;
         single.replica.sgd_update(step_cfg).await.map_err(|e| single.named(e))?;
@@ -449,7 +613,11 @@ async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, singl
             (n > 0).then(|| format!("replica {r} differs from replica 0 in {n} parameters"))
         })
         .collect();
-    let note = if differing.is_empty() { "replicas bitwise equal".to_string() } else { differing.join("; ") };
+    let note = if differing.is_empty() {
+        "replicas bitwise equal".to_string()
+    } else {
+        differing.join("; ")
+    };
     let note = if drift == 0.0 { format!("bitwise 0; {note}") } else { note };
     let mut r = row("DRIFT", drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
     r.pass &= differing.is_empty();
@@ -458,11 +626,24 @@ async fn drift(cfg: &CheckConfig, model: &ResNet34, dp: &mut DataParallel, singl
 
 /// TIE: the single device at R·N (on the DP run's pattern) against the f64 reference on the
 /// same pattern; flips are those of a free f64 run.
-fn tie(model: &ResNet34, params: &[f32], running: &[f32], batch: &Batch, out: &StepOutput, grads: &[f32], pattern: &ActivationPattern) -> Vec<GateRow> {
+fn tie(
+    model: &ResNet34,
+    params: &[f32],
+    running: &[f32],
+    batch: &Batch,
+    out: &StepOutput,
+    grads: &[f32],
+    pattern: &ActivationPattern,
+) -> Vec<GateRow> {
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
     let cfg = StepConfig::default();
-    let ref_cfg = reference::StepConfig { label_smoothing: cfg.label_smoothing as f64, divisor: batch.len() as f64, bn_momentum: cfg.bn_momentum as f64, bn_eps: BN_EPS as f64 };
+    let ref_cfg = reference::StepConfig {
+        label_smoothing: cfg.label_smoothing as f64,
+        divisor: batch.len() as f64,
+        bn_momentum: cfg.bn_momentum as f64,
+        bn_eps: BN_EPS as f64,
+    };
     let want = reference::training_step(model, &p64, &r64, batch, &ref_cfg, Some(pattern));
     let free = reference::training_step(model, &p64, &r64, batch, &ref_cfg, None);
     let flips = pattern.flips(&free.pattern);
@@ -507,7 +688,10 @@ impl CheckReport {
         if let Some(s) = c.sabotage {
             out += &format!("  SABOTAGED on purpose: {s:?}\n");
         }
-        out += &format!("\n{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n", "gate", "measured", "bound", "worst tensor", "flips", "result", "note");
+        out += &format!(
+            "\n{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
+            "gate", "measured", "bound", "worst tensor", "flips", "result", "note"
+        );
         for r in &self.rows {
             let bound = match r.bound {
                 Bound::AtMost(b) => format!("≤ {b:.0e}"),
@@ -515,7 +699,16 @@ impl CheckReport {
             };
             let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
             let result = if r.pass { "PASS" } else { "FAIL" };
-            out += &format!("{:<13} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n", r.gate, r.measured, bound, r.worst.as_deref().unwrap_or("-"), flips, result, r.note);
+            out += &format!(
+                "{:<13} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n",
+                r.gate,
+                r.measured,
+                bound,
+                r.worst.as_deref().unwrap_or("-"),
+                flips,
+                result,
+                r.note
+            );
         }
         out
     }
@@ -537,7 +730,10 @@ impl CheckReport {
             None => check.raw("sabotage", "null"),
         };
         let tensors = self.tensors.iter().map(|t| {
-            let tensor = json::Object::new().str("name", &t.name).num("test", t.test).num("control", t.control);
+            let tensor = json::Object::new()
+                .str("name", &t.name)
+                .num("test", t.test)
+                .num("control", t.control);
             match t.portable {
                 Some(p) => tensor.num("portable", p),
                 None => tensor.raw("portable", "null"),
@@ -545,9 +741,15 @@ impl CheckReport {
             .finish()
         });
         check
-            .raw("replica_adapters", &json::array(self.replica_adapters.iter().map(|a| json::string(a))))
+            .raw(
+                "replica_adapters",
+                &json::array(self.replica_adapters.iter().map(|a| json::string(a))),
+            )
             .str("single_adapter", &self.single_adapter)
-            .raw("portable_against", &self.portable_against.as_deref().map_or("null".into(), json::string))
+            .raw(
+                "portable_against",
+                &self.portable_against.as_deref().map_or("null".into(), json::string),
+            )
             .bool("pass", self.passed())
             .raw("gates", &json::array(gates))
             .raw("tensors", &json::array(tensors))
@@ -586,7 +788,16 @@ mod tests {
     #[test]
     fn the_report_renders_as_a_table_and_as_json() {
         let model = ResNet34::new(10).unwrap();
-        let tensors = model.params.iter().map(|p| TensorErrors { name: p.name.clone(), test: 0.0, control: 0.5, portable: Some(2e-7) }).collect();
+        let tensors = model
+            .params
+            .iter()
+            .map(|p| TensorErrors {
+                name: p.name.clone(),
+                test: 0.0,
+                control: 0.5,
+                portable: Some(2e-7),
+            })
+            .collect();
         let zeros = vec![0.0; model.param_len];
         let report = CheckReport {
             config: CheckConfig::default(),
@@ -594,19 +805,49 @@ mod tests {
             single_adapter: "a".into(),
             portable_against: Some("lavapipe".into()),
             tensors,
-            golden: Golden::of_step(&CheckConfig::default(), &model, "a", 2.5, &zeros, &ActivationPattern::default()),
+            golden: Golden::of_step(
+                &CheckConfig::default(),
+                &model,
+                "a",
+                2.5,
+                &zeros,
+                &ActivationPattern::default(),
+            ),
             rows: vec![
-                row("TEST", 0.0, Bound::AtMost(1e-5), Some("fc.bias".into()), Some(0), "bitwise 0".into()),
+                row(
+                    "TEST",
+                    0.0,
+                    Bound::AtMost(1e-5),
+                    Some("fc.bias".into()),
+                    Some(0),
+                    "bitwise 0".into(),
+                ),
                 row("CONTROL", 1e-13, Bound::AtLeast(1e-10), None, None, String::new()),
                 row("DRIFT", f64::INFINITY, Bound::AtMost(1e-5), None, None, String::new()),
             ],
         };
         assert!(!report.passed());
         let table = report.table();
-        assert!(table.contains("TEST") && table.contains("PASS") && table.contains("FAIL") && table.contains("replica 1: b") && table.contains("made on: lavapipe"), "{table}");
+        assert!(
+            table.contains("TEST")
+                && table.contains("PASS")
+                && table.contains("FAIL")
+                && table.contains("replica 1: b")
+                && table.contains("made on: lavapipe"),
+            "{table}"
+        );
         let json = report.to_json();
-        assert!(json.contains(r#""a \"quoted\" adapter""#) && json.contains(r#""measured":null"#) && json.contains(r#""measured":0,"#), "{json}");
-        assert!(json.contains(r#""pass":false,"gates""#) && json.contains(r#""worst_tensor":"fc.bias""#), "{json}");
+        assert!(
+            json.contains(r#""a \"quoted\" adapter""#)
+                && json.contains(r#""measured":null"#)
+                && json.contains(r#""measured":0,"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""pass":false,"gates""#)
+                && json.contains(r#""worst_tensor":"fc.bias""#),
+            "{json}"
+        );
         let parsed = json::parse(&json).unwrap();
         let tensors = parsed.get("tensors").and_then(json::Value::as_array).unwrap();
         assert_eq!(tensors.len(), 110);

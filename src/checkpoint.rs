@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::model::ResNet34;
-use crate::tensorfile::{TensorFile, TensorFileError};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensorfile::{write_f32, Entry};
+use crate::tensorfile::{TensorFile, TensorFileError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -18,14 +18,19 @@ pub enum CheckpointError {
     File(#[from] TensorFileError),
     #[error("{path}: tensor `{name}` holds a non-finite value at element {index}")]
     NonFinite { path: String, name: String, index: usize },
-    #[error("{path}: metadata `{key}` is missing or not a number; this is not a syncstep checkpoint")]
+    #[error(
+        "{path}: metadata `{key}` is missing or not a number; this is not a syncstep checkpoint"
+    )]
     Metadata { path: String, key: String },
 }
 
 /// Flat parameters and running statistics from a file of torchvision names (f32 or f64).
 /// Every parameter must be present with its exact shape; running statistics are optional and
 /// default to mean 0, variance 1. Other keys are ignored.
-pub fn load_weights(file: &TensorFile, model: &ResNet34) -> Result<(Vec<f32>, Vec<f32>), CheckpointError> {
+pub fn load_weights(
+    file: &TensorFile,
+    model: &ResNet34,
+) -> Result<(Vec<f32>, Vec<f32>), CheckpointError> {
     let mut params = vec![0.0f32; model.param_len];
     for spec in &model.params {
         let t = file.require(&spec.name, &spec.shape)?;
@@ -40,10 +45,19 @@ pub fn load_weights(file: &TensorFile, model: &ResNet34) -> Result<(Vec<f32>, Ve
     Ok((params, running))
 }
 
-fn copy_finite(file: &TensorFile, name: &str, src: &[f64], dst: &mut [f32]) -> Result<(), CheckpointError> {
+fn copy_finite(
+    file: &TensorFile,
+    name: &str,
+    src: &[f64],
+    dst: &mut [f32],
+) -> Result<(), CheckpointError> {
     for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
         if !s.is_finite() {
-            return Err(CheckpointError::NonFinite { path: file.path.display().to_string(), name: name.into(), index: i });
+            return Err(CheckpointError::NonFinite {
+                path: file.path.display().to_string(),
+                name: name.into(),
+                index: i,
+            });
         }
         *d = s as f32;
     }
@@ -64,8 +78,15 @@ pub struct Checkpoint {
 
 /// The named tensors of `flat` in the layout `specs` describes.
 #[cfg(not(target_arch = "wasm32"))]
-fn entries<'a>(prefix: &str, specs: &[crate::model::TensorSpec], flat: &'a [f32]) -> Vec<Entry<'a>> {
-    specs.iter().map(|s| (format!("{prefix}{}", s.name), s.shape.clone(), &flat[s.range()])).collect()
+fn entries<'a>(
+    prefix: &str,
+    specs: &[crate::model::TensorSpec],
+    flat: &'a [f32],
+) -> Vec<Entry<'a>> {
+    specs
+        .iter()
+        .map(|s| (format!("{prefix}{}", s.name), s.shape.clone(), &flat[s.range()]))
+        .collect()
 }
 
 /// Writes a checkpoint atomically: an interrupted or failed save leaves the old file intact.
@@ -92,11 +113,9 @@ pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError
         let t = file.require(&name, &spec.shape)?;
         copy_finite(&file, &name, &t.values, &mut velocity[spec.range()])?;
     }
-    let step = file
-        .metadata
-        .get("step")
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| CheckpointError::Metadata { path: path.display().to_string(), key: "step".into() })?;
+    let step = file.metadata.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| {
+        CheckpointError::Metadata { path: path.display().to_string(), key: "step".into() }
+    })?;
     let mut settings = file.metadata.clone();
     settings.remove("step");
     settings.remove("format");
@@ -114,7 +133,13 @@ mod tests {
         let mut running = model.init_buffers();
         running[3] = 0.25;
         let velocity: Vec<f32> = params.iter().map(|p| p * 0.5).collect();
-        let ck = Checkpoint { params, running, velocity, step: 42, settings: BTreeMap::from([("seed".into(), "7".into())]) };
+        let ck = Checkpoint {
+            params,
+            running,
+            velocity,
+            step: 42,
+            settings: BTreeMap::from([("seed".into(), "7".into())]),
+        };
         let dir = std::env::temp_dir().join(format!("syncstep-ck-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ck.safetensors");

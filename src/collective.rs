@@ -65,7 +65,11 @@ pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()>
     let (_, first) = parts.first().ok_or(CollectiveError::NoReplicas)?;
     for (replica, (_, s)) in parts.iter().enumerate() {
         if s.len != first.len {
-            return Err(CollectiveError::RangeMismatch { replica, got: s.len, expected: first.len });
+            return Err(CollectiveError::RangeMismatch {
+                replica,
+                got: s.len,
+                expected: first.len,
+            });
         }
         if s.offset % 4 != 0 {
             return Err(CollectiveError::Unaligned { replica, offset: s.offset });
@@ -113,7 +117,8 @@ pub fn reduce_chunks(parts: &[&[f32]], op: ReduceOp, mut out: impl FnMut(usize, 
     let levels = (usize::BITS - replicas.leading_zeros()) as usize;
     let mut blocks = vec![vec![0.0f32; CHUNK]; levels];
     let mut sum = vec![0.0f32; CHUNK];
-    let add = |acc: &mut [f32], left: &[f32]| acc.iter_mut().zip(left).for_each(|(v, left)| *v += left);
+    let add =
+        |acc: &mut [f32], left: &[f32]| acc.iter_mut().zip(left).for_each(|(v, left)| *v += left);
     for start in (0..len).step_by(CHUNK) {
         let n = CHUNK.min(len - start);
         for (r, part) in parts.iter().enumerate() {
@@ -170,10 +175,25 @@ impl BucketStaging {
     fn buffers(&self, gpu: &Gpu, (offset, bytes): Range) -> (wgpu::Buffer, wgpu::Buffer) {
         let mut buckets = self.buckets.borrow_mut();
         let b = buckets.entry((offset, bytes)).or_insert_with(|| {
-            let staging = |label, usage, mapped_at_creation| gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation });
+            let staging = |label, usage, mapped_at_creation| {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: bytes,
+                    usage,
+                    mapped_at_creation,
+                })
+            };
             Bucket {
-                read: staging("bucket.read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, false),
-                write: staging("bucket.write", wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC, true),
+                read: staging(
+                    "bucket.read",
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    false,
+                ),
+                write: staging(
+                    "bucket.write",
+                    wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    true,
+                ),
                 write_mapped: true,
                 write_used: None,
             }
@@ -201,17 +221,34 @@ pub type BucketRounds = Rendezvous<MappedBucket, Result<()>>;
 /// the same bytes), with [`reduce_chunks`], in place: no buffer in between.
 pub fn bucket_rounds(replicas: usize, op: ReduceOp) -> BucketRounds {
     Rendezvous::new(replicas, move |parts: Vec<MappedBucket>| {
-        let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu { replica, source: GpuError::Readback(e.to_string()) };
+        let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu {
+            replica,
+            source: GpuError::Readback(e.to_string()),
+        };
         let expected = parts.first().map_or(0, |p| p.read.size() / 4);
-        if let Some((replica, p)) = parts.iter().enumerate().find(|(_, p)| p.read.size() / 4 != expected) {
-            return Err(CollectiveError::RangeMismatch { replica, got: p.read.size() / 4, expected });
+        if let Some((replica, p)) =
+            parts.iter().enumerate().find(|(_, p)| p.read.size() / 4 != expected)
+        {
+            return Err(CollectiveError::RangeMismatch {
+                replica,
+                got: p.read.size() / 4,
+                expected,
+            });
         }
-        let views = parts.iter().map(|p| p.read.get_mapped_range(..).map_err(|e| gpu_error(p.replica, e))).collect::<Result<Vec<_>>>()?;
-        let mut outs = parts.iter().map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e))).collect::<Result<Vec<_>>>()?;
+        let views = parts
+            .iter()
+            .map(|p| p.read.get_mapped_range(..).map_err(|e| gpu_error(p.replica, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut outs = parts
+            .iter()
+            .map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e)))
+            .collect::<Result<Vec<_>>>()?;
         let inputs: Vec<&[f32]> = views.iter().map(|v| bytemuck::cast_slice(v)).collect();
         reduce_chunks(&inputs, op, |start, chunk| {
             let bytes: &[u8] = bytemuck::cast_slice(chunk);
-            outs.iter_mut().for_each(|out| out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes));
+            outs.iter_mut().for_each(|out| {
+                out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes)
+            });
         });
         Ok(())
     })
@@ -252,7 +289,16 @@ pub struct BucketAllReduce<'a> {
 
 impl<'a> BucketAllReduce<'a> {
     pub fn new(replica: usize, staging: &'a BucketStaging, rounds: &'a BucketRounds) -> Self {
-        BucketAllReduce { replica, staging, rounds, from: Cell::new(None), filled: RefCell::default(), submissions: Cell::new(0), reduced: RefCell::default(), copying: RefCell::default() }
+        BucketAllReduce {
+            replica,
+            staging,
+            rounds,
+            from: Cell::new(None),
+            filled: RefCell::default(),
+            submissions: Cell::new(0),
+            reduced: RefCell::default(),
+            copying: RefCell::default(),
+        }
     }
 
     /// Records into `enc` the copies back of the buckets reduced so far, and the copy into
@@ -266,7 +312,11 @@ impl<'a> BucketAllReduce<'a> {
         }
         let end = self.from.get().unwrap_or(done.offset + done.bytes());
         if done.offset > end {
-            return Err(CollectiveError::Shrunk { replica: self.replica, offset: done.offset, before: end });
+            return Err(CollectiveError::Shrunk {
+                replica: self.replica,
+                offset: done.offset,
+                before: end,
+            });
         }
         if !done.offset.is_multiple_of(4) {
             return Err(CollectiveError::Unaligned { replica: self.replica, offset: done.offset });
@@ -296,7 +346,8 @@ impl<'a> BucketAllReduce<'a> {
     pub async fn reduce(&self, gpu: &Gpu, which: Filled) -> Result<()> {
         let submitted = self.submissions.get();
         let before = if which == Filled::All { submitted } else { submitted.saturating_sub(1) };
-        let take = self.filled.borrow().iter().take_while(|(_, number, _)| *number < before).count();
+        let take =
+            self.filled.borrow().iter().take_while(|(_, number, _)| *number < before).count();
         let ready: Vec<_> = self.filled.borrow_mut().drain(..take).collect();
         for (range, _, at) in ready {
             self.reduce_bucket(gpu, range, at).await?;
@@ -305,7 +356,12 @@ impl<'a> BucketAllReduce<'a> {
         Ok(())
     }
 
-    async fn reduce_bucket(&self, gpu: &Gpu, range: Range, filled_at: Option<wgpu::SubmissionIndex>) -> Result<()> {
+    async fn reduce_bucket(
+        &self,
+        gpu: &Gpu,
+        range: Range,
+        filled_at: Option<wgpu::SubmissionIndex>,
+    ) -> Result<()> {
         let gpu_error = |source| CollectiveError::Gpu { replica: self.replica, source };
         let (read, write) = self.staging.buffers(gpu, range);
         gpu.map(&read, wgpu::MapMode::Read, filled_at).await.map_err(gpu_error)?;
@@ -316,7 +372,13 @@ impl<'a> BucketAllReduce<'a> {
             }
             mapped.map_err(gpu_error)?;
         }
-        let merged = self.rounds.exchange(self.replica, MappedBucket { replica: self.replica, read: read.clone(), write: write.clone() }).await;
+        let merged = self
+            .rounds
+            .exchange(
+                self.replica,
+                MappedBucket { replica: self.replica, read: read.clone(), write: write.clone() },
+            )
+            .await;
         // Unmapped whatever happened, so that the next step can use the staging again.
         read.unmap();
         write.unmap();
@@ -335,7 +397,10 @@ impl<'a> BucketAllReduce<'a> {
     async fn submit_record(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
         let mut enc = gpu.encoder();
         self.record(gpu, &mut enc, whole)?;
-        let index = gpu.submit(enc).await.map_err(|source| CollectiveError::Gpu { replica: self.replica, source })?;
+        let index = gpu
+            .submit(enc)
+            .await
+            .map_err(|source| CollectiveError::Gpu { replica: self.replica, source })?;
         self.submitted(index);
         Ok(())
     }
@@ -375,7 +440,11 @@ impl<T, M> Rendezvous<T, M> {
         Rendezvous {
             replicas,
             merge: Box::new(merge),
-            state: RefCell::new(State { next_round: vec![0; replicas], rounds: BTreeMap::new(), aborted: None }),
+            state: RefCell::new(State {
+                next_round: vec![0; replicas],
+                rounds: BTreeMap::new(),
+                aborted: None,
+            }),
         }
     }
 
@@ -387,9 +456,15 @@ impl<T, M> Rendezvous<T, M> {
         futures::future::poll_fn(|cx| {
             let mut state = self.state.borrow_mut();
             if let Some((replica, message)) = &state.aborted {
-                return Poll::Ready(Err(CollectiveError::Aborted { replica: *replica, message: message.clone() }));
+                return Poll::Ready(Err(CollectiveError::Aborted {
+                    replica: *replica,
+                    message: message.clone(),
+                }));
             }
-            let r = state.rounds.get_mut(&round).expect("a round stays until every replica has taken its value");
+            let r = state
+                .rounds
+                .get_mut(&round)
+                .expect("a round stays until every replica has taken its value");
             match r.merged.clone() {
                 Some(merged) => {
                     r.taken += 1;
@@ -416,7 +491,10 @@ impl<T, M> Rendezvous<T, M> {
         let (round, wake) = {
             let mut state = self.state.borrow_mut();
             if let Some((replica, message)) = &state.aborted {
-                return Err(CollectiveError::Aborted { replica: *replica, message: message.clone() });
+                return Err(CollectiveError::Aborted {
+                    replica: *replica,
+                    message: message.clone(),
+                });
             }
             let round = state.next_round[replica];
             state.next_round[replica] += 1;
@@ -429,7 +507,8 @@ impl<T, M> Rendezvous<T, M> {
             });
             r.deposits[replica] = Some(local);
             if r.deposits.iter().all(Option::is_some) {
-                let parts = r.deposits.iter_mut().map(|d| d.take().expect("all deposited")).collect();
+                let parts =
+                    r.deposits.iter_mut().map(|d| d.take().expect("all deposited")).collect();
                 r.merged = Some(Rc::new((self.merge)(parts)));
                 (round, r.waiting.iter_mut().filter_map(Option::take).collect())
             } else {
@@ -448,7 +527,11 @@ impl<T, M> Rendezvous<T, M> {
             if state.aborted.is_none() {
                 state.aborted = Some((replica, message.into()));
             }
-            state.rounds.values_mut().flat_map(|r| r.waiting.iter_mut().filter_map(Option::take)).collect()
+            state
+                .rounds
+                .values_mut()
+                .flat_map(|r| r.waiting.iter_mut().filter_map(Option::take))
+                .collect()
         };
         wake.into_iter().for_each(Waker::wake);
     }
@@ -521,7 +604,10 @@ mod tests {
         let failing = async {
             yield_now().await;
             rv.abort(2, "GPU device lost");
-            Err::<(), _>(CollectiveError::Gpu { replica: 2, source: GpuError::DeviceLost("test".into()) })
+            Err::<(), _>(CollectiveError::Gpu {
+                replica: 2,
+                source: GpuError::DeviceLost("test".into()),
+            })
         };
         let (a, b, c) = pollster::block_on(futures::future::join3(waiting(0), waiting(1), failing));
         for e in [a.unwrap_err(), b.unwrap_err()] {
@@ -535,18 +621,33 @@ mod tests {
 
     #[test]
     fn reduce_adds_pairwise_so_shard_sums_rebuild_the_whole_sum() {
-        let terms: Vec<f32> = (0..16).map(|i| 1.0 / (i as f32 + 0.37) - 0.5 * (i % 3) as f32).collect();
+        let terms: Vec<f32> =
+            (0..16).map(|i| 1.0 / (i as f32 + 0.37) - 0.5 * (i % 3) as f32).collect();
         let scalars = |t: &[f32]| t.iter().map(|&v| vec![v]).collect::<Vec<_>>();
         let whole = reduce(scalars(&terms), ReduceOp::Sum)[0];
-        assert_eq!(whole, (((terms[0] + terms[1]) + (terms[2] + terms[3])) + ((terms[4] + terms[5]) + (terms[6] + terms[7])))
-            + (((terms[8] + terms[9]) + (terms[10] + terms[11])) + ((terms[12] + terms[13]) + (terms[14] + terms[15]))));
+        assert_eq!(
+            whole,
+            (((terms[0] + terms[1]) + (terms[2] + terms[3]))
+                + ((terms[4] + terms[5]) + (terms[6] + terms[7])))
+                + (((terms[8] + terms[9]) + (terms[10] + terms[11]))
+                    + ((terms[12] + terms[13]) + (terms[14] + terms[15])))
+        );
         for shards in [2, 4, 8] {
-            let sums: Vec<f32> = terms.chunks(16 / shards).map(|c| reduce(scalars(c), ReduceOp::Sum)[0]).collect();
-            assert_eq!(reduce(scalars(&sums), ReduceOp::Sum)[0].to_bits(), whole.to_bits(), "{shards} shards");
+            let sums: Vec<f32> =
+                terms.chunks(16 / shards).map(|c| reduce(scalars(c), ReduceOp::Sum)[0]).collect();
+            assert_eq!(
+                reduce(scalars(&sums), ReduceOp::Sum)[0].to_bits(),
+                whole.to_bits(),
+                "{shards} shards"
+            );
         }
         // Three parts: (a + b) + c; the mean divides once.
-        let three = [vec![1.0f32, 0.1], vec![f32::EPSILON / 2.0, 0.2], vec![f32::EPSILON / 2.0, 0.3]];
-        assert_eq!(reduce(three.to_vec(), ReduceOp::Sum), vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]);
+        let three =
+            [vec![1.0f32, 0.1], vec![f32::EPSILON / 2.0, 0.2], vec![f32::EPSILON / 2.0, 0.3]];
+        assert_eq!(
+            reduce(three.to_vec(), ReduceOp::Sum),
+            vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]
+        );
         assert_eq!(reduce(three.to_vec(), ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
         assert_eq!(reduce(vec![vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
     }
@@ -556,19 +657,33 @@ mod tests {
         // Longer than a few chunks, and R = 5 and 6 leave several blocks open at the end.
         let len = 2 * CHUNK + 7;
         for replicas in [5, 6] {
-            let parts: Vec<Vec<f32>> = (0..replicas).map(|r| (0..len).map(|i| ((i * 7 + r * 13) % 101) as f32 / (r as f32 + 0.3) - 40.0).collect()).collect();
+            let parts: Vec<Vec<f32>> = (0..replicas)
+                .map(|r| {
+                    (0..len)
+                        .map(|i| ((i * 7 + r * 13) % 101) as f32 / (r as f32 + 0.3) - 40.0)
+                        .collect()
+                })
+                .collect();
             for op in [ReduceOp::Sum, ReduceOp::Mean] {
                 let got = reduce(parts.clone(), op);
                 assert_eq!(got.len(), len);
                 for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 6] {
                     let alone = reduce(parts.iter().map(|p| vec![p[i]]).collect(), op)[0];
-                    assert_eq!(got[i].to_bits(), alone.to_bits(), "{replicas} parts, {op:?}, element {i}");
+                    assert_eq!(
+                        got[i].to_bits(),
+                        alone.to_bits(),
+                        "{replicas} parts, {op:?}, element {i}"
+                    );
                 }
                 let mut starts = Vec::new();
-                reduce_chunks(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>(), op, |start, chunk| {
-                    assert_eq!(chunk, &got[start..start + chunk.len()]);
-                    starts.push(start);
-                });
+                reduce_chunks(
+                    &parts.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+                    op,
+                    |start, chunk| {
+                        assert_eq!(chunk, &got[start..start + chunk.len()]);
+                        starts.push(start);
+                    },
+                );
                 assert_eq!(starts, [0, CHUNK, 2 * CHUNK]);
             }
         }

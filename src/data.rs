@@ -30,8 +30,18 @@ pub struct Batch {
 
 /// The embedded dataset's ten patterns; class k draws pattern k mod 10 (and for k ≥ 10 a
 /// different colour family), so any number of classes works.
-pub const PATTERNS: [&str; 10] =
-    ["disc", "square", "horizontal stripes", "vertical stripes", "checkerboard", "ring", "cross", "diagonal stripes", "left-right gradient", "two dots"];
+pub const PATTERNS: [&str; 10] = [
+    "disc",
+    "square",
+    "horizontal stripes",
+    "vertical stripes",
+    "checkerboard",
+    "ring",
+    "cross",
+    "diagonal stripes",
+    "left-right gradient",
+    "two dots",
+];
 
 impl Batch {
     pub fn len(&self) -> usize {
@@ -48,9 +58,16 @@ impl Batch {
     pub fn validate(&self, classes: u32) -> Result<(), DataError> {
         let expected = self.len() * self.image_len();
         if self.images.len() != expected {
-            return Err(DataError::Shape { got: self.images.len(), m: self.len(), h: self.h, w: self.w, expected });
+            return Err(DataError::Shape {
+                got: self.images.len(),
+                m: self.len(),
+                h: self.h,
+                w: self.w,
+                expected,
+            });
         }
-        if let Some((index, &value)) = self.images.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        if let Some((index, &value)) = self.images.iter().enumerate().find(|(_, v)| !v.is_finite())
+        {
             return Err(DataError::NonFinite { index, example: index / self.image_len(), value });
         }
         if let Some((index, &label)) = self.labels.iter().enumerate().find(|(_, &l)| l >= classes) {
@@ -120,13 +137,15 @@ pub fn synthetic_image(seed: u64, index: u64, h: u32, w: u32, classes: u32) -> (
     let pattern = label % 10;
     let family = (label / 10) as f32;
     let hue = |rng: &mut ChaCha8Rng| -> [f32; 3] {
-        let base: [f32; 3] = [rng.random_range(0.2..1.0), rng.random_range(0.2..1.0), rng.random_range(0.2..1.0)];
+        let base: [f32; 3] =
+            [rng.random_range(0.2..1.0), rng.random_range(0.2..1.0), rng.random_range(0.2..1.0)];
         // Classes beyond ten differ by a colour family: channel weights rotate.
         let r = family as usize % 3;
         [base[r % 3], base[(r + 1) % 3], base[(r + 2) % 3]]
     };
     let fg = hue(&mut rng);
-    let bg: [f32; 3] = [rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0)];
+    let bg: [f32; 3] =
+        [rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0), rng.random_range(-0.8..0.0)];
     let size = h.min(w) as f32;
     let radius = size * rng.random_range(0.22..0.38);
     let cy = h as f32 * rng.random_range(0.35..0.65);
@@ -187,7 +206,8 @@ mod tests {
             assert!(b.labels.contains(&k), "class {k} missing");
         }
         let mean = b.images.iter().map(|&v| v as f64).sum::<f64>() / b.images.len() as f64;
-        let var = b.images.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / b.images.len() as f64;
+        let var = b.images.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()
+            / b.images.len() as f64;
         assert!(mean.abs() < 0.6 && (0.2..3.0).contains(&var), "mean {mean} var {var}");
     }
 

@@ -77,7 +77,14 @@ fn settings_text(replicas: usize, batch: usize, size: u32, classes: u32, seed: u
 impl Golden {
     /// The summary of a step of `model` at `cfg`'s global batch: its loss, its flat gradient
     /// and the pattern it ran on.
-    pub fn of_step(cfg: &CheckConfig, model: &ResNet34, adapter: &str, loss: f32, grads: &[f32], pattern: &ActivationPattern) -> Golden {
+    pub fn of_step(
+        cfg: &CheckConfig,
+        model: &ResNet34,
+        adapter: &str,
+        loss: f32,
+        grads: &[f32],
+        pattern: &ActivationPattern,
+    ) -> Golden {
         let tensors = model
             .params
             .iter()
@@ -106,14 +113,22 @@ impl Golden {
 
     /// An error unless this golden was made at `cfg`'s settings for `model`'s tensors.
     pub fn check_fits(&self, cfg: &CheckConfig, model: &ResNet34) -> Result<()> {
-        let golden = settings_text(self.replicas, self.batch, self.image_size, self.classes, self.seed);
+        let golden =
+            settings_text(self.replicas, self.batch, self.image_size, self.classes, self.seed);
         let run = settings_text(cfg.replicas, cfg.batch, cfg.image_size, cfg.classes, cfg.seed);
         if golden != run {
             return Err(GoldenError::Settings { golden, run });
         }
         let names = |t: &GoldenTensor| (t.name.clone(), t.len);
-        if !self.tensors.iter().map(names).eq(model.params.iter().map(|p| (p.name.clone(), p.len()))) {
-            return Err(GoldenError::Format("its tensors are not this model's (names or sizes differ)".into()));
+        if !self
+            .tensors
+            .iter()
+            .map(names)
+            .eq(model.params.iter().map(|p| (p.name.clone(), p.len())))
+        {
+            return Err(GoldenError::Format(
+                "its tensors are not this model's (names or sizes differ)".into(),
+            ));
         }
         Ok(())
     }
@@ -130,8 +145,13 @@ impl Golden {
                 let g = &grads[spec.range()];
                 let sample: Vec<f32> = sample_indices(g.len()).map(|i| g[i]).collect();
                 let norm = l2(g);
-                let norm_err = if want.norm == 0.0 { norm } else { (norm - want.norm).abs() / want.norm };
-                norm_rel(&sample, &want.sample).max(if norm_err.is_nan() { f64::INFINITY } else { norm_err })
+                let norm_err =
+                    if want.norm == 0.0 { norm } else { (norm - want.norm).abs() / want.norm };
+                norm_rel(&sample, &want.sample).max(if norm_err.is_nan() {
+                    f64::INFINITY
+                } else {
+                    norm_err
+                })
             })
             .collect()
     }
@@ -145,9 +165,18 @@ impl Golden {
                 .raw("sample", &json::array(t.sample.iter().map(|&v| json::number(v as f64))))
                 .finish()
         });
-        let relu = self.pattern.relu.iter().map(|mask| json::Object::new().int("units", mask.len() as u64).str("bits", &base64_encode(&pack_bits(mask))).finish());
-        let argmax: Vec<u8> = self.pattern.pool_argmax.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let pool = json::Object::new().int("units", self.pattern.pool_argmax.len() as u64).str("u32le", &base64_encode(&argmax)).finish();
+        let relu = self.pattern.relu.iter().map(|mask| {
+            json::Object::new()
+                .int("units", mask.len() as u64)
+                .str("bits", &base64_encode(&pack_bits(mask)))
+                .finish()
+        });
+        let argmax: Vec<u8> =
+            self.pattern.pool_argmax.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let pool = json::Object::new()
+            .int("units", self.pattern.pool_argmax.len() as u64)
+            .str("u32le", &base64_encode(&argmax))
+            .finish();
         json::Object::new()
             .str("golden", "syncstep single-device step at the global batch")
             .int("format", FORMAT)
@@ -160,7 +189,13 @@ impl Golden {
             .num("loss", self.loss as f64)
             .int("samples_per_tensor", SAMPLES_PER_TENSOR as u64)
             .raw("tensors", &json::array(tensors))
-            .raw("pattern", &json::Object::new().raw("relu", &json::array(relu)).raw("pool_argmax", &pool).finish())
+            .raw(
+                "pattern",
+                &json::Object::new()
+                    .raw("relu", &json::array(relu))
+                    .raw("pool_argmax", &pool)
+                    .finish(),
+            )
             .finish()
     }
 
@@ -168,9 +203,13 @@ impl Golden {
         let doc = json::parse(text)?;
         let format = uint(&doc, "format")?;
         if format != FORMAT {
-            return Err(GoldenError::Format(format!("format {format}, this build reads format {FORMAT}")));
+            return Err(GoldenError::Format(format!(
+                "format {format}, this build reads format {FORMAT}"
+            )));
         }
-        let small = |key: &str| -> Result<u32> { u32::try_from(uint(&doc, key)?).map_err(|_| bad(key, "too large")) };
+        let small = |key: &str| -> Result<u32> {
+            u32::try_from(uint(&doc, key)?).map_err(|_| bad(key, "too large"))
+        };
         let tensors = field(&doc, "tensors")?
             .as_array()
             .ok_or_else(|| bad("tensors", "not an array"))?
@@ -178,11 +217,20 @@ impl Golden {
             .map(|t| {
                 let name = string(t, "name")?.to_string();
                 let len = uint(t, "len")? as usize;
-                let sample = numbers(field(t, "sample")?).map_err(|e| bad(&format!("{name}.sample"), &e))?;
+                let sample =
+                    numbers(field(t, "sample")?).map_err(|e| bad(&format!("{name}.sample"), &e))?;
                 if sample.len() != len.min(SAMPLES_PER_TENSOR) {
-                    return Err(bad(&format!("{name}.sample"), &format!("{} values for a tensor of {len}", sample.len())));
+                    return Err(bad(
+                        &format!("{name}.sample"),
+                        &format!("{} values for a tensor of {len}", sample.len()),
+                    ));
                 }
-                Ok(GoldenTensor { norm: float(t, "norm")?, sample: sample.iter().map(|&v| v as f32).collect(), name, len })
+                Ok(GoldenTensor {
+                    norm: float(t, "norm")?,
+                    sample: sample.iter().map(|&v| v as f32).collect(),
+                    name,
+                    len,
+                })
             })
             .collect::<Result<_>>()?;
         let pattern = field(&doc, "pattern")?;
@@ -193,20 +241,29 @@ impl Golden {
             .enumerate()
             .map(|(site, m)| {
                 let units = uint(m, "units")? as usize;
-                let bytes = base64_decode(string(m, "bits")?).map_err(|e| bad(&format!("pattern.relu[{site}]"), &e))?;
+                let bytes = base64_decode(string(m, "bits")?)
+                    .map_err(|e| bad(&format!("pattern.relu[{site}]"), &e))?;
                 if bytes.len() != units.div_ceil(8) {
-                    return Err(bad(&format!("pattern.relu[{site}]"), &format!("{} bytes for {units} units", bytes.len())));
+                    return Err(bad(
+                        &format!("pattern.relu[{site}]"),
+                        &format!("{} bytes for {units} units", bytes.len()),
+                    ));
                 }
                 Ok((0..units).map(|i| (bytes[i / 8] >> (i % 8)) & 1).collect())
             })
             .collect::<Result<_>>()?;
         let pool = field(pattern, "pool_argmax")?;
         let units = uint(pool, "units")? as usize;
-        let bytes = base64_decode(string(pool, "u32le")?).map_err(|e| bad("pattern.pool_argmax", &e))?;
+        let bytes =
+            base64_decode(string(pool, "u32le")?).map_err(|e| bad("pattern.pool_argmax", &e))?;
         if bytes.len() != 4 * units {
-            return Err(bad("pattern.pool_argmax", &format!("{} bytes for {units} u32s", bytes.len())));
+            return Err(bad(
+                "pattern.pool_argmax",
+                &format!("{} bytes for {units} u32s", bytes.len()),
+            ));
         }
-        let pool_argmax = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let pool_argmax =
+            bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         Ok(Golden {
             replicas: uint(&doc, "replicas")? as usize,
             batch: uint(&doc, "batch_per_replica")? as usize,
@@ -258,7 +315,9 @@ fn numbers(v: &Value) -> std::result::Result<Vec<f64>, String> {
 
 /// A 0/1 mask, 8 units a byte, least significant bit first.
 fn pack_bits(mask: &[u8]) -> Vec<u8> {
-    mask.chunks(8).map(|c| c.iter().enumerate().fold(0u8, |byte, (i, &m)| byte | ((m != 0) as u8) << i)).collect()
+    mask.chunks(8)
+        .map(|c| c.iter().enumerate().fold(0u8, |byte, (i, &m)| byte | ((m != 0) as u8) << i))
+        .collect()
 }
 
 const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -269,7 +328,11 @@ fn base64_encode(bytes: &[u8]) -> String {
         let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for k in 0..4 {
-            out.push(if k <= chunk.len() { BASE64[(n >> (18 - 6 * k) & 63) as usize] as char } else { '=' });
+            out.push(if k <= chunk.len() {
+                BASE64[(n >> (18 - 6 * k) & 63) as usize] as char
+            } else {
+                '='
+            });
         }
     }
     out
@@ -289,7 +352,10 @@ fn base64_decode(text: &str) -> std::result::Result<Vec<u8>, String> {
         }
         let mut n = 0u32;
         for &c in &quad[..4 - pad] {
-            let v = BASE64.iter().position(|&a| a == c).ok_or_else(|| format!("`{}` is not base64", c as char))?;
+            let v = BASE64
+                .iter()
+                .position(|&a| a == c)
+                .ok_or_else(|| format!("`{}` is not base64", c as char))?;
             n = n << 6 | v as u32;
         }
         n <<= 6 * pad as u32;
@@ -304,13 +370,20 @@ mod tests {
 
     #[test]
     fn base64_round_trips_and_matches_rfc_4648() {
-        for (plain, coded) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+        for (plain, coded) in
+            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")]
+        {
             assert_eq!(base64_encode(plain.as_bytes()), coded);
             assert_eq!(base64_decode(coded).unwrap(), plain.as_bytes());
         }
         let all: Vec<u8> = (0..=255).collect();
         assert_eq!(base64_decode(&base64_encode(&all)).unwrap(), all);
-        assert!(base64_decode("Zg=").is_err() && base64_decode("Z===").is_err() && base64_decode("Zg==Zm8=").is_err() && base64_decode("Zm*v").is_err());
+        assert!(
+            base64_decode("Zg=").is_err()
+                && base64_decode("Z===").is_err()
+                && base64_decode("Zg==Zm8=").is_err()
+                && base64_decode("Zm*v").is_err()
+        );
     }
 
     #[test]
@@ -322,8 +395,12 @@ mod tests {
 
     fn golden() -> (ResNet34, Vec<f32>, Golden) {
         let model = ResNet34::new(10).unwrap();
-        let grads: Vec<f32> = (0..model.param_len).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
-        let pattern = ActivationPattern { relu: vec![vec![1, 0, 0, 1, 1, 1, 0, 1, 1], vec![0; 3]], pool_argmax: vec![7, 0, u32::MAX] };
+        let grads: Vec<f32> =
+            (0..model.param_len).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
+        let pattern = ActivationPattern {
+            relu: vec![vec![1, 0, 0, 1, 1, 1, 0, 1, 1], vec![0; 3]],
+            pool_argmax: vec![7, 0, u32::MAX],
+        };
         let cfg = CheckConfig { replicas: 2, batch: 4, ..Default::default() };
         let g = Golden::of_step(&cfg, &model, "an \"adapter\"", 2.4901247, &grads, &pattern);
         (model, grads, g)
@@ -348,13 +425,23 @@ mod tests {
     #[test]
     fn a_golden_for_other_settings_or_a_broken_file_is_refused_with_the_reason() {
         let (model, _, g) = golden();
-        let e = g.check_fits(&CheckConfig { replicas: 2, batch: 8, ..Default::default() }, &model).unwrap_err().to_string();
+        let e = g
+            .check_fits(&CheckConfig { replicas: 2, batch: 8, ..Default::default() }, &model)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 replicas × 4 images") && e.contains("2 replicas × 8 images"), "{e}");
         let text = g.to_json();
-        let e = Golden::from_json(&text.replace("\"format\":1", "\"format\":2")).unwrap_err().to_string();
+        let e = Golden::from_json(&text.replace("\"format\":1", "\"format\":2"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("format 2"), "{e}");
-        let e = Golden::from_json(&text.replace("\"units\":9", "\"units\":17")).unwrap_err().to_string();
+        let e = Golden::from_json(&text.replace("\"units\":9", "\"units\":17"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("pattern.relu[0]") && e.contains("2 bytes for 17 units"), "{e}");
-        assert!(Golden::from_json(&text[..text.len() / 2]).unwrap_err().to_string().starts_with("golden file: JSON at byte"));
+        assert!(Golden::from_json(&text[..text.len() / 2])
+            .unwrap_err()
+            .to_string()
+            .starts_with("golden file: JSON at byte"));
     }
 }

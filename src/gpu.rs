@@ -85,9 +85,9 @@ impl AdapterChoice {
             None => (Some(s), "0"),
         };
         let backend = backend.map(parse_backend).transpose()?;
-        let index = index
-            .parse()
-            .map_err(|_| GpuError::UnknownBackend(format!("{s} (adapter index must be a number)")))?;
+        let index = index.parse().map_err(|_| {
+            GpuError::UnknownBackend(format!("{s} (adapter index must be a number)"))
+        })?;
         Ok(AdapterChoice { backend, index })
     }
 
@@ -157,22 +157,28 @@ pub async fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 }
 
 /// Picks the adapter named by `choice`.
-pub async fn select_adapter(instance: &wgpu::Instance, choice: &AdapterChoice) -> Result<wgpu::Adapter> {
+pub async fn select_adapter(
+    instance: &wgpu::Instance,
+    choice: &AdapterChoice,
+) -> Result<wgpu::Adapter> {
     let all = adapters(instance).await;
     if all.is_empty() {
         return Err(GpuError::NoAdapter(String::new()));
     }
-    let matching: Vec<wgpu::Adapter> =
-        all.into_iter().filter(|a| choice.backend.is_none_or(|b| a.get_info().backend == b)).collect();
+    let matching: Vec<wgpu::Adapter> = all
+        .into_iter()
+        .filter(|a| choice.backend.is_none_or(|b| a.get_info().backend == b))
+        .collect();
     let filter = choice.backend.map(|b| format!(" backend {b:?}")).unwrap_or_default();
     if matching.is_empty() {
         return Err(GpuError::NoAdapter(format!(" for backend {filter}")));
     }
     let count = matching.len();
-    matching
-        .into_iter()
-        .nth(choice.index)
-        .ok_or(GpuError::AdapterIndex { index: choice.index, count, filter })
+    matching.into_iter().nth(choice.index).ok_or(GpuError::AdapterIndex {
+        index: choice.index,
+        count,
+        filter,
+    })
 }
 
 /// One line describing an adapter: name, backend, type, driver.
@@ -183,7 +189,13 @@ pub fn describe(info: &wgpu::AdapterInfo) -> String {
         .cloned()
         .collect::<Vec<_>>()
         .join(" ");
-    format!("{} ({:?}, {:?}{})", info.name, info.backend, info.device_type, if driver.is_empty() { String::new() } else { format!(", {driver}") })
+    format!(
+        "{} ({:?}, {:?}{})",
+        info.name,
+        info.backend,
+        info.device_type,
+        if driver.is_empty() { String::new() } else { format!(", {driver}") }
+    )
 }
 
 /// Buffers created through a [`Gpu`] (its storage buffers, uploads, dispatch uniforms and
@@ -274,10 +286,18 @@ impl Gpu {
     }
 
     /// A device with the given limits, e.g. tighter ones to see how shapes past them are refused.
-    pub async fn from_adapter_with_limits(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
+    pub async fn from_adapter_with_limits(
+        adapter: &wgpu::Adapter,
+        limits: wgpu::Limits,
+    ) -> Result<Gpu> {
         let info = adapter.get_info();
-        let subgroups_off = cfg!(not(target_arch = "wasm32")) && std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
-        let wanted = if subgroups_off { wgpu::Features::TIMESTAMP_QUERY } else { wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP };
+        let subgroups_off = cfg!(not(target_arch = "wasm32"))
+            && std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
+        let wanted = if subgroups_off {
+            wgpu::Features::TIMESTAMP_QUERY
+        } else {
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP
+        };
         let features = adapter.features() & wanted;
         let broadcasts = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size >= 8;
         let blocking_maps = info.device_type == wgpu::DeviceType::Cpu;
@@ -289,7 +309,10 @@ impl Gpu {
                 ..Default::default()
             })
             .await
-            .map_err(|e| GpuError::RequestDevice { adapter: describe(&info), message: e.to_string() })?;
+            .map_err(|e| GpuError::RequestDevice {
+                adapter: describe(&info),
+                message: e.to_string(),
+            })?;
         let sink = Arc::new(Mutex::new(ErrorSink::default()));
         let s = sink.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -298,7 +321,11 @@ impl Gpu {
         }));
         let s = sink.clone();
         device.set_device_lost_callback(move |reason, message| {
-            let why = if message.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {message}") };
+            let why = if message.is_empty() {
+                format!("{reason:?}")
+            } else {
+                format!("{reason:?}: {message}")
+            };
             s.lock().unwrap_or_else(|p| p.into_inner()).lost = Some(why);
         });
         log::debug!("device on {}", describe(&info));
@@ -328,7 +355,11 @@ impl Gpu {
         if !sink.errors.is_empty() {
             let all = std::mem::take(&mut sink.errors).join("; ");
             drop(sink);
-            return Err(self.lost_or(if all.contains("memory") { GpuError::OutOfMemory(all) } else { GpuError::Validation(all) }));
+            return Err(self.lost_or(if all.contains("memory") {
+                GpuError::OutOfMemory(all)
+            } else {
+                GpuError::Validation(all)
+            }));
         }
         Ok(())
     }
@@ -339,7 +370,10 @@ impl Gpu {
     /// never waited for), though not forever.
     fn lost_or(&self, e: GpuError) -> GpuError {
         #[cfg(not(target_arch = "wasm32"))]
-        let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_secs(10)) });
+        let _ = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(std::time::Duration::from_secs(10)),
+        });
         match &self.sink.lock().unwrap_or_else(|p| p.into_inner()).lost {
             Some(lost) => GpuError::DeviceLost(lost.clone()),
             None => e,
@@ -364,7 +398,13 @@ impl Gpu {
     }
 
     pub fn encoder(&self) -> Encoder {
-        Encoder { encoder: self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }), pass: None, uniforms: None }
+        Encoder {
+            encoder: self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
+            pass: None,
+            uniforms: None,
+        }
     }
 
     /// Finishes and submits `encoder`; every error recorded into it comes back here.
@@ -391,7 +431,10 @@ impl Gpu {
     /// as one).
     pub fn memory_stats(&self) -> MemoryStats {
         let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        MemoryStats { largest_submission_bytes: m.stats.largest_submission_bytes.max(m.since_submit), ..m.stats }
+        MemoryStats {
+            largest_submission_bytes: m.stats.largest_submission_bytes.max(m.since_submit),
+            ..m.stats
+        }
     }
 
     pub fn reset_memory_stats(&self) {
@@ -404,7 +447,8 @@ impl Gpu {
         if !self.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Err(GpuError::MissingFeature("timestamp queries (TIMESTAMP_QUERY)"));
         }
-        *self.profiler.lock().unwrap_or_else(|p| p.into_inner()) = Some(Profiler { sets: Vec::new(), labels: Vec::new(), scope: "(no scope)".into() });
+        *self.profiler.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Profiler { sets: Vec::new(), labels: Vec::new(), scope: "(no scope)".into() });
         Ok(())
     }
 
@@ -424,7 +468,8 @@ impl Gpu {
         };
         let mut ticks = Vec::with_capacity(2 * profiler.labels.len());
         for (i, set) in profiler.sets.iter().enumerate() {
-            let queries = (2 * profiler.labels.len() as u64 - i as u64 * PROFILE_SET_QUERIES as u64).min(PROFILE_SET_QUERIES as u64) as u32;
+            let queries = (2 * profiler.labels.len() as u64 - i as u64 * PROFILE_SET_QUERIES as u64)
+                .min(PROFILE_SET_QUERIES as u64) as u32;
             let resolved = self.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("timestamps"),
                 size: queries as u64 * wgpu::QUERY_SIZE as u64,
@@ -443,18 +488,31 @@ impl Gpu {
             .labels
             .iter()
             .zip(ticks.chunks_exact(2))
-            .map(|((scope, op, entry), t)| KernelTime { scope: scope.to_string(), op, entry, seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9 })
+            .map(|((scope, op, entry), t)| KernelTime {
+                scope: scope.to_string(),
+                op,
+                entry,
+                seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9,
+            })
             .collect())
     }
 
     /// The timestamp writes of the next dispatch, while profiling.
-    fn profile_dispatch(&self, op: &'static str, entry: &'static str) -> Option<(wgpu::QuerySet, u32)> {
+    fn profile_dispatch(
+        &self,
+        op: &'static str,
+        entry: &'static str,
+    ) -> Option<(wgpu::QuerySet, u32)> {
         let mut guard = self.profiler.lock().unwrap_or_else(|p| p.into_inner());
         let p = guard.as_mut()?;
         let query = 2 * p.labels.len() as u32;
         let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);
         if set == p.sets.len() {
-            p.sets.push(self.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: PROFILE_SET_QUERIES }));
+            p.sets.push(self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: PROFILE_SET_QUERIES,
+            }));
         }
         let scope = p.scope.clone();
         p.labels.push((scope, op, entry));
@@ -477,15 +535,19 @@ impl Gpu {
         if encoder.uniforms.as_ref().is_none_or(|(_, next)| next + len > UNIFORM_PAGE) {
             encoder.unmap_uniforms();
             let size = UNIFORM_PAGE.max(len);
-            let page = self.create_buffer(&wgpu::BufferDescriptor { label: Some("dispatch uniforms"), size, usage: wgpu::BufferUsages::UNIFORM, mapped_at_creation: true });
+            let page = self.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("dispatch uniforms"),
+                size,
+                usage: wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: true,
+            });
             encoder.uniforms = Some((page, 0));
         }
         let (page, next) = encoder.uniforms.as_mut().expect("a page was just made");
         let at = *next;
-        let mut view = page
-            .slice(at..at + len)
-            .get_mapped_range_mut()
-            .map_err(|e| self.lost_or(GpuError::Validation(format!("mapping the dispatch uniforms: {e}"))))?;
+        let mut view = page.slice(at..at + len).get_mapped_range_mut().map_err(|e| {
+            self.lost_or(GpuError::Validation(format!("mapping the dispatch uniforms: {e}")))
+        })?;
         view.copy_from_slice(bytes);
         drop(view);
         let align = self.limits.min_uniform_buffer_offset_alignment as u64;
@@ -497,7 +559,12 @@ impl Gpu {
     /// bench's roofline): `launches` recordings in one submission, submit to idle, divided by
     /// `launches`; this device's errors come back through `gpu_err`. Native only.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn time_recorded<E>(&self, launches: u32, record: impl Fn(&mut Encoder) -> Result<(), E>, gpu_err: impl Fn(GpuError) -> E) -> Result<std::time::Duration, E> {
+    pub fn time_recorded<E>(
+        &self,
+        launches: u32,
+        record: impl Fn(&mut Encoder) -> Result<(), E>,
+        gpu_err: impl Fn(GpuError) -> E,
+    ) -> Result<std::time::Duration, E> {
         let launches = launches.max(1);
         let mut encoder = self.encoder();
         for _ in 0..launches {
@@ -516,7 +583,9 @@ impl Gpu {
         Ok(self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
     }
@@ -551,7 +620,12 @@ impl Gpu {
 
     /// Bytes of the buffers [`Gpu::scratch`] keeps.
     pub fn scratch_bytes(&self) -> u64 {
-        self.scratch.lock().unwrap_or_else(|p| p.into_inner()).values().map(wgpu::Buffer::size).sum()
+        self.scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(wgpu::Buffer::size)
+            .sum()
     }
 
     /// A storage buffer holding `data` (f32, u32, …).
@@ -561,20 +635,36 @@ impl Gpu {
         if bytes.is_empty() {
             return self.buffer(label, 1);
         }
-        self.buffer_init(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)
+        self.buffer_init(
+            label,
+            bytes,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        )
     }
 
     /// A buffer holding `contents`, written through a mapping at creation. Unlike wgpu's
     /// `create_buffer_init`, which panics when the mapping fails (a lost device), this fails
     /// with an error.
-    fn buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+    fn buffer_init(
+        &self,
+        label: &str,
+        contents: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         // A buffer mapped at creation must be a multiple of 4 bytes long.
-        let size = (contents.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
-        let buffer = self.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
-        let mut view = buffer
-            .slice(..)
-            .get_mapped_range_mut()
-            .map_err(|e| self.lost_or(GpuError::Validation(format!("mapping `{label}` at creation: {e}"))))?;
+        let size = (contents.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
+            * wgpu::COPY_BUFFER_ALIGNMENT;
+        let buffer = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
+        });
+        let mut view = buffer.slice(..).get_mapped_range_mut().map_err(|e| {
+            self.lost_or(GpuError::Validation(format!("mapping `{label}` at creation: {e}")))
+        })?;
         view.slice(..contents.len()).copy_from_slice(contents);
         drop(view);
         buffer.unmap();
@@ -638,7 +728,12 @@ impl Gpu {
     /// `after` (the last to use the buffer; `None`: the latest) is done. Natively the device's
     /// poll waits for that submission and runs the map's callback, here or on a helper thread
     /// (see [`Gpu::blocking_maps`]); in a browser the browser does, without blocking.
-    pub async fn map(&self, buffer: &wgpu::Buffer, mode: wgpu::MapMode, after: Option<wgpu::SubmissionIndex>) -> Result<()> {
+    pub async fn map(
+        &self,
+        buffer: &wgpu::Buffer,
+        mode: wgpu::MapMode,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> Result<()> {
         let (tx, rx) = futures::channel::oneshot::channel();
         buffer.slice(..).map_async(mode, move |r| {
             let _ = tx.send(r.map_err(|e| GpuError::Readback(e.to_string())));
@@ -649,7 +744,9 @@ impl Gpu {
             let (lost_tx, lost_rx) = futures::channel::oneshot::channel();
             let device = self.device.clone();
             let wait = move || {
-                if let Err(e) = device.poll(wgpu::PollType::Wait { submission_index: after, timeout: None }) {
+                if let Err(e) =
+                    device.poll(wgpu::PollType::Wait { submission_index: after, timeout: None })
+                {
                     let _ = lost_tx.send(Err(GpuError::DeviceLost(e.to_string())));
                 }
             };
@@ -668,7 +765,8 @@ impl Gpu {
             });
             async move {
                 match futures::future::select(rx, lost).await {
-                    futures::future::Either::Left((r, _)) | futures::future::Either::Right((r, _)) => r,
+                    futures::future::Either::Left((r, _))
+                    | futures::future::Either::Right((r, _)) => r,
                 }
             }
         };
@@ -746,8 +844,15 @@ impl Gpu {
         uniform.resize(uniform.len().div_ceil(16).max(1) * 16, 0);
         let (page, at) = self.uniform_slot(encoder, &uniform)?;
         let pipeline = self.pipeline(shader, entry);
-        let params = wgpu::BufferBinding { buffer: &page, offset: at, size: wgpu::BufferSize::new(uniform.len() as u64) };
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(params) }];
+        let params = wgpu::BufferBinding {
+            buffer: &page,
+            offset: at,
+            size: wgpu::BufferSize::new(uniform.len() as u64),
+        };
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(params),
+        }];
         for (i, s) in bindings.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
@@ -764,18 +869,22 @@ impl Gpu {
             entries: &entries,
         });
         let timed = self.profile_dispatch(op, entry);
-        let timestamp_writes = timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
-            query_set,
-            beginning_of_pass_write_index: Some(*index),
-            end_of_pass_write_index: Some(index + 1),
-        });
+        let timestamp_writes =
+            timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
+                query_set,
+                beginning_of_pass_write_index: Some(*index),
+                end_of_pass_write_index: Some(index + 1),
+            });
         // A profiled dispatch is a pass of its own, bracketed by its timestamps and named after
         // its entry point; the shared pass holds many.
         let profiled = timed.is_some();
         if profiled {
             encoder.end_pass();
         }
-        let pass = encoder.pass(wgpu::ComputePassDescriptor { label: profiled.then_some(entry), timestamp_writes });
+        let pass = encoder.pass(wgpu::ComputePassDescriptor {
+            label: profiled.then_some(entry),
+            timestamp_writes,
+        });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
@@ -790,14 +899,29 @@ impl Gpu {
     pub fn check_binding(&self, what: &str, s: &Slice) -> Result<()> {
         let max = self.limits.max_storage_buffer_binding_size;
         if s.bytes() > max {
-            return Err(GpuError::Limit { what: what.to_string(), needed: s.bytes(), allowed: max, limit: "max_storage_buffer_binding_size (bytes)" });
+            return Err(GpuError::Limit {
+                what: what.to_string(),
+                needed: s.bytes(),
+                allowed: max,
+                limit: "max_storage_buffer_binding_size (bytes)",
+            });
         }
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
         if !s.offset.is_multiple_of(align) {
-            return Err(GpuError::Limit { what: format!("{what} offset (must be a multiple of {align})"), needed: s.offset, allowed: s.offset - s.offset % align, limit: "min_storage_buffer_offset_alignment" });
+            return Err(GpuError::Limit {
+                what: format!("{what} offset (must be a multiple of {align})"),
+                needed: s.offset,
+                allowed: s.offset - s.offset % align,
+                limit: "min_storage_buffer_offset_alignment",
+            });
         }
         if s.offset + s.bytes() > s.buffer.size() {
-            return Err(GpuError::Limit { what: format!("{what} range end (bytes)"), needed: s.offset + s.bytes(), allowed: s.buffer.size(), limit: "buffer size" });
+            return Err(GpuError::Limit {
+                what: format!("{what} range end (bytes)"),
+                needed: s.offset + s.bytes(),
+                allowed: s.buffer.size(),
+                limit: "buffer size",
+            });
         }
         Ok(())
     }
@@ -819,7 +943,8 @@ impl Readback {
     pub async fn read<T: bytemuck::Pod>(self, gpu: &Gpu) -> Result<Vec<T>> {
         let Some(staging) = self.staging else { return Ok(Vec::new()) };
         gpu.map(&staging, wgpu::MapMode::Read, None).await?;
-        let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        let view =
+            staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
         let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
         drop(view);
         staging.unmap();
@@ -851,9 +976,22 @@ impl Encoder {
         self.pass = None;
     }
 
-    pub fn copy_buffer_to_buffer(&mut self, source: &wgpu::Buffer, source_offset: u64, destination: &wgpu::Buffer, destination_offset: u64, bytes: u64) {
+    pub fn copy_buffer_to_buffer(
+        &mut self,
+        source: &wgpu::Buffer,
+        source_offset: u64,
+        destination: &wgpu::Buffer,
+        destination_offset: u64,
+        bytes: u64,
+    ) {
         self.end_pass();
-        self.encoder.copy_buffer_to_buffer(source, source_offset, destination, destination_offset, bytes);
+        self.encoder.copy_buffer_to_buffer(
+            source,
+            source_offset,
+            destination,
+            destination_offset,
+            bytes,
+        );
     }
 
     pub fn clear_buffer(&mut self, buffer: &wgpu::Buffer, offset: u64, bytes: Option<u64>) {
@@ -861,7 +999,13 @@ impl Encoder {
         self.encoder.clear_buffer(buffer, offset, bytes);
     }
 
-    fn resolve_query_set(&mut self, set: &wgpu::QuerySet, queries: std::ops::Range<u32>, destination: &wgpu::Buffer, offset: u64) {
+    fn resolve_query_set(
+        &mut self,
+        set: &wgpu::QuerySet,
+        queries: std::ops::Range<u32>,
+        destination: &wgpu::Buffer,
+        offset: u64,
+    ) {
         self.end_pass();
         self.encoder.resolve_query_set(set, queries, destination, offset);
     }

@@ -292,7 +292,11 @@ impl Parser<'_> {
     /// The character of a `\uXXXX` escape (the `\u` consumed), joining a surrogate pair.
     fn unicode_escape(&mut self) -> Result<char, ParseError> {
         let hex = |p: &mut Self| -> Result<u32, ParseError> {
-            let digits = p.text.get(p.at..p.at + 4).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| u32::from_str_radix(d, 16).ok());
+            let digits = p
+                .text
+                .get(p.at..p.at + 4)
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(|d| u32::from_str_radix(d, 16).ok());
             p.at += 4;
             digits.ok_or_else(|| p.error("bad \\u escape"))
         };
@@ -333,14 +337,24 @@ mod tests {
     #[test]
     fn objects_and_arrays_nest() {
         let inner = Object::new().int("n", 2).bool("ok", true).finish();
-        let o = Object::new().str("name", "x").num("e", 0.5).raw("inner", &inner).raw("list", &array(["1".into(), "2".into()]));
+        let o = Object::new()
+            .str("name", "x")
+            .num("e", 0.5)
+            .raw("inner", &inner)
+            .raw("list", &array(["1".into(), "2".into()]));
         assert_eq!(o.finish(), r#"{"name":"x","e":0.5,"inner":{"n":2,"ok":true},"list":[1,2]}"#);
     }
 
     #[test]
     fn written_json_reads_back() {
-        let inner = Object::new().num("small", 1.5e-7).num("neg", -0.25).raw("none", "null").finish();
-        let text = Object::new().str("name", "a \"q\" \\ é\n\u{1}").bool("ok", false).raw("inner", &inner).raw("list", &array(["1".into(), "[]".into(), "{}".into()])).finish();
+        let inner =
+            Object::new().num("small", 1.5e-7).num("neg", -0.25).raw("none", "null").finish();
+        let text = Object::new()
+            .str("name", "a \"q\" \\ é\n\u{1}")
+            .bool("ok", false)
+            .raw("inner", &inner)
+            .raw("list", &array(["1".into(), "[]".into(), "{}".into()]))
+            .finish();
         let v = parse(&format!("  {text}\n")).unwrap();
         assert_eq!(v.get("name").and_then(Value::as_str), Some("a \"q\" \\ é\n\u{1}"));
         assert_eq!(v.get("ok"), Some(&Value::Bool(false)));
@@ -356,7 +370,16 @@ mod tests {
 
     #[test]
     fn bad_json_says_where() {
-        for (text, at) in [("{\"a\":}", 5), ("[1,]", 3), ("{\"a\" 1}", 5), ("\"open", 5), ("+1", 0), ("1 2", 2), ("[1e999]", 1), ("tru", 0)] {
+        for (text, at) in [
+            ("{\"a\":}", 5),
+            ("[1,]", 3),
+            ("{\"a\" 1}", 5),
+            ("\"open", 5),
+            ("+1", 0),
+            ("1 2", 2),
+            ("[1e999]", 1),
+            ("tru", 0),
+        ] {
             let e = parse(text).unwrap_err();
             assert_eq!(e.at, at, "{text}: {e}");
         }

@@ -71,7 +71,8 @@ impl ConvInput {
     /// Forward FLOPs for one image (multiply-add = 2).
     pub fn flops(&self) -> f64 {
         let c = &self.conv;
-        2.0 * (c.c_out * c.out_size(self.h) * c.out_size(self.w)) as f64 * (c.c_in * c.k * c.k) as f64
+        2.0 * (c.c_out * c.out_size(self.h) * c.out_size(self.w)) as f64
+            * (c.c_in * c.k * c.k) as f64
     }
 }
 
@@ -140,14 +141,27 @@ impl Builder {
         push(&mut self.params, &mut self.param_len, name, shape)
     }
     fn conv(&mut self, name: &str, c_in: u32, c_out: u32, k: u32, stride: u32, pad: u32) -> Conv {
-        let weight = self.param(format!("{name}.weight"), vec![c_out as usize, c_in as usize, k as usize, k as usize]);
+        let weight = self.param(
+            format!("{name}.weight"),
+            vec![c_out as usize, c_in as usize, k as usize, k as usize],
+        );
         Conv { weight, c_in, c_out, k, stride, pad }
     }
     fn bn(&mut self, name: &str, c: u32) -> BatchNorm {
         let weight = self.param(format!("{name}.weight"), vec![c as usize]);
         let bias = self.param(format!("{name}.bias"), vec![c as usize]);
-        let running_mean = push(&mut self.buffers, &mut self.buffer_len, format!("{name}.running_mean"), vec![c as usize]);
-        let running_var = push(&mut self.buffers, &mut self.buffer_len, format!("{name}.running_var"), vec![c as usize]);
+        let running_mean = push(
+            &mut self.buffers,
+            &mut self.buffer_len,
+            format!("{name}.running_mean"),
+            vec![c as usize],
+        );
+        let running_var = push(
+            &mut self.buffers,
+            &mut self.buffer_len,
+            format!("{name}.running_var"),
+            vec![c as usize],
+        );
         BatchNorm { weight, bias, running_mean, running_var, c }
     }
 }
@@ -157,7 +171,8 @@ impl ResNet34 {
         if classes < 2 {
             return Err(ModelError::TooFewClasses(classes));
         }
-        let mut b = Builder { params: Vec::new(), param_len: 0, buffers: Vec::new(), buffer_len: 0 };
+        let mut b =
+            Builder { params: Vec::new(), param_len: 0, buffers: Vec::new(), buffer_len: 0 };
         let stem_conv = b.conv("conv1", 3, 64, 7, 2, 3);
         let stem_bn = b.bn("bn1", 64);
         let mut blocks = Vec::new();
@@ -170,8 +185,12 @@ impl ResNet34 {
                 let bn1 = b.bn(&format!("{p}.bn1"), c);
                 let conv2 = b.conv(&format!("{p}.conv2"), c, c, 3, 1, 1);
                 let bn2 = b.bn(&format!("{p}.bn2"), c);
-                let downsample = (stride != 1 || c_in != c)
-                    .then(|| (b.conv(&format!("{p}.downsample.0"), c_in, c, 1, stride, 0), b.bn(&format!("{p}.downsample.1"), c)));
+                let downsample = (stride != 1 || c_in != c).then(|| {
+                    (
+                        b.conv(&format!("{p}.downsample.0"), c_in, c, 1, stride, 0),
+                        b.bn(&format!("{p}.downsample.1"), c),
+                    )
+                });
                 blocks.push(BasicBlock { conv1, bn1, conv2, bn2, downsample });
                 c_in = c;
             }
@@ -321,14 +340,21 @@ impl ActivationPattern {
     pub fn concat(parts: &[ActivationPattern]) -> ActivationPattern {
         let sites = parts.first().map_or(0, |p| p.relu.len());
         ActivationPattern {
-            relu: (0..sites).map(|s| parts.iter().flat_map(|p| p.relu[s].iter().copied()).collect()).collect(),
+            relu: (0..sites)
+                .map(|s| parts.iter().flat_map(|p| p.relu[s].iter().copied()).collect())
+                .collect(),
             pool_argmax: parts.iter().flat_map(|p| p.pool_argmax.iter().copied()).collect(),
         }
     }
 
     /// Units whose choice differs between two patterns (ReLU units + pool windows).
     pub fn flips(&self, other: &ActivationPattern) -> usize {
-        let relu: usize = self.relu.iter().zip(&other.relu).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count()).sum();
+        let relu: usize = self
+            .relu
+            .iter()
+            .zip(&other.relu)
+            .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count())
+            .sum();
         relu + self.pool_argmax.iter().zip(&other.pool_argmax).filter(|(a, b)| a != b).count()
     }
 }
@@ -376,9 +402,17 @@ mod tests {
     fn flops_match_the_published_figures() {
         let m = ResNet34::new(1000).unwrap();
         // ENVIRONMENT.md: 7.33 GFLOP at 224² (1000 classes).
-        assert!((m.forward_flops(224, 224) / 1e9 - 7.33).abs() < 0.01, "{}", m.forward_flops(224, 224));
+        assert!(
+            (m.forward_flops(224, 224) / 1e9 - 7.33).abs() < 0.01,
+            "{}",
+            m.forward_flops(224, 224)
+        );
         let m10 = ResNet34::new(10).unwrap();
-        assert!((m10.forward_flops(32, 32) / 1e9 - 0.150).abs() < 0.002, "{}", m10.forward_flops(32, 32));
+        assert!(
+            (m10.forward_flops(32, 32) / 1e9 - 0.150).abs() < 0.002,
+            "{}",
+            m10.forward_flops(32, 32)
+        );
     }
 
     #[test]

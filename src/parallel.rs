@@ -25,11 +25,16 @@
 //! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
 //! the `collective` layer's.
 
-use crate::collective::{self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp, Rendezvous};
+use crate::collective::{
+    self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp,
+    Rendezvous,
+};
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::model::ResNet34;
-use crate::step::{self, BnRows, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput};
+use crate::step::{
+    self, BnRows, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ParallelError {
@@ -96,12 +101,21 @@ impl BnExchange {
     /// The exchange of `replicas` replicas whose gradients are all-reduced by `op`.
     pub fn new(replicas: usize, op: ReduceOp) -> BnExchange {
         let rows = Rendezvous::new(replicas, |parts: Vec<Vec<f32>>| parts.concat());
-        BnExchange { rows, grads: collective::bucket_rounds(replicas, op), replicas: replicas as u32, unmerged_stats: false }
+        BnExchange {
+            rows,
+            grads: collective::bucket_rounds(replicas, op),
+            replicas: replicas as u32,
+            unmerged_stats: false,
+        }
     }
 
     /// Replica `replica`'s BatchNorm hook, all-reducing its gradients through `staging`.
     pub fn hook<'a>(&'a self, replica: usize, staging: &'a BucketStaging) -> SyncBn<'a> {
-        SyncBn { exchange: self, replica, grads: BucketAllReduce::new(replica, staging, &self.grads) }
+        SyncBn {
+            exchange: self,
+            replica,
+            grads: BucketAllReduce::new(replica, staging, &self.grads),
+        }
     }
 
     /// Releases every replica waiting at a BN site or a gradient bucket: `replica` failed.
@@ -129,12 +143,22 @@ pub struct SyncBn<'a> {
 impl SyncBn<'_> {
     /// One trip for every site of `sites`: their own rows go out together, and every replica's
     /// come back into each site's `rows`.
-    async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], exchange: bool, done: Option<Slice<'_>>) -> step::Result<()> {
+    async fn gather(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+        exchange: bool,
+        done: Option<Slice<'_>>,
+    ) -> step::Result<()> {
         if let Some(done) = done {
             self.grads.record(gpu, enc, done)?;
         }
         let replicas = self.exchange.replicas as usize;
-        let own: Vec<Slice> = sites.iter().map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / replicas as u64)).collect();
+        let own: Vec<Slice> = sites
+            .iter()
+            .map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / replicas as u64))
+            .collect();
         let own_read = gpu.record_read(enc, &own);
         let recorded = std::mem::replace(enc, gpu.encoder());
         self.grads.submitted(gpu.submit(recorded).await?);
@@ -144,7 +168,11 @@ impl SyncBn<'_> {
         // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
         self.grads.reduce(gpu, Filled::AllButLatest).await?;
         let mine = own_read.read(gpu).await?;
-        let all = if exchange { self.exchange.rows.exchange(self.replica, mine).await?.to_vec() } else { mine.repeat(replicas) };
+        let all = if exchange {
+            self.exchange.rows.exchange(self.replica, mine).await?.to_vec()
+        } else {
+            mine.repeat(replicas)
+        };
         // `all` is each replica's own rows of every site, replica after replica.
         let per_replica: usize = own.iter().map(|s| s.len as usize).sum();
         if all.len() != per_replica * replicas {
@@ -159,7 +187,11 @@ impl SyncBn<'_> {
         let mut at = 0;
         for (site, own) in sites.iter().zip(&own) {
             let len = own.len as usize;
-            let rows: Vec<f32> = all.chunks(per_replica).flat_map(|replica| &replica[at..at + len]).copied().collect();
+            let rows: Vec<f32> = all
+                .chunks(per_replica)
+                .flat_map(|replica| &replica[at..at + len])
+                .copied()
+                .collect();
             gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
             at += len;
         }
@@ -176,7 +208,13 @@ impl BnSync for SyncBn<'_> {
         self.gather(gpu, enc, sites, !self.exchange.unmerged_stats, None).await
     }
 
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> step::Result<()> {
+    async fn sums(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+        done: Slice<'_>,
+    ) -> step::Result<()> {
         self.gather(gpu, enc, sites, true, Some(done)).await
     }
 }
@@ -203,7 +241,11 @@ pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<
     for r in 0..replicas {
         let adapter = gpu::select_adapter(&instance, &adapters[r % adapters.len()]).await?;
         let device = Gpu::from_adapter(&adapter).await;
-        gpus.push(device.map_err(|e| ParallelError::Replica { replica: r, adapter: adapter_label(&adapter.get_info()), source: e.into() })?);
+        gpus.push(device.map_err(|e| ParallelError::Replica {
+            replica: r,
+            adapter: adapter_label(&adapter.get_info()),
+            source: e.into(),
+        })?);
     }
     Ok(gpus)
 }
@@ -222,12 +264,23 @@ pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
 
 impl DataParallel {
     /// `replicas` replicas holding `params` and `running` (model layout), on [`devices`].
-    pub async fn new(model: &ResNet34, params: &[f32], running: &[f32], replicas: usize, adapters: &[AdapterChoice]) -> Result<DataParallel> {
+    pub async fn new(
+        model: &ResNet34,
+        params: &[f32],
+        running: &[f32],
+        replicas: usize,
+        adapters: &[AdapterChoice],
+    ) -> Result<DataParallel> {
         DataParallel::from_gpus(devices(replicas, adapters).await?, model, params, running)
     }
 
     /// Replicas on the given devices, replica r on `gpus[r]`.
-    pub fn from_gpus(gpus: Vec<Gpu>, model: &ResNet34, params: &[f32], running: &[f32]) -> Result<DataParallel> {
+    pub fn from_gpus(
+        gpus: Vec<Gpu>,
+        model: &ResNet34,
+        params: &[f32],
+        running: &[f32],
+    ) -> Result<DataParallel> {
         if gpus.is_empty() {
             return Err(DataError::NoReplicas.into());
         }
@@ -236,7 +289,8 @@ impl DataParallel {
             .enumerate()
             .map(|(r, gpu)| {
                 let adapter = adapter_label(&gpu.info);
-                Replica::new(gpu, model.clone(), params, running).map_err(|source| ParallelError::Replica { replica: r, adapter, source })
+                Replica::new(gpu, model.clone(), params, running)
+                    .map_err(|source| ParallelError::Replica { replica: r, adapter, source })
             })
             .collect::<Result<Vec<_>>>()?;
         let staging = replicas.iter().map(|_| BucketStaging::default()).collect();
@@ -256,7 +310,10 @@ impl DataParallel {
 
     /// Replaces every replica's momentum (resuming from a checkpoint).
     pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
-        self.replicas.iter().enumerate().try_for_each(|(r, replica)| replica.write_velocity(v).map_err(|e| self.named(r, e)))
+        self.replicas
+            .iter()
+            .enumerate()
+            .try_for_each(|(r, replica)| replica.write_velocity(v).map_err(|e| self.named(r, e)))
     }
 
     /// Each replica's adapter, in replica order.
@@ -265,7 +322,11 @@ impl DataParallel {
     }
 
     fn named(&self, replica: usize, source: StepError) -> ParallelError {
-        ParallelError::Replica { replica, adapter: adapter_label(&self.replicas[replica].gpu.info), source }
+        ParallelError::Replica {
+            replica,
+            adapter: adapter_label(&self.replicas[replica].gpu.info),
+            source,
+        }
     }
 
     fn collective_error(&self, e: CollectiveError) -> ParallelError {
@@ -280,42 +341,63 @@ impl DataParallel {
     /// gradients are mean-all-reduced (in buckets during the backward, the rest after it), so
     /// every replica holds the identical gradient of the global batch's loss. Returns each
     /// replica's loss, logits and (if asked) pattern.
-    pub async fn forward_backward(&mut self, global: &Batch, cfg: &StepConfig, opts: ParallelOptions) -> Result<Vec<StepOutput>> {
+    pub async fn forward_backward(
+        &mut self,
+        global: &Batch,
+        cfg: &StepConfig,
+        opts: ParallelOptions,
+    ) -> Result<Vec<StepOutput>> {
         let shards = global.shards(self.replicas.len())?;
-        let op = if opts.sabotage == Some(Sabotage::SumGradients) { ReduceOp::Sum } else { ReduceOp::Mean };
-        let exchange = BnExchange { unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats), ..BnExchange::new(self.replicas.len(), op) };
+        let op = if opts.sabotage == Some(Sabotage::SumGradients) {
+            ReduceOp::Sum
+        } else {
+            ReduceOp::Mean
+        };
+        let exchange = BnExchange {
+            unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats),
+            ..BnExchange::new(self.replicas.len(), op)
+        };
         let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
         // One replica has nobody to meet: its own statistics are the global ones, and its
         // gradient is the mean. The same bits without the round trips.
         let alone = self.replicas.len() == 1;
         let bn = if alone { BnMode::Local } else { opts.bn };
-        let steps = self.replicas.iter_mut().zip(&shards).zip(&self.staging).enumerate().map(|(r, ((replica, shard), staging))| {
-            let exchange = &exchange;
-            async move {
-                let divisor = shard.len() as f32;
-                let out = match bn {
-                    BnMode::Sync => {
-                        let hook = exchange.hook(r, staging);
-                        let out = replica.forward_backward(shard, cfg, divisor, &hook, step_opts).await;
-                        match out {
-                            Ok(out) => hook.finish(&replica.gpu, &replica.grads).await.map(|()| out),
-                            Err(e) => Err(e),
+        let steps = self.replicas.iter_mut().zip(&shards).zip(&self.staging).enumerate().map(
+            |(r, ((replica, shard), staging))| {
+                let exchange = &exchange;
+                async move {
+                    let divisor = shard.len() as f32;
+                    let out = match bn {
+                        BnMode::Sync => {
+                            let hook = exchange.hook(r, staging);
+                            let out = replica
+                                .forward_backward(shard, cfg, divisor, &hook, step_opts)
+                                .await;
+                            match out {
+                                Ok(out) => {
+                                    hook.finish(&replica.gpu, &replica.grads).await.map(|()| out)
+                                }
+                                Err(e) => Err(e),
+                            }
                         }
+                        BnMode::Local => {
+                            replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await
+                        }
+                    };
+                    if let Err(e) = &out {
+                        exchange.abort(r, e.to_string());
                     }
-                    BnMode::Local => replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await,
-                };
-                if let Err(e) = &out {
-                    exchange.abort(r, e.to_string());
+                    out
                 }
-                out
-            }
-        });
+            },
+        );
         let results = futures::future::join_all(steps).await;
         let outputs = self.first_cause(results)?;
         if bn == BnMode::Local && !alone {
             // Per-replica statistics exist for the CONTROL gate only: the plain whole-buffer
             // all-reduce, without staging kept for it.
-            let parts: Vec<(&Gpu, Slice)> = self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+            let parts: Vec<(&Gpu, Slice)> =
+                self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
             collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;
         }
         Ok(outputs)
@@ -330,7 +412,12 @@ impl DataParallel {
             match result {
                 Ok(out) => outputs.push(out),
                 Err(e) => {
-                    let slot = if matches!(e, StepError::Collective(CollectiveError::Aborted { .. })) { &mut consequence } else { &mut cause };
+                    let slot =
+                        if matches!(e, StepError::Collective(CollectiveError::Aborted { .. })) {
+                            &mut consequence
+                        } else {
+                            &mut cause
+                        };
                     slot.get_or_insert_with(|| self.named(r, e));
                 }
             }
@@ -343,12 +430,15 @@ impl DataParallel {
 
     /// The same SGD update on every replica (identical gradients in, identical parameters out).
     pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
-        let results = futures::future::join_all(self.replicas.iter().map(|r| r.sgd_update(cfg))).await;
+        let results =
+            futures::future::join_all(self.replicas.iter().map(|r| r.sgd_update(cfg))).await;
         self.first_cause(results).map(drop)
     }
 
     async fn read_each(&self, buffer: fn(&Replica) -> &wgpu::Buffer) -> Result<Vec<Vec<f32>>> {
-        let reads = self.replicas.iter().map(|r| async move { r.gpu.read_f32(Slice::whole(buffer(r))).await.map_err(StepError::from) });
+        let reads = self.replicas.iter().map(|r| async move {
+            r.gpu.read_f32(Slice::whole(buffer(r))).await.map_err(StepError::from)
+        });
         let results = futures::future::join_all(reads).await;
         self.first_cause(results)
     }

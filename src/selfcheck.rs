@@ -76,7 +76,9 @@ impl SelfCheck {
 
     /// The worst kernel relative to its tolerance, for a one-line summary.
     pub fn worst(&self) -> Option<&KernelCheck> {
-        self.kernels.iter().max_by(|a, b| (a.error / a.tolerance).total_cmp(&(b.error / b.tolerance)))
+        self.kernels
+            .iter()
+            .max_by(|a, b| (a.error / a.tolerance).total_cmp(&(b.error / b.tolerance)))
     }
 
     pub fn to_json(&self) -> String {
@@ -130,7 +132,15 @@ impl Case {
     }
 }
 
-const fn conv(n: u32, c_in: u32, hw: u32, c_out: u32, k: u32, stride: u32, pad: u32) -> Conv2dShape {
+const fn conv(
+    n: u32,
+    c_in: u32,
+    hw: u32,
+    c_out: u32,
+    k: u32,
+    stride: u32,
+    pad: u32,
+) -> Conv2dShape {
     Conv2dShape { n, c_in, h: hw, w: hw, c_out, kh: k, kw: k, stride, pad }
 }
 
@@ -142,8 +152,16 @@ fn cases() -> Vec<Case> {
     vec![
         Case::Conv { op: ConvOp::Forward, shape: conv(2, 3, 16, 64, 7, 2, 3), tolerance: 1e-5 },
         Case::Conv { op: ConvOp::Forward, shape: conv(2, 64, 8, 64, 3, 1, 1), tolerance: 1e-5 },
-        Case::Conv { op: ConvOp::BackwardInput, shape: conv(2, 64, 8, 128, 3, 2, 1), tolerance: 1e-5 },
-        Case::Conv { op: ConvOp::BackwardWeight, shape: conv(2, 64, 8, 128, 1, 2, 0), tolerance: 1e-4 },
+        Case::Conv {
+            op: ConvOp::BackwardInput,
+            shape: conv(2, 64, 8, 128, 3, 2, 1),
+            tolerance: 1e-5,
+        },
+        Case::Conv {
+            op: ConvOp::BackwardWeight,
+            shape: conv(2, 64, 8, 128, 1, 2, 0),
+            tolerance: 1e-4,
+        },
         Case::Elementwise { op: ElementwiseOp::ReluForward, len: 2 * 64 * 8 * 8 + 3 },
         Case::Elementwise { op: ElementwiseOp::ReluBackward, len: 2 * 64 * 8 * 8 + 3 },
         Case::Elementwise { op: ElementwiseOp::Add, len: 2 * 64 * 8 * 8 + 3 },
@@ -168,7 +186,17 @@ fn dims(d: &[u32]) -> String {
 
 fn geometry(s: &Conv2dShape) -> ConvGeometry {
     let u = |v: u32| v as usize;
-    ConvGeometry { n: u(s.n), c_in: u(s.c_in), h: u(s.h), w: u(s.w), c_out: u(s.c_out), kh: u(s.kh), kw: u(s.kw), stride: u(s.stride), pad: u(s.pad) }
+    ConvGeometry {
+        n: u(s.n),
+        c_in: u(s.c_in),
+        h: u(s.h),
+        w: u(s.w),
+        c_out: u(s.c_out),
+        kh: u(s.kh),
+        kw: u(s.kw),
+        stride: u(s.stride),
+        pad: u(s.pad),
+    }
 }
 
 /// Runs every case on `gpu`, reporting through `progress` before and after each kernel. A
@@ -183,8 +211,12 @@ pub async fn run(gpu: &Gpu, seed: u64, progress: &mut dyn FnMut(Progress)) -> Re
         let case_seed = seed.wrapping_mul(1000).wrapping_add(index as u64 * 10);
         let kernel = case.kernel();
         let check = match *case {
-            Case::Conv { op, shape, tolerance } => check_conv(gpu, kernel, op, &shape, tolerance, case_seed).await?,
-            Case::Elementwise { op, len } => check_elementwise(gpu, kernel, op, len, case_seed).await?,
+            Case::Conv { op, shape, tolerance } => {
+                check_conv(gpu, kernel, op, &shape, tolerance, case_seed).await?
+            }
+            Case::Elementwise { op, len } => {
+                check_elementwise(gpu, kernel, op, len, case_seed).await?
+            }
         };
         progress(Progress::Finished { index, total, check: &check });
         kernels.push(check);
@@ -200,7 +232,8 @@ async fn run_kernel(
     len: u64,
     launch: impl FnOnce(&mut Encoder, &[Slice], Slice) -> Result<(), KernelError>,
 ) -> Result<Vec<f32>> {
-    let buffers = inputs.iter().map(|v| gpu.upload("selfcheck input", v)).collect::<Result<Vec<_>, _>>()?;
+    let buffers =
+        inputs.iter().map(|v| gpu.upload("selfcheck input", v)).collect::<Result<Vec<_>, _>>()?;
     let out = gpu.buffer("selfcheck output", len)?;
     gpu.poison(Slice::whole(&out));
     let slices: Vec<Slice> = buffers.iter().map(Slice::whole).collect();
@@ -210,51 +243,99 @@ async fn run_kernel(
     Ok(gpu.read_f32(Slice::whole(&out)).await?)
 }
 
-async fn check_conv(gpu: &Gpu, kernel: &'static str, op: ConvOp, s: &Conv2dShape, tolerance: f64, seed: u64) -> Result<KernelCheck> {
+async fn check_conv(
+    gpu: &Gpu,
+    kernel: &'static str,
+    op: ConvOp,
+    s: &Conv2dShape,
+    tolerance: f64,
+    seed: u64,
+) -> Result<KernelCheck> {
     let g = geometry(s);
     let x = uniform(seed, s.x_len() as usize);
     let w = uniform(seed + 1, s.w_len() as usize);
     let dy = uniform(seed + 2, s.y_len() as usize);
-    let (x_dims, w_dims, y_dims) =
-        (dims(&[s.n, s.c_in, s.h, s.w]), dims(&[s.c_out, s.c_in, s.kh, s.kw]), dims(&[s.n, s.c_out, s.out_h(), s.out_w()]));
+    let (x_dims, w_dims, y_dims) = (
+        dims(&[s.n, s.c_in, s.h, s.w]),
+        dims(&[s.c_out, s.c_in, s.kh, s.kw]),
+        dims(&[s.n, s.c_out, s.out_h(), s.out_w()]),
+    );
     let geometry_note = format!("{}×{}/s{}/p{}", s.kh, s.kw, s.stride, s.pad);
     let (got, want, shape) = match op {
         ConvOp::Forward => {
-            let got = run_kernel(gpu, &[&x, &w], s.y_len(), |enc, i, out| kconv::conv2d_forward(gpu, enc, s, i[0], i[1], out)).await?;
-            (got, rconv::conv2d_forward(&g, &to_f64(&x), &to_f64(&w)), format!("x{x_dims} w{w_dims} → y{y_dims} ({geometry_note})"))
+            let got = run_kernel(gpu, &[&x, &w], s.y_len(), |enc, i, out| {
+                kconv::conv2d_forward(gpu, enc, s, i[0], i[1], out)
+            })
+            .await?;
+            (
+                got,
+                rconv::conv2d_forward(&g, &to_f64(&x), &to_f64(&w)),
+                format!("x{x_dims} w{w_dims} → y{y_dims} ({geometry_note})"),
+            )
         }
         ConvOp::BackwardInput => {
-            let got =
-                run_kernel(gpu, &[&dy, &w], s.x_len(), |enc, i, out| kconv::conv2d_backward_input(gpu, enc, s, i[0], i[1], out)).await?;
-            (got, rconv::conv2d_backward_input(&g, &to_f64(&dy), &to_f64(&w)), format!("dy{y_dims} w{w_dims} → dx{x_dims} ({geometry_note})"))
+            let got = run_kernel(gpu, &[&dy, &w], s.x_len(), |enc, i, out| {
+                kconv::conv2d_backward_input(gpu, enc, s, i[0], i[1], out)
+            })
+            .await?;
+            (
+                got,
+                rconv::conv2d_backward_input(&g, &to_f64(&dy), &to_f64(&w)),
+                format!("dy{y_dims} w{w_dims} → dx{x_dims} ({geometry_note})"),
+            )
         }
         ConvOp::BackwardWeight => {
-            let got =
-                run_kernel(gpu, &[&dy, &x], s.w_len(), |enc, i, out| kconv::conv2d_backward_weight(gpu, enc, s, i[0], i[1], out)).await?;
-            (got, rconv::conv2d_backward_weight(&g, &to_f64(&dy), &to_f64(&x)), format!("dy{y_dims} x{x_dims} → dw{w_dims} ({geometry_note})"))
+            let got = run_kernel(gpu, &[&dy, &x], s.w_len(), |enc, i, out| {
+                kconv::conv2d_backward_weight(gpu, enc, s, i[0], i[1], out)
+            })
+            .await?;
+            (
+                got,
+                rconv::conv2d_backward_weight(&g, &to_f64(&dy), &to_f64(&x)),
+                format!("dy{y_dims} x{x_dims} → dw{w_dims} ({geometry_note})"),
+            )
         }
     };
-    Ok(KernelCheck { kernel, shape, elements: want.len() as u64, error: norm_rel(&got, &want), tolerance })
+    Ok(KernelCheck {
+        kernel,
+        shape,
+        elements: want.len() as u64,
+        error: norm_rel(&got, &want),
+        tolerance,
+    })
 }
 
-async fn check_elementwise(gpu: &Gpu, kernel: &'static str, op: ElementwiseOp, len: usize, seed: u64) -> Result<KernelCheck> {
+async fn check_elementwise(
+    gpu: &Gpu,
+    kernel: &'static str,
+    op: ElementwiseOp,
+    len: usize,
+    seed: u64,
+) -> Result<KernelCheck> {
     // A gate different from the input, so the mask is exercised rather than implied.
     let (a, b) = (uniform(seed, len), uniform(seed + 1, len));
     let (a64, b64) = (to_f64(&a), to_f64(&b));
     let n = len as u64;
     let (got, want, shape) = match op {
         ElementwiseOp::ReluForward => (
-            run_kernel(gpu, &[&a, &b], n, |enc, i, out| kelem::relu_forward(gpu, enc, i[0], i[1], out)).await?,
+            run_kernel(gpu, &[&a, &b], n, |enc, i, out| {
+                kelem::relu_forward(gpu, enc, i[0], i[1], out)
+            })
+            .await?,
             relem::relu_forward(&a64, &b64),
             format!("x[{len}] gate[{len}] → y[{len}]"),
         ),
         ElementwiseOp::ReluBackward => (
-            run_kernel(gpu, &[&a, &b], n, |enc, i, out| kelem::relu_backward(gpu, enc, i[0], i[1], out)).await?,
+            run_kernel(gpu, &[&a, &b], n, |enc, i, out| {
+                kelem::relu_backward(gpu, enc, i[0], i[1], out)
+            })
+            .await?,
             relem::relu_backward(&a64, &b64),
             format!("dy[{len}] gate[{len}] → dx[{len}]"),
         ),
         ElementwiseOp::Add => (
-            run_kernel(gpu, &[&a, &b], n, |enc, i, out| kelem::add(gpu, enc, i[0], i[1], out)).await?,
+            run_kernel(gpu, &[&a, &b], n, |enc, i, out| kelem::add(gpu, enc, i[0], i[1], out))
+                .await?,
             relem::add(&a64, &b64),
             format!("a[{len}] + b[{len}] → out[{len}]"),
         ),
@@ -276,8 +357,20 @@ mod tests {
 
     #[test]
     fn report_json_says_which_kernel_failed() {
-        let ok = KernelCheck { kernel: "add", shape: "a[3]".into(), elements: 3, error: 0.0, tolerance: 1e-7 };
-        let bad = KernelCheck { kernel: "relu_forward", shape: "x[3]".into(), elements: 3, error: f64::INFINITY, tolerance: 1e-7 };
+        let ok = KernelCheck {
+            kernel: "add",
+            shape: "a[3]".into(),
+            elements: 3,
+            error: 0.0,
+            tolerance: 1e-7,
+        };
+        let bad = KernelCheck {
+            kernel: "relu_forward",
+            shape: "x[3]".into(),
+            elements: 3,
+            error: f64::INFINITY,
+            tolerance: 1e-7,
+        };
         let report = SelfCheck { adapter: "test".into(), seed: 1, kernels: vec![ok, bad] };
         assert!(!report.passed());
         assert_eq!(report.worst().map(|k| k.kernel), Some("relu_forward"));

@@ -13,8 +13,12 @@ use crate::collective::CollectiveError;
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::conv2d::Conv2dOp;
-use crate::kernels::{avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError};
-use crate::model::{ActivationPattern, BatchNorm, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
+use crate::kernels::{
+    avgpool, batchnorm, conv2d, cross_entropy, dense, elementwise, maxpool, sgd, KernelError,
+};
+use crate::model::{
+    ActivationPattern, BatchNorm, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE,
+};
 
 pub const BN_EPS: f32 = 1e-5;
 
@@ -48,7 +52,13 @@ pub struct StepConfig {
 
 impl Default for StepConfig {
     fn default() -> Self {
-        StepConfig { label_smoothing: 0.1, lr: 0.01, momentum: 0.9, weight_decay: 5e-4, bn_momentum: 0.1 }
+        StepConfig {
+            label_smoothing: 0.1,
+            lr: 0.01,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            bn_momentum: 0.1,
+        }
     }
 }
 
@@ -91,7 +101,13 @@ pub trait BnSync {
     /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
     /// some offset to the end, growing from call to call, so a hook can start moving gradients
     /// while the backward goes on.
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> Result<()>;
+    async fn sums(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+        done: Slice<'_>,
+    ) -> Result<()>;
 }
 
 /// One BN site's rows in a [`BnSync`] call.
@@ -177,7 +193,9 @@ impl Scratch {
 
     fn take(&mut self, gpu: &Gpu, len: u64) -> Result<wgpu::Buffer> {
         let bytes = len.max(1) * 4;
-        if let Some((b, taken)) = self.buffers.iter_mut().find(|(b, taken)| !*taken && b.size() == bytes) {
+        if let Some((b, taken)) =
+            self.buffers.iter_mut().find(|(b, taken)| !*taken && b.size() == bytes)
+        {
             *taken = true;
             return Ok(b.clone());
         }
@@ -285,21 +303,41 @@ impl Replica {
         }
         let binding = gpu.limits.max_storage_buffer_binding_size;
         if (model.param_len as u64) * 4 > binding {
-            return Err(GpuError::Limit { what: "the flat parameter buffer".into(), needed: model.param_len as u64 * 4, allowed: binding, limit: "max_storage_buffer_binding_size" }.into());
+            return Err(GpuError::Limit {
+                what: "the flat parameter buffer".into(),
+                needed: model.param_len as u64 * 4,
+                allowed: binding,
+                limit: "max_storage_buffer_binding_size",
+            }
+            .into());
         }
         let params_buf = gpu.upload("params", params)?;
         let grads = gpu.buffer("grads", model.param_len as u64)?;
         let velocity = gpu.buffer("velocity", model.param_len as u64)?;
         let running_buf = gpu.upload("running", running)?;
-        Ok(Replica { gpu, model, params: params_buf, grads, velocity, running: running_buf, acts: HashMap::new(), scratch: Scratch::default() })
+        Ok(Replica {
+            gpu,
+            model,
+            params: params_buf,
+            grads,
+            velocity,
+            running: running_buf,
+            acts: HashMap::new(),
+            scratch: Scratch::default(),
+        })
     }
 
     /// Bytes this replica holds on its device: parameters, gradients, momentum, running
     /// statistics, every activation buffer (saved and scratch) and the kernels' scratch its
     /// `Gpu` keeps ([`Gpu::scratch`]).
     pub fn device_bytes(&self) -> u64 {
-        let flat = [&self.params, &self.grads, &self.velocity, &self.running].iter().map(|b| b.size()).sum::<u64>();
-        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>() + self.scratch.bytes() + self.gpu.scratch_bytes()
+        let flat = [&self.params, &self.grads, &self.velocity, &self.running]
+            .iter()
+            .map(|b| b.size())
+            .sum::<u64>();
+        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>()
+            + self.scratch.bytes()
+            + self.gpu.scratch_bytes()
     }
 
     fn param(&self, index: usize) -> Slice<'_> {
@@ -329,7 +367,14 @@ impl Replica {
 
     /// Forward, loss (divided by `divisor`) and backward for `batch`: leaves every parameter
     /// gradient in `grads` and updates the running statistics.
-    pub async fn forward_backward(&mut self, batch: &Batch, cfg: &StepConfig, divisor: f32, sync: &impl BnSync, opts: StepOptions<'_>) -> Result<StepOutput> {
+    pub async fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        cfg: &StepConfig,
+        divisor: f32,
+        sync: &impl BnSync,
+        opts: StepOptions<'_>,
+    ) -> Result<StepOutput> {
         cfg.validate()?;
         batch.validate(self.model.classes)?;
         ResNet34::check_image_size(batch.h, batch.w)?;
@@ -343,7 +388,16 @@ impl Replica {
         let labels = self.act("labels", n as u64)?;
         self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
 
-        let mut pass = Pass { enc: self.gpu.encoder(), sync, cfg, units: Vec::new(), relu_gates: Vec::new(), impose: opts.impose, pool_argmax: "pool.argmax", eval: None };
+        let mut pass = Pass {
+            enc: self.gpu.encoder(),
+            sync,
+            cfg,
+            units: Vec::new(),
+            relu_gates: Vec::new(),
+            impose: opts.impose,
+            pool_argmax: "pool.argmax",
+            eval: None,
+        };
         if let Some(p) = opts.impose {
             self.upload_pattern(p)?;
         }
@@ -358,7 +412,8 @@ impl Replica {
         self.gpu.submit(enc).await?;
         let mut logits = read.read::<f32>(&self.gpu).await?;
         let loss = logits.remove(0);
-        let pattern = if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
+        let pattern =
+            if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
         Ok(StepOutput { loss, logits, pattern })
     }
 
@@ -375,7 +430,16 @@ impl Replica {
         let input = self.act("input", batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
         let cfg = StepConfig::default();
-        let mut pass = Pass { enc: self.gpu.encoder(), sync: &LocalBn, cfg: &cfg, units: Vec::new(), relu_gates: Vec::new(), impose: None, pool_argmax: "pool.argmax", eval: Some(running) };
+        let mut pass = Pass {
+            enc: self.gpu.encoder(),
+            sync: &LocalBn,
+            cfg: &cfg,
+            units: Vec::new(),
+            relu_gates: Vec::new(),
+            impose: None,
+            pool_argmax: "pool.argmax",
+            eval: Some(running),
+        };
         let x = Dims { n: batch.len() as u32, c: 3, h: batch.h, w: batch.w };
         let (out, dims) = self.forward(&mut pass, x).await?;
         let (_, logits) = self.head_forward(&mut pass, &out, dims)?;
@@ -388,8 +452,16 @@ impl Replica {
     pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
         cfg.validate()?;
         let mut enc = self.gpu.encoder();
-        let p = sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
-        sgd::sgd_update(&self.gpu, &mut enc, &p, Slice::whole(&self.params), Slice::whole(&self.grads), Slice::whole(&self.velocity))?;
+        let p =
+            sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
+        sgd::sgd_update(
+            &self.gpu,
+            &mut enc,
+            &p,
+            Slice::whole(&self.params),
+            Slice::whole(&self.grads),
+            Slice::whole(&self.velocity),
+        )?;
         self.gpu.submit(enc).await?;
         Ok(())
     }
@@ -409,7 +481,11 @@ impl Replica {
     /// Replaces the momentum buffer (resuming from a checkpoint).
     pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
         if v.len() != self.model.param_len {
-            return Err(StepError::Invalid(format!("momentum has {} values, the layout needs {}", v.len(), self.model.param_len)));
+            return Err(StepError::Invalid(format!(
+                "momentum has {} values, the layout needs {}",
+                v.len(),
+                self.model.param_len
+            )));
         }
         self.gpu.queue.write_buffer(&self.velocity, 0, bytemuck::cast_slice(v));
         Ok(())
@@ -440,22 +516,53 @@ impl Replica {
     /// all of them, and the running statistics updated; eval mode: the running ones), saving
     /// each conv output and statistics the backward reads. Returns the units' indices; `bn_relu`
     /// or `bn_apply` applies their BN.
-    async fn conv_bn<S: BnSync, const K: usize>(&mut self, pass: &mut Pass<'_, S>, units: [ConvBn<'_>; K]) -> Result<[usize; K]> {
+    async fn conv_bn<S: BnSync, const K: usize>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        units: [ConvBn<'_>; K],
+    ) -> Result<[usize; K]> {
         let mut rows = Vec::with_capacity(K);
         for u in &units {
             self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
             let (conv, input) = (u.conv, u.input);
-            let out = Dims { n: input.n, c: conv.c_out, h: conv.out_size(input.h), w: conv.out_size(input.w) };
+            let out = Dims {
+                n: input.n,
+                c: conv.c_out,
+                h: conv.out_size(input.h),
+                w: conv.out_size(input.w),
+            };
             let shape = conv_shape(&conv, input);
             let y = self.act(&format!("{}.conv", u.name), out.len())?;
             match shape.crop() {
                 // The kept taps' weights, copied once for this forward and the input-VJP.
                 Some(crop) => {
                     let kept = self.act(&format!("{}.kept weights", u.name), crop.shape.w_len())?;
-                    conv2d::crop_weights(&self.gpu, &mut pass.enc, &shape, &crop, self.param(conv.weight), Slice::whole(&kept))?;
-                    conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::Forward, &crop, Slice::whole(u.x), Slice::whole(&kept), Slice::whole(&y))?;
+                    conv2d::crop_weights(
+                        &self.gpu,
+                        &mut pass.enc,
+                        &shape,
+                        &crop,
+                        self.param(conv.weight),
+                        Slice::whole(&kept),
+                    )?;
+                    conv2d::conv2d_launch_kept(
+                        &self.gpu,
+                        &mut pass.enc,
+                        Conv2dOp::Forward,
+                        &crop,
+                        Slice::whole(u.x),
+                        Slice::whole(&kept),
+                        Slice::whole(&y),
+                    )?;
                 }
-                None => conv2d::conv2d_forward(&self.gpu, &mut pass.enc, &shape, Slice::whole(u.x), self.param(conv.weight), Slice::whole(&y))?,
+                None => conv2d::conv2d_forward(
+                    &self.gpu,
+                    &mut pass.enc,
+                    &shape,
+                    Slice::whole(u.x),
+                    self.param(conv.weight),
+                    Slice::whole(&y),
+                )?,
             }
             if pass.eval.is_none() {
                 // The rows of every replica's examples: this device's first, then the hook's
@@ -463,15 +570,36 @@ impl Replica {
                 let bs = bn_shape(out);
                 let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
                 let r = self.act(&format!("{}.stats.rows", u.name), global.rows_len())?;
-                batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), Slice::new(&r, 0, bs.rows_len()))?;
+                batchnorm::bn_example_stats(
+                    &self.gpu,
+                    &mut pass.enc,
+                    &bs,
+                    Slice::whole(&y),
+                    Slice::new(&r, 0, bs.rows_len()),
+                )?;
                 rows.push(r);
             }
-            let site = self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| StepError::Invalid(format!("{} is not a BatchNorm of the model", u.name)))?;
-            pass.units.push(Unit { name: u.name.clone(), conv, bn: u.bn, site, input, out, count: 0 });
+            let site =
+                self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| {
+                    StepError::Invalid(format!("{} is not a BatchNorm of the model", u.name))
+                })?;
+            pass.units.push(Unit {
+                name: u.name.clone(),
+                conv,
+                bn: u.bn,
+                site,
+                input,
+                out,
+                count: 0,
+            });
         }
         let first = pass.units.len() - K;
         if pass.eval.is_none() {
-            let sites: Vec<BnRows> = pass.units[first..].iter().zip(&rows).map(|(u, rows)| BnRows { site: u.site, rows, local: u.out.n }).collect();
+            let sites: Vec<BnRows> = pass.units[first..]
+                .iter()
+                .zip(&rows)
+                .map(|(u, rows)| BnRows { site: u.site, rows, local: u.out.n })
+                .collect();
             pass.sync.stats(&self.gpu, &mut pass.enc, &sites).await?;
         }
         for (i, unit) in (first..pass.units.len()).enumerate() {
@@ -481,16 +609,33 @@ impl Replica {
             let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
             let count = match &pass.eval {
                 None => {
-                    let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bn_shape(out) };
-                    batchnorm::bn_merge_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(&rows[i]), Slice::whole(&stats))?;
+                    let global =
+                        batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bn_shape(out) };
+                    batchnorm::bn_merge_examples(
+                        &self.gpu,
+                        &mut pass.enc,
+                        &global,
+                        Slice::whole(&rows[i]),
+                        Slice::whole(&stats),
+                    )?;
                     let count = global.n * global.hw;
-                    batchnorm::bn_update_running(&self.gpu, &mut pass.enc, out.c, count, pass.cfg.bn_momentum, Slice::whole(&stats), self.running_slice(bn.running_mean), self.running_slice(bn.running_var))?;
+                    batchnorm::bn_update_running(
+                        &self.gpu,
+                        &mut pass.enc,
+                        out.c,
+                        count,
+                        pass.cfg.bn_momentum,
+                        Slice::whole(&stats),
+                        self.running_slice(bn.running_mean),
+                        self.running_slice(bn.running_var),
+                    )?;
                     count
                 }
                 Some(running) => {
                     // Running statistics in the packed [mean | M2] form the apply kernels read.
                     let local = out.n * out.hw();
-                    let (rm, rv) = (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
+                    let (rm, rv) =
+                        (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
                     let mut packed = running[rm.range()].to_vec();
                     packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
                     self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
@@ -504,13 +649,22 @@ impl Replica {
 
     /// The conv output and statistics `unit` saved.
     fn saved(&self, unit: &Unit) -> (wgpu::Buffer, wgpu::Buffer) {
-        (self.acts[&format!("{}.conv", unit.name)].clone(), self.acts[&format!("{}.stats", unit.name)].clone())
+        (
+            self.acts[&format!("{}.conv", unit.name)].clone(),
+            self.acts[&format!("{}.stats", unit.name)].clone(),
+        )
     }
 
     /// The BN output of `unit`, plus `shortcut` when given, through a ReLU into the saved
     /// activation `name`, in one fused kernel. The ReLU's gate is its own input, or the imposed
     /// mask of this ReLU site.
-    fn bn_relu<S>(&mut self, pass: &mut Pass<S>, unit: usize, shortcut: Option<&wgpu::Buffer>, name: &str) -> Result<wgpu::Buffer> {
+    fn bn_relu<S>(
+        &mut self,
+        pass: &mut Pass<S>,
+        unit: usize,
+        shortcut: Option<&wgpu::Buffer>,
+        name: &str,
+    ) -> Result<wgpu::Buffer> {
         let u = &pass.units[unit];
         let (y, stats) = self.saved(u);
         let r = self.act(name, u.out.len())?;
@@ -519,17 +673,33 @@ impl Replica {
             Some(p) => {
                 let expected = u.out.len();
                 if p.relu.get(site).map(|m| m.len() as u64) != Some(expected) {
-                    return Err(StepError::Invalid(format!("imposed pattern has no ReLU site {site} of {expected} units")));
+                    return Err(StepError::Invalid(format!(
+                        "imposed pattern has no ReLU site {site} of {expected} units"
+                    )));
                 }
                 Some(self.acts[&format!("impose.relu{site}")].clone())
             }
             None => None,
         };
         let (weight, bias) = (self.param(u.bn.weight), self.param(u.bn.bias));
-        batchnorm::bn_apply_relu(&self.gpu, &mut pass.enc, &bn_shape(u.out), u.count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), weight, bias, shortcut.map(Slice::whole), imposed.as_ref().map(Slice::whole), Slice::whole(&r))?;
+        batchnorm::bn_apply_relu(
+            &self.gpu,
+            &mut pass.enc,
+            &bn_shape(u.out),
+            u.count,
+            BN_EPS,
+            Slice::whole(&y),
+            Slice::whole(&stats),
+            weight,
+            bias,
+            shortcut.map(Slice::whole),
+            imposed.as_ref().map(Slice::whole),
+            Slice::whole(&r),
+        )?;
         // The backward masks with the output: r > 0 exactly where the ReLU's input was > 0;
         // under an imposed pattern the gate itself decides, so keep it for the backward.
-        let gate = if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
+        let gate =
+            if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
         pass.relu_gates.push(gate);
         Ok(r)
     }
@@ -541,14 +711,30 @@ impl Replica {
         let (y, stats) = self.saved(u);
         let z = self.scratch.take(&self.gpu, u.out.len())?;
         let (weight, bias) = (self.param(u.bn.weight), self.param(u.bn.bias));
-        batchnorm::bn_forward_apply(&self.gpu, &mut pass.enc, &bn_shape(u.out), u.count, BN_EPS, Slice::whole(&y), Slice::whole(&stats), weight, bias, Slice::whole(&z))?;
+        batchnorm::bn_forward_apply(
+            &self.gpu,
+            &mut pass.enc,
+            &bn_shape(u.out),
+            u.count,
+            BN_EPS,
+            Slice::whole(&y),
+            Slice::whole(&stats),
+            weight,
+            bias,
+            Slice::whole(&z),
+        )?;
         Ok(z)
     }
 
-    async fn forward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, x: Dims) -> Result<(wgpu::Buffer, Dims)> {
+    async fn forward<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        x: Dims,
+    ) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
         let input = self.acts["input"].clone();
-        let [stem] = self.conv_bn(pass, [ConvBn::new("stem", m.stem_conv, m.stem_bn, &input, x)]).await?;
+        let [stem] =
+            self.conv_bn(pass, [ConvBn::new("stem", m.stem_conv, m.stem_bn, &input, x)]).await?;
         let r = self.bn_relu(pass, stem, None, "stem.relu")?;
         let d = pass.units[stem].out;
         let ps = pool_shape(d);
@@ -557,15 +743,31 @@ impl Replica {
         match pass.impose {
             Some(p) => {
                 if p.pool_argmax.len() as u64 != pooled.len() {
-                    return Err(StepError::Invalid("imposed pattern's pool argmax has the wrong size".into()));
+                    return Err(StepError::Invalid(
+                        "imposed pattern's pool argmax has the wrong size".into(),
+                    ));
                 }
                 pass.pool_argmax = "impose.pool";
                 let given = self.acts["impose.pool"].clone();
-                maxpool::maxpool_forward_with_argmax(&self.gpu, &mut pass.enc, &ps, Slice::whole(&r), Slice::whole(&given), Slice::whole(&y))?;
+                maxpool::maxpool_forward_with_argmax(
+                    &self.gpu,
+                    &mut pass.enc,
+                    &ps,
+                    Slice::whole(&r),
+                    Slice::whole(&given),
+                    Slice::whole(&y),
+                )?;
             }
             None => {
                 let argmax = self.act("pool.argmax", pooled.len())?;
-                maxpool::maxpool_forward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&r), Slice::whole(&y), Slice::whole(&argmax))?;
+                maxpool::maxpool_forward(
+                    &self.gpu,
+                    &mut pass.enc,
+                    &ps,
+                    Slice::whole(&r),
+                    Slice::whole(&y),
+                    Slice::whole(&argmax),
+                )?;
             }
         }
         let (mut x, mut d) = (y, pooled);
@@ -575,13 +777,20 @@ impl Replica {
             // The downsample reads the block's input too: its statistics travel with conv1's.
             let (u1, ds) = match b.downsample {
                 Some((c, bn)) => {
-                    let [u1, ds] = self.conv_bn(pass, [conv1, ConvBn::new(&format!("{p}.ds"), c, bn, &x, d)]).await?;
+                    let [u1, ds] = self
+                        .conv_bn(pass, [conv1, ConvBn::new(&format!("{p}.ds"), c, bn, &x, d)])
+                        .await?;
                     (u1, Some(ds))
                 }
                 None => (self.conv_bn(pass, [conv1]).await?[0], None),
             };
             let r1 = self.bn_relu(pass, u1, None, &format!("{p}.relu1"))?;
-            let [u2] = self.conv_bn(pass, [ConvBn::new(&format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out)]).await?;
+            let [u2] = self
+                .conv_bn(
+                    pass,
+                    [ConvBn::new(&format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out)],
+                )
+                .await?;
             let out = match ds {
                 Some(ds) => {
                     let shortcut = self.bn_apply(pass, ds)?;
@@ -597,38 +806,104 @@ impl Replica {
     }
 
     /// Global average pool and fc: returns the pooled features and the logits.
-    fn head_forward<S>(&mut self, pass: &mut Pass<S>, x: &wgpu::Buffer, d: Dims) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+    fn head_forward<S>(
+        &mut self,
+        pass: &mut Pass<S>,
+        x: &wgpu::Buffer,
+        d: Dims,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         self.gpu.profile_scope("fc and loss");
         let feat = self.act("gap", (n * c) as u64)?;
-        avgpool::global_avgpool_forward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(x), Slice::whole(&feat))?;
+        avgpool::global_avgpool_forward(
+            &self.gpu,
+            &mut pass.enc,
+            &avgpool::AvgPoolShape { n, c, hw: d.hw() },
+            Slice::whole(x),
+            Slice::whole(&feat),
+        )?;
         let logits = self.act("logits", (n * k) as u64)?;
         let (fw, fb) = (self.param(self.model.fc_weight), self.param(self.model.fc_bias));
-        dense::dense_forward(&self.gpu, &mut pass.enc, &dense::DenseShape { m: n, k_in: c, k_out: k }, Slice::whole(&feat), fw, fb, Slice::whole(&logits))?;
+        dense::dense_forward(
+            &self.gpu,
+            &mut pass.enc,
+            &dense::DenseShape { m: n, k_in: c, k_out: k },
+            Slice::whole(&feat),
+            fw,
+            fb,
+            Slice::whole(&logits),
+        )?;
         Ok((feat, logits))
     }
 
     /// The loss (returned in a one-element buffer), then its backward through fc and the
     /// pool: returns the loss and the cotangent of the last block's output (scratch), where
     /// the blocks' backward starts.
-    fn loss_backward<S>(&mut self, pass: &mut Pass<S>, divisor: f32, feat: &wgpu::Buffer, logits: &wgpu::Buffer, d: Dims, labels: &wgpu::Buffer) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+    fn loss_backward<S>(
+        &mut self,
+        pass: &mut Pass<S>,
+        divisor: f32,
+        feat: &wgpu::Buffer,
+        logits: &wgpu::Buffer,
+        d: Dims,
+        labels: &wgpu::Buffer,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
         let losses = self.act("losses", n as u64)?;
         let loss = self.act("loss", 1)?;
         let (lg, lb, eps) = (Slice::whole(logits), Slice::whole(labels), pass.cfg.label_smoothing);
-        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, eps, divisor, lg, lb, Slice::whole(&losses), Slice::whole(&loss))?;
+        cross_entropy::cross_entropy_forward(
+            &self.gpu,
+            &mut pass.enc,
+            &cs,
+            eps,
+            divisor,
+            lg,
+            lb,
+            Slice::whole(&losses),
+            Slice::whole(&loss),
+        )?;
         let dlogits = self.act("logits.grad", (n * k) as u64)?;
-        cross_entropy::cross_entropy_backward(&self.gpu, &mut pass.enc, &cs, eps, divisor, lg, lb, Slice::whole(&dlogits))?;
+        cross_entropy::cross_entropy_backward(
+            &self.gpu,
+            &mut pass.enc,
+            &cs,
+            eps,
+            divisor,
+            lg,
+            lb,
+            Slice::whole(&dlogits),
+        )?;
         let ds = dense::DenseShape { m: n, k_in: c, k_out: k };
         let (fw, fb) = (self.model.fc_weight, self.model.fc_bias);
         let dfeat = self.act("gap.grad", (n * c) as u64)?;
         let dl = Slice::whole(&dlogits);
-        dense::dense_backward_input(&self.gpu, &mut pass.enc, &ds, dl, self.param(fw), Slice::whole(&dfeat))?;
-        dense::dense_backward_weight(&self.gpu, &mut pass.enc, &ds, dl, Slice::whole(feat), self.grad(fw))?;
+        dense::dense_backward_input(
+            &self.gpu,
+            &mut pass.enc,
+            &ds,
+            dl,
+            self.param(fw),
+            Slice::whole(&dfeat),
+        )?;
+        dense::dense_backward_weight(
+            &self.gpu,
+            &mut pass.enc,
+            &ds,
+            dl,
+            Slice::whole(feat),
+            self.grad(fw),
+        )?;
         dense::dense_backward_bias(&self.gpu, &mut pass.enc, &ds, dl, self.grad(fb))?;
         let dx = self.scratch.take(&self.gpu, d.len())?;
-        avgpool::global_avgpool_backward(&self.gpu, &mut pass.enc, &avgpool::AvgPoolShape { n, c, hw: d.hw() }, Slice::whole(&dfeat), Slice::whole(&dx))?;
+        avgpool::global_avgpool_backward(
+            &self.gpu,
+            &mut pass.enc,
+            &avgpool::AvgPoolShape { n, c, hw: d.hw() },
+            Slice::whole(&dfeat),
+            Slice::whole(&dx),
+        )?;
         Ok((loss, dx))
     }
 
@@ -637,7 +912,11 @@ impl Replica {
     /// gate as they read it), and its conv's input `x`: BN (the sums of all of them through the
     /// sync hook in one trip), then each conv's weight gradient and, where `input_grad`, the
     /// cotangent of its input (scratch), returned in the units' order.
-    async fn units_backward<S: BnSync, const K: usize>(&mut self, pass: &mut Pass<'_, S>, units: [UnitGrad<'_>; K]) -> Result<[Option<wgpu::Buffer>; K]> {
+    async fn units_backward<S: BnSync, const K: usize>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        units: [UnitGrad<'_>; K],
+    ) -> Result<[Option<wgpu::Buffer>; K]> {
         // Per unit: its saved conv output and statistics, its ReLU's gate, its BN rows and sums.
         let mut read = Vec::with_capacity(K);
         for g in &units {
@@ -650,11 +929,28 @@ impl Replica {
             let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
             let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
             let local_rows = Slice::new(&rows, 0, bs.rows_len());
-            batchnorm::bn_example_sums(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(&gate)), Slice::whole(&y), Slice::whole(&stats), local_rows)?;
+            batchnorm::bn_example_sums(
+                &self.gpu,
+                &mut pass.enc,
+                &bs,
+                count,
+                BN_EPS,
+                Slice::whole(g.dr),
+                Some(Slice::whole(&gate)),
+                Slice::whole(&y),
+                Slice::whole(&stats),
+                local_rows,
+            )?;
             // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay
             // local until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
             let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
-            batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &bs, local_rows, Slice::whole(&sums))?;
+            batchnorm::bn_sum_examples(
+                &self.gpu,
+                &mut pass.enc,
+                &bs,
+                local_rows,
+                Slice::whole(&sums),
+            )?;
             let c4 = out.c as u64 * 4;
             let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
             pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
@@ -666,7 +962,15 @@ impl Replica {
         let first = &pass.units[units[0].unit];
         let from = self.model.params[first.bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
-        let sites: Vec<BnRows> = units.iter().zip(&read).map(|(g, (.., rows, _))| BnRows { site: pass.units[g.unit].site, rows, local: pass.units[g.unit].out.n }).collect();
+        let sites: Vec<BnRows> = units
+            .iter()
+            .zip(&read)
+            .map(|(g, (.., rows, _))| BnRows {
+                site: pass.units[g.unit].site,
+                rows,
+                local: pass.units[g.unit].out.n,
+            })
+            .collect();
         pass.sync.sums(&self.gpu, &mut pass.enc, &sites, done).await?;
         let mut dxs = Vec::with_capacity(K);
         for (g, (y, stats, gate, rows, sums)) in units.iter().zip(&read) {
@@ -677,20 +981,61 @@ impl Replica {
             let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
             if global.n > bs.n {
                 // Over every replica's rows; on one device those are the rows just summed.
-                batchnorm::bn_sum_examples(&self.gpu, &mut pass.enc, &global, Slice::whole(rows), Slice::whole(sums))?;
+                batchnorm::bn_sum_examples(
+                    &self.gpu,
+                    &mut pass.enc,
+                    &global,
+                    Slice::whole(rows),
+                    Slice::whole(sums),
+                )?;
             }
             let dy = self.scratch.take(&self.gpu, out.len())?;
-            batchnorm::bn_backward_input(&self.gpu, &mut pass.enc, &bs, count, BN_EPS, Slice::whole(g.dr), Some(Slice::whole(gate)), Slice::whole(y), Slice::whole(stats), self.param(bn.weight), Slice::whole(sums), Slice::whole(&dy))?;
+            batchnorm::bn_backward_input(
+                &self.gpu,
+                &mut pass.enc,
+                &bs,
+                count,
+                BN_EPS,
+                Slice::whole(g.dr),
+                Some(Slice::whole(gate)),
+                Slice::whole(y),
+                Slice::whole(stats),
+                self.param(bn.weight),
+                Slice::whole(sums),
+                Slice::whole(&dy),
+            )?;
             let shape = conv_shape(&conv, input);
-            conv2d::conv2d_backward_weight(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), Slice::whole(g.x), self.grad(conv.weight))?;
+            conv2d::conv2d_backward_weight(
+                &self.gpu,
+                &mut pass.enc,
+                &shape,
+                Slice::whole(&dy),
+                Slice::whole(g.x),
+                self.grad(conv.weight),
+            )?;
             let dx = if g.input_grad {
                 let dx = self.scratch.take(&self.gpu, input.len())?;
                 match shape.crop() {
                     Some(crop) => {
                         let kept = &self.acts[&format!("{}.kept weights", u.name)];
-                        conv2d::conv2d_launch_kept(&self.gpu, &mut pass.enc, Conv2dOp::BackwardInput, &crop, Slice::whole(&dy), Slice::whole(kept), Slice::whole(&dx))?;
+                        conv2d::conv2d_launch_kept(
+                            &self.gpu,
+                            &mut pass.enc,
+                            Conv2dOp::BackwardInput,
+                            &crop,
+                            Slice::whole(&dy),
+                            Slice::whole(kept),
+                            Slice::whole(&dx),
+                        )?;
                     }
-                    None => conv2d::conv2d_backward_input(&self.gpu, &mut pass.enc, &shape, Slice::whole(&dy), self.param(conv.weight), Slice::whole(&dx))?,
+                    None => conv2d::conv2d_backward_input(
+                        &self.gpu,
+                        &mut pass.enc,
+                        &shape,
+                        Slice::whole(&dy),
+                        self.param(conv.weight),
+                        Slice::whole(&dx),
+                    )?,
                 }
                 Some(dx)
             } else {
@@ -704,7 +1049,11 @@ impl Replica {
 
     /// The blocks' and the stem's backward from `dout`, the cotangent of the last block's
     /// output. Every cotangent is scratch, given back after its last reader.
-    async fn backward<S: BnSync>(&mut self, pass: &mut Pass<'_, S>, mut dout: wgpu::Buffer) -> Result<()> {
+    async fn backward<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        mut dout: wgpu::Buffer,
+    ) -> Result<()> {
         let m = self.model.clone();
         // The stem is unit 0; blocks' units are found by name.
         let mut unit_of = HashMap::new();
@@ -713,17 +1062,33 @@ impl Replica {
         }
         for (i, b) in m.blocks.iter().enumerate().rev() {
             let p = block_name(i);
-            let block_input = if i == 0 { self.acts["pool"].clone() } else { self.acts[&format!("{}.out", block_name(i - 1))].clone() };
+            let block_input = if i == 0 {
+                self.acts["pool"].clone()
+            } else {
+                self.acts[&format!("{}.out", block_name(i - 1))].clone()
+            };
             // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
             let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
             // The downsample (last in the layout) first: units go backward in reverse layout
             // order, so the gradients final at each BN site are one suffix of the layout. It
             // and conv2 read the same cotangent: their BN sums travel together.
             let r1 = self.acts[&format!("{p}.relu1")].clone();
-            let conv2 = UnitGrad { unit: unit_of[&format!("{p}.2")], dr: &dout, relu_site: out, x: &r1, input_grad: true };
+            let conv2 = UnitGrad {
+                unit: unit_of[&format!("{p}.2")],
+                dr: &dout,
+                relu_site: out,
+                x: &r1,
+                input_grad: true,
+            };
             let (dx2, dr1) = match b.downsample {
                 Some(_) => {
-                    let ds = UnitGrad { unit: unit_of[&format!("{p}.ds")], dr: &dout, relu_site: out, x: &block_input, input_grad: true };
+                    let ds = UnitGrad {
+                        unit: unit_of[&format!("{p}.ds")],
+                        dr: &dout,
+                        relu_site: out,
+                        x: &block_input,
+                        input_grad: true,
+                    };
                     let [dx2, dr1] = self.units_backward(pass, [ds, conv2]).await?;
                     (dx2, dr1)
                 }
@@ -733,7 +1098,13 @@ impl Replica {
                 }
             };
             let dr1 = dr1.expect("conv2's input cotangent was asked for");
-            let conv1 = UnitGrad { unit: unit_of[&format!("{p}.1")], dr: &dr1, relu_site: relu1, x: &block_input, input_grad: true };
+            let conv1 = UnitGrad {
+                unit: unit_of[&format!("{p}.1")],
+                dr: &dr1,
+                relu_site: relu1,
+                x: &block_input,
+                input_grad: true,
+            };
             let [dx1] = self.units_backward(pass, [conv1]).await?;
             let dx1 = dx1.expect("conv1's input cotangent was asked for");
             self.scratch.give_back(&dr1);
@@ -741,12 +1112,25 @@ impl Replica {
             let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
             match dx2 {
                 Some(dx2) => {
-                    elementwise::add(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dx2), Slice::whole(&dx))?;
+                    elementwise::add(
+                        &self.gpu,
+                        &mut pass.enc,
+                        Slice::whole(&dx1),
+                        Slice::whole(&dx2),
+                        Slice::whole(&dx),
+                    )?;
                     self.scratch.give_back(&dx2);
                 }
                 None => {
                     let gate = self.acts[&pass.relu_gates[out]].clone();
-                    elementwise::add_relu_backward(&self.gpu, &mut pass.enc, Slice::whole(&dx1), Slice::whole(&dout), Slice::whole(&gate), Slice::whole(&dx))?;
+                    elementwise::add_relu_backward(
+                        &self.gpu,
+                        &mut pass.enc,
+                        Slice::whole(&dx1),
+                        Slice::whole(&dout),
+                        Slice::whole(&gate),
+                        Slice::whole(&dx),
+                    )?;
                 }
             }
             self.scratch.give_back(&dx1);
@@ -757,11 +1141,22 @@ impl Replica {
         let ps = pool_shape(stem.out);
         let dr = self.scratch.take(&self.gpu, stem.out.len())?;
         let argmax = self.acts[pass.pool_argmax].clone();
-        maxpool::maxpool_backward(&self.gpu, &mut pass.enc, &ps, Slice::whole(&dout), Slice::whole(&argmax), Slice::whole(&dr))?;
+        maxpool::maxpool_backward(
+            &self.gpu,
+            &mut pass.enc,
+            &ps,
+            Slice::whole(&dout),
+            Slice::whole(&argmax),
+            Slice::whole(&dr),
+        )?;
         self.scratch.give_back(&dout);
         let input = self.acts["input"].clone();
         // The stem's input is the image: no cotangent needed.
-        self.units_backward(pass, [UnitGrad { unit: 0, dr: &dr, relu_site: 0, x: &input, input_grad: false }]).await?;
+        self.units_backward(
+            pass,
+            [UnitGrad { unit: 0, dr: &dr, relu_site: 0, x: &input, input_grad: false }],
+        )
+        .await?;
         self.scratch.give_back(&dr);
         Ok(())
     }
@@ -777,7 +1172,17 @@ fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
 
 /// The kernel shape of `conv` on `n` inputs of `h`×`w`: what the step launches.
 pub fn conv2d_shape(c: &Conv, n: u32, h: u32, w: u32) -> conv2d::Conv2dShape {
-    conv2d::Conv2dShape { n, c_in: c.c_in, h, w, c_out: c.c_out, kh: c.k, kw: c.k, stride: c.stride, pad: c.pad }
+    conv2d::Conv2dShape {
+        n,
+        c_in: c.c_in,
+        h,
+        w,
+        c_out: c.c_out,
+        kh: c.k,
+        kw: c.k,
+        stride: c.stride,
+        pad: c.pad,
+    }
 }
 
 fn bn_shape(d: Dims) -> batchnorm::BnShape {
@@ -785,5 +1190,13 @@ fn bn_shape(d: Dims) -> batchnorm::BnShape {
 }
 
 fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {
-    maxpool::MaxPoolShape { n: d.n, c: d.c, h: d.h, w: d.w, k: POOL_K, stride: POOL_STRIDE, pad: POOL_PAD }
+    maxpool::MaxPoolShape {
+        n: d.n,
+        c: d.c,
+        h: d.h,
+        w: d.w,
+        k: POOL_K,
+        stride: POOL_STRIDE,
+        pad: POOL_PAD,
+    }
 }

@@ -43,18 +43,26 @@ impl TensorFile {
     /// Reads a file (native only: a browser has no file system; use [`TensorFile::from_bytes`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read(path: &Path) -> Result<TensorFile, TensorFileError> {
-        let bytes = std::fs::read(path).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
         TensorFile::from_bytes(path, &bytes)
     }
 
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TensorFile, TensorFileError> {
-        let st = SafeTensors::deserialize(bytes).map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
-        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let (_, header) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
         let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
         let mut tensors = BTreeMap::new();
         for (name, view) in st.iter() {
-            let (values, integer) = decode(&view).ok_or_else(|| TensorFileError::Dtype { path: path.into(), name: name.into(), dtype: view.dtype() })?;
-            tensors.insert(name.to_string(), Tensor { shape: view.shape().to_vec(), values, integer });
+            let (values, integer) = decode(&view).ok_or_else(|| TensorFileError::Dtype {
+                path: path.into(),
+                name: name.into(),
+                dtype: view.dtype(),
+            })?;
+            tensors
+                .insert(name.to_string(), Tensor { shape: view.shape().to_vec(), values, integer });
         }
         Ok(TensorFile { path: path.into(), tensors, metadata })
     }
@@ -65,13 +73,20 @@ impl TensorFile {
 
     /// The tensor `name`, which must exist and have `shape`.
     pub fn require(&self, name: &str, shape: &[usize]) -> Result<&Tensor, TensorFileError> {
-        let t = self.get(name).ok_or_else(|| TensorFileError::Missing { path: self.path.clone(), name: name.into() })?;
+        let t = self.get(name).ok_or_else(|| TensorFileError::Missing {
+            path: self.path.clone(),
+            name: name.into(),
+        })?;
         self.check_shape(name, t, shape)?;
         Ok(t)
     }
 
     /// The tensor `name` if present, checked against `shape`.
-    pub fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<&Tensor>, TensorFileError> {
+    pub fn optional(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<&Tensor>, TensorFileError> {
         match self.get(name) {
             Some(t) => self.check_shape(name, t, shape).map(|_| Some(t)),
             None => Ok(None),
@@ -80,7 +95,12 @@ impl TensorFile {
 
     fn check_shape(&self, name: &str, t: &Tensor, shape: &[usize]) -> Result<(), TensorFileError> {
         if t.shape != shape {
-            return Err(TensorFileError::Shape { path: self.path.clone(), name: name.into(), got: t.shape.clone(), expected: shape.to_vec() });
+            return Err(TensorFileError::Shape {
+                path: self.path.clone(),
+                name: name.into(),
+                got: t.shape.clone(),
+                expected: shape.to_vec(),
+            });
         }
         Ok(())
     }
@@ -95,7 +115,9 @@ fn decode(view: &TensorView) -> Option<(Vec<f64>, bool)> {
         Dtype::F64 => (le(d, f64::from_le_bytes), false),
         Dtype::F32 => (le(d, |b| f32::from_le_bytes(b) as f64), false),
         Dtype::F16 => (le(d, |b| f16_to_f32(u16::from_le_bytes(b)) as f64), false),
-        Dtype::BF16 => (le(d, |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64), false),
+        Dtype::BF16 => {
+            (le(d, |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64), false)
+        }
         Dtype::I64 => (le(d, |b| i64::from_le_bytes(b) as f64), true),
         Dtype::I32 => (le(d, |b| i32::from_le_bytes(b) as f64), true),
         Dtype::I16 => (le(d, |b| i16::from_le_bytes(b) as f64), true),
@@ -113,7 +135,10 @@ fn f16_to_f32(h: u16) -> f32 {
     let frac = (h & 0x3ff) as u32;
     let bits = match exp {
         0 if frac == 0 => sign,
-        0 => return f32::from_bits(sign) + (frac as f32) * 2f32.powi(-24) * if sign != 0 { -1.0 } else { 1.0 },
+        0 => {
+            return f32::from_bits(sign)
+                + (frac as f32) * 2f32.powi(-24) * if sign != 0 { -1.0 } else { 1.0 }
+        }
         31 => sign | 0x7f80_0000 | (frac << 13),
         _ => sign | (((exp - 15 + 127) as u32) << 23) | (frac << 13),
     };
@@ -126,20 +151,32 @@ pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
 /// Writes `entries` as f32 safetensors (with `metadata` in the header) to `path` atomically:
 /// a temp file beside it, then rename. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn write_f32(path: &Path, entries: &[Entry], metadata: &BTreeMap<String, String>) -> Result<(), TensorFileError> {
+pub fn write_f32(
+    path: &Path,
+    entries: &[Entry],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), TensorFileError> {
     let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
     let views = entries
         .iter()
         .map(|(n, shape, v)| {
             TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(v))
                 .map(|view| (n.clone(), view))
-                .map_err(|e| TensorFileError::Io { path: path.into(), message: format!("tensor `{n}`: {e}") })
+                .map_err(|e| TensorFileError::Io {
+                    path: path.into(),
+                    message: format!("tensor `{n}`: {e}"),
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    let bytes = safetensors::tensor::serialize(views, info).map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
-    let file_name = path.file_name().ok_or_else(|| TensorFileError::Io { path: path.into(), message: "not a file path".into() })?;
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
+    let bytes = safetensors::tensor::serialize(views, info)
+        .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+    let file_name = path.file_name().ok_or_else(|| TensorFileError::Io {
+        path: path.into(),
+        message: "not a file path".into(),
+    })?;
+    let tmp =
+        path.with_file_name(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
     let write = || -> std::io::Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
@@ -147,9 +184,11 @@ pub fn write_f32(path: &Path, entries: &[Entry], metadata: &BTreeMap<String, Str
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
-    write().inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    }).map_err(io)
+    write()
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .map_err(io)
 }
 
 #[cfg(test)]

@@ -78,7 +78,11 @@ impl Trainer {
 
     /// The same, data-parallel: replica r on `gpus[r]`, each taking batch/R images of every
     /// step. The batch must divide by the number of replicas.
-    pub fn data_parallel(gpus: Vec<Gpu>, cfg: TrainConfig, resume: Option<Checkpoint>) -> Result<Trainer> {
+    pub fn data_parallel(
+        gpus: Vec<Gpu>,
+        cfg: TrainConfig,
+        resume: Option<Checkpoint>,
+    ) -> Result<Trainer> {
         cfg.step.validate().map_err(invalid)?;
         if cfg.batch == 0 {
             return Err(invalid(StepError::Invalid("batch must be at least 1".into())));
@@ -97,7 +101,15 @@ impl Trainer {
                 dp.write_velocity(&ck.velocity)?;
                 (dp, ck.step)
             }
-            None => (DataParallel::from_gpus(gpus, &model, &model.init_params(cfg.seed), &model.init_buffers())?, 0),
+            None => (
+                DataParallel::from_gpus(
+                    gpus,
+                    &model,
+                    &model.init_params(cfg.seed),
+                    &model.init_buffers(),
+                )?,
+                0,
+            ),
         };
         Ok(Trainer { replicas, cfg, step })
     }
@@ -119,7 +131,10 @@ impl Trainer {
         let out = self.replicas.forward_backward(&batch, &cfg, ParallelOptions::default()).await?;
         let loss = out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32;
         if !loss.is_finite() {
-            return Err(invalid(StepError::Invalid(format!("the loss became {loss} at step {}: lower the learning rate", self.step))));
+            return Err(invalid(StepError::Invalid(format!(
+                "the loss became {loss} at step {}: lower the learning rate",
+                self.step
+            ))));
         }
         self.replicas.sgd_update(&cfg).await?;
         self.step += 1;
@@ -134,10 +149,22 @@ impl Trainer {
         let mut done = 0;
         while done < examples {
             let m = c.batch.min(examples - done);
-            let batch = synthetic_batch(c.seed ^ HELD_OUT_SEED, done as u64, m, c.image_size, c.image_size, c.classes);
+            let batch = synthetic_batch(
+                c.seed ^ HELD_OUT_SEED,
+                done as u64,
+                m,
+                c.image_size,
+                c.image_size,
+                c.classes,
+            );
             let logits = self.replicas.predict(&batch).await?;
             let k = c.classes as usize;
-            correct += batch.labels.iter().enumerate().filter(|&(i, &y)| argmax(&logits[i * k..(i + 1) * k]) == y as usize).count();
+            correct += batch
+                .labels
+                .iter()
+                .enumerate()
+                .filter(|&(i, &y)| argmax(&logits[i * k..(i + 1) * k]) == y as usize)
+                .count();
             done += m;
         }
         Ok(Evaluation { examples, correct })
@@ -147,8 +174,13 @@ impl Trainer {
     /// must agree bit for bit, so a checkpoint never holds one replica's diverged copy.
     pub async fn checkpoint(&self) -> Result<Checkpoint> {
         let one = |all: Vec<Vec<f32>>, what: &str| -> Result<Vec<f32>> {
-            match all.iter().position(|v| v.iter().zip(&all[0]).any(|(a, b)| a.to_bits() != b.to_bits())) {
-                Some(r) => Err(invalid(StepError::Invalid(format!("replica {r}'s {what} differ from replica 0's: not writing a checkpoint")))),
+            match all
+                .iter()
+                .position(|v| v.iter().zip(&all[0]).any(|(a, b)| a.to_bits() != b.to_bits()))
+            {
+                Some(r) => Err(invalid(StepError::Invalid(format!(
+                    "replica {r}'s {what} differ from replica 0's: not writing a checkpoint"
+                )))),
                 None => Ok(all.into_iter().next().unwrap_or_default()),
             }
         };

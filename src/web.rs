@@ -32,7 +32,9 @@ use crate::train::{TrainConfig, Trainer};
 /// panic hook that prints the panic message before the module traps.
 #[wasm_bindgen(start)]
 fn start() {
-    std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&format!("syncstep panicked: {info}").into())));
+    std::panic::set_hook(Box::new(|info| {
+        web_sys::console::error_1(&format!("syncstep panicked: {info}").into())
+    }));
     if log::set_logger(&CONSOLE).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
     }
@@ -42,8 +44,11 @@ fn start() {
 /// (pipeline compiles, devices) or `trace`.
 #[wasm_bindgen]
 pub fn set_log_level(level: &str) -> Result<(), JsError> {
-    let filter: log::LevelFilter =
-        level.parse().map_err(|_| JsError::new(&format!("unknown log level `{level}`: use off, error, warn, info, debug or trace")))?;
+    let filter: log::LevelFilter = level.parse().map_err(|_| {
+        JsError::new(&format!(
+            "unknown log level `{level}`: use off, error, warn, info, debug or trace"
+        ))
+    })?;
     log::set_max_level(filter);
     Ok(())
 }
@@ -89,7 +94,8 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
         (wgpu::Features::SHADER_F16, "shader-f16"),
         (wgpu::Features::SUBGROUP, "subgroups"),
     ];
-    let features = json::array(named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| json::string(n)));
+    let features =
+        json::array(named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| json::string(n)));
     let report = json::Object::new()
         .str("backend", &format!("{:?}", info.backend))
         .str("name", &info.name)
@@ -98,7 +104,10 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
         .str("architecture", &browser.architecture)
         .str("device", &browser.device)
         .str("description", &browser.description)
-        .raw("isFallbackAdapter", browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }))
+        .raw(
+            "isFallbackAdapter",
+            browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }),
+        )
         .raw("limits", &limits)
         .raw("features", &features)
         .int("parameterBytes", ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4)
@@ -112,7 +121,10 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
 /// (`error` is null where the GPU produced NaN). `on_progress`, if given, is called with
 /// `{phase: "started"|"finished", index, total, kernel, result?}` around each kernel.
 #[wasm_bindgen]
-pub async fn kernel_selfcheck(seed: u32, on_progress: Option<Function>) -> Result<JsValue, JsError> {
+pub async fn kernel_selfcheck(
+    seed: u32,
+    on_progress: Option<Function>,
+) -> Result<JsValue, JsError> {
     let gpu = device().await?;
     let mut report_progress = |p: Progress| {
         let Some(callback) = &on_progress else { return };
@@ -149,7 +161,15 @@ pub async fn kernel_selfcheck(seed: u32, on_progress: Option<Function>) -> Resul
 /// called with `{phase, index, total, gates}` as each phase starts (`gates`: those decided so
 /// far, as in the report), and `index == total` when done.
 #[wasm_bindgen]
-pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u32, golden: Option<String>, on_progress: Option<Function>) -> Result<JsValue, JsError> {
+pub async fn run_gates(
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    seed: u32,
+    steps: u32,
+    golden: Option<String>,
+    on_progress: Option<Function>,
+) -> Result<JsValue, JsError> {
     let cfg = CheckConfig {
         replicas: replicas as usize,
         batch: batch as usize,
@@ -169,11 +189,18 @@ pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u
     let mut report_progress = |p: &CheckProgress| {
         if let Some(callback) = &on_progress {
             let gates = json::array(p.gates.iter().map(GateRow::to_json));
-            let event = json::Object::new().str("phase", &p.phase).int("index", p.index as u64).int("total", p.total as u64).raw("gates", &gates).finish();
+            let event = json::Object::new()
+                .str("phase", &p.phase)
+                .int("index", p.index as u64)
+                .int("total", p.total as u64)
+                .raw("gates", &gates)
+                .finish();
             call_progress(callback, &event);
         }
     };
-    let report = run_check_on(&cfg, devices, golden.as_ref(), &mut report_progress).await.map_err(js_error)?;
+    let report = run_check_on(&cfg, devices, golden.as_ref(), &mut report_progress)
+        .await
+        .map_err(js_error)?;
     parse(&report.to_json())
 }
 
@@ -183,11 +210,24 @@ pub async fn run_gates(replicas: u32, batch: u32, size: u32, seed: u32, steps: u
 /// called after each step with `{step, steps, loss}`. Resolves to `{replicas,
 /// batch_per_replica, image_size, seed, adapters, losses}`.
 #[wasm_bindgen]
-pub async fn train_demo(replicas: u32, batch: u32, size: u32, steps: u32, seed: u32, on_step: Option<Function>) -> Result<JsValue, JsError> {
+pub async fn train_demo(
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    steps: u32,
+    seed: u32,
+    on_step: Option<Function>,
+) -> Result<JsValue, JsError> {
     if replicas == 0 || batch == 0 {
         return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
     }
-    let cfg = TrainConfig { batch: (replicas * batch) as usize, image_size: size, classes: 10, seed: seed.into(), step: StepConfig::default() };
+    let cfg = TrainConfig {
+        batch: (replicas * batch) as usize,
+        image_size: size,
+        classes: 10,
+        seed: seed.into(),
+        step: StepConfig::default(),
+    };
     ResNet34::check_image_size(size, size).map_err(js_error)?;
     let model = ResNet34::new(cfg.classes).map_err(js_error)?;
     let gpus = browser_devices(replicas as usize, Some(&model)).await?;
@@ -197,7 +237,14 @@ pub async fn train_demo(replicas: u32, batch: u32, size: u32, steps: u32, seed: 
         let loss = trainer.train_step().await.map_err(js_error)?;
         losses.push(json::number(loss.into()));
         if let Some(callback) = &on_step {
-            call_progress(callback, &json::Object::new().int("step", step.into()).int("steps", steps.into()).num("loss", loss.into()).finish());
+            call_progress(
+                callback,
+                &json::Object::new()
+                    .int("step", step.into())
+                    .int("steps", steps.into())
+                    .num("loss", loss.into())
+                    .finish(),
+            );
         }
     }
     let report = json::Object::new()
@@ -238,7 +285,10 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
             });
         };
         let limits = adapter.limits();
-        for (limit, allowed) in [("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size), ("maxBufferSize", limits.max_buffer_size)] {
+        for (limit, allowed) in [
+            ("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size),
+            ("maxBufferSize", limits.max_buffer_size),
+        ] {
             let Some(model) = model else { break };
             let need = model.param_len as u64 * 4;
             if allowed < need {
@@ -263,7 +313,8 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.
 fn call_progress(callback: &Function, event_json: &str) {
-    let result = js_sys::JSON::parse(event_json).and_then(|event| callback.call1(&JsValue::NULL, &event));
+    let result =
+        js_sys::JSON::parse(event_json).and_then(|event| callback.call1(&JsValue::NULL, &event));
     if let Err(e) = result {
         log::warn!("progress callback failed: {}", describe_js(&e));
     }
@@ -289,7 +340,9 @@ fn no_adapter() -> JsError {
 
 /// Parses report JSON written by [`crate::json`] into a JS object.
 fn parse(json_text: &str) -> Result<JsValue, JsError> {
-    js_sys::JSON::parse(json_text).map_err(|e| JsError::new(&format!("internal error: report is not JSON ({})", describe_js(&e))))
+    js_sys::JSON::parse(json_text).map_err(|e| {
+        JsError::new(&format!("internal error: report is not JSON ({})", describe_js(&e)))
+    })
 }
 
 /// A thrown JS value as text: an Error's message, or its string form.
@@ -302,7 +355,8 @@ fn describe_js(v: &JsValue) -> String {
 
 /// `navigator.gpu` in a window or a worker, if defined.
 fn navigator_gpu() -> Option<JsValue> {
-    let navigator = Reflect::get(&js_sys::global(), &"navigator".into()).ok().filter(|v| v.is_object())?;
+    let navigator =
+        Reflect::get(&js_sys::global(), &"navigator".into()).ok().filter(|v| v.is_object())?;
     Reflect::get(&navigator, &"gpu".into()).ok().filter(|v| v.is_object())
 }
 
@@ -321,13 +375,23 @@ impl BrowserAdapterInfo {
         if !self.description.is_empty() {
             return self.description.clone();
         }
-        let parts: Vec<&str> = [&self.vendor, &self.architecture, &self.device].into_iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
-        if parts.is_empty() { "WebGPU adapter".into() } else { parts.join(" ") }
+        let parts: Vec<&str> = [&self.vendor, &self.architecture, &self.device]
+            .into_iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if parts.is_empty() {
+            "WebGPU adapter".into()
+        } else {
+            parts.join(" ")
+        }
     }
 }
 
 async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, JsError> {
-    let js = |e: JsValue| JsError::new(&format!("navigator.gpu.requestAdapter failed: {}", describe_js(&e)));
+    let js = |e: JsValue| {
+        JsError::new(&format!("navigator.gpu.requestAdapter failed: {}", describe_js(&e)))
+    };
     let request: Function = Reflect::get(gpu_js, &"requestAdapter".into())
         .map_err(js)?
         .dyn_into()
@@ -340,8 +404,12 @@ async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, Js
         return Err(no_adapter());
     }
     let info = Reflect::get(&adapter, &"info".into()).unwrap_or(JsValue::UNDEFINED);
-    let text = |key: &str| Reflect::get(&info, &key.into()).ok().and_then(|v| v.as_string()).unwrap_or_default();
-    let flag = |obj: &JsValue| Reflect::get(obj, &"isFallbackAdapter".into()).ok().and_then(|v| v.as_bool());
+    let text = |key: &str| {
+        Reflect::get(&info, &key.into()).ok().and_then(|v| v.as_string()).unwrap_or_default()
+    };
+    let flag = |obj: &JsValue| {
+        Reflect::get(obj, &"isFallbackAdapter".into()).ok().and_then(|v| v.as_bool())
+    };
     Ok(BrowserAdapterInfo {
         vendor: text("vendor"),
         architecture: text("architecture"),

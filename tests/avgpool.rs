@@ -61,13 +61,48 @@ fn global_avgpool_rejects_wrong_lengths_and_zero_dimensions() {
     let s = AvgPoolShape { n: 2, c: 5, hw: 2 }; // x 20, y 10
     let mut enc = gpu.encoder();
     let cases = [
-        ("global_avgpool_forward", "x", k::global_avgpool_forward(gpu, &mut enc, &s, s10, s10), "expected 20 (n*c*hw)"),
-        ("global_avgpool_forward", "y", k::global_avgpool_forward(gpu, &mut enc, &s, s20, s20), "expected 10 (n*c)"),
-        ("global_avgpool_backward", "dy", k::global_avgpool_backward(gpu, &mut enc, &s, s20, s20), "expected 10 (n*c)"),
-        ("global_avgpool_backward", "dx", k::global_avgpool_backward(gpu, &mut enc, &s, s10, s10), "expected 20 (n*c*hw)"),
-        ("global_avgpool_forward", "hw", k::global_avgpool_forward(gpu, &mut enc, &AvgPoolShape { hw: 0, ..s }, s20, s10), "is 0"),
-        ("global_avgpool_backward", "n", k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { n: 0, ..s }, s10, s20), "is 0"),
-        ("global_avgpool_backward", "c", k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { c: 0, ..s }, s10, s20), "is 0"),
+        (
+            "global_avgpool_forward",
+            "x",
+            k::global_avgpool_forward(gpu, &mut enc, &s, s10, s10),
+            "expected 20 (n*c*hw)",
+        ),
+        (
+            "global_avgpool_forward",
+            "y",
+            k::global_avgpool_forward(gpu, &mut enc, &s, s20, s20),
+            "expected 10 (n*c)",
+        ),
+        (
+            "global_avgpool_backward",
+            "dy",
+            k::global_avgpool_backward(gpu, &mut enc, &s, s20, s20),
+            "expected 10 (n*c)",
+        ),
+        (
+            "global_avgpool_backward",
+            "dx",
+            k::global_avgpool_backward(gpu, &mut enc, &s, s10, s10),
+            "expected 20 (n*c*hw)",
+        ),
+        (
+            "global_avgpool_forward",
+            "hw",
+            k::global_avgpool_forward(gpu, &mut enc, &AvgPoolShape { hw: 0, ..s }, s20, s10),
+            "is 0",
+        ),
+        (
+            "global_avgpool_backward",
+            "n",
+            k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { n: 0, ..s }, s10, s20),
+            "is 0",
+        ),
+        (
+            "global_avgpool_backward",
+            "c",
+            k::global_avgpool_backward(gpu, &mut enc, &AvgPoolShape { c: 0, ..s }, s10, s20),
+            "is 0",
+        ),
     ];
     assert_arg_errors(cases);
 }
@@ -79,6 +114,13 @@ fn global_avgpool_backward_refuses_a_binding_over_the_device_limit() {
     let s = AvgPoolShape { n: 1, c: 1, hw: (1 << 18) + 1 };
     let (dy, dx) = (gpu.buffer("dy", 1).unwrap(), gpu.buffer("dx", s.input_len()).unwrap());
     let mut enc = gpu.encoder();
-    let msg = k::global_avgpool_backward(&gpu, &mut enc, &s, Slice::whole(&dy), Slice::whole(&dx)).unwrap_err().to_string();
-    assert!(msg.contains("global_avgpool_backward") && msg.contains("`dx`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+    let msg = k::global_avgpool_backward(&gpu, &mut enc, &s, Slice::whole(&dy), Slice::whole(&dx))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("global_avgpool_backward")
+            && msg.contains("`dx`")
+            && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
 }

@@ -30,9 +30,19 @@ fn forward_stats(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, x: Slice, stats:
 
 /// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
 #[allow(clippy::too_many_arguments)]
-fn backward_sums(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, count: u32, dy: Slice, x: Slice, stats: Slice, sums: Slice) {
+fn backward_sums(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    count: u32,
+    dy: Slice,
+    x: Slice,
+    stats: Slice,
+    sums: Slice,
+) {
     let rows = poisoned(gpu, "sums rows", shape.rows_len() as usize);
-    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, Slice::whole(&rows)).unwrap();
+    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, Slice::whole(&rows))
+        .unwrap();
     k::bn_sum_examples(gpu, enc, shape, Slice::whole(&rows), sums).unwrap();
 }
 
@@ -71,18 +81,60 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     let beta = uniform(seed + 3, c);
     let (run_mean0, run_var0) = (uniform(seed + 4, c), uniform_in(seed + 5, c, 0.5, 1.5));
     let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
-    let (bx, bdy, bgamma, bbeta) = (up("x", &x), up("dy", &dy), up("gamma", &gamma), up("beta", &beta));
+    let (bx, bdy, bgamma, bbeta) =
+        (up("x", &x), up("dy", &dy), up("gamma", &gamma), up("beta", &beta));
     let (brun_mean, brun_var) = (up("running_mean", &run_mean0), up("running_var", &run_var0));
-    let (stats, y, sums, dx) = (poisoned(gpu, "stats", 2 * c), poisoned(gpu, "y", len), poisoned(gpu, "sums", 2 * c), poisoned(gpu, "dx", len));
+    let (stats, y, sums, dx) = (
+        poisoned(gpu, "stats", 2 * c),
+        poisoned(gpu, "y", len),
+        poisoned(gpu, "sums", 2 * c),
+        poisoned(gpu, "dx", len),
+    );
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
-    k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+    k::bn_forward_apply(
+        gpu,
+        &mut enc,
+        &shape,
+        count,
+        EPS,
+        s(&bx),
+        s(&stats),
+        s(&bgamma),
+        s(&bbeta),
+        s(&y),
+    )
+    .unwrap();
     if count >= 2 {
-        k::bn_update_running(gpu, &mut enc, shape.c, count, MOMENTUM, s(&stats), s(&brun_mean), s(&brun_var)).unwrap();
+        k::bn_update_running(
+            gpu,
+            &mut enc,
+            shape.c,
+            count,
+            MOMENTUM,
+            s(&stats),
+            s(&brun_mean),
+            s(&brun_var),
+        )
+        .unwrap();
     }
     backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
-    k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
+    k::bn_backward_input(
+        gpu,
+        &mut enc,
+        &shape,
+        count,
+        EPS,
+        s(&bdy),
+        None,
+        s(&bx),
+        s(&stats),
+        s(&bgamma),
+        s(&sums),
+        s(&dx),
+    )
+    .unwrap();
     submit(gpu, enc);
 
     let (x64, dy64, gamma64, beta64) = (to_f64(&x), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
@@ -90,7 +142,13 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     let what = |k: &str| format!("{shape:?} {k}");
     let ref_stats = r::bn_forward_stats(d, &x64);
     let gpu_stats_raw = read(gpu, &stats);
-    assert_packed_close(&what("forward stats"), &gpu_stats_raw, &ref_stats.mean, &ref_stats.m2, 1e-4);
+    assert_packed_close(
+        &what("forward stats"),
+        &gpu_stats_raw,
+        &ref_stats.mean,
+        &ref_stats.m2,
+        1e-4,
+    );
     // Downstream kernels are checked against the reference fed the GPU's own stats and sums.
     let gpu_stats = unpack_stats(count as usize, &gpu_stats_raw);
     let ref_y = r::bn_forward_apply(d, &x64, &gpu_stats, eps, &gamma64, &beta64);
@@ -103,13 +161,32 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     }
     let ref_sums = r::bn_backward_sums(d, &dy64, &x64, &gpu_stats, eps);
     let gpu_sums_raw = read(gpu, &sums);
-    assert_packed_close(&what("backward sums"), &gpu_sums_raw, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
-    let ref_dx = r::bn_backward_input(d, &dy64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&gpu_sums_raw));
+    assert_packed_close(
+        &what("backward sums"),
+        &gpu_sums_raw,
+        &ref_sums.dy,
+        &ref_sums.dy_xhat,
+        1e-4,
+    );
+    let ref_dx = r::bn_backward_input(
+        d,
+        &dy64,
+        &x64,
+        &gpu_stats,
+        eps,
+        &gamma64,
+        &unpack_sums(&gpu_sums_raw),
+    );
     assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
     // And the whole chain against the all-f64 chain.
     let ref_sums_all = r::bn_backward_sums(d, &dy64, &x64, &ref_stats, eps);
     let ref_dx_all = r::bn_backward_input(d, &dy64, &x64, &ref_stats, eps, &gamma64, &ref_sums_all);
-    assert_close(&what("forward chain"), &read(gpu, &y), &r::bn_forward_apply(d, &x64, &ref_stats, eps, &gamma64, &beta64), 1e-5);
+    assert_close(
+        &what("forward chain"),
+        &read(gpu, &y),
+        &r::bn_forward_apply(d, &x64, &ref_stats, eps, &gamma64, &beta64),
+        1e-5,
+    );
     assert_close(&what("backward chain"), &read(gpu, &dx), &ref_dx_all, 1e-4);
 }
 
@@ -148,37 +225,83 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
         let (dy, dy_other) = (uniform(seed + 1, len), uniform(seed + 6, len));
         let gamma = uniform_in(seed + 2, cu, 0.5, 1.5);
         let beta = uniform(seed + 3, cu);
-        let (x64, other64, dy64, gamma64, beta64) = (to_f64(&x), to_f64(&other), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
+        let (x64, other64, dy64, gamma64, beta64) =
+            (to_f64(&x), to_f64(&other), to_f64(&dy), to_f64(&gamma), to_f64(&beta));
         let eps = EPS as f64;
         // The merged stats, rounded to f32 as a replica would receive them.
-        let merged = r::bn_merge_stats(&[r::bn_forward_stats(d, &x64), r::bn_forward_stats(d, &other64)]);
+        let merged =
+            r::bn_merge_stats(&[r::bn_forward_stats(d, &x64), r::bn_forward_stats(d, &other64)]);
         let stats32 = pack(&merged.mean, &merged.m2);
         let global = unpack_stats(merged.count, &stats32);
         let count = global.count as u32;
         let other_sums = r::bn_backward_sums(d, &to_f64(&dy_other), &other64, &global, eps);
 
         let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
-        let (bx, bdy, bstats, bgamma, bbeta) = (up("x", &x), up("dy", &dy), up("stats", &stats32), up("gamma", &gamma), up("beta", &beta));
+        let (bx, bdy, bstats, bgamma, bbeta) = (
+            up("x", &x),
+            up("dy", &dy),
+            up("stats", &stats32),
+            up("gamma", &gamma),
+            up("beta", &beta),
+        );
         let (y, sums) = (poisoned(gpu, "y", len), poisoned(gpu, "sums", 2 * cu));
         let s = Slice::whole;
         let mut enc = gpu.encoder();
-        k::bn_forward_apply(gpu, &mut enc, &shape, count, EPS, s(&bx), s(&bstats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+        k::bn_forward_apply(
+            gpu,
+            &mut enc,
+            &shape,
+            count,
+            EPS,
+            s(&bx),
+            s(&bstats),
+            s(&bgamma),
+            s(&bbeta),
+            s(&y),
+        )
+        .unwrap();
         backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&bstats), s(&sums));
         submit(gpu, enc);
         let what = |k: &str| format!("{shape:?} count {count} {k}");
-        assert_close(&what("bn_forward_apply"), &read(gpu, &y), &r::bn_forward_apply(d, &x64, &global, eps, &gamma64, &beta64), 1e-5);
+        assert_close(
+            &what("bn_forward_apply"),
+            &read(gpu, &y),
+            &r::bn_forward_apply(d, &x64, &global, eps, &gamma64, &beta64),
+            1e-5,
+        );
         let local = read(gpu, &sums);
         let ref_local = r::bn_backward_sums(d, &dy64, &x64, &global, eps);
-        assert_packed_close(&what("backward sums"), &local, &ref_local.dy, &ref_local.dy_xhat, 1e-4);
+        assert_packed_close(
+            &what("backward sums"),
+            &local,
+            &ref_local.dy,
+            &ref_local.dy_xhat,
+            1e-4,
+        );
 
         // The all-reduce: local + other, in f32, as the collective would.
         let other32 = pack(&other_sums.dy, &other_sums.dy_xhat);
         let total: Vec<f32> = local.iter().zip(&other32).map(|(a, b)| a + b).collect();
         let (bsums, dx) = (up("total", &total), poisoned(gpu, "dx", len));
         let mut enc = gpu.encoder();
-        k::bn_backward_input(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&bstats), s(&bgamma), s(&bsums), s(&dx)).unwrap();
+        k::bn_backward_input(
+            gpu,
+            &mut enc,
+            &shape,
+            count,
+            EPS,
+            s(&bdy),
+            None,
+            s(&bx),
+            s(&bstats),
+            s(&bgamma),
+            s(&bsums),
+            s(&dx),
+        )
+        .unwrap();
         submit(gpu, enc);
-        let ref_dx = r::bn_backward_input(d, &dy64, &x64, &global, eps, &gamma64, &unpack_sums(&total));
+        let ref_dx =
+            r::bn_backward_input(d, &dy64, &x64, &global, eps, &gamma64, &unpack_sums(&total));
         assert_close(&what("bn_backward_input"), &read(gpu, &dx), &ref_dx, 1e-5);
     }
 }
@@ -194,7 +317,16 @@ fn reductions_are_bitwise_deterministic() {
         let s = Slice::whole;
         let mut enc = gpu.encoder();
         forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
-        backward_sums(gpu, &mut enc, &shape, shape.positions() as u32, s(&bdy), s(&bx), s(&stats), s(&sums));
+        backward_sums(
+            gpu,
+            &mut enc,
+            &shape,
+            shape.positions() as u32,
+            s(&bdy),
+            s(&bx),
+            s(&stats),
+            s(&sums),
+        );
         submit(gpu, enc);
         let bits = |b| read(gpu, b).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         (bits(&stats), bits(&sums))
@@ -216,15 +348,35 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         let s = Slice::whole;
         let shape = BnShape { n: ex.len() as u32, ..whole };
         let len = shape.tensor_len() as usize;
-        let (bx, bdy) = (gpu.upload("x", &x[ex.start * len / ex.len()..][..len]).unwrap(), gpu.upload("dy", &dy[ex.start * len / ex.len()..][..len]).unwrap());
-        let (rows, own_stats, srows, sums) = (poisoned(gpu, "rows", shape.rows_len() as usize), poisoned(gpu, "stats", 128), poisoned(gpu, "srows", shape.rows_len() as usize), poisoned(gpu, "sums", 128));
+        let (bx, bdy) = (
+            gpu.upload("x", &x[ex.start * len / ex.len()..][..len]).unwrap(),
+            gpu.upload("dy", &dy[ex.start * len / ex.len()..][..len]).unwrap(),
+        );
+        let (rows, own_stats, srows, sums) = (
+            poisoned(gpu, "rows", shape.rows_len() as usize),
+            poisoned(gpu, "stats", 128),
+            poisoned(gpu, "srows", shape.rows_len() as usize),
+            poisoned(gpu, "sums", 128),
+        );
         let mut enc = gpu.encoder();
         k::bn_example_stats(gpu, &mut enc, &shape, s(&bx), s(&rows)).unwrap();
         k::bn_merge_examples(gpu, &mut enc, &shape, s(&rows), s(&own_stats)).unwrap();
         submit(gpu, enc);
         let stats = gpu.upload("given stats", stats.unwrap_or(&read(gpu, &own_stats))).unwrap();
         let mut enc = gpu.encoder();
-        k::bn_example_sums(gpu, &mut enc, &shape, count, EPS, s(&bdy), None, s(&bx), s(&stats), s(&srows)).unwrap();
+        k::bn_example_sums(
+            gpu,
+            &mut enc,
+            &shape,
+            count,
+            EPS,
+            s(&bdy),
+            None,
+            s(&bx),
+            s(&stats),
+            s(&srows),
+        )
+        .unwrap();
         k::bn_sum_examples(gpu, &mut enc, &shape, s(&srows), s(&sums)).unwrap();
         submit(gpu, enc);
         (read(gpu, &rows), read(gpu, &own_stats), read(gpu, &srows), read(gpu, &sums))
@@ -234,9 +386,17 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         let shards: Vec<_> = (0..8 / n).map(|r| run(r * n..(r + 1) * n, Some(&stats))).collect();
         let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.0.clone()).collect();
         assert_eq!(bits(&gathered), bits(&rows), "stats rows, shards of {n}");
-        let (gathered_buf, merged) = (gpu.upload("gathered", &gathered).unwrap(), poisoned(gpu, "merged", 128));
+        let (gathered_buf, merged) =
+            (gpu.upload("gathered", &gathered).unwrap(), poisoned(gpu, "merged", 128));
         let mut enc = gpu.encoder();
-        k::bn_merge_examples(gpu, &mut enc, &whole, Slice::whole(&gathered_buf), Slice::whole(&merged)).unwrap();
+        k::bn_merge_examples(
+            gpu,
+            &mut enc,
+            &whole,
+            Slice::whole(&gathered_buf),
+            Slice::whole(&merged),
+        )
+        .unwrap();
         submit(gpu, enc);
         assert_eq!(bits(&read(gpu, &merged)), bits(&stats), "merged stats, shards of {n}");
         let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.2.clone()).collect();
@@ -277,38 +437,97 @@ fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
         let (gamma, beta) = (uniform_in(seed + 1, c, 0.5, 1.5), uniform(seed + 2, c));
         let (shortcut, gate) = (uniform(seed + 3, len), uniform(seed + 4, len));
         let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
-        let (bx, bgamma, bbeta, bshortcut, bgate) = (up("x", &x), up("gamma", &gamma), up("beta", &beta), up("shortcut", &shortcut), up("gate", &gate));
+        let (bx, bgamma, bbeta, bshortcut, bgate) = (
+            up("x", &x),
+            up("gamma", &gamma),
+            up("beta", &beta),
+            up("shortcut", &shortcut),
+            up("gate", &gate),
+        );
         let stats = poisoned(gpu, "stats", 2 * c);
         let s = Slice::whole;
         let mut enc = gpu.encoder();
         forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
         submit(gpu, enc);
         let gpu_stats = unpack_stats(count as usize, &read(gpu, &stats));
-        let (x64, gamma64, beta64, shortcut64, gate64) = (to_f64(&x), to_f64(&gamma), to_f64(&beta), to_f64(&shortcut), to_f64(&gate));
+        let (x64, gamma64, beta64, shortcut64, gate64) =
+            (to_f64(&x), to_f64(&gamma), to_f64(&beta), to_f64(&shortcut), to_f64(&gate));
         for residual in [false, true] {
             for imposed in [false, true] {
                 let what = format!("{shape:?} residual {residual} imposed gate {imposed}");
                 let s = Slice::whole;
-                let (fused, y, sum, unfused) = (poisoned(gpu, "fused", len), poisoned(gpu, "y", len), poisoned(gpu, "sum", len), poisoned(gpu, "unfused", len));
+                let (fused, y, sum, unfused) = (
+                    poisoned(gpu, "fused", len),
+                    poisoned(gpu, "y", len),
+                    poisoned(gpu, "sum", len),
+                    poisoned(gpu, "unfused", len),
+                );
                 let mut enc = gpu.encoder();
                 let e = &mut enc;
-                let (given_shortcut, given_gate) = (residual.then(|| s(&bshortcut)), imposed.then(|| s(&bgate)));
-                k::bn_apply_relu(gpu, e, shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), given_shortcut, given_gate, s(&fused)).unwrap();
-                k::bn_forward_apply(gpu, e, shape, count, EPS, s(&bx), s(&stats), s(&bgamma), s(&bbeta), s(&y)).unwrap();
+                let (given_shortcut, given_gate) =
+                    (residual.then(|| s(&bshortcut)), imposed.then(|| s(&bgate)));
+                k::bn_apply_relu(
+                    gpu,
+                    e,
+                    shape,
+                    count,
+                    EPS,
+                    s(&bx),
+                    s(&stats),
+                    s(&bgamma),
+                    s(&bbeta),
+                    given_shortcut,
+                    given_gate,
+                    s(&fused),
+                )
+                .unwrap();
+                k::bn_forward_apply(
+                    gpu,
+                    e,
+                    shape,
+                    count,
+                    EPS,
+                    s(&bx),
+                    s(&stats),
+                    s(&bgamma),
+                    s(&bbeta),
+                    s(&y),
+                )
+                .unwrap();
                 let v = if residual {
-                    syncstep::kernels::elementwise::add(gpu, e, s(&y), s(&bshortcut), s(&sum)).unwrap();
+                    syncstep::kernels::elementwise::add(gpu, e, s(&y), s(&bshortcut), s(&sum))
+                        .unwrap();
                     &sum
                 } else {
                     &y
                 };
                 let relu_gate = if imposed { &bgate } else { v };
-                syncstep::kernels::elementwise::relu_forward(gpu, e, s(v), s(relu_gate), s(&unfused)).unwrap();
+                syncstep::kernels::elementwise::relu_forward(
+                    gpu,
+                    e,
+                    s(v),
+                    s(relu_gate),
+                    s(&unfused),
+                )
+                .unwrap();
                 submit(gpu, enc);
                 let out = read(gpu, &fused);
                 assert_eq!(bits(&out), bits(&read(gpu, &unfused)), "{what}: fused vs unfused bits");
                 let zeros = out.iter().filter(|&&v| v == 0.0).count();
-                assert!(zeros > len / 10 && zeros < len * 9 / 10, "{what}: {zeros} of {len} zero, the ReLU is barely exercised");
-                let want = r::bn_apply_relu(d, &x64, &gpu_stats, EPS as f64, &gamma64, &beta64, residual.then_some(&shortcut64[..]), imposed.then_some(&gate64[..]));
+                assert!(
+                    zeros > len / 10 && zeros < len * 9 / 10,
+                    "{what}: {zeros} of {len} zero, the ReLU is barely exercised"
+                );
+                let want = r::bn_apply_relu(
+                    d,
+                    &x64,
+                    &gpu_stats,
+                    EPS as f64,
+                    &gamma64,
+                    &beta64,
+                    residual.then_some(&shortcut64[..]),
+                    imposed.then_some(&gate64[..]),
+                );
                 assert_close(&what, &out, &want, 1e-5);
             }
         }
@@ -325,10 +544,12 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
         let d = dims(shape);
         let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
         let count = shape.positions() as u32;
-        let (x, dy, gate) = (activations(seed, shape), uniform(seed + 1, len), uniform(seed + 2, len));
+        let (x, dy, gate) =
+            (activations(seed, shape), uniform(seed + 1, len), uniform(seed + 2, len));
         let gamma = uniform_in(seed + 3, c, 0.5, 1.5);
         let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
-        let (bx, bdy, bgate, bgamma) = (up("x", &x), up("dy", &dy), up("gate", &gate), up("gamma", &gamma));
+        let (bx, bdy, bgate, bgamma) =
+            (up("x", &x), up("dy", &dy), up("gate", &gate), up("gamma", &gamma));
         let stats = poisoned(gpu, "stats", 2 * c);
         let s = Slice::whole;
         let mut enc = gpu.encoder();
@@ -338,18 +559,39 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
         let run = |gated: bool| {
             let s = Slice::whole;
             let p = |label| poisoned(gpu, label, len);
-            let (dz, rows, sums, dx) = (p("dz"), poisoned(gpu, "rows", shape.rows_len() as usize), poisoned(gpu, "sums", 2 * c), p("dx"));
+            let (dz, rows, sums, dx) = (
+                p("dz"),
+                poisoned(gpu, "rows", shape.rows_len() as usize),
+                poisoned(gpu, "sums", 2 * c),
+                p("dx"),
+            );
             let mut enc = gpu.encoder();
             let e = &mut enc;
             let (dy, gate) = if gated {
                 (s(&bdy), Some(s(&bgate)))
             } else {
-                syncstep::kernels::elementwise::relu_backward(gpu, e, s(&bdy), s(&bgate), s(&dz)).unwrap();
+                syncstep::kernels::elementwise::relu_backward(gpu, e, s(&bdy), s(&bgate), s(&dz))
+                    .unwrap();
                 (s(&dz), None)
             };
-            k::bn_example_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&rows)).unwrap();
+            k::bn_example_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&rows))
+                .unwrap();
             k::bn_sum_examples(gpu, e, shape, s(&rows), s(&sums)).unwrap();
-            k::bn_backward_input(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&bgamma), s(&sums), s(&dx)).unwrap();
+            k::bn_backward_input(
+                gpu,
+                e,
+                shape,
+                count,
+                EPS,
+                dy,
+                gate,
+                s(&bx),
+                s(&stats),
+                s(&bgamma),
+                s(&sums),
+                s(&dx),
+            )
+            .unwrap();
             submit(gpu, enc);
             (read(gpu, &rows), read(gpu, &sums), read(gpu, &dx))
         };
@@ -362,8 +604,15 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
         let (x64, gamma64, eps) = (to_f64(&x), to_f64(&gamma), EPS as f64);
         let dz64 = syncstep::reference::elementwise::relu_backward(&to_f64(&dy), &to_f64(&gate));
         let ref_sums = r::bn_backward_sums(d, &dz64, &x64, &gpu_stats, eps);
-        assert_packed_close(&format!("{shape:?} gated sums"), &fused.1, &ref_sums.dy, &ref_sums.dy_xhat, 1e-4);
-        let ref_dx = r::bn_backward_input(d, &dz64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&fused.1));
+        assert_packed_close(
+            &format!("{shape:?} gated sums"),
+            &fused.1,
+            &ref_sums.dy,
+            &ref_sums.dy_xhat,
+            1e-4,
+        );
+        let ref_dx =
+            r::bn_backward_input(d, &dz64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&fused.1));
         assert_close(&format!("{shape:?} gated dx"), &fused.2, &ref_dx, 1e-5);
     }
 }
@@ -373,18 +622,56 @@ fn fused_launchers_reject_wrong_lengths() {
     let Some(gpu) = gpu() else { return };
     let shape = BnShape { n: 2, c: 3, hw: 5 };
     let b = |len| gpu.buffer("b", len).unwrap();
-    let (x, out, dy, dx, stats, sums, gamma, beta, rows, short) = (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12), b(29));
+    let (x, out, dy, dx, stats, sums, gamma, beta, rows, short) =
+        (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12), b(29));
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     let e = &mut enc;
-    let apply = |e: &mut Encoder, shortcut, gate, out| k::bn_apply_relu(gpu, e, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), shortcut, gate, out);
+    let apply = |e: &mut Encoder, shortcut, gate, out| {
+        k::bn_apply_relu(
+            gpu,
+            e,
+            &shape,
+            10,
+            EPS,
+            s(&x),
+            s(&stats),
+            s(&gamma),
+            s(&beta),
+            shortcut,
+            gate,
+            out,
+        )
+    };
     apply(e, Some(s(&dy)), Some(s(&dx)), s(&out)).unwrap();
-    let sums_of = |e: &mut Encoder, gate| k::bn_example_sums(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&rows));
-    let input_of = |e: &mut Encoder, gate| k::bn_backward_input(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&gamma), s(&sums), s(&dx));
+    let sums_of = |e: &mut Encoder, gate| {
+        k::bn_example_sums(gpu, e, &shape, 10, EPS, s(&dy), gate, s(&x), s(&stats), s(&rows))
+    };
+    let input_of = |e: &mut Encoder, gate| {
+        k::bn_backward_input(
+            gpu,
+            e,
+            &shape,
+            10,
+            EPS,
+            s(&dy),
+            gate,
+            s(&x),
+            s(&stats),
+            s(&gamma),
+            s(&sums),
+            s(&dx),
+        )
+    };
     sums_of(e, Some(s(&out))).unwrap();
     input_of(e, Some(s(&out))).unwrap();
     assert_arg_errors([
-        ("bn_apply_relu", "shortcut", apply(e, Some(s(&short)), None, s(&out)), "expected 30 (n·c·hw)"),
+        (
+            "bn_apply_relu",
+            "shortcut",
+            apply(e, Some(s(&short)), None, s(&out)),
+            "expected 30 (n·c·hw)",
+        ),
         ("bn_apply_relu", "gate", apply(e, None, Some(s(&short)), s(&out)), "expected 30 (n·c·hw)"),
         ("bn_apply_relu", "out", apply(e, None, None, s(&short)), "expected 30 (n·c·hw)"),
         ("bn_example_sums", "gate", sums_of(e, Some(s(&short))), "expected 30 (n·c·hw)"),
@@ -399,12 +686,53 @@ fn fused_kernels_fit_webgpus_default_storage_buffer_count() {
     let Some(gpu) = gpu_with_limits(|l| l.max_storage_buffers_per_shader_stage = 8) else { return };
     let shape = BnShape { n: 2, c: 3, hw: 5 };
     let b = |len| gpu.buffer("b", len).unwrap();
-    let (x, shortcut, gate, out, dy, dx, stats, sums, gamma, beta, rows) = (b(30), b(30), b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12));
+    let (x, shortcut, gate, out, dy, dx, stats, sums, gamma, beta, rows) =
+        (b(30), b(30), b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(12));
     let s = Slice::whole;
     let mut enc = gpu.encoder();
-    k::bn_apply_relu(&gpu, &mut enc, &shape, 10, EPS, s(&x), s(&stats), s(&gamma), s(&beta), Some(s(&shortcut)), Some(s(&gate)), s(&out)).unwrap();
-    k::bn_example_sums(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&rows)).unwrap();
-    k::bn_backward_input(&gpu, &mut enc, &shape, 10, EPS, s(&dy), Some(s(&gate)), s(&x), s(&stats), s(&gamma), s(&sums), s(&dx)).unwrap();
+    k::bn_apply_relu(
+        &gpu,
+        &mut enc,
+        &shape,
+        10,
+        EPS,
+        s(&x),
+        s(&stats),
+        s(&gamma),
+        s(&beta),
+        Some(s(&shortcut)),
+        Some(s(&gate)),
+        s(&out),
+    )
+    .unwrap();
+    k::bn_example_sums(
+        &gpu,
+        &mut enc,
+        &shape,
+        10,
+        EPS,
+        s(&dy),
+        Some(s(&gate)),
+        s(&x),
+        s(&stats),
+        s(&rows),
+    )
+    .unwrap();
+    k::bn_backward_input(
+        &gpu,
+        &mut enc,
+        &shape,
+        10,
+        EPS,
+        s(&dy),
+        Some(s(&gate)),
+        s(&x),
+        s(&stats),
+        s(&gamma),
+        s(&sums),
+        s(&dx),
+    )
+    .unwrap();
     submit(&gpu, enc);
 }
 
@@ -423,39 +751,96 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     let zero = BnShape { hw: 0, ..shape };
     let b = |len| gpu.buffer("b", len).unwrap();
     // Distinct buffers everywhere, so the valid launches are valid dispatches too.
-    let (x, y, dy, dx, stats, sums, gamma, beta, run_mean, run_var, short) = (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(3), b(3), b(5));
+    let (x, y, dy, dx, stats, sums, gamma, beta, run_mean, run_var, short) =
+        (b(30), b(30), b(30), b(30), b(6), b(6), b(3), b(3), b(3), b(3), b(5));
     let (rows, rows2) = (b(12), b(12));
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     let e = &mut enc;
 
     k::bn_example_stats(gpu, e, &shape, s(&x), s(&rows)).unwrap();
-    expect_arg(k::bn_example_stats(gpu, e, &shape, s(&x), s(&stats)), "bn_example_stats", "rows", "expected 12 (n·2·c");
-    expect_arg(k::bn_example_stats(gpu, e, &zero, s(&x), s(&rows)), "bn_example_stats", "shape.hw", "is 0");
+    expect_arg(
+        k::bn_example_stats(gpu, e, &shape, s(&x), s(&stats)),
+        "bn_example_stats",
+        "rows",
+        "expected 12 (n·2·c",
+    );
+    expect_arg(
+        k::bn_example_stats(gpu, e, &zero, s(&x), s(&rows)),
+        "bn_example_stats",
+        "shape.hw",
+        "is 0",
+    );
     k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats)).unwrap();
-    expect_arg(k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short)), "bn_merge_examples", "stats", "expected 6 (2·c");
+    expect_arg(
+        k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short)),
+        "bn_merge_examples",
+        "stats",
+        "expected 6 (2·c",
+    );
 
-    let apply = |e: &mut Encoder, shape: &BnShape, count, g| k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y));
+    let apply = |e: &mut Encoder, shape: &BnShape, count, g| {
+        k::bn_forward_apply(gpu, e, shape, count, EPS, s(&x), s(&stats), g, s(&beta), s(&y))
+    };
     apply(e, &shape, 10, s(&gamma)).unwrap();
     expect_arg(apply(e, &shape, 10, s(&short)), "bn_forward_apply", "gamma", "expected 3 (c)");
     expect_arg(apply(e, &zero, 10, s(&gamma)), "bn_forward_apply", "shape.hw", "is 0");
-    expect_arg(apply(e, &shape, 9, s(&gamma)), "bn_forward_apply", "count", "expected at least n·hw = 10");
+    expect_arg(
+        apply(e, &shape, 9, s(&gamma)),
+        "bn_forward_apply",
+        "count",
+        "expected at least n·hw = 10",
+    );
 
-    let example_sums = |e: &mut Encoder, shape: &BnShape, count, d| k::bn_example_sums(gpu, e, shape, count, EPS, d, None, s(&x), s(&stats), s(&rows2));
+    let example_sums = |e: &mut Encoder, shape: &BnShape, count, d| {
+        k::bn_example_sums(gpu, e, shape, count, EPS, d, None, s(&x), s(&stats), s(&rows2))
+    };
     example_sums(e, &shape, 20, s(&dy)).unwrap();
-    expect_arg(example_sums(e, &shape, 20, s(&short)), "bn_example_sums", "dy", "expected 30 (n·c·hw)");
+    expect_arg(
+        example_sums(e, &shape, 20, s(&short)),
+        "bn_example_sums",
+        "dy",
+        "expected 30 (n·c·hw)",
+    );
     expect_arg(example_sums(e, &zero, 20, s(&dy)), "bn_example_sums", "shape.hw", "is 0");
     expect_arg(example_sums(e, &shape, 1, s(&dy)), "bn_example_sums", "count", "expected at least");
     k::bn_sum_examples(gpu, e, &shape, s(&rows2), s(&sums)).unwrap();
-    expect_arg(k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)), "bn_sum_examples", "rows", "expected 12 (n·2·c");
+    expect_arg(
+        k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)),
+        "bn_sum_examples",
+        "rows",
+        "expected 12 (n·2·c",
+    );
 
-    let input = |e: &mut Encoder, shape: &BnShape, count, sm| k::bn_backward_input(gpu, e, shape, count, EPS, s(&dy), None, s(&x), s(&stats), s(&gamma), sm, s(&dx));
+    let input = |e: &mut Encoder, shape: &BnShape, count, sm| {
+        k::bn_backward_input(
+            gpu,
+            e,
+            shape,
+            count,
+            EPS,
+            s(&dy),
+            None,
+            s(&x),
+            s(&stats),
+            s(&gamma),
+            sm,
+            s(&dx),
+        )
+    };
     input(e, &shape, 10, s(&sums)).unwrap();
-    expect_arg(input(e, &shape, 10, s(&short)), "bn_backward_input", "sums", "expected 6 (2·c: [Σdy | Σdy·x̂])");
+    expect_arg(
+        input(e, &shape, 10, s(&short)),
+        "bn_backward_input",
+        "sums",
+        "expected 6 (2·c: [Σdy | Σdy·x̂])",
+    );
     expect_arg(input(e, &zero, 10, s(&sums)), "bn_backward_input", "shape.hw", "is 0");
     expect_arg(input(e, &shape, 0, s(&sums)), "bn_backward_input", "count", "expected at least");
 
-    let running = |e: &mut Encoder, c, count, var| k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var);
+    let running = |e: &mut Encoder, c, count, var| {
+        k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var)
+    };
     running(e, 3, 2, s(&run_var)).unwrap();
     expect_arg(running(e, 3, 2, s(&short)), "bn_update_running", "running_var", "expected 3 (c)");
     expect_arg(running(e, 0, 2, s(&run_var)), "bn_update_running", "c", "is 0");
@@ -471,8 +856,26 @@ fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     let count = shape.positions() as u32;
-    let msg = k::bn_forward_apply(&gpu, &mut enc, &shape, count, EPS, s(&x), s(&stats), s(&per_c), s(&per_c), s(&x)).unwrap_err().to_string();
-    assert!(msg.contains("bn_forward_apply") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+    let msg = k::bn_forward_apply(
+        &gpu,
+        &mut enc,
+        &shape,
+        count,
+        EPS,
+        s(&x),
+        s(&stats),
+        s(&per_c),
+        s(&per_c),
+        s(&x),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("bn_forward_apply")
+            && msg.contains("`x`")
+            && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
 }
 
 /// At batch sizes that need each pairwise stack size, bn_sum_examples is the pairwise sum of
@@ -484,9 +887,11 @@ fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
     for n in pairwise_counts() {
         let shape = BnShape { n, c, hw: 1 };
         let rows = uniform(410 + n as u64, shape.rows_len() as usize);
-        let (brows, sums) = (gpu.upload("rows", &rows).unwrap(), poisoned(gpu, "sums", 2 * c as usize));
+        let (brows, sums) =
+            (gpu.upload("rows", &rows).unwrap(), poisoned(gpu, "sums", 2 * c as usize));
         let mut enc = gpu.encoder();
-        k::bn_sum_examples(gpu, &mut enc, &shape, Slice::whole(&brows), Slice::whole(&sums)).unwrap();
+        k::bn_sum_examples(gpu, &mut enc, &shape, Slice::whole(&brows), Slice::whole(&sums))
+            .unwrap();
         submit(gpu, enc);
         let want = pairwise_sum(rows.chunks(2 * c as usize).map(<[f32]>::to_vec).collect());
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

@@ -17,7 +17,14 @@ use syncstep::model::ResNet34;
 use syncstep::step::conv2d_shape;
 
 fn small(replicas: usize) -> BenchConfig {
-    BenchConfig { replicas, batch: 2, steps: 1, profile: true, adapters: vec![AdapterChoice::from_env().unwrap()], ..BenchConfig::default() }
+    BenchConfig {
+        replicas,
+        batch: 2,
+        steps: 1,
+        profile: true,
+        adapters: vec![AdapterChoice::from_env().unwrap()],
+        ..BenchConfig::default()
+    }
 }
 
 fn positive(x: f64) -> bool {
@@ -28,18 +35,29 @@ fn positive(x: f64) -> bool {
 fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     let model = ResNet34::new(cfg.classes).unwrap();
     let s = &report.step;
-    assert_eq!((s.replicas, s.batch_per_replica, s.seconds.len()), (cfg.replicas, cfg.batch, cfg.steps));
+    assert_eq!(
+        (s.replicas, s.batch_per_replica, s.seconds.len()),
+        (cfg.replicas, cfg.batch, cfg.steps)
+    );
     assert!(s.seconds.iter().all(|&t| positive(t)), "{:?}", s.seconds);
     assert!(s.min() <= s.median() && s.median() <= s.max());
-    let flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(cfg.image_size, cfg.image_size) * (cfg.replicas * cfg.batch) as f64;
+    let flops = STEP_FLOPS_PER_FORWARD
+        * model.forward_flops(cfg.image_size, cfg.image_size)
+        * (cfg.replicas * cfg.batch) as f64;
     assert_eq!(s.flops, flops);
     assert!((s.gflops() - flops / s.median() / 1e9).abs() <= 1e-9 * s.gflops());
-    assert!((s.images_per_second() - (cfg.replicas * cfg.batch) as f64 / s.median()).abs() <= 1e-9 * s.images_per_second());
+    assert!(
+        (s.images_per_second() - (cfg.replicas * cfg.batch) as f64 / s.median()).abs()
+            <= 1e-9 * s.images_per_second()
+    );
     // Every replica holds at least parameters, gradients and momentum.
     assert_eq!(s.memory.len(), cfg.replicas);
     for m in &s.memory {
         assert!(m.held_bytes >= 3 * model.param_len as u64 * 4, "{m:?}");
-        assert!(m.transient_bytes > 0 && m.largest_transient_buffer_bytes <= m.transient_bytes, "{m:?}");
+        assert!(
+            m.transient_bytes > 0 && m.largest_transient_buffer_bytes <= m.transient_bytes,
+            "{m:?}"
+        );
     }
     assert_eq!(report.adapters.len(), cfg.replicas);
 
@@ -48,7 +66,12 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     let p = report.profile.as_ref().expect("lavapipe has timestamp queries");
     assert!(p.kernels.iter().all(|k| k.seconds.is_finite() && k.seconds >= 0.0));
     assert!(positive(p.kernel_seconds()));
-    assert!(p.kernel_seconds() <= p.step_seconds, "kernels {} s in a step of {} s", p.kernel_seconds(), p.step_seconds);
+    assert!(
+        p.kernel_seconds() <= p.step_seconds,
+        "kernels {} s in a step of {} s",
+        p.kernel_seconds(),
+        p.step_seconds
+    );
     for conv in model.convs() {
         let name = model.conv_name(&conv);
         let mut ops = vec![("forward", "conv2d_forward"), ("backward", "conv2d_backward_weight")];
@@ -57,7 +80,11 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
         }
         for (direction, op) in ops {
             let layer = format!("{name} {direction}");
-            let row = p.by_layer.iter().find(|r| r.layer == layer && r.kernel == op).unwrap_or_else(|| panic!("no profile row for {layer} {op}"));
+            let row = p
+                .by_layer
+                .iter()
+                .find(|r| r.layer == layer && r.kernel == op)
+                .unwrap_or_else(|| panic!("no profile row for {layer} {op}"));
             assert!(positive(row.seconds) && positive(row.flops.unwrap()), "{row:?}");
         }
     }
@@ -71,19 +98,39 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
 
     // The JSON carries every figure.
     let json = parse(&report.to_json()).unwrap();
-    let num = |v: &Value, path: &[&str]| path.iter().try_fold(v, |v, k| v.get(k)).and_then(Value::as_f64).unwrap_or_else(|| panic!("no number at {path:?}"));
+    let num = |v: &Value, path: &[&str]| {
+        path.iter()
+            .try_fold(v, |v, k| v.get(k))
+            .and_then(Value::as_f64)
+            .unwrap_or_else(|| panic!("no number at {path:?}"))
+    };
     assert_eq!(num(&json, &["step", "median_s"]), s.median());
     assert_eq!(num(&json, &["step", "gflops"]), s.gflops());
     assert_eq!(num(&json, &["config", "replicas"]), cfg.replicas as f64);
     assert_eq!(num(&json, &["profile", "kernel_s"]), p.kernel_seconds());
-    assert_eq!(json.get("step").unwrap().get("memory").unwrap().as_array().unwrap().len(), cfg.replicas);
-    assert!(num(&json.get("step").unwrap().get("memory").unwrap().as_array().unwrap()[0], &["peak_bytes"]) > 0.0);
-    assert_eq!(json.get("profile").unwrap().get("by_layer").unwrap().as_array().unwrap().len(), p.by_layer.len());
+    assert_eq!(
+        json.get("step").unwrap().get("memory").unwrap().as_array().unwrap().len(),
+        cfg.replicas
+    );
+    assert!(
+        num(
+            &json.get("step").unwrap().get("memory").unwrap().as_array().unwrap()[0],
+            &["peak_bytes"]
+        ) > 0.0
+    );
+    assert_eq!(
+        json.get("profile").unwrap().get("by_layer").unwrap().as_array().unwrap().len(),
+        p.by_layer.len()
+    );
     let in_order = json.get("profile").unwrap().get("in_order").unwrap().as_array().unwrap();
     assert_eq!(in_order.len(), p.kernels.len());
     assert_eq!(in_order[0].get("entry").unwrap().as_str(), Some(p.kernels[0].entry));
     assert_eq!(json.get("adapters").unwrap().as_array().unwrap().len(), cfg.replicas);
-    assert!(json.get("ratio").is_some() && json.get("single").is_some() && json.get("roofline").is_some());
+    assert!(
+        json.get("ratio").is_some()
+            && json.get("single").is_some()
+            && json.get("roofline").is_some()
+    );
 }
 
 #[test]
@@ -94,7 +141,12 @@ fn one_device_report_with_profile_and_roofline() {
     let cfg = BenchConfig { roofline: Some(64), ..small(1) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
-    assert!(report.single.is_none() && report.shard.is_none() && report.ratio().is_none() && report.exchange_ratio().is_none());
+    assert!(
+        report.single.is_none()
+            && report.shard.is_none()
+            && report.ratio().is_none()
+            && report.exchange_ratio().is_none()
+    );
     let json = parse(&report.to_json()).unwrap();
     for key in ["ratio", "shard", "own_steps_s", "own_steps_ratio", "exchange_ratio"] {
         assert_eq!(json.get(key), Some(&Value::Null), "{key}");
@@ -107,7 +159,8 @@ fn one_device_report_with_profile_and_roofline() {
     // Every distinct convolution shape of the step (11 at 32×32) with its three launches, but
     // the stem's has no input-VJP.
     let model = ResNet34::new(cfg.classes).unwrap();
-    let shapes: HashSet<_> = model.conv_inputs(32, 32).iter().map(|i| conv2d_shape(&i.conv, 2, i.h, i.w)).collect();
+    let shapes: HashSet<_> =
+        model.conv_inputs(32, 32).iter().map(|i| conv2d_shape(&i.conv, 2, i.h, i.w)).collect();
     assert_eq!(shapes.len(), 11);
     assert_eq!(roof.convs.len(), 3 * shapes.len() - 1, "{:#?}", roof.convs);
     for c in &roof.convs {
@@ -117,7 +170,14 @@ fn one_device_report_with_profile_and_roofline() {
     // layer4's 3×3 convolutions on 1×1 maps run their centre tap alone.
     assert!(roof.convs.iter().any(|c| c.kept_taps == Some((1, 1))), "{:#?}", roof.convs);
     let text = report.text(15);
-    for needle in ["images/s", "GFLOP/s", "roofline: matmul 64³", "held", "layer · launcher", "conv2d_backward_weight"] {
+    for needle in [
+        "images/s",
+        "GFLOP/s",
+        "roofline: matmul 64³",
+        "held",
+        "layer · launcher",
+        "conv2d_backward_weight",
+    ] {
         assert!(text.contains(needle), "{needle} missing from\n{text}");
     }
 }
@@ -146,7 +206,10 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert_eq!((shard.replicas, shard.batch_per_replica, shard.seconds.len()), (1, 2, 1));
     assert_eq!(shard.flops, report.step.flops / 2.0);
     let gpu = gpu().unwrap();
-    assert_eq!(report.replicas_take_turns, gpu.blocking_maps, "lavapipe's replicas take turns, a GPU's run at once");
+    assert_eq!(
+        report.replicas_take_turns, gpu.blocking_maps,
+        "lavapipe's replicas take turns, a GPU's run at once"
+    );
     let own = report.own_steps_seconds().unwrap();
     assert_eq!(own, if report.replicas_take_turns { 2.0 * shard.median() } else { shard.median() });
     assert_eq!(report.own_steps_ratio(), Some(own / single.median()));
@@ -181,8 +244,13 @@ fn the_command_line_prints_the_report_and_writes_json() {
         return;
     }
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_syncstep")).arg("bench").args(args).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_syncstep")).arg("bench").args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
     let (ok, _, err) = run(&["--steps", "0"]);
     assert!(!ok && err.contains("--steps is 0"), "{err}");
@@ -192,11 +260,19 @@ fn the_command_line_prints_the_report_and_writes_json() {
     let dir = std::env::temp_dir().join(format!("syncstep-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bench.json");
-    let (ok, out, err) = run(&["--batch", "2", "--steps", "1", "--no-roofline", "--json", path.to_str().unwrap()]);
+    let (ok, out, err) =
+        run(&["--batch", "2", "--steps", "1", "--no-roofline", "--json", path.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("single device, batch 2") && out.contains("profile: not asked for"), "{out}");
+    assert!(
+        out.contains("single device, batch 2") && out.contains("profile: not asked for"),
+        "{out}"
+    );
     let json = parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert!(json.get("step").and_then(|s| s.get("median_s")).and_then(Value::as_f64).is_some_and(positive));
+    assert!(json
+        .get("step")
+        .and_then(|s| s.get("median_s"))
+        .and_then(Value::as_f64)
+        .is_some_and(positive));
     assert_eq!(json.get("profile"), Some(&Value::Null));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -208,7 +284,9 @@ fn the_profiler_times_every_dispatch_across_query_sets() {
     let a = gpu.upload("a", &uniform(1, len as usize)).unwrap();
     let b = gpu.upload("b", &uniform(2, len as usize)).unwrap();
     let out = gpu.buffer("out", len).unwrap();
-    let add = |enc: &mut Encoder| elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap();
+    let add = |enc: &mut Encoder| {
+        elementwise::add(&gpu, enc, Slice::whole(&a), Slice::whole(&b), Slice::whole(&out)).unwrap()
+    };
     // Not profiling: nothing recorded.
     let mut enc = gpu.encoder();
     add(&mut enc);
@@ -228,8 +306,13 @@ fn the_profiler_times_every_dispatch_across_query_sets() {
     let wall = start.elapsed().as_secs_f64();
     let times = pollster::block_on(gpu.finish_profile()).unwrap();
     assert_eq!(times.len(), first + second);
-    assert!(times[..first].iter().all(|t| t.scope == "first") && times[first..].iter().all(|t| t.scope == "second"));
-    assert!(times.iter().all(|t| t.op == "add" && t.entry == "add" && t.seconds.is_finite() && t.seconds >= 0.0));
+    assert!(
+        times[..first].iter().all(|t| t.scope == "first")
+            && times[first..].iter().all(|t| t.scope == "second")
+    );
+    assert!(times
+        .iter()
+        .all(|t| t.op == "add" && t.entry == "add" && t.seconds.is_finite() && t.seconds >= 0.0));
     let sum: f64 = times.iter().map(|t| t.seconds).sum();
     assert!(sum > 0.0 && sum <= wall, "{sum} s of kernels in {wall} s");
     // Finished: the next dispatches are not timed, and a second finish has nothing.
@@ -273,19 +356,50 @@ fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     assert!(bigger != a && bigger.size() >= 800, "a larger request replaces the buffer");
     assert_eq!(gpu.scratch_bytes(), bigger.size() + b.size());
 
-    let s = syncstep::kernels::conv2d::Conv2dShape { n: 2, c_in: 16, h: 12, w: 12, c_out: 8, kh: 3, kw: 3, stride: 1, pad: 1 };
+    let s = syncstep::kernels::conv2d::Conv2dShape {
+        n: 2,
+        c_in: 16,
+        h: 12,
+        w: 12,
+        c_out: 8,
+        kh: 3,
+        kw: 3,
+        stride: 1,
+        pad: 1,
+    };
     let gemm = Conv2dAlgo::Gemm(syncstep::kernels::conv2d::GEMM_TILES[0]);
-    let (x, w, y) = (gpu.upload("x", &uniform(1, s.x_len() as usize)).unwrap(), gpu.upload("w", &uniform(2, s.w_len() as usize)).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
+    let (x, w, y) = (
+        gpu.upload("x", &uniform(1, s.x_len() as usize)).unwrap(),
+        gpu.upload("w", &uniform(2, s.w_len() as usize)).unwrap(),
+        gpu.buffer("y", s.y_len()).unwrap(),
+    );
     let mut enc = gpu.encoder();
     let launch = |enc: &mut Encoder| {
-        syncstep::kernels::conv2d::conv2d_launch_with(&gpu, enc, syncstep::kernels::conv2d::Conv2dOp::Forward, gemm, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap();
+        syncstep::kernels::conv2d::conv2d_launch_with(
+            &gpu,
+            enc,
+            syncstep::kernels::conv2d::Conv2dOp::Forward,
+            gemm,
+            &s,
+            Slice::whole(&x),
+            Slice::whole(&w),
+            Slice::whole(&y),
+        )
+        .unwrap();
         gpu.memory_stats().created_bytes
     };
     gpu.reset_memory_stats();
     let first = launch(&mut enc);
     let second = launch(&mut enc) - first;
-    let im2col = s.n as u64 * s.out_h() as u64 * s.out_w() as u64 * (s.c_in * s.kh * s.kw).div_ceil(4) as u64 * 16;
-    assert!(first >= im2col, "the first launch creates the im2col chunk ({first} bytes created, the chunk is {im2col})");
+    let im2col = s.n as u64
+        * s.out_h() as u64
+        * s.out_w() as u64
+        * (s.c_in * s.kh * s.kw).div_ceil(4) as u64
+        * 16;
+    assert!(
+        first >= im2col,
+        "the first launch creates the im2col chunk ({first} bytes created, the chunk is {im2col})"
+    );
     assert!(second < im2col, "the second launch creates {second} bytes: its own im2col chunk");
     pollster::block_on(gpu.submit(enc)).unwrap();
 

@@ -6,15 +6,34 @@ use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use syncstep::kernels::KernelError;
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
 
-
 #[allow(clippy::too_many_arguments)]
-fn shape(n: u32, c_in: u32, h: u32, w: u32, c_out: u32, kh: u32, kw: u32, stride: u32, pad: u32) -> Conv2dShape {
+fn shape(
+    n: u32,
+    c_in: u32,
+    h: u32,
+    w: u32,
+    c_out: u32,
+    kh: u32,
+    kw: u32,
+    stride: u32,
+    pad: u32,
+) -> Conv2dShape {
     Conv2dShape { n, c_in, h, w, c_out, kh, kw, stride, pad }
 }
 
 fn geometry(s: &Conv2dShape) -> ConvGeometry {
     let u = |v: u32| v as usize;
-    ConvGeometry { n: u(s.n), c_in: u(s.c_in), h: u(s.h), w: u(s.w), c_out: u(s.c_out), kh: u(s.kh), kw: u(s.kw), stride: u(s.stride), pad: u(s.pad) }
+    ConvGeometry {
+        n: u(s.n),
+        c_in: u(s.c_in),
+        h: u(s.h),
+        w: u(s.w),
+        c_out: u(s.c_out),
+        kh: u(s.kh),
+        kw: u(s.kw),
+        stride: u(s.stride),
+        pad: u(s.pad),
+    }
 }
 
 /// The three outputs of one algorithm, read back; None where the algorithm has no kernel for
@@ -27,7 +46,8 @@ struct Outputs {
 
 /// Runs forward, input-VJP and weight gradient with `algo` into NaN-poisoned outputs.
 fn run(gpu: &Gpu, algo: Conv2dAlgo, s: &Conv2dShape, x: &[f32], w: &[f32], dy: &[f32]) -> Outputs {
-    let (bx, bw, bdy) = (gpu.upload("x", x).unwrap(), gpu.upload("w", w).unwrap(), gpu.upload("dy", dy).unwrap());
+    let (bx, bw, bdy) =
+        (gpu.upload("x", x).unwrap(), gpu.upload("w", w).unwrap(), gpu.upload("dy", dy).unwrap());
     let y = poisoned(gpu, "y", s.y_len() as usize);
     let dx = poisoned(gpu, "dx", s.x_len() as usize);
     let dw = poisoned(gpu, "dw", s.w_len() as usize);
@@ -36,13 +56,19 @@ fn run(gpu: &Gpu, algo: Conv2dAlgo, s: &Conv2dShape, x: &[f32], w: &[f32], dy: &
     if algo.has(Conv2dOp::Forward) {
         k::conv2d_forward_with(gpu, &mut enc, algo, s, whole(&bx), whole(&bw), whole(&y)).unwrap();
     }
-    k::conv2d_backward_input_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bw), whole(&dx)).unwrap();
+    k::conv2d_backward_input_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bw), whole(&dx))
+        .unwrap();
     if algo.has(Conv2dOp::BackwardWeight) {
-        k::conv2d_backward_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw)).unwrap();
+        k::conv2d_backward_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw))
+            .unwrap();
     }
     submit(gpu, enc);
     let has = |op| algo.has(op);
-    Outputs { y: has(Conv2dOp::Forward).then(|| read(gpu, &y)), dx: read(gpu, &dx), dw: has(Conv2dOp::BackwardWeight).then(|| read(gpu, &dw)) }
+    Outputs {
+        y: has(Conv2dOp::Forward).then(|| read(gpu, &y)),
+        dx: read(gpu, &dx),
+        dw: has(Conv2dOp::BackwardWeight).then(|| read(gpu, &dw)),
+    }
 }
 
 /// Every op, both algorithms, against the f64 reference on seeded data in [-1, 1).
@@ -59,24 +85,46 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
     let dx_ref = r::conv2d_backward_input(&g, &dy64, &w64);
     let dw_ref = r::conv2d_backward_weight(&g, &dy64, &x64);
     for (name, v) in [("y", &y_ref), ("dx", &dx_ref), ("dw", &dw_ref)] {
-        assert!(v.iter().any(|&e| e != 0.0), "{s:?}: reference {name} is all zero, a test that cannot fail");
+        assert!(
+            v.iter().any(|&e| e != 0.0),
+            "{s:?}: reference {name} is all zero, a test that cannot fail"
+        );
     }
     let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
     for algo in Conv2dAlgo::all() {
         let out = run(gpu, algo, &s, &x, &w, &dy);
-        let error = |v: &Option<Vec<f32>>, r: &[f64]| v.as_ref().map_or(String::from("-"), |v| format!("{:.2e}", norm_rel(v, r)));
-        println!("{algo} {s:?}: norm-rel y {} dx {:.2e} dw {}", error(&out.y, &y_ref), norm_rel(&out.dx, &dx_ref), error(&out.dw, &dw_ref));
+        let error = |v: &Option<Vec<f32>>, r: &[f64]| {
+            v.as_ref().map_or(String::from("-"), |v| format!("{:.2e}", norm_rel(v, r)))
+        };
+        println!(
+            "{algo} {s:?}: norm-rel y {} dx {:.2e} dw {}",
+            error(&out.y, &y_ref),
+            norm_rel(&out.dx, &dx_ref),
+            error(&out.dw, &dw_ref)
+        );
         if let Some(y) = &out.y {
             assert_close(&format!("conv2d_forward {algo} {s:?}"), y, &y_ref, 1e-5);
             // Every variant sums each output in the direct kernel's order: the autotune's
             // choice cannot change a result.
-            assert_eq!(bits(y), bits(plain.y.as_ref().unwrap()), "conv2d_forward {algo} {s:?} differs from Direct in some bit");
+            assert_eq!(
+                bits(y),
+                bits(plain.y.as_ref().unwrap()),
+                "conv2d_forward {algo} {s:?} differs from Direct in some bit"
+            );
         }
         assert_close(&format!("conv2d_backward_input {algo} {s:?}"), &out.dx, &dx_ref, 1e-5);
-        assert_eq!(bits(&out.dx), bits(&plain.dx), "conv2d_backward_input {algo} {s:?} differs from Direct in some bit");
+        assert_eq!(
+            bits(&out.dx),
+            bits(&plain.dx),
+            "conv2d_backward_input {algo} {s:?} differs from Direct in some bit"
+        );
         if let Some(dw) = &out.dw {
             assert_close(&format!("conv2d_backward_weight {algo} {s:?}"), dw, &dw_ref, 1e-4);
-            assert_eq!(bits(dw), bits(plain.dw.as_ref().unwrap()), "conv2d_backward_weight {algo} {s:?} differs from Direct in some bit");
+            assert_eq!(
+                bits(dw),
+                bits(plain.dw.as_ref().unwrap()),
+                "conv2d_backward_weight {algo} {s:?} differs from Direct in some bit"
+            );
         }
     }
 }
@@ -131,9 +179,21 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
     let dy = uniform(62, s.y_len() as usize);
     for algo in Conv2dAlgo::all() {
         let (a, b) = (run(gpu, algo, &s, &x, &w, &dy), run(gpu, algo, &s, &x, &w, &dy));
-        assert_eq!(a.dw.as_deref().map(bits), b.dw.as_deref().map(bits), "{algo} conv2d_backward_weight differs between two runs");
-        assert_eq!(bits(&a.dx), bits(&b.dx), "{algo} conv2d_backward_input differs between two runs");
-        assert_eq!(a.y.as_deref().map(bits), b.y.as_deref().map(bits), "{algo} conv2d_forward differs between two runs");
+        assert_eq!(
+            a.dw.as_deref().map(bits),
+            b.dw.as_deref().map(bits),
+            "{algo} conv2d_backward_weight differs between two runs"
+        );
+        assert_eq!(
+            bits(&a.dx),
+            bits(&b.dx),
+            "{algo} conv2d_backward_input differs between two runs"
+        );
+        assert_eq!(
+            a.y.as_deref().map(bits),
+            b.y.as_deref().map(bits),
+            "{algo} conv2d_forward differs between two runs"
+        );
     }
 }
 
@@ -150,7 +210,16 @@ fn poisoned_without_copy_dst(gpu: &Gpu, len: u64) -> wgpu::Buffer {
     let nan = gpu.upload("nan", &vec![f32::NAN; len as usize]).unwrap();
     let one = gpu.upload("w", &[1.0f32]).unwrap();
     let mut enc = gpu.encoder();
-    k::conv2d_forward_with(gpu, &mut enc, Conv2dAlgo::Direct, &same, Slice::whole(&nan), Slice::whole(&one), Slice::whole(&out)).unwrap();
+    k::conv2d_forward_with(
+        gpu,
+        &mut enc,
+        Conv2dAlgo::Direct,
+        &same,
+        Slice::whole(&nan),
+        Slice::whole(&one),
+        Slice::whole(&out),
+    )
+    .unwrap();
     submit(gpu, enc);
     out
 }
@@ -166,12 +235,24 @@ fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
     let run = |algo: Conv2dAlgo| {
         let dx = poisoned_without_copy_dst(gpu, s.x_len());
         let mut enc = gpu.encoder();
-        k::conv2d_backward_input_with(gpu, &mut enc, algo, &s, Slice::whole(&dy), Slice::whole(&w), Slice::whole(&dx)).unwrap();
+        k::conv2d_backward_input_with(
+            gpu,
+            &mut enc,
+            algo,
+            &s,
+            Slice::whole(&dy),
+            Slice::whole(&w),
+            Slice::whole(&dx),
+        )
+        .unwrap();
         submit(gpu, enc);
         bits(&read(gpu, &dx))
     };
     let plain = run(Conv2dAlgo::Direct);
-    assert!(plain.iter().any(|&b| b != 0) && plain.contains(&0), "the test needs zero and nonzero cells");
+    assert!(
+        plain.iter().any(|&b| b != 0) && plain.contains(&0),
+        "the test needs zero and nonzero cells"
+    );
     for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardInput)) {
         assert_eq!(run(algo), plain, "{algo}");
     }
@@ -196,31 +277,87 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
     for (i, s) in shapes.into_iter().enumerate() {
         let crop = s.crop().unwrap_or_else(|| panic!("{s:?} should crop"));
         let seed = 80 + 3 * i as u64;
-        let (x, w, dy) = (uniform(seed, s.x_len() as usize), uniform(seed + 1, s.w_len() as usize), uniform(seed + 2, s.y_len() as usize));
+        let (x, w, dy) = (
+            uniform(seed, s.x_len() as usize),
+            uniform(seed + 1, s.w_len() as usize),
+            uniform(seed + 2, s.y_len() as usize),
+        );
         let whole = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
         let g = geometry(&s);
         let y_ref = r::conv2d_forward(&g, &to_f64(&x), &to_f64(&w));
         let dx_ref = r::conv2d_backward_input(&g, &to_f64(&dy), &to_f64(&w));
         let dw_ref = r::conv2d_backward_weight(&g, &to_f64(&dy), &to_f64(&x));
-        let (bx, bw, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("w", &w).unwrap(), gpu.upload("dy", &dy).unwrap());
-        let (y, dx, dw) = (poisoned(gpu, "y", s.y_len() as usize), poisoned(gpu, "dx", s.x_len() as usize), poisoned(gpu, "dw", s.w_len() as usize));
+        let (bx, bw, bdy) = (
+            gpu.upload("x", &x).unwrap(),
+            gpu.upload("w", &w).unwrap(),
+            gpu.upload("dy", &dy).unwrap(),
+        );
+        let (y, dx, dw) = (
+            poisoned(gpu, "y", s.y_len() as usize),
+            poisoned(gpu, "dx", s.x_len() as usize),
+            poisoned(gpu, "dw", s.w_len() as usize),
+        );
         let dw_fixed = poisoned_without_copy_dst(gpu, s.w_len());
         let whole_slice = Slice::whole;
         let mut enc = gpu.encoder();
-        k::conv2d_forward(gpu, &mut enc, &s, whole_slice(&bx), whole_slice(&bw), whole_slice(&y)).unwrap();
-        k::conv2d_backward_input(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bw), whole_slice(&dx)).unwrap();
-        k::conv2d_backward_weight(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bx), whole_slice(&dw)).unwrap();
-        k::conv2d_backward_weight(gpu, &mut enc, &s, whole_slice(&bdy), whole_slice(&bx), whole_slice(&dw_fixed)).unwrap();
+        k::conv2d_forward(gpu, &mut enc, &s, whole_slice(&bx), whole_slice(&bw), whole_slice(&y))
+            .unwrap();
+        k::conv2d_backward_input(
+            gpu,
+            &mut enc,
+            &s,
+            whole_slice(&bdy),
+            whole_slice(&bw),
+            whole_slice(&dx),
+        )
+        .unwrap();
+        k::conv2d_backward_weight(
+            gpu,
+            &mut enc,
+            &s,
+            whole_slice(&bdy),
+            whole_slice(&bx),
+            whole_slice(&dw),
+        )
+        .unwrap();
+        k::conv2d_backward_weight(
+            gpu,
+            &mut enc,
+            &s,
+            whole_slice(&bdy),
+            whole_slice(&bx),
+            whole_slice(&dw_fixed),
+        )
+        .unwrap();
         submit(gpu, enc);
         let kept = crop.shape.kh * crop.shape.kw;
         println!("{s:?}: keeps {kept} of {} taps", s.kh * s.kw);
         // As a step runs them: the kept taps copied once for the forward and the input-VJP.
         let kept_w = poisoned(gpu, "kept", crop.shape.w_len() as usize);
-        let (y_kept, dx_kept) = (poisoned(gpu, "y", s.y_len() as usize), poisoned(gpu, "dx", s.x_len() as usize));
+        let (y_kept, dx_kept) =
+            (poisoned(gpu, "y", s.y_len() as usize), poisoned(gpu, "dx", s.x_len() as usize));
         let mut enc = gpu.encoder();
         k::crop_weights(gpu, &mut enc, &s, &crop, whole_slice(&bw), whole_slice(&kept_w)).unwrap();
-        k::conv2d_launch_kept(gpu, &mut enc, Conv2dOp::Forward, &crop, whole_slice(&bx), whole_slice(&kept_w), whole_slice(&y_kept)).unwrap();
-        k::conv2d_launch_kept(gpu, &mut enc, Conv2dOp::BackwardInput, &crop, whole_slice(&bdy), whole_slice(&kept_w), whole_slice(&dx_kept)).unwrap();
+        k::conv2d_launch_kept(
+            gpu,
+            &mut enc,
+            Conv2dOp::Forward,
+            &crop,
+            whole_slice(&bx),
+            whole_slice(&kept_w),
+            whole_slice(&y_kept),
+        )
+        .unwrap();
+        k::conv2d_launch_kept(
+            gpu,
+            &mut enc,
+            Conv2dOp::BackwardInput,
+            &crop,
+            whole_slice(&bdy),
+            whole_slice(&kept_w),
+            whole_slice(&dx_kept),
+        )
+        .unwrap();
         submit(gpu, enc);
         let (y, dx, dw) = (read(gpu, &y), read(gpu, &dx), read(gpu, &dw));
         assert_eq!(bits(&read(gpu, &y_kept)), bits(&y), "conv2d_launch_kept forward {s:?}");
@@ -230,19 +367,50 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
         assert_eq!(bits(&y), bits(whole.y.as_ref().unwrap()), "conv2d_forward {s:?}");
         assert_eq!(bits(&dx), bits(&whole.dx), "conv2d_backward_input {s:?}");
         assert_eq!(bits(&dw), bits(whole.dw.as_ref().unwrap()), "conv2d_backward_weight {s:?}");
-        assert_eq!(bits(&read(gpu, &dw_fixed)), bits(&dw), "conv2d_backward_weight without COPY_DST {s:?}");
+        assert_eq!(
+            bits(&read(gpu, &dw_fixed)),
+            bits(&dw),
+            "conv2d_backward_weight without COPY_DST {s:?}"
+        );
         assert_close(&format!("conv2d_backward_weight {s:?}"), &dw, &dw_ref, 1e-4);
         let zeros = dw.iter().filter(|&&v| v.to_bits() == 0).count() as u64;
-        assert_eq!(zeros, s.w_len() / (s.kh * s.kw) as u64 * (s.kh * s.kw - kept) as u64, "{s:?}: +0 at the dropped taps only");
+        assert_eq!(
+            zeros,
+            s.w_len() / (s.kh * s.kw) as u64 * (s.kh * s.kw - kept) as u64,
+            "{s:?}: +0 at the dropped taps only"
+        );
         // Whichever variant runs the crop (Blocked writes the kept taps straight into dw, the
         // others through a kept-taps buffer), the same bits; without COPY_DST, an error.
         for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
             let dw_algo = poisoned(gpu, "dw", s.w_len() as usize);
             let mut enc = gpu.encoder();
-            k::conv2d_launch_cropped(gpu, &mut enc, Conv2dOp::BackwardWeight, algo, &s, Some(&crop), Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw_algo)).unwrap();
+            k::conv2d_launch_cropped(
+                gpu,
+                &mut enc,
+                Conv2dOp::BackwardWeight,
+                algo,
+                &s,
+                Some(&crop),
+                Slice::whole(&bdy),
+                Slice::whole(&bx),
+                Slice::whole(&dw_algo),
+            )
+            .unwrap();
             submit(gpu, enc);
             assert_eq!(bits(&read(gpu, &dw_algo)), bits(&dw), "{algo} on the crop of {s:?}");
-            let err = k::conv2d_launch_cropped(gpu, &mut gpu.encoder(), Conv2dOp::BackwardWeight, algo, &s, Some(&crop), Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw_fixed)).unwrap_err().to_string();
+            let err = k::conv2d_launch_cropped(
+                gpu,
+                &mut gpu.encoder(),
+                Conv2dOp::BackwardWeight,
+                algo,
+                &s,
+                Some(&crop),
+                Slice::whole(&bdy),
+                Slice::whole(&bx),
+                Slice::whole(&dw_fixed),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("COPY_DST"), "{err}");
         }
     }
@@ -254,7 +422,10 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
 fn lavapipe_runs_the_kernels_that_broadcast_unless_told_not_to() {
     let Some(gpu) = gpu() else { return };
     let off = std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
-    println!("{}: subgroups of {}–{}, broadcasts: {}", gpu.info.name, gpu.info.subgroup_min_size, gpu.info.subgroup_max_size, gpu.broadcasts);
+    println!(
+        "{}: subgroups of {}–{}, broadcasts: {}",
+        gpu.info.name, gpu.info.subgroup_min_size, gpu.info.subgroup_max_size, gpu.broadcasts
+    );
     if gpu.info.name.contains("llvmpipe") && gpu.info.backend == wgpu::Backend::Vulkan {
         assert_eq!(gpu.broadcasts, !off);
     }
@@ -277,7 +448,8 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     }
 }
 
-type Launcher = fn(&Gpu, &mut Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+type Launcher =
+    fn(&Gpu, &mut Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 /// Each launcher's three arguments: names and lengths, in the order it takes them.
 type Args = [(&'static str, u64); 3];
@@ -285,9 +457,21 @@ type Args = [(&'static str, u64); 3];
 /// Each launcher with its op name and its arguments for `s`.
 fn launchers(s: &Conv2dShape) -> [(Launcher, &'static str, Args); 3] {
     [
-        (k::conv2d_forward, "conv2d_forward", [("x", s.x_len()), ("w", s.w_len()), ("y", s.y_len())]),
-        (k::conv2d_backward_input, "conv2d_backward_input", [("dy", s.y_len()), ("w", s.w_len()), ("dx", s.x_len())]),
-        (k::conv2d_backward_weight, "conv2d_backward_weight", [("dy", s.y_len()), ("x", s.x_len()), ("dw", s.w_len())]),
+        (
+            k::conv2d_forward,
+            "conv2d_forward",
+            [("x", s.x_len()), ("w", s.w_len()), ("y", s.y_len())],
+        ),
+        (
+            k::conv2d_backward_input,
+            "conv2d_backward_input",
+            [("dy", s.y_len()), ("w", s.w_len()), ("dx", s.x_len())],
+        ),
+        (
+            k::conv2d_backward_weight,
+            "conv2d_backward_weight",
+            [("dy", s.y_len()), ("x", s.x_len()), ("dw", s.w_len())],
+        ),
     ]
 }
 
@@ -297,13 +481,29 @@ fn launchers_reject_a_wrong_length_naming_op_and_argument() {
     let s = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
     for (launch, op, args) in launchers(&s) {
         for wrong in 0..3 {
-            let bufs: Vec<_> =
-                args.iter().enumerate().map(|(i, &(_, len))| gpu.buffer("b", if i == wrong { len + 1 } else { len }).unwrap()).collect();
+            let bufs: Vec<_> = args
+                .iter()
+                .enumerate()
+                .map(|(i, &(_, len))| {
+                    gpu.buffer("b", if i == wrong { len + 1 } else { len }).unwrap()
+                })
+                .collect();
             let mut enc = gpu.encoder();
-            let err = launch(gpu, &mut enc, &s, Slice::whole(&bufs[0]), Slice::whole(&bufs[1]), Slice::whole(&bufs[2])).unwrap_err();
+            let err = launch(
+                gpu,
+                &mut enc,
+                &s,
+                Slice::whole(&bufs[0]),
+                Slice::whole(&bufs[1]),
+                Slice::whole(&bufs[2]),
+            )
+            .unwrap_err();
             let msg = err.to_string();
             let (arg, len) = args[wrong];
-            assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{msg}");
+            assert!(
+                matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg),
+                "{msg}"
+            );
             assert!(msg.contains(&format!("expected {len}")), "{msg}");
         }
     }
@@ -338,7 +538,10 @@ fn launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_
             let mut enc = gpu.encoder();
             let err = launch(gpu, &mut enc, &s, b, b, b).unwrap_err();
             let msg = err.to_string();
-            assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{s:?}: {msg}");
+            assert!(
+                matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg),
+                "{s:?}: {msg}"
+            );
         }
     }
 }
@@ -348,17 +551,32 @@ fn conv2d_forward_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
     // x is 4·64·33·33·4 bytes ≈ 1.06 MiB, just over the 1 MiB cap; w and y fit.
     let s = shape(4, 64, 33, 33, 1, 1, 1, 8, 0);
-    let (x, w, y) = (gpu.buffer("x", s.x_len()).unwrap(), gpu.buffer("w", s.w_len()).unwrap(), gpu.buffer("y", s.y_len()).unwrap());
+    let (x, w, y) = (
+        gpu.buffer("x", s.x_len()).unwrap(),
+        gpu.buffer("w", s.w_len()).unwrap(),
+        gpu.buffer("y", s.y_len()).unwrap(),
+    );
     let mut enc = gpu.encoder();
-    let msg = k::conv2d_forward(&gpu, &mut enc, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y)).unwrap_err().to_string();
-    assert!(msg.contains("conv2d_forward") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+    let msg =
+        k::conv2d_forward(&gpu, &mut enc, &s, Slice::whole(&x), Slice::whole(&w), Slice::whole(&y))
+            .unwrap_err()
+            .to_string();
+    assert!(
+        msg.contains("conv2d_forward")
+            && msg.contains("`x`")
+            && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn shape_sizes_match_resnet34_layers() {
     let stem = shape(8, 3, 32, 32, 64, 7, 7, 2, 3);
     assert_eq!((stem.out_h(), stem.out_w()), (16, 16));
-    assert_eq!((stem.x_len(), stem.w_len(), stem.y_len()), (8 * 3 * 32 * 32, 64 * 3 * 49, 8 * 64 * 16 * 16));
+    assert_eq!(
+        (stem.x_len(), stem.w_len(), stem.y_len()),
+        (8 * 3 * 32 * 32, 64 * 3 * 49, 8 * 64 * 16 * 16)
+    );
     assert_eq!(stem.flops(), 2 * 8 * 64 * 16 * 16 * 3 * 49);
     let down = shape(8, 128, 4, 4, 256, 1, 1, 2, 0);
     assert_eq!((down.out_h(), down.out_w()), (2, 2));
@@ -381,11 +599,21 @@ fn backward_weight_of_power_of_two_shards_adds_up_to_the_whole_batch_bitwise() {
     let direct = run(gpu, Conv2dAlgo::Direct, &whole, &x, &w, &dy).dw.unwrap();
     for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
         let want = run(gpu, algo, &whole, &x, &w, &dy).dw.unwrap();
-        assert_eq!(bits(&want), bits(&direct), "{algo}: the batch of 16 differs from Direct in some bit");
+        assert_eq!(
+            bits(&want),
+            bits(&direct),
+            "{algo}: the batch of 16 differs from Direct in some bit"
+        );
         for n in [1, 2, 4, 8] {
             let s = Conv2dShape { n, ..whole };
             let (xl, yl) = (s.x_len() as usize, s.y_len() as usize);
-            let shards: Vec<Vec<f32>> = (0..16 / n as usize).map(|r| run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl]).dw.unwrap()).collect();
+            let shards: Vec<Vec<f32>> = (0..16 / n as usize)
+                .map(|r| {
+                    run(gpu, algo, &s, &x[r * xl..(r + 1) * xl], &w, &dy[r * yl..(r + 1) * yl])
+                        .dw
+                        .unwrap()
+                })
+                .collect();
             let got = syncstep::collective::reduce(shards, syncstep::collective::ReduceOp::Sum);
             assert_eq!(bits(&got), bits(&want), "{algo:?}: {} shards of {n}", 16 / n);
         }
@@ -404,7 +632,14 @@ fn backward_weight_sums_examples_pairwise_at_every_stack_size() {
         let x = uniform(100 + n as u64, s.x_len() as usize);
         let w = uniform(101, s.w_len() as usize);
         let dy = uniform(102 + n as u64, s.y_len() as usize);
-        let products = (0..n as usize).map(|b| (0..c_out).flat_map(|co| (0..c_in).map(move |ci| (co, ci))).map(|(co, ci)| dy[b * c_out + co] * x[b * c_in + ci]).collect()).collect();
+        let products = (0..n as usize)
+            .map(|b| {
+                (0..c_out)
+                    .flat_map(|co| (0..c_in).map(move |ci| (co, ci)))
+                    .map(|(co, ci)| dy[b * c_out + co] * x[b * c_in + ci])
+                    .collect()
+            })
+            .collect();
         let want = pairwise_sum(products);
         for algo in Conv2dAlgo::all().into_iter().filter(|a| a.has(Conv2dOp::BackwardWeight)) {
             let dw = run(gpu, algo, &s, &x, &w, &dy).dw.unwrap();
@@ -429,10 +664,22 @@ fn backward_weight_gemms_sum_the_largest_batches_pairwise() {
     let dy = uniform(121, n as usize);
     let want = pairwise_sum(x.iter().zip(&dy).map(|(x, dy)| vec![dy * x]).collect());
     let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
-    for algo in Conv2dAlgo::all().into_iter().filter(|a| matches!(a, Conv2dAlgo::Gemm(_)) && a.has(Conv2dOp::BackwardWeight)) {
+    for algo in Conv2dAlgo::all()
+        .into_iter()
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_)) && a.has(Conv2dOp::BackwardWeight))
+    {
         let dw = poisoned(gpu, "dw", 1);
         let mut enc = gpu.encoder();
-        k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        k::conv2d_backward_weight_with(
+            gpu,
+            &mut enc,
+            algo,
+            &s,
+            Slice::whole(&bdy),
+            Slice::whole(&bx),
+            Slice::whole(&dw),
+        )
+        .unwrap();
         submit(gpu, enc);
         assert_eq!(bits(&read(gpu, &dw)), bits(&want), "{algo}: batch of {n}");
     }
@@ -448,16 +695,30 @@ fn chunked_gemms_give_the_unchunked_bits() {
     // 9×9 outputs per example, im2col rows of 144 floats: 32 KiB holds 56 pixels, so the weight
     // gradient's chunks are 6 output rows (54 pixels) and the forward's 56 pixels.
     let s = shape(4, 16, 9, 9, 8, 3, 3, 1, 1);
-    assert!(s.y_len() / s.c_out as u64 * (s.w_len() / s.c_out as u64) * 4 > 5 * (32 << 10), "the im2col must need several chunks");
+    assert!(
+        s.y_len() / s.c_out as u64 * (s.w_len() / s.c_out as u64) * 4 > 5 * (32 << 10),
+        "the im2col must need several chunks"
+    );
     let x = uniform(80, s.x_len() as usize);
     let w = uniform(81, s.w_len() as usize);
     let dy = uniform(82, s.y_len() as usize);
     let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
-    for algo in Conv2dAlgo::all().into_iter().filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared)) {
+    for algo in Conv2dAlgo::all()
+        .into_iter()
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
+    {
         let out = run(&small, algo, &s, &x, &w, &dy);
-        assert_eq!(out.y.as_deref().map(bits), plain.y.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::Forward)), "{algo}: y");
+        assert_eq!(
+            out.y.as_deref().map(bits),
+            plain.y.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::Forward)),
+            "{algo}: y"
+        );
         assert_eq!(bits(&out.dx), bits(&plain.dx), "{algo}: dx");
-        assert_eq!(out.dw.as_deref().map(bits), plain.dw.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::BackwardWeight)), "{algo}: dw");
+        assert_eq!(
+            out.dw.as_deref().map(bits),
+            plain.dw.as_deref().map(bits).filter(|_| algo.has(Conv2dOp::BackwardWeight)),
+            "{algo}: dw"
+        );
     }
 }
 
@@ -473,7 +734,13 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
     // One example each. A 1×1 conv over 300×300 pixels: ~90,000 iterations for Direct and
     // Blocked. A 3×3 conv over 100×100: ~10,000 for Direct, ~91,000 for Blocked, which loops
     // over the taps too.
-    for (i, (s, past)) in [(shape(1, 2, 300, 300, 3, 1, 1, 1, 0), [true, true]), (shape(1, 2, 100, 100, 3, 3, 3, 1, 1), [false, true])].into_iter().enumerate() {
+    for (i, (s, past)) in [
+        (shape(1, 2, 300, 300, 3, 1, 1, 1, 0), [true, true]),
+        (shape(1, 2, 100, 100, 3, 3, 3, 1, 1), [false, true]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let seed = 130 + 2 * i as u64;
         let (x, dy) = (uniform(seed, s.x_len() as usize), uniform(seed + 1, s.y_len() as usize));
         let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
@@ -481,9 +748,19 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
         for (algo, past) in [Conv2dAlgo::Direct, Conv2dAlgo::Blocked].into_iter().zip(past) {
             let dw = poisoned(gpu, "dw", s.w_len() as usize);
             let mut enc = gpu.encoder();
-            let out = k::conv2d_backward_weight_with(gpu, &mut enc, algo, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw));
+            let out = k::conv2d_backward_weight_with(
+                gpu,
+                &mut enc,
+                algo,
+                &s,
+                Slice::whole(&bdy),
+                Slice::whole(&bx),
+                Slice::whole(&dw),
+            );
             match out {
-                Err(KernelError::Arg { arg: "algo", problem, .. }) if llvmpipe && past => assert!(problem.contains("65535"), "{algo}: {problem}"),
+                Err(KernelError::Arg { arg: "algo", problem, .. }) if llvmpipe && past => {
+                    assert!(problem.contains("65535"), "{algo}: {problem}")
+                }
                 Ok(()) if !(llvmpipe && past) => {
                     submit(gpu, enc);
                     assert_close(&format!("{algo} {s:?}"), &read(gpu, &dw), &dw_ref, 1e-4);
@@ -493,7 +770,15 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
         }
         let dw = poisoned(gpu, "dw", s.w_len() as usize);
         let mut enc = gpu.encoder();
-        k::conv2d_backward_weight(gpu, &mut enc, &s, Slice::whole(&bdy), Slice::whole(&bx), Slice::whole(&dw)).unwrap();
+        k::conv2d_backward_weight(
+            gpu,
+            &mut enc,
+            &s,
+            Slice::whole(&bdy),
+            Slice::whole(&bx),
+            Slice::whole(&dw),
+        )
+        .unwrap();
         submit(gpu, enc);
         assert_close(&format!("the launchers' choice {s:?}"), &read(gpu, &dw), &dw_ref, 1e-4);
     }

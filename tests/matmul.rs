@@ -15,7 +15,8 @@ fn check(algo: MatmulAlgo, s: MatmulShape, seed: u64) {
     let (ba, bb) = (gpu.upload("a", &a).unwrap(), gpu.upload("b", &b).unwrap());
     let c = poisoned(gpu, "c", m * n);
     let mut enc = gpu.encoder();
-    k::matmul(gpu, &mut enc, algo, &s, Slice::whole(&ba), Slice::whole(&bb), Slice::whole(&c)).unwrap();
+    k::matmul(gpu, &mut enc, algo, &s, Slice::whole(&ba), Slice::whole(&bb), Slice::whole(&c))
+        .unwrap();
     submit(gpu, enc);
     let got = read(gpu, &c);
     let want = r::matmul(m, kk, n, &to_f64(&a), &to_f64(&b));
@@ -29,7 +30,10 @@ fn shape(m: u32, k: u32, n: u32) -> MatmulShape {
 
 #[test]
 fn simple_matches_reference_at_odd_sizes() {
-    for (i, s) in [shape(1, 1, 1), shape(7, 13, 5), shape(33, 65, 17), shape(70, 3, 129)].into_iter().enumerate() {
+    for (i, s) in [shape(1, 1, 1), shape(7, 13, 5), shape(33, 65, 17), shape(70, 3, 129)]
+        .into_iter()
+        .enumerate()
+    {
         check(MatmulAlgo::Simple, s, 10 + i as u64);
     }
 }
@@ -39,7 +43,10 @@ fn every_tile_matches_reference_with_ragged_edges() {
     // k and n multiples of 4, as the tiled kernel needs; m odd and n not a multiple of any
     // tile's columns or of the 64-invocation workgroup's, so tiles hang over every edge.
     for algo in MATMUL_TILES {
-        for (i, s) in [shape(1, 4, 4), shape(13, 20, 36), shape(37, 64, 260), shape(70, 132, 12)].into_iter().enumerate() {
+        for (i, s) in [shape(1, 4, 4), shape(13, 20, 36), shape(37, 64, 260), shape(70, 132, 12)]
+            .into_iter()
+            .enumerate()
+        {
             check(algo, s, 20 + i as u64);
         }
     }
@@ -56,7 +63,8 @@ fn tiles_agree_with_simple_bit_for_bit() {
     let run = |algo| {
         let c = poisoned(gpu, "c", (s.m * s.n) as usize);
         let mut enc = gpu.encoder();
-        k::matmul(gpu, &mut enc, algo, &s, Slice::whole(&ba), Slice::whole(&bb), Slice::whole(&c)).unwrap();
+        k::matmul(gpu, &mut enc, algo, &s, Slice::whole(&ba), Slice::whole(&bb), Slice::whole(&c))
+            .unwrap();
         submit(gpu, enc);
         read(gpu, &c).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     };

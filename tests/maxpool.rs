@@ -8,7 +8,15 @@ use syncstep::reference::maxpool::{self as r, Pool};
 
 fn pool(s: &MaxPoolShape) -> Pool {
     let u = |v: u32| v as usize;
-    Pool { n: u(s.n), c: u(s.c), h: u(s.h), w: u(s.w), k: u(s.k), stride: u(s.stride), pad: u(s.pad) }
+    Pool {
+        n: u(s.n),
+        c: u(s.c),
+        h: u(s.h),
+        w: u(s.w),
+        k: u(s.k),
+        stride: u(s.stride),
+        pad: u(s.pad),
+    }
 }
 
 fn resnet_pool(n: u32, c: u32, h: u32, w: u32) -> MaxPoolShape {
@@ -30,7 +38,12 @@ fn check_against_reference(gpu: &Gpu, shape: MaxPoolShape, x: &[f32], seed: u64)
     let (in_len, out_len) = (shape.input_len() as usize, shape.output_len() as usize);
     let dy = uniform(seed, out_len);
     let (bx, bdy) = (gpu.upload("x", x).unwrap(), gpu.upload("dy", &dy).unwrap());
-    let (y, argmax, replay, dx) = (poisoned(gpu, "y", out_len), poisoned_u32(gpu, out_len), poisoned(gpu, "replay", out_len), poisoned(gpu, "dx", in_len));
+    let (y, argmax, replay, dx) = (
+        poisoned(gpu, "y", out_len),
+        poisoned_u32(gpu, out_len),
+        poisoned(gpu, "replay", out_len),
+        poisoned(gpu, "dx", in_len),
+    );
     let s = Slice::whole;
     let mut enc = gpu.encoder();
     k::maxpool_forward(gpu, &mut enc, &shape, s(&bx), s(&y), s(&argmax)).unwrap();
@@ -45,7 +58,12 @@ fn check_against_reference(gpu: &Gpu, shape: MaxPoolShape, x: &[f32], seed: u64)
     let gpu_y = read(gpu, &y);
     assert_close(&format!("{shape:?} y"), &gpu_y, &ry, 1e-5);
     assert_eq!(read(gpu, &replay), gpu_y, "{shape:?}: y replayed from the saved argmax");
-    assert_close(&format!("{shape:?} dx"), &read(gpu, &dx), &r::maxpool_backward(&to_f64(&dy), pool(&shape), &rargmax), 1e-5);
+    assert_close(
+        &format!("{shape:?} dx"),
+        &read(gpu, &dx),
+        &r::maxpool_backward(&to_f64(&dy), pool(&shape), &rargmax),
+        1e-5,
+    );
 }
 
 #[test]
@@ -72,8 +90,15 @@ fn ties_choose_the_first_maximum_in_scan_order() {
     let Some(gpu) = gpu() else { return };
     // Integer values in {-2, …, 1}: most windows hold a tie, and all-negative windows next to
     // the padding check that padding is never chosen.
-    for (i, shape) in [resnet_pool(2, 64, 9, 9), MaxPoolShape { n: 1, c: 8, h: 7, w: 6, k: 3, stride: 1, pad: 1 }].into_iter().enumerate() {
-        let x: Vec<f32> = uniform_in(20 + i as u64, shape.input_len() as usize, -2.0, 2.0).iter().map(|v| v.floor()).collect();
+    for (i, shape) in
+        [resnet_pool(2, 64, 9, 9), MaxPoolShape { n: 1, c: 8, h: 7, w: 6, k: 3, stride: 1, pad: 1 }]
+            .into_iter()
+            .enumerate()
+    {
+        let x: Vec<f32> = uniform_in(20 + i as u64, shape.input_len() as usize, -2.0, 2.0)
+            .iter()
+            .map(|v| v.floor())
+            .collect();
         check_against_reference(gpu, shape, &x, 200 + i as u64);
     }
 }
@@ -85,33 +110,60 @@ fn forward_with_argmax_imposes_another_runs_choices() {
     let (in_len, out_len) = (shape.input_len() as usize, shape.output_len() as usize);
     let (x, other) = (uniform(30, in_len), uniform(31, in_len));
     let (_, other_argmax) = r::maxpool_forward(&to_f64(&other), pool(&shape));
-    let (bx, bargmax) = (gpu.upload("x", &x).unwrap(), gpu.upload("argmax", &other_argmax).unwrap());
+    let (bx, bargmax) =
+        (gpu.upload("x", &x).unwrap(), gpu.upload("argmax", &other_argmax).unwrap());
     let y = poisoned(gpu, "y", out_len);
     let mut enc = gpu.encoder();
-    k::maxpool_forward_with_argmax(gpu, &mut enc, &shape, Slice::whole(&bx), Slice::whole(&bargmax), Slice::whole(&y)).unwrap();
+    k::maxpool_forward_with_argmax(
+        gpu,
+        &mut enc,
+        &shape,
+        Slice::whole(&bx),
+        Slice::whole(&bargmax),
+        Slice::whole(&y),
+    )
+    .unwrap();
     submit(gpu, enc);
     let expected = r::maxpool_forward_with_argmax(&to_f64(&x), pool(&shape), &other_argmax);
     assert_close("y at another run's argmax", &read(gpu, &y), &expected, 0.0);
-    assert_ne!(expected, r::maxpool_forward(&to_f64(&x), pool(&shape)).0, "the imposed argmax must differ from x's own");
+    assert_ne!(
+        expected,
+        r::maxpool_forward(&to_f64(&x), pool(&shape)).0,
+        "the imposed argmax must differ from x's own"
+    );
 }
 
 #[test]
 fn launchers_reject_wrong_lengths_and_bad_shapes() {
     let Some(gpu) = gpu() else { return };
     let shape = resnet_pool(1, 2, 5, 5); // out 3×3
-    let (x, out, argmax) = (gpu.buffer("x", 50).unwrap(), gpu.buffer("out", 18).unwrap(), gpu.buffer("argmax", 18).unwrap());
+    let (x, out, argmax) = (
+        gpu.buffer("x", 50).unwrap(),
+        gpu.buffer("out", 18).unwrap(),
+        gpu.buffer("argmax", 18).unwrap(),
+    );
     let short = gpu.buffer("short", 17).unwrap();
     let s = Slice::whole;
-    type Launch = fn(&Gpu, &mut Encoder, &MaxPoolShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+    type Launch =
+        fn(&Gpu, &mut Encoder, &MaxPoolShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
     let launchers: [(&str, Launch, [&wgpu::Buffer; 3], usize, &str); 3] = [
         ("maxpool_forward", k::maxpool_forward, [&x, &out, &argmax], 1, "y"),
-        ("maxpool_forward_with_argmax", k::maxpool_forward_with_argmax, [&x, &argmax, &out], 1, "argmax"),
+        (
+            "maxpool_forward_with_argmax",
+            k::maxpool_forward_with_argmax,
+            [&x, &argmax, &out],
+            1,
+            "argmax",
+        ),
         ("maxpool_backward", k::maxpool_backward, [&out, &argmax, &x], 0, "dy"),
     ];
     let expect = |res: syncstep::kernels::Result<()>, op: &str, arg: &str, needle: &str| {
         let err = res.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{msg}");
+        assert!(
+            matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg),
+            "{msg}"
+        );
         assert!(msg.contains(needle), "{msg}");
     };
     for (op, launch, bufs, short_at, short_arg) in launchers {
@@ -119,14 +171,29 @@ fn launchers_reject_wrong_lengths_and_bad_shapes() {
         let mut args = bufs.map(s);
         launch(gpu, &mut enc, &shape, args[0], args[1], args[2]).unwrap();
         args[short_at] = s(&short);
-        expect(launch(gpu, &mut enc, &shape, args[0], args[1], args[2]), op, short_arg, "expected 18 (n·c·out_h·out_w)");
+        expect(
+            launch(gpu, &mut enc, &shape, args[0], args[1], args[2]),
+            op,
+            short_arg,
+            "expected 18 (n·c·out_h·out_w)",
+        );
         let args = bufs.map(s);
         let zero = MaxPoolShape { h: 0, ..shape };
         expect(launch(gpu, &mut enc, &zero, args[0], args[1], args[2]), op, "shape.h", "is 0");
         let blind = MaxPoolShape { k: 1, pad: 1, ..shape };
-        expect(launch(gpu, &mut enc, &blind, args[0], args[1], args[2]), op, "shape.pad", "expected less than k = 1");
+        expect(
+            launch(gpu, &mut enc, &blind, args[0], args[1], args[2]),
+            op,
+            "shape.pad",
+            "expected less than k = 1",
+        );
         let too_wide = MaxPoolShape { k: 8, pad: 1, ..shape };
-        expect(launch(gpu, &mut enc, &too_wide, args[0], args[1], args[2]), op, "shape.k", "expected at most");
+        expect(
+            launch(gpu, &mut enc, &too_wide, args[0], args[1], args[2]),
+            op,
+            "shape.k",
+            "expected at most",
+        );
     }
 }
 
@@ -137,14 +204,24 @@ fn rows_past_llvmpipes_loop_limit_are_refused_there() {
     let Some(gpu) = gpu() else { return };
     let shape = MaxPoolShape { n: 1, c: 1, h: 2, w: 20000, k: 3, stride: 1, pad: 1 };
     let len = shape.input_len();
-    let (x, y, argmax) = (gpu.buffer("x", len).unwrap(), gpu.buffer("y", len).unwrap(), gpu.buffer("argmax", len).unwrap());
+    let (x, y, argmax) = (
+        gpu.buffer("x", len).unwrap(),
+        gpu.buffer("y", len).unwrap(),
+        gpu.buffer("argmax", len).unwrap(),
+    );
     let s = Slice::whole;
     let mut enc = gpu.encoder();
-    let results = [k::maxpool_forward(gpu, &mut enc, &shape, s(&x), s(&y), s(&argmax)), k::maxpool_backward(gpu, &mut enc, &shape, s(&y), s(&argmax), s(&x))];
+    let results = [
+        k::maxpool_forward(gpu, &mut enc, &shape, s(&x), s(&y), s(&argmax)),
+        k::maxpool_backward(gpu, &mut enc, &shape, s(&y), s(&argmax), s(&x)),
+    ];
     for result in results {
         if gpu.info.name.contains("llvmpipe") {
             let msg = result.unwrap_err().to_string();
-            assert!(msg.contains("shape.w") && msg.contains("llvmpipe stops loops after 65535"), "{msg}");
+            assert!(
+                msg.contains("shape.w") && msg.contains("llvmpipe stops loops after 65535"),
+                "{msg}"
+            );
         } else {
             result.unwrap();
         }
@@ -156,8 +233,25 @@ fn maxpool_forward_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
     let shape = resnet_pool(1, 1, 512, 513); // x is just over 1 MiB
     let x = gpu.buffer("x", shape.input_len()).unwrap();
-    let (y, argmax) = (gpu.buffer("y", shape.output_len()).unwrap(), gpu.buffer("argmax", shape.output_len()).unwrap());
+    let (y, argmax) = (
+        gpu.buffer("y", shape.output_len()).unwrap(),
+        gpu.buffer("argmax", shape.output_len()).unwrap(),
+    );
     let mut enc = gpu.encoder();
-    let msg = k::maxpool_forward(&gpu, &mut enc, &shape, Slice::whole(&x), Slice::whole(&y), Slice::whole(&argmax)).unwrap_err().to_string();
-    assert!(msg.contains("maxpool_forward") && msg.contains("`x`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+    let msg = k::maxpool_forward(
+        &gpu,
+        &mut enc,
+        &shape,
+        Slice::whole(&x),
+        Slice::whole(&y),
+        Slice::whole(&argmax),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("maxpool_forward")
+            && msg.contains("`x`")
+            && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
 }

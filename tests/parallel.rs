@@ -9,7 +9,9 @@
 mod common;
 
 use common::*;
-use syncstep::check::{run_check, run_check_on, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR, CONTROL_FLOOR};
+use syncstep::check::{
+    run_check, run_check_on, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR, CONTROL_FLOOR,
+};
 use syncstep::data::synthetic_batch;
 use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
@@ -38,10 +40,18 @@ fn assert_gates(cfg: CheckConfig) {
     let test = measured(&report, "TEST");
     assert!(test <= 1e-5, "TEST {test:e}");
     assert!(measured(&report, "TEST loss") <= 1e-6 && measured(&report, "TEST logits") <= 1e-6);
-    assert!(measured(&report, "CONTROL") >= CONTROL_FACTOR * test.max(CONTROL_FLOOR), "CONTROL cannot tell synchronised from local BN");
+    assert!(
+        measured(&report, "CONTROL") >= CONTROL_FACTOR * test.max(CONTROL_FLOOR),
+        "CONTROL cannot tell synchronised from local BN"
+    );
     assert_eq!(measured(&report, "REPEAT"), 0.0);
     let drift = report.row("DRIFT").unwrap();
-    assert!(drift.measured <= 1e-5 && drift.note.contains("replicas bitwise equal"), "DRIFT {:e}: {}", drift.measured, drift.note);
+    assert!(
+        drift.measured <= 1e-5 && drift.note.contains("replicas bitwise equal"),
+        "DRIFT {:e}: {}",
+        drift.measured,
+        drift.note
+    );
     assert!(report.passed(), "{}", report.table());
 }
 
@@ -52,22 +62,46 @@ fn gates_pass_at_2_replicas_of_8() {
 
 #[test]
 fn gates_pass_at_2_replicas_of_4_and_the_single_device_ties_to_the_reference() {
-    let cfg = CheckConfig { replicas: 2, batch: 4, adapters: adapters(), tie: true, seed: 3, ..Default::default() };
+    let cfg = CheckConfig {
+        replicas: 2,
+        batch: 4,
+        adapters: adapters(),
+        tie: true,
+        seed: 3,
+        ..Default::default()
+    };
     assert_gates(cfg);
 }
 
 #[test]
 fn gates_pass_at_4_replicas_of_2() {
-    assert_gates(CheckConfig { replicas: 4, batch: 2, adapters: adapters(), seed: 1, ..Default::default() });
+    assert_gates(CheckConfig {
+        replicas: 4,
+        batch: 2,
+        adapters: adapters(),
+        seed: 1,
+        ..Default::default()
+    });
 }
 
 #[test]
 fn a_broken_equivalence_fails_test() {
     for sabotage in [Sabotage::SumGradients, Sabotage::UnmergedStats] {
-        let cfg = CheckConfig { replicas: 2, batch: 2, steps: 0, adapters: adapters(), sabotage: Some(sabotage), ..Default::default() };
+        let cfg = CheckConfig {
+            replicas: 2,
+            batch: 2,
+            steps: 0,
+            adapters: adapters(),
+            sabotage: Some(sabotage),
+            ..Default::default()
+        };
         let Some(report) = check(cfg) else { return };
         let test = report.row("TEST").unwrap();
-        assert!(!test.pass && test.measured > 1e-3, "{sabotage:?} went unnoticed: TEST {:e}", test.measured);
+        assert!(
+            !test.pass && test.measured > 1e-3,
+            "{sabotage:?} went unnoticed: TEST {:e}",
+            test.measured
+        );
         assert!(!report.passed());
     }
 }
@@ -86,8 +120,20 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
             return;
         }
     }
-    let report = check(CheckConfig { replicas: 2, batch: 4, steps: 0, adapters: mixed, ..Default::default() }).unwrap();
-    assert!(report.replica_adapters[0].ends_with("Vulkan") && report.replica_adapters[1].ends_with("Gl"), "{:?}", report.replica_adapters);
+    let report = check(CheckConfig {
+        replicas: 2,
+        batch: 4,
+        steps: 0,
+        adapters: mixed,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(
+        report.replica_adapters[0].ends_with("Vulkan")
+            && report.replica_adapters[1].ends_with("Gl"),
+        "{:?}",
+        report.replica_adapters
+    );
     for gate in ["TEST", "TEST loss", "TEST logits"] {
         assert!(report.row(gate).unwrap().pass, "{gate} on Vulkan + GL:\n{}", report.table());
     }
@@ -97,27 +143,55 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
 /// same adapter, and the phases are reported in order up to "done".
 #[test]
 fn a_golden_file_from_one_run_holds_the_next_to_it() {
-    let cfg = CheckConfig { replicas: 2, batch: 2, steps: 0, adapters: adapters(), ..Default::default() };
+    let cfg =
+        CheckConfig { replicas: 2, batch: 2, steps: 0, adapters: adapters(), ..Default::default() };
     let Some(first) = check(cfg.clone()) else { return };
     let golden = Golden::from_json(&first.golden.to_json()).unwrap();
     assert_eq!(golden, first.golden);
     let mut phases = Vec::new();
-    let report = pollster::block_on(async { run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| phases.push((p.index, p.total, p.phase.clone(), p.gates.len()))).await }).unwrap();
+    let report = pollster::block_on(async {
+        run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| {
+            phases.push((p.index, p.total, p.phase.clone(), p.gates.len()))
+        })
+        .await
+    })
+    .unwrap();
     eprintln!("{}", report.table());
     let portable = report.row("PORTABLE").unwrap();
     assert_eq!((portable.measured, portable.flips), (0.0, Some(0)), "{}", report.table());
     assert_eq!(measured(&report, "PORTABLE loss"), 0.0);
-    assert!(report.passed() && report.tensors.iter().all(|t| t.portable == Some(0.0) && t.test == 0.0 && t.control > 0.0));
+    assert!(
+        report.passed()
+            && report
+                .tensors
+                .iter()
+                .all(|t| t.portable == Some(0.0) && t.test == 0.0 && t.control > 0.0)
+    );
     assert_eq!(report.portable_against.as_deref(), Some(first.single_adapter.as_str()));
     let total = phases[0].1;
-    assert!(phases.iter().enumerate().all(|(i, p)| p.0 == i && p.1 == total) && phases.len() == total + 1, "{phases:?}");
-    assert!(phases.iter().any(|p| p.2.starts_with("PORTABLE")) && phases[total].2 == "done: all gates pass", "{phases:?}");
+    assert!(
+        phases.iter().enumerate().all(|(i, p)| p.0 == i && p.1 == total)
+            && phases.len() == total + 1,
+        "{phases:?}"
+    );
+    assert!(
+        phases.iter().any(|p| p.2.starts_with("PORTABLE"))
+            && phases[total].2 == "done: all gates pass",
+        "{phases:?}"
+    );
     // The table fills as the check goes: nothing decided at first, every gate at the end.
     assert_eq!((phases[0].3, phases[total].3), (0, report.rows.len()));
 
     let other = CheckConfig { seed: 1, ..cfg };
-    let e = pollster::block_on(async { run_check_on(&other, CheckDevices::open(&other).await?, Some(&golden), &mut |_| {}).await }).unwrap_err().to_string();
-    assert!(e.contains("golden file was made for 2 replicas × 2 images, 32×32, 10 classes, seed 0"), "{e}");
+    let e = pollster::block_on(async {
+        run_check_on(&other, CheckDevices::open(&other).await?, Some(&golden), &mut |_| {}).await
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("golden file was made for 2 replicas × 2 images, 32×32, 10 classes, seed 0"),
+        "{e}"
+    );
 }
 
 fn model_and_state(seed: u64) -> (ResNet34, Vec<f32>, Vec<f32>) {
@@ -137,16 +211,28 @@ fn one_replica_is_the_plain_single_device_step_bitwise() {
     let (model, params, running) = model_and_state(5);
     let Some(device) = fresh_gpu() else { return };
     let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 1, &adapters())).unwrap();
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, 1, &adapters())).unwrap();
     let batch = synthetic_batch(2, 0, 4, 32, 32, 10);
     let cfg = StepConfig::default();
-    let want = pollster::block_on(single.forward_backward(&batch, &cfg, 4.0, &LocalBn, StepOptions::default())).unwrap();
-    let got = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
+    let want = pollster::block_on(single.forward_backward(
+        &batch,
+        &cfg,
+        4.0,
+        &LocalBn,
+        StepOptions::default(),
+    ))
+    .unwrap();
+    let got =
+        pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
     assert_eq!(got[0].loss.to_bits(), want.loss.to_bits());
     assert_eq!(bits(&got[0].logits), bits(&want.logits));
     let dp_grads = pollster::block_on(dp.read_grads()).unwrap();
     assert_eq!(bits(&dp_grads[0]), bits(&pollster::block_on(single.read_grads()).unwrap()));
-    assert_eq!(bits(&pollster::block_on(dp.read_running()).unwrap()[0]), bits(&pollster::block_on(single.read_running()).unwrap()));
+    assert_eq!(
+        bits(&pollster::block_on(dp.read_running()).unwrap()[0]),
+        bits(&pollster::block_on(single.read_running()).unwrap())
+    );
 }
 
 #[test]
@@ -155,16 +241,26 @@ fn synchronised_replicas_hold_identical_gradients_and_running_statistics() {
     if gpu().is_none() {
         return;
     }
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
     // Shards that differ visibly, so per-replica statistics would differ too.
     let shards = synthetic_batch(3, 0, 4, 32, 32, 10).shards(2).unwrap();
     let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
-    pollster::block_on(dp.forward_backward(&batch, &StepConfig::default(), ParallelOptions::default())).unwrap();
+    pollster::block_on(dp.forward_backward(
+        &batch,
+        &StepConfig::default(),
+        ParallelOptions::default(),
+    ))
+    .unwrap();
     let run = pollster::block_on(dp.read_running()).unwrap();
     assert_eq!(bits(&run[0]), bits(&run[1]), "running statistics differ between replicas");
     assert_ne!(run[0], running, "running statistics were not updated");
     let grads = pollster::block_on(dp.read_grads()).unwrap();
-    assert_eq!(bits(&grads[0]), bits(&grads[1]), "gradients differ between replicas after the all-reduce");
+    assert_eq!(
+        bits(&grads[0]),
+        bits(&grads[1]),
+        "gradients differ between replicas after the all-reduce"
+    );
 }
 
 /// Replicas whose maps wait on helper threads (GPUs: the devices run at once) take the same
@@ -181,8 +277,16 @@ fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
         let mut gpus = pollster::block_on(syncstep::parallel::devices(2, &adapters())).unwrap();
         gpus.iter_mut().for_each(|g| g.blocking_maps = blocking);
         let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running).unwrap();
-        pollster::block_on(dp.forward_backward(&batch, &StepConfig::default(), ParallelOptions::default())).unwrap();
-        (pollster::block_on(dp.read_grads()).unwrap(), pollster::block_on(dp.read_running()).unwrap())
+        pollster::block_on(dp.forward_backward(
+            &batch,
+            &StepConfig::default(),
+            ParallelOptions::default(),
+        ))
+        .unwrap();
+        (
+            pollster::block_on(dp.read_grads()).unwrap(),
+            pollster::block_on(dp.read_running()).unwrap(),
+        )
     };
     let (turns, at_once) = (step(true), step(false));
     for r in 0..2 {
@@ -200,11 +304,17 @@ fn every_gradient_is_reduced_exactly_once() {
     if gpu().is_none() {
         return;
     }
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
     let shards = synthetic_batch(5, 0, 4, 32, 32, 10).shards(2).unwrap();
     let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
     let mut grads = |sabotage| {
-        pollster::block_on(dp.forward_backward(&batch, &StepConfig::default(), ParallelOptions { sabotage, ..Default::default() })).unwrap();
+        pollster::block_on(dp.forward_backward(
+            &batch,
+            &StepConfig::default(),
+            ParallelOptions { sabotage, ..Default::default() },
+        ))
+        .unwrap();
         let grads = pollster::block_on(dp.read_grads()).unwrap();
         assert_eq!(bits(&grads[0]), bits(&grads[1]), "replicas hold different gradients");
         grads.into_iter().next().unwrap()
@@ -225,7 +335,9 @@ fn bad_inputs_are_clear_errors() {
     if gpu().is_none() {
         return;
     }
-    let new = |replicas, adapters: &[AdapterChoice]| pollster::block_on(DataParallel::new(&model, &params, &running, replicas, adapters));
+    let new = |replicas, adapters: &[AdapterChoice]| {
+        pollster::block_on(DataParallel::new(&model, &params, &running, replicas, adapters))
+    };
     let e = new(0, &adapters()).err().unwrap().to_string();
     assert!(e.contains("replica count must be at least 1"), "{e}");
     let e = new(2, &[AdapterChoice { backend: None, index: 99 }]).err().unwrap().to_string();
@@ -233,14 +345,28 @@ fn bad_inputs_are_clear_errors() {
 
     let mut dp = new(2, &adapters()).unwrap();
     let odd = synthetic_batch(1, 0, 5, 32, 32, 10);
-    let e = pollster::block_on(dp.forward_backward(&odd, &StepConfig::default(), ParallelOptions::default())).unwrap_err().to_string();
+    let e = pollster::block_on(dp.forward_backward(
+        &odd,
+        &StepConfig::default(),
+        ParallelOptions::default(),
+    ))
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("batch of 5 cannot be split into 2 equal shards"), "{e}");
     let mut bad = synthetic_batch(1, 0, 4, 32, 32, 10);
     bad.labels[3] = 10;
-    let e = pollster::block_on(dp.forward_backward(&bad, &StepConfig::default(), ParallelOptions::default())).unwrap_err().to_string();
+    let e = pollster::block_on(dp.forward_backward(
+        &bad,
+        &StepConfig::default(),
+        ParallelOptions::default(),
+    ))
+    .unwrap_err()
+    .to_string();
     assert!(e.starts_with("replica 1 (") && e.contains("label 10 of example 1"), "{e}");
 
-    let e = pollster::block_on(run_check(&CheckConfig { replicas: 0, ..Default::default() })).unwrap_err().to_string();
+    let e = pollster::block_on(run_check(&CheckConfig { replicas: 0, ..Default::default() }))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("replica count must be at least 1"), "{e}");
 }
 
@@ -255,12 +381,19 @@ fn a_lost_device_stops_the_step_and_names_the_replica() {
     let batch = synthetic_batch(4, 0, 4, 32, 32, 10);
     let cfg = StepConfig::default();
     for lost in [1, 0] {
-        let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
+        let mut dp =
+            pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters()))
+                .unwrap();
         pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
         dp.replicas()[lost].gpu.device.destroy();
-        let e = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap_err().to_string();
+        let e = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))
+            .unwrap_err()
+            .to_string();
         eprintln!("{e}");
-        assert!(e.starts_with(&format!("replica {lost} (")) && e.contains("GPU device lost"), "{e}");
+        assert!(
+            e.starts_with(&format!("replica {lost} (")) && e.contains("GPU device lost"),
+            "{e}"
+        );
         let e = pollster::block_on(dp.sgd_update(&cfg)).unwrap_err().to_string();
         assert!(e.starts_with(&format!("replica {lost} (")), "{e}");
     }

@@ -12,7 +12,8 @@ fn reads_from_threads_get_their_own_bytes(gpu: &Gpu) {
         for t in 0..4u32 {
             scope.spawn(move || {
                 for i in 0..200u32 {
-                    let want: Vec<f32> = (0..1000).map(|k| (t * 100_000 + i * 1000 + k) as f32).collect();
+                    let want: Vec<f32> =
+                        (0..1000).map(|k| (t * 100_000 + i * 1000 + k) as f32).collect();
                     let b = gpu.upload("readback", &want).unwrap();
                     let got = pollster::block_on(gpu.read_f32(Slice::whole(&b))).unwrap();
                     assert_eq!(got, want, "thread {t}, read {i}");

@@ -13,7 +13,9 @@ fn selfcheck_passes_natively_and_reports_progress_in_order() {
     let report = pollster::block_on(selfcheck::run(gpu, 1, &mut |p| {
         events.push(match p {
             Progress::Started { index, total, kernel } => format!("start {index}/{total} {kernel}"),
-            Progress::Finished { index, total, check } => format!("end {index}/{total} {}", check.kernel),
+            Progress::Finished { index, total, check } => {
+                format!("end {index}/{total} {}", check.kernel)
+            }
         })
     }))
     .unwrap();
@@ -29,7 +31,10 @@ fn selfcheck_passes_natively_and_reports_progress_in_order() {
         assert_eq!(events[2 * i + 1], format!("end {i}/{n} {}", k.kernel));
     }
     let json = report.to_json();
-    assert!(json.starts_with(r#"{"check":"kernels","adapter":"#) && json.contains(r#""pass":true"#), "{json}");
+    assert!(
+        json.starts_with(r#"{"check":"kernels","adapter":"#) && json.contains(r#""pass":true"#),
+        "{json}"
+    );
     // The same seed gives the same data, hence bitwise the same errors on the same device.
     let again = pollster::block_on(selfcheck::run(gpu, 1, &mut |_| {})).unwrap();
     assert_eq!(again, report);

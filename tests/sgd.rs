@@ -20,11 +20,26 @@ fn grads(seed: u64, signs: &[f32]) -> Vec<f32> {
 #[track_caller]
 fn assert_step(h: &SgdParams, before: (&[f32], &[f32]), grad: &[f32], after: (&[f32], &[f32])) {
     let (mut p, mut v) = (to_f64(before.0), to_f64(before.1));
-    r::sgd_update(&mut p, &to_f64(grad), &mut v, h.lr as f64, h.momentum as f64, h.weight_decay as f64);
+    r::sgd_update(
+        &mut p,
+        &to_f64(grad),
+        &mut v,
+        h.lr as f64,
+        h.momentum as f64,
+        h.weight_decay as f64,
+    );
     for i in 0..p.len() {
         let (pg, vg) = (after.0[i] as f64, after.1[i] as f64);
-        assert!((pg - p[i]).abs() <= 1e-6 * (1.0 + p[i].abs()), "param[{i}]: gpu {pg} vs reference {}", p[i]);
-        assert!((vg - v[i]).abs() <= 1e-6 * (1.0 + v[i].abs()), "velocity[{i}]: gpu {vg} vs reference {}", v[i]);
+        assert!(
+            (pg - p[i]).abs() <= 1e-6 * (1.0 + p[i].abs()),
+            "param[{i}]: gpu {pg} vs reference {}",
+            p[i]
+        );
+        assert!(
+            (vg - v[i]).abs() <= 1e-6 * (1.0 + v[i].abs()),
+            "velocity[{i}]: gpu {vg} vs reference {}",
+            v[i]
+        );
     }
 }
 
@@ -45,7 +60,11 @@ fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
     p0.extend(vec![0.0; zeros]);
     p0.extend(vec![7.0; pad]);
     let signs = uniform(2, len - zeros);
-    let (bp, bg, bv) = (gpu.upload("param", &p0).unwrap(), gpu.buffer("grad", len as u64).unwrap(), gpu.buffer("velocity", len as u64).unwrap());
+    let (bp, bg, bv) = (
+        gpu.upload("param", &p0).unwrap(),
+        gpu.buffer("grad", len as u64).unwrap(),
+        gpu.buffer("velocity", len as u64).unwrap(),
+    );
     let param = Slice::new(&bp, (pad * 4) as u64, len as u64);
     let (grad, velocity) = (Slice::whole(&bg), Slice::whole(&bv));
     let h = SgdParams { lr: 0.1, momentum: 0.9, weight_decay: 1e-2 };
@@ -61,10 +80,16 @@ fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
         assert_step(&h, (&before.0, &before.1), &g, (&after.0, &after.1));
         let moved = (0..len - zeros).filter(|&i| after.0[i] != before.0[i]).count();
         assert_eq!(moved, len - zeros, "step {step}: every parameter must move");
-        assert!(after.0[len - zeros..].iter().chain(&after.1[len - zeros..]).all(|&x| x == 0.0), "padding left zero");
+        assert!(
+            after.0[len - zeros..].iter().chain(&after.1[len - zeros..]).all(|&x| x == 0.0),
+            "padding left zero"
+        );
     }
     let whole = read(gpu, &bp);
-    assert!(whole[..pad].iter().chain(&whole[pad + len..]).all(|&x| x == 7.0), "wrote outside its slice");
+    assert!(
+        whole[..pad].iter().chain(&whole[pad + len..]).all(|&x| x == 7.0),
+        "wrote outside its slice"
+    );
 }
 
 #[test]
@@ -75,15 +100,25 @@ fn sgd_update_covers_a_large_buffer_to_its_last_element() {
     let len = 65_535 * 256 + 1000;
     let (p, v, signs) = (uniform(1, len), uniform(2, len), uniform(3, len));
     let g = grads(4, &signs);
-    let (bp, bg, bv) = (gpu.upload("param", &p).unwrap(), gpu.upload("grad", &g).unwrap(), gpu.upload("velocity", &v).unwrap());
+    let (bp, bg, bv) = (
+        gpu.upload("param", &p).unwrap(),
+        gpu.upload("grad", &g).unwrap(),
+        gpu.upload("velocity", &v).unwrap(),
+    );
     let h = SgdParams { lr: 0.05, momentum: 0.9, weight_decay: 5e-4 };
     let mut enc = gpu.encoder();
-    k::sgd_update(gpu, &mut enc, &h, Slice::whole(&bp), Slice::whole(&bg), Slice::whole(&bv)).unwrap();
+    k::sgd_update(gpu, &mut enc, &h, Slice::whole(&bp), Slice::whole(&bg), Slice::whole(&bv))
+        .unwrap();
     submit(gpu, enc);
     let (p1, v1) = (read(gpu, &bp), read(gpu, &bv));
     for start in (0..len).step_by(1 << 20) {
         let end = (start + (1 << 20)).min(len);
-        assert_step(&h, (&p[start..end], &v[start..end]), &g[start..end], (&p1[start..end], &v1[start..end]));
+        assert_step(
+            &h,
+            (&p[start..end], &v[start..end]),
+            &g[start..end],
+            (&p1[start..end], &v1[start..end]),
+        );
     }
 }
 
@@ -99,15 +134,30 @@ fn sgd_update_rejects_bad_arguments() {
         ("grad", k::sgd_update(gpu, e, &h, s4, s5, s4), "expected 4 (same length as param)"),
         ("velocity", k::sgd_update(gpu, e, &h, s4, s4, s5), "expected 4 (same length as param)"),
         ("param", k::sgd_update(gpu, e, &h, empty, empty, empty), "has 0 elements"),
-        ("param", k::sgd_update(gpu, e, &h, s5, s5, s5), "has 5 elements, expected a multiple of 4"),
+        (
+            "param",
+            k::sgd_update(gpu, e, &h, s5, s5, s5),
+            "has 5 elements, expected a multiple of 4",
+        ),
         ("lr", k::sgd_update(gpu, e, &SgdParams { lr: f32::NAN, ..h }, s4, s4, s4), "finite"),
-        ("momentum", k::sgd_update(gpu, e, &SgdParams { momentum: f32::INFINITY, ..h }, s4, s4, s4), "finite"),
-        ("weight_decay", k::sgd_update(gpu, e, &SgdParams { weight_decay: f32::NEG_INFINITY, ..h }, s4, s4, s4), "finite"),
+        (
+            "momentum",
+            k::sgd_update(gpu, e, &SgdParams { momentum: f32::INFINITY, ..h }, s4, s4, s4),
+            "finite",
+        ),
+        (
+            "weight_decay",
+            k::sgd_update(gpu, e, &SgdParams { weight_decay: f32::NEG_INFINITY, ..h }, s4, s4, s4),
+            "finite",
+        ),
     ];
     for (arg, result, text) in cases {
         let err = result.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, KernelError::Arg { op: "sgd_update", arg: a, .. } if a == arg), "{arg}: {msg}");
+        assert!(
+            matches!(err, KernelError::Arg { op: "sgd_update", arg: a, .. } if a == arg),
+            "{arg}: {msg}"
+        );
         assert!(msg.contains(text), "{msg}");
     }
 }
@@ -116,9 +166,21 @@ fn sgd_update_rejects_bad_arguments() {
 fn sgd_update_refuses_a_binding_over_the_device_limit() {
     let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
     let len = (1 << 18) + 4;
-    let (p, g, v) = (gpu.buffer("p", len).unwrap(), gpu.buffer("g", len).unwrap(), gpu.buffer("v", len).unwrap());
+    let (p, g, v) = (
+        gpu.buffer("p", len).unwrap(),
+        gpu.buffer("g", len).unwrap(),
+        gpu.buffer("v", len).unwrap(),
+    );
     let h = SgdParams { lr: 0.1, momentum: 0.9, weight_decay: 0.0 };
     let mut enc = gpu.encoder();
-    let msg = k::sgd_update(&gpu, &mut enc, &h, Slice::whole(&p), Slice::whole(&g), Slice::whole(&v)).unwrap_err().to_string();
-    assert!(msg.contains("sgd_update") && msg.contains("`param`") && msg.contains("max_storage_buffer_binding_size"), "{msg}");
+    let msg =
+        k::sgd_update(&gpu, &mut enc, &h, Slice::whole(&p), Slice::whole(&g), Slice::whole(&v))
+            .unwrap_err()
+            .to_string();
+    assert!(
+        msg.contains("sgd_update")
+            && msg.contains("`param`")
+            && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
 }

@@ -25,7 +25,10 @@ fn every_wgsl_file_parses_and_validates() {
             }
         };
         // Browsers give no f64, f16 or subgroups by default: validate against WebGPU's core set.
-        let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        );
         if let Err(e) = validator.validate(&module) {
             failures.push(e.emit_to_string_with_path(&source, &name));
         }
@@ -42,7 +45,11 @@ fn shader_files_use_no_atomics() {
         let path = e.unwrap().path();
         let source = std::fs::read_to_string(&path).unwrap();
         // Code only: the comments say "no atomics".
-        let code: String = source.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+        let code: String = source
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(!code.contains("atomic"), "{} uses atomics", path.display());
     }
 }

@@ -41,14 +41,22 @@ fn tie_gpu_step_matches_the_f64_reference() {
 
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let run64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
-    let cfg = reference::StepConfig { label_smoothing: 0.1, divisor: BATCH as f64, bn_momentum: 0.1, bn_eps: 1e-5 };
+    let cfg = reference::StepConfig {
+        label_smoothing: 0.1,
+        divisor: BATCH as f64,
+        bn_momentum: 0.1,
+        bn_eps: 1e-5,
+    };
     let pattern = out.pattern.as_ref().unwrap();
     let want = reference::training_step(&model, &p64, &run64, &batch, &cfg, Some(pattern));
     let free = reference::training_step(&model, &p64, &run64, &batch, &cfg, None);
     let flips = pattern.flips(&free.pattern);
 
     let loss_err = (out.loss as f64 - want.loss).abs() / want.loss.abs();
-    eprintln!("TIE: loss gpu {} ref {} rel {loss_err:e}; {flips} unit(s) flipped between f32 and f64", out.loss, want.loss);
+    eprintln!(
+        "TIE: loss gpu {} ref {} rel {loss_err:e}; {flips} unit(s) flipped between f32 and f64",
+        out.loss, want.loss
+    );
     assert!(loss_err <= 1e-5, "loss rel error {loss_err:e}");
     assert_close("logits", &out.logits, &want.logits, 1e-4);
     let mut worst = (0.0, String::new());
@@ -75,7 +83,10 @@ fn repeat_the_same_step_twice_is_bitwise_equal() {
     let b = step(&mut r, &batch, StepOptions::default());
     let gb = pollster::block_on(r.read_grads()).unwrap();
     assert_eq!(a.loss.to_bits(), b.loss.to_bits());
-    assert!(ga.iter().zip(&gb).all(|(x, y)| x.to_bits() == y.to_bits()), "gradients differ between two identical steps");
+    assert!(
+        ga.iter().zip(&gb).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "gradients differ between two identical steps"
+    );
     assert!(ga.iter().any(|&g| g != 0.0));
 }
 
@@ -84,7 +95,11 @@ fn bad_inputs_are_clear_errors() {
     let (model, params, running) = setup(10, 3);
     let Some(mut r) = replica(&model, &params, &running) else { return };
     let cfg = StepConfig::default();
-    let run = |r: &mut Replica, b: &syncstep::data::Batch| pollster::block_on(r.forward_backward(b, &cfg, 2.0, &LocalBn, StepOptions::default())).unwrap_err().to_string();
+    let run = |r: &mut Replica, b: &syncstep::data::Batch| {
+        pollster::block_on(r.forward_backward(b, &cfg, 2.0, &LocalBn, StepOptions::default()))
+            .unwrap_err()
+            .to_string()
+    };
     let mut b = synthetic_batch(1, 0, 2, 32, 32, 10);
     b.labels[1] = 10;
     assert!(run(&mut r, &b).contains("label 10 of example 1"));
@@ -95,7 +110,9 @@ fn bad_inputs_are_clear_errors() {
     assert!(run(&mut r, &b).contains("too small"));
     let bad = StepConfig { label_smoothing: 1.5, ..cfg };
     let b = synthetic_batch(1, 0, 2, 32, 32, 10);
-    let e = pollster::block_on(r.forward_backward(&b, &bad, 2.0, &LocalBn, StepOptions::default())).unwrap_err().to_string();
+    let e = pollster::block_on(r.forward_backward(&b, &bad, 2.0, &LocalBn, StepOptions::default()))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("label smoothing"), "{e}");
 }
 
@@ -112,7 +129,11 @@ fn predict_uses_running_statistics_and_changes_nothing() {
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
     assert_close("eval logits", &logits, &reference::predict(&model, &p64, &r64, &batch), 1e-4);
-    assert_eq!(pollster::block_on(r.read_running()).unwrap(), running, "predict changed the running statistics");
+    assert_eq!(
+        pollster::block_on(r.read_running()).unwrap(),
+        running,
+        "predict changed the running statistics"
+    );
     assert_eq!(pollster::block_on(r.predict(&batch)).unwrap(), logits);
 }
 
@@ -129,11 +150,22 @@ impl BnSync for FinalGradients {
     fn replicas(&self) -> u32 {
         1
     }
-    async fn stats(&self, _: &Gpu, _: &mut Encoder, sites: &[BnRows<'_>]) -> syncstep::step::Result<()> {
+    async fn stats(
+        &self,
+        _: &Gpu,
+        _: &mut Encoder,
+        sites: &[BnRows<'_>],
+    ) -> syncstep::step::Result<()> {
         self.stats_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         Ok(())
     }
-    async fn sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>], done: Slice<'_>) -> syncstep::step::Result<()> {
+    async fn sums(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+        done: Slice<'_>,
+    ) -> syncstep::step::Result<()> {
         self.sums_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
@@ -151,9 +183,17 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
     let (model, params, running) = setup(10, 13);
     let Some(mut r) = replica(&model, &params, &running) else { return };
     let hook = FinalGradients::default();
-    pollster::block_on(r.forward_backward(&synthetic_batch(6, 0, 2, 32, 32, 10), &StepConfig::default(), 2.0, &hook, StepOptions::default())).unwrap();
+    pollster::block_on(r.forward_backward(
+        &synthetic_batch(6, 0, 2, 32, 32, 10),
+        &StepConfig::default(),
+        2.0,
+        &hook,
+        StepOptions::default(),
+    ))
+    .unwrap();
     let site = |bn| model.batchnorms().iter().position(|b| *b == bn).unwrap();
-    let (mut forward, mut backward) = (vec![vec![site(model.stem_bn)]], vec![vec![site(model.stem_bn)]]);
+    let (mut forward, mut backward) =
+        (vec![vec![site(model.stem_bn)]], vec![vec![site(model.stem_bn)]]);
     for b in &model.blocks {
         let (bn1, bn2) = (site(b.bn1), site(b.bn2));
         match b.downsample {
@@ -185,18 +225,37 @@ fn the_gradients_a_backward_hook_is_told_are_final_are() {
     let want_grads = pollster::block_on(r.read_grads()).unwrap();
     r.gpu.poison(Slice::whole(&r.grads));
     let hook = FinalGradients::default();
-    let got = pollster::block_on(r.forward_backward(&batch, &StepConfig::default(), 2.0, &hook, StepOptions::default())).unwrap();
-    assert_eq!((got.loss.to_bits(), got.logits), (want.loss.to_bits(), want.logits), "the hook's submissions changed the step");
+    let got = pollster::block_on(r.forward_backward(
+        &batch,
+        &StepConfig::default(),
+        2.0,
+        &hook,
+        StepOptions::default(),
+    ))
+    .unwrap();
+    assert_eq!(
+        (got.loss.to_bits(), got.logits),
+        (want.loss.to_bits(), want.logits),
+        "the hook's submissions changed the step"
+    );
     let grads = pollster::block_on(r.read_grads()).unwrap();
     let seen = hook.seen.into_inner();
     assert_eq!(seen.len(), hook.sums_trips.borrow().len(), "one read per backward trip");
-    assert!(seen.windows(2).all(|w| w[1].0 < w[0].0), "the final part must grow at every site: {:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
+    assert!(
+        seen.windows(2).all(|w| w[1].0 < w[0].0),
+        "the final part must grow at every site: {:?}",
+        seen.iter().map(|s| s.0).collect::<Vec<_>>()
+    );
     assert!(seen[0].0 <= model.param("fc.weight").unwrap().offset as u64);
     assert_eq!(seen.last().unwrap().0, model.param("bn1.weight").unwrap().offset as u64);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (from, values) in &seen {
         assert_eq!(values.len() as u64, model.param_len as u64 - from);
-        assert_eq!(bits(values), bits(&grads[*from as usize..]), "gradients from element {from} were not final when the hook was told so");
+        assert_eq!(
+            bits(values),
+            bits(&grads[*from as usize..]),
+            "gradients from element {from} were not final when the hook was told so"
+        );
     }
     // Padding was never written: compare the tensors with the step without the poison.
     for spec in &model.params {

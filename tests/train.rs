@@ -54,7 +54,10 @@ fn resume_from_a_checkpoint_is_bit_exact() {
     assert!(same(&a.params, &b.params), "parameters differ after resume");
     assert!(same(&a.velocity, &b.velocity), "momentum differs after resume");
     assert!(same(&a.running, &b.running), "running statistics differ after resume");
-    assert!(a.params != pollster::block_on(first.checkpoint()).unwrap().params, "training changed nothing");
+    assert!(
+        a.params != pollster::block_on(first.checkpoint()).unwrap().params,
+        "training changed nothing"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -63,7 +66,13 @@ fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
     let model = ResNet34::new(10).unwrap();
     let dir = temp_dir("keep");
     let path = dir.join("ck.safetensors");
-    let ck = checkpoint::Checkpoint { params: model.init_params(1), running: model.init_buffers(), velocity: vec![0.0; model.param_len], step: 1, settings: Default::default() };
+    let ck = checkpoint::Checkpoint {
+        params: model.init_params(1),
+        running: model.init_buffers(),
+        velocity: vec![0.0; model.param_len],
+        step: 1,
+        settings: Default::default(),
+    };
     checkpoint::save(&path, &model, &ck).unwrap();
     // Block the temp file the save writes first, so the write fails midway.
     std::fs::create_dir(dir.join(format!(".ck.safetensors.tmp-{}", std::process::id()))).unwrap();
@@ -75,15 +84,31 @@ fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
 
 fn syncstep(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args).output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    (
+        out.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    )
 }
 
 /// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
-fn write_inputs(path: &Path, model: &ResNet34, params: &[f32], running: &[f32], images: &[f32], labels: &[f32]) {
+fn write_inputs(
+    path: &Path,
+    model: &ResNet34,
+    params: &[f32],
+    running: &[f32],
+    images: &[f32],
+    labels: &[f32],
+) {
     let m = labels.len();
     let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
-    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model.params.iter().map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()])).collect();
-    entries.extend(model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])));
+    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()]))
+        .collect();
+    entries.extend(
+        model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])),
+    );
     entries.push(("input".into(), vec![m, 3, hw, hw], images));
     entries.push(("labels".into(), vec![m], labels));
     write_f32(path, &entries, &Default::default()).unwrap();
@@ -95,13 +120,27 @@ fn with_int64_labels(src: &Path, dst: &Path, labels: &[i64]) {
     let mut names: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
     for (name, t) in &file.tensors {
         if name == "labels" {
-            names.push((name.clone(), t.shape.clone(), labels.iter().flat_map(|l| l.to_le_bytes()).collect(), safetensors::Dtype::I64));
+            names.push((
+                name.clone(),
+                t.shape.clone(),
+                labels.iter().flat_map(|l| l.to_le_bytes()).collect(),
+                safetensors::Dtype::I64,
+            ));
         } else {
-            names.push((name.clone(), t.shape.clone(), t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(), safetensors::Dtype::F32));
+            names.push((
+                name.clone(),
+                t.shape.clone(),
+                t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+                safetensors::Dtype::F32,
+            ));
         }
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> =
-        names.iter().map(|(n, s, d, t)| (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = names
+        .iter()
+        .map(|(n, s, d, t)| {
+            (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())
+        })
+        .collect();
     std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
 }
 
@@ -120,21 +159,44 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let wb = dir.join("wb.safetensors");
     with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
     let out = dir.join("g.safetensors");
-    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        wb.to_str().unwrap(),
+        "--batch",
+        wb.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(ok, "{log}");
 
     let mut r = Replica::new(gpu, model.clone(), &params, &running).unwrap();
-    let want = pollster::block_on(r.forward_backward(&batch, &StepConfig::default(), 4.0, &LocalBn, StepOptions::default())).unwrap();
+    let want = pollster::block_on(r.forward_backward(
+        &batch,
+        &StepConfig::default(),
+        4.0,
+        &LocalBn,
+        StepOptions::default(),
+    ))
+    .unwrap();
     let grads = pollster::block_on(r.read_grads()).unwrap();
     let after = pollster::block_on(r.read_running()).unwrap();
     let g = TensorFile::read(&out).unwrap();
     assert_eq!(g.require("loss", &[1]).unwrap().values[0], want.loss as f64);
     assert_eq!(g.require("logits", &[4, 10]).unwrap().values, to_f64(&want.logits));
     for p in &model.params {
-        assert_eq!(g.require(&format!("grad/{}", p.name), &p.shape).unwrap().values, to_f64(&grads[p.range()]), "grad/{}", p.name);
+        assert_eq!(
+            g.require(&format!("grad/{}", p.name), &p.shape).unwrap().values,
+            to_f64(&grads[p.range()]),
+            "grad/{}",
+            p.name
+        );
     }
     let b = &model.buffers[5];
-    assert_eq!(g.require(&format!("after/{}", b.name), &b.shape).unwrap().values, to_f64(&after[b.range()]));
+    assert_eq!(
+        g.require(&format!("after/{}", b.name), &b.shape).unwrap().values,
+        to_f64(&after[b.range()])
+    );
 
     // Each bad file is a clear error naming the problem.
     let case = |name: &str, labels: &[i64], edit: &dyn Fn(&mut Vec<f32>)| -> String {
@@ -144,40 +206,114 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
         write_inputs(&f, &model, &params, &running, &images, &labels_f);
         let g = dir.join(format!("{name}.safetensors"));
         with_int64_labels(&f, &g, labels);
-        syncstep(&["grad", "--weights", g.to_str().unwrap(), "--batch", g.to_str().unwrap(), "--out", out.to_str().unwrap()]).1
+        syncstep(&[
+            "grad",
+            "--weights",
+            g.to_str().unwrap(),
+            "--batch",
+            g.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .1
     };
     assert!(case("big", &[0, 1, 10, 2], &|_| {}).contains("label 10 of example 2 is out of range"));
     assert!(case("neg", &[0, -1, 1, 2], &|_| {}).contains("label -1 of example 1 is out of range"));
     assert!(case("nan", &[0, 1, 2, 3], &|v| v[5000] = f32::NAN).contains("non-finite"));
 
-    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model.params.iter().map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()])).collect();
+    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()]))
+        .collect();
     entries[3].1 = vec![entries[3].2.len()];
     let bad_w = dir.join("badw.safetensors");
     write_f32(&bad_w, &entries, &Default::default()).unwrap();
-    let (ok, log) = syncstep(&["grad", "--weights", bad_w.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        bad_w.to_str().unwrap(),
+        "--batch",
+        wb.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains(&format!("`{}` has shape", model.params[3].name)), "{log}");
     entries.remove(3);
     write_f32(&bad_w, &entries, &Default::default()).unwrap();
-    let (ok, log) = syncstep(&["grad", "--weights", bad_w.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        bad_w.to_str().unwrap(),
+        "--batch",
+        wb.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains(&format!("missing tensor `{}`", model.params[3].name)), "{log}");
 
     let (small_raw, small) = (dir.join("small.raw"), dir.join("small.safetensors"));
     let tiny = synthetic_batch(1, 0, 2, 16, 16, 10);
-    write_f32(&small_raw, &[("input".into(), vec![2, 3, 16, 16], &tiny.images), ("labels".into(), vec![2], &[0.0, 1.0])], &Default::default()).unwrap();
+    write_f32(
+        &small_raw,
+        &[
+            ("input".into(), vec![2, 3, 16, 16], &tiny.images),
+            ("labels".into(), vec![2], &[0.0, 1.0]),
+        ],
+        &Default::default(),
+    )
+    .unwrap();
     with_int64_labels(&small_raw, &small, &[0, 1]);
-    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", small.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        wb.to_str().unwrap(),
+        "--batch",
+        small.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains("16×16 is too small"), "{log}");
-    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", small_raw.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        wb.to_str().unwrap(),
+        "--batch",
+        small_raw.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains("`labels` must be an integer tensor"), "{log}");
     let gray = dir.join("gray.safetensors");
-    write_f32(&gray, &[("input".into(), vec![4, 1, 32, 32], &batch.images[..4 * 1024])], &Default::default()).unwrap();
-    let (ok, log) = syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", gray.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    write_f32(
+        &gray,
+        &[("input".into(), vec![4, 1, 32, 32], &batch.images[..4 * 1024])],
+        &Default::default(),
+    )
+    .unwrap();
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        wb.to_str().unwrap(),
+        "--batch",
+        gray.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains("1 channels"), "{log}");
 
     let bytes = std::fs::read(&wb).unwrap();
     let cut = dir.join("cut.safetensors");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let (ok, log) = syncstep(&["grad", "--weights", cut.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "grad",
+        "--weights",
+        cut.to_str().unwrap(),
+        "--batch",
+        wb.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains("truncated or corrupt"), "{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -187,7 +323,13 @@ fn train_refuses_an_unwritable_checkpoint_before_training() {
     let dir = temp_dir("unwritable");
     let file = dir.join("plain-file");
     std::fs::write(&file, b"x").unwrap();
-    let (ok, log) = syncstep(&["train", "--steps", "1", "--checkpoint", file.join("ck.safetensors").to_str().unwrap()]);
+    let (ok, log) = syncstep(&[
+        "train",
+        "--steps",
+        "1",
+        "--checkpoint",
+        file.join("ck.safetensors").to_str().unwrap(),
+    ]);
     assert!(!ok && log.contains("is not a folder"), "{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -200,14 +342,26 @@ fn data_parallel_training_is_single_device_training_bit_for_bit() {
     let Some(gpu) = fresh_gpu() else { return };
     let mut single = Trainer::new(gpu, small(), None).unwrap();
     run_steps(&mut single, 3);
-    let mut dp = Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None).unwrap();
+    let mut dp =
+        Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None)
+            .unwrap();
     run_steps(&mut dp, 3);
-    let (a, b) = (pollster::block_on(single.checkpoint()).unwrap(), pollster::block_on(dp.checkpoint()).unwrap());
+    let (a, b) = (
+        pollster::block_on(single.checkpoint()).unwrap(),
+        pollster::block_on(dp.checkpoint()).unwrap(),
+    );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&a.params), bits(&b.params), "parameters");
     assert_eq!(bits(&a.velocity), bits(&b.velocity), "momentum");
     assert_eq!(bits(&a.running), bits(&b.running), "running statistics");
-    let e = Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None).err().unwrap().to_string();
+    let e = Trainer::data_parallel(
+        vec![fresh_gpu().unwrap(), fresh_gpu().unwrap(), fresh_gpu().unwrap()],
+        small(),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("batch of 4 cannot be split into 3 equal shards"), "{e}");
 }
 
@@ -216,8 +370,21 @@ fn train_and_grad_take_replicas() {
     if fresh_gpu().is_none() {
         return;
     }
-    let (ok, log) = syncstep(&["train", "--replicas", "2", "--batch", "4", "--steps", "2", "--eval-examples", "4"]);
-    assert!(ok && log.contains("2 replicas of 2 images") && log.contains("img/s per replica × 2"), "{log}");
+    let (ok, log) = syncstep(&[
+        "train",
+        "--replicas",
+        "2",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--eval-examples",
+        "4",
+    ]);
+    assert!(
+        ok && log.contains("2 replicas of 2 images") && log.contains("img/s per replica × 2"),
+        "{log}"
+    );
     let (ok, log) = syncstep(&["train", "--replicas", "3", "--batch", "4", "--steps", "1"]);
     assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");
     let (ok, log) = syncstep(&["train", "--replicas", "2", "--adapters", "0,99", "--steps", "1"]);
@@ -230,9 +397,28 @@ fn train_and_grad_take_replicas() {
     model.randomize_batchnorm(&mut params, 9);
     let batch = synthetic_batch(10, 0, 4, 32, 32, 10);
     let (raw, wb) = (dir.join("raw.safetensors"), dir.join("wb.safetensors"));
-    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &batch.labels.iter().map(|&l| l as f32).collect::<Vec<_>>());
+    write_inputs(
+        &raw,
+        &model,
+        &params,
+        &model.init_buffers(),
+        &batch.images,
+        &batch.labels.iter().map(|&l| l as f32).collect::<Vec<_>>(),
+    );
     with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
-    let grad = |replicas: &str, out: &Path| syncstep(&["grad", "--weights", wb.to_str().unwrap(), "--batch", wb.to_str().unwrap(), "--out", out.to_str().unwrap(), "--replicas", replicas]);
+    let grad = |replicas: &str, out: &Path| {
+        syncstep(&[
+            "grad",
+            "--weights",
+            wb.to_str().unwrap(),
+            "--batch",
+            wb.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--replicas",
+            replicas,
+        ])
+    };
     let (one, two) = (dir.join("one.safetensors"), dir.join("two.safetensors"));
     let (ok, log) = grad("1", &one);
     assert!(ok, "{log}");
@@ -241,10 +427,18 @@ fn train_and_grad_take_replicas() {
     let (a, b) = (TensorFile::read(&one).unwrap(), TensorFile::read(&two).unwrap());
     for p in &model.params {
         let name = format!("grad/{}", p.name);
-        assert_eq!(a.require(&name, &p.shape).unwrap().values, b.require(&name, &p.shape).unwrap().values, "{name}");
+        assert_eq!(
+            a.require(&name, &p.shape).unwrap().values,
+            b.require(&name, &p.shape).unwrap().values,
+            "{name}"
+        );
     }
-    assert_eq!(a.require("logits", &[4, 10]).unwrap().values, b.require("logits", &[4, 10]).unwrap().values);
-    let (la, lb) = (a.require("loss", &[1]).unwrap().values[0], b.require("loss", &[1]).unwrap().values[0]);
+    assert_eq!(
+        a.require("logits", &[4, 10]).unwrap().values,
+        b.require("logits", &[4, 10]).unwrap().values
+    );
+    let (la, lb) =
+        (a.require("loss", &[1]).unwrap().values[0], b.require("loss", &[1]).unwrap().values[0]);
     assert!((la - lb).abs() <= 1e-6 * la.abs(), "loss {la} vs {lb}");
     let (ok, log) = grad("3", &two);
     assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");

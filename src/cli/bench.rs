@@ -67,10 +67,13 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(path, "").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let started = std::time::Instant::now();
-    let report = bench::run(&cfg, &mut |phase| eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64()))?;
+    let report = bench::run(&cfg, &mut |phase| {
+        eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
+    })?;
     print!("{}", report.text(args.profile_rows));
     if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(path, report.to_json())
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
         println!("figures written to {}", path.display());
     }
     Ok(())

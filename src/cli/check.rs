@@ -83,7 +83,8 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let golden = match &args.against {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
             Some(Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?)
         }
         None => None,

@@ -41,19 +41,29 @@ pub struct GradArgs {
 /// The batch in `file`: `input` [M, 3, H, W] and integer `labels` [M] below `classes`.
 pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std::error::Error>> {
     let path = file.path.display();
-    let input = file.get("input").ok_or_else(|| format!("{path}: missing tensor `input` [M, 3, H, W]"))?;
+    let input =
+        file.get("input").ok_or_else(|| format!("{path}: missing tensor `input` [M, 3, H, W]"))?;
     let [m, c, h, w] = input.shape[..] else {
-        return Err(format!("{path}: `input` has shape {:?}, expected [M, 3, H, W]", input.shape).into());
+        return Err(
+            format!("{path}: `input` has shape {:?}, expected [M, 3, H, W]", input.shape).into()
+        );
     };
     if c != 3 {
-        return Err(format!("{path}: `input` has {c} channels; ResNet-34's stem takes 3 (RGB)").into());
+        return Err(
+            format!("{path}: `input` has {c} channels; ResNet-34's stem takes 3 (RGB)").into()
+        );
     }
     let labels = file.require("labels", &[m])?;
     if !labels.integer {
         return Err(format!("{path}: `labels` must be an integer tensor (int64 or int32)").into());
     }
-    if let Some((i, &l)) = labels.values.iter().enumerate().find(|(_, &l)| l < 0.0 || l >= classes as f64) {
-        return Err(format!("{path}: label {l} of example {i} is out of range: the weights have {classes} classes").into());
+    if let Some((i, &l)) =
+        labels.values.iter().enumerate().find(|(_, &l)| l < 0.0 || l >= classes as f64)
+    {
+        return Err(format!(
+            "{path}: label {l} of example {i} is out of range: the weights have {classes} classes"
+        )
+        .into());
     }
     let batch = Batch {
         images: input.values.iter().map(|&v| v as f32).collect(),
@@ -68,17 +78,33 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
 
 pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     let weights = TensorFile::read(&args.weights)?;
-    let fc = weights.get("fc.weight").ok_or_else(|| format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display()))?;
+    let fc = weights.get("fc.weight").ok_or_else(|| {
+        format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display())
+    })?;
     let classes = match fc.shape[..] {
         [k, 512] => k as u32,
-        _ => return Err(format!("{}: `fc.weight` has shape {:?}, expected [K, 512]", args.weights.display(), fc.shape).into()),
+        _ => {
+            return Err(format!(
+                "{}: `fc.weight` has shape {:?}, expected [K, 512]",
+                args.weights.display(),
+                fc.shape
+            )
+            .into())
+        }
     };
     let model = ResNet34::new(classes)?;
     let (params, running) = load_weights(&weights, &model)?;
-    let batch = read_batch(&if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? }, classes)?;
+    let batch = read_batch(
+        &if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? },
+        classes,
+    )?;
 
     if !batch.len().is_multiple_of(args.replicas.max(1)) {
-        return Err(syncstep::data::DataError::NotDivisible { batch: batch.len(), replicas: args.replicas }.into());
+        return Err(syncstep::data::DataError::NotDivisible {
+            batch: batch.len(),
+            replicas: args.replicas,
+        }
+        .into());
     }
     let gpus = super::train::devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
     let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?;
@@ -93,10 +119,28 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     let loss = [out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32];
     let logits: Vec<f32> = out.iter().flat_map(|o| o.logits.iter().copied()).collect();
 
-    let mut entries = vec![("loss".to_string(), vec![1], &loss[..]), ("logits".to_string(), vec![m, classes as usize], &logits[..])];
-    entries.extend(model.params.iter().map(|p| (format!("grad/{}", p.name), p.shape.clone(), &grads[p.range()])));
-    entries.extend(model.buffers.iter().map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])));
+    let mut entries = vec![
+        ("loss".to_string(), vec![1], &loss[..]),
+        ("logits".to_string(), vec![m, classes as usize], &logits[..]),
+    ];
+    entries.extend(
+        model
+            .params
+            .iter()
+            .map(|p| (format!("grad/{}", p.name), p.shape.clone(), &grads[p.range()])),
+    );
+    entries.extend(
+        model
+            .buffers
+            .iter()
+            .map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])),
+    );
     write_f32(&args.out, &entries, &Default::default())?;
-    println!("loss {:.6}; {} gradients written to {}", loss[0], model.params.len(), args.out.display());
+    println!(
+        "loss {:.6}; {} gradients written to {}",
+        loss[0],
+        model.params.len(),
+        args.out.display()
+    );
     Ok(())
 }

@@ -30,12 +30,23 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             (wgpu::Features::SUBGROUP, "subgroups"),
             (wgpu::Features::SHADER_F64, "shader-f64"),
         ];
-        let have: Vec<&str> = named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| *n).collect();
-        println!("    features: {}", if have.is_empty() { "none of interest".into() } else { have.join(", ") });
+        let have: Vec<&str> =
+            named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| *n).collect();
+        println!(
+            "    features: {}",
+            if have.is_empty() { "none of interest".into() } else { have.join(", ") }
+        );
         if f.contains(wgpu::Features::SUBGROUP) {
             // Gpu::broadcasts: the kernels that share loads by subgroupBroadcast need 8 or more.
-            let uses = if info.subgroup_min_size >= 8 { "broadcasting kernels" } else { "too small for the broadcasting kernels" };
-            println!("    subgroups of {}–{} invocations: {uses}", info.subgroup_min_size, info.subgroup_max_size);
+            let uses = if info.subgroup_min_size >= 8 {
+                "broadcasting kernels"
+            } else {
+                "too small for the broadcasting kernels"
+            };
+            println!(
+                "    subgroups of {}–{} invocations: {uses}",
+                info.subgroup_min_size, info.subgroup_max_size
+            );
         }
     }
     println!("\nselect with --adapter or SYNCSTEP_ADAPTER: an index (`1`), a backend (`gl`), or both (`vulkan:0`); current: {default:?}");

@@ -12,7 +12,11 @@ mod info;
 mod train;
 
 #[derive(Parser)]
-#[command(name = "syncstep", version, about = "Train ResNet-34 with WGSL compute shaders on one or R WebGPU devices, and check that data-parallel equals single-device")]
+#[command(
+    name = "syncstep",
+    version,
+    about = "Train ResNet-34 with WGSL compute shaders on one or R WebGPU devices, and check that data-parallel equals single-device"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -50,4 +54,3 @@ pub fn main() -> ExitCode {
         }
     }
 }
-

@@ -7,8 +7,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::checkpoint;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
-use syncstep::parallel::adapter_label;
 use syncstep::model::ResNet34;
+use syncstep::parallel::adapter_label;
 use syncstep::step::StepConfig;
 use syncstep::train::{TrainConfig, Trainer};
 
@@ -62,10 +62,23 @@ pub struct TrainArgs {
 
 /// `value` from the command line, else from the checkpoint, else the default; a command-line
 /// value that contradicts the checkpoint is an error (the run would not be a continuation).
-fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(name: &str, cli: Option<T>, saved: Option<&String>, default: T) -> Result<T, String> {
-    let saved = saved.map(|s| s.parse::<T>().map_err(|_| format!("checkpoint setting `{name}` = {s:?} is not valid"))).transpose()?;
+fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(
+    name: &str,
+    cli: Option<T>,
+    saved: Option<&String>,
+    default: T,
+) -> Result<T, String> {
+    let saved = saved
+        .map(|s| {
+            s.parse::<T>().map_err(|_| format!("checkpoint setting `{name}` = {s:?} is not valid"))
+        })
+        .transpose()?;
     match (cli, saved) {
-        (Some(c), Some(s)) if c != s => Err(format!("the checkpoint was trained with --{} {s}; drop --{} or pass {s}", name.replace('_', "-"), name.replace('_', "-"))),
+        (Some(c), Some(s)) if c != s => Err(format!(
+            "the checkpoint was trained with --{} {s}; drop --{} or pass {s}",
+            name.replace('_', "-"),
+            name.replace('_', "-")
+        )),
         (c, s) => Ok(c.or(s).unwrap_or(default)),
     }
 }
@@ -80,10 +93,21 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let cfg = TrainConfig {
         batch: setting("batch", args.batch, peek.get("batch"), defaults.batch)?,
-        image_size: setting("image_size", args.image_size, peek.get("image_size"), defaults.image_size)?,
+        image_size: setting(
+            "image_size",
+            args.image_size,
+            peek.get("image_size"),
+            defaults.image_size,
+        )?,
         classes: setting("classes", args.classes, peek.get("classes"), defaults.classes)?,
         seed: setting("seed", args.seed, peek.get("seed"), defaults.seed)?,
-        step: StepConfig { label_smoothing: args.label_smoothing, lr: args.lr, momentum: args.momentum, weight_decay: args.weight_decay, ..StepConfig::default() },
+        step: StepConfig {
+            label_smoothing: args.label_smoothing,
+            lr: args.lr,
+            momentum: args.momentum,
+            weight_decay: args.weight_decay,
+            ..StepConfig::default()
+        },
     };
     let resume = match &args.resume {
         Some(p) => Some(checkpoint::load(p, &ResNet34::new(cfg.classes)?)?),
@@ -91,16 +115,34 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     if let Some(path) = &args.checkpoint {
         // Fail now rather than after the training: the checkpoint's folder must exist.
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
         if !dir.is_dir() {
-            return Err(format!("cannot write checkpoint {}: {} is not a folder", path.display(), dir.display()).into());
+            return Err(format!(
+                "cannot write checkpoint {}: {} is not a folder",
+                path.display(),
+                dir.display()
+            )
+            .into());
         }
     }
     let gpus = devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
     let r = gpus.len();
-    let adapter = if r == 1 { describe(&gpus[0].info) } else { format!("{r} replicas of {} images: {}", cfg.batch / r.max(1), gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")) };
+    let adapter = if r == 1 {
+        describe(&gpus[0].info)
+    } else {
+        format!(
+            "{r} replicas of {} images: {}",
+            cfg.batch / r.max(1),
+            gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")
+        )
+    };
     let mut trainer = Trainer::data_parallel(gpus, cfg, resume)?;
-    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD * trainer.model().forward_flops(cfg.image_size, cfg.image_size) * cfg.batch as f64;
+    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
+        * trainer.model().forward_flops(cfg.image_size, cfg.image_size)
+        * cfg.batch as f64;
     println!(
         "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} synthetic images, {} steps from step {}, on {adapter}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, args.steps, trainer.step
@@ -108,7 +150,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let before = pollster::block_on(trainer.evaluate(args.eval_examples))?;
 
     let bar = ProgressBar::new(args.steps);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let mut losses = Vec::new();
     let start = Instant::now();
     for _ in 0..args.steps {
@@ -117,7 +162,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         let secs = t.elapsed().as_secs_f64();
         losses.push(loss);
         let throughput = throughput(cfg.batch, r, secs);
-        bar.set_message(format!("step {} loss {loss:.4} {throughput} {:.2} GFLOP/s", trainer.step, flops / secs / 1e9));
+        bar.set_message(format!(
+            "step {} loss {loss:.4} {throughput} {:.2} GFLOP/s",
+            trainer.step,
+            flops / secs / 1e9
+        ));
         bar.inc(1);
         if bar.is_hidden() {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
@@ -159,18 +208,32 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// data-parallel, per replica.
 fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
     let total = batch as f64 / secs;
-    if replicas == 1 { format!("{total:.1} img/s") } else { format!("{total:.1} img/s ({:.1} img/s per replica × {replicas})", total / replicas as f64) }
+    if replicas == 1 {
+        format!("{total:.1} img/s")
+    } else {
+        format!("{total:.1} img/s ({:.1} img/s per replica × {replicas})", total / replicas as f64)
+    }
 }
 
 /// The devices of a run: `replicas` of them, replica r on `adapters[r % len]` (or all on
 /// `adapter`, else $SYNCSTEP_ADAPTER or the first adapter). Shared by `train` and `grad`.
-pub fn devices(adapter: Option<&str>, adapters: &[String], replicas: usize) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
-    Ok(pollster::block_on(syncstep::parallel::devices(replicas, &adapter_choices(adapter, adapters)?))?)
+pub fn devices(
+    adapter: Option<&str>,
+    adapters: &[String],
+    replicas: usize,
+) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
+    Ok(pollster::block_on(syncstep::parallel::devices(
+        replicas,
+        &adapter_choices(adapter, adapters)?,
+    ))?)
 }
 
 /// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
 /// else $SYNCSTEP_ADAPTER or the first adapter. Shared by `train`, `grad` and `bench`.
-pub fn adapter_choices(adapter: Option<&str>, adapters: &[String]) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
+pub fn adapter_choices(
+    adapter: Option<&str>,
+    adapters: &[String],
+) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
     match (adapter, adapters) {
         (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
         (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),

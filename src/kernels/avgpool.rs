@@ -3,7 +3,8 @@
 use super::{expect_len, expect_positive, launch, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "avgpool", source: include_str!("../../shaders/avgpool.wgsl") };
+const SHADER: Shader =
+    Shader { name: "avgpool", source: include_str!("../../shaders/avgpool.wgsl") };
 const WG: u32 = 256;
 
 /// `x` is `[n, c, hw]` (NCHW with h·w flattened), `y` is `[n, c]`.
@@ -26,7 +27,12 @@ impl AvgPoolShape {
         self.planes()
     }
 
-    fn check(&self, op: &'static str, input: (&'static str, &Slice), output: (&'static str, &Slice)) -> Result<Params> {
+    fn check(
+        &self,
+        op: &'static str,
+        input: (&'static str, &Slice),
+        output: (&'static str, &Slice),
+    ) -> Result<Params> {
         expect_positive(op, "n", self.n)?;
         expect_positive(op, "c", self.c)?;
         expect_positive(op, "hw", self.hw)?;
@@ -44,15 +50,36 @@ struct Params {
 }
 
 /// `y[n, c] = mean over hw of x[n, c, :]`, each mean summed in ascending order.
-pub fn global_avgpool_forward(gpu: &Gpu, enc: &mut Encoder, s: &AvgPoolShape, x: Slice, y: Slice) -> Result<()> {
+pub fn global_avgpool_forward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &AvgPoolShape,
+    x: Slice,
+    y: Slice,
+) -> Result<()> {
     const OP: &str = "global_avgpool_forward";
     let params = s.check(OP, ("x", &x), ("y", &y))?;
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("y", y)], grid_1d(s.output_len(), WG))
 }
 
 /// `dx[n, c, :] = dy[n, c] / hw`, overwriting dx.
-pub fn global_avgpool_backward(gpu: &Gpu, enc: &mut Encoder, s: &AvgPoolShape, dy: Slice, dx: Slice) -> Result<()> {
+pub fn global_avgpool_backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &AvgPoolShape,
+    dy: Slice,
+    dx: Slice,
+) -> Result<()> {
     const OP: &str = "global_avgpool_backward";
     let params = s.check(OP, ("dx", &dx), ("dy", &dy))?;
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("dx", dx)], grid_1d(s.input_len(), WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &[("dy", dy), ("dx", dx)],
+        grid_1d(s.input_len(), WG),
+    )
 }

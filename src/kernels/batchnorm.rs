@@ -23,7 +23,8 @@
 use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
+const SHADER: Shader =
+    Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
 const WG: u32 = 256;
 
 /// x as [n, c, hw] with hw = H·W.
@@ -108,22 +109,52 @@ struct RunningParams {
 }
 
 /// Per-example statistics: `rows`[b] = [mean | M2] over example b's hw positions.
-pub fn bn_example_stats(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, x: Slice, rows: Slice) -> Result<()> {
+pub fn bn_example_stats(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    x: Slice,
+    rows: Slice,
+) -> Result<()> {
     const OP: &str = "bn_example_stats";
     shape.check(OP)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
     let threads = shape.n as u64 * shape.c as u64;
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("x", x), ("rows", rows)], grid_1d(threads, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &shape.params(0, 0.0),
+        &[("x", x), ("rows", rows)],
+        grid_1d(threads, WG),
+    )
 }
 
 /// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
-pub fn bn_merge_examples(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, rows: Slice, stats: Slice) -> Result<()> {
+pub fn bn_merge_examples(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    rows: Slice,
+    stats: Slice,
+) -> Result<()> {
     const OP: &str = "bn_merge_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &[("rows", rows), ("stats", stats)], grid_1d(shape.c as u64, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &shape.params(0, 0.0),
+        &[("rows", rows), ("stats", stats)],
+        grid_1d(shape.c as u64, WG),
+    )
 }
 
 /// y = γ (x − μ)/√(M2/count + eps) + β, with `stats` local or merged over `count` positions.
@@ -149,7 +180,16 @@ pub fn bn_forward_apply(
     expect_len(OP, "beta", &beta, shape.c as u64, "c")?;
     expect_len(OP, "y", &y, shape.tensor_len(), "n·c·hw")?;
     let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("y", y)];
-    launch(gpu, enc, OP, &SHADER, OP, &shape.params(count, eps), &bindings, grid_1d(shape.tensor_len(), WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &shape.params(count, eps),
+        &bindings,
+        grid_1d(shape.tensor_len(), WG),
+    )
 }
 
 /// `out` = relu(y + shortcut) with y = γ (x − μ)/√(M2/count + eps) + β as `bn_forward_apply`
@@ -182,14 +222,28 @@ pub fn bn_apply_relu(
     let (gate, gated) = optional(OP, "gate", shape, gate, x)?;
     expect_len(OP, "out", &out, shape.tensor_len(), "n·c·hw")?;
     let params = Params { residual, gated, ..shape.params(count, eps) };
-    let bindings = [("x", x), ("stats", stats), ("gamma", gamma), ("beta", beta), ("shortcut", shortcut), ("gate", gate), ("out", out)];
+    let bindings = [
+        ("x", x),
+        ("stats", stats),
+        ("gamma", gamma),
+        ("beta", beta),
+        ("shortcut", shortcut),
+        ("gate", gate),
+        ("out", out),
+    ];
     let (entry, grid) = shape.elementwise(OP, "bn_apply_relu4");
     launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }
 
 /// An optional n·c·hw input and its flag: the input (length checked) and 1 when given; else
 /// `stand_in` to fill its binding, whose values the kernel ignores with the flag at 0.
-fn optional<'a>(op: &'static str, arg: &'static str, shape: &BnShape, given: Option<Slice<'a>>, stand_in: Slice<'a>) -> Result<(Slice<'a>, u32)> {
+fn optional<'a>(
+    op: &'static str,
+    arg: &'static str,
+    shape: &BnShape,
+    given: Option<Slice<'a>>,
+    stand_in: Slice<'a>,
+) -> Result<(Slice<'a>, u32)> {
     match given {
         Some(slice) => {
             expect_len(op, arg, &slice, shape.tensor_len(), "n·c·hw")?;
@@ -231,12 +285,27 @@ pub fn bn_example_sums(
 
 /// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise
 /// so that a power-of-two shard's sum is a subtree of the batch's.
-pub fn bn_sum_examples(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, rows: Slice, sums: Slice) -> Result<()> {
+pub fn bn_sum_examples(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    rows: Slice,
+    sums: Slice,
+) -> Result<()> {
     const OP: &str = "bn_sum_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
-    launch(gpu, enc, OP, &pairwise_shader(&SHADER, shape.n), OP, &shape.params(0, 0.0), &[("rows", rows), ("sums", sums)], grid_1d(shape.c as u64, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, shape.n),
+        OP,
+        &shape.params(0, 0.0),
+        &[("rows", rows), ("sums", sums)],
+        grid_1d(shape.c as u64, WG),
+    )
 }
 
 /// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all
@@ -268,7 +337,15 @@ pub fn bn_backward_input(
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
     expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
     let params = Params { gated, ..shape.params(count, eps) };
-    let bindings = [("dy", dy), ("gate", gate), ("x", x), ("stats", stats), ("gamma", gamma), ("sums", sums), ("dx", dx)];
+    let bindings = [
+        ("dy", dy),
+        ("gate", gate),
+        ("x", x),
+        ("stats", stats),
+        ("gamma", gamma),
+        ("sums", sums),
+        ("dx", dx),
+    ];
     let (entry, grid) = shape.elementwise(OP, "bn_backward_input4");
     launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }

@@ -20,7 +20,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use super::{expect_len, expect_positive, launch, pairwise_levels, pairwise_shader, with_subgroup_index, expect_within_llvmpipe_loops, KernelError, Result};
+use super::{
+    expect_len, expect_positive, expect_within_llvmpipe_loops, launch, pairwise_levels,
+    pairwise_shader, with_subgroup_index, KernelError, Result,
+};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
@@ -143,7 +146,9 @@ impl Conv2dAlgo {
     /// input-VJP's only.
     pub fn has(&self, op: Conv2dOp) -> bool {
         match self {
-            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => op == Conv2dOp::BackwardInput,
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => {
+                op == Conv2dOp::BackwardInput
+            }
             _ => true,
         }
     }
@@ -260,7 +265,12 @@ impl Conv2dShape {
         // first tap that reads inside for some o to the last (with stride > 1 a tap between
         // may read only padding, and is kept).
         let axis = |size: u32, k: u32, out: u32| {
-            let reads = |&t: &u32| (0..out as i64).any(|o| (0..size as i64).contains(&(o * self.stride as i64 - self.pad as i64 + t as i64)));
+            let reads = |&t: &u32| {
+                (0..out as i64).any(|o| {
+                    (0..size as i64)
+                        .contains(&(o * self.stride as i64 - self.pad as i64 + t as i64))
+                })
+            };
             let first = (0..k).find(reads)?;
             let last = (0..k).rev().find(reads)?;
             Some((first, last + 1 - first))
@@ -268,7 +278,8 @@ impl Conv2dShape {
         let (ky, kh) = axis(self.h, self.kh, self.out_h())?;
         let (kx, kw) = axis(self.w, self.kw, self.out_w())?;
         let shape = Conv2dShape { kh, kw, pad: self.pad - ky, ..*self };
-        let expressible = ky == kx && shape.out_h() == self.out_h() && shape.out_w() == self.out_w();
+        let expressible =
+            ky == kx && shape.out_h() == self.out_h() && shape.out_w() == self.out_w();
         ((kh, kw) != (self.kh, self.kw) && expressible).then_some(Crop { ky, kx, shape })
     }
 
@@ -291,7 +302,8 @@ impl Conv2dShape {
         for (arg, k, size, axis) in [("kh", self.kh, self.h, "h"), ("kw", self.kw, self.w, "w")] {
             let padded = size as u64 + 2 * self.pad as u64;
             if k as u64 > padded {
-                let problem = format!("is {k}, larger than the padded input {axis} + 2·pad = {padded}");
+                let problem =
+                    format!("is {k}, larger than the padded input {axis} + 2·pad = {padded}");
                 return Err(KernelError::Arg { op, arg, problem });
             }
         }
@@ -300,7 +312,11 @@ impl Conv2dShape {
             ("x", self.x_len(), "n·c_in·h·w"),
             ("w", self.w_len(), "c_out·c_in·kh·kw"),
             ("y", self.y_len(), "n·c_out·out_h·out_w"),
-            ("pad", (self.h as u64 + 2 * self.pad as u64) * (self.w as u64 + 2 * self.pad as u64), "(h + 2·pad)·(w + 2·pad)"),
+            (
+                "pad",
+                (self.h as u64 + 2 * self.pad as u64) * (self.w as u64 + 2 * self.pad as u64),
+                "(h + 2·pad)·(w + 2·pad)",
+            ),
         ];
         for (arg, size, formula) in sizes {
             if size > limit {
@@ -372,7 +388,11 @@ struct Params {
 
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
 /// is recorded; returns the bindings named as the shader orders them.
-fn checked<'a>(op: Conv2dOp, shape: &Conv2dShape, slices: [Slice<'a>; 3]) -> Result<[(&'static str, Slice<'a>); 3]> {
+fn checked<'a>(
+    op: Conv2dOp,
+    shape: &Conv2dShape,
+    slices: [Slice<'a>; 3],
+) -> Result<[(&'static str, Slice<'a>); 3]> {
     shape.validate(op.name())?;
     let (names, lens) = (op.operands(), shape.operand_lens(op));
     for i in 0..3 {
@@ -387,7 +407,14 @@ fn tiles(len: u64) -> u64 {
 
 /// `y = conv(x, w)`: `x` [n,c_in,h,w], `w` [c_out,c_in,kh,kw], `y` [n,c_out,out_h,out_w]
 /// (overwritten). The variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_forward(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
+pub fn conv2d_forward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &Conv2dShape,
+    x: Slice,
+    w: Slice,
+    y: Slice,
+) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::Forward, shape, x, w, y)
 }
 
@@ -406,10 +433,13 @@ pub fn conv2d_forward_with(
     let bindings = checked(Conv2dOp::Forward, s, [x, w, y])?;
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_forward_direct", s.y_len()),
-        Conv2dAlgo::Blocked => {
-            ("conv2d_forward_blocked", tiles(s.c_out as u64) * tiles(s.n as u64 * s.out_h() as u64 * s.out_w() as u64))
+        Conv2dAlgo::Blocked => (
+            "conv2d_forward_blocked",
+            tiles(s.c_out as u64) * tiles(s.n as u64 * s.out_h() as u64 * s.out_w() as u64),
+        ),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => {
+            return forward_gemm(gpu, enc, algo, s, x, w, y)
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => return forward_gemm(gpu, enc, algo, s, x, w, y),
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
@@ -418,7 +448,14 @@ pub fn conv2d_forward_with(
 /// The input-VJP `dx = convᵀ(dy, w)`, a gather over output positions: `dy`
 /// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). The
 /// variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_backward_input(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
+pub fn conv2d_backward_input(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &Conv2dShape,
+    dy: Slice,
+    w: Slice,
+    dx: Slice,
+) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::BackwardInput, shape, dy, w, dx)
 }
 
@@ -437,14 +474,26 @@ pub fn conv2d_backward_input_with(
     let s = shape;
     let bindings = checked(Conv2dOp::BackwardInput, s, [dy, w, dx])?;
     if algo == Conv2dAlgo::Direct {
-        return launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_direct", &s.params(), &bindings, grid_1d(s.x_len(), WG));
+        return launch(
+            gpu,
+            enc,
+            OP,
+            &SHADER,
+            "conv2d_backward_input_direct",
+            &s.params(),
+            &bindings,
+            grid_1d(s.x_len(), WG),
+        );
     }
     // Phase (py, px) holds the pixels iy = py + stride·a < h, ix = px + stride·b < w.
-    let phases = (0..s.stride.min(s.h)).flat_map(|py| (0..s.stride.min(s.w)).map(move |px| (py, px)));
+    let phases =
+        (0..s.stride.min(s.h)).flat_map(|py| (0..s.stride.min(s.w)).map(move |px| (py, px)));
     let tapless = |(py, px): (u32, u32)| phase_taps(py, s.kh, s) * phase_taps(px, s.kw, s) == 0;
     // The GEMMs zero the phases no tap reaches (1×1 kernels at stride 2) with one clear of dx
     // rather than a GEMM each, where dx's buffer allows it (clears need COPY_DST).
-    let cleared = algo != Conv2dAlgo::Blocked && phases.clone().any(tapless) && dx.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
+    let cleared = algo != Conv2dAlgo::Blocked
+        && phases.clone().any(tapless)
+        && dx.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
     if cleared {
         enc.clear_buffer(dx.buffer, dx.offset, Some(dx.bytes()));
     }
@@ -453,8 +502,18 @@ pub fn conv2d_backward_input_with(
         let phase_w = (s.w - phase_x).div_ceil(s.stride);
         let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
         if algo == Conv2dAlgo::Blocked {
-            let threads = tiles(s.c_in as u64) * tiles(s.n as u64 * phase_h as u64 * phase_w as u64);
-            launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_blocked", &params, &bindings, grid_1d(threads, WG))?;
+            let threads =
+                tiles(s.c_in as u64) * tiles(s.n as u64 * phase_h as u64 * phase_w as u64);
+            launch(
+                gpu,
+                enc,
+                OP,
+                &SHADER,
+                "conv2d_backward_input_blocked",
+                &params,
+                &bindings,
+                grid_1d(threads, WG),
+            )?;
         } else if !(cleared && tapless((phase_y, phase_x))) {
             backward_input_gemm_phase(gpu, enc, algo, s, params, dy, w, dx)?;
         }
@@ -465,7 +524,14 @@ pub fn conv2d_backward_input_with(
 /// The weight gradient `dw = Σ_{n,oy,ox} dy ⊗ x-window`, summed in a fixed order: `dy`
 /// [n,c_out,out_h,out_w], `x` [n,c_in,h,w], `dw` [c_out,c_in,kh,kw] (overwritten, not
 /// accumulated). The variant is [`conv2d_algo`]'s choice.
-pub fn conv2d_backward_weight(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+pub fn conv2d_backward_weight(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+) -> Result<()> {
     conv2d_launch(gpu, enc, Conv2dOp::BackwardWeight, shape, dy, x, dw)
 }
 
@@ -493,18 +559,42 @@ pub fn conv2d_backward_weight_with(
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
-    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), entry, &s.params(), &bindings, grid_1d(threads, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.n),
+        entry,
+        &s.params(),
+        &bindings,
+        grid_1d(threads, WG),
+    )
 }
 
 /// The Blocked weight gradient of `s` into `dw` [c_out, c_in, kh, kw]; or, with `into` = (the
 /// whole shape, its crop) and `s` the cropped shape, straight into the kept taps of the whole
 /// kernel's `dw`, leaving the other taps as they are.
-fn backward_weight_blocked(gpu: &Gpu, enc: &mut Encoder, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice, into: Option<(&Conv2dShape, &Crop)>) -> Result<()> {
+fn backward_weight_blocked(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+    into: Option<(&Conv2dShape, &Crop)>,
+) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
-    let bindings = checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
+    let bindings =
+        checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
     expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
     let params = match into {
-        Some((whole, crop)) => Params { crop_y: crop.ky, crop_x: crop.kx, dw_kh: whole.kh, dw_kw: whole.kw, ..s.params() },
+        Some((whole, crop)) => Params {
+            crop_y: crop.ky,
+            crop_x: crop.kx,
+            dw_kh: whole.kh,
+            dw_kw: whole.kw,
+            ..s.params()
+        },
         None => s.params(),
     };
     // Workgroups of WB_LANES input-channel tiles, one tile of WB_CO output channels each.
@@ -515,22 +605,36 @@ fn backward_weight_blocked(gpu: &Gpu, enc: &mut Encoder, s: &Conv2dShape, dy: Sl
     // needs fewer than count (see pairwise_push_or_close4).
     let close = pairwise_levels(s.n - 1) < pairwise_levels(s.n);
     let shader = blocked_weight_shader(gpu.broadcasts, close);
-    launch(gpu, enc, OP, &pairwise_shader(&shader, if close { s.n - 1 } else { s.n }), "conv2d_backward_weight_blocked", &params, &bindings, grid_1d(workgroups, 1))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&shader, if close { s.n - 1 } else { s.n }),
+        "conv2d_backward_weight_blocked",
+        &params,
+        &bindings,
+        grid_1d(workgroups, 1),
+    )
 }
 
 /// conv2d.wgsl as the Blocked weight gradient runs it: broadcasting dy or not, closing the
 /// examples' pairwise sum at the last (WB_CLOSE) or not.
 fn blocked_weight_shader(broadcasts: bool, close: bool) -> Shader {
     static SHADERS: OnceLock<Mutex<HashMap<(bool, bool), Shader>>> = OnceLock::new();
-    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut shaders =
+        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((broadcasts, close)).or_insert_with(|| {
         let base = if broadcasts { broadcast_shader() } else { SHADER };
         if !close {
             return base;
         }
-        let source = base.source.replace("const WB_CLOSE: bool = false;", "const WB_CLOSE: bool = true;");
+        let source =
+            base.source.replace("const WB_CLOSE: bool = false;", "const WB_CLOSE: bool = true;");
         let name = format!("{}_close", base.name);
-        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+        Shader {
+            name: Box::leak(name.into_boxed_str()),
+            source: Box::leak(source.into_boxed_str()),
+        }
     })
 }
 
@@ -562,18 +666,43 @@ fn broadcast_shader() -> Shader {
 /// invocation, Blocked once per tap: refuse them where llvmpipe would cut those loops short (the
 /// stem at 224², N=8; Blocked at maps of ~90² and up) rather than return a wrong gradient. The
 /// autotune then takes a GEMM, whose chunks stay short.
-fn expect_within_loop_limit(adapter: &str, op: &'static str, algo: Conv2dAlgo, s: &Conv2dShape) -> Result<()> {
+fn expect_within_loop_limit(
+    adapter: &str,
+    op: &'static str,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+) -> Result<()> {
     // Row loop, pixel loop and the pairwise stack's levels, per example (at most: Blocked
     // skips the rows and columns a tap reads only padding for).
     let per_tap = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
-    let iterations = if algo == Conv2dAlgo::Blocked { s.kh as u64 * s.kw as u64 * (per_tap + 1) } else { per_tap };
-    expect_within_llvmpipe_loops(adapter, op, "algo", iterations, || format!("is {algo}"), ": use a gemm variant")
+    let iterations = if algo == Conv2dAlgo::Blocked {
+        s.kh as u64 * s.kw as u64 * (per_tap + 1)
+    } else {
+        per_tap
+    };
+    expect_within_llvmpipe_loops(
+        adapter,
+        op,
+        "algo",
+        iterations,
+        || format!("is {algo}"),
+        ": use a gemm variant",
+    )
 }
 
 /// Records `op` with `algo`: forward (x, w → y), input-VJP (dy, w → dx) or weight gradient
 /// (dy, x → dw), for callers that take the op as a value (the autotune, `syncstep bench`).
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_with(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    algo: Conv2dAlgo,
+    shape: &Conv2dShape,
+    a: Slice,
+    b: Slice,
+    out: Slice,
+) -> Result<()> {
     match op {
         Conv2dOp::Forward => conv2d_forward_with(gpu, enc, algo, shape, a, b, out),
         Conv2dOp::BackwardInput => conv2d_backward_input_with(gpu, enc, algo, shape, a, b, out),
@@ -583,24 +712,52 @@ pub fn conv2d_launch_with(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: Conv
 
 /// `op` as the plain launchers run it: on the cropped kernel where [`Conv2dShape::crop`] finds
 /// one, with [`conv2d_algo`]'s variant for the shape it runs (see [`conv2d_choice`]).
-pub fn conv2d_launch(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, shape: &Conv2dShape, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    shape: &Conv2dShape,
+    a: Slice,
+    b: Slice,
+    out: Slice,
+) -> Result<()> {
     checked(op, shape, [a, b, out])?;
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
-    let clearable = op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
-    let (algo, crop) = if clearable { conv2d_choice(gpu, op, shape)? } else { (conv2d_algo(gpu, op, shape)?, None) };
+    let clearable =
+        op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);
+    let (algo, crop) = if clearable {
+        conv2d_choice(gpu, op, shape)?
+    } else {
+        (conv2d_algo(gpu, op, shape)?, None)
+    };
     conv2d_launch_cropped(gpu, enc, op, algo, shape, crop.as_ref(), a, b, out)
 }
 
 /// `op` with `algo` run on `crop` (from `shape.crop()`; None: the whole kernel), as
 /// [`conv2d_launch`] runs its choice. A cropped weight gradient needs `out` with COPY_DST.
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: Conv2dAlgo, shape: &Conv2dShape, crop: Option<&Crop>, a: Slice, b: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_cropped(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    algo: Conv2dAlgo,
+    shape: &Conv2dShape,
+    crop: Option<&Crop>,
+    a: Slice,
+    b: Slice,
+    out: Slice,
+) -> Result<()> {
     let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
     if op == Conv2dOp::BackwardWeight {
         // The dropped taps' gradient is +0: a clear, then the kept taps' kernel.
         if !out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
-            return Err(KernelError::Arg { op: op.name(), arg: "dw", problem: "needs COPY_DST to run on a cropped kernel (its dropped taps are cleared)".to_string() });
+            return Err(KernelError::Arg {
+                op: op.name(),
+                arg: "dw",
+                problem: "needs COPY_DST to run on a cropped kernel (its dropped taps are cleared)"
+                    .to_string(),
+            });
         }
         enc.clear_buffer(out.buffer, out.offset, Some(out.bytes()));
         if algo == Conv2dAlgo::Blocked {
@@ -608,11 +765,22 @@ pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: C
         }
     }
     let kept_len = crop.shape.w_len();
-    let kept = gpu.scratch("conv2d kept taps", kept_len).map_err(|source| KernelError::Gpu { op: op.name(), source })?;
+    let kept = gpu
+        .scratch("conv2d kept taps", kept_len)
+        .map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     let kept = Slice::new(&kept, 0, kept_len);
     if op == Conv2dOp::BackwardWeight {
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, b, kept)?;
-        launch(gpu, enc, op.name(), &SHADER, "conv2d_uncrop_weight_gradient", &crop_params(shape, crop), &[("kept taps' dw", kept), ("dw", out)], crop_grid(shape))
+        launch(
+            gpu,
+            enc,
+            op.name(),
+            &SHADER,
+            "conv2d_uncrop_weight_gradient",
+            &crop_params(shape, crop),
+            &[("kept taps' dw", kept), ("dw", out)],
+            crop_grid(shape),
+        )
     } else {
         crop_weights(gpu, enc, shape, crop, w, kept)?;
         conv2d_launch_with(gpu, enc, op, algo, &crop.shape, a, kept, out)
@@ -622,26 +790,60 @@ pub fn conv2d_launch_cropped(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, algo: C
 /// Copies the kept taps of `crop` (`shape.crop()`) out of the whole kernel `w` into `kept`
 /// (`crop.shape.w_len()` elements), for [`conv2d_launch_kept`]. The plain launchers copy on
 /// every call; a step copies once for a convolution's forward and input-VJP.
-pub fn crop_weights(gpu: &Gpu, enc: &mut Encoder, shape: &Conv2dShape, crop: &Crop, w: Slice, kept: Slice) -> Result<()> {
+pub fn crop_weights(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &Conv2dShape,
+    crop: &Crop,
+    w: Slice,
+    kept: Slice,
+) -> Result<()> {
     const OP: &str = "conv2d_crop_weights";
     shape.validate(OP)?;
     expect_len(OP, "w", &w, shape.w_len(), "c_out·c_in·kh·kw")?;
     expect_len(OP, "kept", &kept, crop.shape.w_len(), "c_out·c_in times the kept taps")?;
-    launch(gpu, enc, OP, &SHADER, OP, &crop_params(shape, crop), &[("w", w), ("kept", kept)], crop_grid(shape))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &crop_params(shape, crop),
+        &[("w", w), ("kept", kept)],
+        crop_grid(shape),
+    )
 }
 
 /// The forward or input-VJP as [`conv2d_launch`] runs it on a cropped kernel, from the kept
 /// taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of the whole shape.
-pub fn conv2d_launch_kept(gpu: &Gpu, enc: &mut Encoder, op: Conv2dOp, crop: &Crop, a: Slice, kept: Slice, out: Slice) -> Result<()> {
+pub fn conv2d_launch_kept(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    crop: &Crop,
+    a: Slice,
+    kept: Slice,
+    out: Slice,
+) -> Result<()> {
     if op == Conv2dOp::BackwardWeight {
-        return Err(KernelError::Arg { op: op.name(), arg: "op", problem: "reads no weights: use conv2d_launch".to_string() });
+        return Err(KernelError::Arg {
+            op: op.name(),
+            arg: "op",
+            problem: "reads no weights: use conv2d_launch".to_string(),
+        });
     }
     conv2d_launch_with(gpu, enc, op, conv2d_algo(gpu, op, &crop.shape)?, &crop.shape, a, kept, out)
 }
 
 /// The crop kernels' parameters: the whole kernel's shape, and where the kept taps sit in it.
 fn crop_params(shape: &Conv2dShape, crop: &Crop) -> Params {
-    Params { crop_y: crop.ky, crop_x: crop.kx, crop_h: crop.shape.kh, crop_w: crop.shape.kw, ..shape.params() }
+    Params {
+        crop_y: crop.ky,
+        crop_x: crop.kx,
+        crop_h: crop.shape.kh,
+        crop_w: crop.shape.kw,
+        ..shape.params()
+    }
 }
 
 /// One crop-kernel invocation per `CROP_RUN` (output channel, input channel) pairs.
@@ -652,7 +854,11 @@ fn crop_grid(shape: &Conv2dShape) -> [u32; 3] {
 
 /// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on
 /// (None: the whole kernel). A weight gradient into a buffer without COPY_DST is not cropped.
-pub fn conv2d_choice(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<(Conv2dAlgo, Option<Crop>)> {
+pub fn conv2d_choice(
+    gpu: &Gpu,
+    op: Conv2dOp,
+    shape: &Conv2dShape,
+) -> Result<(Conv2dAlgo, Option<Crop>)> {
     shape.validate(op.name())?;
     let crop = shape.crop();
     Ok((conv2d_algo(gpu, op, crop.as_ref().map_or(shape, |c| &c.shape))?, crop))
@@ -675,20 +881,31 @@ type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
 fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
     static SHADERS: OnceLock<TileShaders> = OnceLock::new();
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
-    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut shaders =
+        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((a, b, broadcasts)).or_insert_with(|| {
         let source = TileKernel::ALL.into_iter().fold(SOURCE.to_string(), |source, kernel| {
             let (begin, end) = tile_block(&source, kernel);
             let body = gemm_tile(kernel, a, b, broadcasts && kernel.broadcasts());
             let source = format!("{}{}{}", &source[..begin], body, &source[end..]);
-            if broadcasts && kernel.broadcasts() { with_subgroup_index(&source, kernel.entry()) } else { source }
+            if broadcasts && kernel.broadcasts() {
+                with_subgroup_index(&source, kernel.entry())
+            } else {
+                source
+            }
         });
         let source = source
             .replace("const GEMM_A: u32 = 4u;", &format!("const GEMM_A: u32 = {a}u;"))
             .replace("const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"))
-            .replace("const GEMM_BROADCAST: bool = false;", &format!("const GEMM_BROADCAST: bool = {broadcasts};"));
+            .replace(
+                "const GEMM_BROADCAST: bool = false;",
+                &format!("const GEMM_BROADCAST: bool = {broadcasts};"),
+            );
         let name = format!("conv2d_gemm_{a}x{b}{}", if broadcasts { "_broadcast" } else { "" });
-        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+        Shader {
+            name: Box::leak(name.into_boxed_str()),
+            source: Box::leak(source.into_boxed_str()),
+        }
     })
 }
 
@@ -702,7 +919,12 @@ enum TileKernel {
 }
 
 impl TileKernel {
-    const ALL: [TileKernel; 4] = [TileKernel::Lanes, TileKernel::Gather, TileKernel::WeightPixels, TileKernel::WeightChannels];
+    const ALL: [TileKernel; 4] = [
+        TileKernel::Lanes,
+        TileKernel::Gather,
+        TileKernel::WeightPixels,
+        TileKernel::WeightChannels,
+    ];
 
     /// Whether the tile's shared rows (b) can be broadcast (`Gpu::broadcasts`): the GEMMs of the
     /// forward and input-VJP, and the weight gradient's whose workgroup shares output channels
@@ -723,9 +945,19 @@ impl TileKernel {
 
 /// Where `kernel`'s tile body starts and ends in `source` (the END TILE line included).
 fn tile_block(source: &str, kernel: TileKernel) -> (usize, usize) {
-    let (begin, end) = (format!("    // BEGIN TILE {}", kernel.entry()), format!("    // END TILE {}\n", kernel.entry()));
-    let begin = source.find(&begin).unwrap_or_else(|| panic!("conv2d.wgsl marks {}'s tile body", kernel.entry()));
-    (begin, source.find(&end).unwrap_or_else(|| panic!("conv2d.wgsl marks the end of {}'s tile body", kernel.entry())) + end.len())
+    let (begin, end) = (
+        format!("    // BEGIN TILE {}", kernel.entry()),
+        format!("    // END TILE {}\n", kernel.entry()),
+    );
+    let begin = source
+        .find(&begin)
+        .unwrap_or_else(|| panic!("conv2d.wgsl marks {}'s tile body", kernel.entry()));
+    (
+        begin,
+        source.find(&end).unwrap_or_else(|| {
+            panic!("conv2d.wgsl marks the end of {}'s tile body", kernel.entry())
+        }) + end.len(),
+    )
 }
 
 /// `kernel`'s body for an `a`×`b` tile, written out with a variable per output: CPU drivers run
@@ -736,7 +968,9 @@ fn gemm_tile(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> String {
         "    // src/kernels/conv2d.rs writes it for every tile: unrolled, with a variable per output.".into(),
     ];
     match kernel {
-        TileKernel::Lanes | TileKernel::Gather => lines.extend(gemm_tile_body(kernel, a, b, broadcast)),
+        TileKernel::Lanes | TileKernel::Gather => {
+            lines.extend(gemm_tile_body(kernel, a, b, broadcast))
+        }
         TileKernel::WeightPixels => lines.extend(gemm_weight_tile_body(b, a / 4, broadcast)),
         TileKernel::WeightChannels => lines.extend(gemm_weight_tile_body(a, b / 4, false)),
     }
@@ -746,7 +980,9 @@ fn gemm_tile(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> String {
 
 /// One line per `i` of `rows`, each the statements `f(i, j)` for `j` of `cols`, at `indent`.
 fn unrolled(indent: &str, rows: u32, cols: u32, f: impl Fn(u32, u32) -> String) -> Vec<String> {
-    (0..rows).map(|i| format!("{indent}{}", (0..cols).map(|j| f(i, j)).collect::<Vec<_>>().join(" "))).collect()
+    (0..rows)
+        .map(|i| format!("{indent}{}", (0..cols).map(|j| f(i, j)).collect::<Vec<_>>().join(" ")))
+        .collect()
 }
 
 /// conv2d_gemm_lanes' and conv2d_gemm_gather's tile: outputs s{i}_{j}, a row i of a by a row j
@@ -760,18 +996,28 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
         // has no work: at a batch of 8 half the invocations of layer2's workgroups are there.
         lines.push("    if (subgroupAll(i0 >= g.rows_a)) { return; }".into());
     }
-    lines.extend((0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")));
+    lines.extend(
+        (0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")),
+    );
     let loads = b.div_ceil(8);
     if broadcast {
-        lines.extend((0..loads).map(|k| format!("    let bl{k} = min(j0 + {}u + sid % 8u, g.rows_b - 1u) * g.row4;", 8 * k)));
+        lines.extend((0..loads).map(|k| {
+            format!("    let bl{k} = min(j0 + {}u + sid % 8u, g.rows_b - 1u) * g.row4;", 8 * k)
+        }));
     } else {
-        lines.extend((0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")));
+        lines.extend(
+            (0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")),
+        );
     }
     lines.extend(unrolled("    ", a, b, |i, j| format!("var s{i}_{j} = 0.0;")));
     lines.push("    for (var v = 0u; v < g.row4; v++) {".into());
     if broadcast {
         lines.extend((0..loads).map(|k| format!("        let bm{k} = gl_b[bl{k} + v];")));
-        lines.extend((0..b).map(|j| format!("        let bv{j} = subgroupBroadcast(bm{}, {}u);", j / 8, j % 8)));
+        lines.extend(
+            (0..b).map(|j| {
+                format!("        let bv{j} = subgroupBroadcast(bm{}, {}u);", j / 8, j % 8)
+            }),
+        );
     } else {
         lines.extend((0..b).map(|j| format!("        let bv{j} = gl_b[b{j} + v];")));
     }
@@ -804,7 +1050,9 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
     };
     lines.extend(rows('a', "i0", true, a));
     lines.extend(rows('b', "j0", false, b));
-    lines.extend(unrolled("    ", a, b, |i, j| format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at, s{i}_{j});")));
+    lines.extend(unrolled("    ", a, b, |i, j| {
+        format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at, s{i}_{j});")
+    }));
     lines
 }
 
@@ -814,26 +1062,44 @@ fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<St
 /// With `broadcast` (the workgroup shares the channels), channel c's dy is loaded by the
 /// invocations whose subgroup index is c mod 8 and broadcast, as in gemm_tile_body.
 fn gemm_weight_tile_body(channels: u32, quads: u32, broadcast: bool) -> Vec<String> {
-    let mut lines: Vec<String> = (0..quads).map(|v| format!("    let k{v} = min(kv0 + {v}u, g.row4 - 1u);")).collect();
+    let mut lines: Vec<String> =
+        (0..quads).map(|v| format!("    let k{v} = min(kv0 + {v}u, g.row4 - 1u);")).collect();
     let loads = channels.div_ceil(8);
     if broadcast {
         // As in gemm_tile_body: a subgroup wholly past the last k has no work.
         lines.push("    if (subgroupAll(kv0 >= g.row4)) { return; }".into());
-        lines.extend((0..loads).map(|k| format!("    let dl{k} = min(co0 + {}u + sid % 8u, g.channels - 1u) * g.out_plane;", 8 * k)));
+        lines.extend((0..loads).map(|k| {
+            format!(
+                "    let dl{k} = min(co0 + {}u + sid % 8u, g.channels - 1u) * g.out_plane;",
+                8 * k
+            )
+        }));
     } else {
-        lines.extend((0..channels).map(|c| format!("    let d{c} = min(co0 + {c}u, g.channels - 1u) * g.out_plane;")));
+        lines
+            .extend((0..channels).map(|c| {
+                format!("    let d{c} = min(co0 + {c}u, g.channels - 1u) * g.out_plane;")
+            }));
     }
-    lines.extend(unrolled("    ", channels, quads, |c, v| format!("var e{c}_{v} = gemm_weight_start(co0 + {c}u, kv0 + {v}u);")));
+    lines.extend(unrolled("    ", channels, quads, |c, v| {
+        format!("var e{c}_{v} = gemm_weight_start(co0 + {c}u, kv0 + {v}u);")
+    }));
     // Running counters rather than a division per output row (slow on CPU drivers).
     lines.push("    var n = g.pixel_begin / g.out_plane;".into());
     lines.push("    var in_example = g.pixel_begin % g.out_plane;".into());
     lines.push("    var dy_row = gemm_weight_dy_row(g.pixel_begin);".into());
     lines.push("    for (var cols_row = 0u; cols_row < g.pixel_count * g.row4; cols_row += g.out_w * g.row4) {".into());
-    lines.extend(unrolled("        ", channels, quads, |c, v| format!("var s{c}_{v} = vec4<f32>(0.0);")));
+    lines.extend(unrolled("        ", channels, quads, |c, v| {
+        format!("var s{c}_{v} = vec4<f32>(0.0);")
+    }));
     lines.push("        for (var ox = 0u; ox < g.out_w; ox++) {".into());
-    lines.extend((0..quads).map(|v| format!("            let cv{v} = wg_cols[cols_row + ox * g.row4 + k{v}];")));
+    lines.extend(
+        (0..quads)
+            .map(|v| format!("            let cv{v} = wg_cols[cols_row + ox * g.row4 + k{v}];")),
+    );
     if broadcast {
-        lines.extend((0..loads).map(|k| format!("            let dm{k} = wg_dy[dy_row + dl{k} + ox];")));
+        lines.extend(
+            (0..loads).map(|k| format!("            let dm{k} = wg_dy[dy_row + dl{k} + ox];")),
+        );
     }
     for c in 0..channels {
         lines.push(if broadcast {
@@ -841,7 +1107,9 @@ fn gemm_weight_tile_body(channels: u32, quads: u32, broadcast: bool) -> Vec<Stri
         } else {
             format!("            let dv{c} = wg_dy[dy_row + d{c} + ox];")
         });
-        lines.extend(unrolled("            ", 1, quads, |_, v| format!("s{c}_{v} += dv{c} * cv{v};")));
+        lines.extend(unrolled("            ", 1, quads, |_, v| {
+            format!("s{c}_{v} += dv{c} * cv{v};")
+        }));
     }
     lines.push("        }".into());
     lines.extend(unrolled("        ", channels, quads, |c, v| format!("e{c}_{v} += s{c}_{v};")));
@@ -856,7 +1124,9 @@ fn gemm_weight_tile_body(channels: u32, quads: u32, broadcast: bool) -> Vec<Stri
     lines.push("            dy_row += (g.channels - 1u) * g.out_plane;".into());
     lines.push("        }".into());
     lines.push("    }".into());
-    lines.extend(unrolled("    ", channels, quads, |c, v| format!("gemm_weight_keep(co0 + {c}u, kv0 + {v}u, e{c}_{v});")));
+    lines.extend(unrolled("    ", channels, quads, |c, v| {
+        format!("gemm_weight_keep(co0 + {c}u, kv0 + {v}u, e{c}_{v});")
+    }));
     lines
 }
 
@@ -928,15 +1198,35 @@ fn gemm(
 ) -> Result<()> {
     let channels = grid.channels as u64;
     let (pixels_are_a, rows_a, rows_b, a_stride, bindings) = match (algo, weights) {
-        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }), Weights::Gather { w, taps, khw }) => {
-            (false, channels, count, khw as u64, vec![("w", w), ("im2col", rows), ("out", out), ("taps", taps)])
-        }
+        (
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }),
+            Weights::Gather { w, taps, khw },
+        ) => (
+            false,
+            channels,
+            count,
+            khw as u64,
+            vec![("w", w), ("im2col", rows), ("out", out), ("taps", taps)],
+        ),
         (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }), Weights::Rows(weights)) => {
-            (false, channels, count, row4, vec![("weight rows", weights), ("im2col", rows), ("out", out)])
+            (
+                false,
+                channels,
+                count,
+                row4,
+                vec![("weight rows", weights), ("im2col", rows), ("out", out)],
+            )
         }
-        (Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, .. }) | Conv2dAlgo::GemmShared, Weights::Rows(weights)) => {
-            (true, count, channels, row4, vec![("im2col", rows), ("weight rows", weights), ("out", out)])
-        }
+        (
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, .. }) | Conv2dAlgo::GemmShared,
+            Weights::Rows(weights),
+        ) => (
+            true,
+            count,
+            channels,
+            row4,
+            vec![("im2col", rows), ("weight rows", weights), ("out", out)],
+        ),
         _ => unreachable!("{algo} with the other kind of weight operand"),
     };
     let params = Gemm {
@@ -959,13 +1249,36 @@ fn gemm(
     };
     match algo {
         Conv2dAlgo::Gemm(tile) => {
-            let entry = if tile.lanes == GemmLanes::ChannelsGather { "conv2d_gemm_gather" } else { "conv2d_gemm_lanes" };
-            let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-            launch(gpu, enc, op, &gemm_lanes_shader(tile, gpu.broadcasts), entry, &params, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+            let entry = if tile.lanes == GemmLanes::ChannelsGather {
+                "conv2d_gemm_gather"
+            } else {
+                "conv2d_gemm_lanes"
+            };
+            let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
+                * rows_b.div_ceil(tile.per_workgroup as u64);
+            launch(
+                gpu,
+                enc,
+                op,
+                &gemm_lanes_shader(tile, gpu.broadcasts),
+                entry,
+                &params,
+                &bindings,
+                grid_1d(groups * GEMM_WG as u64, GEMM_WG),
+            )
         }
         _ => {
             let groups = rows_a.div_ceil(SHARED_EDGE) * rows_b.div_ceil(SHARED_EDGE);
-            launch(gpu, enc, op, &SHADER, "conv2d_gemm_shared", &params, &bindings, grid_1d(groups * SHARED_WG as u64, SHARED_WG))
+            launch(
+                gpu,
+                enc,
+                op,
+                &SHADER,
+                "conv2d_gemm_shared",
+                &params,
+                &bindings,
+                grid_1d(groups * SHARED_WG as u64, SHARED_WG),
+            )
         }
     }
 }
@@ -973,7 +1286,12 @@ fn gemm(
 /// Pixels per im2col chunk: a multiple of `unit` pixels, as many rows of `row4` vec4s as the
 /// scratch cap and the device's storage-binding limit allow, and no more than `most` pixels
 /// unless one unit is more.
-fn chunk_pixels(gpu: &Gpu, op: &'static str, row4: u64, (pixels, unit, most): (u64, u64, u64)) -> Result<u64> {
+fn chunk_pixels(
+    gpu: &Gpu,
+    op: &'static str,
+    row4: u64,
+    (pixels, unit, most): (u64, u64, u64),
+) -> Result<u64> {
     let unit_bytes = row4.max(1) * 16 * unit;
     let cap = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
     if unit_bytes > cap {
@@ -1000,14 +1318,25 @@ fn im2col_chunks(
     let row4 = params.row4 as u64;
     let chunk = chunk_pixels(gpu, op, row4, pixels)?;
     let pixels = pixels.0;
-    let scratch = gpu.scratch("conv2d im2col", (chunk * row4 * 4).max(4)).map_err(|source| KernelError::Gpu { op, source })?;
+    let scratch = gpu
+        .scratch("conv2d im2col", (chunk * row4 * 4).max(4))
+        .map_err(|source| KernelError::Gpu { op, source })?;
     for begin in (0..pixels).step_by(chunk as usize) {
         let count = chunk.min(pixels - begin);
         let rows = Slice::new(&scratch, 0, (count * row4 * 4).max(4));
         if row4 > 0 {
             let params = Params { row_begin: begin as u32, row_count: count as u32, ..params };
             let threads = count * row4.div_ceil(ROW_RUN);
-            launch(gpu, enc, op, &SHADER, im2col, &params, &[("source", source), ("im2col", rows)], grid_1d(threads, WG))?;
+            launch(
+                gpu,
+                enc,
+                op,
+                &SHADER,
+                im2col,
+                &params,
+                &[("source", source), ("im2col", rows)],
+                grid_1d(threads, WG),
+            )?;
         }
         gemm(enc, begin, count, rows)?;
     }
@@ -1028,12 +1357,28 @@ fn im2col_gemm(
     out: Slice,
 ) -> Result<()> {
     let row4 = im2col.1.row4 as u64;
-    im2col_chunks(gpu, enc, op, im2col, (grid.pixels(), 1, u64::MAX), source, |enc, begin, count, rows| {
-        gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)
-    })
+    im2col_chunks(
+        gpu,
+        enc,
+        op,
+        im2col,
+        (grid.pixels(), 1, u64::MAX),
+        source,
+        |enc, begin, count, rows| {
+            gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)
+        },
+    )
 }
 
-fn forward_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape, x: Slice, w: Slice, y: Slice) -> Result<()> {
+fn forward_gemm(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    x: Slice,
+    w: Slice,
+    y: Slice,
+) -> Result<()> {
     const OP: &str = "conv2d_forward";
     let k_len = s.c_in as u64 * s.kh as u64 * s.kw as u64;
     let row4 = k_len.div_ceil(4);
@@ -1044,10 +1389,21 @@ fn forward_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape,
         w
     } else {
         let len = s.c_out as u64 * row4 * 4;
-        padded = gpu.scratch("conv2d weight rows", len).map_err(|source| KernelError::Gpu { op: OP, source })?;
+        padded = gpu
+            .scratch("conv2d weight rows", len)
+            .map_err(|source| KernelError::Gpu { op: OP, source })?;
         let rows = Slice::new(&padded, 0, len);
         let threads = s.c_out as u64 * row4;
-        launch(gpu, enc, OP, &SHADER, "conv2d_forward_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
+        launch(
+            gpu,
+            enc,
+            OP,
+            &SHADER,
+            "conv2d_forward_weight_rows",
+            &params,
+            &[("w", w), ("weight rows", rows)],
+            grid_1d(threads, WG),
+        )?;
         rows
     };
     let grid = PixelGrid {
@@ -1061,13 +1417,31 @@ fn forward_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape,
         origin_y: 0,
         origin_x: 0,
     };
-    im2col_gemm(gpu, enc, OP, algo, ("conv2d_forward_im2col", params), &grid, x, Weights::Rows(weights), y)
+    im2col_gemm(
+        gpu,
+        enc,
+        OP,
+        algo,
+        ("conv2d_forward_im2col", params),
+        &grid,
+        x,
+        Weights::Rows(weights),
+        y,
+    )
 }
 
 /// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)
 /// against dy, into pairwise blocks of example sums (a scratch of 1 + bit length of n levels,
 /// the first the carry between chunks), then their total into dw.
-fn backward_weight_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv2dShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+fn backward_weight_gemm(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     if gpu.info.backend == wgpu::Backend::Gl {
         // Open issue: on wgpu's GL backend (llvmpipe GL, Mesa 22) these kernels give wrong sums
@@ -1080,48 +1454,100 @@ fn backward_weight_gemm(gpu: &Gpu, enc: &mut Encoder, algo: Conv2dAlgo, s: &Conv
     let levels = 1 + (u32::BITS - s.n.leading_zeros()) as u64;
     let level = s.c_out as u64 * row4 * 4;
     let sums_len = levels * level;
-    let sums = gpu.scratch("conv2d weight sums", sums_len).map_err(|source| KernelError::Gpu { op: OP, source })?;
+    let sums = gpu
+        .scratch("conv2d weight sums", sums_len)
+        .map_err(|source| KernelError::Gpu { op: OP, source })?;
     let sums = Slice::new(&sums, 0, sums_len);
     let (out_w, out_plane) = (s.out_w(), s.out_h() * s.out_w());
     let pixels = s.n as u64 * out_plane as u64;
-    im2col_chunks(gpu, enc, OP, ("conv2d_forward_im2col", params), (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS), x, |enc, begin, count, rows| {
-        let (rows_a, rows_b) = match algo {
-            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }) => (s.c_out as u64, row4 * 4),
-            _ => (row4 * 4, s.c_out as u64),
-        };
-        let gemm = Gemm {
-            rows_a: rows_a as u32,
-            rows_b: rows_b as u32,
-            row4: row4 as u32,
-            pixel_begin: begin as u32,
-            pixel_count: count as u32,
-            channels: s.c_out,
-            out_w,
-            out_plane,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        let bindings = [("im2col", rows), ("dy", dy), ("weight sums", sums)];
-        match algo {
-            Conv2dAlgo::Gemm(tile) => {
-                let entry = if tile.lanes == GemmLanes::Channels { "conv2d_gemm_weight_channels" } else { "conv2d_gemm_weight_pixels" };
-                let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64) * rows_b.div_ceil(tile.per_workgroup as u64);
-                let shader = pairwise_shader(&gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels), s.n);
-                launch(gpu, enc, OP, &shader, entry, &gemm, &bindings, grid_1d(groups * GEMM_WG as u64, GEMM_WG))
+    im2col_chunks(
+        gpu,
+        enc,
+        OP,
+        ("conv2d_forward_im2col", params),
+        (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS),
+        x,
+        |enc, begin, count, rows| {
+            let (rows_a, rows_b) = match algo {
+                Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }) => {
+                    (s.c_out as u64, row4 * 4)
+                }
+                _ => (row4 * 4, s.c_out as u64),
+            };
+            let gemm = Gemm {
+                rows_a: rows_a as u32,
+                rows_b: rows_b as u32,
+                row4: row4 as u32,
+                pixel_begin: begin as u32,
+                pixel_count: count as u32,
+                channels: s.c_out,
+                out_w,
+                out_plane,
+                ..bytemuck::Zeroable::zeroed()
+            };
+            let bindings = [("im2col", rows), ("dy", dy), ("weight sums", sums)];
+            match algo {
+                Conv2dAlgo::Gemm(tile) => {
+                    let entry = if tile.lanes == GemmLanes::Channels {
+                        "conv2d_gemm_weight_channels"
+                    } else {
+                        "conv2d_gemm_weight_pixels"
+                    };
+                    let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
+                        * rows_b.div_ceil(tile.per_workgroup as u64);
+                    let shader = pairwise_shader(
+                        &gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels),
+                        s.n,
+                    );
+                    launch(
+                        gpu,
+                        enc,
+                        OP,
+                        &shader,
+                        entry,
+                        &gemm,
+                        &bindings,
+                        grid_1d(groups * GEMM_WG as u64, GEMM_WG),
+                    )
+                }
+                _ => {
+                    let groups =
+                        row4.div_ceil(SHARED_EDGE / 4) * (s.c_out as u64).div_ceil(SHARED_EDGE);
+                    launch(
+                        gpu,
+                        enc,
+                        OP,
+                        &pairwise_shader(&SHADER, s.n),
+                        "conv2d_gemm_weight_shared",
+                        &gemm,
+                        &bindings,
+                        grid_1d(groups * SHARED_WG as u64, SHARED_WG),
+                    )
+                }
             }
-            _ => {
-                let groups = row4.div_ceil(SHARED_EDGE / 4) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-                launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), "conv2d_gemm_weight_shared", &gemm, &bindings, grid_1d(groups * SHARED_WG as u64, SHARED_WG))
-            }
-        }
-    })?;
-    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.n), "conv2d_backward_weight_total", &params, &[("weight sums", sums), ("dw", dw)], grid_1d(s.w_len(), WG))
+        },
+    )?;
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.n),
+        "conv2d_backward_weight_total",
+        &params,
+        &[("weight sums", sums), ("dw", dw)],
+        grid_1d(s.w_len(), WG),
+    )
 }
 
 /// Taps of a kernel of size `k` that the phase starting at `phase` reaches (`phase_taps` in
 /// the shader).
 fn phase_taps(phase: u32, k: u32, s: &Conv2dShape) -> u32 {
     let k0 = (phase + s.pad) % s.stride;
-    if k0 >= k { 0 } else { (k - k0).div_ceil(s.stride) }
+    if k0 >= k {
+        0
+    } else {
+        (k - k0).div_ceil(s.stride)
+    }
 }
 
 /// One phase of the input-VJP as a GEMM: weight rows over the phase's taps, then im2col of dy.
@@ -1137,24 +1563,36 @@ fn backward_input_gemm_phase(
     dx: Slice,
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_input";
-    let k_len = s.c_out as u64 * phase_taps(params.phase_y, s.kh, s) as u64 * phase_taps(params.phase_x, s.kw, s) as u64;
+    let k_len = s.c_out as u64
+        * phase_taps(params.phase_y, s.kh, s) as u64
+        * phase_taps(params.phase_x, s.kw, s) as u64;
     let row4 = k_len.div_ceil(4);
     let params = Params { row4: row4 as u32, ..params };
     let gpu_err = |source| KernelError::Gpu { op: OP, source };
     let (weight_rows, taps);
-    let weights = if matches!(algo, Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. })) {
-        taps = gpu.upload("conv2d taps", &gather_taps(s, &params)).map_err(gpu_err)?;
-        Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
-    } else {
-        let len = (s.c_in as u64 * row4 * 4).max(4);
-        weight_rows = gpu.scratch("conv2d weight rows", len).map_err(gpu_err)?;
-        let rows = Slice::new(&weight_rows, 0, len);
-        if row4 > 0 {
-            let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
-            launch(gpu, enc, OP, &SHADER, "conv2d_backward_input_weight_rows", &params, &[("w", w), ("weight rows", rows)], grid_1d(threads, WG))?;
-        }
-        Weights::Rows(rows)
-    };
+    let weights =
+        if matches!(algo, Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. })) {
+            taps = gpu.upload("conv2d taps", &gather_taps(s, &params)).map_err(gpu_err)?;
+            Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
+        } else {
+            let len = (s.c_in as u64 * row4 * 4).max(4);
+            weight_rows = gpu.scratch("conv2d weight rows", len).map_err(gpu_err)?;
+            let rows = Slice::new(&weight_rows, 0, len);
+            if row4 > 0 {
+                let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);
+                launch(
+                    gpu,
+                    enc,
+                    OP,
+                    &SHADER,
+                    "conv2d_backward_input_weight_rows",
+                    &params,
+                    &[("w", w), ("weight rows", rows)],
+                    grid_1d(threads, WG),
+                )?;
+            }
+            Weights::Rows(rows)
+        };
     let grid = PixelGrid {
         images: s.n,
         grid_h: params.phase_h,
@@ -1166,14 +1604,25 @@ fn backward_input_gemm_phase(
         origin_y: params.phase_y,
         origin_x: params.phase_x,
     };
-    im2col_gemm(gpu, enc, OP, algo, ("conv2d_backward_input_im2col", params), &grid, dy, weights, dx)
+    im2col_gemm(
+        gpu,
+        enc,
+        OP,
+        algo,
+        ("conv2d_backward_input_im2col", params),
+        &grid,
+        dy,
+        weights,
+        dx,
+    )
 }
 
 /// conv2d_gemm_gather's table for one phase: for each k = (co, ty, tx) of an im2col row, the
 /// offset in w of (co, ci, ky0 + stride·ty, kx0 + stride·tx) less that of (0, ci, 0, 0); u32
 /// max pads the last vec4 (and stands alone when the phase has no taps).
 fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
-    let (taps_y, taps_x) = (phase_taps(params.phase_y, s.kh, s), phase_taps(params.phase_x, s.kw, s));
+    let (taps_y, taps_x) =
+        (phase_taps(params.phase_y, s.kh, s), phase_taps(params.phase_x, s.kw, s));
     let (ky0, kx0) = ((params.phase_y + s.pad) % s.stride, (params.phase_x + s.pad) % s.stride);
     let co_stride = s.c_in * s.kh * s.kw;
     let mut taps: Vec<u32> = (0..s.c_out)
@@ -1199,7 +1648,9 @@ fn gather_taps(s: &Conv2dShape, params: &Params) -> Vec<u32> {
 /// Every variant gives the same bits, so this changes speed only.
 pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     match forced_algo(op)? {
-        Some(Forced::Algo(forced)) => return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked }),
+        Some(Forced::Algo(forced)) => {
+            return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked })
+        }
         Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
         None => {}
     }
@@ -1218,7 +1669,10 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     #[cfg(not(target_arch = "wasm32"))]
     let algo = {
         let file = autotune::cache_path();
-        let remembered = file.as_deref().and_then(|f| autotune::remembered(f, &key)).filter(|a| candidates.contains(a));
+        let remembered = file
+            .as_deref()
+            .and_then(|f| autotune::remembered(f, &key))
+            .filter(|a| candidates.contains(a));
         match remembered {
             Some(algo) => algo,
             None => {
@@ -1256,7 +1710,11 @@ fn parse_forced(op: Conv2dOp, name: &str) -> Result<Option<Forced>> {
         "guess" => Ok(Some(Forced::Guess)),
         name => Conv2dAlgo::parse(name).map(|a| Some(Forced::Algo(a))).ok_or_else(|| {
             let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
-            KernelError::Arg { op: op.name(), arg: "SYNCSTEP_CONV_ALGO", problem: format!("is `{name}`; known: {}, guess", known.join(", ")) }
+            KernelError::Arg {
+                op: op.name(),
+                arg: "SYNCSTEP_CONV_ALGO",
+                problem: format!("is `{name}`; known: {}, guess", known.join(", ")),
+            }
         }),
     }
 }
@@ -1283,15 +1741,30 @@ pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
     candidates_for(&gpu.info.name, gpu.info.backend, is_cpu(&gpu.info), op)
 }
 
-fn candidates_for(adapter: &str, backend: wgpu::Backend, cpu: bool, op: Conv2dOp) -> Vec<Conv2dAlgo> {
+fn candidates_for(
+    adapter: &str,
+    backend: wgpu::Backend,
+    cpu: bool,
+    op: Conv2dOp,
+) -> Vec<Conv2dAlgo> {
     let mut all = vec![Conv2dAlgo::Blocked];
     if op == Conv2dOp::BackwardWeight && backend == wgpu::Backend::Gl {
         return all; // the GEMMs are refused there (see backward_weight_gemm)
     }
     // SwiftShader's compiler takes over 8 GB and minutes for the weight-gradient GEMMs with
     // 64 outputs or more per invocation (measured natively, 8×8): those it is not given.
-    let compiles = |t: &GemmTile| !(op == Conv2dOp::BackwardWeight && adapter.contains("SwiftShader") && t.per_invocation * t.per_workgroup > 32);
-    all.extend(GEMM_TILES.iter().filter(|t| compiles(t)).map(|&t| Conv2dAlgo::Gemm(t)).filter(|a| a.has(op)));
+    let compiles = |t: &GemmTile| {
+        !(op == Conv2dOp::BackwardWeight
+            && adapter.contains("SwiftShader")
+            && t.per_invocation * t.per_workgroup > 32)
+    };
+    all.extend(
+        GEMM_TILES
+            .iter()
+            .filter(|t| compiles(t))
+            .map(|&t| Conv2dAlgo::Gemm(t))
+            .filter(|a| a.has(op)),
+    );
     if !cpu {
         all.push(Conv2dAlgo::GemmShared);
     }
@@ -1310,7 +1783,9 @@ fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dA
     if !cpu {
         return Conv2dAlgo::GemmShared;
     }
-    if op == Conv2dOp::BackwardWeight && expect_within_loop_limit(adapter, op.name(), Conv2dAlgo::Blocked, s).is_ok() {
+    if op == Conv2dOp::BackwardWeight
+        && expect_within_loop_limit(adapter, op.name(), Conv2dAlgo::Blocked, s).is_ok()
+    {
         return Conv2dAlgo::Blocked;
     }
     let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
@@ -1341,10 +1816,14 @@ mod autotune {
     pub(super) fn header() -> &'static str {
         static HEADER: OnceLock<String> = OnceLock::new();
         HEADER.get_or_init(|| {
-            let tiles = GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
+            let tiles = GEMM_TILES
+                .iter()
+                .flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
             let sources = [SOURCE, broadcast_shader().source].into_iter().chain(tiles);
             // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
-            let hash = sources.flat_map(str::bytes).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+            let hash = sources.flat_map(str::bytes).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+            });
             format!("syncstep-autotune {} {hash:016x}", env!("CARGO_PKG_VERSION"))
         })
     }
@@ -1356,13 +1835,20 @@ mod autotune {
         cache_path_from(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"))
     }
 
-    pub(super) fn cache_path_from(chosen: Option<OsString>, xdg_cache: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    pub(super) fn cache_path_from(
+        chosen: Option<OsString>,
+        xdg_cache: Option<OsString>,
+        home: Option<OsString>,
+    ) -> Option<PathBuf> {
         let set = |v: Option<OsString>| v.filter(|v| !v.is_empty());
         if let Some(chosen) = set(chosen) {
             return (chosen != "off").then(|| PathBuf::from(chosen));
         }
         // XDG: a relative XDG_CACHE_HOME is invalid and ignored.
-        let cache = set(xdg_cache).map(PathBuf::from).filter(|p| p.is_absolute()).or_else(|| set(home).map(|h| PathBuf::from(h).join(".cache")))?;
+        let cache = set(xdg_cache)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| set(home).map(|h| PathBuf::from(h).join(".cache")))?;
         Some(cache.join("syncstep").join("autotune.txt"))
     }
 
@@ -1373,28 +1859,43 @@ mod autotune {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Choices::new(),
             Err(e) => {
-                log::warn!("autotune cache {}: cannot read it ({e}); timing afresh", file.display());
+                log::warn!(
+                    "autotune cache {}: cannot read it ({e}); timing afresh",
+                    file.display()
+                );
                 return Choices::new();
             }
         };
         let mut lines = text.lines();
         let choices = match lines.next() {
-            Some(first) if first == header() => lines.map(parse_choice).collect::<Option<Choices>>(),
+            Some(first) if first == header() => {
+                lines.map(parse_choice).collect::<Option<Choices>>()
+            }
             Some(other) if other.starts_with("syncstep-autotune ") => {
-                log::debug!("autotune cache {}: written by {other}, not {}; timing afresh", file.display(), header());
+                log::debug!(
+                    "autotune cache {}: written by {other}, not {}; timing afresh",
+                    file.display(),
+                    header()
+                );
                 return Choices::new();
             }
             _ => None,
         };
         choices.unwrap_or_else(|| {
-            log::warn!("autotune cache {}: corrupt, ignored (it is rewritten with the next choice)", file.display());
+            log::warn!(
+                "autotune cache {}: corrupt, ignored (it is rewritten with the next choice)",
+                file.display()
+            );
             Choices::new()
         })
     }
 
     /// The choice for `key` in `file` as this process first read it: the file is read once, not
     /// for each of a step's ~40 (op, shape) pairs. Choices this process makes stay in memory.
-    pub(super) fn remembered(file: &Path, key: &(String, Conv2dOp, Conv2dShape)) -> Option<Conv2dAlgo> {
+    pub(super) fn remembered(
+        file: &Path,
+        key: &(String, Conv2dOp, Conv2dShape),
+    ) -> Option<Conv2dAlgo> {
         static READ: OnceLock<Mutex<HashMap<PathBuf, Choices>>> = OnceLock::new();
         let mut read = READ.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
         read.entry(file.to_path_buf()).or_insert_with(|| load(file)).get(key).copied()
@@ -1402,7 +1903,9 @@ mod autotune {
 
     fn parse_choice(line: &str) -> Option<((String, Conv2dOp, Conv2dShape), Conv2dAlgo)> {
         let [op, dims, algo, adapter] = line.split('\t').collect::<Vec<_>>().try_into().ok()?;
-        let op = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight].into_iter().find(|o| o.name() == op)?;
+        let op = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight]
+            .into_iter()
+            .find(|o| o.name() == op)?;
         let dims: Vec<u32> = dims.split(' ').map(|d| d.parse().ok()).collect::<Option<_>>()?;
         let [n, c_in, h, w, c_out, kh, kw, stride, pad] = dims.try_into().ok()?;
         let shape = Conv2dShape { n, c_in, h, w, c_out, kh, kw, stride, pad };
@@ -1421,7 +1924,9 @@ mod autotune {
         let mut lines: Vec<String> = choices
             .iter()
             .map(|((adapter, op, s), algo)| {
-                let dims = [s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride, s.pad].map(|d| d.to_string()).join(" ");
+                let dims = [s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride, s.pad]
+                    .map(|d| d.to_string())
+                    .join(" ");
                 format!("{}\t{dims}\t{algo}\t{adapter}", op.name())
             })
             .collect();
@@ -1436,7 +1941,10 @@ mod autotune {
             .and_then(|()| std::fs::rename(&temporary, file));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&temporary);
-            log::warn!("autotune cache {}: cannot write it ({e}); choices are kept for this process only", file.display());
+            log::warn!(
+                "autotune cache {}: cannot write it ({e}); choices are kept for this process only",
+                file.display()
+            );
         }
     }
 
@@ -1453,14 +1961,24 @@ mod autotune {
     /// (as many for every candidate of a shape; see `launches_to_fill`).
     const MIN_SUBMIT: Duration = Duration::from_millis(2);
 
-    pub(super) fn fastest(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
+    pub(super) fn fastest(
+        gpu: &Gpu,
+        op: Conv2dOp,
+        s: &Conv2dShape,
+        candidates: &[Conv2dAlgo],
+    ) -> Result<Conv2dAlgo> {
         // The candidates' scratch (an im2col chunk the choice may never use) would otherwise stay
         // held for the device's life: a process that tuned held 13–61 MiB more than one that
         // read its choices from the file.
         gpu.scratch_as_before(|| time_candidates(gpu, op, s, candidates))
     }
 
-    fn time_candidates(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, candidates: &[Conv2dAlgo]) -> Result<Conv2dAlgo> {
+    fn time_candidates(
+        gpu: &Gpu,
+        op: Conv2dOp,
+        s: &Conv2dShape,
+        candidates: &[Conv2dAlgo],
+    ) -> Result<Conv2dAlgo> {
         // One tuning at a time per process: concurrent ones would time each other.
         static TUNING: Mutex<()> = Mutex::new(());
         let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
@@ -1470,7 +1988,18 @@ mod autotune {
         let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
         let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
         let run = |algo: Conv2dAlgo, launches: u32| -> Result<Duration> {
-            let launch = |enc: &mut Encoder| conv2d_launch_with(gpu, enc, op, algo, s, Slice::whole(&input), Slice::whole(&second), Slice::whole(&output));
+            let launch = |enc: &mut Encoder| {
+                conv2d_launch_with(
+                    gpu,
+                    enc,
+                    op,
+                    algo,
+                    s,
+                    Slice::whole(&input),
+                    Slice::whole(&second),
+                    Slice::whole(&output),
+                )
+            };
             gpu.time_recorded(launches, launch, gpu_err)
         };
         gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
@@ -1481,7 +2010,10 @@ mod autotune {
                 Ok(_) => {}
                 // A variant this device refuses (a limit, a scratch buffer too large) is skipped;
                 // any other refusal is a bug here, not the variant's.
-                Err(KernelError::Arg { arg: "algo", .. }) | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => continue,
+                Err(KernelError::Arg { arg: "algo", .. })
+                | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => {
+                    continue
+                }
                 Err(e) => return Err(e),
             };
             // The untimed run included the JIT compile (which on lavapipe can take longer than
@@ -1496,7 +2028,11 @@ mod autotune {
             for _ in 1..RUNS {
                 fastest = fastest.min(run(algo, launches)?);
             }
-            log::debug!("autotune {} {s:?}: {algo} {:.3} ms", op.name(), fastest.as_secs_f64() * 1e3);
+            log::debug!(
+                "autotune {} {s:?}: {algo} {:.3} ms",
+                op.name(),
+                fastest.as_secs_f64() * 1e3
+            );
             timed.push((fastest, algo));
         }
         // Other work on the machine during one candidate's runs makes it look slow, and the
@@ -1523,12 +2059,21 @@ mod tests {
     #[test]
     fn broadcast_shader_is_valid_and_loads_dy_once() {
         let shader = broadcast_shader();
-        let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
-        let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SUBGROUP);
-        validator.validate(&module).unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
-        let kernel = &shader.source[shader.source.find("fn conv2d_backward_weight_blocked(").unwrap()..];
+        let module = naga::front::wgsl::parse_str(shader.source)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::SUBGROUP,
+        );
+        validator
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
+        let kernel =
+            &shader.source[shader.source.find("fn conv2d_backward_weight_blocked(").unwrap()..];
         let kernel = &kernel[..kernel.find("\n}\n").unwrap()];
-        assert!(kernel.starts_with("fn conv2d_backward_weight_blocked(@builtin(subgroup_invocation_id) sid: u32, "));
+        assert!(kernel.starts_with(
+            "fn conv2d_backward_weight_blocked(@builtin(subgroup_invocation_id) sid: u32, "
+        ));
         assert_eq!(kernel.matches("wb_dy[").count(), 2, "{kernel}");
         assert!(!kernel.contains("wb_dy4("), "{kernel}");
         assert!((0..2).all(|m| (0..8).all(|j| kernel.contains(&format!("subgroupBroadcast(m{m}, {j}u)")))), "{kernel}");
@@ -1538,14 +2083,33 @@ mod tests {
     /// lavapipe and its other ops keep every tile; GPUs add the shared tiles.
     #[test]
     fn candidates_per_adapter() {
-        let big = |all: &[Conv2dAlgo]| all.iter().any(|a| matches!(a, Conv2dAlgo::Gemm(t) if t.per_invocation * t.per_workgroup > 32));
+        let big = |all: &[Conv2dAlgo]| {
+            all.iter().any(
+                |a| matches!(a, Conv2dAlgo::Gemm(t) if t.per_invocation * t.per_workgroup > 32),
+            )
+        };
         let vulkan = wgpu::Backend::Vulkan;
-        let swiftshader = candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::BackwardWeight);
+        let swiftshader =
+            candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::BackwardWeight);
         assert!(!big(&swiftshader) && swiftshader.len() > 2, "{swiftshader:?}");
-        assert!(big(&candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::Forward)));
-        assert!(big(&candidates_for("llvmpipe (LLVM 15.0.6, 256 bits)", vulkan, true, Conv2dOp::BackwardWeight)));
-        assert_eq!(candidates_for("llvmpipe", wgpu::Backend::Gl, true, Conv2dOp::BackwardWeight), [Conv2dAlgo::Blocked]);
-        assert!(candidates_for("NVIDIA H200", vulkan, false, Conv2dOp::Forward).contains(&Conv2dAlgo::GemmShared));
+        assert!(big(&candidates_for(
+            "SwiftShader Device (Subzero)",
+            vulkan,
+            true,
+            Conv2dOp::Forward
+        )));
+        assert!(big(&candidates_for(
+            "llvmpipe (LLVM 15.0.6, 256 bits)",
+            vulkan,
+            true,
+            Conv2dOp::BackwardWeight
+        )));
+        assert_eq!(
+            candidates_for("llvmpipe", wgpu::Backend::Gl, true, Conv2dOp::BackwardWeight),
+            [Conv2dAlgo::Blocked]
+        );
+        assert!(candidates_for("NVIDIA H200", vulkan, false, Conv2dOp::Forward)
+            .contains(&Conv2dAlgo::GemmShared));
     }
 
     #[test]
@@ -1553,24 +2117,72 @@ mod tests {
         let parse = |name| parse_forced(Conv2dOp::Forward, name);
         assert_eq!(parse(" ").unwrap(), None);
         assert_eq!(parse("guess").unwrap(), Some(Forced::Guess));
-        assert_eq!(parse("gemm-pixels-8x8").unwrap(), Some(Forced::Algo(Conv2dAlgo::Gemm(GEMM_TILES[2]))));
+        assert_eq!(
+            parse("gemm-pixels-8x8").unwrap(),
+            Some(Forced::Algo(Conv2dAlgo::Gemm(GEMM_TILES[2])))
+        );
         let err = parse("fastest").unwrap_err().to_string();
-        assert!(err.contains("SYNCSTEP_CONV_ALGO") && err.contains("`fastest`") && err.contains("blocked") && err.contains("guess"), "{err}");
+        assert!(
+            err.contains("SYNCSTEP_CONV_ALGO")
+                && err.contains("`fastest`")
+                && err.contains("blocked")
+                && err.contains("guess"),
+            "{err}"
+        );
     }
 
     /// The browser's choice without a clock: GPUs the shared tiles; CPU adapters Blocked for
     /// the weight gradient unless llvmpipe's loop limit refuses it there, register tiles else.
     #[test]
     fn the_browsers_guess_by_device_type() {
-        let small = Conv2dShape { n: 8, c_in: 256, h: 2, w: 2, c_out: 256, kh: 3, kw: 3, stride: 1, pad: 1 };
-        let stem_224 = Conv2dShape { n: 8, c_in: 3, h: 224, w: 224, c_out: 64, kh: 7, kw: 7, stride: 2, pad: 3 };
-        let (swiftshader, llvmpipe) = ("SwiftShader Device (Subzero)", "llvmpipe (LLVM 15.0.6, 256 bits)");
-        assert_eq!(guess_for(false, "NVIDIA H200", Conv2dOp::BackwardWeight, &small), Conv2dAlgo::GemmShared);
-        assert_eq!(guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &small), Conv2dAlgo::Blocked);
-        assert_eq!(guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &stem_224), Conv2dAlgo::Blocked);
-        assert_eq!(guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &small), Conv2dAlgo::Blocked);
-        assert!(matches!(guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &stem_224), Conv2dAlgo::Gemm(_)));
-        assert!(matches!(guess_for(true, swiftshader, Conv2dOp::Forward, &small), Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. })));
+        let small = Conv2dShape {
+            n: 8,
+            c_in: 256,
+            h: 2,
+            w: 2,
+            c_out: 256,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            pad: 1,
+        };
+        let stem_224 = Conv2dShape {
+            n: 8,
+            c_in: 3,
+            h: 224,
+            w: 224,
+            c_out: 64,
+            kh: 7,
+            kw: 7,
+            stride: 2,
+            pad: 3,
+        };
+        let (swiftshader, llvmpipe) =
+            ("SwiftShader Device (Subzero)", "llvmpipe (LLVM 15.0.6, 256 bits)");
+        assert_eq!(
+            guess_for(false, "NVIDIA H200", Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::GemmShared
+        );
+        assert_eq!(
+            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::Blocked
+        );
+        assert_eq!(
+            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &stem_224),
+            Conv2dAlgo::Blocked
+        );
+        assert_eq!(
+            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::Blocked
+        );
+        assert!(matches!(
+            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &stem_224),
+            Conv2dAlgo::Gemm(_)
+        ));
+        assert!(matches!(
+            guess_for(true, swiftshader, Conv2dOp::Forward, &small),
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. })
+        ));
     }
 
     /// Brute force over small geometries: a crop keeps the rows and columns from the first to
@@ -1585,7 +2197,11 @@ mod tests {
             if s.validate("test").is_err() {
                 continue;
             }
-            let reads = |k: u32, size: u32, out: u32| (0..out).any(|o| (0..size as i64).contains(&((o * stride) as i64 - pad as i64 + k as i64)));
+            let reads = |k: u32, size: u32, out: u32| {
+                (0..out).any(|o| {
+                    (0..size as i64).contains(&((o * stride) as i64 - pad as i64 + k as i64))
+                })
+            };
             // The first to the last tap that reads (with stride > 1 some between may not).
             let hull = |k: u32, size: u32, out: u32| {
                 let reading: Vec<u32> = (0..k).filter(|&t| reads(t, size, out)).collect();
@@ -1595,15 +2211,24 @@ mod tests {
             match (s.crop(), rows, cols) {
                 (Some(c), _, _) => {
                     cropped += 1;
-                    assert_eq!((rows, cols), (Some((c.ky, c.shape.kh)), Some((c.kx, c.shape.kw))), "{s:?}");
+                    assert_eq!(
+                        (rows, cols),
+                        (Some((c.ky, c.shape.kh)), Some((c.kx, c.shape.kw))),
+                        "{s:?}"
+                    );
                     assert_eq!((c.shape.out_h(), c.shape.out_w()), (s.out_h(), s.out_w()), "{s:?}");
                     assert_eq!(c.shape.pad + c.ky, pad, "{s:?}");
                     c.shape.validate("test").unwrap();
                 }
-                (None, Some((ky, kh_kept)), Some((kx, kw_kept))) if (kh_kept, kw_kept) != (kh, kw) => {
+                (None, Some((ky, kh_kept)), Some((kx, kw_kept)))
+                    if (kh_kept, kw_kept) != (kh, kw) =>
+                {
                     let kept = Conv2dShape { kh: kh_kept, kw: kw_kept, pad: pad - ky, ..s };
                     let same_size = (kept.out_h(), kept.out_w()) == (s.out_h(), s.out_w());
-                    assert!(ky != kx || !same_size, "{s:?}: taps {rows:?} × {cols:?} could be cropped");
+                    assert!(
+                        ky != kx || !same_size,
+                        "{s:?}: taps {rows:?} × {cols:?} could be cropped"
+                    );
                 }
                 (None, _, _) => {} // every tap kept, or none reads the input
             }
@@ -1611,7 +2236,11 @@ mod tests {
         assert!(cropped > 50, "only {cropped} geometries crop: the test checks little");
         // ResNet-34 at 32²: layer4's 3×3 convolutions on 1×1 maps keep their centre tap, its
         // strided one (2×2 → 1×1) a 2×2 corner; layer3's 2×2 maps keep every tap.
-        let resnet = |h, stride| Conv2dShape { n: 8, c_in: 512, h, w: h, c_out: 512, kh: 3, kw: 3, stride, pad: 1 }.crop().map(|c| (c.ky, c.shape.kh, c.shape.pad));
+        let resnet = |h, stride| {
+            Conv2dShape { n: 8, c_in: 512, h, w: h, c_out: 512, kh: 3, kw: 3, stride, pad: 1 }
+                .crop()
+                .map(|c| (c.ky, c.shape.kh, c.shape.pad))
+        };
         assert_eq!(resnet(1, 1), Some((1, 1, 0)));
         assert_eq!(resnet(2, 2), Some((1, 2, 0)));
         assert_eq!(resnet(2, 1), None);
@@ -1623,7 +2252,11 @@ mod tests {
         small(4).flat_map(move |h| {
             small(4).flat_map(move |w| {
                 small(5).flat_map(move |kh| {
-                    small(5).flat_map(move |kw| small(3).flat_map(move |stride| (0..=3).map(move |pad| (h, w, kh, kw, stride, pad))))
+                    small(5).flat_map(move |kw| {
+                        small(3).flat_map(move |stride| {
+                            (0..=3).map(move |pad| (h, w, kh, kw, stride, pad))
+                        })
+                    })
                 })
             })
         })
@@ -1633,7 +2266,11 @@ mod tests {
     fn the_shader_file_holds_the_generated_4x4_tiles() {
         for kernel in TileKernel::ALL {
             let (begin, end) = tile_block(SOURCE, kernel);
-            assert_eq!(&SOURCE[begin..end], gemm_tile(kernel, 4, 4, false), "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4, false)");
+            assert_eq!(
+                &SOURCE[begin..end],
+                gemm_tile(kernel, 4, 4, false),
+                "regenerate conv2d.wgsl's tile body with gemm_tile({kernel:?}, 4, 4, false)"
+            );
         }
     }
 
@@ -1641,11 +2278,27 @@ mod tests {
     fn every_tile_specialises_to_valid_wgsl() {
         for (tile, broadcasts) in GEMM_TILES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
             let shader = gemm_lanes_shader(tile, broadcasts);
-            let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
-            let capabilities = if broadcasts { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };
-            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
-            validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
-            assert!(shader.source.contains(&format!("s{}_{} += ", tile.per_invocation - 1, tile.per_workgroup - 1)), "{}", shader.name);
+            let module = naga::front::wgsl::parse_str(shader.source)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let capabilities = if broadcasts {
+                naga::valid::Capabilities::SUBGROUP
+            } else {
+                naga::valid::Capabilities::empty()
+            };
+            let mut validator =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
+            validator
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            assert!(
+                shader.source.contains(&format!(
+                    "s{}_{} += ",
+                    tile.per_invocation - 1,
+                    tile.per_workgroup - 1
+                )),
+                "{}",
+                shader.name
+            );
         }
     }
 
@@ -1659,7 +2312,11 @@ mod tests {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn key(adapter: &str, op: Conv2dOp, n: u32) -> (String, Conv2dOp, Conv2dShape) {
-        (adapter.into(), op, Conv2dShape { n, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 })
+        (
+            adapter.into(),
+            op,
+            Conv2dShape { n, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 },
+        )
     }
 
     #[test]
@@ -1670,14 +2327,35 @@ mod tests {
         assert!(autotune::load(&file).is_empty(), "a missing file holds no choices");
         let pixels = Conv2dAlgo::Gemm(GEMM_TILES[2]);
         autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 8), pixels);
-        autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8), Conv2dAlgo::Blocked);
-        autotune::remember(&file, &key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8), Conv2dAlgo::GemmShared);
-        autotune::remember(&file, &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8), Conv2dAlgo::Direct); // replaces Blocked
+        autotune::remember(
+            &file,
+            &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8),
+            Conv2dAlgo::Blocked,
+        );
+        autotune::remember(
+            &file,
+            &key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8),
+            Conv2dAlgo::GemmShared,
+        );
+        autotune::remember(
+            &file,
+            &key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8),
+            Conv2dAlgo::Direct,
+        ); // replaces Blocked
         let choices = autotune::load(&file);
         assert_eq!(choices.len(), 3, "{choices:?}");
-        assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 8)), Some(&pixels));
-        assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8)), Some(&Conv2dAlgo::Direct));
-        assert_eq!(choices.get(&key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8)), Some(&Conv2dAlgo::GemmShared));
+        assert_eq!(
+            choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 8)),
+            Some(&pixels)
+        );
+        assert_eq!(
+            choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::Forward, 8)),
+            Some(&Conv2dAlgo::Direct)
+        );
+        assert_eq!(
+            choices.get(&key("Gl|llvmpipe|c", Conv2dOp::BackwardWeight, 8)),
+            Some(&Conv2dAlgo::GemmShared)
+        );
         assert_eq!(choices.get(&key("Vulkan|llvmpipe|a b", Conv2dOp::BackwardWeight, 4)), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -1690,7 +2368,8 @@ mod tests {
         let file = dir.join("autotune.txt");
         let good_line = "conv2d_forward\t8 64 8 8 64 3 3 1 1\tblocked\tVulkan|x";
         let header = autotune::header();
-        let other_kernels = format!("syncstep-autotune {} 0123456789abcdef", env!("CARGO_PKG_VERSION"));
+        let other_kernels =
+            format!("syncstep-autotune {} 0123456789abcdef", env!("CARGO_PKG_VERSION"));
         for corrupt in [
             b"\xff\xfe not text".to_vec(),
             format!("{good_line}\n").into_bytes(), // no header
@@ -1719,10 +2398,16 @@ mod tests {
         use std::path::PathBuf;
         let os = |s: &str| Some(std::ffi::OsString::from(s));
         let path = autotune::cache_path_from;
-        assert_eq!(path(os("/t/choices.txt"), os("/x"), os("/h")), Some(PathBuf::from("/t/choices.txt")));
+        assert_eq!(
+            path(os("/t/choices.txt"), os("/x"), os("/h")),
+            Some(PathBuf::from("/t/choices.txt"))
+        );
         assert_eq!(path(os("off"), os("/x"), os("/h")), None);
         assert_eq!(path(None, os("/x"), os("/h")), Some(PathBuf::from("/x/syncstep/autotune.txt")));
-        assert_eq!(path(os(""), os("relative"), os("/h")), Some(PathBuf::from("/h/.cache/syncstep/autotune.txt")));
+        assert_eq!(
+            path(os(""), os("relative"), os("/h")),
+            Some(PathBuf::from("/h/.cache/syncstep/autotune.txt"))
+        );
         assert_eq!(path(None, None, None), None);
     }
 
@@ -1731,7 +2416,14 @@ mod tests {
         for algo in Conv2dAlgo::all() {
             assert_eq!(Conv2dAlgo::parse(&algo.to_string()), Some(algo));
         }
-        assert_eq!(Conv2dAlgo::parse("GEMM-Pixels-8x8"), Some(Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 })));
+        assert_eq!(
+            Conv2dAlgo::parse("GEMM-Pixels-8x8"),
+            Some(Conv2dAlgo::Gemm(GemmTile {
+                lanes: GemmLanes::Pixels,
+                per_invocation: 8,
+                per_workgroup: 8
+            }))
+        );
         assert_eq!(Conv2dAlgo::parse("gemm-pixels-3x3"), None);
     }
 }

@@ -8,7 +8,8 @@
 use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "cross_entropy", source: include_str!("../../shaders/cross_entropy.wgsl") };
+const SHADER: Shader =
+    Shader { name: "cross_entropy", source: include_str!("../../shaders/cross_entropy.wgsl") };
 
 /// `m` examples over `k` classes: logits `[m, k]`, labels `[m]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,14 +27,29 @@ impl CrossEntropyShape {
     }
 
     /// Checks dimensions, hyper-parameters, logits and labels; the uniform every entry point reads.
-    fn check(&self, op: &'static str, smoothing: f32, divisor: f32, logits: &Slice, labels: &Slice) -> Result<Params> {
+    fn check(
+        &self,
+        op: &'static str,
+        smoothing: f32,
+        divisor: f32,
+        logits: &Slice,
+        labels: &Slice,
+    ) -> Result<Params> {
         expect_positive(op, "m", self.m)?;
         expect_positive(op, "k", self.k)?;
         if !(0.0..1.0).contains(&smoothing) {
-            return Err(KernelError::Arg { op, arg: "smoothing", problem: format!("is {smoothing}, expected 0 <= smoothing < 1") });
+            return Err(KernelError::Arg {
+                op,
+                arg: "smoothing",
+                problem: format!("is {smoothing}, expected 0 <= smoothing < 1"),
+            });
         }
         if !(divisor.is_finite() && divisor > 0.0) {
-            return Err(KernelError::Arg { op, arg: "divisor", problem: format!("is {divisor}, expected a finite value > 0") });
+            return Err(KernelError::Arg {
+                op,
+                arg: "divisor",
+                problem: format!("is {divisor}, expected a finite value > 0"),
+            });
         }
         expect_len(op, "logits", logits, self.logits_len(), "m*k")?;
         expect_len(op, "labels", labels, self.labels_len(), "m")?;
@@ -70,9 +86,28 @@ pub fn cross_entropy_forward(
     expect_len(OP, "losses", &losses, s.labels_len(), "m")?;
     expect_len(OP, "loss", &loss, 1, "one scalar")?;
     // Both bindings of the second dispatch are checked before the first is recorded.
-    gpu.check_binding("argument `loss`", &loss).map_err(|source| KernelError::Gpu { op: OP, source })?;
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("logits", logits), ("labels", labels), ("losses", losses)], [s.m, 1, 1])?;
-    launch(gpu, enc, OP, &SHADER, "cross_entropy_forward_total", &params, &[("losses", losses), ("loss", loss)], [1, 1, 1])
+    gpu.check_binding("argument `loss`", &loss)
+        .map_err(|source| KernelError::Gpu { op: OP, source })?;
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &[("logits", logits), ("labels", labels), ("losses", losses)],
+        [s.m, 1, 1],
+    )?;
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        "cross_entropy_forward_total",
+        &params,
+        &[("losses", losses), ("loss", loss)],
+        [1, 1, 1],
+    )
 }
 
 /// `dlogits = (softmax(logits) − q) / divisor`, the gradient of the loss `cross_entropy_forward`
@@ -91,5 +126,14 @@ pub fn cross_entropy_backward(
     const OP: &str = "cross_entropy_backward";
     let params = s.check(OP, smoothing, divisor, &logits, &labels)?;
     expect_len(OP, "dlogits", &dlogits, s.logits_len(), "m*k")?;
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("logits", logits), ("labels", labels), ("dlogits", dlogits)], [s.m, 1, 1])
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &[("logits", logits), ("labels", labels), ("dlogits", dlogits)],
+        [s.m, 1, 1],
+    )
 }

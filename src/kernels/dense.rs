@@ -51,45 +51,134 @@ struct Params {
 }
 
 /// `y = x·wᵀ + b`.
-pub fn dense_forward(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, x: Slice, w: Slice, b: Slice, y: Slice) -> Result<()> {
+pub fn dense_forward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &DenseShape,
+    x: Slice,
+    w: Slice,
+    b: Slice,
+    y: Slice,
+) -> Result<()> {
     const OP: &str = "dense_forward";
     s.check_dims(OP)?;
     expect_len(OP, "x", &x, s.input_len(), "m*k_in")?;
     expect_len(OP, "w", &w, s.weight_len(), "k_out*k_in")?;
     expect_len(OP, "b", &b, s.bias_len(), "k_out")?;
     expect_len(OP, "y", &y, s.output_len(), "m*k_out")?;
-    let params = Params { rows: s.m, cols: s.k_out, inner: s.k_in, a_row: s.k_in, a_inner: 1, b_inner: 1, b_col: s.k_in };
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("w", w), ("y", y), ("b", b)], grid_1d(s.output_len(), WG))
+    let params = Params {
+        rows: s.m,
+        cols: s.k_out,
+        inner: s.k_in,
+        a_row: s.k_in,
+        a_inner: 1,
+        b_inner: 1,
+        b_col: s.k_in,
+    };
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &[("x", x), ("w", w), ("y", y), ("b", b)],
+        grid_1d(s.output_len(), WG),
+    )
 }
 
 /// `dx = dy·w`.
-pub fn dense_backward_input(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, w: Slice, dx: Slice) -> Result<()> {
+pub fn dense_backward_input(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &DenseShape,
+    dy: Slice,
+    w: Slice,
+    dx: Slice,
+) -> Result<()> {
     const OP: &str = "dense_backward_input";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
     expect_len(OP, "w", &w, s.weight_len(), "k_out*k_in")?;
     expect_len(OP, "dx", &dx, s.input_len(), "m*k_in")?;
-    let params = Params { rows: s.m, cols: s.k_in, inner: s.k_out, a_row: s.k_out, a_inner: 1, b_inner: s.k_in, b_col: 1 };
-    launch(gpu, enc, OP, &SHADER, OP, &params, &[("dy", dy), ("w", w), ("dx", dx)], grid_1d(s.input_len(), WG))
+    let params = Params {
+        rows: s.m,
+        cols: s.k_in,
+        inner: s.k_out,
+        a_row: s.k_out,
+        a_inner: 1,
+        b_inner: s.k_in,
+        b_col: 1,
+    };
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &[("dy", dy), ("w", w), ("dx", dx)],
+        grid_1d(s.input_len(), WG),
+    )
 }
 
 /// `dw = dyᵀ·x`, summed pairwise over the batch (see dense.wgsl).
-pub fn dense_backward_weight(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, x: Slice, dw: Slice) -> Result<()> {
+pub fn dense_backward_weight(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &DenseShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+) -> Result<()> {
     const OP: &str = "dense_backward_weight";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
     expect_len(OP, "x", &x, s.input_len(), "m*k_in")?;
     expect_len(OP, "dw", &dw, s.weight_len(), "k_out*k_in")?;
-    let params = Params { rows: s.k_out, cols: s.k_in, inner: s.m, a_row: 1, a_inner: s.k_out, b_inner: s.k_in, b_col: 1 };
-    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.m), OP, &params, &[("dy", dy), ("x", x), ("dw", dw)], grid_1d(s.weight_len(), WG))
+    let params = Params {
+        rows: s.k_out,
+        cols: s.k_in,
+        inner: s.m,
+        a_row: 1,
+        a_inner: s.k_out,
+        b_inner: s.k_in,
+        b_col: 1,
+    };
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.m),
+        OP,
+        &params,
+        &[("dy", dy), ("x", x), ("dw", dw)],
+        grid_1d(s.weight_len(), WG),
+    )
 }
 
 /// `db = Σ_m dy`, summed pairwise over the batch (see dense.wgsl).
-pub fn dense_backward_bias(gpu: &Gpu, enc: &mut Encoder, s: &DenseShape, dy: Slice, db: Slice) -> Result<()> {
+pub fn dense_backward_bias(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &DenseShape,
+    dy: Slice,
+    db: Slice,
+) -> Result<()> {
     const OP: &str = "dense_backward_bias";
     s.check_dims(OP)?;
     expect_len(OP, "dy", &dy, s.output_len(), "m*k_out")?;
     expect_len(OP, "db", &db, s.bias_len(), "k_out")?;
-    let params = Params { rows: s.m, cols: s.k_out, inner: 0, a_row: 0, a_inner: 0, b_inner: 0, b_col: 0 };
-    launch(gpu, enc, OP, &pairwise_shader(&SHADER, s.m), OP, &params, &[("dy", dy), ("db", db)], grid_1d(s.bias_len(), WG))
+    let params =
+        Params { rows: s.m, cols: s.k_out, inner: 0, a_row: 0, a_inner: 0, b_inner: 0, b_col: 0 };
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.m),
+        OP,
+        &params,
+        &[("dy", dy), ("db", db)],
+        grid_1d(s.bias_len(), WG),
+    )
 }

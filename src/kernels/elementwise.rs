@@ -4,7 +4,8 @@
 use super::{expect_len, launch, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "elementwise", source: include_str!("../../shaders/elementwise.wgsl") };
+const SHADER: Shader =
+    Shader { name: "elementwise", source: include_str!("../../shaders/elementwise.wgsl") };
 const WG: u32 = 256;
 
 #[repr(C)]
@@ -14,7 +15,13 @@ struct Params {
 }
 
 /// One invocation per element of `out`; every input has its length.
-fn elementwise(gpu: &Gpu, enc: &mut Encoder, op: &'static str, inputs: &[(&'static str, Slice)], out: (&'static str, Slice)) -> Result<()> {
+fn elementwise(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: &'static str,
+    inputs: &[(&'static str, Slice)],
+    out: (&'static str, Slice),
+) -> Result<()> {
     let len = out.1.len;
     for (name, input) in inputs {
         expect_len(op, name, input, len, "same length as the output")?;
@@ -30,7 +37,13 @@ pub fn relu_forward(gpu: &Gpu, enc: &mut Encoder, x: Slice, gate: Slice, y: Slic
 }
 
 /// `dx = gate > 0 ? dy : 0`, with the gate the forward used (its input or output).
-pub fn relu_backward(gpu: &Gpu, enc: &mut Encoder, dy: Slice, gate: Slice, dx: Slice) -> Result<()> {
+pub fn relu_backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    dy: Slice,
+    gate: Slice,
+    dx: Slice,
+) -> Result<()> {
     elementwise(gpu, enc, "relu_backward", &[("dy", dy), ("gate", gate)], ("dx", dx))
 }
 
@@ -40,6 +53,19 @@ pub fn add(gpu: &Gpu, enc: &mut Encoder, a: Slice, b: Slice, out: Slice) -> Resu
 }
 
 /// `out = a + (gate > 0 ? dy : 0)`: bitwise `add(a, relu_backward(dy, gate))` in one pass.
-pub fn add_relu_backward(gpu: &Gpu, enc: &mut Encoder, a: Slice, dy: Slice, gate: Slice, out: Slice) -> Result<()> {
-    elementwise(gpu, enc, "add_relu_backward", &[("a", a), ("dy", dy), ("gate", gate)], ("out", out))
+pub fn add_relu_backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    a: Slice,
+    dy: Slice,
+    gate: Slice,
+    out: Slice,
+) -> Result<()> {
+    elementwise(
+        gpu,
+        enc,
+        "add_relu_backward",
+        &[("a", a), ("dy", dy), ("gate", gate)],
+        ("out", out),
+    )
 }

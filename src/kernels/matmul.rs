@@ -51,7 +51,15 @@ pub const MATMUL_TILES: [MatmulAlgo; 4] = [
 ];
 
 /// `c = a·b`: `a` [m, k], `b` [k, n], `c` [m, n] (overwritten), with the kernel `algo`.
-pub fn matmul(gpu: &Gpu, enc: &mut Encoder, algo: MatmulAlgo, shape: &MatmulShape, a: Slice, b: Slice, c: Slice) -> Result<()> {
+pub fn matmul(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: MatmulAlgo,
+    shape: &MatmulShape,
+    a: Slice,
+    b: Slice,
+    c: Slice,
+) -> Result<()> {
     const OP: &str = "matmul";
     let s = shape;
     for (arg, v) in [("m", s.m), ("k", s.k), ("n", s.n)] {
@@ -61,7 +69,9 @@ pub fn matmul(gpu: &Gpu, enc: &mut Encoder, algo: MatmulAlgo, shape: &MatmulShap
     let sizes = [("a", a, m * k, "m·k"), ("b", b, k * n, "k·n"), ("c", c, m * n, "m·n")];
     for (arg, slice, len, formula) in &sizes {
         if *len > i32::MAX as u64 {
-            let problem = format!("needs {formula} = {len} elements, more than the shader's 32-bit indices allow");
+            let problem = format!(
+                "needs {formula} = {len} elements, more than the shader's 32-bit indices allow"
+            );
             return Err(KernelError::Arg { op: OP, arg, problem });
         }
         expect_len(OP, arg, slice, *len, formula)?;
@@ -69,10 +79,16 @@ pub fn matmul(gpu: &Gpu, enc: &mut Encoder, algo: MatmulAlgo, shape: &MatmulShap
     let bindings = [("a", a), ("b", b), ("c", c)];
     let params = [s.m, s.k, s.n];
     match algo {
-        MatmulAlgo::Simple => launch(gpu, enc, OP, &SHADER, "matmul_simple", &params, &bindings, grid_1d(m * n, WG)),
+        MatmulAlgo::Simple => {
+            launch(gpu, enc, OP, &SHADER, "matmul_simple", &params, &bindings, grid_1d(m * n, WG))
+        }
         MatmulAlgo::Tiled { rows, cols } => {
             if !MATMUL_TILES.contains(&algo) {
-                return Err(KernelError::Arg { op: OP, arg: "algo", problem: format!("is a {rows}×{cols} tile; compiled tiles: {MATMUL_TILES:?}") });
+                return Err(KernelError::Arg {
+                    op: OP,
+                    arg: "algo",
+                    problem: format!("is a {rows}×{cols} tile; compiled tiles: {MATMUL_TILES:?}"),
+                });
             }
             for (arg, v) in [("k", s.k), ("n", s.n)] {
                 if v % 4 != 0 {
@@ -81,7 +97,16 @@ pub fn matmul(gpu: &Gpu, enc: &mut Encoder, algo: MatmulAlgo, shape: &MatmulShap
             }
             let col_groups = (n / 4).div_ceil(WG as u64 * (cols / 4) as u64);
             let groups = m.div_ceil(rows as u64) * col_groups;
-            launch(gpu, enc, OP, &tiled_shader(rows, cols / 4, gpu.broadcasts), "matmul_tiled", &params, &bindings, grid_1d(groups * WG as u64, WG))
+            launch(
+                gpu,
+                enc,
+                OP,
+                &tiled_shader(rows, cols / 4, gpu.broadcasts),
+                "matmul_tiled",
+                &params,
+                &bindings,
+                grid_1d(groups * WG as u64, WG),
+            )
         }
     }
 }
@@ -95,23 +120,37 @@ type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
 /// invocations and subgroupBroadcast, as the convolutions' GEMMs do.
 fn tiled_shader(rows: u32, cols4: u32, broadcasts: bool) -> Shader {
     static SHADERS: OnceLock<TileShaders> = OnceLock::new();
-    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut shaders =
+        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((rows, cols4, broadcasts)).or_insert_with(|| {
         let (begin, end) = tile_block(SOURCE);
-        let source = format!("{}{}{}", &SOURCE[..begin], matmul_tile(rows, cols4, broadcasts), &SOURCE[end..])
-            .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
-            .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"))
-            .replace("const TILE_BROADCAST: bool = false;", &format!("const TILE_BROADCAST: bool = {broadcasts};"));
+        let source = format!(
+            "{}{}{}",
+            &SOURCE[..begin],
+            matmul_tile(rows, cols4, broadcasts),
+            &SOURCE[end..]
+        )
+        .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
+        .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"))
+        .replace(
+            "const TILE_BROADCAST: bool = false;",
+            &format!("const TILE_BROADCAST: bool = {broadcasts};"),
+        );
         let source = if broadcasts { with_subgroup_index(&source, "matmul_tiled") } else { source };
-        let name = format!("matmul_{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
-        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+        let name =
+            format!("matmul_{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
+        Shader {
+            name: Box::leak(name.into_boxed_str()),
+            source: Box::leak(source.into_boxed_str()),
+        }
     })
 }
 
 /// Where matmul.wgsl's tile body starts and ends (the END TILE line included).
 fn tile_block(source: &str) -> (usize, usize) {
     const END: &str = "    // END TILE\n";
-    let begin = source.find("    // BEGIN TILE").expect("matmul.wgsl marks matmul_tiled's tile body");
+    let begin =
+        source.find("    // BEGIN TILE").expect("matmul.wgsl marks matmul_tiled's tile body");
     (begin, source.find(END).expect("matmul.wgsl marks the end of the tile body") + END.len())
 }
 
@@ -122,13 +161,22 @@ fn matmul_tile(rows: u32, cols4: u32, broadcast: bool) -> String {
     let mut lines = vec![format!("    // BEGIN TILE: {rows} rows × {cols4} vec4s, as matmul_tile in src/kernels/matmul.rs writes it.")];
     let loads = rows.div_ceil(8);
     if broadcast {
-        lines.extend((0..loads).map(|k| format!("    let al{k} = min(r0 + {}u + sid % 8u, p.m - 1u) * k4;", 8 * k)));
+        lines.extend(
+            (0..loads).map(|k| {
+                format!("    let al{k} = min(r0 + {}u + sid % 8u, p.m - 1u) * k4;", 8 * k)
+            }),
+        );
     } else {
         lines.extend((0..rows).map(|i| format!("    let a{i} = min(r0 + {i}u, p.m - 1u) * k4;")));
     }
     lines.extend((0..cols4).map(|j| format!("    let col{j} = min(c0 + {j}u, n4 - 1u);")));
-    let row = |i: u32, f: &dyn Fn(u32, u32) -> String| (0..cols4).map(|j| f(i, j)).collect::<Vec<_>>().join(" ");
-    lines.extend((0..rows).map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = vec4<f32>(0.0);")))));
+    let row = |i: u32, f: &dyn Fn(u32, u32) -> String| {
+        (0..cols4).map(|j| f(i, j)).collect::<Vec<_>>().join(" ")
+    };
+    lines.extend(
+        (0..rows)
+            .map(|i| format!("    {}", row(i, &|i, j| format!("var s{i}_{j} = vec4<f32>(0.0);")))),
+    );
     lines.push("    for (var kk = 0u; kk < k4; kk++) {".into());
     lines.push("        let b_row = 4u * kk * n4;".into());
     for j in 0..cols4 {
@@ -138,13 +186,22 @@ fn matmul_tile(rows: u32, cols4: u32, broadcast: bool) -> String {
         lines.extend((0..loads).map(|k| format!("        let am{k} = mt_a[al{k} + kk];")));
     }
     for i in 0..rows {
-        lines.push(if broadcast { format!("        let av{i} = subgroupBroadcast(am{}, {}u);", i / 8, i % 8) } else { format!("        let av{i} = mt_a[a{i} + kk];") });
+        lines.push(if broadcast {
+            format!("        let av{i} = subgroupBroadcast(am{}, {}u);", i / 8, i % 8)
+        } else {
+            format!("        let av{i} = mt_a[a{i} + kk];")
+        });
         lines.extend((0..cols4).map(|j| {
             format!("        s{i}_{j} += av{i}.x * b{j}[0]; s{i}_{j} += av{i}.y * b{j}[1]; s{i}_{j} += av{i}.z * b{j}[2]; s{i}_{j} += av{i}.w * b{j}[3];")
         }));
     }
     lines.push("    }".into());
-    lines.extend((0..rows).map(|i| format!("    {}", row(i, &|i, j| format!("matmul_tiled_store(r0 + {i}u, c0 + {j}u, s{i}_{j});")))));
+    lines.extend((0..rows).map(|i| {
+        format!(
+            "    {}",
+            row(i, &|i, j| format!("matmul_tiled_store(r0 + {i}u, c0 + {j}u, s{i}_{j});"))
+        )
+    }));
     lines.push("    // END TILE".into());
     lines.join("\n") + "\n"
 }
@@ -156,7 +213,11 @@ mod tests {
     #[test]
     fn the_shader_file_holds_the_generated_4x8_tile() {
         let (begin, end) = tile_block(SOURCE);
-        assert_eq!(&SOURCE[begin..end], matmul_tile(4, 2, false), "regenerate matmul.wgsl's tile body with matmul_tile(4, 2, false)");
+        assert_eq!(
+            &SOURCE[begin..end],
+            matmul_tile(4, 2, false),
+            "regenerate matmul.wgsl's tile body with matmul_tile(4, 2, false)"
+        );
     }
 
     #[test]
@@ -164,10 +225,18 @@ mod tests {
         for (algo, broadcasts) in MATMUL_TILES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
             let MatmulAlgo::Tiled { rows, cols } = algo else { unreachable!() };
             let shader = tiled_shader(rows, cols / 4, broadcasts);
-            let module = naga::front::wgsl::parse_str(shader.source).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
-            let capabilities = if broadcasts { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };
-            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
-            validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let module = naga::front::wgsl::parse_str(shader.source)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let capabilities = if broadcasts {
+                naga::valid::Capabilities::SUBGROUP
+            } else {
+                naga::valid::Capabilities::empty()
+            };
+            let mut validator =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
+            validator
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
         }
     }
 }

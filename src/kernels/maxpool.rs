@@ -6,10 +6,13 @@
 //! first maximum in window scan order (kh outer, kw inner), padding never chosen, as PyTorch.
 //! NaN inputs get no promise beyond an argmax inside the window (see the shader).
 
-use super::{expect_len, expect_positive, expect_within_llvmpipe_loops, launch, KernelError, Result};
+use super::{
+    expect_len, expect_positive, expect_within_llvmpipe_loops, launch, KernelError, Result,
+};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader = Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
+const SHADER: Shader =
+    Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
 const WG: u32 = 256;
 
 /// Input [n, c, h, w] and a k×k window moved by `stride` over the input padded by `pad`.
@@ -43,19 +46,35 @@ impl MaxPoolShape {
     }
 
     fn check(&self, op: &'static str) -> Result<Params> {
-        for (arg, v) in [("shape.n", self.n), ("shape.c", self.c), ("shape.h", self.h), ("shape.w", self.w), ("shape.k", self.k), ("shape.stride", self.stride)] {
+        for (arg, v) in [
+            ("shape.n", self.n),
+            ("shape.c", self.c),
+            ("shape.h", self.h),
+            ("shape.w", self.w),
+            ("shape.k", self.k),
+            ("shape.stride", self.stride),
+        ] {
             expect_positive(op, arg, v)?;
         }
         if self.pad >= self.k {
-            let problem = format!("is {}, expected less than k = {}: a window must see a real input cell", self.pad, self.k);
+            let problem = format!(
+                "is {}, expected less than k = {}: a window must see a real input cell",
+                self.pad, self.k
+            );
             return Err(KernelError::Arg { op, arg: "shape.pad", problem });
         }
         let fits = |len: u32| self.k as u64 <= len as u64 + 2 * self.pad as u64;
         if !fits(self.h) || !fits(self.w) {
-            let problem = format!("is {}, expected at most min(h, w) + 2·pad = {} + 2·{}", self.k, self.h.min(self.w), self.pad);
+            let problem = format!(
+                "is {}, expected at most min(h, w) + 2·pad = {} + 2·{}",
+                self.k,
+                self.h.min(self.w),
+                self.pad
+            );
             return Err(KernelError::Arg { op, arg: "shape.k", problem });
         }
-        let (n, c, h, w, k, stride, pad) = (self.n, self.c, self.h, self.w, self.k, self.stride, self.pad);
+        let (n, c, h, w, k, stride, pad) =
+            (self.n, self.c, self.h, self.w, self.k, self.stride, self.pad);
         Ok(Params { n, c, h, w, k, stride, pad, out_h: self.out_h(), out_w: self.out_w() })
     }
 }
@@ -79,7 +98,14 @@ struct Params {
 }
 
 /// y = the maximum of each window, and `argmax` (u32) the input cell it came from.
-pub fn maxpool_forward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Slice, y: Slice, argmax: Slice) -> Result<()> {
+pub fn maxpool_forward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &MaxPoolShape,
+    x: Slice,
+    y: Slice,
+    argmax: Slice,
+) -> Result<()> {
     const OP: &str = "maxpool_forward";
     let params = shape.check(OP)?;
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
@@ -88,12 +114,28 @@ pub fn maxpool_forward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Sl
     expect_row_within_loop_limit(gpu, OP, shape.out_w(), shape)?;
     let bindings = [("x", x), ("y", y), ("argmax", argmax)];
     // One invocation per output row (n, c, oy).
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.output_len() / shape.out_w() as u64, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &bindings,
+        grid_1d(shape.output_len() / shape.out_w() as u64, WG),
+    )
 }
 
 /// y = x at the given `argmax` (e.g. saved by another run's `maxpool_forward`). Each argmax
 /// value must be a cell of its window; out-of-plane values are not detected.
-pub fn maxpool_forward_with_argmax(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, x: Slice, argmax: Slice, y: Slice) -> Result<()> {
+pub fn maxpool_forward_with_argmax(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &MaxPoolShape,
+    x: Slice,
+    argmax: Slice,
+    y: Slice,
+) -> Result<()> {
     const OP: &str = "maxpool_forward_with_argmax";
     let params = shape.check(OP)?;
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
@@ -104,7 +146,14 @@ pub fn maxpool_forward_with_argmax(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPool
 }
 
 /// dx[cell] = Σ dy over the windows whose argmax names the cell (a gather; dx is overwritten).
-pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: Slice, argmax: Slice, dx: Slice) -> Result<()> {
+pub fn maxpool_backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &MaxPoolShape,
+    dy: Slice,
+    argmax: Slice,
+    dx: Slice,
+) -> Result<()> {
     const OP: &str = "maxpool_backward";
     let params = shape.check(OP)?;
     expect_len(OP, "dy", &dy, shape.output_len(), "n·c·out_h·out_w")?;
@@ -113,13 +162,34 @@ pub fn maxpool_backward(gpu: &Gpu, enc: &mut Encoder, shape: &MaxPoolShape, dy: 
     expect_row_within_loop_limit(gpu, OP, shape.w, shape)?;
     let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx)];
     // One invocation per input row (n, c, iy).
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.input_len() / shape.w as u64, WG))
+    launch(
+        gpu,
+        enc,
+        OP,
+        &SHADER,
+        OP,
+        &params,
+        &bindings,
+        grid_1d(shape.input_len() / shape.w as u64, WG),
+    )
 }
 
 /// An invocation loops over a row of `cells`, each visiting up to k·k window cells: refuse rows
 /// where llvmpipe would cut the loops short (rows of ~6500 cells and more at k = 3) rather than
 /// return a wrong result.
-fn expect_row_within_loop_limit(gpu: &Gpu, op: &'static str, cells: u32, shape: &MaxPoolShape) -> Result<()> {
+fn expect_row_within_loop_limit(
+    gpu: &Gpu,
+    op: &'static str,
+    cells: u32,
+    shape: &MaxPoolShape,
+) -> Result<()> {
     let iterations = cells as u64 * (shape.k as u64 * shape.k as u64 + 1);
-    expect_within_llvmpipe_loops(&gpu.info.name, op, "shape.w", iterations, || format!("has rows of {cells} cells"), "")
+    expect_within_llvmpipe_loops(
+        &gpu.info.name,
+        op,
+        "shape.w",
+        iterations,
+        || format!("has rows of {cells} cells"),
+        "",
+    )
 }

@@ -39,7 +39,14 @@ const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
 /// Refuses, on llvmpipe, a launch whose invocations would loop `iterations` times, rather than
 /// return what the loop limiter cut short: for launchers whose loops run over a size the caller
 /// picks. The problem reads "`subject`, which would loop … after 65535`advice`".
-pub(crate) fn expect_within_llvmpipe_loops(adapter: &str, op: &'static str, arg: &'static str, iterations: u64, subject: impl FnOnce() -> String, advice: &str) -> Result<()> {
+pub(crate) fn expect_within_llvmpipe_loops(
+    adapter: &str,
+    op: &'static str,
+    arg: &'static str,
+    iterations: u64,
+    subject: impl FnOnce() -> String,
+    advice: &str,
+) -> Result<()> {
     if adapter.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
         let problem = format!("{}, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}{advice}", subject());
         return Err(KernelError::Arg { op, arg, problem });
@@ -48,9 +55,19 @@ pub(crate) fn expect_within_llvmpipe_loops(adapter: &str, op: &'static str, arg:
 }
 
 /// Fails unless `s` holds exactly `expected` elements; `formula` says where that number comes from.
-pub(crate) fn expect_len(op: &'static str, arg: &'static str, s: &Slice, expected: u64, formula: &str) -> Result<()> {
+pub(crate) fn expect_len(
+    op: &'static str,
+    arg: &'static str,
+    s: &Slice,
+    expected: u64,
+    formula: &str,
+) -> Result<()> {
     if s.len != expected {
-        return Err(KernelError::Arg { op, arg, problem: format!("has {} elements, expected {expected} ({formula})", s.len) });
+        return Err(KernelError::Arg {
+            op,
+            arg,
+            problem: format!("has {} elements, expected {expected} ({formula})", s.len),
+        });
     }
     Ok(())
 }
@@ -85,12 +102,22 @@ pub fn pairwise_levels(count: u32) -> u32 {
 pub(crate) fn pairwise_shader(shader: &Shader, count: u32) -> Shader {
     static SHADERS: OnceLock<Mutex<HashMap<(&'static str, u32), Shader>>> = OnceLock::new();
     let levels = pairwise_levels(count);
-    let mut shaders = SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut shaders =
+        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     *shaders.entry((shader.name, levels)).or_insert_with(|| {
-        debug_assert!(shader.source.contains(PAIRWISE_LINE), "{} declares {PAIRWISE_LINE}", shader.name);
-        let source = shader.source.replace(PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"));
+        debug_assert!(
+            shader.source.contains(PAIRWISE_LINE),
+            "{} declares {PAIRWISE_LINE}",
+            shader.name
+        );
+        let source = shader
+            .source
+            .replace(PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"));
         let name = format!("{}_pairwise{levels}", shader.name);
-        Shader { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+        Shader {
+            name: Box::leak(name.into_boxed_str()),
+            source: Box::leak(source.into_boxed_str()),
+        }
     })
 }
 
@@ -115,10 +142,12 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     workgroups: [u32; 3],
 ) -> Result<()> {
     for (name, s) in bindings {
-        gpu.check_binding(&format!("argument `{name}`"), s).map_err(|source| KernelError::Gpu { op, source })?;
+        gpu.check_binding(&format!("argument `{name}`"), s)
+            .map_err(|source| KernelError::Gpu { op, source })?;
     }
     let slices: Vec<Slice> = bindings.iter().map(|(_, s)| *s).collect();
-    gpu.dispatch(encoder, op, shader, entry, params, &slices, workgroups).map_err(|source| KernelError::Gpu { op, source })
+    gpu.dispatch(encoder, op, shader, entry, params, &slices, workgroups)
+        .map_err(|source| KernelError::Gpu { op, source })
 }
 
 #[cfg(test)]
@@ -127,7 +156,17 @@ mod tests {
 
     #[test]
     fn pairwise_levels_hold_the_bits_of_the_count() {
-        let cases = [(1, 4), (15, 4), (16, 8), (17, 8), (255, 8), (256, 16), (65535, 16), (65536, 32), (u32::MAX, 32)];
+        let cases = [
+            (1, 4),
+            (15, 4),
+            (16, 8),
+            (17, 8),
+            (255, 8),
+            (256, 16),
+            (65535, 16),
+            (65536, 32),
+            (u32::MAX, 32),
+        ];
         for (count, levels) in cases {
             assert_eq!(pairwise_levels(count), levels, "count {count}");
         }
@@ -146,11 +185,21 @@ mod tests {
                 let specialised = pairwise_shader(&shader, ((1u64 << levels) - 1) as u32);
                 assert_eq!(specialised.name, format!("{}_pairwise{levels}", shader.name));
                 let declared = format!("const PAIRWISE_LEVELS: u32 = {levels}u;");
-                assert!(specialised.source.contains(&declared), "{}: the stack size was not substituted", specialised.name);
-                let module = naga::front::wgsl::parse_str(specialised.source)
-                    .unwrap_or_else(|e| panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source)));
-                let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
-                validator.validate(&module).unwrap_or_else(|e| panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source)));
+                assert!(
+                    specialised.source.contains(&declared),
+                    "{}: the stack size was not substituted",
+                    specialised.name
+                );
+                let module = naga::front::wgsl::parse_str(specialised.source).unwrap_or_else(|e| {
+                    panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source))
+                });
+                let mut validator = naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::empty(),
+                );
+                validator.validate(&module).unwrap_or_else(|e| {
+                    panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source))
+                });
             }
         }
     }

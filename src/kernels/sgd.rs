@@ -30,21 +30,38 @@ struct Params {
 /// `g' = grad + weight_decay·param; velocity ← momentum·velocity + g'; param ← param − lr·velocity`.
 /// Start `velocity` at zero: PyTorch's first step sets it to g', which is then the same. The
 /// length must be a multiple of 4 (the model's flat buffers, 256-byte aligned per tensor, are).
-pub fn sgd_update(gpu: &Gpu, enc: &mut Encoder, h: &SgdParams, param: Slice, grad: Slice, velocity: Slice) -> Result<()> {
+pub fn sgd_update(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    h: &SgdParams,
+    param: Slice,
+    grad: Slice,
+    velocity: Slice,
+) -> Result<()> {
     const OP: &str = "sgd_update";
     for (arg, v) in [("lr", h.lr), ("momentum", h.momentum), ("weight_decay", h.weight_decay)] {
         if !v.is_finite() {
-            return Err(KernelError::Arg { op: OP, arg, problem: format!("is {v}, expected a finite value") });
+            return Err(KernelError::Arg {
+                op: OP,
+                arg,
+                problem: format!("is {v}, expected a finite value"),
+            });
         }
     }
     let len = param.len;
     if len == 0 || !len.is_multiple_of(4) || len > u32::MAX as u64 {
-        let problem = format!("has {len} elements, expected a multiple of 4 from 4 to {}", u32::MAX - 3);
+        let problem =
+            format!("has {len} elements, expected a multiple of 4 from 4 to {}", u32::MAX - 3);
         return Err(KernelError::Arg { op: OP, arg: "param", problem });
     }
     expect_len(OP, "grad", &grad, len, "same length as param")?;
     expect_len(OP, "velocity", &velocity, len, "same length as param")?;
-    let params = Params { len4: (len / 4) as u32, lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
+    let params = Params {
+        len4: (len / 4) as u32,
+        lr: h.lr,
+        momentum: h.momentum,
+        weight_decay: h.weight_decay,
+    };
     let bindings = [("param", param), ("grad", grad), ("velocity", velocity)];
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d((len / 4).div_ceil(RUN), WG))
 }

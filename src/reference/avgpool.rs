@@ -22,7 +22,9 @@ mod tests {
         let (n, c, hw) = (2, 3, 5);
         let x = random(1, n * c * hw);
         let r = random(2, n * c);
-        let loss = |x: &[f64]| global_avgpool_forward(n, c, hw, x).iter().zip(&r).map(|(y, r)| y * r).sum();
+        let loss = |x: &[f64]| {
+            global_avgpool_forward(n, c, hw, x).iter().zip(&r).map(|(y, r)| y * r).sum()
+        };
         assert_matches_central_differences("dx", loss, &x, &global_avgpool_backward(n, c, hw, &r));
     }
 

@@ -48,7 +48,8 @@ pub struct BnSums {
 /// Local (two-pass) mean and M2 of each channel over its n·hw positions.
 pub fn bn_forward_stats(d: BnDims, x: &[f64]) -> BnStats {
     let count = d.n * d.hw;
-    let mean: Vec<f64> = (0..d.c).map(|ch| d.channel(ch).map(|i| x[i]).sum::<f64>() / count as f64).collect();
+    let mean: Vec<f64> =
+        (0..d.c).map(|ch| d.channel(ch).map(|i| x[i]).sum::<f64>() / count as f64).collect();
     let m2 = (0..d.c).map(|ch| d.channel(ch).map(|i| (x[i] - mean[ch]).powi(2)).sum()).collect();
     BnStats { count, mean, m2 }
 }
@@ -57,16 +58,26 @@ pub fn bn_forward_stats(d: BnDims, x: &[f64]) -> BnStats {
 pub fn bn_merge_stats(parts: &[BnStats]) -> BnStats {
     let c = parts.first().map_or(0, |p| p.mean.len());
     let count: usize = parts.iter().map(|p| p.count).sum();
-    let mean: Vec<f64> =
-        (0..c).map(|ch| parts.iter().map(|p| p.count as f64 * p.mean[ch]).sum::<f64>() / count as f64).collect();
+    let mean: Vec<f64> = (0..c)
+        .map(|ch| parts.iter().map(|p| p.count as f64 * p.mean[ch]).sum::<f64>() / count as f64)
+        .collect();
     let m2 = (0..c)
-        .map(|ch| parts.iter().map(|p| p.m2[ch] + p.count as f64 * (p.mean[ch] - mean[ch]).powi(2)).sum())
+        .map(|ch| {
+            parts.iter().map(|p| p.m2[ch] + p.count as f64 * (p.mean[ch] - mean[ch]).powi(2)).sum()
+        })
         .collect();
     BnStats { count, mean, m2 }
 }
 
 /// y = γ (x − μ)/√(M2/count + eps) + β, with stats possibly merged across replicas.
-pub fn bn_forward_apply(d: BnDims, x: &[f64], stats: &BnStats, eps: f64, gamma: &[f64], beta: &[f64]) -> Vec<f64> {
+pub fn bn_forward_apply(
+    d: BnDims,
+    x: &[f64],
+    stats: &BnStats,
+    eps: f64,
+    gamma: &[f64],
+    beta: &[f64],
+) -> Vec<f64> {
     let inv_std = stats.inv_std(eps);
     let mut y = vec![0.0; x.len()];
     for ch in 0..d.c {
@@ -80,7 +91,16 @@ pub fn bn_forward_apply(d: BnDims, x: &[f64], stats: &BnStats, eps: f64, gamma: 
 /// relu(y + shortcut) with y = `bn_forward_apply`, no shortcut when None; the ReLU passes where
 /// its own input is positive, or where `gate` > 0 when a gate is given (an imposed pattern).
 #[allow(clippy::too_many_arguments)]
-pub fn bn_apply_relu(d: BnDims, x: &[f64], stats: &BnStats, eps: f64, gamma: &[f64], beta: &[f64], shortcut: Option<&[f64]>, gate: Option<&[f64]>) -> Vec<f64> {
+pub fn bn_apply_relu(
+    d: BnDims,
+    x: &[f64],
+    stats: &BnStats,
+    eps: f64,
+    gamma: &[f64],
+    beta: &[f64],
+    shortcut: Option<&[f64]>,
+    gate: Option<&[f64]>,
+) -> Vec<f64> {
     let y = bn_forward_apply(d, x, stats, eps, gamma, beta);
     let v = match shortcut {
         Some(s) => add(&y, s),
@@ -100,14 +120,24 @@ pub fn bn_backward_sums(d: BnDims, dy: &[f64], x: &[f64], stats: &BnStats, eps: 
 }
 
 /// dx = γ/√(σ²+eps) · (dy − Σ1/count − x̂·Σ2/count), with `sums` over all `stats.count` positions.
-pub fn bn_backward_input(d: BnDims, dy: &[f64], x: &[f64], stats: &BnStats, eps: f64, gamma: &[f64], sums: &BnSums) -> Vec<f64> {
+pub fn bn_backward_input(
+    d: BnDims,
+    dy: &[f64],
+    x: &[f64],
+    stats: &BnStats,
+    eps: f64,
+    gamma: &[f64],
+    sums: &BnSums,
+) -> Vec<f64> {
     let inv_std = stats.inv_std(eps);
     let count = stats.count as f64;
     let mut dx = vec![0.0; x.len()];
     for ch in 0..d.c {
         for i in d.channel(ch) {
             let xhat = (x[i] - stats.mean[ch]) * inv_std[ch];
-            dx[i] = gamma[ch] * inv_std[ch] * (dy[i] - sums.dy[ch] / count - xhat * sums.dy_xhat[ch] / count);
+            dx[i] = gamma[ch]
+                * inv_std[ch]
+                * (dy[i] - sums.dy[ch] / count - xhat * sums.dy_xhat[ch] / count);
         }
     }
     dx
@@ -115,10 +145,16 @@ pub fn bn_backward_input(d: BnDims, dy: &[f64], x: &[f64], stats: &BnStats, eps:
 
 /// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (unbiased, as PyTorch).
 /// `stats.count` must be at least 2.
-pub fn bn_update_running(stats: &BnStats, momentum: f64, running_mean: &mut [f64], running_var: &mut [f64]) {
+pub fn bn_update_running(
+    stats: &BnStats,
+    momentum: f64,
+    running_mean: &mut [f64],
+    running_var: &mut [f64],
+) {
     for ch in 0..stats.mean.len() {
         running_mean[ch] = (1.0 - momentum) * running_mean[ch] + momentum * stats.mean[ch];
-        running_var[ch] = (1.0 - momentum) * running_var[ch] + momentum * stats.m2[ch] / (stats.count as f64 - 1.0);
+        running_var[ch] = (1.0 - momentum) * running_var[ch]
+            + momentum * stats.m2[ch] / (stats.count as f64 - 1.0);
     }
 }
 
@@ -156,7 +192,12 @@ mod tests {
         let merged = bn_merge_stats(&[bn_forward_stats(d0, &x0), bn_forward_stats(d1, &x1)]);
         let whole = bn_forward_stats(d, &x);
         assert_eq!(merged.count, whole.count);
-        assert!(max_rel(&merged.mean, &whole.mean) < 1e-13, "{:?} vs {:?}", merged.mean, whole.mean);
+        assert!(
+            max_rel(&merged.mean, &whole.mean) < 1e-13,
+            "{:?} vs {:?}",
+            merged.mean,
+            whole.mean
+        );
         assert!(max_rel(&merged.m2, &whole.m2) < 1e-13, "{:?} vs {:?}", merged.m2, whole.m2);
     }
 
@@ -168,12 +209,23 @@ mod tests {
         let (x, dy) = (random(2, len, 2.0, 4.0), random(3, len, -1.0, 1.0));
         let gamma = random(4, d.c, 0.5, 1.5);
         let whole = bn_forward_stats(d, &x);
-        let dx = bn_backward_input(d, &dy, &x, &whole, EPS, &gamma, &bn_backward_sums(d, &dy, &x, &whole, EPS));
+        let dx = bn_backward_input(
+            d,
+            &dy,
+            &x,
+            &whole,
+            EPS,
+            &gamma,
+            &bn_backward_sums(d, &dy, &x, &whole, EPS),
+        );
 
         let (d0, x0, d1, x1) = split(d, &x, 3);
         let (_, dy0, _, dy1) = split(d, &dy, 3);
         let global = bn_merge_stats(&[bn_forward_stats(d0, &x0), bn_forward_stats(d1, &x1)]);
-        let (s0, s1) = (bn_backward_sums(d0, &dy0, &x0, &global, EPS), bn_backward_sums(d1, &dy1, &x1, &global, EPS));
+        let (s0, s1) = (
+            bn_backward_sums(d0, &dy0, &x0, &global, EPS),
+            bn_backward_sums(d1, &dy1, &x1, &global, EPS),
+        );
         let add = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(a, b)| a + b).collect();
         let sums = BnSums { dy: add(&s0.dy, &s1.dy), dy_xhat: add(&s0.dy_xhat, &s1.dy_xhat) };
         let mut sharded = bn_backward_input(d0, &dy0, &x0, &global, EPS, &gamma, &sums);
@@ -208,12 +260,23 @@ mod tests {
         let check = |what: &str, analytic: &[f64], numeric: Vec<f64>| {
             let scale = numeric.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             for (i, (a, n)) in analytic.iter().zip(&numeric).enumerate() {
-                assert!((a - n).abs() <= 1e-6 * scale, "{what}[{i}]: analytic {a} vs finite difference {n}");
+                assert!(
+                    (a - n).abs() <= 1e-6 * scale,
+                    "{what}[{i}]: analytic {a} vs finite difference {n}"
+                );
             }
         };
         check("dx", &dx, (0..len).map(|i| fd(&x, i, &|x| loss(x, &gamma, &beta))).collect());
-        check("dgamma", &sums.dy_xhat, (0..d.c).map(|i| fd(&gamma, i, &|g| loss(&x, g, &beta))).collect());
-        check("dbeta", &sums.dy, (0..d.c).map(|i| fd(&beta, i, &|b| loss(&x, &gamma, b))).collect());
+        check(
+            "dgamma",
+            &sums.dy_xhat,
+            (0..d.c).map(|i| fd(&gamma, i, &|g| loss(&x, g, &beta))).collect(),
+        );
+        check(
+            "dbeta",
+            &sums.dy,
+            (0..d.c).map(|i| fd(&beta, i, &|b| loss(&x, &gamma, b))).collect(),
+        );
     }
 
     #[test]
@@ -222,6 +285,9 @@ mod tests {
         let stats = bn_forward_stats(BnDims { n: 2, c: 1, hw: 1 }, &[1.0, 3.0]);
         let (mut mean, mut var) = ([0.0], [1.0]);
         bn_update_running(&stats, 0.1, &mut mean, &mut var);
-        assert!((mean[0] - 0.2).abs() < 1e-15 && (var[0] - (0.9 + 0.2)).abs() < 1e-15, "{mean:?} {var:?}");
+        assert!(
+            (mean[0] - 0.2).abs() < 1e-15 && (var[0] - (0.9 + 0.2)).abs() < 1e-15,
+            "{mean:?} {var:?}"
+        );
     }
 }

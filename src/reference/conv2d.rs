@@ -134,7 +134,15 @@ mod tests {
         (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
     }
 
-    fn geometry(n: usize, c_in: usize, hw: (usize, usize), c_out: usize, k: (usize, usize), stride: usize, pad: usize) -> ConvGeometry {
+    fn geometry(
+        n: usize,
+        c_in: usize,
+        hw: (usize, usize),
+        c_out: usize,
+        k: (usize, usize),
+        stride: usize,
+        pad: usize,
+    ) -> ConvGeometry {
         ConvGeometry { n, c_in, h: hw.0, w: hw.1, c_out, kh: k.0, kw: k.1, stride, pad }
     }
 
@@ -152,7 +160,13 @@ mod tests {
 
     /// `L(v) = Σ r ⊙ f(v)`; checks `grad` (the analytic dL/dv) against central differences at
     /// every element of `v`.
-    fn check_against_central_differences(what: &str, v: &[f64], r: &[f64], f: impl Fn(&[f64]) -> Vec<f64>, grad: &[f64]) {
+    fn check_against_central_differences(
+        what: &str,
+        v: &[f64],
+        r: &[f64],
+        f: impl Fn(&[f64]) -> Vec<f64>,
+        grad: &[f64],
+    ) {
         let loss = |v: &[f64]| f(v).iter().zip(r).map(|(a, b)| a * b).sum::<f64>();
         let h = 1e-6;
         let mut worst = 0.0f64;
@@ -163,7 +177,11 @@ mod tests {
             let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
             let err = (fd - grad[i]).abs() / grad[i].abs().max(1.0);
             worst = worst.max(err);
-            assert!(err <= 1e-6, "{what}: element {i}: finite difference {fd} vs analytic {}", grad[i]);
+            assert!(
+                err <= 1e-6,
+                "{what}: element {i}: finite difference {fd} vs analytic {}",
+                grad[i]
+            );
         }
         // A gradient of zeros would pass trivially; the random cotangent makes it non-zero.
         assert!(grad.iter().any(|&d| d.abs() > 1e-3), "{what}: gradient is (nearly) all zero");
@@ -178,7 +196,13 @@ mod tests {
             let w = random(&mut rng, g.c_out * g.c_in * g.kh * g.kw);
             let r = random(&mut rng, g.n * g.c_out * g.out_h() * g.out_w());
             let dx = conv2d_backward_input(&g, &r, &w);
-            check_against_central_differences(&format!("dx {g:?}"), &x, &r, |x| conv2d_forward(&g, x, &w), &dx);
+            check_against_central_differences(
+                &format!("dx {g:?}"),
+                &x,
+                &r,
+                |x| conv2d_forward(&g, x, &w),
+                &dx,
+            );
         }
     }
 
@@ -190,7 +214,13 @@ mod tests {
             let w = random(&mut rng, g.c_out * g.c_in * g.kh * g.kw);
             let r = random(&mut rng, g.n * g.c_out * g.out_h() * g.out_w());
             let dw = conv2d_backward_weight(&g, &r, &x);
-            check_against_central_differences(&format!("dw {g:?}"), &w, &r, |w| conv2d_forward(&g, &x, w), &dw);
+            check_against_central_differences(
+                &format!("dw {g:?}"),
+                &w,
+                &r,
+                |w| conv2d_forward(&g, &x, w),
+                &dw,
+            );
         }
     }
 

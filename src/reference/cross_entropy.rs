@@ -14,7 +14,14 @@ fn log_softmax(z: &[f64]) -> Vec<f64> {
 }
 
 /// The per-example losses ℓ_i and the step's loss (Σ_i ℓ_i) / divisor.
-pub fn cross_entropy_forward(m: usize, k: usize, smoothing: f64, divisor: f64, logits: &[f64], labels: &[u32]) -> (Vec<f64>, f64) {
+pub fn cross_entropy_forward(
+    m: usize,
+    k: usize,
+    smoothing: f64,
+    divisor: f64,
+    logits: &[f64],
+    labels: &[u32],
+) -> (Vec<f64>, f64) {
     assert_eq!((logits.len(), labels.len()), (m * k, m), "logits [m, k], labels [m]");
     let losses: Vec<f64> = logits
         .chunks(k)
@@ -23,7 +30,11 @@ pub fn cross_entropy_forward(m: usize, k: usize, smoothing: f64, divisor: f64, l
             if y as usize >= k {
                 return f64::NAN;
             }
-            -log_softmax(z).iter().enumerate().map(|(j, lp)| target_prob(k, smoothing, j, y) * lp).sum::<f64>()
+            -log_softmax(z)
+                .iter()
+                .enumerate()
+                .map(|(j, lp)| target_prob(k, smoothing, j, y) * lp)
+                .sum::<f64>()
         })
         .collect();
     let loss = losses.iter().sum::<f64>() / divisor;
@@ -31,7 +42,14 @@ pub fn cross_entropy_forward(m: usize, k: usize, smoothing: f64, divisor: f64, l
 }
 
 /// d loss / d logits = (softmax − q) / divisor.
-pub fn cross_entropy_backward(m: usize, k: usize, smoothing: f64, divisor: f64, logits: &[f64], labels: &[u32]) -> Vec<f64> {
+pub fn cross_entropy_backward(
+    m: usize,
+    k: usize,
+    smoothing: f64,
+    divisor: f64,
+    logits: &[f64],
+    labels: &[u32],
+) -> Vec<f64> {
     assert_eq!((logits.len(), labels.len()), (m * k, m), "logits [m, k], labels [m]");
     logits
         .chunks(k)
@@ -76,12 +94,16 @@ mod tests {
         let expected = -(0.9 * 0.25f64.ln() + 0.1 * 0.75f64.ln());
         assert!((losses[0] - expected).abs() < 1e-15, "{} vs {expected}", losses[0]);
         let grad = cross_entropy_backward(1, 2, 0.2, 1.0, &[0.0, 3f64.ln()], &[0]);
-        assert!((grad[0] - (0.25 - 0.9)).abs() < 1e-15 && (grad[1] - (0.75 - 0.1)).abs() < 1e-15, "{grad:?}");
+        assert!(
+            (grad[0] - (0.25 - 0.9)).abs() < 1e-15 && (grad[1] - (0.75 - 0.1)).abs() < 1e-15,
+            "{grad:?}"
+        );
     }
 
     #[test]
     fn cross_entropy_marks_an_out_of_range_label_with_nan() {
-        let (losses, loss) = cross_entropy_forward(2, 3, 0.1, 2.0, &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[0, 3]);
+        let (losses, loss) =
+            cross_entropy_forward(2, 3, 0.1, 2.0, &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[0, 3]);
         assert!(losses[0].is_finite() && losses[1].is_nan() && loss.is_nan());
         let grad = cross_entropy_backward(2, 3, 0.1, 2.0, &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[0, 3]);
         assert!(grad[..3].iter().all(|g| g.is_finite()) && grad[3..].iter().all(|g| g.is_nan()));

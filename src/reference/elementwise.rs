@@ -33,7 +33,8 @@ mod tests {
         let x = [0.2, 0.9, -0.6, 0.8, -0.7];
         let f = |x: &[f64]| -> f64 {
             let s: Vec<f64> = x.iter().zip(&c).map(|(x, c)| x + c).collect();
-            a.iter().zip(x).map(|(a, x)| a * x).sum::<f64>() + dy.iter().zip(relu_forward(&s, &s)).map(|(d, r)| d * r).sum::<f64>()
+            a.iter().zip(x).map(|(a, x)| a * x).sum::<f64>()
+                + dy.iter().zip(relu_forward(&s, &s)).map(|(d, r)| d * r).sum::<f64>()
         };
         let gate: Vec<f64> = x.iter().zip(&c).map(|(x, c)| x + c).collect();
         let grad = add_relu_backward(&a, &dy, &gate);
@@ -43,7 +44,11 @@ mod tests {
             p[i] += h;
             m[i] -= h;
             let fd = (f(&p) - f(&m)) / (2.0 * h);
-            assert!((grad[i] - fd).abs() < 1e-8, "[{i}]: analytic {} vs finite difference {fd}", grad[i]);
+            assert!(
+                (grad[i] - fd).abs() < 1e-8,
+                "[{i}]: analytic {} vs finite difference {fd}",
+                grad[i]
+            );
         }
         // Both sides of the mask are exercised.
         assert!(gate.iter().any(|&g| g > 0.0) && gate.iter().any(|&g| g < 0.0));

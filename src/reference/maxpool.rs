@@ -38,7 +38,10 @@ pub fn maxpool_forward(x: &[f64], p: Pool) -> (Vec<f64>, Vec<u32>) {
                 let mut best: Option<(f64, usize)> = None;
                 for kh in 0..p.k {
                     for kw in 0..p.k {
-                        let (ih, iw) = ((o_r * p.stride + kh).wrapping_sub(p.pad), (o_c * p.stride + kw).wrapping_sub(p.pad));
+                        let (ih, iw) = (
+                            (o_r * p.stride + kh).wrapping_sub(p.pad),
+                            (o_c * p.stride + kw).wrapping_sub(p.pad),
+                        );
                         if ih >= p.h || iw >= p.w {
                             continue;
                         }
@@ -95,7 +98,8 @@ mod tests {
             x.shuffle(&mut rng);
             let (y, argmax) = maxpool_forward(&x, p);
             let r: Vec<f64> = (0..y.len()).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let loss = |x: &[f64]| maxpool_forward(x, p).0.iter().zip(&r).map(|(y, r)| y * r).sum::<f64>();
+            let loss =
+                |x: &[f64]| maxpool_forward(x, p).0.iter().zip(&r).map(|(y, r)| y * r).sum::<f64>();
             let dx = maxpool_backward(&r, p, &argmax);
             let h = 1e-6;
             for i in 0..len {
@@ -103,7 +107,11 @@ mod tests {
                 xp[i] += h;
                 xm[i] -= h;
                 let fd = (loss(&xp) - loss(&xm)) / (2.0 * h);
-                assert!((fd - dx[i]).abs() <= 1e-6, "{p:?} dx[{i}]: analytic {} vs finite difference {fd}", dx[i]);
+                assert!(
+                    (fd - dx[i]).abs() <= 1e-6,
+                    "{p:?} dx[{i}]: analytic {} vs finite difference {fd}",
+                    dx[i]
+                );
             }
         }
     }

@@ -1,8 +1,18 @@
 //! SGD with momentum and weight decay in f64, as PyTorch (dampening 0, not Nesterov).
 
 /// One step in place: `g' = g + wd·p; v ← μ·v + g'; p ← p − lr·v`.
-pub fn sgd_update(param: &mut [f64], grad: &[f64], velocity: &mut [f64], lr: f64, momentum: f64, weight_decay: f64) {
-    assert!(param.len() == grad.len() && param.len() == velocity.len(), "param, grad and velocity have one length");
+pub fn sgd_update(
+    param: &mut [f64],
+    grad: &[f64],
+    velocity: &mut [f64],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+) {
+    assert!(
+        param.len() == grad.len() && param.len() == velocity.len(),
+        "param, grad and velocity have one length"
+    );
     for ((p, g), v) in param.iter_mut().zip(grad).zip(velocity.iter_mut()) {
         *v = momentum * *v + g + weight_decay * *p;
         *p -= lr * *v;

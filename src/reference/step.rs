@@ -3,10 +3,15 @@
 //! It walks the model's layer list itself and shares no code with the GPU step.
 
 use super::avgpool::{global_avgpool_backward, global_avgpool_forward};
-use super::batchnorm::{bn_backward_input, bn_backward_sums, bn_forward_apply, bn_forward_stats, bn_update_running, BnDims, BnStats};
+use super::batchnorm::{
+    bn_backward_input, bn_backward_sums, bn_forward_apply, bn_forward_stats, bn_update_running,
+    BnDims, BnStats,
+};
 use super::conv2d::{conv2d_backward_input, conv2d_backward_weight, conv2d_forward, ConvGeometry};
 use super::cross_entropy::{cross_entropy_backward, cross_entropy_forward};
-use super::dense::{dense_backward_bias, dense_backward_input, dense_backward_weight, dense_forward};
+use super::dense::{
+    dense_backward_bias, dense_backward_input, dense_backward_weight, dense_forward,
+};
 use super::elementwise::{add, relu_backward, relu_forward};
 use super::maxpool::{maxpool_backward, maxpool_forward, maxpool_forward_with_argmax, Pool};
 use crate::data::Batch;
@@ -33,8 +38,20 @@ pub struct StepResult {
 }
 
 /// The loss alone, for finite differences.
-pub fn training_loss(model: &ResNet34, params: &[f64], batch: &Batch, cfg: &StepConfig, impose: Option<&ActivationPattern>) -> f64 {
-    let mut s = State::new(model, params, model.init_buffers().iter().map(|&v| v as f64).collect(), impose, cfg);
+pub fn training_loss(
+    model: &ResNet34,
+    params: &[f64],
+    batch: &Batch,
+    cfg: &StepConfig,
+    impose: Option<&ActivationPattern>,
+) -> f64 {
+    let mut s = State::new(
+        model,
+        params,
+        model.init_buffers().iter().map(|&v| v as f64).collect(),
+        impose,
+        cfg,
+    );
     s.forward(batch).0
 }
 
@@ -48,7 +65,14 @@ pub fn predict(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch)
 
 /// One step on `batch` (its f32 images widened to f64); `impose` fixes the ReLU and pool
 /// choices.
-pub fn training_step(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch, cfg: &StepConfig, impose: Option<&ActivationPattern>) -> StepResult {
+pub fn training_step(
+    model: &ResNet34,
+    params: &[f64],
+    running: &[f64],
+    batch: &Batch,
+    cfg: &StepConfig,
+    impose: Option<&ActivationPattern>,
+) -> StepResult {
     let mut s = State::new(model, params, running.to_vec(), impose, cfg);
     let (loss, logits, feat) = s.forward(batch);
     s.backward(&logits, &batch.labels, &feat);
@@ -84,7 +108,13 @@ struct State<'a> {
 }
 
 impl<'a> State<'a> {
-    fn new(model: &'a ResNet34, params: &'a [f64], running: Vec<f64>, impose: Option<&'a ActivationPattern>, cfg: &StepConfig) -> Self {
+    fn new(
+        model: &'a ResNet34,
+        params: &'a [f64],
+        running: Vec<f64>,
+        impose: Option<&'a ActivationPattern>,
+        cfg: &StepConfig,
+    ) -> Self {
         State {
             model,
             params,
@@ -118,22 +148,52 @@ impl<'a> State<'a> {
         y
     }
 
-    fn conv_bn(&mut self, conv: Conv, bn: BatchNorm, x: &[f64], (h, w): (usize, usize)) -> (Vec<f64>, (usize, usize)) {
-        let geom = ConvGeometry { n: self.m, c_in: conv.c_in as usize, h, w, c_out: conv.c_out as usize, kh: conv.k as usize, kw: conv.k as usize, stride: conv.stride as usize, pad: conv.pad as usize };
+    fn conv_bn(
+        &mut self,
+        conv: Conv,
+        bn: BatchNorm,
+        x: &[f64],
+        (h, w): (usize, usize),
+    ) -> (Vec<f64>, (usize, usize)) {
+        let geom = ConvGeometry {
+            n: self.m,
+            c_in: conv.c_in as usize,
+            h,
+            w,
+            c_out: conv.c_out as usize,
+            kh: conv.k as usize,
+            kw: conv.k as usize,
+            stride: conv.stride as usize,
+            pad: conv.pad as usize,
+        };
         let (oh, ow) = (geom.out_h(), geom.out_w());
         let conv_out = conv2d_forward(&geom, x, self.param(conv.weight));
         let dims = BnDims { n: self.m, c: conv.c_out as usize, hw: oh * ow };
-        let (rm, rv) = (self.model.buffers[bn.running_mean].range(), self.model.buffers[bn.running_var].range());
+        let (rm, rv) = (
+            self.model.buffers[bn.running_mean].range(),
+            self.model.buffers[bn.running_var].range(),
+        );
         let stats = if self.eval {
             let count = dims.n * dims.hw;
-            BnStats { count, mean: self.running[rm].to_vec(), m2: self.running[rv].iter().map(|v| v * count as f64).collect() }
+            BnStats {
+                count,
+                mean: self.running[rm].to_vec(),
+                m2: self.running[rv].iter().map(|v| v * count as f64).collect(),
+            }
         } else {
             let stats = bn_forward_stats(dims, &conv_out);
             let (mean, var) = split_two(&mut self.running, rm, rv);
             bn_update_running(&stats, self.cfg.bn_momentum, mean, var);
             stats
         };
-        let z = bn_forward_apply(dims, &conv_out, &stats, self.cfg.bn_eps, self.param(bn.weight), self.param(bn.bias));
+        let z = bn_forward_apply(
+            dims,
+            &conv_out,
+            &stats,
+            self.cfg.bn_eps,
+            self.param(bn.weight),
+            self.param(bn.bias),
+        );
         self.units.push(Unit { conv, bn, geom, x: x.to_vec(), conv_out, dims, stats });
         (z, (oh, ow))
     }
@@ -144,11 +204,26 @@ impl<'a> State<'a> {
         let labels = &batch.labels;
         self.m = labels.len();
         let images: Vec<f64> = batch.images.iter().map(|&v| v as f64).collect();
-        let (z, (h, w)) = self.conv_bn(model.stem_conv, model.stem_bn, &images, (batch.h as usize, batch.w as usize));
+        let (z, (h, w)) = self.conv_bn(
+            model.stem_conv,
+            model.stem_bn,
+            &images,
+            (batch.h as usize, batch.w as usize),
+        );
         let r = self.relu(&z);
-        let pool = Pool { n: self.m, c: 64, h, w, k: POOL_K as usize, stride: POOL_STRIDE as usize, pad: POOL_PAD as usize };
+        let pool = Pool {
+            n: self.m,
+            c: 64,
+            h,
+            w,
+            k: POOL_K as usize,
+            stride: POOL_STRIDE as usize,
+            pad: POOL_PAD as usize,
+        };
         let (mut x, argmax) = match self.impose {
-            Some(p) => (maxpool_forward_with_argmax(&r, pool, &p.pool_argmax), p.pool_argmax.clone()),
+            Some(p) => {
+                (maxpool_forward_with_argmax(&r, pool, &p.pool_argmax), p.pool_argmax.clone())
+            }
             None => maxpool_forward(&r, pool),
         };
         self.pattern.pool_argmax = argmax.clone();
@@ -168,8 +243,22 @@ impl<'a> State<'a> {
         }
         let feat = global_avgpool_forward(self.m, 512, size.0 * size.1, &x);
         let k = model.classes as usize;
-        let logits = dense_forward(self.m, 512, k, &feat, self.param(model.fc_weight), self.param(model.fc_bias));
-        let (_, loss) = cross_entropy_forward(self.m, k, self.cfg.label_smoothing, self.cfg.divisor, &logits, labels);
+        let logits = dense_forward(
+            self.m,
+            512,
+            k,
+            &feat,
+            self.param(model.fc_weight),
+            self.param(model.fc_bias),
+        );
+        let (_, loss) = cross_entropy_forward(
+            self.m,
+            k,
+            self.cfg.label_smoothing,
+            self.cfg.divisor,
+            &logits,
+            labels,
+        );
         self.block_inputs.push(x);
         (loss, logits, feat)
     }
@@ -183,7 +272,15 @@ impl<'a> State<'a> {
         let unit = &self.units[u];
         let (dims, eps) = (unit.dims, self.cfg.bn_eps);
         let sums = bn_backward_sums(dims, dz, &unit.conv_out, &unit.stats, eps);
-        let dy = bn_backward_input(dims, dz, &unit.conv_out, &unit.stats, eps, self.param(unit.bn.weight), &sums);
+        let dy = bn_backward_input(
+            dims,
+            dz,
+            &unit.conv_out,
+            &unit.stats,
+            eps,
+            self.param(unit.bn.weight),
+            &sums,
+        );
         let dw = conv2d_backward_weight(&unit.geom, &dy, &unit.x);
         let dx = conv2d_backward_input(&unit.geom, &dy, self.param(unit.conv.weight));
         let (bn, conv) = (unit.bn, unit.conv);
@@ -196,7 +293,14 @@ impl<'a> State<'a> {
     fn backward(&mut self, logits: &[f64], labels: &[u32], feat: &[f64]) {
         let model = self.model;
         let (m, k) = (self.m, model.classes as usize);
-        let dlogits = cross_entropy_backward(m, k, self.cfg.label_smoothing, self.cfg.divisor, logits, labels);
+        let dlogits = cross_entropy_backward(
+            m,
+            k,
+            self.cfg.label_smoothing,
+            self.cfg.divisor,
+            logits,
+            labels,
+        );
         self.set_grad(model.fc_weight, &dense_backward_weight(m, 512, k, &dlogits, feat));
         self.set_grad(model.fc_bias, &dense_backward_bias(m, k, &dlogits));
         let dfeat = dense_backward_input(m, 512, k, &dlogits, self.param(model.fc_weight));
@@ -229,7 +333,11 @@ impl<'a> State<'a> {
 }
 
 /// Two disjoint mutable ranges of one vector (running mean and variance of one BN site).
-fn split_two(v: &mut [f64], a: std::ops::Range<usize>, b: std::ops::Range<usize>) -> (&mut [f64], &mut [f64]) {
+fn split_two(
+    v: &mut [f64],
+    a: std::ops::Range<usize>,
+    b: std::ops::Range<usize>,
+) -> (&mut [f64], &mut [f64]) {
     assert!(a.end <= b.start, "running mean precedes running var");
     let (lo, hi) = v.split_at_mut(b.start);
     (&mut lo[a], &mut hi[..b.end - b.start])
@@ -256,7 +364,19 @@ mod tests {
         let base = training_step(&model, &params, &running, &batch, &cfg, None);
         let pattern = base.pattern.clone();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
-        let names = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.1.conv2.weight", "layer2.0.downsample.0.weight", "layer3.2.bn1.weight", "layer3.3.conv1.weight", "layer4.0.conv1.weight", "layer4.2.bn2.bias", "fc.weight", "fc.bias"];
+        let names = [
+            "conv1.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "layer1.1.conv2.weight",
+            "layer2.0.downsample.0.weight",
+            "layer3.2.bn1.weight",
+            "layer3.3.conv1.weight",
+            "layer4.0.conv1.weight",
+            "layer4.2.bn2.bias",
+            "fc.weight",
+            "fc.bias",
+        ];
         for name in names {
             let spec = model.param(name).unwrap();
             let i = spec.offset + rng.random_range(0..spec.len());
@@ -269,7 +389,11 @@ mod tests {
             let fd = (up - down) / (2.0 * h);
             let g = base.grads[i];
             let err = (fd - g).abs() / g.abs().max(1e-6);
-            assert!(err < 1e-5, "{name}[{}]: analytic {g:e} vs finite difference {fd:e} (rel {err:e})", i - spec.offset);
+            assert!(
+                err < 1e-5,
+                "{name}[{}]: analytic {g:e} vs finite difference {fd:e} (rel {err:e})",
+                i - spec.offset
+            );
         }
     }
 }

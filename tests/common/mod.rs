@@ -77,13 +77,22 @@ pub fn norm_rel(a: &[f32], b: &[f64]) -> f64 {
     }
     let num: f64 = a.iter().zip(b).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
     let den: f64 = b.iter().map(|b| b * b).sum::<f64>().sqrt();
-    if den == 0.0 { num } else { num / den }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
 }
 
 #[track_caller]
 pub fn assert_close(what: &str, gpu: &[f32], reference: &[f64], tol: f64) {
     let e = norm_rel(gpu, reference);
-    assert!(e <= tol, "{what}: norm-rel error {e:e} > {tol:e} (first elements gpu {:?} ref {:?})", &gpu[..gpu.len().min(4)], &reference[..reference.len().min(4)]);
+    assert!(
+        e <= tol,
+        "{what}: norm-rel error {e:e} > {tol:e} (first elements gpu {:?} ref {:?})",
+        &gpu[..gpu.len().min(4)],
+        &reference[..reference.len().min(4)]
+    );
 }
 
 /// A storage buffer filled with NaN, so any element a kernel fails to write shows up.
@@ -104,11 +113,16 @@ pub fn submit(gpu: &Gpu, enc: Encoder) {
 /// Each case `(op, arg, result, text)` is a launch that must have been refused as
 /// `KernelError::Arg` naming `op` and `arg`, with `text` in its message.
 #[track_caller]
-pub fn assert_arg_errors<const N: usize>(cases: [(&str, &str, syncstep::kernels::Result<()>, &str); N]) {
+pub fn assert_arg_errors<const N: usize>(
+    cases: [(&str, &str, syncstep::kernels::Result<()>, &str); N],
+) {
     for (op, arg, result, text) in cases {
         let err = result.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg), "{op}/{arg}: {msg}");
+        assert!(
+            matches!(err, KernelError::Arg { op: o, arg: a, .. } if o == op && a == arg),
+            "{op}/{arg}: {msg}"
+        );
         assert!(msg.contains(text), "{msg}");
     }
 }
@@ -122,7 +136,11 @@ pub fn assert_arg_errors<const N: usize>(cases: [(&str, &str, syncstep::kernels:
 pub fn pairwise_counts() -> [u32; 3] {
     let counts = [1, 17, 300];
     let levels = counts.map(syncstep::kernels::pairwise_levels);
-    assert_eq!(levels[..], syncstep::kernels::PAIRWISE_LEVELS[..3], "one batch size per stack size");
+    assert_eq!(
+        levels[..],
+        syncstep::kernels::PAIRWISE_LEVELS[..3],
+        "one batch size per stack size"
+    );
     counts
 }
 
