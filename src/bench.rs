@@ -38,7 +38,7 @@ use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, MemoryStats,
     Slice,
 };
-use crate::json::{array, Object};
+use serde_json::{json, Value};
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
@@ -177,19 +177,19 @@ impl StepBench {
             format!("data-parallel {} × {}", self.replicas, self.batch_per_replica)
         }
     }
-    fn to_json(&self) -> String {
-        Object::new()
-            .int("replicas", self.replicas as u64)
-            .int("batch_per_replica", self.batch_per_replica as u64)
-            .num("median_s", self.median())
-            .num("min_s", self.min())
-            .num("max_s", self.max())
-            .num("images_per_s", self.images_per_second())
-            .num("gflops", self.gflops())
-            .num("step_flops", self.flops)
-            .raw("steps_s", &array(self.seconds.iter().map(|&s| crate::json::number(s))))
-            .raw("memory", &array(self.memory.iter().map(|m| m.to_json())))
-            .finish()
+    fn to_json(&self) -> Value {
+        json!({
+            "replicas": self.replicas,
+            "batch_per_replica": self.batch_per_replica,
+            "median_s": self.median(),
+            "min_s": self.min(),
+            "max_s": self.max(),
+            "images_per_s": self.images_per_second(),
+            "gflops": self.gflops(),
+            "step_flops": self.flops,
+            "steps_s": self.seconds,
+            "memory": self.memory.iter().map(|m| m.to_json()).collect::<Vec<_>>(),
+        })
     }
 }
 
@@ -217,13 +217,13 @@ impl ReplicaMemory {
     pub fn peak_bytes(&self) -> u64 {
         self.held_bytes + self.transient_bytes
     }
-    fn to_json(self) -> String {
-        Object::new()
-            .int("held_bytes", self.held_bytes)
-            .int("transient_bytes", self.transient_bytes)
-            .int("largest_transient_buffer_bytes", self.largest_transient_buffer_bytes)
-            .int("peak_bytes", self.peak_bytes())
-            .finish()
+    fn to_json(self) -> Value {
+        json!({
+            "held_bytes": self.held_bytes,
+            "transient_bytes": self.transient_bytes,
+            "largest_transient_buffer_bytes": self.largest_transient_buffer_bytes,
+            "peak_bytes": self.peak_bytes(),
+        })
     }
 }
 
@@ -248,23 +248,18 @@ impl ProbeTime {
     pub fn gflops(&self) -> f64 {
         self.flops / self.seconds / 1e9
     }
-    fn to_json(&self, roof: f64) -> String {
-        Object::new()
-            .str("name", &self.name)
-            .str("op", self.op)
-            .str("algo", &self.algo)
-            .raw(
-                "kept_taps",
-                &self
-                    .kept_taps
-                    .map_or("null".to_string(), |(h, w)| crate::json::string(&format!("{h}x{w}"))),
-            )
-            .str("shape", &self.shape)
-            .num("flops", self.flops)
-            .num("seconds", self.seconds)
-            .num("gflops", self.gflops())
-            .num("fraction_of_roofline", self.gflops() / roof)
-            .finish()
+    fn to_json(&self, roof: f64) -> Value {
+        json!({
+            "name": self.name,
+            "op": self.op,
+            "algo": self.algo,
+            "kept_taps": self.kept_taps.map(|(h, w)| format!("{h}x{w}")),
+            "shape": self.shape,
+            "flops": self.flops,
+            "seconds": self.seconds,
+            "gflops": self.gflops(),
+            "fraction_of_roofline": self.gflops() / roof,
+        })
     }
 }
 
@@ -295,18 +290,19 @@ pub struct ProfileRow {
 }
 
 impl ProfileRow {
-    fn to_json(&self, step: f64) -> String {
-        let o = Object::new()
-            .str("layer", &self.layer)
-            .str("kernel", &self.kernel)
-            .int("dispatches", self.dispatches as u64)
-            .num("seconds", self.seconds)
-            .num("fraction_of_step", self.seconds / step);
-        match self.flops {
-            Some(f) => o.num("flops", f).num("gflops", f / self.seconds / 1e9),
-            None => o.raw("gflops", "null"),
+    fn to_json(&self, step: f64) -> Value {
+        let mut row = json!({
+            "layer": self.layer,
+            "kernel": self.kernel,
+            "dispatches": self.dispatches,
+            "seconds": self.seconds,
+            "fraction_of_step": self.seconds / step,
+            "gflops": self.flops.map(|f| f / self.seconds / 1e9),
+        });
+        if let Some(f) = self.flops {
+            row["flops"] = json!(f);
         }
-        .finish()
+        row
     }
 }
 
@@ -369,27 +365,24 @@ impl Profile {
         Profile { step_seconds, kernels, by_layer, by_op, by_entry }
     }
 
-    fn to_json(&self) -> String {
-        let rows = |rows: &[ProfileRow]| array(rows.iter().map(|r| r.to_json(self.step_seconds)));
-        Object::new()
-            .num("step_s", self.step_seconds)
-            .num("kernel_s", self.kernel_seconds())
-            .int("dispatches", self.kernels.len() as u64)
-            .raw("by_layer", &rows(&self.by_layer))
-            .raw("by_op", &rows(&self.by_op))
-            .raw("by_entry", &rows(&self.by_entry))
-            .raw(
-                "in_order",
-                &array(self.kernels.iter().map(|k| {
-                    Object::new()
-                        .str("layer", &k.scope)
-                        .str("kernel", k.op)
-                        .str("entry", k.entry)
-                        .num("seconds", k.seconds)
-                        .finish()
-                })),
-            )
-            .finish()
+    fn to_json(&self) -> Value {
+        let rows = |rows: &[ProfileRow]| {
+            rows.iter().map(|r| r.to_json(self.step_seconds)).collect::<Vec<_>>()
+        };
+        let in_order: Vec<Value> = self
+            .kernels
+            .iter()
+            .map(|k| json!({"layer": k.scope, "kernel": k.op, "entry": k.entry, "seconds": k.seconds}))
+            .collect();
+        json!({
+            "step_s": self.step_seconds,
+            "kernel_s": self.kernel_seconds(),
+            "dispatches": self.kernels.len(),
+            "by_layer": rows(&self.by_layer),
+            "by_op": rows(&self.by_op),
+            "by_entry": rows(&self.by_entry),
+            "in_order": in_order,
+        })
     }
 }
 
@@ -620,61 +613,39 @@ impl BenchReport {
     /// Every figure as one JSON object.
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let config = Object::new()
-            .int("replicas", c.replicas as u64)
-            .int("batch_per_replica", c.batch as u64)
-            .int("image_size", c.image_size as u64)
-            .int("classes", c.classes as u64)
-            .int("steps", c.steps as u64)
-            .int("warmup", c.warmup as u64)
-            .bool("profile", c.profile)
-            .finish();
-        let mut o = Object::new()
-            .raw("config", &config)
-            .raw("adapters", &array(self.adapters.iter().map(|a| crate::json::string(a))))
-            .raw(
-                "lp_num_threads",
-                &self.lp_num_threads.as_deref().map_or("null".into(), crate::json::string),
-            )
-            .num("step_flops_per_forward", STEP_FLOPS_PER_FORWARD)
-            .raw("step", &self.step.to_json())
-            .raw("single", &self.single.as_ref().map_or("null".into(), StepBench::to_json))
-            .raw("ratio", &self.ratio().map_or("null".into(), crate::json::number))
-            .raw("shard", &self.shard.as_ref().map_or("null".into(), StepBench::to_json))
-            .bool("replicas_take_turns", self.replicas_take_turns)
-            .raw(
-                "own_steps_s",
-                &self.own_steps_seconds().map_or("null".into(), crate::json::number),
-            )
-            .raw(
-                "own_steps_ratio",
-                &self.own_steps_ratio().map_or("null".into(), crate::json::number),
-            )
-            .raw(
-                "exchange_ratio",
-                &self.exchange_ratio().map_or("null".into(), crate::json::number),
-            );
-        o = match &self.roofline {
-            Some(r) => {
-                let roof = r.gflops();
-                let probes = |v: &[ProbeTime]| array(v.iter().map(|p| p.to_json(roof)));
-                o.raw(
-                    "roofline",
-                    &Object::new()
-                        .int("size", r.size as u64)
-                        .num("gflops", roof)
-                        .raw("tiles", &probes(&r.tiles))
-                        .raw("convs", &probes(&r.convs))
-                        .finish(),
-                )
-            }
-            None => o.raw("roofline", "null"),
-        };
-        match &self.profile {
-            Ok(p) => o.raw("profile", &p.to_json()),
-            Err(why) => o.raw("profile", "null").str("profile_unavailable", why),
+        let roofline = self.roofline.as_ref().map(|r| {
+            let roof = r.gflops();
+            let probes = |v: &[ProbeTime]| v.iter().map(|p| p.to_json(roof)).collect::<Vec<_>>();
+            json!({"size": r.size, "gflops": roof, "tiles": probes(&r.tiles), "convs": probes(&r.convs)})
+        });
+        let mut report = json!({
+            "config": {
+                "replicas": c.replicas,
+                "batch_per_replica": c.batch,
+                "image_size": c.image_size,
+                "classes": c.classes,
+                "steps": c.steps,
+                "warmup": c.warmup,
+                "profile": c.profile,
+            },
+            "adapters": self.adapters,
+            "lp_num_threads": self.lp_num_threads,
+            "step_flops_per_forward": STEP_FLOPS_PER_FORWARD,
+            "step": self.step.to_json(),
+            "single": self.single.as_ref().map(StepBench::to_json),
+            "ratio": self.ratio(),
+            "shard": self.shard.as_ref().map(StepBench::to_json),
+            "replicas_take_turns": self.replicas_take_turns,
+            "own_steps_s": self.own_steps_seconds(),
+            "own_steps_ratio": self.own_steps_ratio(),
+            "exchange_ratio": self.exchange_ratio(),
+            "roofline": roofline,
+            "profile": self.profile.as_ref().ok().map(Profile::to_json),
+        });
+        if let Err(why) = &self.profile {
+            report["profile_unavailable"] = json!(why);
         }
-        .finish()
+        report.to_string()
     }
 }
 

@@ -13,10 +13,12 @@
 //! PORTABLE (given a [`Golden`] made by another build) runs the single-device step once more
 //! on the golden's pattern and holds loss and gradients to the golden's figures.
 
+use serde_json::{json, Value};
+
+use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch, DataError};
 use crate::golden::Golden;
 use crate::gpu::{AdapterChoice, Gpu};
-use crate::json;
 use crate::model::{ActivationPattern, ModelError, ResNet34};
 use crate::parallel::{
     self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage,
@@ -211,48 +213,6 @@ pub struct CheckReport {
     /// TEST's single-device step (global batch, on the data-parallel pattern), summarised for
     /// another build's PORTABLE gate.
     pub golden: Golden,
-}
-
-/// ‖a − b‖₂ / ‖b‖₂ in f64 (‖a − b‖₂ when b is 0), for `b` in f32 (another run) or f64 (the
-/// reference); infinite if the lengths differ or a or b is not finite (an unwritten, poisoned
-/// element).
-pub fn norm_rel<B: Copy + Into<f64>>(a: &[f32], b: &[B]) -> f64 {
-    if a.len() != b.len()
-        || a.iter().any(|v| !v.is_finite())
-        || b.iter().any(|&v| !v.into().is_finite())
-    {
-        return f64::INFINITY;
-    }
-    let num = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y.into()).powi(2)).sum::<f64>().sqrt();
-    let den = b.iter().map(|&y| y.into().powi(2)).sum::<f64>().sqrt();
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
-
-/// Each parameter tensor's norm-rel error between two flat buffers in the model's layout, in
-/// model order. `b` is the one held as right.
-pub fn tensor_errors(model: &ResNet34, a: &[f32], b: &[f32]) -> Vec<f64> {
-    model.params.iter().map(|spec| norm_rel(&a[spec.range()], &b[spec.range()])).collect()
-}
-
-/// The largest of per-tensor errors (model order) and the tensor it occurs in (none when
-/// every error is 0).
-pub fn worst_of(model: &ResNet34, errors: &[f64]) -> (f64, Option<String>) {
-    let mut worst = (0.0, None);
-    for (spec, &e) in model.params.iter().zip(errors) {
-        if e > worst.0 {
-            worst = (e, Some(spec.name.clone()));
-        }
-    }
-    worst
-}
-
-/// The largest per-tensor norm-rel error between two flat buffers and the tensor it occurs in.
-pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
-    worst_of(model, &tensor_errors(model, a, b))
 }
 
 /// The global batch of step `step`: R·N synthetic images from example step·R·N on, shard r's
@@ -529,25 +489,21 @@ async fn portable(
 
 impl GateRow {
     /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
-    pub fn to_json(&self) -> String {
+    pub fn to_json(&self) -> Value {
         let (kind, bound) = match self.bound {
             Bound::AtMost(b) => ("at_most", b),
             Bound::AtLeast(b) => ("at_least", b),
         };
-        let gate = json::Object::new()
-            .str("gate", self.gate)
-            .num("measured", self.measured)
-            .num("bound", bound)
-            .str("bound_kind", kind);
-        let gate = match &self.worst {
-            Some(w) => gate.str("worst_tensor", w),
-            None => gate.raw("worst_tensor", "null"),
-        };
-        let gate = match self.flips {
-            Some(f) => gate.int("flips", f as u64),
-            None => gate.raw("flips", "null"),
-        };
-        gate.str("note", &self.note).bool("pass", self.pass).finish()
+        json!({
+            "gate": self.gate,
+            "measured": self.measured,
+            "bound": bound,
+            "bound_kind": kind,
+            "worst_tensor": self.worst,
+            "flips": self.flips,
+            "note": self.note,
+            "pass": self.pass,
+        })
     }
 }
 
@@ -713,66 +669,37 @@ impl CheckReport {
         out
     }
 
-    /// The report as JSON (`crate::json`; non-finite figures are null).
+    /// The report as JSON (non-finite figures are null).
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let gates = self.rows.iter().map(GateRow::to_json);
-        let check = json::Object::new()
-            .str("check", "equivalence")
-            .int("replicas", c.replicas as u64)
-            .int("batch_per_replica", c.batch as u64)
-            .int("image_size", c.image_size as u64)
-            .int("classes", c.classes as u64)
-            .int("steps", c.steps as u64)
-            .int("seed", c.seed);
-        let check = match c.sabotage {
-            Some(s) => check.str("sabotage", &format!("{s:?}")),
-            None => check.raw("sabotage", "null"),
-        };
-        let tensors = self.tensors.iter().map(|t| {
-            let tensor = json::Object::new()
-                .str("name", &t.name)
-                .num("test", t.test)
-                .num("control", t.control);
-            match t.portable {
-                Some(p) => tensor.num("portable", p),
-                None => tensor.raw("portable", "null"),
-            }
-            .finish()
-        });
-        check
-            .raw(
-                "replica_adapters",
-                &json::array(self.replica_adapters.iter().map(|a| json::string(a))),
-            )
-            .str("single_adapter", &self.single_adapter)
-            .raw(
-                "portable_against",
-                &self.portable_against.as_deref().map_or("null".into(), json::string),
-            )
-            .bool("pass", self.passed())
-            .raw("gates", &json::array(gates))
-            .raw("tensors", &json::array(tensors))
-            .finish()
+        let tensors: Vec<Value> = self
+            .tensors
+            .iter()
+            .map(|t| json!({"name": t.name, "test": t.test, "control": t.control, "portable": t.portable}))
+            .collect();
+        json!({
+            "check": "equivalence",
+            "replicas": c.replicas,
+            "batch_per_replica": c.batch,
+            "image_size": c.image_size,
+            "classes": c.classes,
+            "steps": c.steps,
+            "seed": c.seed,
+            "sabotage": c.sabotage.map(|s| format!("{s:?}")),
+            "replica_adapters": self.replica_adapters,
+            "single_adapter": self.single_adapter,
+            "portable_against": self.portable_against,
+            "pass": self.passed(),
+            "gates": self.rows.iter().map(GateRow::to_json).collect::<Vec<_>>(),
+            "tensors": tensors,
+        })
+        .to_string()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn norm_rel_and_the_worst_tensor() {
-        assert_eq!(norm_rel(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
-        assert!((norm_rel(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
-        assert_eq!(norm_rel(&[f32::NAN], &[1.0]), f64::INFINITY);
-        let model = ResNet34::new(10).unwrap();
-        let a = vec![1.0f32; model.param_len];
-        let mut b = a.clone();
-        b[model.param("layer3.1.bn2.bias").unwrap().offset] = 2.0;
-        assert_eq!(worst_tensor(&model, &a, &b).1.as_deref(), Some("layer3.1.bn2.bias"));
-        assert_eq!(worst_tensor(&model, &a, &a), (0.0, None));
-    }
 
     #[test]
     fn shards_of_the_gate_batch_are_shifted_by_half_their_index() {
@@ -837,21 +764,15 @@ mod tests {
             "{table}"
         );
         let json = report.to_json();
-        assert!(
-            json.contains(r#""a \"quoted\" adapter""#)
-                && json.contains(r#""measured":null"#)
-                && json.contains(r#""measured":0,"#),
-            "{json}"
-        );
-        assert!(
-            json.contains(r#""pass":false,"gates""#)
-                && json.contains(r#""worst_tensor":"fc.bias""#),
-            "{json}"
-        );
-        let parsed = json::parse(&json).unwrap();
-        let tensors = parsed.get("tensors").and_then(json::Value::as_array).unwrap();
+        assert!(json.contains(r#""a \"quoted\" adapter""#), "{json}");
+        let parsed: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed["pass"], false);
+        let gates = parsed["gates"].as_array().unwrap();
+        assert_eq!((gates[0]["measured"].as_f64(), gates[2]["measured"].is_null()), (Some(0.0), true));
+        assert_eq!(gates[0]["worst_tensor"], "fc.bias");
+        let tensors = parsed["tensors"].as_array().unwrap();
         assert_eq!(tensors.len(), 110);
-        assert_eq!(tensors[0].get("name").and_then(json::Value::as_str), Some("conv1.weight"));
-        assert_eq!(tensors[109].get("portable").and_then(json::Value::as_f64), Some(2e-7));
+        assert_eq!(tensors[0]["name"], "conv1.weight");
+        assert_eq!(tensors[109]["portable"].as_f64(), Some(2e-7));
     }
 }

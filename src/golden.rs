@@ -10,26 +10,29 @@
 //! being checked imposes the golden's ReLU masks and pool argmaxes, and reports separately how
 //! many units its own free pattern would have flipped.
 //!
-//! Format (JSON, `crate::json`): the settings it was made at (`replicas`, `batch_per_replica`,
+//! Format (JSON): the settings it was made at (`replicas`, `batch_per_replica`,
 //! `image_size`, `classes`, `seed`), `adapter`, `loss`, `samples_per_tensor`, `tensors`:
 //! `[{name, len, norm, sample}]` with `sample` the elements at [`sample_indices`], and
 //! `pattern`: `{relu: [{units, bits}], pool_argmax: {units, u32le}}`, where `bits` is one ReLU
 //! site's mask packed 8 units a byte, least significant bit first, and `u32le` the argmaxes as
 //! little-endian u32s, both base64 (RFC 4648, padded).
 
-use crate::check::{norm_rel, CheckConfig};
-use crate::json::{self, Value};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use crate::check::CheckConfig;
+use crate::compare::{l2, norm_rel, sample_indices};
 use crate::model::{ActivationPattern, ResNet34};
 
-/// Elements sampled per gradient tensor (all of them in smaller tensors).
-pub const SAMPLES_PER_TENSOR: usize = 64;
+pub use crate::compare::SAMPLES_PER_TENSOR;
 /// The format's version, written as `format`; a reader refuses others.
 const FORMAT: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GoldenError {
     #[error("golden file: {0}")]
-    Json(#[from] json::ParseError),
+    Json(#[from] serde_json::Error),
     #[error("golden file: {0}")]
     Format(String),
     #[error("the golden file was made for {golden}, this run is {run}: write one for these settings (syncstep check --golden PATH)")]
@@ -39,7 +42,7 @@ pub enum GoldenError {
 pub type Result<T, E = GoldenError> = std::result::Result<T, E>;
 
 /// One gradient tensor's summary.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GoldenTensor {
     pub name: String,
     pub len: usize,
@@ -62,12 +65,6 @@ pub struct Golden {
     pub loss: f32,
     pub tensors: Vec<GoldenTensor>,
     pub pattern: ActivationPattern,
-}
-
-/// `min(len, SAMPLES_PER_TENSOR)` evenly spaced indices of a tensor of `len` elements: ⌊i·len/n⌋.
-pub fn sample_indices(len: usize) -> impl Iterator<Item = usize> {
-    let n = len.min(SAMPLES_PER_TENSOR);
-    (0..n).map(move |i| i * len / n)
 }
 
 fn settings_text(replicas: usize, batch: usize, size: u32, classes: u32, seed: u64) -> String {
@@ -157,160 +154,124 @@ impl Golden {
     }
 
     pub fn to_json(&self) -> String {
-        let tensors = self.tensors.iter().map(|t| {
-            json::Object::new()
-                .str("name", &t.name)
-                .int("len", t.len as u64)
-                .num("norm", t.norm)
-                .raw("sample", &json::array(t.sample.iter().map(|&v| json::number(v as f64))))
-                .finish()
-        });
-        let relu = self.pattern.relu.iter().map(|mask| {
-            json::Object::new()
-                .int("units", mask.len() as u64)
-                .str("bits", &base64_encode(&pack_bits(mask)))
-                .finish()
+        let relu = self.pattern.relu.iter().map(|mask| PackedMask {
+            units: mask.len(),
+            bits: BASE64.encode(pack_bits(mask)),
         });
         let argmax: Vec<u8> =
             self.pattern.pool_argmax.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let pool = json::Object::new()
-            .int("units", self.pattern.pool_argmax.len() as u64)
-            .str("u32le", &base64_encode(&argmax))
-            .finish();
-        json::Object::new()
-            .str("golden", "syncstep single-device step at the global batch")
-            .int("format", FORMAT)
-            .int("replicas", self.replicas as u64)
-            .int("batch_per_replica", self.batch as u64)
-            .int("image_size", self.image_size.into())
-            .int("classes", self.classes.into())
-            .int("seed", self.seed)
-            .str("adapter", &self.adapter)
-            .num("loss", self.loss as f64)
-            .int("samples_per_tensor", SAMPLES_PER_TENSOR as u64)
-            .raw("tensors", &json::array(tensors))
-            .raw(
-                "pattern",
-                &json::Object::new()
-                    .raw("relu", &json::array(relu))
-                    .raw("pool_argmax", &pool)
-                    .finish(),
-            )
-            .finish()
+        let file = GoldenFile {
+            golden: "syncstep single-device step at the global batch".into(),
+            format: FORMAT,
+            replicas: self.replicas,
+            batch_per_replica: self.batch,
+            image_size: self.image_size,
+            classes: self.classes,
+            seed: self.seed,
+            adapter: self.adapter.clone(),
+            loss: self.loss,
+            samples_per_tensor: SAMPLES_PER_TENSOR,
+            tensors: self.tensors.clone(),
+            pattern: PatternFile {
+                relu: relu.collect(),
+                pool_argmax: PackedArgmax {
+                    units: self.pattern.pool_argmax.len(),
+                    u32le: BASE64.encode(argmax),
+                },
+            },
+        };
+        serde_json::to_string(&file).expect("a golden file serialises")
     }
 
     pub fn from_json(text: &str) -> Result<Golden> {
-        let doc = json::parse(text)?;
-        let format = uint(&doc, "format")?;
-        if format != FORMAT {
-            return Err(GoldenError::Format(format!(
-                "format {format}, this build reads format {FORMAT}"
-            )));
+        let doc: serde_json::Value = serde_json::from_str(text)?;
+        let format = doc.get("format").and_then(serde_json::Value::as_u64);
+        if format != Some(FORMAT) {
+            let found = format.map_or("no format".to_string(), |f| format!("format {f}"));
+            return Err(GoldenError::Format(format!("{found}, this build reads format {FORMAT}")));
         }
-        let small = |key: &str| -> Result<u32> {
-            u32::try_from(uint(&doc, key)?).map_err(|_| bad(key, "too large"))
-        };
-        let tensors = field(&doc, "tensors")?
-            .as_array()
-            .ok_or_else(|| bad("tensors", "not an array"))?
-            .iter()
-            .map(|t| {
-                let name = string(t, "name")?.to_string();
-                let len = uint(t, "len")? as usize;
-                let sample =
-                    numbers(field(t, "sample")?).map_err(|e| bad(&format!("{name}.sample"), &e))?;
-                if sample.len() != len.min(SAMPLES_PER_TENSOR) {
-                    return Err(bad(
-                        &format!("{name}.sample"),
-                        &format!("{} values for a tensor of {len}", sample.len()),
-                    ));
-                }
-                Ok(GoldenTensor {
-                    norm: float(t, "norm")?,
-                    sample: sample.iter().map(|&v| v as f32).collect(),
-                    name,
-                    len,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let pattern = field(&doc, "pattern")?;
-        let relu = field(pattern, "relu")?
-            .as_array()
-            .ok_or_else(|| bad("pattern.relu", "not an array"))?
+        let file: GoldenFile = serde_json::from_value(doc)?;
+        for t in &file.tensors {
+            if t.sample.len() != t.len.min(SAMPLES_PER_TENSOR) {
+                let why = format!("{} values for a tensor of {}", t.sample.len(), t.len);
+                return Err(bad(&format!("{}.sample", t.name), &why));
+            }
+        }
+        let relu = file
+            .pattern
+            .relu
             .iter()
             .enumerate()
             .map(|(site, m)| {
-                let units = uint(m, "units")? as usize;
-                let bytes = base64_decode(string(m, "bits")?)
-                    .map_err(|e| bad(&format!("pattern.relu[{site}]"), &e))?;
-                if bytes.len() != units.div_ceil(8) {
-                    return Err(bad(
-                        &format!("pattern.relu[{site}]"),
-                        &format!("{} bytes for {units} units", bytes.len()),
-                    ));
+                let what = format!("pattern.relu[{site}]");
+                let bytes = BASE64.decode(&m.bits).map_err(|e| bad(&what, &e.to_string()))?;
+                if bytes.len() != m.units.div_ceil(8) {
+                    return Err(bad(&what, &format!("{} bytes for {} units", bytes.len(), m.units)));
                 }
-                Ok((0..units).map(|i| (bytes[i / 8] >> (i % 8)) & 1).collect())
+                Ok((0..m.units).map(|i| (bytes[i / 8] >> (i % 8)) & 1).collect())
             })
             .collect::<Result<_>>()?;
-        let pool = field(pattern, "pool_argmax")?;
-        let units = uint(pool, "units")? as usize;
-        let bytes =
-            base64_decode(string(pool, "u32le")?).map_err(|e| bad("pattern.pool_argmax", &e))?;
-        if bytes.len() != 4 * units {
-            return Err(bad(
-                "pattern.pool_argmax",
-                &format!("{} bytes for {units} u32s", bytes.len()),
-            ));
+        let pool = &file.pattern.pool_argmax;
+        let bytes = BASE64.decode(&pool.u32le).map_err(|e| bad("pattern.pool_argmax", &e.to_string()))?;
+        if bytes.len() != 4 * pool.units {
+            let why = format!("{} bytes for {} u32s", bytes.len(), pool.units);
+            return Err(bad("pattern.pool_argmax", &why));
         }
         let pool_argmax =
             bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         Ok(Golden {
-            replicas: uint(&doc, "replicas")? as usize,
-            batch: uint(&doc, "batch_per_replica")? as usize,
-            image_size: small("image_size")?,
-            classes: small("classes")?,
-            seed: uint(&doc, "seed")?,
-            adapter: string(&doc, "adapter")?.to_string(),
-            loss: float(&doc, "loss")? as f32,
-            tensors,
+            replicas: file.replicas,
+            batch: file.batch_per_replica,
+            image_size: file.image_size,
+            classes: file.classes,
+            seed: file.seed,
+            adapter: file.adapter,
+            loss: file.loss,
+            tensors: file.tensors,
             pattern: ActivationPattern { relu, pool_argmax },
         })
     }
 }
 
-fn l2(v: &[f32]) -> f64 {
-    v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt()
+/// The file as stored: a [`Golden`] with its pattern packed (see the module comment).
+#[derive(Serialize, Deserialize)]
+struct GoldenFile {
+    golden: String,
+    format: u64,
+    replicas: usize,
+    batch_per_replica: usize,
+    image_size: u32,
+    classes: u32,
+    seed: u64,
+    adapter: String,
+    loss: f32,
+    samples_per_tensor: usize,
+    tensors: Vec<GoldenTensor>,
+    pattern: PatternFile,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PatternFile {
+    relu: Vec<PackedMask>,
+    pool_argmax: PackedArgmax,
+}
+
+/// One ReLU site's mask, 8 units a byte, base64.
+#[derive(Serialize, Deserialize)]
+struct PackedMask {
+    units: usize,
+    bits: String,
+}
+
+/// The pool's argmaxes as little-endian u32s, base64.
+#[derive(Serialize, Deserialize)]
+struct PackedArgmax {
+    units: usize,
+    u32le: String,
 }
 
 fn bad(what: &str, why: &str) -> GoldenError {
     GoldenError::Format(format!("`{what}`: {why}"))
-}
-
-fn field<'v>(v: &'v Value, key: &str) -> Result<&'v Value> {
-    v.get(key).ok_or_else(|| bad(key, "missing"))
-}
-
-fn string<'v>(v: &'v Value, key: &str) -> Result<&'v str> {
-    field(v, key)?.as_str().ok_or_else(|| bad(key, "not a string"))
-}
-
-fn float(v: &Value, key: &str) -> Result<f64> {
-    field(v, key)?.as_f64().ok_or_else(|| bad(key, "not a number"))
-}
-
-fn uint(v: &Value, key: &str) -> Result<u64> {
-    let x = float(v, key)?;
-    // Integers up to 2^53 are exact in f64, and nothing here comes near.
-    if x >= 0.0 && x.fract() == 0.0 && x < 2f64.powi(53) {
-        Ok(x as u64)
-    } else {
-        Err(bad(key, "not a whole number ≥ 0"))
-    }
-}
-
-fn numbers(v: &Value) -> std::result::Result<Vec<f64>, String> {
-    let items = v.as_array().ok_or("not an array")?;
-    items.iter().map(|x| x.as_f64().ok_or_else(|| "holds a non-number".to_string())).collect()
 }
 
 /// A 0/1 mask, 8 units a byte, least significant bit first.
@@ -320,77 +281,14 @@ fn pack_bits(mask: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for k in 0..4 {
-            out.push(if k <= chunk.len() {
-                BASE64[(n >> (18 - 6 * k) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
-}
-
-fn base64_decode(text: &str) -> std::result::Result<Vec<u8>, String> {
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(4) {
-        return Err("base64 length is not a multiple of 4".into());
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    for (q, quad) in text.chunks(4).enumerate() {
-        let last = q + 1 == text.len() / 4;
-        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && !last) {
-            return Err("misplaced base64 padding".into());
-        }
-        let mut n = 0u32;
-        for &c in &quad[..4 - pad] {
-            let v = BASE64
-                .iter()
-                .position(|&a| a == c)
-                .ok_or_else(|| format!("`{}` is not base64", c as char))?;
-            n = n << 6 | v as u32;
-        }
-        n <<= 6 * pad as u32;
-        out.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8][..3 - pad]);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn base64_round_trips_and_matches_rfc_4648() {
-        for (plain, coded) in
-            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")]
-        {
-            assert_eq!(base64_encode(plain.as_bytes()), coded);
-            assert_eq!(base64_decode(coded).unwrap(), plain.as_bytes());
-        }
-        let all: Vec<u8> = (0..=255).collect();
-        assert_eq!(base64_decode(&base64_encode(&all)).unwrap(), all);
-        assert!(
-            base64_decode("Zg=").is_err()
-                && base64_decode("Z===").is_err()
-                && base64_decode("Zg==Zm8=").is_err()
-                && base64_decode("Zm*v").is_err()
-        );
-    }
-
-    #[test]
-    fn samples_are_evenly_spaced_and_cover_small_tensors() {
-        assert_eq!(sample_indices(10).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
-        let big: Vec<usize> = sample_indices(640).collect();
-        assert_eq!((big.len(), big[1], big[63]), (64, 10, 630));
+    fn masks_pack_eight_units_a_byte_least_significant_first() {
+        assert_eq!(pack_bits(&[1, 0, 0, 1, 1, 1, 0, 1, 1]), [0b1011_1001, 0b1]);
+        assert_eq!(pack_bits(&[]), Vec::<u8>::new());
     }
 
     fn golden() -> (ResNet34, Vec<f32>, Golden) {
@@ -439,9 +337,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("pattern.relu[0]") && e.contains("2 bytes for 17 units"), "{e}");
-        assert!(Golden::from_json(&text[..text.len() / 2])
-            .unwrap_err()
-            .to_string()
-            .starts_with("golden file: JSON at byte"));
+        let e = Golden::from_json(&text[..text.len() / 2]).unwrap_err().to_string();
+        assert!(e.starts_with("golden file: ") && e.contains("column"), "{e}");
     }
 }

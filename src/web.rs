@@ -1,8 +1,8 @@
 //! The browser face (wasm32 only): what `web/main.js` calls through wasm-bindgen.
 //!
 //! Every export follows one shape: an `async fn` returning `Result<JsValue, JsError>`, whose
-//! value is a plain JS object parsed from the same JSON text a native face would print (see
-//! [`crate::json`]), and whose error is a rejected promise carrying a readable `Error` message.
+//! value is a plain JS object parsed from the same JSON text a native face would print, and
+//! whose error is a rejected promise carrying a readable `Error` message.
 //! Long runs take an optional JS callback for progress. Nothing here blocks: every GPU wait is
 //! an awaited map, and nothing reads a clock (`std::time::Instant` panics on wasm32); the page
 //! times what it wants with `performance.now()`.
@@ -15,6 +15,7 @@
 //! message to the console should one happen anyway. `log` records go to the console too.
 
 use js_sys::{Function, Object, Promise, Reflect};
+use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
@@ -22,7 +23,6 @@ use wasm_bindgen_futures::JsFuture;
 use crate::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
 use crate::golden::Golden;
 use crate::gpu::{self, Gpu};
-use crate::json;
 use crate::model::ResNet34;
 use crate::selfcheck::{self, Progress};
 use crate::step::StepConfig;
@@ -80,39 +80,35 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
     let l = adapter.limits();
     let f = adapter.features();
     let browser = browser_adapter_info(&gpu_js).await?;
-    let limits = json::Object::new()
-        .int("maxStorageBufferBindingSize", l.max_storage_buffer_binding_size)
-        .int("maxStorageBuffersPerShaderStage", l.max_storage_buffers_per_shader_stage.into())
-        .int("maxComputeWorkgroupStorageSize", l.max_compute_workgroup_storage_size.into())
-        .int("maxComputeInvocationsPerWorkgroup", l.max_compute_invocations_per_workgroup.into())
-        .int("maxComputeWorkgroupsPerDimension", l.max_compute_workgroups_per_dimension.into())
-        .int("maxBufferSize", l.max_buffer_size)
-        .int("minStorageBufferOffsetAlignment", l.min_storage_buffer_offset_alignment.into())
-        .finish();
     let named = [
         (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
         (wgpu::Features::SHADER_F16, "shader-f16"),
         (wgpu::Features::SUBGROUP, "subgroups"),
     ];
-    let features =
-        json::array(named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| json::string(n)));
-    let report = json::Object::new()
-        .str("backend", &format!("{:?}", info.backend))
-        .str("name", &info.name)
-        .str("deviceType", &format!("{:?}", info.device_type))
-        .str("vendor", &browser.vendor)
-        .str("architecture", &browser.architecture)
-        .str("device", &browser.device)
-        .str("description", &browser.description)
-        .raw(
-            "isFallbackAdapter",
-            browser.is_fallback.map_or("null", |b| if b { "true" } else { "false" }),
-        )
-        .raw("limits", &limits)
-        .raw("features", &features)
-        .int("parameterBytes", ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4)
-        .finish();
-    parse(&report)
+    let features: Vec<&str> =
+        named.iter().filter(|(x, _)| f.contains(*x)).map(|&(_, n)| n).collect();
+    let report = json!({
+        "backend": format!("{:?}", info.backend),
+        "name": info.name,
+        "deviceType": format!("{:?}", info.device_type),
+        "vendor": browser.vendor,
+        "architecture": browser.architecture,
+        "device": browser.device,
+        "description": browser.description,
+        "isFallbackAdapter": browser.is_fallback,
+        "limits": {
+            "maxStorageBufferBindingSize": l.max_storage_buffer_binding_size,
+            "maxStorageBuffersPerShaderStage": l.max_storage_buffers_per_shader_stage,
+            "maxComputeWorkgroupStorageSize": l.max_compute_workgroup_storage_size,
+            "maxComputeInvocationsPerWorkgroup": l.max_compute_invocations_per_workgroup,
+            "maxComputeWorkgroupsPerDimension": l.max_compute_workgroups_per_dimension,
+            "maxBufferSize": l.max_buffer_size,
+            "minStorageBufferOffsetAlignment": l.min_storage_buffer_offset_alignment,
+        },
+        "features": features,
+        "parameterBytes": ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4,
+    });
+    parse(&report.to_string())
 }
 
 /// Runs the kernel self-check ([`crate::selfcheck`]) on this browser's GPU: a few real kernels
@@ -129,19 +125,16 @@ pub async fn kernel_selfcheck(
     let mut report_progress = |p: Progress| {
         let Some(callback) = &on_progress else { return };
         let event = match p {
-            Progress::Started { index, total, kernel } => json::Object::new()
-                .str("phase", "started")
-                .int("index", index as u64)
-                .int("total", total as u64)
-                .str("kernel", kernel)
-                .finish(),
-            Progress::Finished { index, total, check } => json::Object::new()
-                .str("phase", "finished")
-                .int("index", index as u64)
-                .int("total", total as u64)
-                .str("kernel", check.kernel)
-                .raw("result", &check.to_json())
-                .finish(),
+            Progress::Started { index, total, kernel } => {
+                json!({"phase": "started", "index": index, "total": total, "kernel": kernel})
+            }
+            Progress::Finished { index, total, check } => json!({
+                "phase": "finished",
+                "index": index,
+                "total": total,
+                "kernel": check.kernel,
+                "result": check.to_json(),
+            }),
         };
         call_progress(callback, &event);
     };
@@ -188,13 +181,9 @@ pub async fn run_gates(
     let devices = CheckDevices { replicas: gpus, single };
     let mut report_progress = |p: &CheckProgress| {
         if let Some(callback) = &on_progress {
-            let gates = json::array(p.gates.iter().map(GateRow::to_json));
-            let event = json::Object::new()
-                .str("phase", &p.phase)
-                .int("index", p.index as u64)
-                .int("total", p.total as u64)
-                .raw("gates", &gates)
-                .finish();
+            let gates: Vec<Value> = p.gates.iter().map(GateRow::to_json).collect();
+            let event =
+                json!({"phase": p.phase, "index": p.index, "total": p.total, "gates": gates});
             call_progress(callback, &event);
         }
     };
@@ -235,27 +224,20 @@ pub async fn train_demo(
     let mut losses = Vec::with_capacity(steps as usize);
     for step in 1..=steps {
         let loss = trainer.train_step().await.map_err(js_error)?;
-        losses.push(json::number(loss.into()));
+        losses.push(loss);
         if let Some(callback) = &on_step {
-            call_progress(
-                callback,
-                &json::Object::new()
-                    .int("step", step.into())
-                    .int("steps", steps.into())
-                    .num("loss", loss.into())
-                    .finish(),
-            );
+            call_progress(callback, &json!({"step": step, "steps": steps, "loss": loss}));
         }
     }
-    let report = json::Object::new()
-        .int("replicas", replicas.into())
-        .int("batch_per_replica", batch.into())
-        .int("image_size", size.into())
-        .int("seed", seed.into())
-        .raw("adapters", &json::array(trainer.replicas.adapters().iter().map(|a| json::string(a))))
-        .raw("losses", &json::array(losses))
-        .finish();
-    parse(&report)
+    let report = json!({
+        "replicas": replicas,
+        "batch_per_replica": batch,
+        "image_size": size,
+        "seed": seed,
+        "adapters": trainer.replicas.adapters(),
+        "losses": losses,
+    });
+    parse(&report.to_string())
 }
 
 /// A device on the browser's (first) adapter with the adapter's own limits.
@@ -312,9 +294,9 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
 }
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.
-fn call_progress(callback: &Function, event_json: &str) {
+fn call_progress(callback: &Function, event: &Value) {
     let result =
-        js_sys::JSON::parse(event_json).and_then(|event| callback.call1(&JsValue::NULL, &event));
+        js_sys::JSON::parse(&event.to_string()).and_then(|event| callback.call1(&JsValue::NULL, &event));
     if let Err(e) = result {
         log::warn!("progress callback failed: {}", describe_js(&e));
     }
@@ -338,7 +320,7 @@ fn no_adapter() -> JsError {
     )
 }
 
-/// Parses report JSON written by [`crate::json`] into a JS object.
+/// Parses a report's JSON text into a JS object.
 fn parse(json_text: &str) -> Result<JsValue, JsError> {
     js_sys::JSON::parse(json_text).map_err(|e| {
         JsError::new(&format!("internal error: report is not JSON ({})", describe_js(&e)))

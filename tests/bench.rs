@@ -10,7 +10,7 @@ use std::process::Command;
 use common::*;
 use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER_FORWARD};
 use syncstep::gpu::{AdapterChoice, Encoder, Slice};
-use syncstep::json::{parse, Value};
+use serde_json::Value;
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
 use syncstep::model::ResNet34;
@@ -97,7 +97,7 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     assert!(p.by_op.iter().chain(&p.by_entry).all(|r| r.layer == ALL_LAYERS));
 
     // The JSON carries every figure.
-    let json = parse(&report.to_json()).unwrap();
+    let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
     let num = |v: &Value, path: &[&str]| {
         path.iter()
             .try_fold(v, |v, k| v.get(k))
@@ -147,7 +147,7 @@ fn one_device_report_with_profile_and_roofline() {
             && report.ratio().is_none()
             && report.exchange_ratio().is_none()
     );
-    let json = parse(&report.to_json()).unwrap();
+    let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
     for key in ["ratio", "shard", "own_steps_s", "own_steps_ratio", "exchange_ratio"] {
         assert_eq!(json.get(key), Some(&Value::Null), "{key}");
     }
@@ -196,7 +196,7 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert!(positive(single.median()));
     let ratio = report.ratio().unwrap();
     assert_eq!(ratio, report.step.median() / single.median());
-    let json = parse(&report.to_json()).unwrap();
+    let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
     assert_eq!(json.get("ratio").and_then(Value::as_f64), Some(ratio));
     assert_eq!(json.get("roofline"), Some(&Value::Null));
     assert!(report.text(5).contains("data-parallel / single device at batch 4"));
@@ -267,7 +267,7 @@ fn the_command_line_prints_the_report_and_writes_json() {
         out.contains("single device, batch 2") && out.contains("profile: not asked for"),
         "{out}"
     );
-    let json = parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert!(json
         .get("step")
         .and_then(|s| s.get("median_s"))

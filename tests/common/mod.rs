@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+pub use syncstep::compare::norm_rel;
 use syncstep::gpu::{AdapterChoice, Encoder, Gpu, Slice};
 use syncstep::kernels::KernelError;
 
@@ -67,21 +68,6 @@ pub fn uniform_in(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
 
 pub fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
-}
-
-/// ‖a − b‖₂ / ‖b‖₂; infinite when `a` has a NaN (an unwritten, poisoned element).
-pub fn norm_rel(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    if a.iter().any(|x| !x.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = a.iter().zip(b).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
-    let den: f64 = b.iter().map(|b| b * b).sum::<f64>().sqrt();
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
 }
 
 #[track_caller]
