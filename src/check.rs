@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch, DataError};
-use crate::golden::Golden;
+use crate::golden::{Golden, GoldenSettings};
 use crate::gpu::{AdapterChoice, Gpu};
 use crate::model::{ActivationPattern, ModelError, ResNet34};
 use crate::parallel::{
@@ -116,6 +116,17 @@ impl Bound {
 }
 
 impl CheckConfig {
+    /// What a PORTABLE golden made by this check is made at.
+    pub fn golden_settings(&self) -> GoldenSettings {
+        GoldenSettings {
+            replicas: self.replicas,
+            batch_per_replica: self.batch,
+            image_size: self.image_size,
+            classes: self.classes,
+            seed: self.seed,
+        }
+    }
+
     /// The model this configuration checks, or why it cannot be checked.
     pub fn model(&self) -> Result<ResNet34> {
         if self.batch == 0 {
@@ -280,7 +291,7 @@ pub async fn run_check_on(
         )));
     }
     if let Some(g) = golden {
-        g.check_fits(cfg, &model)?;
+        g.check_fits(&cfg.golden_settings(), &model)?;
     }
     let mut phases = Phases {
         index: 0,
@@ -436,7 +447,7 @@ pub async fn run_check_on(
         config: cfg.clone(),
         replica_adapters: dp.adapters(),
         golden: Golden::of_step(
-            cfg,
+            cfg.golden_settings(),
             &model,
             &single.adapter,
             single_out.loss,
@@ -733,7 +744,7 @@ mod tests {
             portable_against: Some("lavapipe".into()),
             tensors,
             golden: Golden::of_step(
-                &CheckConfig::default(),
+                CheckConfig::default().golden_settings(),
                 &model,
                 "a",
                 2.5,

@@ -21,7 +21,6 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::check::CheckConfig;
 use crate::compare::{l2, norm_rel, sample_indices};
 use crate::model::{ActivationPattern, ResNet34};
 
@@ -52,14 +51,30 @@ pub struct GoldenTensor {
     pub sample: Vec<f32>,
 }
 
-/// A single-device step at the global batch of a check configuration, summarised.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Golden {
+/// The settings of a check a golden is made at, and a run must match to be held to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoldenSettings {
     pub replicas: usize,
-    pub batch: usize,
+    pub batch_per_replica: usize,
     pub image_size: u32,
     pub classes: u32,
     pub seed: u64,
+}
+
+impl std::fmt::Display for GoldenSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let GoldenSettings { replicas, batch_per_replica, image_size: size, classes, seed } = self;
+        write!(
+            f,
+            "{replicas} replicas × {batch_per_replica} images, {size}×{size}, {classes} classes, seed {seed}"
+        )
+    }
+}
+
+/// A single-device step at the global batch of a check configuration, summarised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Golden {
+    pub settings: GoldenSettings,
     /// Where it was computed: "llvmpipe (LLVM 15.0.6, 256 bits), Vulkan".
     pub adapter: String,
     pub loss: f32,
@@ -67,15 +82,11 @@ pub struct Golden {
     pub pattern: ActivationPattern,
 }
 
-fn settings_text(replicas: usize, batch: usize, size: u32, classes: u32, seed: u64) -> String {
-    format!("{replicas} replicas × {batch} images, {size}×{size}, {classes} classes, seed {seed}")
-}
-
 impl Golden {
-    /// The summary of a step of `model` at `cfg`'s global batch: its loss, its flat gradient
-    /// and the pattern it ran on.
+    /// The summary of a step of `model` at the global batch of a check at `settings`: its
+    /// loss, its flat gradient and the pattern it ran on.
     pub fn of_step(
-        cfg: &CheckConfig,
+        settings: GoldenSettings,
         model: &ResNet34,
         adapter: &str,
         loss: f32,
@@ -96,11 +107,7 @@ impl Golden {
             })
             .collect();
         Golden {
-            replicas: cfg.replicas,
-            batch: cfg.batch,
-            image_size: cfg.image_size,
-            classes: cfg.classes,
-            seed: cfg.seed,
+            settings,
             adapter: adapter.to_string(),
             loss,
             tensors,
@@ -108,12 +115,10 @@ impl Golden {
         }
     }
 
-    /// An error unless this golden was made at `cfg`'s settings for `model`'s tensors.
-    pub fn check_fits(&self, cfg: &CheckConfig, model: &ResNet34) -> Result<()> {
-        let golden =
-            settings_text(self.replicas, self.batch, self.image_size, self.classes, self.seed);
-        let run = settings_text(cfg.replicas, cfg.batch, cfg.image_size, cfg.classes, cfg.seed);
-        if golden != run {
+    /// An error unless this golden was made at the `run`'s settings for `model`'s tensors.
+    pub fn check_fits(&self, run: &GoldenSettings, model: &ResNet34) -> Result<()> {
+        if self.settings != *run {
+            let (golden, run) = (self.settings.to_string(), run.to_string());
             return Err(GoldenError::Settings { golden, run });
         }
         let names = |t: &GoldenTensor| (t.name.clone(), t.len);
@@ -163,11 +168,7 @@ impl Golden {
         let file = GoldenFile {
             golden: "syncstep single-device step at the global batch".into(),
             format: FORMAT,
-            replicas: self.replicas,
-            batch_per_replica: self.batch,
-            image_size: self.image_size,
-            classes: self.classes,
-            seed: self.seed,
+            settings: self.settings,
             adapter: self.adapter.clone(),
             loss: self.loss,
             samples_per_tensor: SAMPLES_PER_TENSOR,
@@ -220,11 +221,7 @@ impl Golden {
         let pool_argmax =
             bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         Ok(Golden {
-            replicas: file.replicas,
-            batch: file.batch_per_replica,
-            image_size: file.image_size,
-            classes: file.classes,
-            seed: file.seed,
+            settings: file.settings,
             adapter: file.adapter,
             loss: file.loss,
             tensors: file.tensors,
@@ -238,11 +235,8 @@ impl Golden {
 struct GoldenFile {
     golden: String,
     format: u64,
-    replicas: usize,
-    batch_per_replica: usize,
-    image_size: u32,
-    classes: u32,
-    seed: u64,
+    #[serde(flatten)]
+    settings: GoldenSettings,
     adapter: String,
     loss: f32,
     samples_per_tensor: usize,
@@ -291,6 +285,10 @@ mod tests {
         assert_eq!(pack_bits(&[]), Vec::<u8>::new());
     }
 
+    fn settings(batch_per_replica: usize) -> GoldenSettings {
+        GoldenSettings { replicas: 2, batch_per_replica, image_size: 32, classes: 10, seed: 0 }
+    }
+
     fn golden() -> (ResNet34, Vec<f32>, Golden) {
         let model = ResNet34::new(10).unwrap();
         let grads: Vec<f32> =
@@ -299,8 +297,7 @@ mod tests {
             relu: vec![vec![1, 0, 0, 1, 1, 1, 0, 1, 1], vec![0; 3]],
             pool_argmax: vec![7, 0, u32::MAX],
         };
-        let cfg = CheckConfig { replicas: 2, batch: 4, ..Default::default() };
-        let g = Golden::of_step(&cfg, &model, "an \"adapter\"", 2.4901247, &grads, &pattern);
+        let g = Golden::of_step(settings(4), &model, "an \"adapter\"", 2.4901247, &grads, &pattern);
         (model, grads, g)
     }
 
@@ -309,8 +306,7 @@ mod tests {
         let (model, grads, g) = golden();
         let back = Golden::from_json(&g.to_json()).unwrap();
         assert_eq!(back, g);
-        let cfg = CheckConfig { replicas: 2, batch: 4, ..Default::default() };
-        back.check_fits(&cfg, &model).unwrap();
+        back.check_fits(&settings(4), &model).unwrap();
         assert!(back.tensor_errors(&model, &grads).iter().all(|&e| e == 0.0));
         let mut off = grads.clone();
         off[model.param("layer2.1.conv1.weight").unwrap().offset] *= 2.0;
@@ -324,7 +320,7 @@ mod tests {
     fn a_golden_for_other_settings_or_a_broken_file_is_refused_with_the_reason() {
         let (model, _, g) = golden();
         let e = g
-            .check_fits(&CheckConfig { replicas: 2, batch: 8, ..Default::default() }, &model)
+            .check_fits(&settings(8), &model)
             .unwrap_err()
             .to_string();
         assert!(e.contains("2 replicas × 4 images") && e.contains("2 replicas × 8 images"), "{e}");

@@ -174,7 +174,7 @@ pub async fn run_gates(
     let model = cfg.model().map_err(js_error)?;
     let golden = golden.map(|text| Golden::from_json(&text)).transpose().map_err(js_error)?;
     if let Some(g) = &golden {
-        g.check_fits(&cfg, &model).map_err(js_error)?;
+        g.check_fits(&cfg.golden_settings(), &model).map_err(js_error)?;
     }
     let mut gpus = browser_devices(cfg.replicas + 1, Some(&model)).await?;
     let single = gpus.pop().ok_or_else(no_adapter)?;
