@@ -38,13 +38,13 @@ use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, MemoryStats,
     Slice,
 };
-use serde_json::{json, Value};
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
 use crate::model::{ModelError, ResNet34};
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, Replica, StepConfig};
+use serde_json::{json, Value};
 
 /// A training step's FLOPs as a multiple of the forward's (ENVIRONMENT.md).
 pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;

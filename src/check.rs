@@ -779,7 +779,10 @@ mod tests {
         let parsed: Value = serde_json::from_str(&json).unwrap();
         assert_eq!(parsed["pass"], false);
         let gates = parsed["gates"].as_array().unwrap();
-        assert_eq!((gates[0]["measured"].as_f64(), gates[2]["measured"].is_null()), (Some(0.0), true));
+        assert_eq!(
+            (gates[0]["measured"].as_f64(), gates[2]["measured"].is_null()),
+            (Some(0.0), true)
+        );
         assert_eq!(gates[0]["worst_tensor"], "fc.bias");
         let tensors = parsed["tensors"].as_array().unwrap();
         assert_eq!(tensors.len(), 110);

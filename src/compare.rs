@@ -91,5 +91,4 @@ mod tests {
         let big: Vec<usize> = sample_indices(640).collect();
         assert_eq!((big.len(), big[1], big[63]), (64, 10, 630));
     }
-
 }

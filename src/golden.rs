@@ -106,13 +106,7 @@ impl Golden {
                 }
             })
             .collect();
-        Golden {
-            settings,
-            adapter: adapter.to_string(),
-            loss,
-            tensors,
-            pattern: pattern.clone(),
-        }
+        Golden { settings, adapter: adapter.to_string(), loss, tensors, pattern: pattern.clone() }
     }
 
     /// An error unless this golden was made at the `run`'s settings for `model`'s tensors.
@@ -159,10 +153,11 @@ impl Golden {
     }
 
     pub fn to_json(&self) -> String {
-        let relu = self.pattern.relu.iter().map(|mask| PackedMask {
-            units: mask.len(),
-            bits: BASE64.encode(pack_bits(mask)),
-        });
+        let relu = self
+            .pattern
+            .relu
+            .iter()
+            .map(|mask| PackedMask { units: mask.len(), bits: BASE64.encode(pack_bits(mask)) });
         let argmax: Vec<u8> =
             self.pattern.pool_argmax.iter().flat_map(|a| a.to_le_bytes()).collect();
         let file = GoldenFile {
@@ -207,13 +202,17 @@ impl Golden {
                 let what = format!("pattern.relu[{site}]");
                 let bytes = BASE64.decode(&m.bits).map_err(|e| bad(&what, &e.to_string()))?;
                 if bytes.len() != m.units.div_ceil(8) {
-                    return Err(bad(&what, &format!("{} bytes for {} units", bytes.len(), m.units)));
+                    return Err(bad(
+                        &what,
+                        &format!("{} bytes for {} units", bytes.len(), m.units),
+                    ));
                 }
                 Ok((0..m.units).map(|i| (bytes[i / 8] >> (i % 8)) & 1).collect())
             })
             .collect::<Result<_>>()?;
         let pool = &file.pattern.pool_argmax;
-        let bytes = BASE64.decode(&pool.u32le).map_err(|e| bad("pattern.pool_argmax", &e.to_string()))?;
+        let bytes =
+            BASE64.decode(&pool.u32le).map_err(|e| bad("pattern.pool_argmax", &e.to_string()))?;
         if bytes.len() != 4 * pool.units {
             let why = format!("{} bytes for {} u32s", bytes.len(), pool.units);
             return Err(bad("pattern.pool_argmax", &why));
@@ -319,10 +318,7 @@ mod tests {
     #[test]
     fn a_golden_for_other_settings_or_a_broken_file_is_refused_with_the_reason() {
         let (model, _, g) = golden();
-        let e = g
-            .check_fits(&settings(8), &model)
-            .unwrap_err()
-            .to_string();
+        let e = g.check_fits(&settings(8), &model).unwrap_err().to_string();
         assert!(e.contains("2 replicas × 4 images") && e.contains("2 replicas × 8 images"), "{e}");
         let text = g.to_json();
         let e = Golden::from_json(&text.replace("\"format\":1", "\"format\":2"))

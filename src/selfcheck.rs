@@ -181,7 +181,6 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
-
 fn dims(d: &[u32]) -> String {
     format!("[{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
 }

@@ -295,8 +295,8 @@ async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<G
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.
 fn call_progress(callback: &Function, event: &Value) {
-    let result =
-        js_sys::JSON::parse(&event.to_string()).and_then(|event| callback.call1(&JsValue::NULL, &event));
+    let result = js_sys::JSON::parse(&event.to_string())
+        .and_then(|event| callback.call1(&JsValue::NULL, &event));
     if let Err(e) = result {
         log::warn!("progress callback failed: {}", describe_js(&e));
     }
