@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 # Autotune choices of the test binaries go to the build folder, never the user's cache; the
 # binaries share them, so each shape is timed once per run.
-export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.txt}"
+export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
 cargo test --release --all-targets "$@"
 # lavapipe has subgroups, so the run above tested the kernels that broadcast; the ones that
 # load (browsers, devices without subgroups) once more here.

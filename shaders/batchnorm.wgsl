@@ -12,11 +12,9 @@
 //   step get BITWISE what one device holding the whole batch gets: this is what makes the
 //   data-parallel step equal the single-device one exactly, not to f32 noise.
 // - bn_sum_examples also runs over one replica's own rows, for its dβ, dγ, which the
-//   gradient all-reduce then adds across replicas. It sums rows pairwise as a binary counter
-//   (row b closes the blocks of 2^l rows ending at b, l < the number of trailing ones of b):
-//   a power-of-two shard's sum is then a subtree of the whole batch's, and the all-reduce,
-//   adding replicas' sums in the same pairwise order, rebuilds the single device's sum bit
-//   for bit. Every reduction over the batch in the step's backward sums this way.
+//   gradient all-reduce then adds across replicas. It sums rows pairwise
+//   (common/pairwise.wgsl, which this file is compiled after), as every reduction over the
+//   batch in the step's backward does.
 // - Fixed orders throughout: serial sums in blocks of BLOCK terms whose totals are summed
 //   again. Nothing depends on scheduling.
 // - Statistics are (mean, M2 = Σ(x−mean)²), never E[x²]−μ². Rows merge by Chan's formula for
@@ -54,8 +52,6 @@ struct RunningParams {
 
 const WG: u32 = 256u;
 const BLOCK: u32 = 32u;
-// bn_sum_examples' pairwise stack, set per launch (pairwise_shader in src/kernels/mod.rs).
-const PAIRWISE_LEVELS: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(0) var<uniform> rp: RunningParams;
@@ -247,10 +243,8 @@ fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     esums_rows[2u * p.c * b + p.c + ch] = total.y * inv_std(esums_stats[p.c + ch]);
 }
 
-// bn_sum_examples: sums = [Σdy | Σdy·x̂] per channel over n rows of bn_example_sums. Rows are
-// summed pairwise, as a binary counter (see the header), so that the sum over any aligned block
-// of 2^k consecutive rows, a replica's shard, is a subtree of the sum over all rows. One
-// invocation per channel.
+// bn_sum_examples: sums = [Σdy | Σdy·x̂] per channel over n rows of bn_example_sums, summed
+// pairwise. One invocation per channel.
 @group(0) @binding(1) var<storage, read> rsums_rows: array<f32>;
 @group(0) @binding(2) var<storage, read_write> rsums_out: array<f32>;
 
@@ -258,30 +252,11 @@ fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
-    // blocks[l]: the sum of the latest block of 2^l rows not yet paired with its left sibling.
-    // The launcher sizes the stack to the smallest of 4, 8, 16, 32 levels that holds the bits
-    // of n. Unlike conv2d.wgsl's pushes, this one loops only over the levels row b closes:
-    // measured on lavapipe (Mesa 22, c = 64, n = 8), 20 µs a dispatch against 3.2 ms with
-    // conv2d's constant-bound loop and 1.25 ms with a stack of 32.
     var blocks: array<vec2<f32>, PAIRWISE_LEVELS>;
     for (var b = 0u; b < p.n; b++) {
-        var v = vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]);
-        var l = 0u;
-        for (; ((b >> l) & 1u) == 1u; l++) {
-            v = blocks[l] + v;
-        }
-        blocks[l] = v;
+        pairwise_push2(&blocks, b, vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]));
     }
-    // The open blocks are the set bits of n, the earliest rows in the highest: add them up
-    // from the smallest, each as the left operand.
-    var sums = vec2<f32>(0.0);
-    var first = true;
-    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (((p.n >> l) & 1u) == 1u) {
-            if (first) { sums = blocks[l]; } else { sums = blocks[l] + sums; }
-            first = false;
-        }
-    }
+    let sums = pairwise_total2(&blocks, p.n);
     rsums_out[ch] = sums.x;
     rsums_out[p.c + ch] = sums.y;
 }

@@ -7,11 +7,8 @@
 // invocation summing t in a fixed order, and every output is overwritten, never accumulated
 // across dispatches. The bias is added after the sum, as a separate rounding.
 //
-// The two reductions over the batch (dense_backward_weight, dense_backward_bias) sum pairwise,
-// as a binary counter (example t closes the blocks of 2^l examples ending at t, l < the number
-// of trailing ones of t), as conv2d's weight gradient does: the sum over an aligned block of
-// 2^k examples, a data-parallel replica's shard, is a subtree of the sum over the batch, so
-// the gradient all-reduce rebuilds the single device's result bit for bit.
+// The two reductions over the batch (dense_backward_weight, dense_backward_bias) sum pairwise
+// (common/pairwise.wgsl, which this file is compiled after).
 
 struct Params {
     rows: u32,
@@ -43,35 +40,6 @@ fn product(o: u32) -> f32 {
     var sum = 0.0;
     for (var t = 0u; t < p.inner; t++) {
         sum += mm_a[i * p.a_row + t * p.a_inner] * mm_b[t * p.b_inner + j * p.b_col];
-    }
-    return sum;
-}
-
-// blocks[l] holds the sum of the latest block of 2^l terms not yet paired with its left
-// sibling; push term t, then read the total over n terms (the open blocks are the set bits of
-// n, the earliest terms in the highest, added from the smallest up, each as the left operand).
-// PAIRWISE_LEVELS is set per launch, as in conv2d.wgsl: the smallest of 4, 8, 16, 32 that holds
-// the bits of the batch size; the loops run over every level, with that constant bound, so the
-// driver can keep the blocks in registers.
-const PAIRWISE_LEVELS: u32 = 32u;
-
-fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, t: u32, term: f32) {
-    // Term t closes the blocks below its lowest zero bit and becomes the block there.
-    let closed = countTrailingZeros(~t);
-    var v = term;
-    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
-    }
-}
-
-fn pairwise_total(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, n: u32) -> f32 {
-    var sum = 0.0;
-    var first = true;
-    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (((n >> l) & 1u) == 1u) {
-            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
-            first = false;
-        }
     }
     return sum;
 }

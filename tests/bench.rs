@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::process::Command;
 
 use common::*;
+use serde_json::Value;
 use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER_FORWARD};
 use syncstep::gpu::{AdapterChoice, Encoder, Slice};
-use serde_json::Value;
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
 use syncstep::model::ResNet34;

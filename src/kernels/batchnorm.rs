@@ -20,11 +20,13 @@
 //! an optional residual add and a ReLU in one pass, and the backward kernels take the ReLU's
 //! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
-use super::{expect_len, expect_positive, launch, pairwise_shader, KernelError, Result};
+use super::{
+    expect_len, expect_positive, launch, pairwise_shader, shader_source, KernelError, Result,
+};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader =
-    Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") };
+pub(crate) const SHADER: Shader =
+    Shader { name: "batchnorm", source: shader_source!("batchnorm.wgsl") };
 const WG: u32 = 256;
 
 /// x as [n, c, hw] with hw = H·W.

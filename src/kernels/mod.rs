@@ -80,11 +80,23 @@ pub(crate) fn expect_positive(op: &'static str, arg: &'static str, v: u32) -> Re
     Ok(())
 }
 
+/// A shader's source: the pairwise-sum prelude (shaders/common/pairwise.wgsl), so that every
+/// sum over examples takes one order, then the named files of shaders/, joined at build time.
+macro_rules! shader_source {
+    ($($file:literal),+ $(,)?) => {
+        concat!(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/common/pairwise.wgsl")),
+            $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file))),+
+        )
+    };
+}
+pub(crate) use shader_source;
+
 /// The private stack sizes the pairwise sums over examples are compiled for (see
 /// [`pairwise_shader`]): few, so that few pipelines compile.
 pub const PAIRWISE_LEVELS: [u32; 4] = [4, 8, 16, 32];
 
-/// The line of a shader that sizes its pairwise stack, as the file has it.
+/// The prelude's line that sizes the pairwise stack.
 const PAIRWISE_LINE: &str = "const PAIRWISE_LEVELS: u32 = 32u;";
 
 /// Levels a pairwise sum over `count` terms keeps: one per bit of `count`, rounded up to the
@@ -94,39 +106,51 @@ pub fn pairwise_levels(count: u32) -> u32 {
     PAIRWISE_LEVELS.into_iter().find(|&l| l >= bits).unwrap_or(32)
 }
 
-/// `shader` with its pairwise stack (`PAIRWISE_LEVELS` in the WGSL) sized for sums over `count`
-/// terms. The shaders loop over every level with that constant bound, so the driver can unroll
-/// the loops and keep the blocks in registers; at a fixed 32 levels lavapipe kept each
-/// invocation's stack in memory, zeroed and indexed per lane. Only the size changes, not the
-/// order of additions. Compiled once per (shader, levels): the pipeline cache is keyed by name.
+/// `shader` (which starts with the pairwise prelude) with its pairwise stack sized for sums over
+/// `count` terms. The prelude's loops run over every level with that constant bound, so the
+/// driver can unroll them and keep the blocks in registers. Only the size changes, not the
+/// order of additions.
 pub(crate) fn pairwise_shader(shader: &Shader, count: u32) -> Shader {
-    static SHADERS: OnceLock<Mutex<HashMap<(&'static str, u32), Shader>>> = OnceLock::new();
     let levels = pairwise_levels(count);
-    let mut shaders =
-        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    *shaders.entry((shader.name, levels)).or_insert_with(|| {
-        debug_assert!(
-            shader.source.contains(PAIRWISE_LINE),
-            "{} declares {PAIRWISE_LINE}",
-            shader.name
-        );
-        let source = shader
-            .source
-            .replace(PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"));
-        let name = format!("{}_pairwise{levels}", shader.name);
-        Shader {
-            name: Box::leak(name.into_boxed_str()),
-            source: Box::leak(source.into_boxed_str()),
-        }
+    specialise(shader, &format!("pairwise{levels}"), |source| {
+        replaced(source, PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"))
     })
+}
+
+/// `base` made into a variant: `edit` writes the variant's source from the base's, and the
+/// variant is named `{base.name}_{variant}`. Every variant of a shader (its pairwise stack
+/// size, a tile shape, loads turned into broadcasts) is made here, once per process; the
+/// pipeline cache is keyed by the name, so one name must stand for one source.
+pub(crate) fn specialise(
+    base: &Shader,
+    variant: &str,
+    edit: impl FnOnce(&str) -> String,
+) -> Shader {
+    static SHADERS: OnceLock<Mutex<HashMap<String, Shader>>> = OnceLock::new();
+    let name = format!("{}_{variant}", base.name);
+    let shaders = SHADERS.get_or_init(Default::default);
+    if let Some(&shader) = shaders.lock().unwrap_or_else(|p| p.into_inner()).get(&name) {
+        return shader;
+    }
+    let source = edit(base.source);
+    let mut shaders = shaders.lock().unwrap_or_else(|p| p.into_inner());
+    *shaders.entry(name).or_insert_with_key(|name| Shader {
+        name: Box::leak(name.clone().into_boxed_str()),
+        source: Box::leak(source.into_boxed_str()),
+    })
+}
+
+/// `source` with `from`, which it must contain (the shaders are this crate's own), as `to`.
+pub(crate) fn replaced(source: &str, from: &str, to: &str) -> String {
+    assert!(source.contains(from), "the shader has `{from}`");
+    source.replace(from, to)
 }
 
 /// `source` with entry point `entry` also taking its subgroup index, `sid`: for the modules that
 /// broadcast (`Gpu::broadcasts`), compiled only where the device has subgroups.
 pub(crate) fn with_subgroup_index(source: &str, entry: &str) -> String {
     let head = format!("fn {entry}(");
-    let at = source.find(&head).unwrap_or_else(|| panic!("the shader has `{head}`")) + head.len();
-    format!("{}@builtin(subgroup_invocation_id) sid: u32, {}", &source[..at], &source[at..])
+    replaced(source, &head, &format!("{head}@builtin(subgroup_invocation_id) sid: u32, "))
 }
 
 /// Checks every named binding against the device's limits, then records the dispatch.
@@ -148,6 +172,16 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     let slices: Vec<Slice> = bindings.iter().map(|(_, s)| *s).collect();
     gpu.dispatch(encoder, op, shader, entry, params, &slices, workgroups)
         .map_err(|source| KernelError::Gpu { op, source })
+}
+
+/// Fails the test unless `shader` parses and validates (naga, as wgpu does) with `capabilities`.
+#[cfg(test)]
+pub(crate) fn assert_valid_wgsl(shader: &Shader, capabilities: naga::valid::Capabilities) {
+    let module = naga::front::wgsl::parse_str(shader.source)
+        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
 }
 
 #[cfg(test)]
@@ -174,11 +208,7 @@ mod tests {
 
     #[test]
     fn every_pairwise_stack_size_specialises_to_valid_wgsl() {
-        let shaders = [
-            Shader { name: "conv2d", source: include_str!("../../shaders/conv2d.wgsl") },
-            Shader { name: "dense", source: include_str!("../../shaders/dense.wgsl") },
-            Shader { name: "batchnorm", source: include_str!("../../shaders/batchnorm.wgsl") },
-        ];
+        let shaders = [conv2d::SHADER, dense::SHADER, batchnorm::SHADER];
         for shader in shaders {
             for levels in PAIRWISE_LEVELS {
                 // The largest count that still fits `levels`.
@@ -190,16 +220,7 @@ mod tests {
                     "{}: the stack size was not substituted",
                     specialised.name
                 );
-                let module = naga::front::wgsl::parse_str(specialised.source).unwrap_or_else(|e| {
-                    panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source))
-                });
-                let mut validator = naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::empty(),
-                );
-                validator.validate(&module).unwrap_or_else(|e| {
-                    panic!("{}: {}", specialised.name, e.emit_to_string(specialised.source))
-                });
+                assert_valid_wgsl(&specialised, naga::valid::Capabilities::empty());
             }
         }
     }

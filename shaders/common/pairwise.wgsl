@@ -1,0 +1,100 @@
+// Pairwise sums over examples: the one order in which every sum over a batch is taken
+// (docs/design.md, "Determinism"). Terms are added as a binary counter: term t closes the
+// blocks of 2^l terms ending at t (l below the number of trailing ones of t) and becomes the
+// block of the level above them; blocks[l] holds the sum of the latest block of 2^l terms not
+// yet paired with its left sibling, always added as the left operand. After `count` terms the
+// open blocks are the set bits of count, the earliest terms in the highest; the total adds
+// them from the smallest up, each as the left operand. So the sum over an aligned block of
+// 2^k terms, a data-parallel replica's shard, is a subtree of the sum over the batch, and an
+// all-reduce that adds the shards' sums in the same tree rebuilds it bit for bit.
+//
+// WGSL has no generics: the functions come in the element types the shaders sum (f32; vec2
+// for BatchNorm's pairs; mat4x4 for the weight gradient's register tiles), each the same tree.
+//
+// PAIRWISE_LEVELS sizes the stack: the launcher sets it to the smallest of 4, 8, 16, 32 that
+// holds the bits of the count (kernels::pairwise_shader). The f32 and mat4x4 pushes loop over
+// every level with that constant bound, so that a driver can unroll them and keep the blocks
+// in registers (an array indexed by a variable level stays in memory on CPU drivers, which
+// the weight gradient's 4×4 tiles cannot afford). The vec2 push, one pair per invocation,
+// loops only over the levels a term closes: there the compares of every level cost more.
+const PAIRWISE_LEVELS: u32 = 32u;
+
+fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, t: u32, term: f32) {
+    let closed = countTrailingZeros(~t);
+    var v = term;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
+    }
+}
+
+fn pairwise_total(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, count: u32) -> f32 {
+    var sum = 0.0;
+    var first = true;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((count >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
+}
+
+fn pairwise_push2(blocks: ptr<function, array<vec2<f32>, PAIRWISE_LEVELS>>, t: u32, term: vec2<f32>) {
+    var v = term;
+    var l = 0u;
+    for (; ((t >> l) & 1u) == 1u; l++) {
+        v = (*blocks)[l] + v;
+    }
+    (*blocks)[l] = v;
+}
+
+fn pairwise_total2(blocks: ptr<function, array<vec2<f32>, PAIRWISE_LEVELS>>, count: u32) -> vec2<f32> {
+    var sum = vec2<f32>(0.0);
+    var first = true;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((count >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
+}
+
+fn pairwise_push4(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, t: u32, term: mat4x4<f32>) {
+    let closed = countTrailingZeros(~t);
+    var v = term;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = (*blocks)[l] + v; } else if (l == closed) { (*blocks)[l] = v; }
+    }
+}
+
+fn pairwise_total4(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, count: u32) -> mat4x4<f32> {
+    var sum = mat4x4<f32>();
+    var first = true;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((count >> l) & 1u) == 1u) {
+            if (first) { sum = (*blocks)[l]; } else { sum = (*blocks)[l] + sum; }
+            first = false;
+        }
+    }
+    return sum;
+}
+
+// pairwise_push4, except that the last of `count` terms closes the sum instead of being
+// stored: it merges the blocks below its level as a push would, then the open blocks above,
+// smallest first, as pairwise_total4 would, and leaves the total in blocks[0] (free by then).
+// The same additions in the same order, with a stack one level per bit of count − 1 rather
+// than of count: the launcher uses it where that saves a level (16 terms fit 4 levels).
+fn pairwise_push_or_close4(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, t: u32, count: u32, term: mat4x4<f32>) {
+    let closed = countTrailingZeros(~t);
+    let last = t + 1u == count;
+    var v = term;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed || (last && l > closed && ((count >> l) & 1u) == 1u)) {
+            v = (*blocks)[l] + v;
+        } else if (l == closed && !last) {
+            (*blocks)[l] = v;
+        }
+    }
+    if (last) { (*blocks)[0] = v; }
+}

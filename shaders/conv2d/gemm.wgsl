@@ -1,0 +1,240 @@
+// ---------------------------------------------------------------------------------------------
+// The convolution as an explicit GEMM, part 2: the GEMM uniform and where outputs land, the
+// workgroup-shared tiles for GPUs, and the weight gradient's pairwise blocks.
+//
+// - conv2d_gemm_weight_*: the weight gradient as a GEMM over the forward's im2col rows:
+//   dw[co, k] = Σ_q dy[n, co, oy, ox]·cols[q, k] over pixels q = (n, oy, ox), dy read in place,
+//   cols as vec4 along k (4 weights per load). Each invocation walks the pixels in order and
+//   keeps, per output, the direct kernel's row sum (over ox) and example sum (over oy); an
+//   example's total is pushed into the pairwise blocks, kept in a scratch buffer (one level per
+//   bit of n, one writer per element), and conv2d_backward_weight_total adds the open blocks
+//   as pairwise_total does. A chunk of pixels is whole output rows; when a chunk ends inside an
+//   example, its running sum waits in the scratch's first level (the carry) for the next chunk,
+//   so chunking does not change the order. Padding taps add dy·0 = ±0 to a row sum that starts
+//   at +0 and never is −0, which leaves it unchanged: every variant gives the direct bits.
+
+// The GEMM: out = Σ_k a[i, k]·b[j, k] over rows of row4 vec4s. One of a, b is im2col rows
+// (pixels), the other weight rows (channels); the result lands in NCHW at
+// (n, channel, origin_y + step·py, origin_x + step·px) for pixel (n, py, px) of the grid.
+struct Gemm {
+    rows_a: u32,
+    rows_b: u32,
+    row4: u32,
+    a_stride: u32,   // elements of gl_a (vec4s) or gg_w (floats) from one row of a to the next
+    a_is_pixels: u32,
+    pixel_begin: u32,
+    pixel_count: u32,   // conv2d_gemm_weight_* only: the chunk's pixels
+    channels: u32,
+    grid_w: u32,
+    grid_h: u32,
+    grid_plane: u32,
+    out_w: u32,
+    out_plane: u32,
+    step: u32,
+    origin_y: u32,
+    origin_x: u32,
+}
+
+@group(0) @binding(0) var<uniform> g: Gemm;
+
+// A row's output offset `at` and, for a pixel, its column and row in the grid.
+struct OutRow {
+    at: u32,
+    x: u32,
+    y: u32,
+}
+
+// Where row `row` of a (`of_a`) or of b puts its outputs in NCHW, to be added to the other's: a
+// pixel's (n, y, x) offset, or a channel's c · out_plane. A pixel's takes four integer divisions,
+// slow on CPU drivers (a scalar loop per lane), so the register tiles work out their first row's
+// here and step to the next with gemm_out_next, which only compares and adds.
+fn gemm_out_first(row: u32, of_a: bool) -> OutRow {
+    if ((g.a_is_pixels == 1u) != of_a) { return OutRow(row * g.out_plane, 0u, 0u); }
+    let pixel = g.pixel_begin + row;
+    let r = pixel % g.grid_plane;
+    let gy = r / g.grid_w;
+    let gx = r % g.grid_w;
+    let at = (pixel / g.grid_plane) * g.channels * g.out_plane + (g.origin_y + g.step * gy) * g.out_w + g.origin_x + g.step * gx;
+    return OutRow(at, gx, gy);
+}
+
+// The row after `r`: the next channel's plane, or the grid's next pixel (the next column, else
+// the next grid row, else the next image's first pixel). u32 arithmetic wraps, so the steps back
+// are additions.
+fn gemm_out_next(r: OutRow, of_a: bool) -> OutRow {
+    if ((g.a_is_pixels == 1u) != of_a) { return OutRow(r.at + g.out_plane, 0u, 0u); }
+    let next_row = r.x + 1u == g.grid_w;
+    let next_image = next_row && r.y + 1u == g.grid_h;
+    var at = r.at + g.step;
+    at += select(0u, g.step * (g.out_w - g.grid_w), next_row);
+    at += select(0u, g.channels * g.out_plane - g.step * g.out_w * g.grid_h, next_image);
+    return OutRow(at, select(r.x + 1u, 0u, next_row), select(select(r.y, r.y + 1u, next_row), 0u, next_image));
+}
+
+fn gemm_out_index(i: u32, j: u32) -> u32 {
+    return gemm_out_first(i, true).at + gemm_out_first(j, false).at;
+}
+
+// conv2d_gemm_shared, for GPUs: a 64×64 output tile per workgroup of 256 invocations, 4×4 each;
+// 16 k at a time staged in workgroup memory (8 KiB) between barriers.
+const SHARED_EDGE: u32 = 64u;
+var<workgroup> gs_tile_a: array<vec4<f32>, 256>;   // 64 rows × 4 vec4
+var<workgroup> gs_tile_b: array<vec4<f32>, 256>;
+
+@group(0) @binding(1) var<storage, read> gs_a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> gs_b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> gs_out: array<f32>;
+
+@compute @workgroup_size(256)
+fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let a_tiles = (g.rows_a + SHARED_EDGE - 1u) / SHARED_EDGE;
+    let f = wid.x + wid.y * nwg.x;
+    let a_base = (f % a_tiles) * SHARED_EDGE;
+    let b_base = (f / a_tiles) * SHARED_EDGE;
+    if (b_base >= g.rows_b) { return; }   // whole workgroups only: the barriers stay uniform
+    // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b.
+    let a_src = min(a_base + lid / 4u, g.rows_a - 1u) * g.row4;
+    let b_src = min(b_base + lid / 4u, g.rows_b - 1u) * g.row4;
+    let ti = (lid % 16u) * 4u;
+    let tj = (lid / 16u) * 4u;
+    var acc: array<vec4<f32>, 4>;   // acc[i][j]: a row ti + i, b row tj + j
+    for (var v0 = 0u; v0 < g.row4; v0 += 4u) {
+        let v = min(v0 + lid % 4u, g.row4 - 1u);
+        gs_tile_a[lid] = gs_a[a_src + v];
+        gs_tile_b[lid] = gs_b[b_src + v];
+        workgroupBarrier();
+        for (var s = 0u; s < min(4u, g.row4 - v0); s++) {
+            var bv: array<vec4<f32>, 4>;
+            for (var j = 0u; j < 4u; j++) { bv[j] = gs_tile_b[(tj + j) * 4u + s]; }
+            for (var i = 0u; i < 4u; i++) {
+                let av = gs_tile_a[(ti + i) * 4u + s];
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] += av.x * bv[j].x;
+                    acc[i][j] += av.y * bv[j].y;
+                    acc[i][j] += av.z * bv[j].z;
+                    acc[i][j] += av.w * bv[j].w;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u && a_base + ti + i < g.rows_a; i++) {
+        for (var j = 0u; j < 4u && b_base + tj + j < g.rows_b; j++) {
+            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j)] = acc[i][j];
+        }
+    }
+}
+
+// The weight gradient as a GEMM (see the top of this file): the forward's im2col rows of one chunk
+// against dy in place, into the pairwise blocks of example sums; then the total into dw.
+@group(0) @binding(1) var<storage, read> wg_cols: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
+// [level][co][row4] vec4s: level 0 the carry, level 1 + l the pairwise block of 2^l examples.
+@group(0) @binding(3) var<storage, read_write> wg_sums: array<vec4<f32>>;
+
+// Where (co, kv) lives in a level of wg_sums, or u32 max for a clamped row past the edge.
+fn gemm_weight_at(co: u32, kv: u32) -> u32 {
+    if (co >= g.channels || kv >= g.row4) { return 0xffffffffu; }
+    return co * g.row4 + kv;
+}
+
+// The running example sum a chunk starts from: the carry when it starts inside an example.
+fn gemm_weight_start(co: u32, kv: u32) -> vec4<f32> {
+    let at = gemm_weight_at(co, kv);
+    if (at == 0xffffffffu || g.pixel_begin % g.out_plane == 0u) { return vec4<f32>(0.0); }
+    return wg_sums[at];
+}
+
+// Example n's total into the pairwise blocks, as pairwise_push (a loop the driver unrolls: see
+// WEIGHT_CHUNK_PIXELS in src/kernels/conv2d/backward_weight.rs for why that matters here).
+fn gemm_weight_push(n: u32, co: u32, kv: u32, total: vec4<f32>) {
+    let at = gemm_weight_at(co, kv);
+    if (at == 0xffffffffu) { return; }
+    let level = g.channels * g.row4;
+    let closed = countTrailingZeros(~n);
+    var v = total;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (l < closed) { v = wg_sums[(l + 1u) * level + at] + v; } else if (l == closed) { wg_sums[(l + 1u) * level + at] = v; }
+    }
+}
+
+// The running example sum at the end of a chunk, kept when the chunk ends inside an example.
+fn gemm_weight_keep(co: u32, kv: u32, sum: vec4<f32>) {
+    let at = gemm_weight_at(co, kv);
+    if (at != 0xffffffffu && (g.pixel_begin + g.pixel_count) % g.out_plane != 0u) { wg_sums[at] = sum; }
+}
+
+// The dy row of pixel q (the first of an output row) for channel 0.
+fn gemm_weight_dy_row(q: u32) -> u32 {
+    return (q / g.out_plane) * g.channels * g.out_plane + q % g.out_plane;
+}
+
+// conv2d_gemm_weight_shared, for GPUs: 64 output channels × 16 vec4s of k per workgroup of 256
+// invocations, 4 channels × 1 vec4 each; an output row's pixels staged 16 at a time in
+// workgroup memory (8 KiB) between barriers.
+var<workgroup> ws_cols: array<vec4<f32>, 256>;   // 16 pixels × 16 vec4s of k
+var<workgroup> ws_dy: array<vec4<f32>, 256>;     // 16 pixels × 16 quads of channels
+
+@compute @workgroup_size(256)
+fn conv2d_gemm_weight_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let kv_tiles = (g.row4 + 15u) / 16u;
+    let f = wid.x + wid.y * nwg.x;
+    let kv_base = (f % kv_tiles) * 16u;
+    let co_base = (f / kv_tiles) * SHARED_EDGE;
+    if (co_base >= g.channels) { return; }   // whole workgroups only: the barriers stay uniform
+    // Summing: vec4 lid / 16 of k, channel quad lid mod 16. Staging: pixel lid / 16 of the 16,
+    // vec4 (and channel quad) lid mod 16.
+    let kv = kv_base + lid / 16u;
+    let co = co_base + (lid % 16u) * 4u;
+    let stage_kv = min(kv_base + lid % 16u, g.row4 - 1u);
+    let stage_co = min(vec4<u32>(co) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(g.channels - 1u)) * g.out_plane;
+    var e = array<vec4<f32>, 4>(gemm_weight_start(co, kv), gemm_weight_start(co + 1u, kv), gemm_weight_start(co + 2u, kv), gemm_weight_start(co + 3u, kv));
+    for (var q = g.pixel_begin; q < g.pixel_begin + g.pixel_count; q += g.out_w) {
+        let dy_row = gemm_weight_dy_row(q);
+        let cols_row = (q - g.pixel_begin) * g.row4;
+        var s: array<vec4<f32>, 4>;
+        for (var x0 = 0u; x0 < g.out_w; x0 += 16u) {
+            let ox = min(x0 + lid / 16u, g.out_w - 1u);
+            ws_cols[lid] = wg_cols[cols_row + ox * g.row4 + stage_kv];
+            let d = dy_row + ox + stage_co;
+            ws_dy[lid] = vec4<f32>(wg_dy[d.x], wg_dy[d.y], wg_dy[d.z], wg_dy[d.w]);
+            workgroupBarrier();
+            for (var t = 0u; t < min(16u, g.out_w - x0); t++) {
+                let c = ws_cols[t * 16u + lid / 16u];
+                let dv = ws_dy[t * 16u + lid % 16u];
+                s[0] += dv.x * c;
+                s[1] += dv.y * c;
+                s[2] += dv.z * c;
+                s[3] += dv.w * c;
+            }
+            workgroupBarrier();
+        }
+        for (var i = 0u; i < 4u; i++) { e[i] += s[i]; }
+        if ((q + g.out_w) % g.out_plane == 0u) {
+            for (var i = 0u; i < 4u; i++) {
+                gemm_weight_push(q / g.out_plane, co + i, kv, e[i]);
+                e[i] = vec4<f32>(0.0);
+            }
+        }
+    }
+    for (var i = 0u; i < 4u; i++) { gemm_weight_keep(co + i, kv, e[i]); }
+}
+
+// The GEMM variants' last step: dw[co, k] = pairwise_total of the blocks wg_sums holds for
+// (co, k) (read as floats: level 1 + l at (1 + l)·c_out·row4·4, then co·row4·4 + k).
+@group(0) @binding(1) var<storage, read> wt_sums: array<f32>;
+@group(0) @binding(2) var<storage, read_write> wt_dw: array<f32>;
+
+@compute @workgroup_size(WG)
+fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg);
+    let k_len = p.c_in * p.kh * p.kw;
+    if (i >= p.c_out * k_len) { return; }
+    let level = p.c_out * p.row4 * 4u;
+    let at = (i / k_len) * p.row4 * 4u + i % k_len;
+    var blocks: array<f32, PAIRWISE_LEVELS>;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((p.n >> l) & 1u) == 1u) { blocks[l] = wt_sums[(l + 1u) * level + at]; }
+    }
+    wt_dw[i] = pairwise_total(&blocks, p.n);
+}

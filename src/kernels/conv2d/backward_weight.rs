@@ -1,0 +1,308 @@
+//! The weight gradient, `dw = Σ_{n,oy,ox} dy ⊗ x-window`, summed over the batch in the
+//! pairwise order: Direct and Blocked kernels (Blocked broadcasting dy where the device
+//! broadcasts), and the GEMM over the forward's im2col rows with the examples' pairwise blocks
+//! kept in scratch between chunks.
+
+use super::gemm::{im2col_chunks, Gemm};
+use super::tiles::gemm_lanes_shader;
+use super::{
+    checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, GemmTile,
+    Params, GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
+};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use crate::kernels::{
+    expect_within_llvmpipe_loops, launch, pairwise_levels, pairwise_shader, replaced, specialise,
+    with_subgroup_index, KernelError, Result,
+};
+
+/// Pixels per chunk of the weight gradient's GEMM at most. Each invocation loops over a chunk's
+/// pixels, and lavapipe (Mesa 22) silently ends an invocation's loops after 65535 iterations of
+/// all of them together (LP_MAX_TGSI_LOOP_ITERATIONS): a chunk's pixels and output rows stay
+/// below that, with the pairwise pushes' loops unrolled (a constant bound).
+pub(super) const WEIGHT_CHUNK_PIXELS: u64 = 16384;
+
+/// [`conv2d_backward_weight`] with the kernel chosen by `algo`.
+pub fn conv2d_backward_weight_with(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: Conv2dAlgo,
+    shape: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let s = shape;
+    let bindings = checked(Conv2dOp::BackwardWeight, s, [dy, x, dw])?;
+    if matches!(algo, Conv2dAlgo::Direct | Conv2dAlgo::Blocked) {
+        expect_within_loop_limit(&gpu.info.name, OP, algo, s)?;
+    }
+    let (entry, threads) = match algo {
+        Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
+        Conv2dAlgo::Blocked => return backward_weight_blocked(gpu, enc, s, dy, x, dw, None),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
+            return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
+        }
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
+    };
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.n),
+        entry,
+        &s.params(),
+        &bindings,
+        grid_1d(threads, WG),
+    )
+}
+
+/// The Blocked weight gradient of `s` into `dw` [c_out, c_in, kh, kw]; or, with `into` = (the
+/// whole shape, its crop) and `s` the cropped shape, straight into the kept taps of the whole
+/// kernel's `dw`, leaving the other taps as they are.
+pub(super) fn backward_weight_blocked(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+    into: Option<(&Conv2dShape, &Crop)>,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let bindings =
+        checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
+    expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
+    let params = match into {
+        Some((whole, crop)) => Params {
+            crop_y: crop.ky,
+            crop_x: crop.kx,
+            dw_kh: whole.kh,
+            dw_kw: whole.kw,
+            ..s.params()
+        },
+        None => s.params(),
+    };
+    // Workgroups of WB_LANES input-channel tile_count, one tile of WB_CO output channels each.
+    const WB_LANES: u64 = 16;
+    const WB_CO: u64 = 4 * TILE;
+    let workgroups =
+        (s.c_out as u64).div_ceil(WB_CO) * tile_count(s.c_in as u64).div_ceil(WB_LANES);
+    // Closing the examples' sum at the last saves a level of the pairwise stack where count − 1
+    // needs fewer than count (see pairwise_push_or_close4).
+    let close = pairwise_levels(s.n - 1) < pairwise_levels(s.n);
+    let shader = blocked_weight_shader(gpu.broadcasts, close);
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&shader, if close { s.n - 1 } else { s.n }),
+        "conv2d_backward_weight_blocked",
+        &params,
+        &bindings,
+        grid_1d(workgroups, 1),
+    )
+}
+
+/// The base module as the Blocked weight gradient runs it: broadcasting dy or not, closing the
+/// examples' pairwise sum at the last (WB_CLOSE) or not.
+pub(super) fn blocked_weight_shader(broadcasts: bool, close: bool) -> Shader {
+    let base = if broadcasts { broadcast_shader() } else { SHADER };
+    if !close {
+        return base;
+    }
+    specialise(&base, "close", |source| {
+        replaced(source, "const WB_CLOSE: bool = false;", "const WB_CLOSE: bool = true;")
+    })
+}
+
+/// The base module for devices that broadcast (`Gpu::broadcasts`): the Blocked weight
+/// gradient's dy reads (BEGIN DY … END DY) as two loads per subgroup invocation, of output
+/// channels co0 + its index mod 8 and 8 more, and a subgroupBroadcast of each of the 16 to all.
+/// The same values: the same bits.
+pub(super) fn broadcast_shader() -> Shader {
+    specialise(&SHADER, "broadcast", |source| {
+        let indent = " ".repeat(20);
+        let begin = format!("{indent}// BEGIN DY conv2d_backward_weight_blocked\n");
+        let end = format!("{indent}// END DY conv2d_backward_weight_blocked\n");
+        let at = |marker: &str| {
+            source.find(marker).unwrap_or_else(|| panic!("the shader has `{marker}`"))
+        };
+        let (b, e) = (at(&begin), at(&end) + end.len());
+        let mut lines = vec![begin.trim_end().to_string()];
+        for (m, first) in [(0, ""), (1, " + 8u")] {
+            lines.push(format!(
+                "{indent}let m{m} = wb_dy[pix + min(co0{first} + sid % 8u, p.c_out - 1u) * ohw];"
+            ));
+        }
+        for (g, name) in ["da", "db", "dc", "dd"].iter().enumerate() {
+            let lanes: Vec<String> = (0..4)
+                .map(|i| format!("subgroupBroadcast(m{}, {}u)", g / 2, 4 * (g % 2) + i))
+                .collect();
+            lines.push(format!("{indent}let {name} = vec4<f32>({});", lanes.join(", ")));
+        }
+        lines.push(end.trim_end().to_string());
+        let source = format!("{}{}\n{}", &source[..b], lines.join("\n"), &source[e..]);
+        with_subgroup_index(&source, "conv2d_backward_weight_blocked")
+    })
+}
+
+/// Direct and Blocked weight gradients loop over every output pixel of every example in one
+/// invocation, Blocked once per tap: refuse them where llvmpipe would cut those loops short (the
+/// stem at 224², N=8; Blocked at maps of ~90² and up) rather than return a wrong gradient. The
+/// autotune then takes a GEMM, whose chunks stay short.
+pub(super) fn expect_within_loop_limit(
+    adapter: &str,
+    op: &'static str,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+) -> Result<()> {
+    // Row loop, pixel loop and the pairwise stack's levels, per example (at most: Blocked
+    // skips the rows and columns a tap reads only padding for).
+    let per_tap = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
+    let iterations = if algo == Conv2dAlgo::Blocked {
+        s.kh as u64 * s.kw as u64 * (per_tap + 1)
+    } else {
+        per_tap
+    };
+    expect_within_llvmpipe_loops(
+        adapter,
+        op,
+        "algo",
+        iterations,
+        || format!("is {algo}"),
+        ": use a gemm variant",
+    )
+}
+
+/// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)
+/// against dy, into pairwise blocks of example sums (a scratch of 1 + bit length of n levels,
+/// the first the carry between chunks), then their total into dw.
+pub(super) fn backward_weight_gemm(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    dy: Slice,
+    x: Slice,
+    dw: Slice,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    if gpu.info.backend == wgpu::Backend::Gl {
+        // Open issue: on wgpu's GL backend (llvmpipe GL, Mesa 22) these kernels give wrong sums
+        // (zeros at n = 1), on Vulkan the direct kernel's bits. Refused until that is understood.
+        let problem = format!("is {algo}, whose weight-gradient kernels give wrong results on the GL backend; use Blocked");
+        return Err(KernelError::Arg { op: OP, arg: "algo", problem });
+    }
+    let row4 = (s.c_in as u64 * s.kh as u64 * s.kw as u64).div_ceil(4);
+    let params = Params { row4: row4 as u32, ..s.params() };
+    let levels = 1 + (u32::BITS - s.n.leading_zeros()) as u64;
+    let level = s.c_out as u64 * row4 * 4;
+    let sums_len = levels * level;
+    let sums = gpu
+        .scratch("conv2d weight sums", sums_len)
+        .map_err(|source| KernelError::Gpu { op: OP, source })?;
+    let sums = Slice::new(&sums, 0, sums_len);
+    let (out_w, out_plane) = (s.out_w(), s.out_h() * s.out_w());
+    let pixels = s.n as u64 * out_plane as u64;
+    im2col_chunks(
+        gpu,
+        enc,
+        OP,
+        ("conv2d_forward_im2col", params),
+        (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS),
+        x,
+        |enc, begin, count, rows| {
+            let (rows_a, rows_b) = match algo {
+                Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }) => {
+                    (s.c_out as u64, row4 * 4)
+                }
+                _ => (row4 * 4, s.c_out as u64),
+            };
+            let gemm = Gemm {
+                rows_a: rows_a as u32,
+                rows_b: rows_b as u32,
+                row4: row4 as u32,
+                pixel_begin: begin as u32,
+                pixel_count: count as u32,
+                channels: s.c_out,
+                out_w,
+                out_plane,
+                ..bytemuck::Zeroable::zeroed()
+            };
+            let bindings = [("im2col", rows), ("dy", dy), ("weight sums", sums)];
+            match algo {
+                Conv2dAlgo::Gemm(tile) => {
+                    let entry = if tile.lanes == GemmLanes::Channels {
+                        "conv2d_gemm_weight_channels"
+                    } else {
+                        "conv2d_gemm_weight_pixels"
+                    };
+                    let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
+                        * rows_b.div_ceil(tile.per_workgroup as u64);
+                    let shader = pairwise_shader(
+                        &gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels),
+                        s.n,
+                    );
+                    launch(
+                        gpu,
+                        enc,
+                        OP,
+                        &shader,
+                        entry,
+                        &gemm,
+                        &bindings,
+                        grid_1d(groups * GEMM_WG as u64, GEMM_WG),
+                    )
+                }
+                _ => {
+                    let groups =
+                        row4.div_ceil(SHARED_EDGE / 4) * (s.c_out as u64).div_ceil(SHARED_EDGE);
+                    launch(
+                        gpu,
+                        enc,
+                        OP,
+                        &pairwise_shader(&SHADER, s.n),
+                        "conv2d_gemm_weight_shared",
+                        &gemm,
+                        &bindings,
+                        grid_1d(groups * SHARED_WG as u64, SHARED_WG),
+                    )
+                }
+            }
+        },
+    )?;
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.n),
+        "conv2d_backward_weight_total",
+        &params,
+        &[("weight sums", sums), ("dw", dw)],
+        grid_1d(s.w_len(), WG),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::assert_valid_wgsl;
+
+    /// The broadcasting module is the base module with the dy reads swapped: it must stay valid WGSL
+    /// (with subgroups), broadcast all 16 channels, and load dy twice.
+    #[test]
+    fn broadcast_shader_is_valid_and_loads_dy_once() {
+        let shader = broadcast_shader();
+        assert_valid_wgsl(&shader, naga::valid::Capabilities::SUBGROUP);
+        let kernel =
+            &shader.source[shader.source.find("fn conv2d_backward_weight_blocked(").unwrap()..];
+        let kernel = &kernel[..kernel.find("\n}\n").unwrap()];
+        assert!(kernel.starts_with(
+            "fn conv2d_backward_weight_blocked(@builtin(subgroup_invocation_id) sid: u32, "
+        ));
+        assert_eq!(kernel.matches("wb_dy[").count(), 2, "{kernel}");
+        assert!(!kernel.contains("wb_dy4("), "{kernel}");
+        assert!((0..2).all(|m| (0..8).all(|j| kernel.contains(&format!("subgroupBroadcast(m{m}, {j}u)")))), "{kernel}");
+    }
+}

@@ -1,0 +1,184 @@
+//! A convolution's shape: its sizes, the checks a launch makes before recording anything, and
+//! the uniform the shaders read.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Conv2dOp, TILE};
+use crate::gpu::Slice;
+use crate::kernels::{expect_len, expect_positive, KernelError, Result};
+
+/// One convolution: input `[n, c_in, h, w]`, weights `[c_out, c_in, kh, kw]`, output
+/// `[n, c_out, out_h, out_w]`, zero padding `pad` on every side, no bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Conv2dShape {
+    pub n: u32,
+    pub c_in: u32,
+    pub h: u32,
+    pub w: u32,
+    pub c_out: u32,
+    pub kh: u32,
+    pub kw: u32,
+    pub stride: u32,
+    pub pad: u32,
+}
+
+pub(super) fn out_size(size: u32, k: u32, stride: u32, pad: u32) -> u32 {
+    ((size as u64 + 2 * pad as u64).saturating_sub(k as u64) / stride.max(1) as u64 + 1) as u32
+}
+
+impl Conv2dShape {
+    /// `(h + 2·pad − kh) / stride + 1`; meaningful for a shape `validate` accepts.
+    pub fn out_h(&self) -> u32 {
+        out_size(self.h, self.kh, self.stride, self.pad)
+    }
+    /// `(w + 2·pad − kw) / stride + 1`; meaningful for a shape `validate` accepts.
+    pub fn out_w(&self) -> u32 {
+        out_size(self.w, self.kw, self.stride, self.pad)
+    }
+    /// Elements of the input (and of its gradient): n·c_in·h·w.
+    pub fn x_len(&self) -> u64 {
+        [self.n, self.c_in, self.h, self.w].iter().map(|&d| d as u64).product()
+    }
+    /// Elements of `op`'s two inputs and its output, in [`conv2d_launch_with`]'s order.
+    pub fn operand_lens(&self, op: Conv2dOp) -> [u64; 3] {
+        match op {
+            Conv2dOp::Forward => [self.x_len(), self.w_len(), self.y_len()],
+            Conv2dOp::BackwardInput => [self.y_len(), self.w_len(), self.x_len()],
+            Conv2dOp::BackwardWeight => [self.y_len(), self.x_len(), self.w_len()],
+        }
+    }
+    /// Elements of the weights (and of their gradient): c_out·c_in·kh·kw.
+    pub fn w_len(&self) -> u64 {
+        [self.c_out, self.c_in, self.kh, self.kw].iter().map(|&d| d as u64).product()
+    }
+    /// Elements of the output (and of its gradient): n·c_out·out_h·out_w.
+    pub fn y_len(&self) -> u64 {
+        [self.n, self.c_out, self.out_h(), self.out_w()].iter().map(|&d| d as u64).product()
+    }
+    /// Floating-point operations of the forward, a multiply-add counting 2; each backward
+    /// (input or weight) does the same number.
+    pub fn flops(&self) -> u64 {
+        2 * self.y_len() * self.c_in as u64 * self.kh as u64 * self.kw as u64
+    }
+
+    /// Refuses a zero dimension, stride 0, a kernel larger than the padded input, and sizes the
+    /// shaders' 32-bit signed index arithmetic cannot hold. `op` names the launch in the error.
+    pub fn validate(&self, op: &'static str) -> Result<()> {
+        let dims = [
+            ("n", self.n),
+            ("c_in", self.c_in),
+            ("h", self.h),
+            ("w", self.w),
+            ("c_out", self.c_out),
+            ("kh", self.kh),
+            ("kw", self.kw),
+            ("stride", self.stride),
+        ];
+        for (arg, v) in dims {
+            expect_positive(op, arg, v)?;
+        }
+        for (arg, k, size, axis) in [("kh", self.kh, self.h, "h"), ("kw", self.kw, self.w, "w")] {
+            let padded = size as u64 + 2 * self.pad as u64;
+            if k as u64 > padded {
+                let problem =
+                    format!("is {k}, larger than the padded input {axis} + 2·pad = {padded}");
+                return Err(KernelError::Arg { op, arg, problem });
+            }
+        }
+        let limit = i32::MAX as u64;
+        let sizes = [
+            ("x", self.x_len(), "n·c_in·h·w"),
+            ("w", self.w_len(), "c_out·c_in·kh·kw"),
+            ("y", self.y_len(), "n·c_out·out_h·out_w"),
+            (
+                "pad",
+                (self.h as u64 + 2 * self.pad as u64) * (self.w as u64 + 2 * self.pad as u64),
+                "(h + 2·pad)·(w + 2·pad)",
+            ),
+        ];
+        for (arg, size, formula) in sizes {
+            if size > limit {
+                let problem = format!("gives {formula} = {size}, more than the shaders' 32-bit indices allow ({limit})");
+                return Err(KernelError::Arg { op, arg, problem });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn params(&self) -> Params {
+        Params {
+            n: self.n,
+            c_in: self.c_in,
+            h: self.h,
+            w: self.w,
+            c_out: self.c_out,
+            kh: self.kh,
+            kw: self.kw,
+            stride: self.stride,
+            pad: self.pad,
+            out_h: self.out_h(),
+            out_w: self.out_w(),
+            phase_y: 0,
+            phase_x: 0,
+            phase_h: 0,
+            phase_w: 0,
+            row_begin: 0,
+            row_count: 0,
+            row4: 0,
+            crop_y: 0,
+            crop_x: 0,
+            crop_h: 0,
+            crop_w: 0,
+            dw_kh: self.kh,
+            dw_kw: self.kw,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct Params {
+    pub(super) n: u32,
+    pub(super) c_in: u32,
+    pub(super) h: u32,
+    pub(super) w: u32,
+    pub(super) c_out: u32,
+    pub(super) kh: u32,
+    pub(super) kw: u32,
+    pub(super) stride: u32,
+    pub(super) pad: u32,
+    pub(super) out_h: u32,
+    pub(super) out_w: u32,
+    pub(super) phase_y: u32,
+    pub(super) phase_x: u32,
+    pub(super) phase_h: u32,
+    pub(super) phase_w: u32,
+    pub(super) row_begin: u32,
+    pub(super) row_count: u32,
+    pub(super) row4: u32,
+    pub(super) crop_y: u32,
+    pub(super) crop_x: u32,
+    pub(super) crop_h: u32,
+    pub(super) crop_w: u32,
+    pub(super) dw_kh: u32,
+    pub(super) dw_kw: u32,
+}
+
+/// Validates `shape` and each binding's length (inputs first, output last), before anything
+/// is recorded; returns the bindings named as the shader orders them.
+pub(super) fn checked<'a>(
+    op: Conv2dOp,
+    shape: &Conv2dShape,
+    slices: [Slice<'a>; 3],
+) -> Result<[(&'static str, Slice<'a>); 3]> {
+    shape.validate(op.name())?;
+    let (names, lens) = (op.operands(), shape.operand_lens(op));
+    for i in 0..3 {
+        expect_len(op.name(), names[i].0, &slices[i], lens[i], names[i].1)?;
+    }
+    Ok([0, 1, 2].map(|i| (names[i].0, slices[i])))
+}
+
+pub(super) fn tile_count(len: u64) -> u64 {
+    len.div_ceil(TILE)
+}

@@ -1,0 +1,285 @@
+//! Choosing a variant for each (adapter, op, shape): forced by `SYNCSTEP_CONV_ALGO`, else timed
+//! on the device (natively) or guessed by device type (in a browser, which has no clock), and
+//! remembered for the process and, natively, in a cache file. Every variant gives the same
+//! bits, so the choice changes speed only.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+#[cfg(not(target_arch = "wasm32"))]
+use super::autotune;
+use super::backward_weight::expect_within_loop_limit;
+use super::{Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
+use crate::gpu::Gpu;
+use crate::kernels::{KernelError, Result};
+
+/// The variant the plain launchers use for `op` at `shape` on `gpu`:
+/// 1. `SYNCSTEP_CONV_ALGO` (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
+///    [`Conv2dAlgo::all`]), where `op` has that kernel (else Blocked: the gathering GEMM is
+///    the input-VJP's only); or `guess`, the browser's choice;
+/// 2. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
+///    in a browser, where there is no clock, [`guess`] by device type.
+///
+/// Choices are remembered per (adapter, op, shape) for the life of the process and, natively,
+/// in a file (see autotune.rs) that a later process reads instead of timing again.
+/// Every variant gives the same bits, so this changes speed only.
+pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+    match forced_algo(op)? {
+        Some(Forced::Algo(forced)) => {
+            return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked })
+        }
+        Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
+        None => {}
+    }
+    let candidates = candidates(gpu, op);
+    if candidates.len() == 1 {
+        return Ok(candidates[0]);
+    }
+    static CHOSEN: OnceLock<Mutex<Choices>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(Default::default);
+    // Kernels that broadcast time differently from those that load: separate choices.
+    let key = (adapter_key(&gpu.info) + if gpu.broadcasts { "|broadcast" } else { "" }, op, *shape);
+    if let Some(&algo) = chosen.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(algo);
+    }
+    shape.validate(op.name())?;
+    #[cfg(not(target_arch = "wasm32"))]
+    let algo = {
+        let file = autotune::cache_path();
+        let remembered = file
+            .as_deref()
+            .and_then(|f| autotune::remembered(f, &key))
+            .filter(|a| candidates.contains(a));
+        match remembered {
+            Some(algo) => algo,
+            None => {
+                let algo = autotune::fastest(gpu, op, shape, &candidates)?;
+                if let Some(f) = &file {
+                    autotune::remember(f, &key, algo);
+                }
+                algo
+            }
+        }
+    };
+    #[cfg(target_arch = "wasm32")]
+    let algo = guess(&gpu.info, op, shape);
+    log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
+    chosen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, algo);
+    Ok(algo)
+}
+
+/// What `SYNCSTEP_CONV_ALGO` asks for: one variant, or `guess`, the browser's choice without a
+/// clock (to run natively what a browser runs).
+#[derive(Debug, PartialEq)]
+pub(super) enum Forced {
+    Algo(Conv2dAlgo),
+    Guess,
+}
+
+/// `SYNCSTEP_CONV_ALGO`, parsed; an unknown name is an error that lists the known ones.
+pub(super) fn forced_algo(op: Conv2dOp) -> Result<Option<Forced>> {
+    std::env::var("SYNCSTEP_CONV_ALGO").map_or(Ok(None), |name| parse_forced(op, &name))
+}
+
+pub(super) fn parse_forced(op: Conv2dOp, name: &str) -> Result<Option<Forced>> {
+    match name.trim() {
+        "" => Ok(None),
+        "guess" => Ok(Some(Forced::Guess)),
+        name => Conv2dAlgo::parse(name).map(|a| Some(Forced::Algo(a))).ok_or_else(|| {
+            let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
+            KernelError::Arg {
+                op: op.name(),
+                arg: "SYNCSTEP_CONV_ALGO",
+                problem: format!("is `{name}`; known: {}, guess", known.join(", ")),
+            }
+        }),
+    }
+}
+
+/// What a choice is made for: (adapter, op, shape).
+pub(super) type ChoiceKey = (String, Conv2dOp, Conv2dShape);
+
+/// The variant chosen for each [`ChoiceKey`].
+pub(super) type Choices = HashMap<ChoiceKey, Conv2dAlgo>;
+
+/// An adapter as the choice cache knows it: the same hardware and driver choose alike. One line
+/// without tabs, as the cache file stores it.
+pub(super) fn adapter_key(info: &wgpu::AdapterInfo) -> String {
+    let key = format!("{:?}|{}|{}|{}", info.backend, info.name, info.driver, info.driver_info);
+    key.replace(|c: char| c.is_control(), " ")
+}
+
+pub(super) fn is_cpu(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+/// What the autotune times for `op` on `gpu`'s kind of adapter. CPU drivers (lavapipe,
+/// SwiftShader) run workgroups as loops over SIMD lanes, where a barrier is a coroutine switch:
+/// register tiles without workgroup memory. GPUs: workgroup-shared tiles, and the register
+/// tiles for the small GEMMs of the late stages. Direct is never a candidate.
+pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
+    candidates_for(&gpu.info.name, gpu.info.backend, is_cpu(&gpu.info), op)
+}
+
+pub(super) fn candidates_for(
+    adapter: &str,
+    backend: wgpu::Backend,
+    cpu: bool,
+    op: Conv2dOp,
+) -> Vec<Conv2dAlgo> {
+    let mut all = vec![Conv2dAlgo::Blocked];
+    if op == Conv2dOp::BackwardWeight && backend == wgpu::Backend::Gl {
+        return all; // the GEMMs are refused there (see backward_weight_gemm)
+    }
+    // SwiftShader's compiler takes over 8 GB and minutes for the weight-gradient GEMMs with
+    // 64 outputs or more per invocation (measured natively, 8×8): those it is not given.
+    let compiles = |t: &GemmTile| {
+        !(op == Conv2dOp::BackwardWeight
+            && adapter.contains("SwiftShader")
+            && t.per_invocation * t.per_workgroup > 32)
+    };
+    all.extend(
+        GEMM_TILES
+            .iter()
+            .filter(|t| compiles(t))
+            .map(|&t| Conv2dAlgo::Gemm(t))
+            .filter(|a| a.has(op)),
+    );
+    if !cpu {
+        all.push(Conv2dAlgo::GemmShared);
+    }
+    all
+}
+
+/// Without a clock (wasm32): shared tiles on GPUs. On CPU adapters the weight gradient's
+/// Blocked kernel (2–2.5× the GEMMs' speed at layer1–3 on SwiftShader, as on lavapipe) where
+/// the adapter runs it, else register tiles with lanes over whichever of pixels and channels
+/// is larger.
+pub(super) fn guess(info: &wgpu::AdapterInfo, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
+    guess_for(is_cpu(info), &info.name, op, s)
+}
+
+pub(super) fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
+    if !cpu {
+        return Conv2dAlgo::GemmShared;
+    }
+    if op == Conv2dOp::BackwardWeight
+        && expect_within_loop_limit(adapter, op.name(), Conv2dAlgo::Blocked, s).is_ok()
+    {
+        return Conv2dAlgo::Blocked;
+    }
+    let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
+    let lanes = if pixels >= s.c_out as u64 { GemmLanes::Pixels } else { GemmLanes::Channels };
+    Conv2dAlgo::Gemm(GemmTile { lanes, per_invocation: 4, per_workgroup: 8 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SwiftShader is not given the weight-gradient GEMMs whose compile takes it over 8 GB;
+    /// lavapipe and its other ops keep every tile; GPUs add the shared tiles.
+    #[test]
+    fn candidates_per_adapter() {
+        let big = |all: &[Conv2dAlgo]| {
+            all.iter().any(
+                |a| matches!(a, Conv2dAlgo::Gemm(t) if t.per_invocation * t.per_workgroup > 32),
+            )
+        };
+        let vulkan = wgpu::Backend::Vulkan;
+        let swiftshader =
+            candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::BackwardWeight);
+        assert!(!big(&swiftshader) && swiftshader.len() > 2, "{swiftshader:?}");
+        assert!(big(&candidates_for(
+            "SwiftShader Device (Subzero)",
+            vulkan,
+            true,
+            Conv2dOp::Forward
+        )));
+        assert!(big(&candidates_for(
+            "llvmpipe (LLVM 15.0.6, 256 bits)",
+            vulkan,
+            true,
+            Conv2dOp::BackwardWeight
+        )));
+        assert_eq!(
+            candidates_for("llvmpipe", wgpu::Backend::Gl, true, Conv2dOp::BackwardWeight),
+            [Conv2dAlgo::Blocked]
+        );
+        assert!(candidates_for("NVIDIA H200", vulkan, false, Conv2dOp::Forward)
+            .contains(&Conv2dAlgo::GemmShared));
+    }
+
+    #[test]
+    fn syncstep_conv_algo_names_a_variant_or_guess() {
+        let parse = |name| parse_forced(Conv2dOp::Forward, name);
+        assert_eq!(parse(" ").unwrap(), None);
+        assert_eq!(parse("guess").unwrap(), Some(Forced::Guess));
+        assert_eq!(
+            parse("gemm-pixels-8x8").unwrap(),
+            Some(Forced::Algo(Conv2dAlgo::Gemm(GEMM_TILES[2])))
+        );
+        let err = parse("fastest").unwrap_err().to_string();
+        assert!(
+            err.contains("SYNCSTEP_CONV_ALGO")
+                && err.contains("`fastest`")
+                && err.contains("blocked")
+                && err.contains("guess"),
+            "{err}"
+        );
+    }
+
+    /// The browser's choice without a clock: GPUs the shared tiles; CPU adapters Blocked for
+    /// the weight gradient unless llvmpipe's loop limit refuses it there, register tiles else.
+    #[test]
+    fn the_browsers_guess_by_device_type() {
+        let small = Conv2dShape {
+            n: 8,
+            c_in: 256,
+            h: 2,
+            w: 2,
+            c_out: 256,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            pad: 1,
+        };
+        let stem_224 = Conv2dShape {
+            n: 8,
+            c_in: 3,
+            h: 224,
+            w: 224,
+            c_out: 64,
+            kh: 7,
+            kw: 7,
+            stride: 2,
+            pad: 3,
+        };
+        let (swiftshader, llvmpipe) =
+            ("SwiftShader Device (Subzero)", "llvmpipe (LLVM 15.0.6, 256 bits)");
+        assert_eq!(
+            guess_for(false, "NVIDIA H200", Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::GemmShared
+        );
+        assert_eq!(
+            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::Blocked
+        );
+        assert_eq!(
+            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &stem_224),
+            Conv2dAlgo::Blocked
+        );
+        assert_eq!(
+            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &small),
+            Conv2dAlgo::Blocked
+        );
+        assert!(matches!(
+            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &stem_224),
+            Conv2dAlgo::Gemm(_)
+        ));
+        assert!(matches!(
+            guess_for(true, swiftshader, Conv2dOp::Forward, &small),
+            Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. })
+        ));
+    }
+}
