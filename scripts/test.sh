@@ -1,17 +1,39 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, then every test in release mode (debug wgpu
-# and f64 references are too slow). GPU tests run on the first adapter (lavapipe on a CPU
-# machine); with CI set, a test that finds no adapter fails instead of skipping.
-# Then the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
-# SwiftShader) under `node --test`; its PORTABLE test runs the native release binary to write
-# web/golden.json first. Arguments go to `cargo test`.
+# The whole test suite, what CI runs (.ci/run calls exactly this). It installs what is missing,
+# then:
+#   1. lint: rustfmt and clippy (warnings are errors), and `cargo check` of the library and the
+#      binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
+#   2. every test in release mode (debug wgpu and the f64 references are too slow). GPU tests run
+#      on the first adapter (lavapipe on a CPU machine); with CI set, a test that finds no
+#      adapter fails instead of skipping;
+#   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
+#      SwiftShader) under `node --test`; its PORTABLE test runs the native release binary to
+#      write web/golden.json first.
+# Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+
+# Lint.
+cross_targets=(x86_64-pc-windows-gnu aarch64-apple-darwin)
+installed=$(rustup component list --installed 2>/dev/null || true)
+for component in rustfmt clippy; do
+    grep -q "^$component" <<<"$installed" || rustup component add "$component"
+done
+targets=$(rustup target list --installed 2>/dev/null || true)
+for target in "${cross_targets[@]}"; do
+    grep -qx "$target" <<<"$targets" || rustup target add "$target"
+done
+cargo fmt --check
+cargo clippy --release --all-targets --quiet -- -D warnings
+for target in "${cross_targets[@]}"; do
+    cargo check --release --target "$target" --lib --bins --quiet
+done
+
 # Autotune choices of the test binaries go to the build folder, never the user's cache; the
 # binaries share them, so each shape is timed once per run.
 export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
-cargo test --release --all-targets "$@"
+cargo test --release --all-targets "$@" # builds the examples too
 # lavapipe has subgroups, so the run above tested the kernels that broadcast; the ones that
 # load (browsers, devices without subgroups) once more here.
 SYNCSTEP_SUBGROUPS=off cargo test --release --test conv2d --test matmul "$@"

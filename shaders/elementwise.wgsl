@@ -2,7 +2,7 @@
 //
 // ReLU takes its mask from a separate `gate` tensor rather than from x itself: normally the
 // launcher binds x as the gate, but a gate run can impose another run's activation pattern
-// (DESIGN.md, "the same activation pattern"). The backward reads the same gate.
+// (docs/design.md, "Same activation pattern"). The backward reads the same gate.
 //
 // add_relu_backward is add(a, relu_backward(dy, gate)) in one pass, with the same select and
 // the same operand order, so the same bits: a residual block's input cotangent, the conv

@@ -11,7 +11,7 @@
 //   cell (rows, then columns, ascending) and sums the dy of those whose argmax names it. Fixed
 //   order, every dx element written once, by the invocation of its row.
 // - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
-//   run's pooling choices (DESIGN.md, "the same activation pattern").
+//   run's pooling choices (docs/design.md, "Same activation pattern").
 
 struct Params {
     n: u32,

@@ -4,10 +4,10 @@
 // Each element is read and written by one invocation only, so in-place is safe and the update
 // does not depend on scheduling. The flat buffer's alignment padding holds zeros in p, g and v
 // and stays zero. Elements go four at a time as vec4s (the launcher asks for a multiple of 4):
-// lavapipe then loads and stores them with half the instructions, 2× faster on Mesa 22 and 25.
-// An invocation updates RUN vec4s WG apart, so a workgroup covers WG·RUN consecutive ones: CPU
-// drivers pay per workgroup, and tens of millions of elements in workgroups of WG cost more in
-// workgroup setup than in arithmetic (8 measured best on both Mesas; 16 is slower on Mesa 22).
+// CPU drivers then load and store them with half the instructions. An invocation updates RUN
+// vec4s WG apart, so a workgroup covers WG·RUN consecutive ones: CPU drivers pay per workgroup,
+// and tens of millions of elements in workgroups of WG would cost more in workgroup setup than
+// in arithmetic.
 // The workgroup index spills into y past 65535.
 
 struct Params {

@@ -1,4 +1,4 @@
-//! The equivalence gates of DESIGN.md as one async library function, [`run_check`] (or
+//! The equivalence gates of docs/design.md as one async library function, [`run_check`] (or
 //! [`run_check_on`] given the devices, as the browser face does), whose [`CheckReport`] the
 //! CLI prints and the browser page shows. Nothing here is native-only, so it compiles for
 //! wasm32.

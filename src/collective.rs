@@ -157,11 +157,10 @@ struct Bucket {
 }
 
 /// One replica's staging for bucketed all-reduces of one buffer: a [`Bucket`] per byte range,
-/// made on first use and kept, so that a step allocates nothing. (Fresh host memory is what made
-/// the whole-buffer [`all_reduce`] slow: every new 85 MB staging buffer, `Vec` or
-/// `write_buffer` copy is zero-filled page by page by the kernel on first touch, 35–150 ms
-/// each, against ~10 ms to reduce the same bytes in memory already touched.) The buckets of a
-/// training step are the same ranges every step, so they add up to the buffer once.
+/// made on first use and kept, so that a step allocates nothing: fresh host memory (a staging
+/// buffer, a `Vec`, a `write_buffer` copy) is zero-filled page by page by the kernel on first
+/// touch, which costs more than reducing the same bytes in memory already touched. The buckets
+/// of a training step are the same ranges every step, so they add up to the buffer once.
 #[derive(Default)]
 pub struct BucketStaging {
     buckets: RefCell<BTreeMap<(u64, u64), Bucket>>,

@@ -6,7 +6,7 @@
 //!
 //! The pattern travels with the figures because ReLU inputs within f32 rounding of 0 fall on
 //! different sides on different implementations (lavapipe, SwiftShader, a real GPU), and one
-//! flip moves gradients far past any bound (DESIGN.md, "same activation pattern"). The run
+//! flip moves gradients far past any bound (docs/design.md, "Same activation pattern"). The run
 //! being checked imposes the golden's ReLU masks and pool argmaxes, and reports separately how
 //! many units its own free pattern would have flipped.
 //!

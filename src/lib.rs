@@ -1,7 +1,7 @@
 //! syncstep: a WebGPU compute runtime that trains ResNet-34 with WGSL compute shaders, on one
 //! device or data-parallel over R devices with synchronised BatchNorm.
 //!
-//! Layers, bottom up (see DESIGN.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
+//! Layers, bottom up (see docs/design.md): `gpu` → `kernels` → (`step`, `collective`) → faces.
 //! `reference` is the f64 CPU world the GPU path is held to; it shares no code with it.
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -1,7 +1,7 @@
 //! Data parallelism, part of the `step` layer: R [`Replica`]s, each on its own `wgpu::Device`
 //! with its own parameters, gradients, momentum and running statistics resident, run one
 //! training step on R contiguous shards of a global batch so that the result IS the
-//! single-device step at the global batch (DESIGN.md "Synchronised BatchNorm"):
+//! single-device step at the global batch (docs/design.md, "Synchronised BatchNorm"):
 //!
 //! - every BN site goes through [`SyncBn`], in one trip with the sites whose rows are ready at
 //!   the same time ([`BnSync`]): the replicas' per-example rows (forward [mean | M2], backward

@@ -941,7 +941,7 @@ impl Replica {
                 Slice::whole(&stats),
                 local_rows,
             )?;
-            // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (DESIGN.md: they stay
+            // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (docs/design.md: they stay
             // local until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
             let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
             batchnorm::bn_sum_examples(

@@ -1,5 +1,5 @@
 //! The data-parallel step on R devices against one device at the global batch: the gates of
-//! DESIGN.md through `check::run_check` (TEST, CONTROL, REPEAT, DRIFT, TIE, PORTABLE against
+//! docs/design.md through `check::run_check` (TEST, CONTROL, REPEAT, DRIFT, TIE, PORTABLE against
 //! a golden file), the equivalence broken on purpose, replicas on two different adapters, and
 //! the errors a user can cause (shapes that do not shard, a missing adapter, a device lost
 //! mid-run).

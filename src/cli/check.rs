@@ -1,4 +1,4 @@
-//! `syncstep check`: the equivalence gates (DESIGN.md) as a table, optionally as JSON; the
+//! `syncstep check`: the equivalence gates (docs/design.md) as a table, optionally as JSON; the
 //! PORTABLE gate's golden file out (`--golden`) or in (`--against`); the exit status is
 //! non-zero when any gate fails.
 

@@ -41,8 +41,8 @@ pub enum MatmulAlgo {
     Tiled { rows: u32, cols: u32 },
 }
 
-/// The tiles [`MatmulAlgo::Tiled`] is compiled for. On lavapipe, Mesa 22 runs 12×8 fastest and
-/// Mesa 25 4×8 (past ~32 accumulators it spills).
+/// The tiles [`MatmulAlgo::Tiled`] is compiled for: compilers differ in how many accumulators
+/// they keep in registers before spilling, so the probe tries several and reports the best.
 pub const MATMUL_TILES: [MatmulAlgo; 4] = [
     MatmulAlgo::Tiled { rows: 4, cols: 4 },
     MatmulAlgo::Tiled { rows: 4, cols: 8 },

@@ -1,4 +1,4 @@
-//! BatchNorm in training mode, in f64 (DESIGN.md "Math"), with Chan's merge of per-replica
+//! BatchNorm in training mode, in f64 (docs/design.md, "BatchNorm, training mode"), with Chan's merge of per-replica
 //! statistics for synchronised BatchNorm. x is NCHW seen as [n, c, hw]; per channel the set S
 //! holds the n·hw positions.
 

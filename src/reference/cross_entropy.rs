@@ -1,4 +1,4 @@
-//! Softmax cross-entropy with label smoothing in f64 (DESIGN.md, "Loss"): logits `[m, k]`,
+//! Softmax cross-entropy with label smoothing in f64 (docs/design.md, "Loss"): logits `[m, k]`,
 //! labels `[m]`, q_j = ε/K + (1−ε)[j = y], ℓ = −Σ_j q_j log softmax(z)_j, loss = Σ_i ℓ_i / D.
 //! A label `>= k` gives a NaN ℓ (and loss) and a NaN gradient row, as on the GPU.
 

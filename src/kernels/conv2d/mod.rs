@@ -116,13 +116,12 @@ pub enum GemmLanes {
 
 /// The tiles [`Conv2dAlgo::Gemm`] is compiled for; `SYNCSTEP_CONV_ALGO` names one as
 /// `gemm-pixels-8x8` (`gemm-<lanes>-<per_invocation>x<per_workgroup>`, lanes `pixels`,
-/// `channels` or `gather`). Measured on lavapipe at ResNet-34's shapes: Mesa 22 runs the large
-/// tiles fastest, Mesa 25 the 4×8 and 8×4 ones (it spills past ~32 accumulators); channel lanes
-/// win from 2×2 maps down, and the gathering input-VJP at 1×1 maps. The weight gradient uses
-/// the same tiles with k (the weights' (ci, ky, kx), in vec4s of 4) in place of pixels, so a tile
-/// holds as many outputs, each with a row and an example sum: on Mesa 22 (shared cores) the
-/// autotune picked 8×8 and 12×8 tiles at 8² maps and up, 4×8 channel lanes below, and kept
-/// Blocked for the stem, the 1×1 projections and some 1×1 maps.
+/// `channels` or `gather`). Several sizes, because the best one depends on how many accumulators
+/// a compiler keeps in registers before it spills (32 or so on some), and lanes of both kinds,
+/// because pixel lanes fill a workgroup on large maps and channel lanes on the 2×2 and 1×1 maps
+/// of the late stages. The weight gradient uses the same tiles with k (the weights' (ci, ky,
+/// kx), in vec4s of 4) in place of pixels, so a tile holds as many outputs, each with a row and
+/// an example sum. docs/performance.md says which the autotune picks where.
 pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
@@ -135,7 +134,7 @@ pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 8, per_workgroup: 8 },
     // 16 rows shared by the workgroup: two loads and sixteen broadcasts where the device
-    // broadcasts (Gpu::broadcasts); the autotune took them at layer1–3 on Mesa 25.
+    // broadcasts (Gpu::broadcasts).
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 16 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 4, per_workgroup: 16 },
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 16 },
