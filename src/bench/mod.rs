@@ -1,0 +1,404 @@
+//! `syncstep bench`: how fast a training step runs on the user's own adapter.
+//!
+//! - **Step.** After `warmup` untimed steps (which JIT-compile every pipeline and let the
+//!   convolutions autotune), `steps` timed steps of forward_backward + sgd_update, each timed on
+//!   the host from the first record to the last device's idle; the median counts. GFLOP/s counts
+//!   a training step as 2.97 × the forward FLOPs. With R > 1 the single-device step at batch R·N
+//!   runs in the same process on replica 0's adapter, its steps interleaved with the
+//!   data-parallel ones (so both see the same machine load), and the ratio DP / single is
+//!   reported; so is the single device at batch N, one replica's shard, which says what the
+//!   replicas' own steps take without the exchange: N's step once where the replicas run at
+//!   once, R times where they take turns (CPU adapters, sharing the machine's cores; see
+//!   `Gpu::blocking_maps`).
+//! - **Memory** per replica: the buffers the replica holds after a step (parameters, gradients,
+//!   momentum, running statistics, saved activations; [`crate::step::Replica::device_bytes`]), plus the
+//!   largest transient set: everything created through the replica's `Gpu` between two
+//!   submissions of a timed step (im2col scratch, weight rows, dispatch uniforms, readback
+//!   staging; see [`crate::gpu::MemoryStats`]), which wgpu keeps until that submission completes. wgpu's own
+//!   staging behind `queue.write_buffer` (the input batch, the BN rows and the all-reduced
+//!   gradient) is not counted.
+//! - **Roofline probe.** The best of the matmul tiles at size³ on the same adapter, then every
+//!   distinct convolution of the step (forward, input-VJP, weight gradient through the plain
+//!   launchers, i.e. with the autotuned kernel) timed the same way: best of 3 after one warm-up
+//!   run, each a submit measured to the device's idle. A convolution's GFLOP/s reads as a
+//!   fraction of the matmul's.
+//! - **Profile** of one extra step on replica 0: every dispatch bracketed by timestamp queries
+//!   ([`Gpu::start_profile`]), grouped by layer and launcher, by launcher, and by entry point.
+//!   A layer's scope runs from its conv to the next layer's: the forward scope holds the conv,
+//!   its BatchNorm and what follows up to the next conv (ReLU, residual add); the backward scope
+//!   the BatchNorm backward, the weight gradient and the input-VJP.
+//!
+//! Native only: it needs a clock.
+
+use std::time::Instant;
+
+use crate::data::synthetic_batch;
+use crate::gpu::{
+    describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
+};
+use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
+use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
+use crate::kernels::KernelError;
+use crate::model::{ModelError, ResNet34};
+use crate::parallel::{DataParallel, ParallelError, ParallelOptions};
+use crate::step::{conv2d_shape, StepConfig};
+
+mod report;
+
+pub use report::{BenchReport, ProbeTime, Profile, ProfileRow, ReplicaMemory, Roofline, StepBench};
+
+/// A training step's FLOPs as a multiple of the forward's (ENVIRONMENT.md).
+pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
+/// The layer of profile rows that sum over every layer.
+pub const ALL_LAYERS: &str = "all layers";
+/// Timed runs per probe kernel, after one untimed run; the fastest counts.
+const PROBE_RUNS: usize = 3;
+/// The least one timed submission of a probe kernel runs.
+const PROBE_SUBMIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("--{flag} {problem}")]
+    Setting { flag: &'static str, problem: String },
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;
+
+/// What to measure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    pub replicas: usize,
+    /// Images per replica N; the global batch is R·N.
+    pub batch: usize,
+    pub image_size: u32,
+    pub classes: u32,
+    pub steps: usize,
+    pub warmup: usize,
+    /// Replica r runs on `adapters[r % len]`; empty: the default adapter.
+    pub adapters: Vec<AdapterChoice>,
+    pub profile: bool,
+    /// The roofline matmul's size (m = k = n); None skips the probe.
+    pub roofline: Option<u32>,
+    pub seed: u64,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            replicas: 1,
+            batch: 8,
+            image_size: 32,
+            classes: 10,
+            steps: 5,
+            warmup: 1,
+            adapters: Vec::new(),
+            profile: false,
+            roofline: Some(512),
+            seed: 0,
+        }
+    }
+}
+
+impl BenchConfig {
+    /// Refuses settings that cannot be measured, naming the command-line flag.
+    pub fn validate(&self) -> Result<()> {
+        let setting =
+            |flag, problem: &str| Err(BenchError::Setting { flag, problem: problem.to_string() });
+        if self.replicas == 0 {
+            return setting("replicas", "is 0: at least 1 device is needed");
+        }
+        if self.batch == 0 {
+            return setting("batch", "is 0: each replica needs at least 1 image");
+        }
+        if self.steps == 0 {
+            return setting("steps", "is 0: time at least 1 step");
+        }
+        if self.warmup == 0 {
+            return setting("warmup", "is 0: at least 1 untimed step compiles the pipelines and autotunes the convolutions");
+        }
+        if let Err(e) = ResNet34::check_image_size(self.image_size, self.image_size) {
+            return setting("image-size", &format!("{}: {e}", self.image_size));
+        }
+        if let Err(e) = ResNet34::new(self.classes) {
+            return setting("classes", &format!("is {}: {e}", self.classes));
+        }
+        if let Some(size) = self.roofline {
+            if size == 0 || size % 4 != 0 {
+                return setting(
+                    "roofline-size",
+                    &format!("is {size}: the tiled matmul needs a positive multiple of 4"),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count); NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One training step (forward_backward + sgd_update) of `batch` over every replica, timed on
+/// the host until every replica's device is idle.
+fn timed_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepConfig) -> Result<f64> {
+    let start = Instant::now();
+    pollster::block_on(async {
+        dp.forward_backward(batch, cfg, ParallelOptions::default()).await?;
+        dp.sgd_update(cfg).await
+    })?;
+    for r in dp.replicas() {
+        r.gpu.wait()?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Runs the benchmark; `progress` hears what starts (warm-up steps compile for minutes on a
+/// CPU driver).
+pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchReport> {
+    cfg.validate()?;
+    let model = ResNet34::new(cfg.classes)
+        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
+    let params = model.init_params(cfg.seed);
+    let running = model.init_buffers();
+    let step_cfg = StepConfig::default();
+    let (r, n, size) = (cfg.replicas, cfg.batch, cfg.image_size);
+    let batch = synthetic_batch(cfg.seed, 0, r * n, size, size, cfg.classes);
+    let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * (r * n) as f64;
+
+    progress(&format!("opening {r} device(s)"));
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
+    let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
+    // With R > 1, one device on replica 0's adapter at R·N and at N (replica 0's shard).
+    let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
+    let mut singles = Vec::new();
+    if r > 1 {
+        for _ in [r * n, n] {
+            singles.push(pollster::block_on(DataParallel::new(
+                &model,
+                &params,
+                &running,
+                1,
+                &cfg.adapters[..cfg.adapters.len().min(1)],
+            ))?);
+        }
+    }
+    let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
+        std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
+    for w in 0..cfg.warmup {
+        progress(&format!(
+            "warm-up step {}/{} (compiles pipelines, autotunes convolutions)",
+            w + 1,
+            cfg.warmup
+        ));
+        for (run, batch) in runs.iter_mut() {
+            timed_step(run, batch, &step_cfg)?;
+        }
+    }
+    runs.iter()
+        .flat_map(|(run, _)| run.replicas())
+        .for_each(|replica| replica.gpu.reset_memory_stats());
+    let mut seconds = vec![Vec::new(); runs.len()];
+    for s in 0..cfg.steps {
+        progress(&format!("timed step {}/{}", s + 1, cfg.steps));
+        for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
+            times.push(timed_step(run, batch, &step_cfg)?);
+        }
+    }
+    let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
+        replicas: run.replicas().len(),
+        batch_per_replica: batch.len() / run.replicas().len(),
+        seconds,
+        flops: step_flops * batch.len() as f64 / (r * n) as f64,
+        memory: run.replicas().iter().map(ReplicaMemory::of).collect(),
+    });
+    let (step, single_bench, shard_bench) =
+        (benches.next().expect("the configuration asked for"), benches.next(), benches.next());
+
+    let profile = if cfg.profile {
+        progress("profiled step");
+        profile_step(&mut dp, &batch, &step_cfg)
+            .map(|(secs, kernels)| Profile::new(&model, n as u32, size, secs, kernels))
+    } else {
+        Err("not asked for (--profile)".to_string())
+    };
+    let gpu = &dp.replicas()[0].gpu;
+    let roofline = match cfg.roofline {
+        Some(size) => {
+            progress(&format!("roofline probe: matmul {size}³ and the step's convolutions"));
+            Some(roofline(gpu, &model, n as u32, cfg.image_size, size)?)
+        }
+        None => None,
+    };
+    Ok(BenchReport {
+        config: cfg.clone(),
+        adapters: dp.replicas().iter().map(|r| describe(&r.gpu.info)).collect(),
+        lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),
+        step,
+        single: single_bench,
+        shard: shard_bench,
+        replicas_take_turns,
+        roofline,
+        profile,
+    })
+}
+
+/// One more step with replica 0's dispatches timed; Err says why there is no profile.
+fn profile_step(
+    dp: &mut DataParallel,
+    batch: &crate::data::Batch,
+    cfg: &StepConfig,
+) -> std::result::Result<(f64, Vec<KernelTime>), String> {
+    let gpu = &dp.replicas()[0].gpu;
+    match gpu.start_profile() {
+        Ok(()) => {}
+        Err(GpuError::MissingFeature(what)) => {
+            return Err(format!("unavailable: the adapter lacks {what}"))
+        }
+        Err(e) => return Err(e.to_string()),
+    }
+    let start = Instant::now();
+    let outcome = pollster::block_on(async {
+        dp.forward_backward(batch, cfg, ParallelOptions::default()).await?;
+        // The SGD update is no layer's: its scope says so.
+        dp.replicas()[0].gpu.profile_scope("sgd update");
+        dp.sgd_update(cfg).await
+    })
+    .map_err(BenchError::from)
+    .and_then(|()| dp.replicas().iter().try_for_each(|r| r.gpu.wait()).map_err(BenchError::from));
+    let secs = start.elapsed().as_secs_f64();
+    // Stop profiling even when the step failed.
+    let kernels = pollster::block_on(dp.replicas()[0].gpu.finish_profile());
+    outcome.map_err(|e| e.to_string())?;
+    Ok((secs, kernels.map_err(|e| e.to_string())?))
+}
+
+/// Seconds of one run of what `record` records: the best of [`PROBE_RUNS`] submissions, each of
+/// enough runs back to back to fill [`PROBE_SUBMIT`], after one untimed run.
+fn best_time(
+    gpu: &Gpu,
+    record: impl Fn(&mut Encoder) -> crate::kernels::Result<()>,
+) -> Result<f64> {
+    let time = |launches| {
+        gpu.time_recorded(launches, |enc| record(enc).map_err(BenchError::from), BenchError::from)
+    };
+    let launches = launches_to_fill(PROBE_SUBMIT, time(1)?);
+    let mut best = f64::INFINITY;
+    for _ in 0..PROBE_RUNS {
+        best = best.min(time(launches)?.as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// The matmul tiles at `size`³, then every distinct convolution of the step at `batch` images
+/// per device, through the plain (autotuned) launchers.
+fn roofline(
+    gpu: &Gpu,
+    model: &ResNet34,
+    batch: u32,
+    image_size: u32,
+    size: u32,
+) -> Result<Roofline> {
+    let filled = |label: &str, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]);
+    let shape = MatmulShape { m: size, k: size, n: size };
+    let len = size as u64 * size as u64;
+    let (a, b, c) = (filled("probe a", len)?, filled("probe b", len)?, gpu.buffer("probe c", len)?);
+    let mut tiles = Vec::new();
+    for algo in MATMUL_TILES {
+        let MatmulAlgo::Tiled { rows, cols } = algo else { continue };
+        let seconds = best_time(gpu, |enc| {
+            matmul::matmul(
+                gpu,
+                enc,
+                algo,
+                &shape,
+                Slice::whole(&a),
+                Slice::whole(&b),
+                Slice::whole(&c),
+            )
+        })?;
+        tiles.push(ProbeTime {
+            name: format!("matmul {size}³"),
+            op: "matmul",
+            algo: format!("tiled {rows}x{cols}"),
+            kept_taps: None,
+            shape: format!("{size}x{size}x{size}"),
+            flops: shape.flops() as f64,
+            seconds,
+        });
+    }
+    drop((a, b, c));
+
+    // Distinct shapes in forward order, with the layers that share each.
+    let mut shapes: Vec<(Conv2dShape, Vec<&str>, bool)> = Vec::new();
+    for input in model.conv_inputs(image_size, image_size) {
+        let s = conv2d_shape(&input.conv, batch, input.h, input.w);
+        // The stem's input is the image: the step takes no input-VJP of it.
+        let input_vjp = input.conv != model.stem_conv;
+        match shapes.iter_mut().find(|(t, _, _)| *t == s) {
+            Some((_, names, vjp)) => {
+                names.push(model.conv_name(&input.conv));
+                *vjp |= input_vjp;
+            }
+            None => shapes.push((s, vec![model.conv_name(&input.conv)], input_vjp)),
+        }
+    }
+    let mut convs = Vec::new();
+    for (s, names, input_vjp) in shapes {
+        let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
+        for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
+            let (algo, crop) = conv2d::conv2d_choice(gpu, op, &s)?;
+            let [a, b, out] = s.operand_lens(op);
+            let (a, b, out) = (
+                filled("probe input", a)?,
+                filled("probe second input", b)?,
+                filled("probe output", out)?,
+            );
+            let seconds = best_time(gpu, |enc| {
+                conv2d::conv2d_launch(
+                    gpu,
+                    enc,
+                    op,
+                    &s,
+                    Slice::whole(&a),
+                    Slice::whole(&b),
+                    Slice::whole(&out),
+                )
+            })?;
+            let kept_taps = crop.map(|c| (c.shape.kh, c.shape.kw));
+            let name = if names.len() > 2 {
+                format!("{} (+{} more)", names[..2].join(", "), names.len() - 2)
+            } else {
+                names.join(", ")
+            };
+            let shape =
+                format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
+            convs.push(ProbeTime {
+                name,
+                op: op.name(),
+                algo: algo.to_string(),
+                kept_taps,
+                shape,
+                flops: s.flops() as f64,
+                seconds,
+            });
+        }
+    }
+    Ok(Roofline { size, tiles, convs })
+}

@@ -1,0 +1,497 @@
+//! The `step` layer: one replica's ResNet-34 training step on one device — forward (saving
+//! what the backward reads), label-smoothed loss, backward to every parameter, BN running
+//! statistics, SGD. BatchNorm sites call a [`BnSync`] hook: [`LocalBn`] on one device, a
+//! gather of every replica's per-example rows in data-parallel runs (`parallel::SyncBn`; the
+//! `collective` layer moves the bytes).
+//!
+//! The whole forward and backward is recorded into one command encoder; a hook that needs the
+//! statistics on the host submits what was recorded so far and continues in a new encoder.
+
+use std::collections::HashMap;
+
+use crate::collective::CollectiveError;
+use crate::data::{Batch, DataError};
+use crate::gpu::{Encoder, Gpu, GpuError, Slice};
+use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
+use crate::model::{ActivationPattern, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
+
+mod backward;
+mod forward;
+
+use forward::Unit;
+
+pub const BN_EPS: f32 = 1e-5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = StepError> = std::result::Result<T, E>;
+
+/// Hyper-parameters of a training step (PyTorch's defaults where it has them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepConfig {
+    pub label_smoothing: f32,
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+    pub bn_momentum: f32,
+}
+
+impl Default for StepConfig {
+    fn default() -> Self {
+        StepConfig {
+            label_smoothing: 0.1,
+            lr: 0.01,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            bn_momentum: 0.1,
+        }
+    }
+}
+
+impl StepConfig {
+    pub fn validate(&self) -> Result<()> {
+        let ok = |v: f32, lo: f32, hi: f32| v.is_finite() && v >= lo && v < hi;
+        let checks = [
+            (ok(self.label_smoothing, 0.0, 1.0), "label smoothing must be in [0, 1)"),
+            (ok(self.lr, 0.0, f32::MAX), "learning rate must be finite and ≥ 0"),
+            (ok(self.momentum, 0.0, 1.0), "momentum must be in [0, 1)"),
+            (ok(self.weight_decay, 0.0, f32::MAX), "weight decay must be finite and ≥ 0"),
+            (ok(self.bn_momentum, 0.0, 1.0 + f32::EPSILON), "BatchNorm momentum must be in [0, 1]"),
+        ];
+        match checks.iter().find(|(good, _)| !good) {
+            Some((_, msg)) => Err(StepError::Invalid(msg.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a BatchNorm site does beyond this device. Statistics and backward sums are first taken
+/// per example (rows of C + C floats, see `kernels::batchnorm`) and only then reduced over the
+/// batch's rows on the device; a hook makes every replica's rows available, in replica order,
+/// so each replica reduces exactly the rows one device holding the global batch would.
+///
+/// One call is one trip beyond the device, for every site whose rows are ready together: the
+/// first conv of a block with a downsample and the downsample read the same input, so their
+/// statistics travel together, and so do the backward sums of the downsample and the block's
+/// second BN, which read the same cotangent. That leaves 33 trips each way for ResNet-34's 36
+/// sites, the fewest the dependencies allow.
+#[allow(async_fn_in_trait)]
+pub trait BnSync {
+    /// How many replicas' rows a site ends up with (1 on one device). All shards are equal.
+    fn replicas(&self) -> u32;
+    /// Each site's `rows` holds room for `replicas()·local` rows, this device's `local` rows of
+    /// per-example `[mean | M2]` first; fills it with every replica's rows in replica order, in
+    /// place.
+    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
+    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
+    /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
+    /// some offset to the end, growing from call to call, so a hook can start moving gradients
+    /// while the backward goes on.
+    async fn sums(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+        done: Slice<'_>,
+    ) -> Result<()>;
+}
+
+/// One BN site's rows in a [`BnSync`] call.
+#[derive(Clone, Copy)]
+pub struct BnRows<'a> {
+    /// The site's number in forward order (`ResNet34::batchnorms`).
+    pub site: usize,
+    pub rows: &'a wgpu::Buffer,
+    /// This device's examples: its rows come first in `rows`.
+    pub local: u32,
+}
+
+/// One device's own statistics: plain training-mode BatchNorm.
+pub struct LocalBn;
+
+impl BnSync for LocalBn {
+    fn replicas(&self) -> u32 {
+        1
+    }
+    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
+        Ok(())
+    }
+    async fn sums(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>], _: Slice<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Options of one forward/backward.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepOptions<'a> {
+    /// Impose this activation pattern instead of deciding it.
+    pub impose: Option<&'a ActivationPattern>,
+    /// Read this step's activation pattern back into [`StepOutput::pattern`].
+    pub capture_pattern: bool,
+}
+
+/// What a forward/backward returns to the host (the gradients stay on the device).
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    pub loss: f32,
+    pub logits: Vec<f32>,
+    pub pattern: Option<ActivationPattern>,
+}
+
+/// One device's copy of the model: parameters, gradients, momentum and BN running statistics,
+/// each one flat buffer in the model's layout, plus activation buffers reused across steps:
+/// one per name for what the forward saves for the backward (and the small per-site ones), and
+/// a pool of scratch buffers shared by what lives only part of a pass.
+pub struct Replica {
+    pub gpu: Gpu,
+    pub model: ResNet34,
+    pub params: wgpu::Buffer,
+    pub grads: wgpu::Buffer,
+    pub velocity: wgpu::Buffer,
+    pub running: wgpu::Buffer,
+    acts: HashMap<String, wgpu::Buffer>,
+    scratch: Scratch,
+}
+
+/// Activation buffers that live for part of a pass (the backward's cotangents, a downsample
+/// shortcut), shared by size: `take` hands out a free buffer of exactly `len` elements, making
+/// one when none is free, and `give_back` frees it once the last kernel reading it has been
+/// recorded. Reusing a buffer inside one encoder is safe: commands run in recording order, and
+/// wgpu orders one dispatch's reads of a buffer before a later dispatch's writes to it.
+#[derive(Default)]
+struct Scratch {
+    /// Every buffer, and whether it is taken now.
+    buffers: Vec<(wgpu::Buffer, bool)>,
+    /// The batch (n, h, w) the buffers were sized for.
+    geometry: (u32, u32, u32),
+}
+
+impl Scratch {
+    /// A pass over a batch of `geometry` begins: every buffer is free (also any a failed pass
+    /// left taken); buffers sized for another geometry are dropped.
+    fn begin(&mut self, geometry: (u32, u32, u32)) {
+        if geometry != self.geometry {
+            self.buffers.clear();
+            self.geometry = geometry;
+        }
+        self.buffers.iter_mut().for_each(|(_, taken)| *taken = false);
+    }
+
+    fn take(&mut self, gpu: &Gpu, len: u64) -> Result<wgpu::Buffer> {
+        let bytes = len.max(1) * 4;
+        if let Some((b, taken)) =
+            self.buffers.iter_mut().find(|(b, taken)| !*taken && b.size() == bytes)
+        {
+            *taken = true;
+            return Ok(b.clone());
+        }
+        let b = gpu.buffer("scratch", len)?;
+        self.buffers.push((b.clone(), true));
+        Ok(b)
+    }
+
+    fn give_back(&mut self, buffer: &wgpu::Buffer) {
+        if let Some((_, taken)) = self.buffers.iter_mut().find(|(b, _)| b == buffer) {
+            *taken = false;
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.buffers.iter().map(|(b, _)| b.size()).sum()
+    }
+}
+
+/// Spatial size and channels of an activation, with the batch it belongs to.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+}
+
+impl Dims {
+    fn len(&self) -> u64 {
+        (self.n * self.c * self.h * self.w) as u64
+    }
+    fn hw(&self) -> u32 {
+        self.h * self.w
+    }
+}
+
+/// Per-step state threaded through forward and backward.
+struct Pass<'p, S> {
+    enc: Encoder,
+    sync: &'p S,
+    cfg: &'p StepConfig,
+    units: Vec<Unit>,
+    relu_gates: Vec<String>,
+    impose: Option<&'p ActivationPattern>,
+    /// The buffer holding the pool's argmax: its own, or the imposed one.
+    pool_argmax: &'static str,
+    /// Inference: BN normalises with these running statistics (the model's flat buffer
+    /// layout) and updates nothing.
+    eval: Option<Vec<f32>>,
+}
+
+impl Replica {
+    /// A replica holding `params` (model layout) and running statistics `running`.
+    pub fn new(gpu: Gpu, model: ResNet34, params: &[f32], running: &[f32]) -> Result<Replica> {
+        if params.len() != model.param_len || running.len() != model.buffer_len {
+            return Err(StepError::Invalid(format!(
+                "parameter/buffer vectors have {}/{} values, the model layout needs {}/{}",
+                params.len(),
+                running.len(),
+                model.param_len,
+                model.buffer_len
+            )));
+        }
+        let binding = gpu.limits.max_storage_buffer_binding_size;
+        if (model.param_len as u64) * 4 > binding {
+            return Err(GpuError::Limit {
+                what: "the flat parameter buffer".into(),
+                needed: model.param_len as u64 * 4,
+                allowed: binding,
+                limit: "max_storage_buffer_binding_size",
+            }
+            .into());
+        }
+        let params_buf = gpu.upload("params", params)?;
+        let grads = gpu.buffer("grads", model.param_len as u64)?;
+        let velocity = gpu.buffer("velocity", model.param_len as u64)?;
+        let running_buf = gpu.upload("running", running)?;
+        Ok(Replica {
+            gpu,
+            model,
+            params: params_buf,
+            grads,
+            velocity,
+            running: running_buf,
+            acts: HashMap::new(),
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// Bytes this replica holds on its device: parameters, gradients, momentum, running
+    /// statistics, every activation buffer (saved and scratch) and the kernels' scratch its
+    /// `Gpu` keeps ([`Gpu::scratch`]).
+    pub fn device_bytes(&self) -> u64 {
+        let flat = [&self.params, &self.grads, &self.velocity, &self.running]
+            .iter()
+            .map(|b| b.size())
+            .sum::<u64>();
+        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>()
+            + self.scratch.bytes()
+            + self.gpu.scratch_bytes()
+    }
+
+    fn param(&self, index: usize) -> Slice<'_> {
+        let p = &self.model.params[index];
+        Slice::new(&self.params, p.offset as u64 * 4, p.len() as u64)
+    }
+
+    fn grad(&self, index: usize) -> Slice<'_> {
+        let p = &self.model.params[index];
+        Slice::new(&self.grads, p.offset as u64 * 4, p.len() as u64)
+    }
+
+    fn running_slice(&self, index: usize) -> Slice<'_> {
+        let b = &self.model.buffers[index];
+        Slice::new(&self.running, b.offset as u64 * 4, b.len() as u64)
+    }
+
+    /// The activation buffer `name` of `len` elements, created on first use and reused.
+    fn act(&mut self, name: &str, len: u64) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.acts.get(name) {
+            if b.size() == len.max(1) * 4 {
+                return Ok(b.clone());
+            }
+        }
+        let b = self.gpu.buffer(name, len)?;
+        self.acts.insert(name.to_string(), b.clone());
+        Ok(b)
+    }
+
+    /// Forward, loss (divided by `divisor`) and backward for `batch`: leaves every parameter
+    /// gradient in `grads` and updates the running statistics.
+    pub async fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        cfg: &StepConfig,
+        divisor: f32,
+        sync: &impl BnSync,
+        opts: StepOptions<'_>,
+    ) -> Result<StepOutput> {
+        cfg.validate()?;
+        batch.validate(self.model.classes)?;
+        ResNet34::check_image_size(batch.h, batch.w)?;
+        if batch.is_empty() {
+            return Err(StepError::Invalid("empty batch".into()));
+        }
+        let n = batch.len() as u32;
+        self.scratch.begin((n, batch.h, batch.w));
+        let input = self.act("input", batch.images.len() as u64)?;
+        self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
+        let labels = self.act("labels", n as u64)?;
+        self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
+
+        let mut pass = Pass {
+            enc: self.gpu.encoder(),
+            sync,
+            cfg,
+            units: Vec::new(),
+            relu_gates: Vec::new(),
+            impose: opts.impose,
+            pool_argmax: "pool.argmax",
+            eval: None,
+        };
+        if let Some(p) = opts.impose {
+            self.upload_pattern(p)?;
+        }
+        let x = Dims { n, c: 3, h: batch.h, w: batch.w };
+        let (out, dims) = self.forward(&mut pass, x).await?;
+        let (feat, logits) = self.head_forward(&mut pass, &out, dims)?;
+        let (loss, dout) = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
+        self.backward(&mut pass, dout).await?;
+
+        let mut enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        let read = self.gpu.record_read(&mut enc, &[Slice::whole(&loss), Slice::whole(&logits)]);
+        self.gpu.submit(enc).await?;
+        let mut logits = read.read::<f32>(&self.gpu).await?;
+        let loss = logits.remove(0);
+        let pattern =
+            if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
+        Ok(StepOutput { loss, logits, pattern })
+    }
+
+    /// Inference: the logits of `batch` with BatchNorm in eval mode (running statistics).
+    /// Changes no parameter, gradient or statistic.
+    pub async fn predict(&mut self, batch: &Batch) -> Result<Vec<f32>> {
+        batch.validate(self.model.classes)?;
+        ResNet34::check_image_size(batch.h, batch.w)?;
+        if batch.is_empty() {
+            return Err(StepError::Invalid("empty batch".into()));
+        }
+        let running = self.read_running().await?;
+        self.scratch.begin((batch.len() as u32, batch.h, batch.w));
+        let input = self.act("input", batch.images.len() as u64)?;
+        self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
+        let cfg = StepConfig::default();
+        let mut pass = Pass {
+            enc: self.gpu.encoder(),
+            sync: &LocalBn,
+            cfg: &cfg,
+            units: Vec::new(),
+            relu_gates: Vec::new(),
+            impose: None,
+            pool_argmax: "pool.argmax",
+            eval: Some(running),
+        };
+        let x = Dims { n: batch.len() as u32, c: 3, h: batch.h, w: batch.w };
+        let (out, dims) = self.forward(&mut pass, x).await?;
+        let (_, logits) = self.head_forward(&mut pass, &out, dims)?;
+        let enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
+        self.gpu.submit(enc).await?;
+        Ok(self.gpu.read_f32(Slice::whole(&logits)).await?)
+    }
+
+    /// SGD with momentum and weight decay over the whole flat parameter buffer.
+    pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
+        cfg.validate()?;
+        let mut enc = self.gpu.encoder();
+        let p =
+            sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
+        sgd::sgd_update(
+            &self.gpu,
+            &mut enc,
+            &p,
+            Slice::whole(&self.params),
+            Slice::whole(&self.grads),
+            Slice::whole(&self.velocity),
+        )?;
+        self.gpu.submit(enc).await?;
+        Ok(())
+    }
+
+    pub async fn read_params(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.params)).await?)
+    }
+
+    pub async fn read_grads(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.grads)).await?)
+    }
+
+    pub async fn read_velocity(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.velocity)).await?)
+    }
+
+    pub async fn read_running(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_f32(Slice::whole(&self.running)).await?)
+    }
+
+    /// Replaces the momentum buffer (resuming from a checkpoint).
+    pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
+        if v.len() != self.model.param_len {
+            return Err(StepError::Invalid(format!(
+                "momentum has {} values, the layout needs {}",
+                v.len(),
+                self.model.param_len
+            )));
+        }
+        self.gpu.queue.write_buffer(&self.velocity, 0, bytemuck::cast_slice(v));
+        Ok(())
+    }
+}
+
+fn block_name(i: usize) -> String {
+    format!("block{i}")
+}
+
+fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
+    conv2d_shape(c, x.n, x.h, x.w)
+}
+
+/// The kernel shape of `conv` on `n` inputs of `h`×`w`: what the step launches.
+pub fn conv2d_shape(c: &Conv, n: u32, h: u32, w: u32) -> conv2d::Conv2dShape {
+    conv2d::Conv2dShape {
+        n,
+        c_in: c.c_in,
+        h,
+        w,
+        c_out: c.c_out,
+        kh: c.k,
+        kw: c.k,
+        stride: c.stride,
+        pad: c.pad,
+    }
+}
+
+fn bn_shape(d: Dims) -> batchnorm::BnShape {
+    batchnorm::BnShape { n: d.n, c: d.c, hw: d.hw() }
+}
+
+fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {
+    maxpool::MaxPoolShape {
+        n: d.n,
+        c: d.c,
+        h: d.h,
+        w: d.w,
+        k: POOL_K,
+        stride: POOL_STRIDE,
+        pad: POOL_PAD,
+    }
+}
