@@ -10,12 +10,15 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use syncstep::collective::{all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, ReduceOp};
+use syncstep::canonical::Plan;
+use syncstep::collective::{
+    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, Pieces, ReduceOp,
+};
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions};
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
 
 const REPLICAS: usize = 2;
 const PER_REPLICA: usize = 8;
@@ -70,7 +73,7 @@ fn parallel(c: &mut Criterion) {
         pollster::block_on(single.forward_backward(
             &batch,
             &cfg,
-            batch.len() as f32,
+            Shard::whole(batch.len()),
             &LocalBn,
             StepOptions::default(),
         ))
@@ -107,11 +110,13 @@ fn parallel(c: &mut Criterion) {
         .throughput(Throughput::Bytes(bytes));
     let (reduce_times, staged_times, copy_times) =
         (RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    let parts: Vec<(&Gpu, Slice)> =
-        dp.replicas().iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
+    let parts: Vec<(&Gpu, Slice)> = dp.replicas().iter().map(|r| (&r.gpu, r.gradient())).collect();
+    let plan = Plan::one_piece_each(REPLICAS);
     group.bench_function(format!("all_reduce_{REPLICAS}_replicas"), |b| {
         b.iter_custom(timed(&reduce_times, || {
-            pollster::block_on(all_reduce(&parts, ReduceOp::Mean)).expect("all-reduce");
+            let pieces: Vec<(&Gpu, Vec<Slice>)> =
+                parts.iter().map(|&(g, s)| (g, vec![s])).collect();
+            pollster::block_on(all_reduce(&pieces, &plan, ReduceOp::Sum)).expect("all-reduce");
             // The writes land at the next submission: wait for them, as a step would.
             parts.iter().for_each(|(gpu, _)| gpu.wait().expect("wait"));
         }))
@@ -120,10 +125,12 @@ fn parallel(c: &mut Criterion) {
     group.bench_function(format!("staged_all_reduce_{REPLICAS}_replicas"), |b| {
         b.iter_custom(timed(&staged_times, || {
             // The whole buffer as one bucket: what a step's buckets add up to.
-            let rounds = bucket_rounds(REPLICAS, ReduceOp::Mean);
+            let rounds = bucket_rounds(plan.clone(), ReduceOp::Sum);
             let sides = parts.iter().zip(&staging).enumerate().map(|(r, ((gpu, s), staging))| {
                 let rounds = &rounds;
-                async move { BucketAllReduce::new(r, staging, rounds).finish(gpu, *s).await }
+                async move {
+                    BucketAllReduce::new(r, Pieces::ONE, staging, rounds).finish(gpu, *s).await
+                }
             });
             pollster::block_on(futures::future::try_join_all(sides)).expect("staged all-reduce");
             parts.iter().for_each(|(gpu, _)| gpu.wait().expect("wait"));

@@ -8,7 +8,7 @@ use syncstep::bench::STEP_FLOPS_PER_FORWARD;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::model::ResNet34;
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
 
 fn step_bench(c: &mut Criterion) {
     let gpu =
@@ -29,7 +29,13 @@ fn step_bench(c: &mut Criterion) {
         let mut one_step = || {
             pollster::block_on(async {
                 replica
-                    .forward_backward(&batch, &cfg, n as f32, &LocalBn, StepOptions::default())
+                    .forward_backward(
+                        &batch,
+                        &cfg,
+                        Shard::whole(n),
+                        &LocalBn,
+                        StepOptions::default(),
+                    )
                     .await
                     .unwrap();
                 replica.sgd_update(&cfg).await.unwrap();

@@ -1,13 +1,14 @@
 // Softmax cross-entropy with label smoothing: logits z [m, k], labels y [m] (u32).
 // q_j = ε/K + (1−ε)[j = y], ℓ = −Σ_j q_j log softmax(z)_j, dℓ/dz = softmax(z) − q;
-// the step's loss is (Σ_i ℓ_i)/D and its gradient (softmax − q)/D.
+// the step's loss is (Σ_i ℓ_i)/D (summed on the host, in the canonical order) and its gradient
+// (softmax − q)/D.
 //
 // One workgroup per example. Row reductions are deterministic: each invocation accumulates a
 // strided slice of the row in ascending j, then the workgroup combines those partials by a
 // fixed tree, one writer per value. The row max is subtracted before exp; ℓ is formed as
 // Σ_j q_j·(log Σ exp(z − max) − (z_j − max)), a sum of non-negative terms (Σ q = 1), so
-// nothing cancels. The total is a second dispatch over the per-example losses.
-// A label ≥ K cannot be reported from a shader: that example's ℓ (hence the total) and its
+// nothing cancels.
+// A label ≥ K cannot be reported from a shader: that example's ℓ and its
 // gradient row are written as NaN. WGSL has no NaN literal, so the launcher passes one in p.nan.
 // The host validates labels before upload.
 
@@ -89,22 +90,6 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     let loss = workgroup_reduce(lid, acc, false);
     if (lid == 0u) {
         fwd_losses[row] = select(loss, p.nan, label >= p.k);
-    }
-}
-
-// cross_entropy_forward_total: loss[0] = (Σ_i losses[i]) / D, one workgroup
-@group(0) @binding(1) var<storage, read> total_losses: array<f32>;
-@group(0) @binding(2) var<storage, read_write> total_loss: array<f32>;
-
-@compute @workgroup_size(WG)
-fn cross_entropy_forward_total(@builtin(local_invocation_index) lid: u32) {
-    var acc = 0.0;
-    for (var i = lid; i < p.m; i += WG) {
-        acc += total_losses[i];
-    }
-    let sum = workgroup_reduce(lid, acc, false);
-    if (lid == 0u) {
-        total_loss[0] = sum / p.divisor;
     }
 }
 

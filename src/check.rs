@@ -16,7 +16,7 @@
 use serde_json::{json, Value};
 
 use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
-use crate::data::{synthetic_batch, Batch, DataError};
+use crate::data::{synthetic_batch, Batch};
 use crate::golden::{Golden, GoldenSettings};
 use crate::gpu::{AdapterChoice, Gpu};
 use crate::model::{ActivationPattern, ModelError, ResNet34};
@@ -24,17 +24,20 @@ use crate::parallel::{
     self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage,
 };
 use crate::reference::step as reference;
-use crate::step::{LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput, BN_EPS};
+use crate::step::{
+    LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput, BN_EPS,
+};
 
-/// TEST's bound on every gradient tensor (norm-rel); the goal is bitwise.
-pub const TEST_GRAD_BOUND: f64 = 1e-5;
-/// TEST's bound on the loss and the logits (relative).
-pub const TEST_OUTPUT_BOUND: f64 = 1e-6;
+/// TEST's bound on every gradient tensor (norm-rel): bitwise, for any R and shard sizes.
+pub const TEST_GRAD_BOUND: f64 = 0.0;
+/// TEST's bound on the loss and the logits (relative): bitwise.
+pub const TEST_OUTPUT_BOUND: f64 = 0.0;
 /// CONTROL must be at least this many times TEST's error.
 pub const CONTROL_FACTOR: f64 = 100.0;
 /// Stands in for TEST's error when TEST is bitwise 0, so CONTROL must still be clearly nonzero.
 pub const CONTROL_FLOOR: f64 = 1e-12;
-pub const DRIFT_BOUND: f64 = 1e-5;
+/// DRIFT's bound on the parameters after K SGD steps (norm-rel): bitwise.
+pub const DRIFT_BOUND: f64 = 0.0;
 pub const TIE_LOSS_BOUND: f64 = 1e-5;
 pub const TIE_GRAD_BOUND: f64 = 1e-4;
 /// PORTABLE's bound on every gradient tensor (norm-rel of the sample, and of the norm).
@@ -64,12 +67,15 @@ pub enum CheckError {
 
 pub type Result<T, E = CheckError> = std::result::Result<T, E>;
 
-/// What to check: R replicas × N images against one device at R·N.
+/// What to check: R replicas × N images (or a global batch of B that R need not divide)
+/// against one device at the global batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckConfig {
     pub replicas: usize,
-    /// Images per replica, N.
+    /// Images per replica, N: the global batch is R·N unless `global_batch` says otherwise.
     pub batch: usize,
+    /// The global batch B, when it is not R·N: the first B mod R replicas take one more.
+    pub global_batch: Option<usize>,
     pub image_size: u32,
     pub classes: u32,
     /// SGD steps of the DRIFT gate; 0 leaves DRIFT out.
@@ -88,6 +94,7 @@ impl Default for CheckConfig {
         CheckConfig {
             replicas: 2,
             batch: 8,
+            global_batch: None,
             image_size: 32,
             classes: 10,
             steps: 5,
@@ -99,11 +106,13 @@ impl Default for CheckConfig {
     }
 }
 
-/// Which side of its bound a gate's figure must fall on.
+/// Which side of its bound a gate's figure must fall on; or that the gate does not apply to
+/// this configuration (it then passes, and its note says why).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Bound {
     AtMost(f64),
     AtLeast(f64),
+    NotApplicable,
 }
 
 impl Bound {
@@ -111,16 +120,41 @@ impl Bound {
         match *self {
             Bound::AtMost(b) => measured <= b,
             Bound::AtLeast(b) => measured >= b,
+            Bound::NotApplicable => true,
         }
     }
 }
 
 impl CheckConfig {
+    /// The global batch B.
+    pub fn global(&self) -> usize {
+        self.global_batch.unwrap_or(self.replicas * self.batch)
+    }
+
+    /// "3 replicas × 4" or "3 replicas, 10 examples (4, 3, 3)".
+    pub fn shards_text(&self) -> String {
+        let (r, b) = (self.replicas, self.global());
+        let sizes: Vec<String> = crate::data::shard_ranges(b, r)
+            .map(|ranges| ranges.iter().map(|s| s.len().to_string()).collect())
+            .unwrap_or_default();
+        if b.is_multiple_of(r) {
+            format!("{r} replica(s) × {}", b / r)
+        } else {
+            format!("{r} replicas, {b} examples ({})", sizes.join(", "))
+        }
+    }
+
+    /// The smallest shard's examples.
+    pub fn smallest_shard(&self) -> usize {
+        self.global() / self.replicas.max(1)
+    }
+
     /// What a PORTABLE golden made by this check is made at.
     pub fn golden_settings(&self) -> GoldenSettings {
         GoldenSettings {
             replicas: self.replicas,
             batch_per_replica: self.batch,
+            global_batch: self.global(),
             image_size: self.image_size,
             classes: self.classes,
             seed: self.seed,
@@ -129,17 +163,27 @@ impl CheckConfig {
 
     /// The model this configuration checks, or why it cannot be checked.
     pub fn model(&self) -> Result<ResNet34> {
-        if self.batch == 0 {
+        if self.global_batch.is_none() && self.batch == 0 {
             return Err(CheckError::Config("batch per replica must be at least 1".into()));
         }
-        if self.replicas == 0 {
-            return Err(ParallelError::from(DataError::NoReplicas).into());
-        }
-        if self.replicas == 1 {
-            return Err(CheckError::Config("check holds R ≥ 2 replicas against one device; with one replica there is nothing to synchronise (and CONTROL cannot differ)".into()));
-        }
+        crate::data::shard_ranges(self.global(), self.replicas).map_err(ParallelError::from)?;
         ResNet34::check_image_size(self.image_size, self.image_size)?;
-        Ok(ResNet34::new(self.classes)?)
+        let model = ResNet34::new(self.classes)?;
+        model.check_training_batch(self.global() as u64, self.image_size, self.image_size)?;
+        Ok(model)
+    }
+
+    /// Why CONTROL does not apply here, if it does not: with one replica per-replica
+    /// statistics are the global ones, and a replica of too few examples leaves its own
+    /// BatchNorm one value per channel (no variance to differ in).
+    pub fn control_not_applicable(&self, model: &ResNet34) -> Option<String> {
+        if self.replicas == 1 {
+            return Some("n/a: one replica's own statistics are the global ones".into());
+        }
+        let (n, size) = (self.smallest_shard() as u64, self.image_size);
+        model.check_training_batch(n, size, size).err().map(|_| {
+            format!("n/a: a replica of {n} example(s) leaves its own BatchNorm 1 value per channel at {size}×{size}")
+        })
     }
 }
 
@@ -229,7 +273,7 @@ pub struct CheckReport {
 /// The global batch of step `step`: R·N synthetic images from example step·R·N on, shard r's
 /// images shifted by +0.5·r.
 pub fn gate_batch(cfg: &CheckConfig, step: usize) -> Result<Batch> {
-    let m = cfg.replicas * cfg.batch;
+    let m = cfg.global();
     let size = cfg.image_size;
     let plain = synthetic_batch(cfg.seed, (step * m) as u64, m, size, size, cfg.classes);
     let shards = plain.shards(cfg.replicas).map_err(ParallelError::from)?;
@@ -251,9 +295,8 @@ impl Single {
         cfg: &StepConfig,
         opts: StepOptions<'_>,
     ) -> Result<StepOutput> {
-        let divisor = batch.len() as f32;
         self.replica
-            .forward_backward(batch, cfg, divisor, &LocalBn, opts)
+            .forward_backward(batch, cfg, Shard::whole(batch.len()), &LocalBn, opts)
             .await
             .map_err(|e| self.named(e))
     }
@@ -309,11 +352,11 @@ pub async fn run_check_on(
     let step_cfg = StepConfig::default();
     let sync = ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage };
     let mut rows = Vec::new();
-    let (r, n, m) = (cfg.replicas, cfg.batch, cfg.replicas * cfg.batch);
+    let (m, shards) = (cfg.global(), cfg.shards_text());
 
     // TEST: the data-parallel step against the single device on the DP run's pattern.
     let batch = gate_batch(cfg, 0)?;
-    phases.start(format!("TEST: data-parallel step, {r} replicas × {n}"), &rows);
+    phases.start(format!("TEST: data-parallel step, {shards}"), &rows);
     let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
     let dp_grads = dp.read_grads().await?.swap_remove(0);
     let pattern = ActivationPattern::concat(
@@ -323,8 +366,13 @@ pub async fn run_check_on(
         format!("TEST: single-device step at {m}, deciding its own activation pattern"),
         &rows,
     );
-    let free =
-        single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
+    let free = single
+        .step(
+            &batch,
+            &step_cfg,
+            StepOptions { impose: None, capture_pattern: true, ..Default::default() },
+        )
+        .await?;
     let free_pattern = free.pattern.unwrap_or_default();
     // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
     let portable = match golden {
@@ -339,7 +387,7 @@ pub async fn run_check_on(
     };
     phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"), &rows);
     let single_out = single
-        .step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), capture_pattern: false })
+        .step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), ..Default::default() })
         .await?;
     let single_grads = single.read_grads().await?;
     let flips = Some(free_pattern.flips(&pattern));
@@ -347,7 +395,8 @@ pub async fn run_check_on(
     let (test, worst) = worst_of(&model, &test_errors);
     let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
     rows.push(row("TEST", test, Bound::AtMost(TEST_GRAD_BOUND), worst, flips, bitwise(test)));
-    let dp_loss = dp_out.iter().map(|o| o.loss as f64).sum::<f64>() / dp_out.len() as f64;
+    // Every replica holds the global loss.
+    let dp_loss = dp_out[0].loss as f64;
     let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
     rows.push(row(
         "TEST loss",
@@ -379,23 +428,30 @@ pub async fn run_check_on(
 
     // CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail.
     phases.start("CONTROL: data-parallel step with per-replica BatchNorm statistics".into(), &rows);
-    let local = ParallelOptions { bn: BnMode::Local, ..sync };
-    let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
-    let local_grads = dp.read_grads().await?.swap_remove(0);
-    let control_errors = tensor_errors(&model, &local_grads, &single_grads);
-    let (control, worst) = worst_of(&model, &control_errors);
-    let local_pattern = ActivationPattern::concat(
-        &local_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
-    );
-    let floor = test.max(CONTROL_FLOOR);
-    rows.push(row(
-        "CONTROL",
-        control,
-        Bound::AtLeast(CONTROL_FACTOR * floor),
-        worst,
-        Some(local_pattern.flips(&pattern)),
-        String::new(),
-    ));
+    let control_errors = match cfg.control_not_applicable(&model) {
+        Some(why) => {
+            rows.push(row("CONTROL", f64::NAN, Bound::NotApplicable, None, None, why));
+            vec![f64::NAN; model.params.len()]
+        }
+        None => {
+            let local = ParallelOptions { bn: BnMode::Local, ..sync };
+            let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
+            let local_grads = dp.read_grads().await?.swap_remove(0);
+            let control_errors = tensor_errors(&model, &local_grads, &single_grads);
+            let (control, worst) = worst_of(&model, &control_errors);
+            let local_pattern = ActivationPattern::concat(
+                &local_out
+                    .iter()
+                    .map(|o| o.pattern.clone().unwrap_or_default())
+                    .collect::<Vec<_>>(),
+            );
+            let floor = test.max(CONTROL_FLOOR);
+            let flips = Some(local_pattern.flips(&pattern));
+            let bound = Bound::AtLeast(CONTROL_FACTOR * floor);
+            rows.push(row("CONTROL", control, bound, worst, flips, String::new()));
+            control_errors
+        }
+    };
 
     // REPEAT: the same DP step again. Only the running statistics moved since, and training
     // mode does not read them. It leaves step 0's gradients in place for DRIFT.
@@ -473,11 +529,7 @@ async fn portable(
     free: &ActivationPattern,
 ) -> Result<(Vec<GateRow>, Vec<f64>)> {
     let out = single
-        .step(
-            batch,
-            step_cfg,
-            StepOptions { impose: Some(&golden.pattern), capture_pattern: false },
-        )
+        .step(batch, step_cfg, StepOptions { impose: Some(&golden.pattern), ..Default::default() })
         .await?;
     let errors = golden.tensor_errors(model, &single.read_grads().await?);
     let (grad_err, worst) = worst_of(model, &errors);
@@ -504,6 +556,7 @@ impl GateRow {
         let (kind, bound) = match self.bound {
             Bound::AtMost(b) => ("at_most", b),
             Bound::AtLeast(b) => ("at_least", b),
+            Bound::NotApplicable => ("not_applicable", f64::NAN),
         };
         json!({
             "gate": self.gate,
@@ -561,7 +614,7 @@ async fn drift(
                 .step(
                     &batch,
                     step_cfg,
-                    StepOptions { impose: Some(&pattern), capture_pattern: false },
+                    StepOptions { impose: Some(&pattern), ..Default::default() },
                 )
                 .await?;
         }
@@ -636,14 +689,13 @@ impl CheckReport {
     pub fn table(&self) -> String {
         let c = &self.config;
         let mut out = format!(
-            "{} replicas × {} images ({}×{}, {} classes, seed {}) against one device at {}\n",
-            c.replicas,
-            c.batch,
+            "{} ({}×{}, {} classes, seed {}) against one device at {}\n",
+            c.shards_text(),
             c.image_size,
             c.image_size,
             c.classes,
             c.seed,
-            c.replicas * c.batch
+            c.global()
         );
         for (r, a) in self.replica_adapters.iter().enumerate() {
             out += &format!("  replica {r}: {a}\n");
@@ -661,15 +713,19 @@ impl CheckReport {
         );
         for r in &self.rows {
             let bound = match r.bound {
+                Bound::AtMost(0.0) => "bitwise".to_string(),
                 Bound::AtMost(b) => format!("≤ {b:.0e}"),
                 Bound::AtLeast(b) => format!("≥ {b:.1e}"),
+                Bound::NotApplicable => "-".to_string(),
             };
+            let measured =
+                if r.measured.is_nan() { "-".into() } else { format!("{:.3e}", r.measured) };
             let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
             let result = if r.pass { "PASS" } else { "FAIL" };
             out += &format!(
-                "{:<13} {:>10.3e}  {:<12} {:<32} {:>6}  {:<6} {}\n",
+                "{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
                 r.gate,
-                r.measured,
+                measured,
                 bound,
                 r.worst.as_deref().unwrap_or("-"),
                 flips,
@@ -692,6 +748,10 @@ impl CheckReport {
             "check": "equivalence",
             "replicas": c.replicas,
             "batch_per_replica": c.batch,
+            "global_batch": c.global(),
+            "shard_sizes": crate::data::shard_ranges(c.global(), c.replicas)
+                .map(|r| r.iter().map(|s| s.len()).collect::<Vec<_>>())
+                .unwrap_or_default(),
             "image_size": c.image_size,
             "classes": c.classes,
             "steps": c.steps,

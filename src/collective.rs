@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use crate::canonical::Plan;
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 
 /// `Clone`: one bucket's error reaches every replica of its round.
@@ -36,6 +37,12 @@ pub enum CollectiveError {
     },
     #[error("a collective needs at least one replica")]
     NoReplicas,
+    #[error(
+        "{got} replicas offer parts to an all-reduce whose plan adds {expected} replicas' pieces"
+    )]
+    ReplicaCount { got: usize, expected: usize },
+    #[error("replica {replica} offers {got} pieces to the all-reduce; its plan adds {expected}")]
+    PieceCount { replica: usize, got: usize, expected: usize },
     #[error("replica {replica} offers {got} elements to the all-reduce, replica 0 offers {expected}; every replica must offer the same range")]
     RangeMismatch { replica: usize, got: u64, expected: u64 },
     #[error("the all-reduce range of replica {replica} starts at byte {offset}: it must be a multiple of 4")]
@@ -53,34 +60,49 @@ pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     Sum,
+    /// The sum divided by the number of replicas. Exact only for powers of two: it exists for
+    /// the sabotaged equivalence that shows the gates can fail.
     Mean,
 }
 
-/// All-reduces one range across replicas: `parts[r]` is replica r's device and its range (the
-/// same length everywhere). Afterwards every range holds the identical f32 bytes: the sum (or
-/// mean) over replicas in the pairwise order of [`reduce`]. Pass one large
-/// range (a whole flat gradient buffer), not one per tensor: every call costs a round trip.
-/// Allocates its staging each call; a training step uses [`BucketAllReduce`] instead.
-pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()> {
-    let (_, first) = parts.first().ok_or(CollectiveError::NoReplicas)?;
-    for (replica, (_, s)) in parts.iter().enumerate() {
-        if s.len != first.len {
-            return Err(CollectiveError::RangeMismatch {
-                replica,
-                got: s.len,
-                expected: first.len,
-            });
+/// All-reduces across replicas: `parts[r]` is replica r's device and its pieces (ranges of the
+/// same length, `plan.pieces_of(r)` of them), which `plan` adds up. Afterwards every replica's
+/// first piece holds the identical f32 bytes, the plan's sum (or mean); its other pieces are
+/// left as they were. Pass large ranges (whole flat gradient buffers), not one per tensor: every
+/// call costs a round trip. Allocates its staging each call; a training step uses
+/// [`BucketAllReduce`] instead.
+pub async fn all_reduce(parts: &[(&Gpu, Vec<Slice<'_>>)], plan: &Plan, op: ReduceOp) -> Result<()> {
+    let len = parts.first().and_then(|(_, p)| p.first()).ok_or(CollectiveError::NoReplicas)?.len;
+    let holders = plan.leaves.iter().map(|&(h, _)| h + 1).max().unwrap_or(0);
+    if parts.len() != holders {
+        return Err(CollectiveError::ReplicaCount { got: parts.len(), expected: holders });
+    }
+    for (replica, (_, pieces)) in parts.iter().enumerate() {
+        if pieces.len() != plan.pieces_of(replica) {
+            let (got, expected) = (pieces.len(), plan.pieces_of(replica));
+            return Err(CollectiveError::PieceCount { replica, got, expected });
         }
-        if s.offset % 4 != 0 {
-            return Err(CollectiveError::Unaligned { replica, offset: s.offset });
+        for s in pieces {
+            if s.len != len {
+                return Err(CollectiveError::RangeMismatch { replica, got: s.len, expected: len });
+            }
+            if s.offset % 4 != 0 {
+                return Err(CollectiveError::Unaligned { replica, offset: s.offset });
+            }
         }
     }
-    let reads = parts.iter().enumerate().map(|(replica, (gpu, s))| async move {
-        gpu.read::<f32>(*s).await.map_err(|source| CollectiveError::Gpu { replica, source })
+    let reads = parts.iter().enumerate().map(|(replica, (gpu, pieces))| async move {
+        let mut encoder = gpu.encoder();
+        let read = gpu.record_read(&mut encoder, pieces);
+        let gpu_error = |source| CollectiveError::Gpu { replica, source };
+        gpu.submit(encoder).await.map_err(gpu_error)?;
+        read.read::<f32>(gpu).await.map_err(gpu_error)
     });
     let local = futures::future::try_join_all(reads).await?;
-    let reduced = reduce(local, op);
-    for (replica, (gpu, s)) in parts.iter().enumerate() {
+    let leaves = leaves(plan, &local, len as usize);
+    let reduced = reduce(&leaves, plan, op);
+    for (replica, (gpu, pieces)) in parts.iter().enumerate() {
+        let s = pieces[0];
         gpu.scoped(|| gpu.queue.write_buffer(s.buffer, s.offset, bytemuck::cast_slice(&reduced)))
             .await
             .map_err(|source| CollectiveError::Gpu { replica, source })?;
@@ -88,17 +110,21 @@ pub async fn all_reduce(parts: &[(&Gpu, Slice<'_>)], op: ReduceOp) -> Result<()>
     Ok(())
 }
 
-/// Element-wise sum or mean of equally long vectors, in f32, summed pairwise in replica order
-/// as a binary counter: part r closes the blocks of 2^l parts ending at r (l < the number of
-/// trailing ones of r). That is the order in which the kernels sum a batch's examples, so when
-/// each part is a shard's sum over 2^k examples (a subtree of the batch's sum) the result is,
-/// bit for bit, the sum one device takes over the whole batch; a sum in f64 rounded once
-/// would be closer to exact but not that. The mean divides the sum by R (exact for R a power of
-/// two).
-pub fn reduce(parts: Vec<Vec<f32>>, op: ReduceOp) -> Vec<f32> {
-    let parts: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
-    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).min().unwrap_or(0));
-    reduce_chunks(&parts, op, |_, chunk| out.extend_from_slice(chunk));
+/// The plan's leaves, in its order, out of each replica's pieces laid one after the other.
+fn leaves<'a, T: AsRef<[f32]>>(plan: &Plan, replicas: &'a [T], len: usize) -> Vec<&'a [f32]> {
+    plan.leaves
+        .iter()
+        .map(|&(r, piece)| &replicas[r].as_ref()[piece * len..(piece + 1) * len])
+        .collect()
+}
+
+/// Element-wise sum (or mean) of equally long `leaves` in f32, added along `plan` (the
+/// canonical tree, [`crate::canonical`]): when the leaves are the sums of the canonical pieces
+/// of a batch's examples, the result is, bit for bit, the sum one device takes over the whole
+/// batch. (A sum in f64 rounded once would be closer to exact, but not that.)
+pub fn reduce(leaves: &[&[f32]], plan: &Plan, op: ReduceOp) -> Vec<f32> {
+    let mut out = Vec::with_capacity(leaves.iter().map(|p| p.len()).min().unwrap_or(0));
+    reduce_chunks(leaves, plan, op, |_, chunk| out.extend_from_slice(chunk));
     out
 }
 
@@ -108,45 +134,37 @@ const CHUNK: usize = 4096;
 /// [`reduce`] without allocating the result: hands the reduced values to `out` a chunk at a
 /// time, with the index of the chunk's first element, so the caller can write them straight into
 /// mapped staging. Every element is summed in the same order as by [`reduce`]: the same bits.
-/// Parts should be equally long; the shortest decides.
-pub fn reduce_chunks(parts: &[&[f32]], op: ReduceOp, mut out: impl FnMut(usize, &[f32])) {
-    let replicas = parts.len();
-    let len = parts.iter().map(|p| p.len()).min().unwrap_or(0);
-    // blocks[l]: this chunk's sum of the latest block of 2^l parts not yet paired with its left
-    // sibling. After the last part, the open blocks are the set bits of R.
-    let levels = (usize::BITS - replicas.leading_zeros()) as usize;
-    let mut blocks = vec![vec![0.0f32; CHUNK]; levels];
-    let mut sum = vec![0.0f32; CHUNK];
-    let add =
-        |acc: &mut [f32], left: &[f32]| acc.iter_mut().zip(left).for_each(|(v, left)| *v += left);
+/// Leaves should be equally long; the shortest decides.
+pub fn reduce_chunks(
+    leaves: &[&[f32]],
+    plan: &Plan,
+    op: ReduceOp,
+    mut out: impl FnMut(usize, &[f32]),
+) {
+    let len = leaves.iter().map(|p| p.len()).min().unwrap_or(0);
+    let holders = plan.leaves.iter().map(|&(h, _)| h + 1).max().unwrap_or(1);
     for start in (0..len).step_by(CHUNK) {
         let n = CHUNK.min(len - start);
-        for (r, part) in parts.iter().enumerate() {
-            sum[..n].copy_from_slice(&part[start..start + n]);
-            let mut l = 0;
-            while (r >> l) & 1 == 1 {
-                // IEEE addition commutes exactly: only the tree's shape matters.
-                add(&mut sum[..n], &blocks[l][..n]);
-                l += 1;
-            }
-            std::mem::swap(&mut sum, &mut blocks[l]);
-        }
-        // Add the open blocks up from the smallest (the latest parts), each as the left operand.
-        let mut open = (0..levels).filter(|l| (replicas >> l) & 1 == 1);
-        let Some(first) = open.next() else { return };
-        sum[..n].copy_from_slice(&blocks[first][..n]);
-        open.for_each(|l| add(&mut sum[..n], &blocks[l][..n]));
+        // IEEE addition commutes exactly: only the tree's shape matters, and it is the plan's.
+        let mut sum = plan.run(
+            |i| leaves[i][start..start + n].to_vec(),
+            |mut left, right| {
+                left.iter_mut().zip(&right).for_each(|(l, r)| *l += r);
+                left
+            },
+        );
         if op == ReduceOp::Mean {
-            let r = replicas as f32;
-            sum[..n].iter_mut().for_each(|v| *v /= r);
+            let r = holders as f32;
+            sum.iter_mut().for_each(|v| *v /= r);
         }
-        out(start, &sum[..n]);
+        out(start, &sum);
     }
 }
 
 /// One bucket of a replica's [`BucketStaging`]: host-visible copies of one byte range of the
-/// reduced buffer. `read` (MAP_READ) receives the range, mapped for the reduce to read; `write`
-/// (MAP_WRITE) receives the reduced values, then is copied back into the range.
+/// reduced buffer. `read` (MAP_READ) receives the range of each of the replica's pieces, one
+/// after the other, mapped for the reduce to read; `write` (MAP_WRITE) receives the reduced
+/// values, then is copied back into the range of the first piece.
 struct Bucket {
     read: wgpu::Buffer,
     write: wgpu::Buffer,
@@ -163,21 +181,34 @@ struct Bucket {
 /// of a training step are the same ranges every step, so they add up to the buffer once.
 #[derive(Default)]
 pub struct BucketStaging {
-    buckets: RefCell<BTreeMap<(u64, u64), Bucket>>,
+    buckets: RefCell<BTreeMap<(Range, u64), Bucket>>,
 }
 
-/// A byte range of the reduced buffer: (offset, bytes).
+/// A byte range of the reduced buffer's first piece: (offset, bytes).
 type Range = (u64, u64);
 
+/// Where a replica's pieces lie in the buffer it all-reduces: `count` ranges of the same
+/// length, piece j `j·stride` bytes after the first (the gradient of each canonical piece of
+/// the replica's examples, in slabs of one buffer). One piece: the plain all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pieces {
+    pub count: u64,
+    pub stride: u64,
+}
+
+impl Pieces {
+    pub const ONE: Pieces = Pieces { count: 1, stride: 0 };
+}
+
 impl BucketStaging {
-    /// The buffers of bucket `range`, made on first use.
-    fn buffers(&self, gpu: &Gpu, (offset, bytes): Range) -> (wgpu::Buffer, wgpu::Buffer) {
+    /// The buffers of bucket `range` of `pieces` pieces, made on first use.
+    fn buffers(&self, gpu: &Gpu, range: Range, pieces: u64) -> (wgpu::Buffer, wgpu::Buffer) {
         let mut buckets = self.buckets.borrow_mut();
-        let b = buckets.entry((offset, bytes)).or_insert_with(|| {
-            let staging = |label, usage, mapped_at_creation| {
+        let b = buckets.entry((range, pieces)).or_insert_with(|| {
+            let staging = |label, size, usage, mapped_at_creation| {
                 gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(label),
-                    size: bytes,
+                    size,
                     usage,
                     mapped_at_creation,
                 })
@@ -185,11 +216,13 @@ impl BucketStaging {
             Bucket {
                 read: staging(
                     "bucket.read",
+                    pieces * range.1,
                     wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     false,
                 ),
                 write: staging(
                     "bucket.write",
+                    range.1,
                     wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                     true,
                 ),
@@ -200,8 +233,9 @@ impl BucketStaging {
         (b.read.clone(), b.write.clone())
     }
 
-    fn with<T>(&self, range: Range, f: impl FnOnce(&mut Bucket) -> T) -> T {
-        f(self.buckets.borrow_mut().get_mut(&range).expect("a bucket is made before it is used"))
+    fn with<T>(&self, range: Range, pieces: u64, f: impl FnOnce(&mut Bucket) -> T) -> T {
+        let mut buckets = self.buckets.borrow_mut();
+        f(buckets.get_mut(&(range, pieces)).expect("a bucket is made before it is used"))
     }
 }
 
@@ -215,24 +249,24 @@ pub struct MappedBucket {
 /// The rounds in which R replicas reduce their buckets, one round per bucket, in the same order.
 pub type BucketRounds = Rendezvous<MappedBucket, Result<()>>;
 
-/// The rounds of a bucketed all-reduce by `op` across `replicas`: the last replica to bring a
-/// bucket reduces every replica's read staging into every replica's write staging (so each gets
-/// the same bytes), with [`reduce_chunks`], in place: no buffer in between.
-pub fn bucket_rounds(replicas: usize, op: ReduceOp) -> BucketRounds {
+/// The rounds of a bucketed all-reduce by `op` of the replicas' pieces along `plan`: the last
+/// replica to bring a bucket reduces every replica's read staging into every replica's write
+/// staging (so each gets the same bytes), with [`reduce_chunks`], in place: no buffer in
+/// between.
+pub fn bucket_rounds(plan: Plan, op: ReduceOp) -> BucketRounds {
+    let replicas = plan.leaves.iter().map(|&(r, _)| r + 1).max().unwrap_or(0);
     Rendezvous::new(replicas, move |parts: Vec<MappedBucket>| {
         let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu {
             replica,
             source: GpuError::Readback(e.to_string()),
         };
-        let expected = parts.first().map_or(0, |p| p.read.size() / 4);
-        if let Some((replica, p)) =
-            parts.iter().enumerate().find(|(_, p)| p.read.size() / 4 != expected)
-        {
-            return Err(CollectiveError::RangeMismatch {
-                replica,
-                got: p.read.size() / 4,
-                expected,
-            });
+        let len = parts.first().map_or(0, |p| p.write.size() / 4);
+        for (replica, p) in parts.iter().enumerate() {
+            let expected = plan.pieces_of(replica) as u64 * len;
+            if p.read.size() / 4 != expected || p.write.size() / 4 != len {
+                let got = p.read.size() / 4;
+                return Err(CollectiveError::RangeMismatch { replica, got, expected });
+            }
         }
         let views = parts
             .iter()
@@ -243,7 +277,7 @@ pub fn bucket_rounds(replicas: usize, op: ReduceOp) -> BucketRounds {
             .map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e)))
             .collect::<Result<Vec<_>>>()?;
         let inputs: Vec<&[f32]> = views.iter().map(|v| bytemuck::cast_slice(v)).collect();
-        reduce_chunks(&inputs, op, |start, chunk| {
+        reduce_chunks(&leaves(&plan, &inputs, len as usize), &plan, op, |start, chunk| {
             let bytes: &[u8] = bytemuck::cast_slice(chunk);
             outs.iter_mut().for_each(|out| {
                 out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes)
@@ -271,6 +305,7 @@ pub enum Filled {
 /// is reduced exactly once, by [`reduce_chunks`], so the result is bitwise [`all_reduce`]'s.
 pub struct BucketAllReduce<'a> {
     replica: usize,
+    pieces: Pieces,
     staging: &'a BucketStaging,
     rounds: &'a BucketRounds,
     /// Where the part already handed to the all-reduce starts; `None` before the first.
@@ -287,9 +322,16 @@ pub struct BucketAllReduce<'a> {
 }
 
 impl<'a> BucketAllReduce<'a> {
-    pub fn new(replica: usize, staging: &'a BucketStaging, rounds: &'a BucketRounds) -> Self {
+    /// Replica `replica`'s side, whose buffer holds its `pieces`.
+    pub fn new(
+        replica: usize,
+        pieces: Pieces,
+        staging: &'a BucketStaging,
+        rounds: &'a BucketRounds,
+    ) -> Self {
         BucketAllReduce {
             replica,
+            pieces,
             staging,
             rounds,
             from: Cell::new(None),
@@ -301,11 +343,13 @@ impl<'a> BucketAllReduce<'a> {
     }
 
     /// Records into `enc` the copies back of the buckets reduced so far, and the copy into
-    /// staging of what `done` adds to the final part. `done` is the final part of the buffer:
-    /// from some offset to the end, never shrinking from one call to the next.
+    /// staging of what `done` adds to the final part. `done` is the final part of the first
+    /// piece (the others lie `pieces.stride` apart): from some offset to the piece's end, never
+    /// shrinking from one call to the next.
     pub fn record(&self, gpu: &Gpu, enc: &mut Encoder, done: Slice<'_>) -> Result<()> {
+        let Pieces { count, stride } = self.pieces;
         for range in self.reduced.take() {
-            let (_, write) = self.staging.buffers(gpu, range);
+            let (_, write) = self.staging.buffers(gpu, range, count);
             enc.copy_buffer_to_buffer(&write, 0, done.buffer, range.0, range.1);
             self.copying.borrow_mut().push(range);
         }
@@ -322,8 +366,11 @@ impl<'a> BucketAllReduce<'a> {
         }
         if done.offset < end {
             let range = (done.offset, end - done.offset);
-            let (read, _) = self.staging.buffers(gpu, range);
-            enc.copy_buffer_to_buffer(done.buffer, range.0, &read, 0, range.1);
+            let (read, _) = self.staging.buffers(gpu, range, count);
+            for piece in 0..count {
+                let from = range.0 + piece * stride;
+                enc.copy_buffer_to_buffer(done.buffer, from, &read, piece * range.1, range.1);
+            }
             self.filled.borrow_mut().push((range, self.submissions.get(), None));
         }
         self.from.set(Some(done.offset));
@@ -337,7 +384,7 @@ impl<'a> BucketAllReduce<'a> {
         }
         self.submissions.set(self.submissions.get() + 1);
         for range in self.copying.take() {
-            self.staging.with(range, |b| b.write_used = Some(index.clone()));
+            self.staging.with(range, self.pieces.count, |b| b.write_used = Some(index.clone()));
         }
     }
 
@@ -362,9 +409,11 @@ impl<'a> BucketAllReduce<'a> {
         filled_at: Option<wgpu::SubmissionIndex>,
     ) -> Result<()> {
         let gpu_error = |source| CollectiveError::Gpu { replica: self.replica, source };
-        let (read, write) = self.staging.buffers(gpu, range);
+        let count = self.pieces.count;
+        let (read, write) = self.staging.buffers(gpu, range, count);
         gpu.map(&read, wgpu::MapMode::Read, filled_at).await.map_err(gpu_error)?;
-        if let (false, used) = self.staging.with(range, |b| (b.write_mapped, b.write_used.take())) {
+        let written = self.staging.with(range, count, |b| (b.write_mapped, b.write_used.take()));
+        if let (false, used) = written {
             let mapped = gpu.map(&write, wgpu::MapMode::Write, used).await;
             if mapped.is_err() {
                 read.unmap();
@@ -381,12 +430,12 @@ impl<'a> BucketAllReduce<'a> {
         // Unmapped whatever happened, so that the next step can use the staging again.
         read.unmap();
         write.unmap();
-        self.staging.with(range, |b| b.write_mapped = false);
+        self.staging.with(range, count, |b| b.write_mapped = false);
         (*merged?).clone()
     }
 
-    /// After the last `record` of a step: reduces the rest of the buffer, `whole`, and every
-    /// bucket still pending, and submits the copies back.
+    /// After the last `record` of a step: reduces the rest of the first piece, `whole` (and of
+    /// the others), and every bucket still pending, and submits the copies back.
     pub async fn finish(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
         self.submit_record(gpu, whole).await?;
         self.reduce(gpu, Filled::All).await?;
@@ -619,36 +668,30 @@ mod tests {
     }
 
     #[test]
-    fn reduce_adds_pairwise_so_shard_sums_rebuild_the_whole_sum() {
-        let terms: Vec<f32> =
-            (0..16).map(|i| 1.0 / (i as f32 + 0.37) - 0.5 * (i % 3) as f32).collect();
-        let scalars = |t: &[f32]| t.iter().map(|&v| vec![v]).collect::<Vec<_>>();
-        let whole = reduce(scalars(&terms), ReduceOp::Sum)[0];
-        assert_eq!(
-            whole,
-            (((terms[0] + terms[1]) + (terms[2] + terms[3]))
-                + ((terms[4] + terms[5]) + (terms[6] + terms[7])))
-                + (((terms[8] + terms[9]) + (terms[10] + terms[11]))
-                    + ((terms[12] + terms[13]) + (terms[14] + terms[15])))
-        );
-        for shards in [2, 4, 8] {
-            let sums: Vec<f32> =
-                terms.chunks(16 / shards).map(|c| reduce(scalars(c), ReduceOp::Sum)[0]).collect();
-            assert_eq!(
-                reduce(scalars(&sums), ReduceOp::Sum)[0].to_bits(),
-                whole.to_bits(),
-                "{shards} shards"
-            );
-        }
-        // Three parts: (a + b) + c; the mean divides once.
+    fn reduce_adds_along_the_plan_and_the_mean_divides_once() {
         let three =
             [vec![1.0f32, 0.1], vec![f32::EPSILON / 2.0, 0.2], vec![f32::EPSILON / 2.0, 0.3]];
+        let leaves: Vec<&[f32]> = three.iter().map(Vec::as_slice).collect();
+        // Three parts: (a + b) + c.
         assert_eq!(
-            reduce(three.to_vec(), ReduceOp::Sum),
+            reduce(&leaves, &Plan::one_piece_each(3), ReduceOp::Sum),
             vec![(1.0 + f32::EPSILON / 2.0) + f32::EPSILON / 2.0, (0.1f32 + 0.2) + 0.3]
         );
-        assert_eq!(reduce(three.to_vec(), ReduceOp::Mean)[1], ((0.1f32 + 0.2) + 0.3) / 3.0);
-        assert_eq!(reduce(vec![vec![7.25f32]], ReduceOp::Mean), vec![7.25]);
+        assert_eq!(
+            reduce(&leaves, &Plan::one_piece_each(3), ReduceOp::Mean)[1],
+            ((0.1f32 + 0.2) + 0.3) / 3.0
+        );
+        assert_eq!(reduce(&[&[7.25f32]], &Plan::single(), ReduceOp::Mean), vec![7.25]);
+        // Uneven shards of 5 examples over 2 replicas: [0, 3) in pieces [0, 2), [2, 3); [3, 5)
+        // in [3, 4), [4, 5): ((e0 + e1) + (e2 + e3)) + e4, whoever holds what.
+        let plan = Plan::new(&crate::canonical::shards(5, 2), 5);
+        assert_eq!(plan.leaves, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+        let e = [1e8f32, 3.0, -1e8, 0.5, 0.25];
+        let pieces: [&[f32]; 4] = [&[e[0] + e[1]], &[e[2]], &[e[3]], &[e[4]]];
+        assert_eq!(
+            reduce(&pieces, &plan, ReduceOp::Sum)[0],
+            ((e[0] + e[1]) + (e[2] + e[3])) + e[4]
+        );
     }
 
     #[test]
@@ -663,11 +706,15 @@ mod tests {
                         .collect()
                 })
                 .collect();
+            let leaves: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+            let plan = Plan::one_piece_each(replicas);
             for op in [ReduceOp::Sum, ReduceOp::Mean] {
-                let got = reduce(parts.clone(), op);
+                let got = reduce(&leaves, &plan, op);
                 assert_eq!(got.len(), len);
                 for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 6] {
-                    let alone = reduce(parts.iter().map(|p| vec![p[i]]).collect(), op)[0];
+                    let one: Vec<[f32; 1]> = parts.iter().map(|p| [p[i]]).collect();
+                    let one: Vec<&[f32]> = one.iter().map(|p| &p[..]).collect();
+                    let alone = reduce(&one, &plan, op)[0];
                     assert_eq!(
                         got[i].to_bits(),
                         alone.to_bits(),
@@ -675,14 +722,10 @@ mod tests {
                     );
                 }
                 let mut starts = Vec::new();
-                reduce_chunks(
-                    &parts.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-                    op,
-                    |start, chunk| {
-                        assert_eq!(chunk, &got[start..start + chunk.len()]);
-                        starts.push(start);
-                    },
-                );
+                reduce_chunks(&leaves, &plan, op, |start, chunk| {
+                    assert_eq!(chunk, &got[start..start + chunk.len()]);
+                    starts.push(start);
+                });
                 assert_eq!(starts, [0, CHUNK, 2 * CHUNK]);
             }
         }

@@ -1,14 +1,16 @@
 //! The `data` layer: a seeded synthetic image dataset (the embedded default) and sharding of a
-//! global batch into R contiguous shards. Pure integer/float arithmetic with ChaCha8 and libm,
+//! global batch into R contiguous shards (the first B mod R one example longer). Pure integer/float arithmetic with ChaCha8 and libm,
 //! so an image is bit-identical on every platform, wasm included.
+
+use std::ops::Range;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DataError {
-    #[error("batch of {batch} cannot be split into {replicas} equal shards: choose a global batch divisible by the replica count")]
-    NotDivisible { batch: usize, replicas: usize },
+    #[error("a batch of {batch} cannot give each of {replicas} replicas an example: use a global batch of at least {replicas}, or fewer replicas")]
+    TooFewExamples { batch: usize, replicas: usize },
     #[error("replica count must be at least 1")]
     NoReplicas,
     #[error("label {label} of example {index} is out of range: the model has {classes} classes (labels 0..{classes})")]
@@ -76,27 +78,21 @@ impl Batch {
         Ok(())
     }
 
-    /// Replica `r`'s contiguous shard of `replicas` equal shards.
-    pub fn shard(&self, r: usize, replicas: usize) -> Result<Batch, DataError> {
-        if replicas == 0 {
-            return Err(DataError::NoReplicas);
-        }
-        if !self.len().is_multiple_of(replicas) {
-            return Err(DataError::NotDivisible { batch: self.len(), replicas });
-        }
-        let n = self.len() / replicas;
+    /// Examples `range` of the batch.
+    pub fn slice(&self, range: Range<usize>) -> Batch {
         let il = self.image_len();
-        Ok(Batch {
-            images: self.images[r * n * il..(r + 1) * n * il].to_vec(),
-            labels: self.labels[r * n..(r + 1) * n].to_vec(),
+        Batch {
+            images: self.images[range.start * il..range.end * il].to_vec(),
+            labels: self.labels[range].to_vec(),
             h: self.h,
             w: self.w,
-        })
+        }
     }
 
-    /// All shards, in replica order.
+    /// The contiguous shards of `replicas` replicas, in replica order: the first `len mod
+    /// replicas` take one example more than the others (`canonical::shards`).
     pub fn shards(&self, replicas: usize) -> Result<Vec<Batch>, DataError> {
-        (0..replicas).map(|r| self.shard(r, replicas)).collect()
+        Ok(shard_ranges(self.len(), replicas)?.into_iter().map(|r| self.slice(r)).collect())
     }
 
     /// The batch with every pixel raised by `delta` (the gates shift shard r by 0.5·r so
@@ -114,6 +110,19 @@ impl Batch {
             w: parts.first().map_or(0, |b| b.w),
         }
     }
+}
+
+/// The examples of each of `replicas` contiguous shards of a batch of `batch`: the first
+/// `batch mod replicas` take one more. Every replica needs at least one example.
+pub fn shard_ranges(batch: usize, replicas: usize) -> Result<Vec<Range<usize>>, DataError> {
+    if replicas == 0 {
+        return Err(DataError::NoReplicas);
+    }
+    if batch < replicas {
+        return Err(DataError::TooFewExamples { batch, replicas });
+    }
+    let ranges = crate::canonical::shards(batch as u64, replicas as u64);
+    Ok(ranges.into_iter().map(|r| r.start as usize..r.end as usize).collect())
 }
 
 /// `m` images of the synthetic dataset starting at example `start`. Example i depends only on
@@ -193,7 +202,7 @@ mod tests {
         assert_eq!(a, synthetic_batch(3, 0, 6, 32, 32, 10));
         assert_ne!(a.images, synthetic_batch(4, 0, 6, 32, 32, 10).images);
         let tail = synthetic_batch(3, 2, 4, 32, 32, 10);
-        assert_eq!(a.shard(0, 3).unwrap().labels.len(), 2);
+        assert_eq!(a.slice(2..6), tail);
         assert_eq!(&a.images[2 * 3 * 1024..], &tail.images[..]);
         assert!(a.labels.iter().all(|&l| l < 10));
         a.validate(10).unwrap();
@@ -214,10 +223,18 @@ mod tests {
     #[test]
     fn shards_are_contiguous_and_concatenate_back() {
         let b = synthetic_batch(1, 0, 8, 32, 32, 10);
-        let shards = b.shards(4).unwrap();
-        assert_eq!(Batch::concat(&shards), b);
-        assert_eq!(b.shard(0, 3), Err(DataError::NotDivisible { batch: 8, replicas: 3 }));
-        assert_eq!(b.shard(0, 0), Err(DataError::NoReplicas));
+        for replicas in 1..=8 {
+            let shards = b.shards(replicas).unwrap();
+            assert_eq!(Batch::concat(&shards), b);
+            let sizes: Vec<usize> = shards.iter().map(Batch::len).collect();
+            let longer = 8 % replicas;
+            assert!(sizes
+                .iter()
+                .enumerate()
+                .all(|(r, &n)| n == 8 / replicas + (r < longer) as usize));
+        }
+        assert_eq!(b.shards(9), Err(DataError::TooFewExamples { batch: 8, replicas: 9 }));
+        assert_eq!(b.shards(0), Err(DataError::NoReplicas));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::model::{ActivationPattern, ResNet34};
 
 pub use crate::compare::SAMPLES_PER_TENSOR;
 /// The format's version, written as `format`; a reader refuses others.
-const FORMAT: u64 = 1;
+const FORMAT: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GoldenError {
@@ -56,6 +56,7 @@ pub struct GoldenTensor {
 pub struct GoldenSettings {
     pub replicas: usize,
     pub batch_per_replica: usize,
+    pub global_batch: usize,
     pub image_size: u32,
     pub classes: u32,
     pub seed: u64,
@@ -63,10 +64,10 @@ pub struct GoldenSettings {
 
 impl std::fmt::Display for GoldenSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let GoldenSettings { replicas, batch_per_replica, image_size: size, classes, seed } = self;
+        let GoldenSettings { replicas, global_batch, image_size: size, classes, seed, .. } = self;
         write!(
             f,
-            "{replicas} replicas × {batch_per_replica} images, {size}×{size}, {classes} classes, seed {seed}"
+            "{replicas} replicas, {global_batch} images, {size}×{size}, {classes} classes, seed {seed}"
         )
     }
 }
@@ -285,7 +286,15 @@ mod tests {
     }
 
     fn settings(batch_per_replica: usize) -> GoldenSettings {
-        GoldenSettings { replicas: 2, batch_per_replica, image_size: 32, classes: 10, seed: 0 }
+        let global_batch = 2 * batch_per_replica;
+        GoldenSettings {
+            replicas: 2,
+            batch_per_replica,
+            global_batch,
+            image_size: 32,
+            classes: 10,
+            seed: 0,
+        }
     }
 
     fn golden() -> (ResNet34, Vec<f32>, Golden) {
@@ -319,12 +328,12 @@ mod tests {
     fn a_golden_for_other_settings_or_a_broken_file_is_refused_with_the_reason() {
         let (model, _, g) = golden();
         let e = g.check_fits(&settings(8), &model).unwrap_err().to_string();
-        assert!(e.contains("2 replicas × 4 images") && e.contains("2 replicas × 8 images"), "{e}");
+        assert!(e.contains("2 replicas, 8 images") && e.contains("2 replicas, 16 images"), "{e}");
         let text = g.to_json();
-        let e = Golden::from_json(&text.replace("\"format\":1", "\"format\":2"))
+        let e = Golden::from_json(&text.replace("\"format\":2", "\"format\":3"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("format 2"), "{e}");
+        assert!(e.contains("format 3"), "{e}");
         let e = Golden::from_json(&text.replace("\"units\":9", "\"units\":17"))
             .unwrap_err()
             .to_string();

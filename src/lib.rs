@@ -6,6 +6,7 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
+pub mod canonical;
 pub mod check;
 pub mod checkpoint;
 pub mod collective;

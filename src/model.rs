@@ -20,6 +20,8 @@ pub enum ModelError {
     ImageTooSmall { h: u32, w: u32 },
     #[error("{0} classes: the classifier needs at least 2")]
     TooFewClasses(u32),
+    #[error("a training batch of {batch} image(s) of {h}×{w} leaves BatchNorm {values} value(s) per channel at its smallest maps ({map}×{map}), and a variance needs more than 1 (PyTorch: \"Expected more than 1 value per channel when training\"): use a global batch of at least 2, or larger images")]
+    DegenerateBatchNorm { batch: u64, h: u32, w: u32, values: u64, map: u32 },
 }
 
 /// A named tensor inside a flat buffer: `len()` f32s starting at element `offset`.
@@ -215,6 +217,25 @@ impl ResNet34 {
     pub fn check_image_size(h: u32, w: u32) -> Result<(), ModelError> {
         if h < MIN_IMAGE_SIZE || w < MIN_IMAGE_SIZE {
             return Err(ModelError::ImageTooSmall { h, w });
+        }
+        Ok(())
+    }
+
+    /// Refuses a training batch that leaves some BatchNorm site one value per channel (the
+    /// global batch, all replicas' examples: synchronised statistics are taken over all of
+    /// them). Its variance would be 0 and its unbiased running variance undefined.
+    pub fn check_training_batch(&self, batch: u64, h: u32, w: u32) -> Result<(), ModelError> {
+        let smallest = self
+            .conv_inputs(h, w)
+            .iter()
+            .map(|i| {
+                (i.conv.out_size(i.h) as u64 * i.conv.out_size(i.w) as u64, i.conv.out_size(i.h))
+            })
+            .min()
+            .unwrap_or((1, 1));
+        let values = batch.saturating_mul(smallest.0);
+        if values <= 1 {
+            return Err(ModelError::DegenerateBatchNorm { batch, h, w, values, map: smallest.1 });
         }
         Ok(())
     }
@@ -448,5 +469,10 @@ mod tests {
         assert!(ResNet34::new(1).is_err());
         let e = ResNet34::check_image_size(16, 64).unwrap_err().to_string();
         assert!(e.contains("16×64") && e.contains("32"), "{e}");
+        let model = ResNet34::new(10).unwrap();
+        let e = model.check_training_batch(1, 32, 32).unwrap_err().to_string();
+        assert!(e.contains("1 value(s) per channel") && e.contains("(1×1)"), "{e}");
+        model.check_training_batch(2, 32, 32).unwrap();
+        model.check_training_batch(1, 64, 64).unwrap();
     }
 }

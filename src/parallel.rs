@@ -1,19 +1,22 @@
 //! Data parallelism, part of the `step` layer: R [`Replica`]s, each on its own `wgpu::Device`
 //! with its own parameters, gradients, momentum and running statistics resident, run one
-//! training step on R contiguous shards of a global batch so that the result IS the
-//! single-device step at the global batch (docs/design.md, "Synchronised BatchNorm"):
+//! training step on R contiguous shards of a global batch of B (any R ≤ B: the first B mod R
+//! replicas take one example more) so that the result IS the single-device step at the global
+//! batch, bit for bit (docs/design.md, "Data parallel"):
 //!
 //! - every BN site goes through [`SyncBn`], in one trip with the sites whose rows are ready at
 //!   the same time ([`BnSync`]): the replicas' per-example rows (forward [mean | M2], backward
-//!   [Σdy | Σdy·x̂]) are gathered, in replica order, onto every replica,
-//!   which then merges them on its device by Chan's formula (forward) or sums them (backward)
-//!   exactly as one device holding the whole batch does. So the forward, and every cotangent,
-//!   are bitwise those of the single device (for R a power of two, where the loss divisor's
-//!   R cancels exactly), not merely close;
-//! - dγ, dβ are sums over the replica's own rows; each replica divides its loss by its own
-//!   N; the flat gradient buffer is mean-all-reduced, summed on the host in the kernels'
-//!   pairwise batch order, so for power-of-two shards it rebuilds the single device's sums bit
-//!   for bit; all replicas hold the identical gradient and apply the identical SGD update.
+//!   [Σdy | Σdy·x̂]) are gathered, in the global batch's order, onto every replica, which then
+//!   merges them on its device by Chan's formula (forward) or sums them (backward) exactly as
+//!   one device holding the whole batch does. So the forward, and every cotangent, are bitwise
+//!   those of the single device, not merely close;
+//! - every replica divides its loss by the global B, never by its own shard; every sum over
+//!   examples (weight and bias gradients, dγ, dβ) is taken per canonical piece of the replica's
+//!   examples (`canonical::pieces`: one for an aligned power-of-two shard) into a gradient slab
+//!   each, and the all-reduce adds all replicas' pieces along the canonical tree
+//!   (`canonical::Plan`): the single device's sums, bit for bit, for any R and shard sizes; all
+//!   replicas hold the identical gradient and apply the identical SGD update. The loss is the
+//!   per-example losses of all replicas summed in the canonical order, divided by B.
 //! - the gradient all-reduce rides on the backward's BN round trips: the step tells each
 //!   backward site which suffix of the gradient buffer is final (units go backward in reverse
 //!   layout order), the site's submission also copies the newly final part into staging, and
@@ -25,15 +28,16 @@
 //! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
 //! the `collective` layer's.
 
+use crate::canonical::{self, Plan};
 use crate::collective::{
-    self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, ReduceOp,
+    self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, Pieces, ReduceOp,
     Rendezvous,
 };
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::model::ResNet34;
 use crate::step::{
-    self, BnRows, BnSync, LocalBn, Replica, StepConfig, StepError, StepOptions, StepOutput,
+    self, BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +75,10 @@ pub enum BnMode {
 /// the TEST gate fail. Nothing else may use them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sabotage {
-    /// All-reduce gradients by sum instead of mean: every gradient R times too large.
-    SumGradients,
+    /// What the equivalence would be without the global divisor: each replica divides its loss
+    /// by its own shard and the all-reduce takes the mean, which in f32 is not the single
+    /// device's division unless R and the shards are powers of two.
+    LocalDivisor,
     /// Never merge BN statistics: each replica takes its own rows R times in place of the
     /// others' (its own mean and variance), while the backward sums stay synchronised.
     UnmergedStats,
@@ -91,30 +97,38 @@ pub struct ParallelOptions {
 /// passes the same sites in the same order (forward stats, then backward sums), and the same
 /// buckets, so one sequence of rounds of each kind serves all.
 pub struct BnExchange {
-    rows: Rendezvous<Vec<f32>>,
+    rows: Rendezvous<Vec<f32>, Vec<Vec<f32>>>,
     grads: BucketRounds,
-    replicas: u32,
+    /// Each replica's examples, in replica order.
+    counts: Vec<u32>,
     unmerged_stats: bool,
 }
 
 impl BnExchange {
-    /// The exchange of `replicas` replicas whose gradients are all-reduced by `op`.
-    pub fn new(replicas: usize, op: ReduceOp) -> BnExchange {
-        let rows = Rendezvous::new(replicas, |parts: Vec<Vec<f32>>| parts.concat());
+    /// The exchange of replicas holding `counts[r]` examples each, whose gradients' pieces are
+    /// all-reduced along `plan` by `op`.
+    pub fn new(counts: Vec<u32>, plan: Plan, op: ReduceOp) -> BnExchange {
+        let rows = Rendezvous::new(counts.len(), |parts: Vec<Vec<f32>>| parts);
         BnExchange {
             rows,
-            grads: collective::bucket_rounds(replicas, op),
-            replicas: replicas as u32,
+            grads: collective::bucket_rounds(plan, op),
+            counts,
             unmerged_stats: false,
         }
     }
 
-    /// Replica `replica`'s BatchNorm hook, all-reducing its gradients through `staging`.
-    pub fn hook<'a>(&'a self, replica: usize, staging: &'a BucketStaging) -> SyncBn<'a> {
+    /// Replica `replica`'s BatchNorm hook, all-reducing the gradients of its `pieces` through
+    /// `staging`.
+    pub fn hook<'a>(
+        &'a self,
+        replica: usize,
+        pieces: Pieces,
+        staging: &'a BucketStaging,
+    ) -> SyncBn<'a> {
         SyncBn {
             exchange: self,
             replica,
-            grads: BucketAllReduce::new(replica, staging, &self.grads),
+            grads: BucketAllReduce::new(replica, pieces, staging, &self.grads),
         }
     }
 
@@ -154,10 +168,12 @@ impl SyncBn<'_> {
         if let Some(done) = done {
             self.grads.record(gpu, enc, done)?;
         }
-        let replicas = self.exchange.replicas as usize;
         let own: Vec<Slice> = sites
             .iter()
-            .map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / replicas as u64))
+            .map(|s| {
+                let global = self.exchange.counts.iter().sum::<u32>() as u64;
+                Slice::new(s.rows, 0, s.rows.size() / 4 / global * s.local as u64)
+            })
             .collect();
         let own_read = gpu.record_read(enc, &own);
         let recorded = std::mem::replace(enc, gpu.encoder());
@@ -167,41 +183,72 @@ impl SyncBn<'_> {
         collective::yield_now().await;
         // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
         self.grads.reduce(gpu, Filled::AllButLatest).await?;
-        let mine = own_read.read(gpu).await?;
-        let all = if exchange {
+        let mine: Vec<f32> = own_read.read(gpu).await?;
+        // Each replica's own rows of every site, in replica order; a site's row is as wide on
+        // every replica.
+        let counts = &self.exchange.counts;
+        let widths: Vec<usize> =
+            sites.iter().zip(&own).map(|(s, o)| o.len as usize / s.local as usize).collect();
+        let all: Vec<Vec<f32>> = if exchange {
             self.exchange.rows.exchange(self.replica, mine).await?.to_vec()
         } else {
-            mine.repeat(replicas)
+            // Sabotage: this replica's rows stand in for every replica's, cycled to its count.
+            let per_row: usize = widths.iter().sum();
+            let rows = |count: u32| {
+                mine.chunks(per_row).cycle().take(count as usize).flatten().copied().collect()
+            };
+            let example_major: Vec<Vec<f32>> = counts.iter().map(|&c| rows(c)).collect();
+            // Back to site-major order within each replica, as the exchange gives them.
+            example_major
+                .iter()
+                .zip(counts)
+                .map(|(rows, &c)| {
+                    let mut at = 0;
+                    widths
+                        .iter()
+                        .flat_map(|w| {
+                            let site: Vec<f32> = (0..c as usize)
+                                .flat_map(|e| rows[e * per_row + at..e * per_row + at + w].to_vec())
+                                .collect();
+                            at += w;
+                            site
+                        })
+                        .collect()
+                })
+                .collect()
         };
-        // `all` is each replica's own rows of every site, replica after replica.
-        let per_replica: usize = own.iter().map(|s| s.len as usize).sum();
-        if all.len() != per_replica * replicas {
-            let (site, local) = (sites[0].site, sites[0].local);
-            return Err(StepError::Invalid(format!(
-                "replica {} has {local} examples at BN site {site}, but the replicas' rows add up to {} values, not {}: every replica must hold an equal shard",
-                self.replica,
-                all.len(),
-                per_replica * replicas
-            )));
+        for (replica, rows) in all.iter().enumerate() {
+            let expected: usize = widths.iter().map(|w| w * counts[replica] as usize).sum();
+            if rows.len() != expected {
+                return Err(StepError::Invalid(format!(
+                    "replica {replica} sent {} BatchNorm row values for {} examples at BN site {}, not {expected}: the replicas disagree on the shards",
+                    rows.len(),
+                    counts[replica],
+                    sites[0].site
+                )));
+            }
         }
-        let mut at = 0;
-        for (site, own) in sites.iter().zip(&own) {
-            let len = own.len as usize;
+        let mut at: Vec<usize> = vec![0; all.len()];
+        for (site, width) in sites.iter().zip(&widths) {
             let rows: Vec<f32> = all
-                .chunks(per_replica)
-                .flat_map(|replica| &replica[at..at + len])
-                .copied()
+                .iter()
+                .zip(counts)
+                .zip(at.iter_mut())
+                .flat_map(|((replica, &count), at)| {
+                    let part = &replica[*at..*at + width * count as usize];
+                    *at += part.len();
+                    part.iter().copied()
+                })
                 .collect();
             gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
-            at += len;
         }
         Ok(())
     }
 }
 
 impl BnSync for SyncBn<'_> {
-    fn replicas(&self) -> u32 {
-        self.exchange.replicas
+    fn examples(&self, _local: u32) -> u32 {
+        self.exchange.counts.iter().sum()
     }
 
     async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
@@ -220,10 +267,10 @@ impl BnSync for SyncBn<'_> {
 }
 
 impl SyncBn<'_> {
-    /// After the backward: all-reduces the rest of the gradient buffer `grads` and every bucket
-    /// still pending, and submits the copies back.
-    pub async fn finish(&self, gpu: &Gpu, grads: &wgpu::Buffer) -> step::Result<()> {
-        Ok(self.grads.finish(gpu, Slice::whole(grads)).await?)
+    /// After the backward: all-reduces the rest of the gradient buffer (its first piece
+    /// `gradient`, and the others) and every bucket still pending, and submits the copies back.
+    pub async fn finish(&self, gpu: &Gpu, gradient: Slice<'_>) -> step::Result<()> {
+        Ok(self.grads.finish(gpu, gradient).await?)
     }
 }
 
@@ -336,52 +383,57 @@ impl DataParallel {
         }
     }
 
-    /// One data-parallel forward/backward of `global`: replica r takes the r-th of R contiguous
-    /// shards (the batch must divide by R), divides its loss by its own shard size, and the
-    /// gradients are mean-all-reduced (in buckets during the backward, the rest after it), so
-    /// every replica holds the identical gradient of the global batch's loss. Returns each
-    /// replica's loss, logits and (if asked) pattern.
+    /// One data-parallel forward/backward of `global`: replica r takes the r-th contiguous
+    /// shard (the first B mod R one example longer), every replica divides its loss by B, and
+    /// the gradients' canonical pieces are all-reduced (in buckets during the backward, the rest
+    /// after it), so that every replica holds the single device's gradient of the global batch,
+    /// bit for bit. Returns each replica's logits and (if asked) pattern, with the global loss.
     pub async fn forward_backward(
         &mut self,
         global: &Batch,
         cfg: &StepConfig,
         opts: ParallelOptions,
     ) -> Result<Vec<StepOutput>> {
-        let shards = global.shards(self.replicas.len())?;
-        let op = if opts.sabotage == Some(Sabotage::SumGradients) {
-            ReduceOp::Sum
-        } else {
-            ReduceOp::Mean
-        };
+        let ranges = crate::data::shard_ranges(global.len(), self.replicas.len())?;
+        let batch = global.len() as u64;
+        let ranges: Vec<std::ops::Range<u64>> =
+            ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect();
+        let plan = Plan::new(&ranges, batch);
+        let local_divisor = opts.sabotage == Some(Sabotage::LocalDivisor);
+        let op = if local_divisor { ReduceOp::Mean } else { ReduceOp::Sum };
+        let counts = ranges.iter().map(|r| (r.end - r.start) as u32).collect();
         let exchange = BnExchange {
             unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats),
-            ..BnExchange::new(self.replicas.len(), op)
+            ..BnExchange::new(counts, plan.clone(), op)
         };
-        let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
-        // One replica has nobody to meet: its own statistics are the global ones, and its
-        // gradient is the mean. The same bits without the round trips.
+        let step_opts =
+            StepOptions { impose: None, capture_pattern: opts.capture_pattern, local_divisor };
+        // One replica has nobody to meet: its own statistics are the global ones, and its only
+        // piece is the whole batch. The same bits without the round trips.
         let alone = self.replicas.len() == 1;
         let bn = if alone { BnMode::Local } else { opts.bn };
-        let steps = self.replicas.iter_mut().zip(&shards).zip(&self.staging).enumerate().map(
-            |(r, ((replica, shard), staging))| {
-                let exchange = &exchange;
+        let steps = self.replicas.iter_mut().zip(&ranges).zip(&self.staging).enumerate().map(
+            |(r, ((replica, range), staging))| {
+                let (exchange, plan) = (&exchange, &plan);
+                let shard = global.slice(range.start as usize..range.end as usize);
+                let at = Shard { start: range.start, global: batch };
                 async move {
-                    let divisor = shard.len() as f32;
                     let out = match bn {
                         BnMode::Sync => {
-                            let hook = exchange.hook(r, staging);
-                            let out = replica
-                                .forward_backward(shard, cfg, divisor, &hook, step_opts)
-                                .await;
+                            let pieces = replica.grad_pieces(plan.pieces_of(r));
+                            let hook = exchange.hook(r, pieces, staging);
+                            let out =
+                                replica.forward_backward(&shard, cfg, at, &hook, step_opts).await;
                             match out {
-                                Ok(out) => {
-                                    hook.finish(&replica.gpu, &replica.grads).await.map(|()| out)
-                                }
+                                Ok(out) => hook
+                                    .finish(&replica.gpu, replica.gradient())
+                                    .await
+                                    .map(|()| out),
                                 Err(e) => Err(e),
                             }
                         }
                         BnMode::Local => {
-                            replica.forward_backward(shard, cfg, divisor, &LocalBn, step_opts).await
+                            replica.forward_backward(&shard, cfg, at, &LocalBn, step_opts).await
                         }
                     };
                     if let Err(e) = &out {
@@ -392,14 +444,34 @@ impl DataParallel {
             },
         );
         let results = futures::future::join_all(steps).await;
-        let outputs = self.first_cause(results)?;
+        let mut outputs = self.first_cause(results)?;
         if bn == BnMode::Local && !alone {
-            // Per-replica statistics exist for the CONTROL gate only: the plain whole-buffer
-            // all-reduce, without staging kept for it.
-            let parts: Vec<(&Gpu, Slice)> =
-                self.replicas.iter().map(|r| (&r.gpu, Slice::whole(&r.grads))).collect();
-            collective::all_reduce(&parts, op).await.map_err(|e| self.collective_error(e))?;
+            // Per-replica statistics exist for the CONTROL gate only: the plain all-reduce,
+            // without staging kept for it.
+            let parts: Vec<(&Gpu, Vec<Slice>)> = self
+                .replicas
+                .iter()
+                .enumerate()
+                .map(|(r, replica)| {
+                    let (stride, len) = (replica.slab_stride(), replica.model.param_len as u64);
+                    let pieces = (0..plan.pieces_of(r) as u64)
+                        .map(|p| Slice::new(&replica.grads, p * stride, len));
+                    (&replica.gpu, pieces.collect())
+                })
+                .collect();
+            collective::all_reduce(&parts, &plan, op)
+                .await
+                .map_err(|e| self.collective_error(e))?;
         }
+        // The global loss: every replica's per-example losses, in the canonical order over the
+        // global batch, divided by it (the sabotage: the mean of each replica's own).
+        let loss = if local_divisor {
+            outputs.iter().map(|o| o.loss).sum::<f32>() / outputs.len() as f32
+        } else {
+            let losses: Vec<f32> = outputs.iter().flat_map(|o| o.losses.iter().copied()).collect();
+            canonical::sum(&losses) / batch as f32
+        };
+        outputs.iter_mut().for_each(|o| o.loss = loss);
         Ok(outputs)
     }
 

@@ -1,8 +1,8 @@
 //! Training on the embedded synthetic dataset: the step's data schedule (step s trains on
 //! examples s·B … s·B + B − 1 of the seeded dataset, so a resumed run sees exactly what an
 //! uninterrupted one would), evaluation on held-out examples, and checkpoints. On one device
-//! or data-parallel on R (each taking B/R of every batch, BatchNorm synchronised): the same
-//! schedule, and the same parameters step for step.
+//! or data-parallel on R (each taking a shard of every batch, BatchNorm synchronised): the same
+//! schedule, and the same parameters step for step, bit for bit.
 
 use std::collections::BTreeMap;
 
@@ -76,8 +76,8 @@ impl Trainer {
         Trainer::data_parallel(vec![gpu], cfg, resume)
     }
 
-    /// The same, data-parallel: replica r on `gpus[r]`, each taking batch/R images of every
-    /// step. The batch must divide by the number of replicas.
+    /// The same, data-parallel: replica r on `gpus[r]`, each taking a contiguous shard of every
+    /// step's batch (the first batch mod R one image more): the same training, bit for bit.
     pub fn data_parallel(
         gpus: Vec<Gpu>,
         cfg: TrainConfig,
@@ -90,8 +90,8 @@ impl Trainer {
         if gpus.is_empty() {
             return Err(DataError::NoReplicas.into());
         }
-        if !cfg.batch.is_multiple_of(gpus.len()) {
-            return Err(DataError::NotDivisible { batch: cfg.batch, replicas: gpus.len() }.into());
+        if cfg.batch < gpus.len() {
+            return Err(DataError::TooFewExamples { batch: cfg.batch, replicas: gpus.len() }.into());
         }
         ResNet34::check_image_size(cfg.image_size, cfg.image_size).map_err(invalid)?;
         let model = ResNet34::new(cfg.classes).map_err(invalid)?;
@@ -124,12 +124,12 @@ impl Trainer {
         synthetic_batch(c.seed, s * c.batch as u64, c.batch, c.image_size, c.image_size, c.classes)
     }
 
-    /// One SGD step on the next batch; returns its loss (the replicas' mean).
+    /// One SGD step on the next batch; returns its loss (the global batch's, on every replica).
     pub async fn train_step(&mut self) -> Result<f32> {
         let batch = self.batch_of_step(self.step);
         let cfg = self.cfg.step;
         let out = self.replicas.forward_backward(&batch, &cfg, ParallelOptions::default()).await?;
-        let loss = out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32;
+        let loss = out[0].loss;
         if !loss.is_finite() {
             return Err(invalid(StepError::Invalid(format!(
                 "the loss became {loss} at step {}: lower the learning rate",

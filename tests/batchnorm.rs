@@ -401,9 +401,11 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         assert_eq!(bits(&read(gpu, &merged)), bits(&stats), "merged stats, shards of {n}");
         let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.2.clone()).collect();
         assert_eq!(bits(&gathered), bits(&srows), "sums rows, shards of {n}");
-        let own: Vec<Vec<f32>> = shards.iter().map(|sh| sh.3.clone()).collect();
-        let total = syncstep::collective::reduce(own, syncstep::collective::ReduceOp::Sum);
-        assert_eq!(bits(&total), bits(&sums), "shards' own sums added pairwise, shards of {n}");
+    }
+    // dγ, dβ: each replica's canonical pieces summed alone, added along the canonical tree.
+    for replicas in [2, 3, 5, 8] {
+        let total = summed_in_pieces(8, replicas, |e| run(e, Some(&stats)).3);
+        assert_eq!(bits(&total), bits(&sums), "own sums of 8 examples over {replicas} replicas");
     }
 }
 

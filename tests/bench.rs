@@ -36,18 +36,18 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     let model = ResNet34::new(cfg.classes).unwrap();
     let s = &report.step;
     assert_eq!(
-        (s.replicas, s.batch_per_replica, s.seconds.len()),
-        (cfg.replicas, cfg.batch, cfg.steps)
+        (s.replicas, s.global_batch, s.seconds.len()),
+        (cfg.replicas, cfg.global(), cfg.steps)
     );
     assert!(s.seconds.iter().all(|&t| positive(t)), "{:?}", s.seconds);
     assert!(s.min() <= s.median() && s.median() <= s.max());
     let flops = STEP_FLOPS_PER_FORWARD
         * model.forward_flops(cfg.image_size, cfg.image_size)
-        * (cfg.replicas * cfg.batch) as f64;
+        * cfg.global() as f64;
     assert_eq!(s.flops, flops);
     assert!((s.gflops() - flops / s.median() / 1e9).abs() <= 1e-9 * s.gflops());
     assert!(
-        (s.images_per_second() - (cfg.replicas * cfg.batch) as f64 / s.median()).abs()
+        (s.images_per_second() - cfg.global() as f64 / s.median()).abs()
             <= 1e-9 * s.images_per_second()
     );
     // Every replica holds at least parameters, gradients and momentum.
@@ -187,11 +187,12 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     if gpu().is_none() {
         return;
     }
-    let cfg = BenchConfig { roofline: None, ..small(2) };
+    // Uneven shards of 3 and 2: two canonical pieces each ([0, 2) [2, 3) | [3, 4) [4, 5)).
+    let cfg = BenchConfig { roofline: None, global_batch: Some(5), ..small(2) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
     let single = report.single.as_ref().expect("R = 2 measures the single device too");
-    assert_eq!((single.replicas, single.batch_per_replica, single.seconds.len()), (1, 4, 1));
+    assert_eq!((single.replicas, single.global_batch, single.seconds.len()), (1, 5, 1));
     assert_eq!(single.flops, report.step.flops);
     assert!(positive(single.median()));
     let ratio = report.ratio().unwrap();
@@ -199,12 +200,16 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
     assert_eq!(json.get("ratio").and_then(Value::as_f64), Some(ratio));
     assert_eq!(json.get("roofline"), Some(&Value::Null));
-    assert!(report.text(5).contains("data-parallel / single device at batch 4"));
+    assert!(report.text(5).contains("data-parallel / single device at batch 5"));
+    let allreduce = json.get("allreduce").unwrap();
+    let gradient = ResNet34::new(cfg.classes).unwrap().param_len as u64 * 4;
+    assert_eq!(allreduce["pieces_per_replica"], serde_json::json!([2, 2]));
+    assert_eq!(allreduce["extra_bytes_per_replica"], serde_json::json!([gradient, gradient]));
 
     // One replica's shard alone: what the replicas' own steps take without the exchange.
     let shard = report.shard.as_ref().expect("R = 2 measures one replica's shard too");
-    assert_eq!((shard.replicas, shard.batch_per_replica, shard.seconds.len()), (1, 2, 1));
-    assert_eq!(shard.flops, report.step.flops / 2.0);
+    assert_eq!((shard.replicas, shard.global_batch, shard.seconds.len()), (1, 3, 1));
+    assert!((shard.flops / report.step.flops - 3.0 / 5.0).abs() < 1e-12);
     let gpu = gpu().unwrap();
     assert_eq!(
         report.replicas_take_turns, gpu.blocking_maps,

@@ -5,8 +5,10 @@
 mod common;
 
 use common::*;
+use syncstep::canonical::Plan;
 use syncstep::collective::{
-    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, ReduceOp,
+    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, Pieces,
+    ReduceOp,
 };
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
 
@@ -34,9 +36,9 @@ fn sum_and_mean_across_three_devices_match_the_host_on_every_replica() {
         let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r, len)).collect();
         let buffers: Vec<wgpu::Buffer> =
             gpus.iter().zip(&values).map(|(g, v)| g.upload("local", v).unwrap()).collect();
-        let parts: Vec<(&Gpu, Slice)> =
-            gpus.iter().zip(&buffers).map(|(g, b)| (g, Slice::whole(b))).collect();
-        pollster::block_on(all_reduce(&parts, op)).unwrap();
+        let parts: Vec<(&Gpu, Vec<Slice>)> =
+            gpus.iter().zip(&buffers).map(|(g, b)| (g, vec![Slice::whole(b)])).collect();
+        pollster::block_on(all_reduce(&parts, &Plan::one_piece_each(REPLICAS), op)).unwrap();
         // The pairwise order for three parts: (0 + 1) + 2, then ÷3 for the mean.
         let divisor = if op == ReduceOp::Mean { REPLICAS as f32 } else { 1.0 };
         let want: Vec<f32> =
@@ -64,12 +66,12 @@ fn a_sub_range_is_reduced_and_the_rest_left_alone() {
     let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r, len)).collect();
     let buffers: Vec<wgpu::Buffer> =
         gpus.iter().zip(&values).map(|(g, v)| g.upload("local", v).unwrap()).collect();
-    let parts: Vec<(&Gpu, Slice)> = gpus
+    let parts: Vec<(&Gpu, Vec<Slice>)> = gpus
         .iter()
         .zip(&buffers)
-        .map(|(g, b)| (g, Slice::new(b, offset as u64 * 4, range as u64)))
+        .map(|(g, b)| (g, vec![Slice::new(b, offset as u64 * 4, range as u64)]))
         .collect();
-    pollster::block_on(all_reduce(&parts, ReduceOp::Sum)).unwrap();
+    pollster::block_on(all_reduce(&parts, &Plan::one_piece_each(REPLICAS), ReduceOp::Sum)).unwrap();
     for (r, (g, b)) in gpus.iter().zip(&buffers).enumerate() {
         let got = read(g, b);
         for i in 0..len {
@@ -87,36 +89,55 @@ fn a_sub_range_is_reduced_and_the_rest_left_alone() {
 fn mismatched_or_unaligned_ranges_are_refused() {
     let Some(gpus) = devices() else { return };
     let buffers: Vec<wgpu::Buffer> = gpus.iter().map(|g| g.buffer("b", 16).unwrap()).collect();
-    let s = |r: usize, offset: u64, len: u64| (&gpus[r], Slice::new(&buffers[r], offset, len));
-    let e = pollster::block_on(all_reduce(&[s(0, 0, 8), s(1, 0, 8), s(2, 0, 7)], ReduceOp::Sum))
-        .unwrap_err();
+    let s =
+        |r: usize, offset: u64, len: u64| (&gpus[r], vec![Slice::new(&buffers[r], offset, len)]);
+    let (three, two) = (Plan::one_piece_each(3), Plan::one_piece_each(2));
+    let e = pollster::block_on(all_reduce(
+        &[s(0, 0, 8), s(1, 0, 8), s(2, 0, 7)],
+        &three,
+        ReduceOp::Sum,
+    ))
+    .unwrap_err();
     assert!(matches!(e, CollectiveError::RangeMismatch { replica: 2, got: 7, expected: 8 }), "{e}");
-    let e = pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 2, 4)], ReduceOp::Mean)).unwrap_err();
+    let e = pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 2, 4)], &two, ReduceOp::Mean))
+        .unwrap_err();
     assert!(matches!(e, CollectiveError::Unaligned { replica: 1, offset: 2 }), "{e}");
+    let e = pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 0, 4)], &three, ReduceOp::Sum))
+        .unwrap_err();
+    assert!(matches!(e, CollectiveError::ReplicaCount { got: 2, expected: 3 }), "{e}");
+    let nine = Plan::new(&syncstep::canonical::shards(9, 3), 9); // two pieces each
+    let e =
+        pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 0, 4), s(2, 0, 4)], &nine, ReduceOp::Sum))
+            .unwrap_err();
+    assert!(matches!(e, CollectiveError::PieceCount { replica: 0, got: 1, expected: 2 }), "{e}");
     assert!(matches!(
-        pollster::block_on(all_reduce(&[], ReduceOp::Sum)),
+        pollster::block_on(all_reduce(&[], &three, ReduceOp::Sum)),
         Err(CollectiveError::NoReplicas)
     ));
 }
 
-/// A bucketed all-reduce of `buffers` as a backward drives it: the final part grows to start
+/// A bucketed all-reduce of `buffers` along `plan`, as a backward drives it: replica r's buffer
+/// holds its pieces, slabs of `len` elements `STRIDE` bytes apart; the final part grows to start
 /// at each of `from` (elements, decreasing) in one submission each, reducing what earlier
 /// submissions filled; then `finish` does the rest. Replica `fail`, if any, gives up after its
 /// first submission instead.
+#[allow(clippy::too_many_arguments)]
 fn bucketed(
     gpus: &[Gpu],
     buffers: &[wgpu::Buffer],
     staging: &[BucketStaging],
+    plan: &Plan,
+    len: u64,
     op: ReduceOp,
     from: &[u64],
     fail: Option<usize>,
 ) -> Vec<Result<(), CollectiveError>> {
-    let rounds = bucket_rounds(gpus.len(), op);
+    let rounds = bucket_rounds(plan.clone(), op);
     let replica = |r: usize| {
         let (gpu, buffer, rounds) = (&gpus[r], &buffers[r], &rounds);
+        let pieces = Pieces { count: plan.pieces_of(r) as u64, stride: STRIDE };
         async move {
-            let side = BucketAllReduce::new(r, &staging[r], rounds);
-            let len = buffer.size() / 4;
+            let side = BucketAllReduce::new(r, pieces, &staging[r], rounds);
             for &f in from {
                 let mut enc = gpu.encoder();
                 side.record(gpu, &mut enc, Slice::new(buffer, f * 4, len - f))?;
@@ -127,20 +148,47 @@ fn bucketed(
                 }
                 side.reduce(gpu, Filled::AllButLatest).await?;
             }
-            side.finish(gpu, Slice::whole(buffer)).await
+            side.finish(gpu, Slice::new(buffer, 0, len)).await
         }
     };
     pollster::block_on(futures::future::join_all((0..gpus.len()).map(replica)))
 }
 
-/// Whole-buffer `all_reduce` of copies of the same parts: what the buckets must give, bitwise.
-fn whole(gpus: &[Gpu], values: &[Vec<f32>], op: ReduceOp) -> Vec<f32> {
+/// Bytes from one piece's slab to the next in these tests.
+const STRIDE: u64 = 400_128;
+
+/// Replica r's pieces, slab after slab, as a buffer holds them.
+fn slabs(values: &[Vec<f32>]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for v in values {
+        out.resize((out.len() as u64 * 4).next_multiple_of(STRIDE) as usize / 4, 0.0);
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+/// `all_reduce` of copies of the same pieces (`values[r]`: replica r's, `len` each): what the
+/// buckets must give, bitwise.
+fn whole(gpus: &[Gpu], values: &[Vec<Vec<f32>>], plan: &Plan, len: u64, op: ReduceOp) -> Vec<f32> {
     let buffers: Vec<wgpu::Buffer> =
-        gpus.iter().zip(values).map(|(g, v)| g.upload("whole", v).unwrap()).collect();
-    let parts: Vec<(&Gpu, Slice)> =
-        gpus.iter().zip(&buffers).map(|(g, b)| (g, Slice::whole(b))).collect();
-    pollster::block_on(all_reduce(&parts, op)).unwrap();
-    read(&gpus[0], &buffers[0])
+        gpus.iter().zip(values).map(|(g, v)| g.upload("whole", &slabs(v)).unwrap()).collect();
+    let parts: Vec<(&Gpu, Vec<Slice>)> = gpus
+        .iter()
+        .zip(&buffers)
+        .zip(values)
+        .map(|((g, b), v)| {
+            (g, (0..v.len() as u64).map(|p| Slice::new(b, p * STRIDE, len)).collect())
+        })
+        .collect();
+    pollster::block_on(all_reduce(&parts, plan, op)).unwrap();
+    read(&gpus[0], &buffers[0])[..len as usize].to_vec()
+}
+
+/// Each replica's pieces for `plan`, `len` values each, seeded by `seed`.
+fn pieces(plan: &Plan, len: usize, seed: usize) -> Vec<Vec<Vec<f32>>> {
+    (0..REPLICAS)
+        .map(|r| (0..plan.pieces_of(r)).map(|p| local(r + 10 * p + seed, len)).collect())
+        .collect()
 }
 
 #[test]
@@ -148,22 +196,36 @@ fn buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step() {
     let Some(gpus) = devices() else { return };
     let len = 100_003;
     let staging: Vec<BucketStaging> = gpus.iter().map(|_| BucketStaging::default()).collect();
-    // The same staging serves step after step (and an op change): buckets are kept and remapped.
-    for (step, op) in [ReduceOp::Mean, ReduceOp::Sum, ReduceOp::Mean].into_iter().enumerate() {
-        let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r + 10 * step, len)).collect();
-        let want = whole(&gpus, &values, op);
-        let buffers: Vec<wgpu::Buffer> =
-            gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", v).unwrap()).collect();
+    // One piece each, then two each (9 examples over 3 replicas: [0, 2) [2, 3) | [3, 4) [4, 6) |
+    // [6, 8) [8, 9)). The same staging serves step after step (and an op change): buckets are
+    // kept and remapped.
+    let (one, two) =
+        (Plan::one_piece_each(REPLICAS), Plan::new(&syncstep::canonical::shards(9, 3), 9));
+    for (step, (op, plan)) in [
+        (ReduceOp::Mean, &one),
+        (ReduceOp::Sum, &two),
+        (ReduceOp::Sum, &one),
+        (ReduceOp::Sum, &two),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let values = pieces(plan, len, 100 * step);
+        let want = whole(&gpus, &values, plan, len as u64, op);
+        let buffers: Vec<wgpu::Buffer> = gpus
+            .iter()
+            .zip(&values)
+            .map(|(g, v)| g.upload("bucketed", &slabs(v)).unwrap())
+            .collect();
         // 70_001 twice: a site that makes nothing new final adds no bucket.
-        for result in
-            bucketed(&gpus, &buffers, &staging, op, &[99_000, 70_001, 70_001, 30_000, 12], None)
-        {
+        let from = [99_000, 70_001, 70_001, 30_000, 12];
+        for result in bucketed(&gpus, &buffers, &staging, plan, len as u64, op, &from, None) {
             result.unwrap();
         }
         for (r, (g, b)) in gpus.iter().zip(&buffers).enumerate() {
             let got = read(g, b);
             assert!(
-                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got[..len].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "step {step}, {op:?}: replica {r} differs from all_reduce"
             );
         }
@@ -175,19 +237,21 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
     let Some(gpus) = devices() else { return };
     let len = 5000;
     let staging: Vec<BucketStaging> = gpus.iter().map(|_| BucketStaging::default()).collect();
+    let plan = Plan::one_piece_each(REPLICAS);
     let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r, len)).collect();
     let buffers: Vec<wgpu::Buffer> =
         gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", v).unwrap()).collect();
-    let results = bucketed(&gpus, &buffers, &staging, ReduceOp::Sum, &[4000, 1000], Some(2));
+    let (sum, from) = (ReduceOp::Sum, [4000, 1000]);
+    let results = bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, Some(2));
     for result in &results[..2] {
         assert!(matches!(result, Err(CollectiveError::Aborted { replica: 2, .. })), "{result:?}");
     }
     // Nothing was left mapped: the same staging reduces the next step correctly.
-    let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r + 7, len)).collect();
-    let want = whole(&gpus, &values, ReduceOp::Sum);
+    let values = pieces(&plan, len, 7);
+    let want = whole(&gpus, &values, &plan, len as u64, sum);
     let buffers: Vec<wgpu::Buffer> =
-        gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", v).unwrap()).collect();
-    bucketed(&gpus, &buffers, &staging, ReduceOp::Sum, &[4000, 1000], None)
+        gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", &slabs(v)).unwrap()).collect();
+    bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, None)
         .into_iter()
         .for_each(|r| r.unwrap());
     for (g, b) in gpus.iter().zip(&buffers) {
@@ -199,8 +263,8 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
 fn a_final_part_that_shrinks_is_refused() {
     let Some(gpus) = devices() else { return };
     let staging = BucketStaging::default();
-    let rounds = bucket_rounds(1, ReduceOp::Sum);
-    let side = BucketAllReduce::new(0, &staging, &rounds);
+    let rounds = bucket_rounds(Plan::single(), ReduceOp::Sum);
+    let side = BucketAllReduce::new(0, Pieces::ONE, &staging, &rounds);
     let buffer = gpus[0].buffer("b", 64).unwrap();
     let mut enc = gpus[0].encoder();
     side.record(&gpus[0], &mut enc, Slice::new(&buffer, 128, 32)).unwrap();

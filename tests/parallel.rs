@@ -1,8 +1,8 @@
 //! The data-parallel step on R devices against one device at the global batch: the gates of
 //! docs/design.md through `check::run_check` (TEST, CONTROL, REPEAT, DRIFT, TIE, PORTABLE against
-//! a golden file), the equivalence broken on purpose, replicas on two different adapters, and
-//! the errors a user can cause (shapes that do not shard, a missing adapter, a device lost
-//! mid-run).
+//! a golden file) at power-of-two shards, odd ones and uneven ones, the equivalence broken on
+//! purpose, replicas on two different adapters, and the errors a user can cause (a batch
+//! smaller than the replicas, a missing adapter, a device lost mid-run).
 //!
 //! `cargo test --release --test parallel -- --nocapture` prints every gate table.
 
@@ -17,7 +17,7 @@ use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions, Sabotage};
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
 
 fn adapters() -> Vec<AdapterChoice> {
     vec![AdapterChoice::from_env().unwrap()]
@@ -34,20 +34,22 @@ fn measured(report: &CheckReport, gate: &str) -> f64 {
     report.row(gate).unwrap_or_else(|| panic!("no {gate} row")).measured
 }
 
-/// Every gate passes, each held to its bound here too (not only through `pass`).
+/// Every gate passes, each held to its bound here too (not only through `pass`): TEST and
+/// DRIFT bitwise 0, CONTROL clearly off (or not applicable, saying why).
 fn assert_gates(cfg: CheckConfig) {
     let Some(report) = check(cfg) else { return };
-    let test = measured(&report, "TEST");
-    assert!(test <= 1e-5, "TEST {test:e}");
-    assert!(measured(&report, "TEST loss") <= 1e-6 && measured(&report, "TEST logits") <= 1e-6);
+    for gate in ["TEST", "TEST loss", "TEST logits", "REPEAT"] {
+        assert_eq!(measured(&report, gate), 0.0, "{gate}:\n{}", report.table());
+    }
+    let control = report.row("CONTROL").unwrap();
     assert!(
-        measured(&report, "CONTROL") >= CONTROL_FACTOR * test.max(CONTROL_FLOOR),
-        "CONTROL cannot tell synchronised from local BN"
+        control.measured >= CONTROL_FACTOR * CONTROL_FLOOR || control.note.starts_with("n/a"),
+        "CONTROL cannot tell synchronised from local BN:\n{}",
+        report.table()
     );
-    assert_eq!(measured(&report, "REPEAT"), 0.0);
     let drift = report.row("DRIFT").unwrap();
     assert!(
-        drift.measured <= 1e-5 && drift.note.contains("replicas bitwise equal"),
+        drift.measured == 0.0 && drift.note.contains("replicas bitwise equal"),
         "DRIFT {:e}: {}",
         drift.measured,
         drift.note
@@ -84,12 +86,34 @@ fn gates_pass_at_4_replicas_of_2() {
     });
 }
 
+/// Odd shards, uneven ones, and one example per replica (where CONTROL's per-replica
+/// BatchNorm has no variance and does not apply): TEST and DRIFT over 5 SGD steps bitwise 0.
+#[test]
+fn gates_pass_bitwise_at_odd_and_uneven_shards() {
+    let cases = [(3, 3, None), (5, 3, Some(13)), (6, 1, None)];
+    for (replicas, batch, global_batch) in cases {
+        let cfg = CheckConfig {
+            replicas,
+            batch,
+            global_batch,
+            adapters: adapters(),
+            ..Default::default()
+        };
+        assert_gates(cfg);
+    }
+}
+
+/// The equivalence done the way it usually is, with each replica dividing its loss by its own
+/// shard and the all-reduce taking the mean: in f32 that is not the single device's step at 3
+/// replicas of 4, and TEST, held to the bit, must say so; unsynchronised statistics likewise.
 #[test]
 fn a_broken_equivalence_fails_test() {
-    for sabotage in [Sabotage::SumGradients, Sabotage::UnmergedStats] {
+    for (sabotage, replicas, batch) in
+        [(Sabotage::LocalDivisor, 3, 4), (Sabotage::UnmergedStats, 2, 2)]
+    {
         let cfg = CheckConfig {
-            replicas: 2,
-            batch: 2,
+            replicas,
+            batch,
             steps: 0,
             adapters: adapters(),
             sabotage: Some(sabotage),
@@ -98,7 +122,7 @@ fn a_broken_equivalence_fails_test() {
         let Some(report) = check(cfg) else { return };
         let test = report.row("TEST").unwrap();
         assert!(
-            !test.pass && test.measured > 1e-3,
+            !test.pass && test.measured > 0.0,
             "{sabotage:?} went unnoticed: TEST {:e}",
             test.measured
         );
@@ -120,10 +144,11 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
             return;
         }
     }
+    // Uneven shards (3, 2, 2) on Vulkan, GL, Vulkan.
     let report = check(CheckConfig {
-        replicas: 2,
-        batch: 4,
-        steps: 0,
+        replicas: 3,
+        global_batch: Some(7),
+        steps: 2,
         adapters: mixed,
         ..Default::default()
     })
@@ -134,8 +159,9 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
         "{:?}",
         report.replica_adapters
     );
-    for gate in ["TEST", "TEST loss", "TEST logits"] {
-        assert!(report.row(gate).unwrap().pass, "{gate} on Vulkan + GL:\n{}", report.table());
+    for gate in ["TEST", "TEST loss", "TEST logits", "DRIFT"] {
+        let row = report.row(gate).unwrap();
+        assert!(row.pass && row.measured == 0.0, "{gate} on Vulkan + GL:\n{}", report.table());
     }
 }
 
@@ -189,7 +215,7 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("golden file was made for 2 replicas × 2 images, 32×32, 10 classes, seed 0"),
+        e.contains("golden file was made for 2 replicas, 4 images, 32×32, 10 classes, seed 0"),
         "{e}"
     );
 }
@@ -215,10 +241,11 @@ fn one_replica_is_the_plain_single_device_step_bitwise() {
         pollster::block_on(DataParallel::new(&model, &params, &running, 1, &adapters())).unwrap();
     let batch = synthetic_batch(2, 0, 4, 32, 32, 10);
     let cfg = StepConfig::default();
+    let whole = Shard::whole(batch.len());
     let want = pollster::block_on(single.forward_backward(
         &batch,
         &cfg,
-        4.0,
+        whole,
         &LocalBn,
         StepOptions::default(),
     ))
@@ -295,37 +322,34 @@ fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
     }
 }
 
-/// Every gradient is all-reduced exactly once, in a bucket during the backward or after it:
-/// summed instead of averaged it is exactly twice the mean (reduced twice it would be four times,
-/// never reduced it would be one replica's own).
+/// Every gradient is all-reduced exactly once, in a bucket during the backward or after it, and
+/// every replica's pieces are added along the canonical tree: the replicas hold the single
+/// device's gradient bit for bit, with one piece per replica (2 × 2) and with two (3 × 3: [0, 2)
+/// [2, 3) | [3, 4) [4, 6) | [6, 8) [8, 9)). Reduced twice, or a piece missed or added out of
+/// order, it would differ.
 #[test]
-fn every_gradient_is_reduced_exactly_once() {
+fn every_gradient_is_reduced_exactly_once_along_the_canonical_tree() {
     let (model, params, running) = model_and_state(9);
-    if gpu().is_none() {
-        return;
-    }
-    let mut dp =
-        pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
-    let shards = synthetic_batch(5, 0, 4, 32, 32, 10).shards(2).unwrap();
-    let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
-    let mut grads = |sabotage| {
-        pollster::block_on(dp.forward_backward(
-            &batch,
-            &StepConfig::default(),
-            ParallelOptions { sabotage, ..Default::default() },
-        ))
-        .unwrap();
-        let grads = pollster::block_on(dp.read_grads()).unwrap();
-        assert_eq!(bits(&grads[0]), bits(&grads[1]), "replicas hold different gradients");
-        grads.into_iter().next().unwrap()
-    };
-    let mean = grads(None);
-    let sum = grads(Some(Sabotage::SumGradients));
-    for spec in &model.params {
-        let (s, m) = (&sum[spec.range()], &mean[spec.range()]);
-        assert!(m.iter().any(|&v| v != 0.0), "{} is all zero", spec.name);
-        let halved: Vec<f32> = s.iter().map(|v| v / 2.0).collect();
-        assert_eq!(bits(&halved), bits(m), "{} was not reduced exactly once", spec.name);
+    let Some(device) = fresh_gpu() else { return };
+    let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
+    let cfg = StepConfig::default();
+    for (replicas, batch) in [(2, 4), (3, 9)] {
+        let batch = synthetic_batch(5, 0, batch, 32, 32, 10);
+        let whole = Shard::whole(batch.len());
+        let opts = StepOptions::default();
+        pollster::block_on(single.forward_backward(&batch, &cfg, whole, &LocalBn, opts)).unwrap();
+        let want = pollster::block_on(single.read_grads()).unwrap();
+        let mut dp =
+            pollster::block_on(DataParallel::new(&model, &params, &running, replicas, &adapters()))
+                .unwrap();
+        pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
+        for (r, got) in pollster::block_on(dp.read_grads()).unwrap().iter().enumerate() {
+            for spec in &model.params {
+                let (g, w) = (&got[spec.range()], &want[spec.range()]);
+                assert!(w.iter().any(|&v| v != 0.0), "{} is all zero", spec.name);
+                assert_eq!(bits(g), bits(w), "{} of replica {r} of {replicas}", spec.name);
+            }
+        }
     }
 }
 
@@ -344,15 +368,15 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.contains("adapter index 99 does not exist") && e.contains("syncstep info"), "{e}");
 
     let mut dp = new(2, &adapters()).unwrap();
-    let odd = synthetic_batch(1, 0, 5, 32, 32, 10);
+    let one = synthetic_batch(1, 0, 1, 32, 32, 10);
     let e = pollster::block_on(dp.forward_backward(
-        &odd,
+        &one,
         &StepConfig::default(),
         ParallelOptions::default(),
     ))
     .unwrap_err()
     .to_string();
-    assert!(e.contains("batch of 5 cannot be split into 2 equal shards"), "{e}");
+    assert!(e.contains("a batch of 1 cannot give each of 2 replicas an example"), "{e}");
     let mut bad = synthetic_batch(1, 0, 4, 32, 32, 10);
     bad.labels[3] = 10;
     let e = pollster::block_on(dp.forward_backward(

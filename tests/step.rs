@@ -8,7 +8,9 @@ use syncstep::data::synthetic_batch;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::reference::step as reference;
-use syncstep::step::{BnRows, BnSync, LocalBn, Replica, StepConfig, StepOptions, StepOutput};
+use syncstep::step::{
+    BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepOptions, StepOutput,
+};
 
 const BATCH: usize = 8;
 
@@ -27,7 +29,8 @@ fn replica(model: &ResNet34, params: &[f32], running: &[f32]) -> Option<Replica>
 
 fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> StepOutput {
     let cfg = StepConfig::default();
-    pollster::block_on(r.forward_backward(batch, &cfg, batch.len() as f32, &LocalBn, opts)).unwrap()
+    let whole = Shard::whole(batch.len());
+    pollster::block_on(r.forward_backward(batch, &cfg, whole, &LocalBn, opts)).unwrap()
 }
 
 #[test]
@@ -96,7 +99,8 @@ fn bad_inputs_are_clear_errors() {
     let Some(mut r) = replica(&model, &params, &running) else { return };
     let cfg = StepConfig::default();
     let run = |r: &mut Replica, b: &syncstep::data::Batch| {
-        pollster::block_on(r.forward_backward(b, &cfg, 2.0, &LocalBn, StepOptions::default()))
+        let whole = Shard::whole(b.len());
+        pollster::block_on(r.forward_backward(b, &cfg, whole, &LocalBn, StepOptions::default()))
             .unwrap_err()
             .to_string()
     };
@@ -110,10 +114,27 @@ fn bad_inputs_are_clear_errors() {
     assert!(run(&mut r, &b).contains("too small"));
     let bad = StepConfig { label_smoothing: 1.5, ..cfg };
     let b = synthetic_batch(1, 0, 2, 32, 32, 10);
-    let e = pollster::block_on(r.forward_backward(&b, &bad, 2.0, &LocalBn, StepOptions::default()))
+    let (whole, opts) = (Shard::whole(2), StepOptions::default());
+    let e = pollster::block_on(r.forward_backward(&b, &bad, whole, &LocalBn, opts))
         .unwrap_err()
         .to_string();
     assert!(e.contains("label smoothing"), "{e}");
+    // One image at 32×32: layer4's BatchNorm would see one value per channel.
+    let one = synthetic_batch(1, 0, 1, 32, 32, 10);
+    let e = pollster::block_on(r.forward_backward(&one, &cfg, Shard::whole(1), &LocalBn, opts))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Expected more than 1 value per channel when training"), "{e}");
+    let e = pollster::block_on(r.forward_backward(
+        &b,
+        &cfg,
+        Shard { start: 3, global: 4 },
+        &LocalBn,
+        opts,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cannot be examples 3.. of a global batch of 4"), "{e}");
 }
 
 #[test]
@@ -143,12 +164,15 @@ fn predict_uses_running_statistics_and_changes_nothing() {
 struct FinalGradients {
     stats_trips: std::cell::RefCell<Vec<Vec<usize>>>,
     sums_trips: std::cell::RefCell<Vec<Vec<usize>>>,
-    seen: std::cell::RefCell<Vec<(u64, Vec<f32>)>>,
+    /// Each backward trip's final part: its first element, and every piece's values from it.
+    seen: std::cell::RefCell<Vec<(u64, Vec<Vec<f32>>)>>,
+    /// The replica's gradient pieces: how many, and the bytes from one to the next.
+    pieces: (u64, u64),
 }
 
 impl BnSync for FinalGradients {
-    fn replicas(&self) -> u32 {
-        1
+    fn examples(&self, local: u32) -> u32 {
+        local
     }
     async fn stats(
         &self,
@@ -169,7 +193,12 @@ impl BnSync for FinalGradients {
         self.sums_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
-        let values = gpu.read_f32(done).await?;
+        let (count, stride) = self.pieces;
+        let mut values = Vec::new();
+        for piece in 0..count.max(1) {
+            let slice = Slice::new(done.buffer, done.offset + piece * stride, done.len);
+            values.push(gpu.read_f32(slice).await?);
+        }
         self.seen.borrow_mut().push((done.offset / 4, values));
         Ok(())
     }
@@ -186,7 +215,7 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
     pollster::block_on(r.forward_backward(
         &synthetic_batch(6, 0, 2, 32, 32, 10),
         &StepConfig::default(),
-        2.0,
+        Shard::whole(2),
         &hook,
         StepOptions::default(),
     ))
@@ -215,7 +244,9 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
 
 /// What the data-parallel all-reduce relies on: the part of the gradient buffer a backward hook
 /// is told is final holds, at that moment, the step's final gradients (the buffer was poisoned
-/// first), reaches the end of the buffer, and grows from site to site down to the stem's BN.
+/// first), in every piece's slab, reaches the end of the buffer, and grows from site to site
+/// down to the stem's BN. One piece (a whole batch) and two (examples [1, 3) of 4: [1, 2) and
+/// [2, 3)).
 #[test]
 fn the_gradients_a_backward_hook_is_told_are_final_are() {
     let (model, params, running) = setup(10, 12);
@@ -223,42 +254,53 @@ fn the_gradients_a_backward_hook_is_told_are_final_are() {
     let batch = synthetic_batch(6, 0, 2, 32, 32, 10);
     let want = step(&mut r, &batch, StepOptions::default());
     let want_grads = pollster::block_on(r.read_grads()).unwrap();
-    r.gpu.poison(Slice::whole(&r.grads));
-    let hook = FinalGradients::default();
-    let got = pollster::block_on(r.forward_backward(
-        &batch,
-        &StepConfig::default(),
-        2.0,
-        &hook,
-        StepOptions::default(),
-    ))
-    .unwrap();
-    assert_eq!(
-        (got.loss.to_bits(), got.logits),
-        (want.loss.to_bits(), want.logits),
-        "the hook's submissions changed the step"
-    );
-    let grads = pollster::block_on(r.read_grads()).unwrap();
-    let seen = hook.seen.into_inner();
-    assert_eq!(seen.len(), hook.sums_trips.borrow().len(), "one read per backward trip");
-    assert!(
-        seen.windows(2).all(|w| w[1].0 < w[0].0),
-        "the final part must grow at every site: {:?}",
-        seen.iter().map(|s| s.0).collect::<Vec<_>>()
-    );
-    assert!(seen[0].0 <= model.param("fc.weight").unwrap().offset as u64);
-    assert_eq!(seen.last().unwrap().0, model.param("bn1.weight").unwrap().offset as u64);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (from, values) in &seen {
-        assert_eq!(values.len() as u64, model.param_len as u64 - from);
+    for (shard, pieces) in [(Shard::whole(2), 1), (Shard { start: 1, global: 4 }, 2)] {
+        r.gpu.poison(Slice::whole(&r.grads));
+        let hook = FinalGradients { pieces: (pieces, r.slab_stride()), ..Default::default() };
+        let got = pollster::block_on(r.forward_backward(
+            &batch,
+            &StepConfig::default(),
+            shard,
+            &hook,
+            StepOptions::default(),
+        ))
+        .unwrap();
         assert_eq!(
-            bits(values),
-            bits(&grads[*from as usize..]),
-            "gradients from element {from} were not final when the hook was told so"
+            bits(&got.logits),
+            bits(&want.logits),
+            "the hook's submissions changed the step"
         );
-    }
-    // Padding was never written: compare the tensors with the step without the poison.
-    for spec in &model.params {
-        assert_eq!(bits(&grads[spec.range()]), bits(&want_grads[spec.range()]), "{}", spec.name);
+        if pieces == 1 {
+            assert_eq!(got.loss.to_bits(), want.loss.to_bits());
+        }
+        let all = pollster::block_on(r.gpu.read_f32(Slice::whole(&r.grads))).unwrap();
+        let slab = |p: u64| &all[(p * r.slab_stride() / 4) as usize..][..model.param_len];
+        let seen = hook.seen.into_inner();
+        assert_eq!(seen.len(), hook.sums_trips.borrow().len(), "one read per backward trip");
+        assert!(
+            seen.windows(2).all(|w| w[1].0 < w[0].0),
+            "the final part must grow at every site: {:?}",
+            seen.iter().map(|s| s.0).collect::<Vec<_>>()
+        );
+        assert!(seen[0].0 <= model.param("fc.weight").unwrap().offset as u64);
+        assert_eq!(seen.last().unwrap().0, model.param("bn1.weight").unwrap().offset as u64);
+        for (from, values) in &seen {
+            for (p, values) in values.iter().enumerate() {
+                assert_eq!(values.len() as u64, model.param_len as u64 - from);
+                assert_eq!(
+                    bits(values),
+                    bits(&slab(p as u64)[*from as usize..]),
+                    "piece {p}'s gradients from element {from} were not final when the hook was told so"
+                );
+            }
+        }
+        if pieces == 1 {
+            // Padding was never written: compare the tensors with the step without the poison.
+            for spec in &model.params {
+                let got = &slab(0)[spec.range()];
+                assert_eq!(bits(got), bits(&want_grads[spec.range()]), "{}", spec.name);
+            }
+        }
     }
 }

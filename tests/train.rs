@@ -9,7 +9,7 @@ use common::*;
 use syncstep::checkpoint;
 use syncstep::data::synthetic_batch;
 use syncstep::model::ResNet34;
-use syncstep::step::{LocalBn, Replica, StepConfig, StepOptions};
+use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, TensorFile};
 use syncstep::train::{TrainConfig, Trainer};
 
@@ -174,7 +174,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let want = pollster::block_on(r.forward_backward(
         &batch,
         &StepConfig::default(),
-        4.0,
+        Shard::whole(4),
         &LocalBn,
         StepOptions::default(),
     ))
@@ -354,15 +354,20 @@ fn data_parallel_training_is_single_device_training_bit_for_bit() {
     assert_eq!(bits(&a.params), bits(&b.params), "parameters");
     assert_eq!(bits(&a.velocity), bits(&b.velocity), "momentum");
     assert_eq!(bits(&a.running), bits(&b.running), "running statistics");
-    let e = Trainer::data_parallel(
+    // Three replicas of 2, 1 and 1 images: the same training too.
+    let mut three = Trainer::data_parallel(
         vec![fresh_gpu().unwrap(), fresh_gpu().unwrap(), fresh_gpu().unwrap()],
         small(),
         None,
     )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(e.contains("batch of 4 cannot be split into 3 equal shards"), "{e}");
+    .unwrap();
+    run_steps(&mut three, 3);
+    let c = pollster::block_on(three.checkpoint()).unwrap();
+    assert_eq!(bits(&a.params), bits(&c.params), "parameters at 3 replicas");
+    assert_eq!(bits(&a.running), bits(&c.running), "running statistics at 3 replicas");
+    let five: Vec<_> = (0..5).map(|_| fresh_gpu().unwrap()).collect();
+    let e = Trainer::data_parallel(five, small(), None).err().unwrap().to_string();
+    assert!(e.contains("a batch of 4 cannot give each of 5 replicas an example"), "{e}");
 }
 
 #[test]
@@ -385,12 +390,12 @@ fn train_and_grad_take_replicas() {
         ok && log.contains("2 replicas of 2 images") && log.contains("img/s per replica × 2"),
         "{log}"
     );
-    let (ok, log) = syncstep(&["train", "--replicas", "3", "--batch", "4", "--steps", "1"]);
-    assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");
+    let (ok, log) = syncstep(&["train", "--replicas", "5", "--batch", "4", "--steps", "1"]);
+    assert!(!ok && log.contains("a batch of 4 cannot give each of 5 replicas an example"), "{log}");
     let (ok, log) = syncstep(&["train", "--replicas", "2", "--adapters", "0,99", "--steps", "1"]);
     assert!(!ok && log.contains("adapter index 99 does not exist"), "{log}");
 
-    // grad: the data-parallel gradients are the single device's, bit for bit.
+    // grad: the data-parallel gradients are the single device's, bit for bit, at any R.
     let dir = temp_dir("grad-replicas");
     let model = ResNet34::new(10).unwrap();
     let mut params = model.init_params(8);
@@ -422,7 +427,7 @@ fn train_and_grad_take_replicas() {
     let (one, two) = (dir.join("one.safetensors"), dir.join("two.safetensors"));
     let (ok, log) = grad("1", &one);
     assert!(ok, "{log}");
-    let (ok, log) = grad("2", &two);
+    let (ok, log) = grad("3", &two); // shards of 2, 1 and 1
     assert!(ok, "{log}");
     let (a, b) = (TensorFile::read(&one).unwrap(), TensorFile::read(&two).unwrap());
     for p in &model.params {
@@ -439,8 +444,9 @@ fn train_and_grad_take_replicas() {
     );
     let (la, lb) =
         (a.require("loss", &[1]).unwrap().values[0], b.require("loss", &[1]).unwrap().values[0]);
-    assert!((la - lb).abs() <= 1e-6 * la.abs(), "loss {la} vs {lb}");
-    let (ok, log) = grad("3", &two);
-    assert!(!ok && log.contains("batch of 4 cannot be split into 3 equal shards"), "{log}");
+    // The loss is the global one on every replica: the single device's, to the bit.
+    assert_eq!(la.to_bits(), lb.to_bits(), "loss {la} vs {lb}");
+    let (ok, log) = grad("5", &two);
+    assert!(!ok && log.contains("a batch of 4 cannot give each of 5 replicas an example"), "{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -146,6 +146,7 @@ function caption(tensors, series) {
   const n = tensors.length;
   const part = (key, name) => {
     const v = tensors.map((t) => t[key]);
+    if (v.every((e) => e === null) && key === "control") return `${name}: not applicable at these settings`;
     if (v.some((e) => e === null)) return `${name}: ${v.filter((e) => e === null).length} tensors non-finite`;
     const zeros = v.filter((e) => e === 0).length;
     const max = Math.max(...v);

@@ -17,14 +17,14 @@ window.syncstepResult = result;
 
 // What each gate compares, for the table.
 const GATE_TEXT = {
-  "TEST": "R replicas × N vs one device at R·N: every gradient",
+  "TEST": "R replicas × N vs one device at R·N: every gradient, bitwise",
   "TEST loss": "the same: loss",
   "TEST logits": "the same: logits",
   "PORTABLE": "this browser vs the native golden, same pattern: gradients",
   "PORTABLE loss": "this browser vs the native golden: loss",
   "CONTROL": "per-replica (unsynced) BatchNorm vs one device: must differ",
   "REPEAT": "the same data-parallel step twice: bitwise",
-  "DRIFT": "K SGD steps, data-parallel vs single: parameters",
+  "DRIFT": "K SGD steps, data-parallel vs single: parameters, bitwise",
   "TIE": "one device vs the f64 reference",
   "TIE loss": "one device vs the f64 reference: loss",
 };
@@ -259,8 +259,11 @@ function describeGolden(golden, settings) {
 }
 
 function gateRow(g) {
-  const bound = `${g.bound_kind === "at_most" ? "≤" : "≥"} ${formatBound(g.bound)}`;
-  const measured = g.gate === "REPEAT" ? `${g.measured} differ` : formatError(g.measured);
+  const bound = g.bound_kind === "not_applicable" ? "n/a"
+    : g.bound_kind === "at_most" && g.bound === 0 ? "bitwise"
+    : `${g.bound_kind === "at_most" ? "≤" : "≥"} ${formatBound(g.bound)}`;
+  const measured = g.bound_kind === "not_applicable" ? "–"
+    : g.gate === "REPEAT" ? `${g.measured} differ` : formatError(g.measured);
   const row = el("tr", { className: g.pass ? "" : "failed" },
     el("td", { className: "gate", textContent: g.gate }),
     el("td", { className: "muted", textContent: GATE_TEXT[g.gate] ?? "" }),
@@ -332,7 +335,8 @@ async function runGates(settings) {
     summary.textContent = report.pass
       ? `PASS: ${report.replicas} replicas × ${report.batch_per_replica} took the single-device step at ` +
         `${report.replicas * report.batch_per_replica}: TEST ${formatError(test.measured)}${test.measured === 0 ? " (bitwise equal)" : ""}, ` +
-        `while per-replica BatchNorm (CONTROL) is off by up to ${formatError(control.measured)}` +
+        (control.bound_kind === "not_applicable" ? `(CONTROL: ${control.note})`
+          : `while per-replica BatchNorm (CONTROL) is off by up to ${formatError(control.measured)}`) +
         `${portable ? `; this browser matches the native golden to ${formatError(portable.measured)}` : ""}.`
       : `FAIL: ${failed.join(", ")}.`;
     summary.hidden = false;

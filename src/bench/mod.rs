@@ -45,7 +45,9 @@ use crate::step::{conv2d_shape, StepConfig};
 
 mod report;
 
-pub use report::{BenchReport, ProbeTime, Profile, ProfileRow, ReplicaMemory, Roofline, StepBench};
+pub use report::{
+    AllReduceBytes, BenchReport, ProbeTime, Profile, ProfileRow, ReplicaMemory, Roofline, StepBench,
+};
 
 /// A training step's FLOPs as a multiple of the forward's (ENVIRONMENT.md).
 pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
@@ -74,8 +76,10 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
     pub replicas: usize,
-    /// Images per replica N; the global batch is R·N.
+    /// Images per replica N; the global batch is R·N unless `global_batch` says otherwise.
     pub batch: usize,
+    /// The global batch B, when it is not R·N: the first B mod R replicas take one more.
+    pub global_batch: Option<usize>,
     pub image_size: u32,
     pub classes: u32,
     pub steps: usize,
@@ -93,6 +97,7 @@ impl Default for BenchConfig {
         BenchConfig {
             replicas: 1,
             batch: 8,
+            global_batch: None,
             image_size: 32,
             classes: 10,
             steps: 5,
@@ -106,6 +111,11 @@ impl Default for BenchConfig {
 }
 
 impl BenchConfig {
+    /// The global batch B.
+    pub fn global(&self) -> usize {
+        self.global_batch.unwrap_or(self.replicas * self.batch)
+    }
+
     /// Refuses settings that cannot be measured, naming the command-line flag.
     pub fn validate(&self) -> Result<()> {
         let setting =
@@ -113,8 +123,16 @@ impl BenchConfig {
         if self.replicas == 0 {
             return setting("replicas", "is 0: at least 1 device is needed");
         }
-        if self.batch == 0 {
+        if self.batch == 0 && self.global_batch.is_none() {
             return setting("batch", "is 0: each replica needs at least 1 image");
+        }
+        if self.global() < self.replicas {
+            let problem = format!(
+                "is {}: each of {} replicas needs at least 1 image",
+                self.global(),
+                self.replicas
+            );
+            return setting("global-batch", &problem);
         }
         if self.steps == 0 {
             return setting("steps", "is 0: time at least 1 step");
@@ -177,19 +195,23 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let params = model.init_params(cfg.seed);
     let running = model.init_buffers();
     let step_cfg = StepConfig::default();
-    let (r, n, size) = (cfg.replicas, cfg.batch, cfg.image_size);
-    let batch = synthetic_batch(cfg.seed, 0, r * n, size, size, cfg.classes);
-    let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * (r * n) as f64;
+    let (r, b, size) = (cfg.replicas, cfg.global(), cfg.image_size);
+    let batch = synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes);
+    let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * b as f64;
+    model
+        .check_training_batch(b as u64, size, size)
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
 
     progress(&format!("opening {r} device(s)"));
     let mut dp =
         pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
-    // With R > 1, one device on replica 0's adapter at R·N and at N (replica 0's shard).
+    // With R > 1, one device on replica 0's adapter at B and at replica 0's shard (a longest).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
+    let n = shard.len();
     let mut singles = Vec::new();
     if r > 1 {
-        for _ in [r * n, n] {
+        for _ in 0..2 {
             singles.push(pollster::block_on(DataParallel::new(
                 &model,
                 &params,
@@ -223,9 +245,9 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     }
     let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
         replicas: run.replicas().len(),
-        batch_per_replica: batch.len() / run.replicas().len(),
+        global_batch: batch.len(),
         seconds,
-        flops: step_flops * batch.len() as f64 / (r * n) as f64,
+        flops: step_flops * batch.len() as f64 / b as f64,
         memory: run.replicas().iter().map(ReplicaMemory::of).collect(),
     });
     let (step, single_bench, shard_bench) =
@@ -246,7 +268,9 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         }
         None => None,
     };
+    let allreduce = AllReduceBytes::of(&dp, b);
     Ok(BenchReport {
+        allreduce,
         config: cfg.clone(),
         adapters: dp.replicas().iter().map(|r| describe(&r.gpu.info)).collect(),
         lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),

@@ -14,7 +14,8 @@ use crate::step::Replica;
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepBench {
     pub replicas: usize,
-    pub batch_per_replica: usize,
+    /// Images over all replicas.
+    pub global_batch: usize,
     /// Each timed step, in seconds.
     pub seconds: Vec<f64>,
     /// Training FLOPs of one step of the global batch.
@@ -23,9 +24,6 @@ pub struct StepBench {
 }
 
 impl StepBench {
-    pub fn global_batch(&self) -> usize {
-        self.replicas * self.batch_per_replica
-    }
     pub fn median(&self) -> f64 {
         median(&self.seconds)
     }
@@ -36,22 +34,25 @@ impl StepBench {
         self.seconds.iter().copied().fold(0.0, f64::max)
     }
     pub fn images_per_second(&self) -> f64 {
-        self.global_batch() as f64 / self.median()
+        self.global_batch as f64 / self.median()
     }
     pub fn gflops(&self) -> f64 {
         self.flops / self.median() / 1e9
     }
     fn label(&self) -> String {
-        if self.replicas == 1 {
-            format!("single device, batch {}", self.batch_per_replica)
+        let (r, b) = (self.replicas, self.global_batch);
+        if r == 1 {
+            format!("single device, batch {b}")
+        } else if b.is_multiple_of(r) {
+            format!("data-parallel {r} × {}", b / r)
         } else {
-            format!("data-parallel {} × {}", self.replicas, self.batch_per_replica)
+            format!("data-parallel {r} replicas, {b} images")
         }
     }
     fn to_json(&self) -> Value {
         json!({
             "replicas": self.replicas,
-            "batch_per_replica": self.batch_per_replica,
+            "global_batch": self.global_batch,
             "median_s": self.median(),
             "min_s": self.min(),
             "max_s": self.max(),
@@ -60,6 +61,50 @@ impl StepBench {
             "step_flops": self.flops,
             "steps_s": self.seconds,
             "memory": self.memory.iter().map(|m| m.to_json()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// What a data-parallel step's gradient all-reduce moves per replica: the gradient of each of
+/// its canonical pieces (one for an aligned power-of-two shard, a few otherwise).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllReduceBytes {
+    /// Bytes of one flat gradient.
+    pub gradient_bytes: u64,
+    /// Each replica's pieces, in replica order.
+    pub pieces: Vec<usize>,
+}
+
+impl AllReduceBytes {
+    pub(super) fn of(dp: &crate::parallel::DataParallel, batch: usize) -> AllReduceBytes {
+        let replicas = dp.replicas();
+        let gradient_bytes = replicas.first().map_or(0, |r| r.model.param_len as u64 * 4);
+        AllReduceBytes::for_shards(batch, replicas.len(), gradient_bytes)
+    }
+
+    /// The traffic of `replicas` replicas' shards of a batch of `batch`, for a gradient of
+    /// `gradient_bytes`.
+    pub fn for_shards(batch: usize, replicas: usize, gradient_bytes: u64) -> AllReduceBytes {
+        let ranges = crate::data::shard_ranges(batch, replicas).unwrap_or_default();
+        let pieces = ranges
+            .iter()
+            .map(|r| crate::canonical::pieces(r.start as u64..r.end as u64, batch as u64).len())
+            .collect();
+        AllReduceBytes { gradient_bytes, pieces }
+    }
+
+    /// Bytes each replica sends beyond one gradient (0 for power-of-two aligned shards).
+    pub fn extra_bytes(&self) -> Vec<u64> {
+        self.pieces.iter().map(|&p| (p as u64 - 1) * self.gradient_bytes).collect()
+    }
+
+    fn to_json(&self) -> Value {
+        let sent: Vec<u64> = self.pieces.iter().map(|&p| p as u64 * self.gradient_bytes).collect();
+        json!({
+            "gradient_bytes": self.gradient_bytes,
+            "pieces_per_replica": self.pieces,
+            "sent_bytes_per_replica": sent,
+            "extra_bytes_per_replica": self.extra_bytes(),
         })
     }
 }
@@ -292,6 +337,8 @@ fn sort_slowest_first(rows: &mut [ProfileRow]) {
 #[derive(Clone, Debug)]
 pub struct BenchReport {
     pub config: BenchConfig,
+    /// The gradient all-reduce's traffic (R > 1).
+    pub allreduce: AllReduceBytes,
     /// Each replica's adapter (`gpu::describe`).
     pub adapters: Vec<String>,
     pub lp_num_threads: Option<String>,
@@ -369,20 +416,31 @@ impl BenchReport {
         if let Some(ratio) = self.ratio() {
             line(format!(
                 "data-parallel / single device at batch {}: {ratio:.3}",
-                self.step.global_batch()
+                self.step.global_batch
             ));
         }
         if let (Some(own), Some(own_ratio), Some(exchange)) =
             (self.own_steps_seconds(), self.own_steps_ratio(), self.exchange_ratio())
         {
-            let (r, n) = (self.step.replicas, self.step.batch_per_replica);
+            let r = self.step.replicas;
+            let n = self.shard.as_ref().map_or(0, |s| s.global_batch);
             let how = if self.replicas_take_turns {
                 format!("{r} × single device at batch {n} (the replicas take turns: CPU adapters share the cores)")
             } else {
                 format!("single device at batch {n} (the replicas run at once)")
             };
-            line(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch()));
+            line(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch));
             line(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
+            let a = &self.allreduce;
+            let extra: u64 = a.extra_bytes().iter().sum();
+            line(format!(
+                "gradient all-reduce: {} piece(s) per replica ({}), {} each; {} extra over all replicas{}",
+                a.pieces.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
+                "one per canonical subtree of its shard",
+                mib(a.gradient_bytes),
+                mib(extra),
+                if extra == 0 { " (aligned power-of-two shards)" } else { "" }
+            ));
         }
         line(String::new());
         for s in self.benches() {
@@ -493,6 +551,7 @@ impl BenchReport {
             "config": {
                 "replicas": c.replicas,
                 "batch_per_replica": c.batch,
+                "global_batch": c.global(),
                 "image_size": c.image_size,
                 "classes": c.classes,
                 "steps": c.steps,
@@ -503,6 +562,7 @@ impl BenchReport {
             "lp_num_threads": self.lp_num_threads,
             "step_flops_per_forward": STEP_FLOPS_PER_FORWARD,
             "step": self.step.to_json(),
+            "allreduce": (c.replicas > 1).then(|| self.allreduce.to_json()),
             "single": self.single.as_ref().map(StepBench::to_json),
             "ratio": self.ratio(),
             "shard": self.shard.as_ref().map(StepBench::to_json),
@@ -529,5 +589,23 @@ fn clip(s: &str, width: usize) -> String {
         s.to_string()
     } else {
         format!("{}…", s.chars().take(width - 1).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Aligned power-of-two shards send one gradient each, as before any shape was allowed;
+    /// other shapes send a few, and the report says how many bytes more.
+    #[test]
+    fn the_all_reduce_sends_one_gradient_per_canonical_piece() {
+        let of = |b, r| AllReduceBytes::for_shards(b, r, 100);
+        for (b, r) in [(16, 2), (16, 4), (16, 8), (12, 3), (24, 3), (8, 1)] {
+            assert!(of(b, r).extra_bytes().iter().all(|&e| e == 0), "{b} over {r}");
+        }
+        assert_eq!(of(9, 3).pieces, [2, 2, 2]);
+        assert_eq!(of(9, 3).extra_bytes(), [100, 100, 100]);
+        assert_eq!(of(10, 3).pieces, [1, 2, 2]); // [0, 4) | [4, 6) [6, 7) | [7, 8) [8, 10)
     }
 }

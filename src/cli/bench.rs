@@ -7,14 +7,18 @@ use syncstep::bench::{self, BenchConfig};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Data-parallel over this many devices; with R > 1 the single device at batch R·N and at N
-    /// (the replicas' own steps, without the exchange) are measured too, in the same run, and
-    /// the ratios printed.
+    /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
+    /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
+    /// measured too, in the same run, and the ratios printed.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
-    /// Images per replica N.
+    /// Images per replica N (here --batch is per replica): the global batch is R·N.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// The global batch B instead of R·N, for shards of different sizes: the first B mod R
+    /// replicas take one image more. B ≥ R.
+    #[arg(long, conflicts_with = "batch")]
+    global_batch: Option<usize>,
     /// Side of the square input images, at least 32.
     #[arg(long, default_value_t = 32)]
     image_size: u32,
@@ -53,6 +57,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = BenchConfig {
         replicas: args.replicas,
         batch: args.batch,
+        global_batch: args.global_batch,
         image_size: args.image_size,
         steps: args.steps,
         warmup: args.warmup,

@@ -12,12 +12,17 @@ use syncstep::parallel::Sabotage;
 
 #[derive(Args)]
 pub struct CheckArgs {
-    /// Number of replicas R (devices), each running a shard of the global batch.
+    /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
     #[arg(long, default_value_t = 2)]
     replicas: usize,
-    /// Images per replica N; the single device runs the global batch R·N.
+    /// Images per replica N (here --batch is per replica); the single device runs the global
+    /// batch R·N.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// The global batch B instead of R·N, for shards of different sizes: the first B mod R
+    /// replicas take one image more. B ≥ R.
+    #[arg(long, conflicts_with = "batch")]
+    global_batch: Option<usize>,
     /// Image side in pixels (at least 32).
     #[arg(long, default_value_t = 32)]
     image_size: u32,
@@ -57,7 +62,7 @@ pub struct CheckArgs {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum SabotageArg {
-    SumGradients,
+    LocalDivisor,
     UnmergedStats,
 }
 
@@ -70,6 +75,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = CheckConfig {
         replicas: args.replicas,
         batch: args.batch,
+        global_batch: args.global_batch,
         image_size: args.image_size,
         classes: args.classes,
         steps: args.steps,
@@ -77,7 +83,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
         adapters,
         tie: args.tie,
         sabotage: args.sabotage.map(|s| match s {
-            SabotageArg::SumGradients => Sabotage::SumGradients,
+            SabotageArg::LocalDivisor => Sabotage::LocalDivisor,
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
     };

@@ -1,6 +1,7 @@
 //! `syncstep grad`: one training step's loss, logits, gradients and updated BN statistics
 //! for given weights and batch, as safetensors, to hold against PyTorch; on one device or
-//! data-parallel (`--replicas R`: the batch in R contiguous shards, BatchNorm synchronised).
+//! data-parallel (`--replicas R`: the batch in R contiguous shards, BatchNorm synchronised; the
+//! same bits).
 
 use std::path::PathBuf;
 
@@ -28,8 +29,9 @@ pub struct GradArgs {
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long, conflicts_with = "adapters")]
     adapter: Option<String>,
-    /// Data-parallel over this many devices: the batch in R contiguous shards (M must divide
-    /// by R), BatchNorm synchronised, gradients mean-all-reduced.
+    /// Data-parallel over this many devices: the batch in R contiguous shards (any R ≤ M; the
+    /// first M mod R take one example more), BatchNorm synchronised, gradients all-reduced:
+    /// the same bits as one device.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
@@ -99,13 +101,6 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         classes,
     )?;
 
-    if !batch.len().is_multiple_of(args.replicas.max(1)) {
-        return Err(syncstep::data::DataError::NotDivisible {
-            batch: batch.len(),
-            replicas: args.replicas,
-        }
-        .into());
-    }
     let gpus = super::train::devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
     let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?;
     let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
@@ -116,7 +111,8 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     let first = &dp.replicas()[0];
     let grads = pollster::block_on(first.read_grads())?;
     let after = pollster::block_on(first.read_running())?;
-    let loss = [out.iter().map(|o| o.loss).sum::<f32>() / out.len() as f32];
+    // Every replica holds the global loss.
+    let loss = [out[0].loss];
     let logits: Vec<f32> = out.iter().flat_map(|o| o.logits.iter().copied()).collect();
 
     let mut entries = vec![

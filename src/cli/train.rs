@@ -17,7 +17,7 @@ pub struct TrainArgs {
     /// SGD steps to run (on top of the checkpoint's, with --resume).
     #[arg(long, default_value_t = 60)]
     steps: u64,
-    /// Images per step [default: 16].
+    /// Images per step, the global batch over all replicas [default: 16].
     #[arg(long)]
     batch: Option<usize>,
     /// Side of the square input images, at least 32 [default: 32].
@@ -44,8 +44,9 @@ pub struct TrainArgs {
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
     #[arg(long, conflicts_with = "adapters")]
     adapter: Option<String>,
-    /// Data-parallel over this many devices, each taking batch/R images of every step, with
-    /// synchronised BatchNorm: the same training as on one device, step for step.
+    /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
+    /// shard of every step's batch (the first batch mod R one image more), with synchronised
+    /// BatchNorm: the same training as on one device, bit for bit.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
@@ -133,9 +134,14 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let adapter = if r == 1 {
         describe(&gpus[0].info)
     } else {
+        let mut sizes: Vec<String> = syncstep::data::shard_ranges(cfg.batch, r)?
+            .iter()
+            .map(|s| s.len().to_string())
+            .collect();
+        sizes.dedup();
         format!(
             "{r} replicas of {} images: {}",
-            cfg.batch / r.max(1),
+            sizes.join(" or "),
             gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")
         )
     };

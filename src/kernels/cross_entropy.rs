@@ -1,9 +1,10 @@
-//! Softmax cross-entropy with label smoothing: per-example losses, the step's loss and the
-//! gradient of the step's loss with respect to the logits. See shaders/cross_entropy.wgsl.
+//! Softmax cross-entropy with label smoothing: per-example losses, and the gradient of the
+//! step's loss with respect to the logits. See shaders/cross_entropy.wgsl. The step's loss, the
+//! per-example losses summed in the canonical order and divided by the global batch, is the
+//! host's (`step`): replicas' losses then add up to the single device's bit for bit.
 //!
 //! Labels are u32 in `[0, k)`. A shader cannot return an error, so an example whose label is
-//! `>= k` gets a NaN loss (and so a NaN total) and a NaN gradient row: validate labels on the
-//! host before upload.
+//! `>= k` gets a NaN loss and a NaN gradient row: validate labels on the host before upload.
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{Encoder, Gpu, Shader, Slice};
@@ -26,7 +27,8 @@ impl CrossEntropyShape {
         self.m as u64
     }
 
-    /// Checks dimensions, hyper-parameters, logits and labels; the uniform every entry point reads.
+    /// Checks dimensions, hyper-parameters, logits and labels; the uniform every entry point
+    /// reads (the forward's divisor is unused: 1).
     fn check(
         &self,
         op: &'static str,
@@ -67,52 +69,26 @@ struct Params {
     nan: f32,
 }
 
-/// Per-example losses ℓ_i into `losses` `[m]` and `(Σ_i ℓ_i) / divisor` into `loss` `[1]`.
-/// `smoothing` is ε in `[0, 1)` (0.1 is usual); `divisor` is D > 0 (the batch on this device).
-#[allow(clippy::too_many_arguments)] // the signature mirrors the math: shape, ε, D, three tensors and the result
+/// Per-example losses ℓ_i into `losses` `[m]`. `smoothing` is ε in `[0, 1)` (0.1 is usual).
 pub fn cross_entropy_forward(
     gpu: &Gpu,
     enc: &mut Encoder,
     s: &CrossEntropyShape,
     smoothing: f32,
-    divisor: f32,
     logits: Slice,
     labels: Slice,
     losses: Slice,
-    loss: Slice,
 ) -> Result<()> {
     const OP: &str = "cross_entropy_forward";
-    let params = s.check(OP, smoothing, divisor, &logits, &labels)?;
+    let params = s.check(OP, smoothing, 1.0, &logits, &labels)?;
     expect_len(OP, "losses", &losses, s.labels_len(), "m")?;
-    expect_len(OP, "loss", &loss, 1, "one scalar")?;
-    // Both bindings of the second dispatch are checked before the first is recorded.
-    gpu.check_binding("argument `loss`", &loss)
-        .map_err(|source| KernelError::Gpu { op: OP, source })?;
-    launch(
-        gpu,
-        enc,
-        OP,
-        &SHADER,
-        OP,
-        &params,
-        &[("logits", logits), ("labels", labels), ("losses", losses)],
-        [s.m, 1, 1],
-    )?;
-    launch(
-        gpu,
-        enc,
-        OP,
-        &SHADER,
-        "cross_entropy_forward_total",
-        &params,
-        &[("losses", losses), ("loss", loss)],
-        [1, 1, 1],
-    )
+    let bindings = [("logits", logits), ("labels", labels), ("losses", losses)];
+    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, [s.m, 1, 1])
 }
 
-/// `dlogits = (softmax(logits) − q) / divisor`, the gradient of the loss `cross_entropy_forward`
-/// writes; `dlogits` is `[m, k]`, overwritten.
-#[allow(clippy::too_many_arguments)] // as cross_entropy_forward
+/// `dlogits = (softmax(logits) − q) / divisor`, the gradient of the step's loss (Σ ℓ_i / D, D the
+/// global batch); `dlogits` is `[m, k]`, overwritten.
+#[allow(clippy::too_many_arguments)] // the signature mirrors the math: shape, ε, D, the tensors
 pub fn cross_entropy_backward(
     gpu: &Gpu,
     enc: &mut Encoder,

@@ -2,12 +2,13 @@
 //! unit's BatchNorm (sums through the sync hook) and convolution, block by block in reverse.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::{
     block_name, bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result,
     BN_EPS,
 };
-use crate::gpu::Slice;
+use crate::gpu::{Encoder, Slice};
 use crate::kernels::conv2d::{self, Conv2dOp};
 use crate::kernels::{avgpool, batchnorm, cross_entropy, dense, elementwise, maxpool};
 
@@ -23,14 +24,56 @@ pub(super) struct UnitGrad<'a> {
     pub(super) input_grad: bool,
 }
 
+/// Examples of a per-example buffer as a kernel can bind them (see [`Replica::examples`]).
+pub(super) struct Examples {
+    buffer: wgpu::Buffer,
+    offset: u64,
+    len: u64,
+    /// Whether `buffer` is a scratch copy, given back by [`Replica::done_with`].
+    copied: bool,
+}
+
+impl Examples {
+    fn slice(&self) -> Slice<'_> {
+        Slice::new(&self.buffer, self.offset, self.len)
+    }
+}
+
 impl Replica {
-    /// The loss (returned in a one-element buffer), then its backward through fc and the
-    /// pool: returns the loss and the cotangent of the last block's output (scratch), where
-    /// the blocks' backward starts.
+    /// Examples `range` of `buffer`, which holds `per_example` elements for each: the buffer's
+    /// own range where its offset is one a storage binding may start at, else a copy of it into
+    /// scratch (recorded into `enc`). A whole buffer is always its own.
+    pub(super) fn examples(
+        &mut self,
+        enc: &mut Encoder,
+        buffer: &wgpu::Buffer,
+        per_example: u64,
+        range: &Range<u64>,
+    ) -> Result<Examples> {
+        let (offset, len) =
+            (range.start * per_example * 4, (range.end - range.start) * per_example);
+        let align = self.gpu.limits.min_storage_buffer_offset_alignment as u64;
+        if offset.is_multiple_of(align) {
+            return Ok(Examples { buffer: buffer.clone(), offset, len, copied: false });
+        }
+        let copy = self.scratch.take(&self.gpu, len)?;
+        enc.copy_buffer_to_buffer(buffer, offset, &copy, 0, len * 4);
+        Ok(Examples { buffer: copy, offset: 0, len, copied: true })
+    }
+
+    /// `examples` is no longer read by anything recorded later.
+    pub(super) fn done_with(&mut self, examples: Examples) {
+        if examples.copied {
+            self.scratch.give_back(&examples.buffer);
+        }
+    }
+
+    /// The per-example losses (returned), then the backward through fc and the pool: returns
+    /// the losses and the cotangent of the last block's output (scratch), where the blocks'
+    /// backward starts. fc's weight and bias gradients go into each piece's slab.
     pub(super) fn loss_backward<S>(
         &mut self,
         pass: &mut Pass<S>,
-        divisor: f32,
         feat: &wgpu::Buffer,
         logits: &wgpu::Buffer,
         d: Dims,
@@ -39,26 +82,16 @@ impl Replica {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
         let losses = self.act("losses", n as u64)?;
-        let loss = self.act("loss", 1)?;
         let (lg, lb, eps) = (Slice::whole(logits), Slice::whole(labels), pass.cfg.label_smoothing);
-        cross_entropy::cross_entropy_forward(
-            &self.gpu,
-            &mut pass.enc,
-            &cs,
-            eps,
-            divisor,
-            lg,
-            lb,
-            Slice::whole(&losses),
-            Slice::whole(&loss),
-        )?;
+        let ls = Slice::whole(&losses);
+        cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, eps, lg, lb, ls)?;
         let dlogits = self.act("logits.grad", (n * k) as u64)?;
         cross_entropy::cross_entropy_backward(
             &self.gpu,
             &mut pass.enc,
             &cs,
             eps,
-            divisor,
+            pass.divisor,
             lg,
             lb,
             Slice::whole(&dlogits),
@@ -75,15 +108,23 @@ impl Replica {
             self.param(fw),
             Slice::whole(&dfeat),
         )?;
-        dense::dense_backward_weight(
-            &self.gpu,
-            &mut pass.enc,
-            &ds,
-            dl,
-            Slice::whole(feat),
-            self.grad(fw),
-        )?;
-        dense::dense_backward_bias(&self.gpu, &mut pass.enc, &ds, dl, self.grad(fb))?;
+        for (piece, range) in pass.pieces.clone().iter().enumerate() {
+            let dl = self.examples(&mut pass.enc, &dlogits, k as u64, range)?;
+            let x = self.examples(&mut pass.enc, feat, c as u64, range)?;
+            let ds = dense::DenseShape { m: (range.end - range.start) as u32, ..ds };
+            let (gpu, enc) = (&self.gpu, &mut pass.enc);
+            dense::dense_backward_weight(
+                gpu,
+                enc,
+                &ds,
+                dl.slice(),
+                x.slice(),
+                self.grad(fw, piece),
+            )?;
+            dense::dense_backward_bias(gpu, enc, &ds, dl.slice(), self.grad(fb, piece))?;
+            self.done_with(dl);
+            self.done_with(x);
+        }
         let dx = self.scratch.take(&self.gpu, d.len())?;
         avgpool::global_avgpool_backward(
             &self.gpu,
@@ -92,7 +133,7 @@ impl Replica {
             Slice::whole(&dfeat),
             Slice::whole(&dx),
         )?;
-        Ok((loss, dx))
+        Ok((losses, dx))
     }
 
     /// The backward of `units` (in reverse layout order), each given the cotangent `dr` of the
@@ -114,7 +155,7 @@ impl Replica {
             self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
             let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
             let bs = bn_shape(out);
-            let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+            let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
             let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
             let local_rows = Slice::new(&rows, 0, bs.rows_len());
             batchnorm::bn_example_sums(
@@ -129,20 +170,27 @@ impl Replica {
                 Slice::whole(&stats),
                 local_rows,
             )?;
-            // dβ = Σdy and dγ = Σdy·x̂ over this replica's own examples (docs/design.md: they stay
-            // local until the gradient all-reduce); then Σdy, Σdy·x̂ over every replica's for dx.
+            // dβ = Σdy and dγ = Σdy·x̂ over each piece of this replica's own examples
+            // (docs/design.md: they stay local until the gradient all-reduce); then Σdy, Σdy·x̂
+            // over every replica's for dx.
             let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
-            batchnorm::bn_sum_examples(
-                &self.gpu,
-                &mut pass.enc,
-                &bs,
-                local_rows,
-                Slice::whole(&sums),
-            )?;
             let c4 = out.c as u64 * 4;
-            let (gb, gg) = (self.grad(bn.bias), self.grad(bn.weight));
-            pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
-            pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+            for (piece, range) in pass.pieces.clone().iter().enumerate() {
+                let piece_rows = self.examples(&mut pass.enc, &rows, 2 * out.c as u64, range)?;
+                let shape = batchnorm::BnShape { n: (range.end - range.start) as u32, ..bs };
+                let (gpu, enc) = (&self.gpu, &mut pass.enc);
+                batchnorm::bn_sum_examples(
+                    gpu,
+                    enc,
+                    &shape,
+                    piece_rows.slice(),
+                    Slice::whole(&sums),
+                )?;
+                let (gb, gg) = (self.grad(bn.bias, piece), self.grad(bn.weight, piece));
+                pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
+                pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+                self.done_with(piece_rows);
+            }
             read.push((y, stats, gate, rows, sums));
         }
         // Units go backward in reverse forward order, which is the layout's: every later unit's
@@ -150,6 +198,8 @@ impl Replica {
         let first = &pass.units[units[0].unit];
         let from = self.model.params[first.bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
+        // The sums just taken are the ones dx needs only where one piece holds the whole batch.
+        let summed_all = pass.pieces.len() == 1;
         let sites: Vec<BnRows> = units
             .iter()
             .zip(&read)
@@ -166,8 +216,8 @@ impl Replica {
             let (conv, bn, input, out, count) = (u.conv, u.bn, u.input, u.out, u.count);
             self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
             let bs = bn_shape(out);
-            let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
-            if global.n > bs.n {
+            let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+            if global.n > bs.n || !summed_all {
                 // Over every replica's rows; on one device those are the rows just summed.
                 batchnorm::bn_sum_examples(
                     &self.gpu,
@@ -193,14 +243,17 @@ impl Replica {
                 Slice::whole(&dy),
             )?;
             let shape = conv_shape(&conv, input);
-            conv2d::conv2d_backward_weight(
-                &self.gpu,
-                &mut pass.enc,
-                &shape,
-                Slice::whole(&dy),
-                Slice::whole(g.x),
-                self.grad(conv.weight),
-            )?;
+            let (dy_len, x_len) = (out.len() / out.n as u64, input.len() / input.n as u64);
+            for (piece, range) in pass.pieces.clone().iter().enumerate() {
+                let dyp = self.examples(&mut pass.enc, &dy, dy_len, range)?;
+                let xp = self.examples(&mut pass.enc, g.x, x_len, range)?;
+                let shape = conv2d::Conv2dShape { n: (range.end - range.start) as u32, ..shape };
+                let (gpu, enc) = (&self.gpu, &mut pass.enc);
+                let dw = self.grad(conv.weight, piece);
+                conv2d::conv2d_backward_weight(gpu, enc, &shape, dyp.slice(), xp.slice(), dw)?;
+                self.done_with(dyp);
+                self.done_with(xp);
+            }
             let dx = if g.input_grad {
                 let dx = self.scratch.take(&self.gpu, input.len())?;
                 match shape.crop() {

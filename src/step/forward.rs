@@ -124,7 +124,7 @@ impl Replica {
                 // The rows of every replica's examples: this device's first, then the hook's
                 // gather; merged, they are the statistics of the global batch.
                 let bs = bn_shape(out);
-                let global = batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bs };
+                let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
                 let r = self.act(&format!("{}.stats.rows", u.name), global.rows_len())?;
                 batchnorm::bn_example_stats(
                     &self.gpu,
@@ -166,7 +166,7 @@ impl Replica {
             let count = match &pass.eval {
                 None => {
                     let global =
-                        batchnorm::BnShape { n: pass.sync.replicas() * out.n, ..bn_shape(out) };
+                        batchnorm::BnShape { n: pass.sync.examples(out.n), ..bn_shape(out) };
                     batchnorm::bn_merge_examples(
                         &self.gpu,
                         &mut pass.enc,

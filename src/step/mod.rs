@@ -8,8 +8,10 @@
 //! statistics on the host submits what was recorded so far and continues in a new encoder.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
-use crate::collective::CollectiveError;
+use crate::canonical;
+use crate::collective::{CollectiveError, Pieces};
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
@@ -81,8 +83,8 @@ impl StepConfig {
 
 /// What a BatchNorm site does beyond this device. Statistics and backward sums are first taken
 /// per example (rows of C + C floats, see `kernels::batchnorm`) and only then reduced over the
-/// batch's rows on the device; a hook makes every replica's rows available, in replica order,
-/// so each replica reduces exactly the rows one device holding the global batch would.
+/// batch's rows on the device; a hook makes every replica's rows available, in the global
+/// batch's order, so each replica reduces exactly the rows one device holding it would.
 ///
 /// One call is one trip beyond the device, for every site whose rows are ready together: the
 /// first conv of a block with a downsample and the downsample read the same input, so their
@@ -91,14 +93,15 @@ impl StepConfig {
 /// sites, the fewest the dependencies allow.
 #[allow(async_fn_in_trait)]
 pub trait BnSync {
-    /// How many replicas' rows a site ends up with (1 on one device). All shards are equal.
-    fn replicas(&self) -> u32;
-    /// Each site's `rows` holds room for `replicas()·local` rows, this device's `local` rows of
-    /// per-example `[mean | M2]` first; fills it with every replica's rows in replica order, in
-    /// place.
+    /// How many examples' rows a site ends up with, for a device holding `local` examples: the
+    /// global batch's (`local` on one device).
+    fn examples(&self, local: u32) -> u32;
+    /// Each site's `rows` holds room for `examples(local)` rows, this device's `local` rows of
+    /// per-example `[mean | M2]` first; fills it with every replica's rows in the global
+    /// batch's order, in place.
     async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
     /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
-    /// gradient buffer that is final by now (recorded into `enc`, written by nothing later): from
+    /// gradient buffer's first piece that is final by now (and of its other pieces, `Pieces`) (recorded into `enc`, written by nothing later): from
     /// some offset to the end, growing from call to call, so a hook can start moving gradients
     /// while the backward goes on.
     async fn sums(
@@ -124,14 +127,37 @@ pub struct BnRows<'a> {
 pub struct LocalBn;
 
 impl BnSync for LocalBn {
-    fn replicas(&self) -> u32 {
-        1
+    fn examples(&self, local: u32) -> u32 {
+        local
     }
     async fn stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
         Ok(())
     }
     async fn sums(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>], _: Slice<'_>) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Which examples of which global batch a step's batch is: examples `start..start + len` of a
+/// global batch of `global` (a data-parallel replica's shard), or all of it (one device). The
+/// loss is divided by the global batch on every replica, and every sum over examples is taken
+/// in [`canonical`] pieces of it, so the replicas' results add up to the single device's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub start: u64,
+    pub global: u64,
+}
+
+impl Shard {
+    /// A batch of `len` examples that is the whole global batch: one device's step.
+    pub fn whole(len: usize) -> Shard {
+        Shard { start: 0, global: len as u64 }
+    }
+
+    /// The [`canonical::pieces`] of this shard's `len` examples, as ranges of them (from 0).
+    pub fn pieces(&self, len: u64) -> Vec<Range<u64>> {
+        let pieces = canonical::pieces(self.start..self.start + len, self.global);
+        pieces.into_iter().map(|p| p.start - self.start..p.end - self.start).collect()
     }
 }
 
@@ -142,12 +168,21 @@ pub struct StepOptions<'a> {
     pub impose: Option<&'a ActivationPattern>,
     /// Read this step's activation pattern back into [`StepOutput::pattern`].
     pub capture_pattern: bool,
+    /// Divide the loss by this device's own examples rather than the global batch's: only for
+    /// the sabotaged equivalence (`parallel::Sabotage::LocalDivisor`), which the gates must
+    /// catch.
+    pub local_divisor: bool,
 }
 
 /// What a forward/backward returns to the host (the gradients stay on the device).
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
+    /// The step's loss: this device's per-example losses summed in the canonical order and
+    /// divided by the global batch. For a data-parallel replica, `parallel::DataParallel` makes
+    /// it the global batch's, the same on every replica.
     pub loss: f32,
+    /// This device's examples' losses ℓ_i, undivided.
+    pub losses: Vec<f32>,
     pub logits: Vec<f32>,
     pub pattern: Option<ActivationPattern>,
 }
@@ -160,6 +195,9 @@ pub struct Replica {
     pub gpu: Gpu,
     pub model: ResNet34,
     pub params: wgpu::Buffer,
+    /// The gradient of each of this replica's [`Shard::pieces`], one flat gradient buffer (a
+    /// slab) each, [`Replica::slab_stride`] bytes apart. The first holds the step's gradient once
+    /// all-reduced (on one device, its only piece).
     pub grads: wgpu::Buffer,
     pub velocity: wgpu::Buffer,
     pub running: wgpu::Buffer,
@@ -246,6 +284,11 @@ struct Pass<'p, S> {
     /// Inference: BN normalises with these running statistics (the model's flat buffer
     /// layout) and updates nothing.
     eval: Option<Vec<f32>>,
+    /// The canonical pieces of this device's examples, as ranges of them: each sum over
+    /// examples is taken per piece, into that piece's gradient slab.
+    pieces: Vec<Range<u64>>,
+    /// What the loss is divided by: the global batch.
+    divisor: f32,
 }
 
 impl Replica {
@@ -304,9 +347,39 @@ impl Replica {
         Slice::new(&self.params, p.offset as u64 * 4, p.len() as u64)
     }
 
-    fn grad(&self, index: usize) -> Slice<'_> {
+    /// Parameter `index`'s gradient in the slab of piece `piece`.
+    fn grad(&self, index: usize, piece: usize) -> Slice<'_> {
         let p = &self.model.params[index];
-        Slice::new(&self.grads, p.offset as u64 * 4, p.len() as u64)
+        Slice::new(
+            &self.grads,
+            piece as u64 * self.slab_stride() + p.offset as u64 * 4,
+            p.len() as u64,
+        )
+    }
+
+    /// Bytes from one piece's gradient slab to the next: the flat layout's, aligned as every
+    /// device allows a storage binding to start.
+    pub fn slab_stride(&self) -> u64 {
+        (self.model.param_len as u64 * 4).next_multiple_of(256)
+    }
+
+    /// The first slab: the step's gradient, once all-reduced.
+    pub fn gradient(&self) -> Slice<'_> {
+        Slice::new(&self.grads, 0, self.model.param_len as u64)
+    }
+
+    /// Where the gradients of `count` pieces lie in [`Replica::grads`].
+    pub fn grad_pieces(&self, count: usize) -> Pieces {
+        Pieces { count: count as u64, stride: self.slab_stride() }
+    }
+
+    /// Makes room for `count` gradient slabs (the buffer grows, never shrinks).
+    fn grad_slabs(&mut self, count: usize) -> Result<()> {
+        let bytes = (count as u64 - 1) * self.slab_stride() + self.model.param_len as u64 * 4;
+        if self.grads.size() < bytes {
+            self.grads = self.gpu.buffer("grads", bytes / 4)?;
+        }
+        Ok(())
     }
 
     fn running_slice(&self, index: usize) -> Slice<'_> {
@@ -326,23 +399,32 @@ impl Replica {
         Ok(b)
     }
 
-    /// Forward, loss (divided by `divisor`) and backward for `batch`: leaves every parameter
-    /// gradient in `grads` and updates the running statistics.
+    /// Forward, loss (divided by the global batch) and backward for `batch`, examples `shard`
+    /// of the global batch: leaves the gradient of each of the shard's canonical pieces in its
+    /// slab of `grads` (one device: the gradient, in the first) and updates the running
+    /// statistics.
     pub async fn forward_backward(
         &mut self,
         batch: &Batch,
         cfg: &StepConfig,
-        divisor: f32,
+        shard: Shard,
         sync: &impl BnSync,
         opts: StepOptions<'_>,
     ) -> Result<StepOutput> {
         cfg.validate()?;
         batch.validate(self.model.classes)?;
         ResNet34::check_image_size(batch.h, batch.w)?;
-        if batch.is_empty() {
-            return Err(StepError::Invalid("empty batch".into()));
+        if batch.is_empty() || shard.start + batch.len() as u64 > shard.global {
+            let (n, Shard { start, global }) = (batch.len(), shard);
+            return Err(StepError::Invalid(format!(
+                "a batch of {n} examples cannot be examples {start}.. of a global batch of {global}"
+            )));
         }
+        self.model.check_training_batch(shard.global, batch.h, batch.w)?;
         let n = batch.len() as u32;
+        let pieces = shard.pieces(n as u64);
+        self.grad_slabs(pieces.len())?;
+        let divisor = if opts.local_divisor { n as f32 } else { shard.global as f32 };
         self.scratch.begin((n, batch.h, batch.w));
         let input = self.act("input", batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
@@ -358,6 +440,8 @@ impl Replica {
             impose: opts.impose,
             pool_argmax: "pool.argmax",
             eval: None,
+            pieces,
+            divisor,
         };
         if let Some(p) = opts.impose {
             self.upload_pattern(p)?;
@@ -365,17 +449,18 @@ impl Replica {
         let x = Dims { n, c: 3, h: batch.h, w: batch.w };
         let (out, dims) = self.forward(&mut pass, x).await?;
         let (feat, logits) = self.head_forward(&mut pass, &out, dims)?;
-        let (loss, dout) = self.loss_backward(&mut pass, divisor, &feat, &logits, dims, &labels)?;
+        let (losses, dout) = self.loss_backward(&mut pass, &feat, &logits, dims, &labels)?;
         self.backward(&mut pass, dout).await?;
 
         let mut enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
-        let read = self.gpu.record_read(&mut enc, &[Slice::whole(&loss), Slice::whole(&logits)]);
+        let read = self.gpu.record_read(&mut enc, &[Slice::whole(&losses), Slice::whole(&logits)]);
         self.gpu.submit(enc).await?;
         let mut logits = read.read::<f32>(&self.gpu).await?;
-        let loss = logits.remove(0);
+        let losses: Vec<f32> = logits.drain(..n as usize).collect();
+        let loss = canonical::sum(&losses) / pass.divisor;
         let pattern =
             if opts.capture_pattern { Some(self.read_pattern(&pass).await?) } else { None };
-        Ok(StepOutput { loss, logits, pattern })
+        Ok(StepOutput { loss, losses, logits, pattern })
     }
 
     /// Inference: the logits of `batch` with BatchNorm in eval mode (running statistics).
@@ -400,6 +485,8 @@ impl Replica {
             impose: None,
             pool_argmax: "pool.argmax",
             eval: Some(running),
+            pieces: Vec::new(),
+            divisor: 1.0,
         };
         let x = Dims { n: batch.len() as u32, c: 3, h: batch.h, w: batch.w };
         let (out, dims) = self.forward(&mut pass, x).await?;
@@ -420,7 +507,7 @@ impl Replica {
             &mut enc,
             &p,
             Slice::whole(&self.params),
-            Slice::whole(&self.grads),
+            self.gradient(),
             Slice::whole(&self.velocity),
         )?;
         self.gpu.submit(enc).await?;
@@ -432,7 +519,7 @@ impl Replica {
     }
 
     pub async fn read_grads(&self) -> Result<Vec<f32>> {
-        Ok(self.gpu.read_f32(Slice::whole(&self.grads)).await?)
+        Ok(self.gpu.read_f32(self.gradient()).await?)
     }
 
     pub async fn read_velocity(&self) -> Result<Vec<f32>> {

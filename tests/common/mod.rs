@@ -133,8 +133,32 @@ pub fn pairwise_counts() -> [u32; 3] {
 /// A batch size that needs the largest pairwise stack, 32 levels.
 pub const PAIRWISE_LARGEST: u32 = 65537;
 
+/// A batch of `batch` examples over `replicas` replicas as data-parallel training sums it: each
+/// replica's canonical pieces summed alone by `piece_sum` (a kernel run on those examples), then
+/// added along the canonical plan. For any shards this must be the whole batch's sum, bitwise.
+pub fn summed_in_pieces(
+    batch: usize,
+    replicas: usize,
+    piece_sum: impl Fn(std::ops::Range<usize>) -> Vec<f32>,
+) -> Vec<f32> {
+    use syncstep::canonical::{pieces, shards, Plan};
+    let ranges = shards(batch as u64, replicas as u64);
+    let plan = Plan::new(&ranges, batch as u64);
+    let sums: Vec<Vec<Vec<f32>>> = ranges
+        .iter()
+        .map(|r| {
+            let p = pieces(r.clone(), batch as u64);
+            p.into_iter().map(|p| piece_sum(p.start as usize..p.end as usize)).collect()
+        })
+        .collect();
+    let leaves: Vec<&[f32]> = plan.leaves.iter().map(|&(r, p)| sums[r][p].as_slice()).collect();
+    syncstep::collective::reduce(&leaves, &plan, syncstep::collective::ReduceOp::Sum)
+}
+
 /// `parts` summed element-wise in the kernels' pairwise order over examples, on the host: the
 /// all-reduce's order over replicas, which is the same binary counter.
 pub fn pairwise_sum(parts: Vec<Vec<f32>>) -> Vec<f32> {
-    syncstep::collective::reduce(parts, syncstep::collective::ReduceOp::Sum)
+    let leaves: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let plan = syncstep::canonical::Plan::one_piece_each(parts.len());
+    syncstep::collective::reduce(&leaves, &plan, syncstep::collective::ReduceOp::Sum)
 }
