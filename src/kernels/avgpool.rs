@@ -3,7 +3,7 @@
 use super::{expect_len, expect_positive, launch, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader =
+pub(crate) const SHADER: Shader =
     Shader { name: "avgpool", source: include_str!("../../shaders/avgpool.wgsl") };
 const WG: u32 = 256;
 

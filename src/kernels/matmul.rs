@@ -13,7 +13,7 @@ use super::{expect_len, expect_positive, launch, with_subgroup_index, KernelErro
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
-const SHADER: Shader = Shader { name: "matmul", source: SOURCE };
+pub(crate) const SHADER: Shader = Shader { name: "matmul", source: SOURCE };
 const WG: u32 = 64;
 
 /// `C [m, n] = A [m, k] · B [k, n]`.

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-const SHADER: Shader =
+pub(crate) const SHADER: Shader =
     Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
 const WG: u32 = 256;
 

@@ -17,6 +17,23 @@ pub mod matmul;
 pub mod maxpool;
 pub mod sgd;
 
+/// Every shader as the launchers compile it (prelude and files joined), before any variant is
+/// made from it: what the shader tests validate without a device.
+pub fn base_shaders() -> [Shader; 10] {
+    [
+        avgpool::SHADER,
+        batchnorm::SHADER,
+        conv2d::SHADER,
+        conv2d::TILES,
+        cross_entropy::SHADER,
+        dense::SHADER,
+        elementwise::SHADER,
+        matmul::SHADER,
+        maxpool::SHADER,
+        sgd::SHADER,
+    ]
+}
+
 /// A launch that was refused before anything was recorded, or that the device refused.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {

@@ -46,6 +46,7 @@ pub use shape::Conv2dShape;
 pub use tune::{candidates, conv2d_algo};
 
 use shape::{checked, tile_count, Params};
+pub(crate) use tiles::TILES;
 
 /// The base module: every kernel but the register-tiled GEMMs (`tiles` makes those).
 pub(crate) const SHADER: Shader = Shader {

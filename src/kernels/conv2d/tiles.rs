@@ -9,7 +9,7 @@ use crate::gpu::Shader;
 use crate::kernels::{replaced, shader_source, specialise, with_subgroup_index};
 
 /// The frame every tile's module is made from.
-pub(super) const TILES: Shader = Shader {
+pub(crate) const TILES: Shader = Shader {
     name: "conv2d_tiles",
     source: shader_source!("conv2d/common.wgsl", "conv2d/gemm.wgsl", "conv2d/gemm_tiles.wgsl"),
 };
