@@ -67,7 +67,7 @@ fn parallel(c: &mut Criterion) {
         Err(e) => return eprintln!("parallel benchmarks skipped: {e}"),
     };
     println!("adapter: {}", syncstep::gpu::describe(&single.gpu.info));
-    let batch = synthetic_batch(0, 0, REPLICAS * PER_REPLICA, 32, 32, 10);
+    let batch = synthetic_batch(0, 0, REPLICAS * PER_REPLICA, 32, 32, 10).unwrap();
     let cfg = StepConfig::default();
     let mut single_step = || {
         pollster::block_on(single.forward_backward(

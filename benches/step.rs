@@ -24,7 +24,7 @@ fn step_bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(20));
     for (n, size) in [(8usize, 32u32), (16, 64)] {
-        let batch = synthetic_batch(0, 0, n, size, size, 10);
+        let batch = synthetic_batch(0, 0, n, size, size, 10).unwrap();
         let flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * n as f64;
         let mut one_step = || {
             pollster::block_on(async {

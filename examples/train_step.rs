@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (params, running) = (model.init_params(0), model.init_buffers());
     let cfg = StepConfig::default();
     // 8 images of 32×32 from the embedded synthetic dataset (seed 0, from example 0).
-    let batch = synthetic_batch(0, 0, 8, 32, 32, model.classes);
+    let batch = synthetic_batch(0, 0, 8, 32, 32, model.classes)?;
 
     // One device: forward, loss (divided by the batch size), backward, then SGD.
     let gpu = pollster::block_on(Gpu::new(&choice))?;

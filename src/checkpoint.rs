@@ -1,7 +1,11 @@
 //! Weights and checkpoints as safetensors with torchvision's `state_dict` names: parameters,
 //! BN running statistics, and (checkpoints only) SGD momentum under `momentum/<name>`, plus
-//! the run's position in the string metadata. Converts between files and the model's flat
-//! layout; nothing here touches a GPU.
+//! the run's settings and position in the string metadata. Converts between files and the
+//! model's flat layout; nothing here touches a GPU.
+//!
+//! A checkpoint is self-checking: its header holds the SHA-256 of its tensors (see
+//! `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`]: none is defaulted), and
+//! its format; only finite values are ever saved.
 
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
@@ -18,18 +22,36 @@ pub enum CheckpointError {
     File(#[from] TensorFileError),
     #[error("{path}: tensor `{name}` holds a non-finite value at element {index}")]
     NonFinite { path: String, name: String, index: usize },
-    #[error(
-        "{path}: metadata `{key}` is missing or not a number; this is not a syncstep checkpoint"
-    )]
-    Metadata { path: String, key: String },
+    #[error("{path}: metadata `{key}` {problem}")]
+    Metadata { path: String, key: String, problem: String },
+    #[error("not saved: tensor `{name}` holds a non-finite value at element {index} (the run diverged); the last good checkpoint is kept")]
+    NotFinite { name: String, index: usize },
 }
 
+/// The checkpoint format this build writes and reads.
+pub const FORMAT: &str = "syncstep-checkpoint-2";
+
+/// The settings every checkpoint records and a resume reads back, none defaulted: the data
+/// (batch, image size, classes, seed) and the step's hyper-parameters.
+pub const REQUIRED_SETTINGS: [&str; 9] = [
+    "batch",
+    "image_size",
+    "classes",
+    "seed",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "label_smoothing",
+    "bn_momentum",
+];
+
 /// Flat parameters and running statistics from a file of torchvision names (f32 or f64).
-/// Every parameter must be present with its exact shape; running statistics are optional and
-/// default to mean 0, variance 1. Other keys are ignored.
+/// Every parameter must be present with its exact shape; running statistics are optional
+/// (defaulting to mean 0, variance 1) unless `running_required`. Other keys are ignored.
 pub fn load_weights(
     file: &TensorFile,
     model: &ResNet34,
+    running_required: bool,
 ) -> Result<(Vec<f32>, Vec<f32>), CheckpointError> {
     let mut params = vec![0.0f32; model.param_len];
     for spec in &model.params {
@@ -38,7 +60,12 @@ pub fn load_weights(
     }
     let mut running = model.init_buffers();
     for spec in &model.buffers {
-        if let Some(t) = file.optional(&spec.name, &spec.shape)? {
+        let t = if running_required {
+            Some(file.require(&spec.name, &spec.shape)?)
+        } else {
+            file.optional(&spec.name, &spec.shape)?
+        };
+        if let Some(t) = t {
             copy_finite(file, &spec.name, &t.values, &mut running[spec.range()])?;
         }
     }
@@ -90,15 +117,21 @@ fn entries<'a>(
 }
 
 /// Writes a checkpoint atomically: an interrupted or failed save leaves the old file intact.
-/// Native only (a browser has no file system).
+/// A checkpoint with a non-finite value is not written (the old one stays). Native only (a
+/// browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), CheckpointError> {
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
     all.extend(entries("momentum/", &model.params, &ck.velocity));
+    for (name, _, values) in &all {
+        if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+            return Err(CheckpointError::NotFinite { name: name.clone(), index });
+        }
+    }
     let mut meta = ck.settings.clone();
     meta.insert("step".into(), ck.step.to_string());
-    meta.insert("format".into(), "syncstep-checkpoint-1".into());
+    meta.insert("format".into(), FORMAT.into());
     Ok(write_f32(path, &all, &meta)?)
 }
 
@@ -106,19 +139,44 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError> {
     let file = TensorFile::read(path)?;
-    let (params, running) = load_weights(&file, model)?;
+    let meta = |key: &str, problem: &str| CheckpointError::Metadata {
+        path: path.display().to_string(),
+        key: key.into(),
+        problem: problem.into(),
+    };
+    match file.metadata.get("format").map(String::as_str) {
+        Some(FORMAT) => {}
+        Some(other) => return Err(meta("format", &format!("is {other:?}; this build resumes {FORMAT:?} (write a new checkpoint with this build)"))),
+        None => return Err(meta("format", "is missing: this is not a syncstep checkpoint")),
+    }
+    if !file.metadata.contains_key(crate::tensorfile::CHECKSUM_KEY) {
+        return Err(meta(
+            crate::tensorfile::CHECKSUM_KEY,
+            "is missing: the file cannot be checked",
+        ));
+    }
+    for key in REQUIRED_SETTINGS {
+        if !file.metadata.contains_key(key) {
+            return Err(meta(key, "is missing: a resume defaults nothing"));
+        }
+    }
+    let (params, running) = load_weights(&file, model, true)?;
     let mut velocity = vec![0.0f32; model.param_len];
     for spec in &model.params {
         let name = format!("momentum/{}", spec.name);
         let t = file.require(&name, &spec.shape)?;
         copy_finite(&file, &name, &t.values, &mut velocity[spec.range()])?;
     }
-    let step = file.metadata.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| {
-        CheckpointError::Metadata { path: path.display().to_string(), key: "step".into() }
-    })?;
+    let step = file
+        .metadata
+        .get("step")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s < 1 << 53)
+        .ok_or_else(|| meta("step", "is missing or not a step count"))?;
     let mut settings = file.metadata.clone();
     settings.remove("step");
     settings.remove("format");
+    settings.remove(crate::tensorfile::CHECKSUM_KEY);
     Ok(Checkpoint { params, running, velocity, step, settings })
 }
 
@@ -126,28 +184,70 @@ pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError
 mod tests {
     use super::*;
 
-    #[test]
-    fn checkpoint_round_trips_exactly() {
-        let model = ResNet34::new(10).unwrap();
+    fn settings() -> BTreeMap<String, String> {
+        REQUIRED_SETTINGS.iter().map(|k| (k.to_string(), "7".to_string())).collect()
+    }
+
+    fn checkpoint(model: &ResNet34) -> Checkpoint {
         let params = model.init_params(5);
         let mut running = model.init_buffers();
         running[3] = 0.25;
         let velocity: Vec<f32> = params.iter().map(|p| p * 0.5).collect();
-        let ck = Checkpoint {
-            params,
-            running,
-            velocity,
-            step: 42,
-            settings: BTreeMap::from([("seed".into(), "7".into())]),
-        };
-        let dir = std::env::temp_dir().join(format!("syncstep-ck-{}", std::process::id()));
+        Checkpoint { params, running, velocity, step: 42, settings: settings() }
+    }
+
+    fn dir(test: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("syncstep-ck-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn checkpoint_round_trips_exactly() {
+        let model = ResNet34::new(10).unwrap();
+        let ck = checkpoint(&model);
+        let dir = dir("round-trip");
         let path = dir.join("ck.safetensors");
         save(&path, &model, &ck).unwrap();
         assert_eq!(load(&path, &model).unwrap(), ck);
         // A file of another model (7 classes) is refused, naming the tensor.
         let e = load(&path, &ResNet34::new(7).unwrap()).unwrap_err().to_string();
         assert!(e.contains("fc.weight") && e.contains("[10, 512]"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Nothing a resume needs is defaulted, and a diverged state is never saved.
+    #[test]
+    fn a_checkpoint_missing_anything_or_not_finite_is_refused() {
+        let model = ResNet34::new(10).unwrap();
+        let dir = dir("refused");
+        let path = dir.join("ck.safetensors");
+        let good = checkpoint(&model);
+        for key in REQUIRED_SETTINGS {
+            let mut ck = good.clone();
+            ck.settings.remove(key);
+            save(&path, &model, &ck).unwrap();
+            let e = load(&path, &model).unwrap_err().to_string();
+            assert!(e.contains(&format!("metadata `{key}` is missing")), "{e}");
+        }
+        // The running statistics too (weights for `grad` may leave them out).
+        let mut all = entries("", &model.params, &good.params);
+        all.extend(entries("momentum/", &model.params, &good.velocity));
+        let mut meta = good.settings.clone();
+        meta.extend([
+            ("step".to_string(), "1".to_string()),
+            ("format".to_string(), FORMAT.to_string()),
+        ]);
+        write_f32(&path, &all, &meta).unwrap();
+        let e = load(&path, &model).unwrap_err().to_string();
+        assert!(e.contains("missing tensor `bn1.running_mean`"), "{e}");
+        // A NaN is not saved, and the file there stays.
+        save(&path, &model, &good).unwrap();
+        let mut bad = good.clone();
+        bad.velocity[7] = f32::NAN;
+        let e = save(&path, &model, &bad).unwrap_err().to_string();
+        assert!(e.contains("non-finite") && e.contains("momentum/conv1.weight"), "{e}");
+        assert_eq!(load(&path, &model).unwrap(), good);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

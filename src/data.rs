@@ -19,6 +19,8 @@ pub enum DataError {
     NonFinite { index: usize, example: usize, value: f32 },
     #[error("input has {got} values but {m} images of 3×{h}×{w} need {expected}")]
     Shape { got: usize, m: usize, h: u32, w: u32, expected: usize },
+    #[error(transparent)]
+    HostMemory(#[from] crate::host::OutOfMemory),
 }
 
 /// Images in NCHW ([m, 3, h, w], f32) and their labels.
@@ -127,15 +129,23 @@ pub fn shard_ranges(batch: usize, replicas: usize) -> Result<Vec<Range<usize>>, 
 
 /// `m` images of the synthetic dataset starting at example `start`. Example i depends only on
 /// (seed, i), so batches, shards and resumed runs see the same images.
-pub fn synthetic_batch(seed: u64, start: u64, m: usize, h: u32, w: u32, classes: u32) -> Batch {
-    let mut images = Vec::with_capacity(m * 3 * (h * w) as usize);
-    let mut labels = Vec::with_capacity(m);
+pub fn synthetic_batch(
+    seed: u64,
+    start: u64,
+    m: usize,
+    h: u32,
+    w: u32,
+    classes: u32,
+) -> Result<Batch, DataError> {
+    let values = (m as u128 * 3 * h as u128 * w as u128).try_into().unwrap_or(usize::MAX);
+    let mut images = crate::host::vec_with_capacity(values, "the batch's images")?;
+    let mut labels = crate::host::vec_with_capacity(m, "the batch's labels")?;
     for i in 0..m as u64 {
         let (img, label) = synthetic_image(seed, start + i, h, w, classes);
         images.extend(img);
         labels.push(label);
     }
-    Batch { images, labels, h, w }
+    Ok(Batch { images, labels, h, w })
 }
 
 /// One image [3, h, w] and its label: a pattern (the class) in a random colour at a random
@@ -161,7 +171,7 @@ pub fn synthetic_image(seed: u64, index: u64, h: u32, w: u32, classes: u32) -> (
     let cx = w as f32 * rng.random_range(0.35..0.65);
     let period = size * rng.random_range(0.12..0.22);
     let noise = 0.25;
-    let mut img = vec![0.0f32; 3 * (h * w) as usize];
+    let mut img = vec![0.0f32; 3 * h as usize * w as usize];
     for y in 0..h {
         for x in 0..w {
             let (dy, dx) = (y as f32 + 0.5 - cy, x as f32 + 0.5 - cx);
@@ -198,10 +208,10 @@ mod tests {
 
     #[test]
     fn images_are_seeded_and_independent_of_batching() {
-        let a = synthetic_batch(3, 0, 6, 32, 32, 10);
-        assert_eq!(a, synthetic_batch(3, 0, 6, 32, 32, 10));
-        assert_ne!(a.images, synthetic_batch(4, 0, 6, 32, 32, 10).images);
-        let tail = synthetic_batch(3, 2, 4, 32, 32, 10);
+        let a = synthetic_batch(3, 0, 6, 32, 32, 10).unwrap();
+        assert_eq!(a, synthetic_batch(3, 0, 6, 32, 32, 10).unwrap());
+        assert_ne!(a.images, synthetic_batch(4, 0, 6, 32, 32, 10).unwrap().images);
+        let tail = synthetic_batch(3, 2, 4, 32, 32, 10).unwrap();
         assert_eq!(a.slice(2..6), tail);
         assert_eq!(&a.images[2 * 3 * 1024..], &tail.images[..]);
         assert!(a.labels.iter().all(|&l| l < 10));
@@ -210,7 +220,7 @@ mod tests {
 
     #[test]
     fn all_classes_appear_and_pixels_are_normalised() {
-        let b = synthetic_batch(0, 0, 200, 32, 32, 10);
+        let b = synthetic_batch(0, 0, 200, 32, 32, 10).unwrap();
         for k in 0..10 {
             assert!(b.labels.contains(&k), "class {k} missing");
         }
@@ -222,7 +232,7 @@ mod tests {
 
     #[test]
     fn shards_are_contiguous_and_concatenate_back() {
-        let b = synthetic_batch(1, 0, 8, 32, 32, 10);
+        let b = synthetic_batch(1, 0, 8, 32, 32, 10).unwrap();
         for replicas in 1..=8 {
             let shards = b.shards(replicas).unwrap();
             assert_eq!(Batch::concat(&shards), b);
@@ -239,7 +249,7 @@ mod tests {
 
     #[test]
     fn validate_names_the_bad_example() {
-        let mut b = synthetic_batch(1, 0, 4, 32, 32, 10);
+        let mut b = synthetic_batch(1, 0, 4, 32, 32, 10).unwrap();
         b.labels[2] = 10;
         let e = b.validate(10).unwrap_err().to_string();
         assert!(e.contains("label 10 of example 2") && e.contains("10 classes"), "{e}");

@@ -12,8 +12,11 @@ pub mod checkpoint;
 pub mod collective;
 pub mod compare;
 pub mod data;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod files;
 pub mod golden;
 pub mod gpu;
+pub mod host;
 pub mod kernels;
 pub mod model;
 pub mod parallel;

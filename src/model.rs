@@ -240,6 +240,20 @@ impl ResNet34 {
         Ok(())
     }
 
+    /// Elements of the largest activation a training step of `batch` images of `h`×`w` keeps
+    /// (a convolution's input or output), in 64 bits; None past u64.
+    pub fn largest_activation(&self, batch: u64, h: u32, w: u32) -> Option<u64> {
+        let mut largest = batch.checked_mul(3)?.checked_mul(h as u64)?.checked_mul(w as u64)?;
+        for i in self.conv_inputs(h, w) {
+            let (oh, ow) = (i.conv.out_size(i.h) as u64, i.conv.out_size(i.w) as u64);
+            let input =
+                batch.checked_mul(i.conv.c_in as u64)?.checked_mul(i.h as u64 * i.w as u64)?;
+            let output = batch.checked_mul(i.conv.c_out as u64)?.checked_mul(oh * ow)?;
+            largest = largest.max(input).max(output);
+        }
+        Some(largest)
+    }
+
     /// All BatchNorm sites in forward order (stem, then per block bn1, bn2, downsample).
     pub fn batchnorms(&self) -> Vec<BatchNorm> {
         let mut v = vec![self.stem_bn];

@@ -1,6 +1,8 @@
 //! safetensors files: reading weights, batches and checkpoints (any float or integer dtype,
-//! converted on the way in) and writing f32 tensors atomically (temp file + rename, so a
-//! failed write never leaves a half-written file where a good one was).
+//! converted on the way in) and writing f32 tensors atomically (`files::write_atomic`: a failed
+//! write never leaves a half-written file where a good one was). Files syncstep writes carry
+//! the SHA-256 of their tensor data in the header (`sha256`); a reader checks it, so a flipped
+//! bit is an error, not a different model.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,19 @@ pub enum TensorFileError {
     Missing { path: PathBuf, name: String },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
     Shape { path: PathBuf, name: String, got: Vec<usize>, expected: Vec<usize> },
+    #[error("{path}: its tensor data does not match the SHA-256 its header records: the file is corrupt (a flipped bit, a bad copy); use another copy")]
+    Checksum { path: PathBuf },
+}
+
+/// The header key of the tensor data's SHA-256 (hex).
+pub const CHECKSUM_KEY: &str = "sha256";
+
+/// The SHA-256 of a safetensors file's tensor data (what follows the header), in hex.
+fn data_checksum(bytes: &[u8]) -> Option<String> {
+    use sha2::Digest;
+    let header = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let data = bytes.get(8usize.checked_add(usize::try_from(header).ok()?)?..)?;
+    Some(sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// One tensor as read: its shape, its values widened to f64 (exact for f32 and for integers
@@ -53,10 +68,19 @@ impl TensorFile {
             .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
         let (_, header) = SafeTensors::read_metadata(bytes)
             .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
-        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+        let metadata: BTreeMap<String, String> =
+            header.metadata().clone().unwrap_or_default().into_iter().collect();
+        if let Some(want) = metadata.get(CHECKSUM_KEY) {
+            if data_checksum(bytes).as_deref() != Some(want.as_str()) {
+                return Err(TensorFileError::Checksum { path: path.into() });
+            }
+        }
         let mut tensors = BTreeMap::new();
         for (name, view) in st.iter() {
-            let (values, integer) = decode(&view).ok_or_else(|| TensorFileError::Dtype {
+            let len = view.shape().iter().product();
+            let mut values = crate::host::vec_with_capacity(len, "reading a tensor file")
+                .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+            let integer = decode(&view, &mut values).ok_or_else(|| TensorFileError::Dtype {
                 path: path.into(),
                 name: name.into(),
                 dtype: view.dtype(),
@@ -106,27 +130,29 @@ impl TensorFile {
     }
 }
 
-fn decode(view: &TensorView) -> Option<(Vec<f64>, bool)> {
+/// Appends the tensor's values, widened to f64, to `out`; whether it is an integer type, or
+/// `None` for a dtype syncstep does not read.
+fn decode(view: &TensorView, out: &mut Vec<f64>) -> Option<bool> {
     let d = view.data();
-    fn le<const N: usize, T>(d: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-        d.chunks_exact(N).map(|c| f(c.try_into().unwrap())).collect()
-    }
-    Some(match view.dtype() {
-        Dtype::F64 => (le(d, f64::from_le_bytes), false),
-        Dtype::F32 => (le(d, |b| f32::from_le_bytes(b) as f64), false),
-        Dtype::F16 => (le(d, |b| f16_to_f32(u16::from_le_bytes(b)) as f64), false),
-        Dtype::BF16 => {
-            (le(d, |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64), false)
-        }
-        Dtype::I64 => (le(d, |b| i64::from_le_bytes(b) as f64), true),
-        Dtype::I32 => (le(d, |b| i32::from_le_bytes(b) as f64), true),
-        Dtype::I16 => (le(d, |b| i16::from_le_bytes(b) as f64), true),
-        Dtype::I8 => (d.iter().map(|&b| b as i8 as f64).collect(), true),
-        Dtype::U8 => (d.iter().map(|&b| b as f64).collect(), true),
-        Dtype::U32 => (le(d, |b| u32::from_le_bytes(b) as f64), true),
-        Dtype::U64 => (le(d, |b| u64::from_le_bytes(b) as f64), true),
+    let mut le = |f: &dyn Fn(&[u8]) -> f64, size: usize| out.extend(d.chunks_exact(size).map(f));
+    let b = |c: &[u8]| -> [u8; 2] { c.try_into().unwrap() };
+    let w = |c: &[u8]| -> [u8; 4] { c.try_into().unwrap() };
+    let q = |c: &[u8]| -> [u8; 8] { c.try_into().unwrap() };
+    match view.dtype() {
+        Dtype::F64 => le(&|c| f64::from_le_bytes(q(c)), 8),
+        Dtype::F32 => le(&|c| f32::from_le_bytes(w(c)) as f64, 4),
+        Dtype::F16 => le(&|c| f16_to_f32(u16::from_le_bytes(b(c))) as f64, 2),
+        Dtype::BF16 => le(&|c| f32::from_bits((u16::from_le_bytes(b(c)) as u32) << 16) as f64, 2),
+        Dtype::I64 => le(&|c| i64::from_le_bytes(q(c)) as f64, 8),
+        Dtype::I32 => le(&|c| i32::from_le_bytes(w(c)) as f64, 4),
+        Dtype::I16 => le(&|c| i16::from_le_bytes(b(c)) as f64, 2),
+        Dtype::I8 => le(&|c| c[0] as i8 as f64, 1),
+        Dtype::U8 => le(&|c| c[0] as f64, 1),
+        Dtype::U32 => le(&|c| u32::from_le_bytes(w(c)) as f64, 4),
+        Dtype::U64 => le(&|c| u64::from_le_bytes(q(c)) as f64, 8),
         _ => return None,
-    })
+    }
+    Some(!matches!(view.dtype(), Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16))
 }
 
 fn f16_to_f32(h: u16) -> f32 {
@@ -148,47 +174,37 @@ fn f16_to_f32(h: u16) -> f32 {
 /// f32 tensors to write: name, shape, values.
 pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
 
-/// Writes `entries` as f32 safetensors (with `metadata` in the header) to `path` atomically:
-/// a temp file beside it, then rename. Native only (a browser has no file system).
+/// Writes `entries` as f32 safetensors (with `metadata` in the header, and the data's SHA-256)
+/// to `path` atomically. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_f32(
     path: &Path,
     entries: &[Entry],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), TensorFileError> {
-    let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
-    let views = entries
-        .iter()
-        .map(|(n, shape, v)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(v))
-                .map(|view| (n.clone(), view))
-                .map_err(|e| TensorFileError::Io {
-                    path: path.into(),
-                    message: format!("tensor `{n}`: {e}"),
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    let bytes = safetensors::tensor::serialize(views, info)
-        .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
-    let file_name = path.file_name().ok_or_else(|| TensorFileError::Io {
-        path: path.into(),
-        message: "not a file path".into(),
-    })?;
-    let tmp =
-        path.with_file_name(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+    let serialize = |metadata: &BTreeMap<String, String>| {
+        let views = entries
+            .iter()
+            .map(|(n, shape, v)| {
+                TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(v))
+                    .map(|view| (n.clone(), view))
+                    .map_err(|e| TensorFileError::Io {
+                        path: path.into(),
+                        message: format!("tensor `{n}`: {e}"),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+        safetensors::tensor::serialize(views, info)
+            .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
     };
-    write()
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .map_err(io)
+    // The data does not depend on the header: serialise once to hash it, once with the hash.
+    let mut metadata = metadata.clone();
+    let checksum = data_checksum(&serialize(&metadata)?).expect("a serialised file has a header");
+    metadata.insert(CHECKSUM_KEY.into(), checksum);
+    let bytes = serialize(&metadata)?;
+    crate::files::write_atomic(path, &bytes)
+        .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
 }
 
 #[cfg(test)]
@@ -204,7 +220,8 @@ mod tests {
         let meta = BTreeMap::from([("step".to_string(), "3".to_string())]);
         write_f32(&path, &[("w".into(), vec![2, 2], &v)], &meta).unwrap();
         let f = TensorFile::read(&path).unwrap();
-        assert_eq!(f.metadata, meta);
+        assert_eq!(f.metadata.get("step"), meta.get("step"));
+        assert_eq!(f.metadata.get(CHECKSUM_KEY).map(String::len), Some(64));
         assert_eq!(f.require("w", &[2, 2]).unwrap().values, vec![1.0, -2.5, 3.25, 4.0]);
         let e = f.require("w", &[4]).unwrap_err().to_string();
         assert!(e.contains("`w` has shape [2, 2], expected [4]"), "{e}");
@@ -212,6 +229,11 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         let e = TensorFile::from_bytes(&path, &bytes[..bytes.len() - 3]).unwrap_err().to_string();
         assert!(e.contains("truncated or corrupt"), "{e}");
+        // One flipped bit in the data: the checksum says so.
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 0x10;
+        let e = TensorFile::from_bytes(&path, &flipped).unwrap_err().to_string();
+        assert!(e.contains("does not match the SHA-256"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

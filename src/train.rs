@@ -33,13 +33,21 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The settings a checkpoint records, so a resume can insist on the same data.
+    /// The settings a checkpoint records (`checkpoint::REQUIRED_SETTINGS`), so that a resume
+    /// can insist on the same run: the data, and the step's hyper-parameters (f32s written so
+    /// that they read back exactly).
     pub fn settings(&self) -> BTreeMap<String, String> {
+        let s = &self.step;
         BTreeMap::from([
             ("batch".into(), self.batch.to_string()),
             ("image_size".into(), self.image_size.to_string()),
             ("classes".into(), self.classes.to_string()),
             ("seed".into(), self.seed.to_string()),
+            ("lr".into(), s.lr.to_string()),
+            ("momentum".into(), s.momentum.to_string()),
+            ("weight_decay".into(), s.weight_decay.to_string()),
+            ("label_smoothing".into(), s.label_smoothing.to_string()),
+            ("bn_momentum".into(), s.bn_momentum.to_string()),
         ])
     }
 }
@@ -95,6 +103,21 @@ impl Trainer {
         }
         ResNet34::check_image_size(cfg.image_size, cfg.image_size).map_err(invalid)?;
         let model = ResNet34::new(cfg.classes).map_err(invalid)?;
+        model
+            .check_training_batch(cfg.batch as u64, cfg.image_size, cfg.image_size)
+            .map_err(invalid)?;
+        // The largest shard on each replica's device; evaluation runs batches of the same size.
+        let shard = cfg.batch.div_ceil(gpus.len()) as u64;
+        for gpu in &gpus {
+            crate::step::check_batch_fits(
+                &model,
+                shard.max(1),
+                cfg.image_size,
+                cfg.image_size,
+                &gpu.limits,
+            )
+            .map_err(invalid)?;
+        }
         let (replicas, step) = match resume {
             Some(ck) => {
                 let dp = DataParallel::from_gpus(gpus, &model, &ck.params, &ck.running)?;
@@ -119,36 +142,39 @@ impl Trainer {
     }
 
     /// The training batch of step `s`.
-    pub fn batch_of_step(&self, s: u64) -> Batch {
+    pub fn batch_of_step(&self, s: u64) -> Result<Batch, DataError> {
         let c = &self.cfg;
         synthetic_batch(c.seed, s * c.batch as u64, c.batch, c.image_size, c.image_size, c.classes)
     }
 
     /// One SGD step on the next batch; returns its loss (the global batch's, on every replica).
     pub async fn train_step(&mut self) -> Result<f32> {
-        let batch = self.batch_of_step(self.step);
+        let batch = self.batch_of_step(self.step)?;
         let cfg = self.cfg.step;
         let out = self.replicas.forward_backward(&batch, &cfg, ParallelOptions::default()).await?;
         let loss = out[0].loss;
         if !loss.is_finite() {
-            return Err(invalid(StepError::Invalid(format!(
-                "the loss became {loss} at step {}: lower the learning rate",
-                self.step
-            ))));
+            return Err(invalid(StepError::NonFiniteLoss { step: self.step, loss }));
         }
         self.replicas.sgd_update(&cfg).await?;
         self.step += 1;
         Ok(loss)
     }
 
-    /// Accuracy on `examples` held-out images (eval-mode BatchNorm), in batches of the
-    /// training batch size.
-    pub async fn evaluate(&mut self, examples: usize) -> Result<Evaluation> {
+    /// Accuracy on `examples` held-out images (eval-mode BatchNorm, on replica 0), in batches of
+    /// one replica's shard (eval-mode logits do not depend on the batching); `progress` is told
+    /// how many are done after each batch.
+    pub async fn evaluate(
+        &mut self,
+        examples: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Evaluation> {
         let c = self.cfg;
+        let chunk = c.batch.div_ceil(self.replicas.replicas().len()).max(1);
         let mut correct = 0;
         let mut done = 0;
         while done < examples {
-            let m = c.batch.min(examples - done);
+            let m = chunk.min(examples - done);
             let batch = synthetic_batch(
                 c.seed ^ HELD_OUT_SEED,
                 done as u64,
@@ -156,7 +182,7 @@ impl Trainer {
                 c.image_size,
                 c.image_size,
                 c.classes,
-            );
+            )?;
             let logits = self.replicas.predict(&batch).await?;
             let k = c.classes as usize;
             correct += batch
@@ -166,6 +192,7 @@ impl Trainer {
                 .filter(|&(i, &y)| argmax(&logits[i * k..(i + 1) * k]) == y as usize)
                 .count();
             done += m;
+            progress(done);
         }
         Ok(Evaluation { examples, correct })
     }

@@ -239,7 +239,7 @@ fn one_replica_is_the_plain_single_device_step_bitwise() {
     let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
     let mut dp =
         pollster::block_on(DataParallel::new(&model, &params, &running, 1, &adapters())).unwrap();
-    let batch = synthetic_batch(2, 0, 4, 32, 32, 10);
+    let batch = synthetic_batch(2, 0, 4, 32, 32, 10).unwrap();
     let cfg = StepConfig::default();
     let whole = Shard::whole(batch.len());
     let want = pollster::block_on(single.forward_backward(
@@ -271,7 +271,7 @@ fn synchronised_replicas_hold_identical_gradients_and_running_statistics() {
     let mut dp =
         pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
     // Shards that differ visibly, so per-replica statistics would differ too.
-    let shards = synthetic_batch(3, 0, 4, 32, 32, 10).shards(2).unwrap();
+    let shards = synthetic_batch(3, 0, 4, 32, 32, 10).unwrap().shards(2).unwrap();
     let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
     pollster::block_on(dp.forward_backward(
         &batch,
@@ -299,7 +299,7 @@ fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
     if gpu().is_none() {
         return;
     }
-    let batch = synthetic_batch(5, 0, 8, 32, 32, 10);
+    let batch = synthetic_batch(5, 0, 8, 32, 32, 10).unwrap();
     let step = |blocking: bool| {
         let mut gpus = pollster::block_on(syncstep::parallel::devices(2, &adapters())).unwrap();
         gpus.iter_mut().for_each(|g| g.blocking_maps = blocking);
@@ -334,7 +334,7 @@ fn every_gradient_is_reduced_exactly_once_along_the_canonical_tree() {
     let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
     let cfg = StepConfig::default();
     for (replicas, batch) in [(2, 4), (3, 9)] {
-        let batch = synthetic_batch(5, 0, batch, 32, 32, 10);
+        let batch = synthetic_batch(5, 0, batch, 32, 32, 10).unwrap();
         let whole = Shard::whole(batch.len());
         let opts = StepOptions::default();
         pollster::block_on(single.forward_backward(&batch, &cfg, whole, &LocalBn, opts)).unwrap();
@@ -365,10 +365,10 @@ fn bad_inputs_are_clear_errors() {
     let e = new(0, &adapters()).err().unwrap().to_string();
     assert!(e.contains("replica count must be at least 1"), "{e}");
     let e = new(2, &[AdapterChoice { backend: None, index: 99 }]).err().unwrap().to_string();
-    assert!(e.contains("adapter index 99 does not exist") && e.contains("syncstep info"), "{e}");
+    assert!(e.contains("there is no adapter 99") && e.contains("syncstep info"), "{e}");
 
     let mut dp = new(2, &adapters()).unwrap();
-    let one = synthetic_batch(1, 0, 1, 32, 32, 10);
+    let one = synthetic_batch(1, 0, 1, 32, 32, 10).unwrap();
     let e = pollster::block_on(dp.forward_backward(
         &one,
         &StepConfig::default(),
@@ -377,7 +377,7 @@ fn bad_inputs_are_clear_errors() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("a batch of 1 cannot give each of 2 replicas an example"), "{e}");
-    let mut bad = synthetic_batch(1, 0, 4, 32, 32, 10);
+    let mut bad = synthetic_batch(1, 0, 4, 32, 32, 10).unwrap();
     bad.labels[3] = 10;
     let e = pollster::block_on(dp.forward_backward(
         &bad,
@@ -402,7 +402,7 @@ fn a_lost_device_stops_the_step_and_names_the_replica() {
     if gpu().is_none() {
         return;
     }
-    let batch = synthetic_batch(4, 0, 4, 32, 32, 10);
+    let batch = synthetic_batch(4, 0, 4, 32, 32, 10).unwrap();
     let cfg = StepConfig::default();
     for lost in [1, 0] {
         let mut dp =

@@ -37,7 +37,7 @@ fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> St
 fn tie_gpu_step_matches_the_f64_reference() {
     let (model, params, running) = setup(10, 11);
     let Some(mut r) = replica(&model, &params, &running) else { return };
-    let batch = synthetic_batch(5, 0, BATCH, 32, 32, 10);
+    let batch = synthetic_batch(5, 0, BATCH, 32, 32, 10).unwrap();
     let out = step(&mut r, &batch, StepOptions { capture_pattern: true, ..Default::default() });
     let grads = pollster::block_on(r.read_grads()).unwrap();
     let gpu_running = pollster::block_on(r.read_running()).unwrap();
@@ -80,7 +80,7 @@ fn tie_gpu_step_matches_the_f64_reference() {
 fn repeat_the_same_step_twice_is_bitwise_equal() {
     let (model, params, running) = setup(10, 3);
     let Some(mut r) = replica(&model, &params, &running) else { return };
-    let batch = synthetic_batch(9, 0, 4, 32, 32, 10);
+    let batch = synthetic_batch(9, 0, 4, 32, 32, 10).unwrap();
     let a = step(&mut r, &batch, StepOptions::default());
     let ga = pollster::block_on(r.read_grads()).unwrap();
     let b = step(&mut r, &batch, StepOptions::default());
@@ -104,23 +104,23 @@ fn bad_inputs_are_clear_errors() {
             .unwrap_err()
             .to_string()
     };
-    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
     b.labels[1] = 10;
     assert!(run(&mut r, &b).contains("label 10 of example 1"));
-    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    let mut b = synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
     b.images[7] = f32::INFINITY;
     assert!(run(&mut r, &b).contains("non-finite"));
-    let b = synthetic_batch(1, 0, 2, 16, 16, 10);
+    let b = synthetic_batch(1, 0, 2, 16, 16, 10).unwrap();
     assert!(run(&mut r, &b).contains("too small"));
     let bad = StepConfig { label_smoothing: 1.5, ..cfg };
-    let b = synthetic_batch(1, 0, 2, 32, 32, 10);
+    let b = synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
     let (whole, opts) = (Shard::whole(2), StepOptions::default());
     let e = pollster::block_on(r.forward_backward(&b, &bad, whole, &LocalBn, opts))
         .unwrap_err()
         .to_string();
     assert!(e.contains("label smoothing"), "{e}");
     // One image at 32×32: layer4's BatchNorm would see one value per channel.
-    let one = synthetic_batch(1, 0, 1, 32, 32, 10);
+    let one = synthetic_batch(1, 0, 1, 32, 32, 10).unwrap();
     let e = pollster::block_on(r.forward_backward(&one, &cfg, Shard::whole(1), &LocalBn, opts))
         .unwrap_err()
         .to_string();
@@ -145,7 +145,7 @@ fn predict_uses_running_statistics_and_changes_nothing() {
         *v = if *v == 1.0 { 0.5 + (i % 7) as f32 * 0.2 } else { ((i % 5) as f32 - 2.0) * 0.1 };
     }
     let Some(mut r) = replica(&model, &params, &running) else { return };
-    let batch = synthetic_batch(2, 100, 4, 32, 32, 10);
+    let batch = synthetic_batch(2, 100, 4, 32, 32, 10).unwrap();
     let logits = pollster::block_on(r.predict(&batch)).unwrap();
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
@@ -213,7 +213,7 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
     let Some(mut r) = replica(&model, &params, &running) else { return };
     let hook = FinalGradients::default();
     pollster::block_on(r.forward_backward(
-        &synthetic_batch(6, 0, 2, 32, 32, 10),
+        &synthetic_batch(6, 0, 2, 32, 32, 10).unwrap(),
         &StepConfig::default(),
         Shard::whole(2),
         &hook,
@@ -251,7 +251,7 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
 fn the_gradients_a_backward_hook_is_told_are_final_are() {
     let (model, params, running) = setup(10, 12);
     let Some(mut r) = replica(&model, &params, &running) else { return };
-    let batch = synthetic_batch(6, 0, 2, 32, 32, 10);
+    let batch = synthetic_batch(6, 0, 2, 32, 32, 10).unwrap();
     let want = step(&mut r, &batch, StepOptions::default());
     let want_grads = pollster::block_on(r.read_grads()).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

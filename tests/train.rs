@@ -3,7 +3,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use syncstep::checkpoint;
@@ -71,7 +70,7 @@ fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
         running: model.init_buffers(),
         velocity: vec![0.0; model.param_len],
         step: 1,
-        settings: Default::default(),
+        settings: syncstep::train::TrainConfig::default().settings(),
     };
     checkpoint::save(&path, &model, &ck).unwrap();
     // Block the temp file the save writes first, so the write fails midway.
@@ -82,68 +81,6 @@ fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn syncstep(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args).output().unwrap();
-    (
-        out.status.success(),
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
-    )
-}
-
-/// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
-fn write_inputs(
-    path: &Path,
-    model: &ResNet34,
-    params: &[f32],
-    running: &[f32],
-    images: &[f32],
-    labels: &[f32],
-) {
-    let m = labels.len();
-    let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
-    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()]))
-        .collect();
-    entries.extend(
-        model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])),
-    );
-    entries.push(("input".into(), vec![m, 3, hw, hw], images));
-    entries.push(("labels".into(), vec![m], labels));
-    write_f32(path, &entries, &Default::default()).unwrap();
-}
-
-/// Rewrites `labels` as int64, as `torch.save` of a LongTensor would.
-fn with_int64_labels(src: &Path, dst: &Path, labels: &[i64]) {
-    let file = TensorFile::read(src).unwrap();
-    let mut names: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
-    for (name, t) in &file.tensors {
-        if name == "labels" {
-            names.push((
-                name.clone(),
-                t.shape.clone(),
-                labels.iter().flat_map(|l| l.to_le_bytes()).collect(),
-                safetensors::Dtype::I64,
-            ));
-        } else {
-            names.push((
-                name.clone(),
-                t.shape.clone(),
-                t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-                safetensors::Dtype::F32,
-            ));
-        }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = names
-        .iter()
-        .map(|(n, s, d, t)| {
-            (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())
-        })
-        .collect();
-    std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
-}
-
 #[test]
 fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let Some(gpu) = fresh_gpu() else { return };
@@ -152,7 +89,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let mut params = model.init_params(4);
     model.randomize_batchnorm(&mut params, 5);
     let running = model.init_buffers();
-    let batch = synthetic_batch(6, 0, 4, 32, 32, 10);
+    let batch = synthetic_batch(6, 0, 4, 32, 32, 10).unwrap();
     let labels_f: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
     let raw = dir.join("raw.safetensors");
     write_inputs(&raw, &model, &params, &running, &batch.images, &labels_f);
@@ -253,7 +190,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     assert!(!ok && log.contains(&format!("missing tensor `{}`", model.params[3].name)), "{log}");
 
     let (small_raw, small) = (dir.join("small.raw"), dir.join("small.safetensors"));
-    let tiny = synthetic_batch(1, 0, 2, 16, 16, 10);
+    let tiny = synthetic_batch(1, 0, 2, 16, 16, 10).unwrap();
     write_f32(
         &small_raw,
         &[
@@ -393,14 +330,17 @@ fn train_and_grad_take_replicas() {
     let (ok, log) = syncstep(&["train", "--replicas", "5", "--batch", "4", "--steps", "1"]);
     assert!(!ok && log.contains("a batch of 4 cannot give each of 5 replicas an example"), "{log}");
     let (ok, log) = syncstep(&["train", "--replicas", "2", "--adapters", "0,99", "--steps", "1"]);
-    assert!(!ok && log.contains("adapter index 99 does not exist"), "{log}");
+    assert!(
+        !ok && log.contains("there is no adapter 99") && log.contains("This machine's adapters"),
+        "{log}"
+    );
 
     // grad: the data-parallel gradients are the single device's, bit for bit, at any R.
     let dir = temp_dir("grad-replicas");
     let model = ResNet34::new(10).unwrap();
     let mut params = model.init_params(8);
     model.randomize_batchnorm(&mut params, 9);
-    let batch = synthetic_batch(10, 0, 4, 32, 32, 10);
+    let batch = synthetic_batch(10, 0, 4, 32, 32, 10).unwrap();
     let (raw, wb) = (dir.join("raw.safetensors"), dir.join("wb.safetensors"));
     write_inputs(
         &raw,

@@ -196,7 +196,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let running = model.init_buffers();
     let step_cfg = StepConfig::default();
     let (r, b, size) = (cfg.replicas, cfg.global(), cfg.image_size);
-    let batch = synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes);
+    let batch =
+        synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
     let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * b as f64;
     model
         .check_training_batch(b as u64, size, size)
@@ -206,6 +207,27 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let mut dp =
         pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
+    // Everything this run will allocate on the devices, checked before any work: the single
+    // device's whole batch, each replica's shard, the roofline's matrices.
+    let limits = &dp.replicas()[0].gpu.limits;
+    let too_large =
+        |flag, e: crate::step::StepError| BenchError::Setting { flag, problem: e.to_string() };
+    crate::step::check_batch_fits(&model, b as u64, size, size, limits)
+        .map_err(|e| too_large("batch", e))?;
+    if let Some(m) = cfg.roofline {
+        let bytes = (m as u64).saturating_mul(m as u64).saturating_mul(4);
+        let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        if bytes > binding {
+            return Err(BenchError::Setting {
+                flag: "roofline-size",
+                problem: format!(
+                    "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
+                    crate::step::human_bytes(bytes),
+                    crate::step::human_bytes(binding)
+                ),
+            });
+        }
+    }
     // With R > 1, one device on replica 0's adapter at B and at replica 0's shard (a longest).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
     let n = shard.len();

@@ -13,7 +13,10 @@
 //! PORTABLE (given a [`Golden`] made by another build) runs the single-device step once more
 //! on the golden's pattern and holds loss and gradients to the golden's figures.
 
-use serde_json::{json, Value};
+mod report;
+
+use report::row;
+pub use report::{Bound, CheckReport, GateRow, TensorErrors};
 
 use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch};
@@ -102,25 +105,6 @@ impl Default for CheckConfig {
             adapters: Vec::new(),
             tie: false,
             sabotage: None,
-        }
-    }
-}
-
-/// Which side of its bound a gate's figure must fall on; or that the gate does not apply to
-/// this configuration (it then passes, and its note says why).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Bound {
-    AtMost(f64),
-    AtLeast(f64),
-    NotApplicable,
-}
-
-impl Bound {
-    pub fn holds(&self, measured: f64) -> bool {
-        match *self {
-            Bound::AtMost(b) => measured <= b,
-            Bound::AtLeast(b) => measured >= b,
-            Bound::NotApplicable => true,
         }
     }
 }
@@ -229,53 +213,13 @@ impl Phases<'_> {
     }
 }
 
-/// One line of the report.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GateRow {
-    pub gate: &'static str,
-    pub measured: f64,
-    pub bound: Bound,
-    /// The parameter tensor with the largest error, for gates over tensors.
-    pub worst: Option<String>,
-    /// Activation units (ReLU + pool) that flipped, where the gate has a pattern to compare.
-    pub flips: Option<usize>,
-    /// Anything the figure alone does not say ("bitwise 0", "replicas bitwise equal").
-    pub note: String,
-    pub pass: bool,
-}
-
-/// One parameter tensor's errors, for a per-tensor chart (norm-rel, as the gates).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TensorErrors {
-    pub name: String,
-    pub test: f64,
-    pub control: f64,
-    /// Against the golden, when PORTABLE ran.
-    pub portable: Option<f64>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckReport {
-    pub config: CheckConfig,
-    /// Each replica's adapter, in replica order.
-    pub replica_adapters: Vec<String>,
-    pub single_adapter: String,
-    /// The adapter the PORTABLE golden was made on, when PORTABLE ran.
-    pub portable_against: Option<String>,
-    pub rows: Vec<GateRow>,
-    /// Every parameter tensor, in model order.
-    pub tensors: Vec<TensorErrors>,
-    /// TEST's single-device step (global batch, on the data-parallel pattern), summarised for
-    /// another build's PORTABLE gate.
-    pub golden: Golden,
-}
-
 /// The global batch of step `step`: R·N synthetic images from example step·R·N on, shard r's
 /// images shifted by +0.5·r.
 pub fn gate_batch(cfg: &CheckConfig, step: usize) -> Result<Batch> {
     let m = cfg.global();
     let size = cfg.image_size;
-    let plain = synthetic_batch(cfg.seed, (step * m) as u64, m, size, size, cfg.classes);
+    let plain = synthetic_batch(cfg.seed, (step * m) as u64, m, size, size, cfg.classes)
+        .map_err(ParallelError::from)?;
     let shards = plain.shards(cfg.replicas).map_err(ParallelError::from)?;
     let shifted: Vec<Batch> =
         shards.iter().enumerate().map(|(r, s)| s.shifted(SHARD_SHIFT * r as f32)).collect();
@@ -550,38 +494,6 @@ async fn portable(
     Ok((rows, errors))
 }
 
-impl GateRow {
-    /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
-    pub fn to_json(&self) -> Value {
-        let (kind, bound) = match self.bound {
-            Bound::AtMost(b) => ("at_most", b),
-            Bound::AtLeast(b) => ("at_least", b),
-            Bound::NotApplicable => ("not_applicable", f64::NAN),
-        };
-        json!({
-            "gate": self.gate,
-            "measured": self.measured,
-            "bound": bound,
-            "bound_kind": kind,
-            "worst_tensor": self.worst,
-            "flips": self.flips,
-            "note": self.note,
-            "pass": self.pass,
-        })
-    }
-}
-
-fn row(
-    gate: &'static str,
-    measured: f64,
-    bound: Bound,
-    worst: Option<String>,
-    flips: Option<usize>,
-    note: String,
-) -> GateRow {
-    GateRow { gate, measured, bound, worst, flips, note, pass: bound.holds(measured) }
-}
-
 /// DRIFT: K SGD steps data-parallel beside K single-device steps (each given that step's DP
 /// pattern), from the same state; then parameters against each other, and replicas among
 /// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
@@ -676,98 +588,6 @@ fn tie(
     ]
 }
 
-impl CheckReport {
-    pub fn passed(&self) -> bool {
-        self.rows.iter().all(|r| r.pass)
-    }
-
-    pub fn row(&self, gate: &str) -> Option<&GateRow> {
-        self.rows.iter().find(|r| r.gate == gate)
-    }
-
-    /// The report as a plain-text table, with the adapters and the configuration above it.
-    pub fn table(&self) -> String {
-        let c = &self.config;
-        let mut out = format!(
-            "{} ({}×{}, {} classes, seed {}) against one device at {}\n",
-            c.shards_text(),
-            c.image_size,
-            c.image_size,
-            c.classes,
-            c.seed,
-            c.global()
-        );
-        for (r, a) in self.replica_adapters.iter().enumerate() {
-            out += &format!("  replica {r}: {a}\n");
-        }
-        out += &format!("  single:    {}\n", self.single_adapter);
-        if let Some(a) = &self.portable_against {
-            out += &format!("  PORTABLE against a golden made on: {a}\n");
-        }
-        if let Some(s) = c.sabotage {
-            out += &format!("  SABOTAGED on purpose: {s:?}\n");
-        }
-        out += &format!(
-            "\n{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
-            "gate", "measured", "bound", "worst tensor", "flips", "result", "note"
-        );
-        for r in &self.rows {
-            let bound = match r.bound {
-                Bound::AtMost(0.0) => "bitwise".to_string(),
-                Bound::AtMost(b) => format!("≤ {b:.0e}"),
-                Bound::AtLeast(b) => format!("≥ {b:.1e}"),
-                Bound::NotApplicable => "-".to_string(),
-            };
-            let measured =
-                if r.measured.is_nan() { "-".into() } else { format!("{:.3e}", r.measured) };
-            let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
-            let result = if r.pass { "PASS" } else { "FAIL" };
-            out += &format!(
-                "{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
-                r.gate,
-                measured,
-                bound,
-                r.worst.as_deref().unwrap_or("-"),
-                flips,
-                result,
-                r.note
-            );
-        }
-        out
-    }
-
-    /// The report as JSON (non-finite figures are null).
-    pub fn to_json(&self) -> String {
-        let c = &self.config;
-        let tensors: Vec<Value> = self
-            .tensors
-            .iter()
-            .map(|t| json!({"name": t.name, "test": t.test, "control": t.control, "portable": t.portable}))
-            .collect();
-        json!({
-            "check": "equivalence",
-            "replicas": c.replicas,
-            "batch_per_replica": c.batch,
-            "global_batch": c.global(),
-            "shard_sizes": crate::data::shard_ranges(c.global(), c.replicas)
-                .map(|r| r.iter().map(|s| s.len()).collect::<Vec<_>>())
-                .unwrap_or_default(),
-            "image_size": c.image_size,
-            "classes": c.classes,
-            "steps": c.steps,
-            "seed": c.seed,
-            "sabotage": c.sabotage.map(|s| format!("{s:?}")),
-            "replica_adapters": self.replica_adapters,
-            "single_adapter": self.single_adapter,
-            "portable_against": self.portable_against,
-            "pass": self.passed(),
-            "gates": self.rows.iter().map(GateRow::to_json).collect::<Vec<_>>(),
-            "tensors": tensors,
-        })
-        .to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,7 +596,7 @@ mod tests {
     fn shards_of_the_gate_batch_are_shifted_by_half_their_index() {
         let cfg = CheckConfig { replicas: 3, batch: 2, ..Default::default() };
         let b = gate_batch(&cfg, 1).unwrap();
-        let plain = synthetic_batch(cfg.seed, 6, 6, 32, 32, 10);
+        let plain = synthetic_batch(cfg.seed, 6, 6, 32, 32, 10).unwrap();
         let il = 3 * 32 * 32;
         assert_eq!(b.labels, plain.labels);
         assert_eq!(b.images[..2 * il], plain.images[..2 * il]);
@@ -836,7 +656,7 @@ mod tests {
         );
         let json = report.to_json();
         assert!(json.contains(r#""a \"quoted\" adapter""#), "{json}");
-        let parsed: Value = serde_json::from_str(&json).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(parsed["pass"], false);
         let gates = parsed["gates"].as_array().unwrap();
         assert_eq!(

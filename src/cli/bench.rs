@@ -69,7 +69,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.validate()?;
     if let Some(path) = &args.json {
         // Fail now rather than after minutes of measuring.
-        std::fs::write(path, "").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        syncstep::files::check_output("--json", path, &[])?;
     }
     let started = std::time::Instant::now();
     let report = bench::run(&cfg, &mut |phase| {
@@ -77,8 +77,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     })?;
     print!("{}", report.text(args.profile_rows));
     if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json())
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
         println!("figures written to {}", path.display());
     }
     Ok(())

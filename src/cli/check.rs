@@ -87,6 +87,13 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
     };
+    // Outputs are checked before any work; neither may be the golden read for PORTABLE.
+    let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
+    for (flag, path) in [("--json", &args.json), ("--golden", &args.golden)] {
+        if let Some(path) = path {
+            syncstep::files::check_output(flag, path, &inputs)?;
+        }
+    }
     let golden = match &args.against {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -111,17 +118,25 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     })?;
     print!("{}", report.table());
     let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        syncstep::files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
         println!("{what} written to {}", path.display());
         Ok(())
     };
     if let Some(path) = &args.json {
         write(path, report.to_json(), "figures")?;
     }
-    if let Some(path) = &args.golden {
-        write(path, report.golden.to_json(), "golden (PORTABLE)")?;
-    }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
+    // A golden is what another build is held to: only a passing run writes one.
+    if let Some(path) = &args.golden {
+        if failed.is_empty() {
+            write(path, report.golden.to_json(), "golden (PORTABLE)")?;
+        } else {
+            println!(
+                "golden not written: this run failed gates, and {} is left as it was",
+                path.display()
+            );
+        }
+    }
     if failed.is_empty() {
         Ok(())
     } else {

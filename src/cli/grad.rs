@@ -79,6 +79,7 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
 }
 
 pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
+    syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
     let weights = TensorFile::read(&args.weights)?;
     let fc = weights.get("fc.weight").ok_or_else(|| {
         format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display())
@@ -95,7 +96,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let model = ResNet34::new(classes)?;
-    let (params, running) = load_weights(&weights, &model)?;
+    let (params, running) = load_weights(&weights, &model, false)?;
     let batch = read_batch(
         &if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? },
         classes,
@@ -138,5 +139,20 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         model.params.len(),
         args.out.display()
     );
+    // Written (to look at), but not a result: a non-finite output fails the command.
+    let bad: Vec<&str> = entries
+        .iter()
+        .filter(|(_, _, values)| values.iter().any(|v| !v.is_finite()))
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    if !bad.is_empty() {
+        let shown = bad.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+        return Err(format!(
+            "{} of the outputs hold NaN or infinity ({shown}{}): the step diverged for these weights and batch",
+            bad.len(),
+            if bad.len() > 5 { ", …" } else { "" }
+        )
+        .into());
+    }
     Ok(())
 }

@@ -6,7 +6,8 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let instance = gpu::instance();
     let adapters = pollster::block_on(gpu::adapters(&instance));
     if adapters.is_empty() {
-        return Err(gpu::GpuError::NoAdapter(String::new()).into());
+        // The same error (and advice) as choosing one would give.
+        pollster::block_on(gpu::select_adapter(&instance, &gpu::AdapterChoice::default()))?;
     }
     let default = gpu::AdapterChoice::from_env()?;
     for (i, a) in adapters.iter().enumerate() {

@@ -38,6 +38,7 @@ enum Command {
 
 pub fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    private_runtime_dir();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info::run(),
@@ -48,9 +49,56 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<Exit>() {
+            Some(exit) => {
+                eprintln!("{}", exit.message);
+                ExitCode::from(exit.code)
+            }
+            None => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)
+/// and what to say.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Mesa's drivers print "XDG_RUNTIME_DIR is invalid" (per device) when the variable is unset
+/// or names no folder; a private one of ours keeps the user's terminal for what matters.
+fn private_runtime_dir() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir()) {
+        return;
+    }
+    let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+    let dir = std::env::temp_dir().join(format!("syncstep-runtime-{user}"));
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if builder.recursive(true).create(&dir).is_ok() {
+        // Still one thread: nothing reads the environment concurrently.
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
+/// The host memory that can be had now (Linux's MemAvailable), if this system says.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -30,7 +30,8 @@ impl AdapterChoice {
     /// The choice named by `SYNCSTEP_ADAPTER`, or the default (first adapter).
     pub fn from_env() -> Result<Self> {
         match std::env::var("SYNCSTEP_ADAPTER") {
-            Ok(s) if !s.is_empty() => Self::parse(&s),
+            Ok(s) if !s.is_empty() => Self::parse(&s)
+                .map_err(|e| GpuError::Setting(format!("SYNCSTEP_ADAPTER={s:?}: {e}"))),
             _ => Ok(Self::default()),
         }
     }
@@ -92,29 +93,58 @@ pub async fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     list
 }
 
-/// Picks the adapter named by `choice`.
+/// Picks the adapter named by `choice`. When none fits, the error says which variables
+/// narrowed the choice and lists the adapters this machine has.
 pub async fn select_adapter(
     instance: &wgpu::Instance,
     choice: &AdapterChoice,
 ) -> Result<wgpu::Adapter> {
     let all = adapters(instance).await;
-    if all.is_empty() {
-        return Err(GpuError::NoAdapter(String::new()));
-    }
     let matching: Vec<wgpu::Adapter> = all
         .into_iter()
         .filter(|a| choice.backend.is_none_or(|b| a.get_info().backend == b))
         .collect();
-    let filter = choice.backend.map(|b| format!(" backend {b:?}")).unwrap_or_default();
-    if matching.is_empty() {
-        return Err(GpuError::NoAdapter(format!(" for backend {filter}")));
-    }
     let count = matching.len();
-    matching.into_iter().nth(choice.index).ok_or(GpuError::AdapterIndex {
-        index: choice.index,
-        count,
-        filter,
-    })
+    if count > choice.index {
+        return Ok(matching.into_iter().nth(choice.index).expect("index checked"));
+    }
+    let backend = choice.backend.map(|b| format!(" of backend {b:?}")).unwrap_or_default();
+    let problem = match count {
+        0 => format!("no adapter{backend} is available"),
+        _ => format!(
+            "there is no adapter {}{backend}: adapters 0 to {} are",
+            choice.index,
+            count - 1
+        ),
+    };
+    Err(GpuError::NoAdapter(format!("{problem}. {}", what_exists().await)))
+}
+
+/// The variables that narrow the adapters (`SYNCSTEP_ADAPTER`, `WGPU_BACKEND`) and the adapters
+/// this machine has without them, or how to get one when it has none.
+async fn what_exists() -> String {
+    let vars: Vec<String> = ["SYNCSTEP_ADAPTER", "WGPU_BACKEND"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()).map(|s| format!("{v}={s}")))
+        .collect();
+    let everything = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let list: Vec<String> = adapters(&everything)
+        .await
+        .iter()
+        .map(|a| {
+            let i = a.get_info();
+            format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+        })
+        .collect();
+    let set = if vars.is_empty() { String::new() } else { format!("Set: {}. ", vars.join(", ")) };
+    if list.is_empty() {
+        return format!(
+            "{set}This machine has no WebGPU adapter at all: install a GPU driver with Vulkan, \
+             Metal or DX12, or, without a GPU, Mesa's software Vulkan (on Debian/Ubuntu: \
+             apt-get install mesa-vulkan-drivers libvulkan1)"
+        );
+    }
+    format!("{set}This machine's adapters (`syncstep info` lists them): {}", list.join("; "))
 }
 
 /// One line describing an adapter: name, backend, type, driver.

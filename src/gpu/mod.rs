@@ -31,12 +31,14 @@ use profile::Profiler;
 /// `Clone`, so one error can be handed to every replica waiting on the same collective.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("no GPU adapter found{0}. On Debian/Ubuntu install a software Vulkan driver: `apt-get install mesa-vulkan-drivers libvulkan1` (lavapipe)")]
+    /// No adapter fits the choice: which, what narrowed it, and what exists.
+    #[error("{0}")]
     NoAdapter(String),
-    #[error("adapter index {index} does not exist: {count} adapter(s) match{filter}; run `syncstep info` to list them")]
-    AdapterIndex { index: usize, count: usize, filter: String },
     #[error("unknown backend `{0}`: use vulkan, metal, dx12, gl or webgpu")]
     UnknownBackend(String),
+    /// A setting (an environment variable) that cannot be used, named with its value.
+    #[error("{0}")]
+    Setting(String),
     #[error("could not create a device on `{adapter}`: {message}")]
     RequestDevice { adapter: String, message: String },
     #[error("{what} needs {needed} but this device allows at most {allowed} ({limit}); use smaller shapes or another adapter")]
@@ -45,6 +47,8 @@ pub enum GpuError {
     Validation(String),
     #[error("GPU out of memory: {0}; use a smaller batch or image size")]
     OutOfMemory(String),
+    #[error(transparent)]
+    HostMemory(#[from] crate::host::OutOfMemory),
     #[error("GPU device lost ({0}); the device must be recreated")]
     DeviceLost(String),
     #[error("reading a buffer back failed: {0}")]
@@ -88,6 +92,9 @@ impl<'a> Slice<'a> {
 #[derive(Default)]
 struct ErrorSink {
     errors: Vec<String>,
+    /// Allocations that failed. The validation errors that follow one are its consequences (a
+    /// buffer that was never made is "invalid"), so these alone are reported.
+    out_of_memory: Vec<String>,
     lost: Option<String>,
 }
 
@@ -162,8 +169,13 @@ impl Gpu {
         let sink = Arc::new(Mutex::new(ErrorSink::default()));
         let s = sink.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            log::error!("uncaptured wgpu error: {e}");
-            s.lock().unwrap_or_else(|p| p.into_inner()).errors.push(e.to_string());
+            // Not printed: `check` returns it, as a value, from the next submission.
+            log::debug!("uncaptured wgpu error: {e}");
+            let mut sink = s.lock().unwrap_or_else(|p| p.into_inner());
+            match e {
+                wgpu::Error::OutOfMemory { .. } => sink.out_of_memory.push(e.to_string()),
+                _ => sink.errors.push(e.to_string()),
+            }
         }));
         let s = sink.clone();
         device.set_device_lost_callback(move |reason, message| {
@@ -198,14 +210,15 @@ impl Gpu {
         if let Some(lost) = &sink.lost {
             return Err(GpuError::DeviceLost(lost.clone()));
         }
-        if !sink.errors.is_empty() {
-            let all = std::mem::take(&mut sink.errors).join("; ");
-            drop(sink);
-            return Err(self.lost_or(if all.contains("memory") {
-                GpuError::OutOfMemory(all)
-            } else {
-                GpuError::Validation(all)
-            }));
+        let errors = std::mem::take(&mut sink.errors);
+        let out_of_memory = std::mem::take(&mut sink.out_of_memory);
+        drop(sink);
+        if !out_of_memory.is_empty() {
+            let what = format!("{} allocation(s) failed", out_of_memory.len());
+            return Err(self.lost_or(GpuError::OutOfMemory(what)));
+        }
+        if !errors.is_empty() {
+            return Err(self.lost_or(GpuError::Validation(errors.join("; "))));
         }
         Ok(())
     }
@@ -233,11 +246,13 @@ impl Gpu {
         let out = f();
         let v = validation.pop();
         let o = oom.pop();
-        if let Some(e) = v.await {
-            return Err(self.lost_or(GpuError::Validation(e.to_string())));
-        }
-        if let Some(e) = o.await {
+        let (v, o) = (v.await, o.await);
+        // An allocation that failed first: the validation errors that follow are its echo.
+        if let Some(e) = o {
             return Err(self.lost_or(GpuError::OutOfMemory(e.to_string())));
+        }
+        if let Some(e) = v {
+            return Err(self.lost_or(GpuError::Validation(e.to_string())));
         }
         self.check()?;
         Ok(out)

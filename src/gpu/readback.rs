@@ -108,7 +108,9 @@ impl Readback {
         gpu.map(&staging, wgpu::MapMode::Read, None).await?;
         let view =
             staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
-        let data = bytemuck::cast_slice::<u8, T>(&view).to_vec();
+        let values = bytemuck::cast_slice::<u8, T>(&view);
+        let mut data = crate::host::vec_with_capacity(values.len(), "reading a buffer back")?;
+        data.extend_from_slice(values);
         drop(view);
         staging.unmap();
         Ok(data)

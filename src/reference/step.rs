@@ -358,7 +358,7 @@ mod tests {
         let mut p32 = model.init_params(1);
         model.randomize_batchnorm(&mut p32, 2);
         let params: Vec<f64> = p32.iter().map(|&v| v as f64).collect();
-        let batch = synthetic_batch(3, 0, 4, 32, 32, 10);
+        let batch = synthetic_batch(3, 0, 4, 32, 32, 10).unwrap();
         let cfg = StepConfig { label_smoothing: 0.1, divisor: 4.0, bn_momentum: 0.1, bn_eps: 1e-5 };
         let running: Vec<f64> = model.init_buffers().iter().map(|&v| v as f64).collect();
         let base = training_step(&model, &params, &running, &batch, &cfg, None);

@@ -38,6 +38,9 @@ pub enum StepError {
     Collective(#[from] CollectiveError),
     #[error("{0}")]
     Invalid(String),
+    /// The loss of `step` is NaN or infinite: the run diverged; nothing was updated.
+    #[error("the loss became {loss} at step {step}: lower the learning rate")]
+    NonFiniteLoss { step: u64, loss: f32 },
 }
 
 pub type Result<T, E = StepError> = std::result::Result<T, E>;
@@ -542,6 +545,46 @@ impl Replica {
         self.gpu.queue.write_buffer(&self.velocity, 0, bytemuck::cast_slice(v));
         Ok(())
     }
+}
+
+/// Refuses, before any work, a training step of `batch` images of `h`×`w` whose buffers cannot
+/// exist on a device with `limits`: every size in 64 bits, against one storage binding, one
+/// buffer, and the shaders' 32-bit indices.
+pub fn check_batch_fits(
+    model: &ResNet34,
+    batch: u64,
+    h: u32,
+    w: u32,
+    limits: &wgpu::Limits,
+) -> Result<()> {
+    let largest = model.largest_activation(batch, h, w).unwrap_or(u64::MAX);
+    let bytes = largest.saturating_mul(4);
+    let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+    let refuse = |why: String| {
+        Err(StepError::Invalid(format!(
+            "a batch of {batch} image(s) of {h}×{w}: its largest activation holds {largest} values ({}), {why}: use a smaller --batch or --image-size",
+            human_bytes(bytes)
+        )))
+    };
+    if bytes > binding {
+        let allowed = human_bytes(binding);
+        return refuse(format!("more than one storage binding on this device allows ({allowed}, max_storage_buffer_binding_size)"));
+    }
+    if largest > i32::MAX as u64 {
+        return refuse("more than the shaders' 32-bit indices reach".into());
+    }
+    Ok(())
+}
+
+/// "81.0 MiB", "68.7 GiB".
+pub fn human_bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", units[unit])
 }
 
 fn block_name(i: usize) -> String {

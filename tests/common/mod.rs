@@ -162,3 +162,67 @@ pub fn pairwise_sum(parts: Vec<Vec<f32>>) -> Vec<f32> {
     let plan = syncstep::canonical::Plan::one_piece_each(parts.len());
     syncstep::collective::reduce(&leaves, &plan, syncstep::collective::ReduceOp::Sum)
 }
+
+/// `syncstep ARGS…` (the binary under test): whether it succeeded, and stdout + stderr.
+pub fn syncstep(args: &[&str]) -> (bool, String) {
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+/// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
+pub fn write_inputs(
+    path: &std::path::Path,
+    model: &syncstep::model::ResNet34,
+    params: &[f32],
+    running: &[f32],
+    images: &[f32],
+    labels: &[f32],
+) {
+    let m = labels.len();
+    let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
+    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()]))
+        .collect();
+    entries.extend(
+        model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])),
+    );
+    entries.push(("input".into(), vec![m, 3, hw, hw], images));
+    entries.push(("labels".into(), vec![m], labels));
+    syncstep::tensorfile::write_f32(path, &entries, &Default::default()).unwrap();
+}
+
+/// Rewrites `labels` as int64, as `torch.save` of a LongTensor would.
+pub fn with_int64_labels(src: &std::path::Path, dst: &std::path::Path, labels: &[i64]) {
+    let file = syncstep::tensorfile::TensorFile::read(src).unwrap();
+    let mut names: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
+    for (name, t) in &file.tensors {
+        if name == "labels" {
+            names.push((
+                name.clone(),
+                t.shape.clone(),
+                labels.iter().flat_map(|l| l.to_le_bytes()).collect(),
+                safetensors::Dtype::I64,
+            ));
+        } else {
+            names.push((
+                name.clone(),
+                t.shape.clone(),
+                t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+                safetensors::Dtype::F32,
+            ));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = names
+        .iter()
+        .map(|(n, s, d, t)| {
+            (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())
+        })
+        .collect();
+    std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+}

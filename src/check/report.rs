@@ -1,0 +1,191 @@
+//! What the gates measured: one [`GateRow`] per gate, every tensor's errors, and the report
+//! as a table (the CLI) or JSON (`--json`, the browser page).
+
+use serde_json::{json, Value};
+
+use super::CheckConfig;
+use crate::golden::Golden;
+
+/// Which side of its bound a gate's figure must fall on; or that the gate does not apply to
+/// this configuration (it then passes, and its note says why).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+    NotApplicable,
+}
+
+impl Bound {
+    pub fn holds(&self, measured: f64) -> bool {
+        match *self {
+            Bound::AtMost(b) => measured <= b,
+            Bound::AtLeast(b) => measured >= b,
+            Bound::NotApplicable => true,
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateRow {
+    pub gate: &'static str,
+    pub measured: f64,
+    pub bound: Bound,
+    /// The parameter tensor with the largest error, for gates over tensors.
+    pub worst: Option<String>,
+    /// Activation units (ReLU + pool) that flipped, where the gate has a pattern to compare.
+    pub flips: Option<usize>,
+    /// Anything the figure alone does not say ("bitwise 0", "replicas bitwise equal").
+    pub note: String,
+    pub pass: bool,
+}
+
+/// One parameter tensor's errors, for a per-tensor chart (norm-rel, as the gates).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorErrors {
+    pub name: String,
+    pub test: f64,
+    pub control: f64,
+    /// Against the golden, when PORTABLE ran.
+    pub portable: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckReport {
+    pub config: CheckConfig,
+    /// Each replica's adapter, in replica order.
+    pub replica_adapters: Vec<String>,
+    pub single_adapter: String,
+    /// The adapter the PORTABLE golden was made on, when PORTABLE ran.
+    pub portable_against: Option<String>,
+    pub rows: Vec<GateRow>,
+    /// Every parameter tensor, in model order.
+    pub tensors: Vec<TensorErrors>,
+    /// TEST's single-device step (global batch, on the data-parallel pattern), summarised for
+    /// another build's PORTABLE gate.
+    pub golden: Golden,
+}
+
+impl GateRow {
+    /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
+    pub fn to_json(&self) -> Value {
+        let (kind, bound) = match self.bound {
+            Bound::AtMost(b) => ("at_most", b),
+            Bound::AtLeast(b) => ("at_least", b),
+            Bound::NotApplicable => ("not_applicable", f64::NAN),
+        };
+        json!({
+            "gate": self.gate,
+            "measured": self.measured,
+            "bound": bound,
+            "bound_kind": kind,
+            "worst_tensor": self.worst,
+            "flips": self.flips,
+            "note": self.note,
+            "pass": self.pass,
+        })
+    }
+}
+
+pub(super) fn row(
+    gate: &'static str,
+    measured: f64,
+    bound: Bound,
+    worst: Option<String>,
+    flips: Option<usize>,
+    note: String,
+) -> GateRow {
+    GateRow { gate, measured, bound, worst, flips, note, pass: bound.holds(measured) }
+}
+
+impl CheckReport {
+    pub fn passed(&self) -> bool {
+        self.rows.iter().all(|r| r.pass)
+    }
+
+    pub fn row(&self, gate: &str) -> Option<&GateRow> {
+        self.rows.iter().find(|r| r.gate == gate)
+    }
+
+    /// The report as a plain-text table, with the adapters and the configuration above it.
+    pub fn table(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "{} ({}×{}, {} classes, seed {}) against one device at {}\n",
+            c.shards_text(),
+            c.image_size,
+            c.image_size,
+            c.classes,
+            c.seed,
+            c.global()
+        );
+        for (r, a) in self.replica_adapters.iter().enumerate() {
+            out += &format!("  replica {r}: {a}\n");
+        }
+        out += &format!("  single:    {}\n", self.single_adapter);
+        if let Some(a) = &self.portable_against {
+            out += &format!("  PORTABLE against a golden made on: {a}\n");
+        }
+        if let Some(s) = c.sabotage {
+            out += &format!("  SABOTAGED on purpose: {s:?}\n");
+        }
+        out += &format!(
+            "\n{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
+            "gate", "measured", "bound", "worst tensor", "flips", "result", "note"
+        );
+        for r in &self.rows {
+            let bound = match r.bound {
+                Bound::AtMost(0.0) => "bitwise".to_string(),
+                Bound::AtMost(b) => format!("≤ {b:.0e}"),
+                Bound::AtLeast(b) => format!("≥ {b:.1e}"),
+                Bound::NotApplicable => "-".to_string(),
+            };
+            let measured =
+                if r.measured.is_nan() { "-".into() } else { format!("{:.3e}", r.measured) };
+            let flips = r.flips.map_or("-".to_string(), |f| f.to_string());
+            let result = if r.pass { "PASS" } else { "FAIL" };
+            out += &format!(
+                "{:<13} {:>10}  {:<12} {:<32} {:>6}  {:<6} {}\n",
+                r.gate,
+                measured,
+                bound,
+                r.worst.as_deref().unwrap_or("-"),
+                flips,
+                result,
+                r.note
+            );
+        }
+        out
+    }
+
+    /// The report as JSON (non-finite figures are null).
+    pub fn to_json(&self) -> String {
+        let c = &self.config;
+        let tensors: Vec<Value> = self
+            .tensors
+            .iter()
+            .map(|t| json!({"name": t.name, "test": t.test, "control": t.control, "portable": t.portable}))
+            .collect();
+        json!({
+            "check": "equivalence",
+            "replicas": c.replicas,
+            "batch_per_replica": c.batch,
+            "global_batch": c.global(),
+            "shard_sizes": crate::data::shard_ranges(c.global(), c.replicas)
+                .map(|r| r.iter().map(|s| s.len()).collect::<Vec<_>>())
+                .unwrap_or_default(),
+            "image_size": c.image_size,
+            "classes": c.classes,
+            "steps": c.steps,
+            "seed": c.seed,
+            "sabotage": c.sabotage.map(|s| format!("{s:?}")),
+            "replica_adapters": self.replica_adapters,
+            "single_adapter": self.single_adapter,
+            "portable_against": self.portable_against,
+            "pass": self.passed(),
+            "gates": self.rows.iter().map(GateRow::to_json).collect::<Vec<_>>(),
+            "tensors": tensors,
+        })
+        .to_string()
+    }
+}

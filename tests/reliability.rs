@@ -1,0 +1,418 @@
+//! What a hostile-but-honest user does to the command line, class by class: no panic, no hang,
+//! no exit 0 on a wrong result, no file of the user's lost or overwritten, no misleading
+//! message. Each test tries a list of cases and says how many; docs/reliability.md keeps the
+//! tally. Add a case here for every bug found.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use syncstep::checkpoint::{self, Checkpoint};
+use syncstep::model::ResNet34;
+use syncstep::tensorfile::{write_f32, TensorFile};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d =
+        std::env::temp_dir().join(format!("syncstep-reliability-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The binary with `args`, `set` variables set and `unset` ones removed.
+fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+    c.args(args).stdin(Stdio::null());
+    set.iter().for_each(|(k, v)| {
+        c.env(k, v);
+    });
+    unset.iter().for_each(|k| {
+        c.env_remove(k);
+    });
+    c.output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A refusal: a non-zero exit, an `error:` line, no panic, and `says` in the message.
+#[track_caller]
+fn refused(o: &Output, says: &str) {
+    let t = text(o);
+    assert!(!o.status.success(), "exited 0:\n{t}");
+    assert!(!t.contains("panicked") && !t.contains("RUST_BACKTRACE"), "panicked:\n{t}");
+    assert!(t.contains("error:") || t.contains("error: "), "no error line:\n{t}");
+    assert!(t.contains(says), "expected {says:?} in:\n{t}");
+}
+
+/// A checkpoint of one step at batch 2 (a real run: every later case starts from it).
+fn one_step_checkpoint(dir: &Path) -> PathBuf {
+    let path = dir.join("good.safetensors");
+    let p = path.to_str().unwrap();
+    let (ok, log) = syncstep(&[
+        "train",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--eval-examples",
+        "0",
+        "--checkpoint",
+        p,
+    ]);
+    assert!(ok, "{log}");
+    path
+}
+
+/// Sizes past what a device or the host holds, in flags and in a checkpoint: errors naming
+/// them, before any work, and never a panic (32-bit overflow, capacity overflow).
+#[test]
+fn sizes_past_every_limit_are_errors_not_panics() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("sizes");
+    let cases: [(&[&str], &str); 9] = [
+        (&["train", "--image-size", "65536", "--steps", "1"], "65536×65536"),
+        (&["train", "--image-size", "4294967295", "--steps", "1"], "4294967295"),
+        (&["train", "--batch", "18446744073709551615", "--steps", "1"], "host memory"),
+        (
+            &["train", "--image-size", "2048", "--steps", "1", "--eval-examples", "0"],
+            "storage binding",
+        ),
+        (&["bench", "--roofline-size", "4000000000", "--steps", "1"], "--roofline-size"),
+        (&["bench", "--image-size", "4096", "--steps", "1"], "--batch"),
+        (&["check", "--global-batch", "0"], "cannot give each of 2 replicas"),
+        (&["check", "--replicas", "0"], "replica count must be at least 1"),
+        (
+            &["grad", "--weights", "/nonexistent", "--batch", "/nonexistent", "--out", "/tmp/x"],
+            "/nonexistent",
+        ),
+    ];
+    for (args, says) in cases {
+        refused(&run(args, &[], &[]), says);
+    }
+    // The same sizes through a checkpoint's metadata.
+    let good = one_step_checkpoint(&dir);
+    let model = ResNet34::new(10).unwrap();
+    let mut ck = checkpoint::load(&good, &model).unwrap();
+    ck.settings.insert("image_size".into(), "65536".into());
+    let big = dir.join("big.safetensors");
+    checkpoint::save(&big, &model, &ck).unwrap();
+    refused(&run(&["train", "--resume", big.to_str().unwrap(), "--steps", "1"], &[], &[]), "65536");
+    eprintln!("{} cases", cases.len() + 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Outputs that would destroy an input, a device node or a folder; a failed PORTABLE's golden;
+/// an autotune cache that is someone else's file: refused or left alone, byte for byte.
+#[test]
+fn no_file_of_the_users_is_ever_overwritten() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("files");
+    let good = one_step_checkpoint(&dir);
+    let g = good.to_str().unwrap();
+    let before = std::fs::read(&good).unwrap();
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    let l = link.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["grad", "--weights", g, "--batch", g, "--out", g], "same file as the input"),
+        (&["grad", "--weights", g, "--batch", g, "--out", l], "same file as the input"),
+        (&["grad", "--weights", g, "--batch", g, "--out", "/dev/null"], "not a regular file"),
+        (&["grad", "--weights", g, "--batch", g, "--out", d], "not a regular file"),
+        (&["check", "--against", g, "--golden", g], "same file as the input"),
+        (
+            &["train", "--steps", "1", "--checkpoint", "/nonexistent/dir/ck.safetensors"],
+            "does not exist",
+        ),
+    ];
+    for (args, says) in cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(std::fs::read(&good).unwrap(), before, "{args:?} changed the input");
+    }
+    // An autotune cache variable naming a user's file: used for nothing, left as it was.
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, b"my notes\n").unwrap();
+    let tune = [("SYNCSTEP_AUTOTUNE_CACHE", notes.to_str().unwrap())];
+    let o = run(&["bench", "--steps", "1", "--no-roofline"], &tune, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&notes).unwrap(), b"my notes\n");
+    assert!(text(&o).contains("is not a syncstep autotune cache"), "{}", text(&o));
+    // Temporary files a killed writer left are cleared by the next write there.
+    let stale = dir.join(".good.safetensors.tmp-4294967295");
+    std::fs::write(&stale, vec![0u8; 1000]).unwrap();
+    let (ok, log) = syncstep(&[
+        "train",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--eval-examples",
+        "0",
+        "--checkpoint",
+        g,
+    ]);
+    assert!(ok && !stale.exists(), "{log}");
+    eprintln!("{} cases", cases.len() + 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Checkpoints that are corrupt, incomplete or ask for another run: refused, never resumed
+/// with defaults filled in; a changed hyper-parameter needs --override and is said.
+#[test]
+fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("checkpoints");
+    let good = one_step_checkpoint(&dir);
+    let model = ResNet34::new(10).unwrap();
+    let ck = checkpoint::load(&good, &model).unwrap();
+    let resume = |path: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--resume",
+            path.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--eval-examples",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        run(&args, &[], &[])
+    };
+    // One flipped bit in the data.
+    let mut bytes = std::fs::read(&good).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x04;
+    let flipped = dir.join("flipped.safetensors");
+    std::fs::write(&flipped, &bytes).unwrap();
+    refused(&resume(&flipped, &[]), "does not match the SHA-256");
+    // Missing running statistics, a missing setting, an unparsable step.
+    let file = TensorFile::read(&good).unwrap();
+    let strip = |drop: &dyn Fn(&str) -> bool,
+                 meta: &dyn Fn(&mut std::collections::BTreeMap<String, String>),
+                 name: &str| {
+        let values: Vec<(String, Vec<usize>, Vec<f32>)> = file
+            .tensors
+            .iter()
+            .filter(|(n, _)| !drop(n))
+            .map(|(n, t)| {
+                (n.clone(), t.shape.clone(), t.values.iter().map(|&v| v as f32).collect())
+            })
+            .collect();
+        let entries: Vec<(String, Vec<usize>, &[f32])> =
+            values.iter().map(|(n, s, v)| (n.clone(), s.clone(), v.as_slice())).collect();
+        let mut m = file.metadata.clone();
+        m.remove("sha256");
+        meta(&mut m);
+        let path = dir.join(name);
+        write_f32(&path, &entries, &m).unwrap();
+        path
+    };
+    let no_running = strip(&|n| n.ends_with("running_var"), &|_| {}, "no-running.safetensors");
+    refused(&resume(&no_running, &[]), "running_var");
+    let no_seed = strip(&|_| false, &|m| drop(m.remove("seed")), "no-seed.safetensors");
+    refused(&resume(&no_seed, &[]), "metadata `seed` is missing");
+    let bad_step =
+        strip(&|_| false, &|m| drop(m.insert("step".into(), "-3".into())), "bad-step.safetensors");
+    refused(&resume(&bad_step, &[]), "metadata `step`");
+    let huge = Checkpoint { step: (1 << 53) - 1, ..ck.clone() };
+    let wrapping = dir.join("wrapping.safetensors");
+    checkpoint::save(&wrapping, &model, &huge).unwrap();
+    refused(&resume(&wrapping, &[]), "passes the largest step count");
+    // A hyper-parameter the checkpoint was trained with: changed only with --override, said so.
+    refused(&resume(&good, &["--lr", "0.5"]), "add --override");
+    let o = resume(&good, &["--lr", "0.5", "--override"]);
+    assert!(
+        o.status.success() && text(&o).contains("--lr 0.5 overrides the checkpoint's 0.01"),
+        "{}",
+        text(&o)
+    );
+    refused(&resume(&good, &["--batch", "4", "--override"]), "--batch 2");
+    eprintln!("8 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run that diverges stops with an error naming the step and keeps its last good checkpoint
+/// (resumable); `grad` with weights that overflow exits non-zero.
+#[test]
+fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("diverge");
+    let good = one_step_checkpoint(&dir);
+    let g = good.to_str().unwrap();
+    let before = std::fs::read(&good).unwrap();
+    let o = run(
+        &[
+            "train",
+            "--resume",
+            g,
+            "--checkpoint",
+            g,
+            "--lr",
+            "1e12",
+            "--override",
+            "--steps",
+            "6",
+            "--eval-examples",
+            "0",
+            "--checkpoint-every",
+            "1",
+        ],
+        &[],
+        &[],
+    );
+    refused(&o, "the run diverged at step");
+    assert!(text(&o).contains("last good checkpoint"), "{}", text(&o));
+    let model = ResNet34::new(10).unwrap();
+    let kept = checkpoint::load(&good, &model).expect("the kept checkpoint loads");
+    assert!(kept.params.iter().all(|v| v.is_finite()));
+    if std::fs::read(&good).unwrap() != before {
+        assert!(kept.step > 1, "a later good step may have been saved");
+    }
+    // grad: a BatchNorm scale at f32::MAX overflows the activations to infinity; the output is
+    // written, the exit is not 0.
+    let mut ck = checkpoint::load(&good, &model).unwrap();
+    let scale = model.param("bn1.weight").unwrap().range();
+    ck.params[scale].iter_mut().for_each(|w| *w = f32::MAX);
+    let weights = dir.join("huge.safetensors");
+    let entries: Vec<(String, Vec<usize>, &[f32])> = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone(), &ck.params[p.range()]))
+        .collect();
+    write_f32(&weights, &entries, &Default::default()).unwrap();
+    let batch = syncstep::data::synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
+    let raw = dir.join("batch-raw.safetensors");
+    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
+    write_inputs(&raw, &model, &ck.params, &ck.running, &batch.images, &labels);
+    let b = dir.join("batch.safetensors");
+    with_int64_labels(&raw, &b, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let out = dir.join("g.safetensors");
+    let o = run(
+        &[
+            "grad",
+            "--weights",
+            weights.to_str().unwrap(),
+            "--batch",
+            b.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+        &[],
+    );
+    refused(&o, "hold NaN or infinity");
+    assert!(out.exists(), "the output is still written, to look at");
+    eprintln!("2 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SIGINT and SIGTERM: the step in flight finishes, the checkpoint is written, the exit status
+/// is 130 or 143 and says where; the run resumes from there.
+#[test]
+fn a_signal_saves_the_run_and_exits_with_its_status() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("signals");
+    for (signal, code) in [("INT", 130), ("TERM", 143)] {
+        let ck = dir.join(format!("{signal}.safetensors"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+            .args([
+                "train",
+                "--steps",
+                "1000",
+                "--batch",
+                "2",
+                "--eval-examples",
+                "0",
+                "--checkpoint",
+                ck.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once the first step is done (its line is printed), ask it to stop.
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let started = Instant::now();
+        while let Some(Ok(line)) = lines.next() {
+            if line.starts_with("step 1 ") || started.elapsed() > Duration::from_secs(300) {
+                break;
+            }
+        }
+        Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "SIG{signal}: {err}");
+        assert!(
+            err.contains(&format!("SIG{signal}: stopped after step")) && err.contains("--resume"),
+            "{err}"
+        );
+        let model = ResNet34::new(10).unwrap();
+        let saved = checkpoint::load(&ck, &model).unwrap();
+        assert!(saved.step >= 1 && saved.step < 1000, "step {}", saved.step);
+    }
+    eprintln!("2 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Messages that must say what is wrong in the user's words, and what to do.
+#[test]
+fn messages_name_what_to_change() {
+    if gpu().is_none() {
+        return;
+    }
+    refused(
+        &run(&["train", "--label-smoothing", "-0.1", "--steps", "1"], &[], &[]),
+        "label smoothing must be in [0, 1)",
+    );
+    refused(&run(&["train", "--lr", "-1", "--steps", "1"], &[], &[]), "learning rate");
+    refused(
+        &run(&["train", "--batch", "1", "--steps", "1"], &[], &[]),
+        "Expected more than 1 value per channel when training",
+    );
+    let metal = run(&["info"], &[("WGPU_BACKEND", "metal")], &[]);
+    refused(&metal, "WGPU_BACKEND=metal");
+    assert!(text(&metal).contains("This machine's adapters"), "{}", text(&metal));
+    refused(&run(&["info"], &[("SYNCSTEP_ADAPTER", "foo")], &[]), "SYNCSTEP_ADAPTER=\"foo\"");
+    refused(
+        &run(&["train", "--steps", "1"], &[("SYNCSTEP_ADAPTER", "7")], &[]),
+        "there is no adapter 7",
+    );
+    // No driver noise before anything of ours when XDG_RUNTIME_DIR is unset.
+    let o = run(&["info"], &[], &["XDG_RUNTIME_DIR"]);
+    assert!(o.status.success() && !text(&o).contains("XDG_RUNTIME_DIR"), "{}", text(&o));
+    // No held-out images asked for: said so, not "0.0%".
+    let o = run(&["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"], &[], &[]);
+    assert!(o.status.success() && text(&o).contains("not measured"), "{}", text(&o));
+    eprintln!("9 cases");
+}
+
+/// What could run for weeks is capped or refused up front: nothing hangs.
+#[test]
+fn nothing_runs_unbounded() {
+    if gpu().is_none() {
+        return;
+    }
+    let o = run(&["train", "--eval-examples", "100000000"], &[], &[]);
+    refused(&o, "at most 100000");
+    assert!(!text(&o).contains("syncstep train:"), "refused only after setting up: {}", text(&o));
+    eprintln!("1 case");
+}
