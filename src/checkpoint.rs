@@ -32,8 +32,10 @@ pub enum CheckpointError {
 pub const FORMAT: &str = "syncstep-checkpoint-2";
 
 /// The settings every checkpoint records and a resume reads back, none defaulted: the data
-/// (batch, image size, classes, seed) and the step's hyper-parameters.
-pub const REQUIRED_SETTINGS: [&str; 9] = [
+/// (what it is, batch, image size, classes, seed), the step's hyper-parameters and the
+/// learning-rate schedule. A run on images records more (`train::ImageSettings`).
+pub const REQUIRED_SETTINGS: [&str; 13] = [
+    "data",
     "batch",
     "image_size",
     "classes",
@@ -43,6 +45,9 @@ pub const REQUIRED_SETTINGS: [&str; 9] = [
     "weight_decay",
     "label_smoothing",
     "bn_momentum",
+    "lr_schedule",
+    "warmup_steps",
+    "schedule_steps",
 ];
 
 /// Flat parameters and running statistics from a file of torchvision names (f32 or f64).
@@ -58,6 +63,41 @@ pub fn load_weights(
         let t = file.require(&spec.name, &spec.shape)?;
         copy_finite(file, &spec.name, &t.values, &mut params[spec.range()])?;
     }
+    let running = load_running(file, model, running_required)?;
+    Ok((params, running))
+}
+
+/// Weights to fine-tune from (`train --init`): as [`load_weights`] reads them (running
+/// statistics optional), except that a classifier (`fc.*`) of another class count than the
+/// model's keeps `init`'s values. Returns the parameters, the running statistics and whether
+/// the classifier was kept from `init`.
+pub fn load_for_fine_tuning(
+    file: &TensorFile,
+    model: &ResNet34,
+    init: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, bool), CheckpointError> {
+    let mut params = init.to_vec();
+    let mut head_kept = false;
+    for spec in &model.params {
+        let other_head = spec.name.starts_with("fc.")
+            && file.tensors.get(&spec.name).is_some_and(|t| t.shape != spec.shape);
+        if other_head {
+            head_kept = true;
+            continue;
+        }
+        let t = file.require(&spec.name, &spec.shape)?;
+        copy_finite(file, &spec.name, &t.values, &mut params[spec.range()])?;
+    }
+    let running = load_running(file, model, false)?;
+    Ok((params, running, head_kept))
+}
+
+/// The running statistics of `file`: each required, or else defaulting to mean 0, variance 1.
+fn load_running(
+    file: &TensorFile,
+    model: &ResNet34,
+    running_required: bool,
+) -> Result<Vec<f32>, CheckpointError> {
     let mut running = model.init_buffers();
     for spec in &model.buffers {
         let t = if running_required {
@@ -69,7 +109,7 @@ pub fn load_weights(
             copy_finite(file, &spec.name, &t.values, &mut running[spec.range()])?;
         }
     }
-    Ok((params, running))
+    Ok(running)
 }
 
 fn copy_finite(

@@ -18,9 +18,12 @@ pub mod golden;
 pub mod gpu;
 pub mod host;
 pub mod kernels;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod metrics;
 pub mod model;
 pub mod parallel;
 pub mod reference;
+pub mod scores;
 pub mod selfcheck;
 pub mod step;
 pub mod tensorfile;

@@ -1,34 +1,61 @@
-//! Training on the embedded synthetic dataset: the step's data schedule (step s trains on
-//! examples s·B … s·B + B − 1 of the seeded dataset, so a resumed run sees exactly what an
-//! uninterrupted one would), evaluation on held-out examples, and checkpoints. On one device
-//! or data-parallel on R (each taking a shard of every batch, BatchNorm synchronised): the same
-//! schedule, and the same parameters step for step, bit for bit.
+//! A training run: steps on batches (the embedded synthetic dataset's own schedule, step s on
+//! examples s·B … s·B + B − 1, or batches a `data::loader` makes from images) at the rate of
+//! the learning-rate schedule, scores on held-out examples, and checkpoints that record every
+//! setting a bit-exact resume needs. On one device or data-parallel on R (each taking a shard
+//! of every batch, BatchNorm synchronised): the same parameters step for step, bit for bit.
 
 use std::collections::BTreeMap;
 
 use crate::checkpoint::Checkpoint;
+use crate::data::schedule::{LrSchedule, Schedule};
+use crate::data::source::DataSpec;
+use crate::data::transform::{Augment, Normalization};
 use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::Gpu;
 use crate::model::ResNet34;
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
+use crate::scores::Scores;
 use crate::step::{StepConfig, StepError};
 
 /// The held-out examples come from another seed stream than the training examples.
 const HELD_OUT_SEED: u64 = 0x00e7_a1d0_0075_eed5;
 
 /// What a run is: the data it sees and the step's hyper-parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TrainConfig {
     pub batch: usize,
     pub image_size: u32,
     pub classes: u32,
     pub seed: u64,
+    /// The step's hyper-parameters; `step.lr` is the schedule's base rate.
     pub step: StepConfig,
+    pub schedule: Schedule,
+    /// The images trained on; None for the embedded synthetic dataset.
+    pub images: Option<ImageSettings>,
+}
+
+/// A run on images (`--data`): what the loader needs to make the same batches again, and what
+/// `eval` and `predict` need to read a checkpoint's classes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageSettings {
+    pub data: DataSpec,
+    pub val_split: f64,
+    pub augment: Augment,
+    pub norm: Normalization,
+    pub class_names: Vec<String>,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig { batch: 16, image_size: 32, classes: 10, seed: 0, step: StepConfig::default() }
+        TrainConfig {
+            batch: 16,
+            image_size: 32,
+            classes: 10,
+            seed: 0,
+            step: StepConfig::default(),
+            schedule: Schedule::default(),
+            images: None,
+        }
     }
 }
 
@@ -38,7 +65,7 @@ impl TrainConfig {
     /// that they read back exactly).
     pub fn settings(&self) -> BTreeMap<String, String> {
         let s = &self.step;
-        BTreeMap::from([
+        let mut settings = BTreeMap::from([
             ("batch".into(), self.batch.to_string()),
             ("image_size".into(), self.image_size.to_string()),
             ("classes".into(), self.classes.to_string()),
@@ -48,20 +75,87 @@ impl TrainConfig {
             ("weight_decay".into(), s.weight_decay.to_string()),
             ("label_smoothing".into(), s.label_smoothing.to_string()),
             ("bn_momentum".into(), s.bn_momentum.to_string()),
-        ])
+            ("lr_schedule".into(), self.schedule.kind.to_string()),
+            ("warmup_steps".into(), self.schedule.warmup_steps.to_string()),
+            ("schedule_steps".into(), self.schedule.total_steps.to_string()),
+        ]);
+        match &self.images {
+            None => {
+                settings.insert("data".into(), DataSpec::Synthetic.to_string());
+            }
+            Some(i) => {
+                let list = |v: [f32; 3]| v.map(|x| x.to_string()).join(",");
+                settings.extend([
+                    ("data".into(), i.data.to_string()),
+                    ("val_split".into(), i.val_split.to_string()),
+                    ("augment".into(), i.augment.to_string()),
+                    ("mean".into(), list(i.norm.mean)),
+                    ("std".into(), list(i.norm.std)),
+                    (
+                        "class_names".into(),
+                        serde_json::to_string(&i.class_names).unwrap_or_default(),
+                    ),
+                ]);
+            }
+        }
+        settings
     }
-}
 
-/// How many held-out examples the model classified correctly.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    pub examples: usize,
-    pub correct: usize,
-}
+    /// The configuration `settings` records (a checkpoint's): every key required, none
+    /// defaulted.
+    pub fn from_settings(settings: &BTreeMap<String, String>) -> Result<TrainConfig, String> {
+        fn get<T: std::str::FromStr>(
+            settings: &BTreeMap<String, String>,
+            key: &str,
+        ) -> Result<T, String> {
+            let value = settings.get(key).ok_or_else(|| format!("setting `{key}` is missing"))?;
+            value.parse().map_err(|_| format!("setting `{key}` = {value:?} is not valid"))
+        }
+        let three = |key: &str| -> Result<[f32; 3], String> {
+            let text: String = get(settings, key)?;
+            let values: Vec<f32> = text.split(',').filter_map(|v| v.parse().ok()).collect();
+            values.try_into().map_err(|_| format!("setting `{key}` = {text:?} is not 3 numbers"))
+        };
+        let data: DataSpec = get(settings, "data")?;
+        let images = match data {
+            DataSpec::Synthetic => None,
+            data => Some(ImageSettings {
+                data,
+                val_split: get(settings, "val_split")?,
+                augment: get(settings, "augment")?,
+                norm: Normalization { mean: three("mean")?, std: three("std")? },
+                class_names: serde_json::from_str(&get::<String>(settings, "class_names")?)
+                    .map_err(|e| format!("setting `class_names` is not a list of names: {e}"))?,
+            }),
+        };
+        Ok(TrainConfig {
+            batch: get(settings, "batch")?,
+            image_size: get(settings, "image_size")?,
+            classes: get(settings, "classes")?,
+            seed: get(settings, "seed")?,
+            step: StepConfig {
+                lr: get(settings, "lr")?,
+                momentum: get(settings, "momentum")?,
+                weight_decay: get(settings, "weight_decay")?,
+                label_smoothing: get(settings, "label_smoothing")?,
+                bn_momentum: get(settings, "bn_momentum")?,
+            },
+            schedule: Schedule {
+                kind: get::<LrSchedule>(settings, "lr_schedule")?,
+                warmup_steps: get(settings, "warmup_steps")?,
+                total_steps: get(settings, "schedule_steps")?,
+            },
+            images,
+        })
+    }
 
-impl Evaluation {
-    pub fn accuracy(&self) -> f64 {
-        self.correct as f64 / self.examples.max(1) as f64
+    /// The names of the classes: the images' folders (or CIFAR's names), or the synthetic
+    /// dataset's patterns.
+    pub fn class_names(&self) -> Vec<String> {
+        match &self.images {
+            Some(i) => i.class_names.clone(),
+            None => (0..self.classes).map(crate::data::synthetic::class_name).collect(),
+        }
     }
 }
 
@@ -147,11 +241,22 @@ impl Trainer {
         synthetic_batch(c.seed, s * c.batch as u64, c.batch, c.image_size, c.image_size, c.classes)
     }
 
-    /// One SGD step on the next batch; returns its loss (the global batch's, on every replica).
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f32 {
+        self.cfg.schedule.lr(self.cfg.step.lr, self.step)
+    }
+
+    /// One SGD step on the synthetic dataset's next batch; returns its loss.
     pub async fn train_step(&mut self) -> Result<f32> {
         let batch = self.batch_of_step(self.step)?;
-        let cfg = self.cfg.step;
-        let out = self.replicas.forward_backward(&batch, &cfg, ParallelOptions::default()).await?;
+        self.train_on(&batch).await
+    }
+
+    /// One SGD step on `batch` (the global batch: each replica takes its shard) at the
+    /// schedule's rate; returns its loss (the global batch's, on every replica).
+    pub async fn train_on(&mut self, batch: &Batch) -> Result<f32> {
+        let cfg = StepConfig { lr: self.lr(), ..self.cfg.step };
+        let out = self.replicas.forward_backward(batch, &cfg, ParallelOptions::default()).await?;
         let loss = out[0].loss;
         if !loss.is_finite() {
             return Err(invalid(StepError::NonFiniteLoss { step: self.step, loss }));
@@ -161,40 +266,38 @@ impl Trainer {
         Ok(loss)
     }
 
-    /// Accuracy on `examples` held-out images (eval-mode BatchNorm, on replica 0), in batches of
-    /// one replica's shard (eval-mode logits do not depend on the batching); `progress` is told
-    /// how many are done after each batch.
+    /// Adds the eval-mode predictions of `batch` (on replica 0; eval-mode logits do not depend
+    /// on the batching) to `scores`.
+    pub async fn score(&mut self, batch: &Batch, scores: &mut Scores) -> Result<()> {
+        let logits = self.replicas.predict(batch).await?;
+        scores.add(&logits, &batch.labels);
+        Ok(())
+    }
+
+    /// Scores on `examples` held-out images of the synthetic dataset, in batches of one
+    /// replica's shard; `progress` is told how many are done after each batch.
     pub async fn evaluate(
         &mut self,
         examples: usize,
         progress: &mut dyn FnMut(usize),
-    ) -> Result<Evaluation> {
-        let c = self.cfg;
+    ) -> Result<Scores> {
+        let c = self.cfg.clone();
         let chunk = c.batch.div_ceil(self.replicas.replicas().len()).max(1);
-        let mut correct = 0;
-        let mut done = 0;
-        while done < examples {
-            let m = chunk.min(examples - done);
+        let mut scores = Scores::new(c.classes);
+        while scores.examples < examples {
+            let m = chunk.min(examples - scores.examples);
             let batch = synthetic_batch(
                 c.seed ^ HELD_OUT_SEED,
-                done as u64,
+                scores.examples as u64,
                 m,
                 c.image_size,
                 c.image_size,
                 c.classes,
             )?;
-            let logits = self.replicas.predict(&batch).await?;
-            let k = c.classes as usize;
-            correct += batch
-                .labels
-                .iter()
-                .enumerate()
-                .filter(|&(i, &y)| argmax(&logits[i * k..(i + 1) * k]) == y as usize)
-                .count();
-            done += m;
-            progress(done);
+            self.score(&batch, &mut scores).await?;
+            progress(scores.examples);
         }
-        Ok(Evaluation { examples, correct })
+        Ok(scores)
     }
 
     /// Everything a bit-exact resume needs. Data-parallel, every replica's state is read and
@@ -219,8 +322,4 @@ impl Trainer {
             settings: self.cfg.settings(),
         })
     }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }

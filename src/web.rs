@@ -25,7 +25,6 @@ use crate::golden::Golden;
 use crate::gpu::{self, Gpu};
 use crate::model::ResNet34;
 use crate::selfcheck::{self, Progress};
-use crate::step::StepConfig;
 use crate::train::{TrainConfig, Trainer};
 
 /// Runs once when the module is instantiated: console logging (warnings and errors) and a
@@ -215,7 +214,7 @@ pub async fn train_demo(
         image_size: size,
         classes: 10,
         seed: seed.into(),
-        step: StepConfig::default(),
+        ..TrainConfig::default()
     };
     ResNet34::check_image_size(size, size).map_err(js_error)?;
     let model = ResNet34::new(cfg.classes).map_err(js_error)?;
@@ -236,6 +235,117 @@ pub async fn train_demo(
         "seed": seed,
         "adapters": trainer.replicas.adapters(),
         "losses": losses,
+    });
+    parse(&report.to_string())
+}
+
+/// A short data-parallel training run on the visitor's own images, which never leave the
+/// browser: `files` is an array of `{path, bytes}` (a folder picker's files, `root/<class>/
+/// <image>`), decoded and split here by the same code as `syncstep train --data DIR` (a fifth
+/// of each class held out), augmented (resized-crop-flip) and normalised by their own
+/// statistics. `replicas` devices take `batch` images each of every step. `on_step` is called
+/// after each step with `{step, steps, loss, lr}`. Resolves to `{classes, train_images,
+/// val_images, losses, notes, predictions: [{path, label, top: [{class, probability}]}]}` with
+/// the predictions for up to `shown` held-out images.
+#[wasm_bindgen]
+#[allow(clippy::too_many_arguments)]
+pub async fn train_images(
+    files: js_sys::Array,
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    steps: u32,
+    seed: u32,
+    shown: u32,
+    on_step: Option<Function>,
+) -> Result<JsValue, JsError> {
+    use crate::data::loader::{self, Plan};
+    use crate::data::schedule::Epochs;
+    use crate::data::source::{folder_in_memory, DataSpec};
+    use crate::data::transform::{channel_stats, eval_image, Augment};
+    use crate::scores::{ranking, softmax};
+    use crate::train::ImageSettings;
+
+    if replicas == 0 || batch == 0 {
+        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
+    }
+    let mut named = Vec::with_capacity(files.length() as usize);
+    for file in files.iter() {
+        let field =
+            |key: &str| Reflect::get(&file, &key.into()).map_err(|e| js_error(describe_js(&e)));
+        let path =
+            field("path")?.as_string().ok_or_else(|| JsError::new("a file without a path"))?;
+        let bytes = js_sys::Uint8Array::new(&field("bytes")?).to_vec();
+        named.push((path, bytes));
+    }
+    let splits = folder_in_memory(named, 0.2, seed.into()).map_err(js_error)?;
+    let (train, val) = (splits.train, splits.val);
+    let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
+    let class_names = train.class_names.clone();
+    let cfg = TrainConfig {
+        batch: (replicas * batch) as usize,
+        image_size: size,
+        classes: class_names.len() as u32,
+        seed: seed.into(),
+        images: Some(ImageSettings {
+            data: DataSpec::Folder("browser".into()),
+            val_split: 0.2,
+            augment: Augment::ResizedCropFlip,
+            norm,
+            class_names: class_names.clone(),
+        }),
+        ..TrainConfig::default()
+    };
+    let epochs = Epochs { examples: train.len(), batch: cfg.batch, seed: cfg.seed };
+    if epochs.steps_per_epoch() == 0 {
+        return Err(JsError::new(&format!(
+            "{} training images are fewer than one batch of {}: pick more images or use a smaller batch",
+            train.len(),
+            cfg.batch
+        )));
+    }
+    ResNet34::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet34::new(cfg.classes).map_err(js_error)?;
+    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), None).map_err(js_error)?;
+    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, seed: cfg.seed };
+    let mut losses = Vec::with_capacity(steps as usize);
+    for step in 1..=steps {
+        let images = loader::batch(&train, &plan, size, &norm, trainer.step).map_err(js_error)?;
+        let lr = trainer.lr();
+        let loss = trainer.train_on(&images).await.map_err(js_error)?;
+        losses.push(loss);
+        if let Some(callback) = &on_step {
+            let event = json!({"step": step, "steps": steps, "loss": loss, "lr": lr});
+            call_progress(callback, &event);
+        }
+    }
+    let mut predictions = Vec::new();
+    for i in 0..val.len().min(shown as usize) {
+        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, &norm);
+        let one = crate::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
+        let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
+        let p = softmax(&logits);
+        let top: Vec<Value> = ranking(&logits)
+            .into_iter()
+            .take(3)
+            .map(|c| json!({"class": class_names[c], "probability": p[c]}))
+            .collect();
+        predictions.push(
+            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top}),
+        );
+    }
+    let report = json!({
+        "classes": class_names,
+        "train_images": train.len(),
+        "val_images": val.len(),
+        "replicas": replicas,
+        "batch_per_replica": batch,
+        "image_size": size,
+        "adapters": trainer.replicas.adapters(),
+        "losses": losses,
+        "notes": splits.notes,
+        "predictions": predictions,
     });
     parse(&report.to_string())
 }

@@ -7,8 +7,11 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod eval;
 mod grad;
 mod info;
+mod plot;
+mod predict;
 mod train;
 
 #[derive(Parser)]
@@ -27,13 +30,19 @@ enum Command {
     /// List the adapters wgpu sees: backend, type, driver, and the limits and features that matter.
     Info,
     /// Train ResNet-34 on the embedded synthetic dataset (runs in minutes on a CPU's lavapipe).
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// One step's loss, logits, gradients and BN statistics for given weights and batch.
     Grad(grad::GradArgs),
     /// Run the equivalence gates: R replicas with synchronised BatchNorm against one device at the global batch.
     Check(check::CheckArgs),
     /// Benchmark the training step on this adapter: images/s, GFLOP/s, memory, a roofline probe and (--profile) a per-layer breakdown.
     Bench(bench::BenchArgs),
+    /// Accuracy of a checkpoint on a dataset: top-1, top-5, per class, and the confusion matrix.
+    Eval(eval::EvalArgs),
+    /// The five likeliest classes of each image, by a checkpoint.
+    Predict(predict::PredictArgs),
+    /// Draw a training run's loss and accuracy curves from its --log file, as SVG or PNG.
+    Plot(plot::PlotArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -42,10 +51,13 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info::run(),
-        Command::Train(a) => train::run(a),
+        Command::Train(a) => train::run(*a),
         Command::Grad(a) => grad::run(a),
         Command::Check(a) => check::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Predict(a) => predict::run(a),
+        Command::Plot(a) => plot::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,191 @@
+//! `syncstep eval`: a checkpoint's accuracy on a dataset split (eval-mode BatchNorm): top-1,
+//! top-5, per class, and the confusion matrix, printed and (`--json`) written.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use syncstep::checkpoint;
+use syncstep::data::loader::{Loader, Plan};
+use syncstep::data::source::{self, DataSpec, Dataset};
+use syncstep::data::transform::Normalization;
+use syncstep::model::ResNet34;
+use syncstep::scores::Scores;
+use syncstep::tensorfile::TensorFile;
+use syncstep::train::{TrainConfig, Trainer};
+
+/// Classes up to which the confusion matrix is printed (the JSON always has it).
+const PRINTED_CONFUSION: usize = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Split {
+    Train,
+    Val,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// The checkpoint to evaluate (`train --checkpoint`).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The data: as `train --data` [default: the checkpoint's]. With a folder, the split is the
+    /// checkpoint's (DIR/val, or the same seeded --val-split fraction).
+    #[arg(long)]
+    data: Option<DataSpec>,
+    /// Which split to score.
+    #[arg(long, value_enum, default_value_t = Split::Val)]
+    split: Split,
+    /// Held-out images of the synthetic dataset to score (with synthetic data only).
+    #[arg(long, default_value_t = 1000)]
+    examples: usize,
+    /// Also write the scores, per-class accuracy and confusion matrix here, as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Threads decoding images [default: the CPU's cores].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// A checkpoint's run configuration and a trainer holding its weights, on one device.
+pub fn load_trained(
+    path: &Path,
+    adapter: Option<&str>,
+) -> Result<Trainer, Box<dyn std::error::Error>> {
+    let cfg = TrainConfig::from_settings(&TensorFile::read(path)?.metadata)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let ck = checkpoint::load(path, &ResNet34::new(cfg.classes)?)?;
+    let gpu = super::train::devices(adapter, &[], 1)?.remove(0);
+    Ok(Trainer::new(gpu, cfg, Some(ck))?)
+}
+
+/// Scores of `trainer` on every image of `data` (evaluation images: resized and center-cropped
+/// to `size`), decoded by `workers` threads; `progress` is told how many are done.
+pub fn score(
+    trainer: &mut Trainer,
+    data: Arc<Dataset>,
+    size: u32,
+    norm: Normalization,
+    workers: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Scores, Box<dyn std::error::Error>> {
+    let mut scores = Scores::new(trainer.cfg.classes);
+    let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
+    let mut loader = Loader::start(data, plan, size, norm, 0, workers);
+    while let Some((batch, _)) = loader.next_batch() {
+        pollster::block_on(trainer.score(&batch?, &mut scores))?;
+        progress(scores.examples);
+    }
+    Ok(scores)
+}
+
+pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = &args.json {
+        syncstep::files::check_output("--json", path, &[&args.checkpoint])?;
+    }
+    let mut trainer = load_trained(&args.checkpoint, args.adapter.as_deref())?;
+    let cfg = trainer.cfg.clone();
+    let spec = args
+        .data
+        .clone()
+        .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} images")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let scores = match (&spec, &cfg.images) {
+        (DataSpec::Synthetic, _) => {
+            bar.set_length(args.examples as u64);
+            let progress = &mut |done: usize| bar.set_position(done as u64);
+            pollster::block_on(trainer.evaluate(args.examples, progress))?
+        }
+        (_, None) => {
+            return Err(format!(
+                "{} was trained on the synthetic dataset: evaluate it with --data synthetic",
+                args.checkpoint.display()
+            )
+            .into())
+        }
+        (spec, Some(images)) => {
+            let splits = source::open(spec, images.val_split, cfg.seed)?;
+            let data = match args.split {
+                Split::Train => splits.train,
+                Split::Val => splits.val,
+            };
+            if data.class_names != images.class_names {
+                return Err(format!(
+                    "{spec}'s classes are not the ones {} was trained on",
+                    args.checkpoint.display()
+                )
+                .into());
+            }
+            if data.is_empty() {
+                return Err(format!("{spec} has no {:?} images", args.split).into());
+            }
+            bar.set_length(data.len() as u64);
+            let workers = args
+                .workers
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+            let progress = &mut |done: usize| bar.set_position(done as u64);
+            score(&mut trainer, Arc::new(data), cfg.image_size, images.norm, workers, progress)?
+        }
+    };
+    bar.finish_and_clear();
+    let names = cfg.class_names();
+    print_scores(&args, &spec, &scores, &names);
+    if let Some(path) = &args.json {
+        let per_class: Vec<_> = scores
+            .per_class()
+            .iter()
+            .zip(&names)
+            .map(|(&(examples, accuracy), name)| {
+                json!({"name": name, "examples": examples, "accuracy": accuracy})
+            })
+            .collect();
+        let confusion: Vec<&[u64]> = scores.confusion.chunks(scores.classes).collect();
+        let report = json!({
+            "checkpoint": args.checkpoint.display().to_string(),
+            "data": spec.to_string(),
+            "split": format!("{:?}", args.split).to_lowercase(),
+            "step": trainer.step,
+            "examples": scores.examples,
+            "top1": scores.top1(),
+            "top5": scores.top5(),
+            "classes": per_class,
+            "confusion": confusion,
+        });
+        let text = serde_json::to_string_pretty(&report)?;
+        syncstep::files::write_atomic(path, text.as_bytes())?;
+        println!("scores: {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_scores(args: &EvalArgs, spec: &DataSpec, scores: &Scores, names: &[String]) {
+    println!(
+        "{} on {spec} ({:?}, {} images): top-1 {:.2}%, top-5 {:.2}%",
+        args.checkpoint.display(),
+        args.split,
+        scores.examples,
+        100.0 * scores.top1(),
+        100.0 * scores.top5()
+    );
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(5).clamp(5, 24);
+    println!("{:<width$}  images  top-1", "class");
+    for ((examples, accuracy), name) in scores.per_class().into_iter().zip(names) {
+        let accuracy = accuracy.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+        println!("{name:<width$}  {examples:>6}  {accuracy:>5}");
+    }
+    if scores.classes <= PRINTED_CONFUSION {
+        println!("confusion (row: true class, column: predicted, in class order):");
+        for row in scores.confusion.chunks(scores.classes) {
+            let cells: Vec<String> = row.iter().map(|v| format!("{v:>5}")).collect();
+            println!("{}", cells.join(""));
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! SIGINT and SIGTERM while training: stop after the step in flight, keeping the run.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// SIGINT and SIGTERM while training: the first asks the run to stop after the step in flight,
+/// a second ends the process at once. Dropped, the default actions return (an evaluation or
+/// a save in progress is simply killed: nothing is lost that was not saved).
+pub struct StopSignals {
+    /// Which signal asked the run to stop, or 0 while none has.
+    stop: Arc<AtomicUsize>,
+    handlers: Vec<signal_hook::SigId>,
+}
+
+impl StopSignals {
+    pub fn register() -> Result<StopSignals, std::io::Error> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let stop = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(AtomicBool::new(false));
+        let mut handlers = Vec::new();
+        for signal in [SIGINT, SIGTERM] {
+            // Handlers run in the order registered: a second signal, while the step in flight
+            // finishes, finds `seen` set and ends the process at once.
+            handlers.push(signal_hook::flag::register_conditional_shutdown(
+                signal,
+                128 + signal,
+                seen.clone(),
+            )?);
+            handlers.push(signal_hook::flag::register(signal, seen.clone())?);
+            handlers.push(signal_hook::flag::register_usize(
+                signal,
+                stop.clone(),
+                signal as usize,
+            )?);
+        }
+        Ok(StopSignals { stop, handlers })
+    }
+
+    pub fn received(&self) -> usize {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for id in self.handlers.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}

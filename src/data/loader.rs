@@ -1,0 +1,248 @@
+//! The input pipeline: background threads decode and augment the batches of the next steps
+//! while the GPU trains on the current one. Each batch is a function of its step alone (the
+//! epoch's shuffle, and each image's augmentation seeded by (seed, epoch, example)), so the
+//! number of threads and their timing never change what a step sees. Where there are no
+//! threads (a browser), [`batch`] makes the same batches on the caller's.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::schedule::Epochs;
+use super::source::{Dataset, DatasetError};
+use super::transform::{eval_image, example_rng, train_image, Augment, Normalization};
+use super::Batch;
+
+/// Which examples a batch holds and how its images are made.
+#[derive(Clone, Copy, Debug)]
+pub enum Plan {
+    /// Step s trains on the s-th batch of the epochs' shuffles, augmented.
+    Train { epochs: Epochs, augment: Augment, seed: u64 },
+    /// Batch s holds examples s·batch … in order (the last one shorter), evaluation images.
+    Eval { batch: usize },
+}
+
+impl Plan {
+    /// Batches a pass takes: unbounded for training, ⌈len/batch⌉ for evaluation.
+    pub fn batches(&self, examples: usize) -> u64 {
+        match *self {
+            Plan::Train { .. } => u64::MAX,
+            Plan::Eval { batch } => examples.div_ceil(batch.max(1)) as u64,
+        }
+    }
+}
+
+type Made = (u64, Result<Batch, DatasetError>);
+
+/// Batches in step order from `workers` threads, at most `prefetch` steps ahead.
+pub struct Loader {
+    requests: Option<Sender<u64>>,
+    made: Receiver<Made>,
+    ready: BTreeMap<u64, Result<Batch, DatasetError>>,
+    next: u64,
+    requested: u64,
+    end: u64,
+    prefetch: u64,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Loader {
+    /// Starts the threads on the batches from `first` on.
+    pub fn start(
+        data: Arc<Dataset>,
+        plan: Plan,
+        size: u32,
+        norm: Normalization,
+        first: u64,
+        workers: usize,
+    ) -> Loader {
+        let (requests, jobs) = mpsc::channel::<u64>();
+        let (done, made) = mpsc::channel::<Made>();
+        let jobs = Arc::new(Mutex::new(jobs));
+        let threads = (0..workers.max(1))
+            .map(|_| {
+                let (jobs, done, data) = (jobs.clone(), done.clone(), data.clone());
+                std::thread::spawn(move || {
+                    let mut epoch_order: Option<(u64, Vec<usize>)> = None;
+                    loop {
+                        let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok(step) = job else { return };
+                        let batch = make_batch(&data, &plan, size, &norm, step, &mut epoch_order);
+                        if done.send((step, batch)).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let prefetch = 2 * workers.max(1) as u64;
+        let mut loader = Loader {
+            requests: Some(requests),
+            made,
+            ready: BTreeMap::new(),
+            next: first,
+            requested: first,
+            end: plan.batches(data.len()),
+            prefetch,
+            threads,
+        };
+        loader.request_ahead();
+        loader
+    }
+
+    fn request_ahead(&mut self) {
+        let Some(requests) = &self.requests else { return };
+        while self.requested < self.end && self.requested < self.next + self.prefetch {
+            if requests.send(self.requested).is_err() {
+                return;
+            }
+            self.requested += 1;
+        }
+    }
+
+    /// The next batch in order and how long this call waited for it; None after the last.
+    pub fn next_batch(&mut self) -> Option<(Result<Batch, DatasetError>, Duration)> {
+        if self.next >= self.end {
+            return None;
+        }
+        let start = Instant::now();
+        let batch = loop {
+            if let Some(batch) = self.ready.remove(&self.next) {
+                break batch;
+            }
+            match self.made.recv() {
+                Ok((step, batch)) => {
+                    self.ready.insert(step, batch);
+                }
+                Err(_) => {
+                    break Err(DatasetError::Worker("the loader's threads ended early".into()))
+                }
+            }
+        };
+        let waited = start.elapsed();
+        self.next += 1;
+        self.request_ahead();
+        Some((batch, waited))
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Closing the request channel ends each thread after its batch in hand.
+        self.requests = None;
+        while self.made.try_recv().is_ok() {}
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Batch `step` of `plan`, made on this thread.
+pub fn batch(
+    data: &Dataset,
+    plan: &Plan,
+    size: u32,
+    norm: &Normalization,
+    step: u64,
+) -> Result<Batch, DatasetError> {
+    make_batch(data, plan, size, norm, step, &mut None)
+}
+
+/// Batch `step` of `plan`; `epoch_order` keeps the thread's last epoch shuffle.
+fn make_batch(
+    data: &Dataset,
+    plan: &Plan,
+    size: u32,
+    norm: &Normalization,
+    step: u64,
+    epoch_order: &mut Option<(u64, Vec<usize>)>,
+) -> Result<Batch, DatasetError> {
+    let (examples, epoch): (Vec<usize>, u64) = match *plan {
+        Plan::Train { epochs, .. } => {
+            let epoch = epochs.epoch_of(step);
+            if epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
+                *epoch_order = Some((epoch, epochs.order(epoch)));
+            }
+            let order = &epoch_order.as_ref().map_or(&[][..], |(_, o)| o);
+            (epochs.examples_of(step, order).to_vec(), epoch)
+        }
+        Plan::Eval { batch } => {
+            let start = step as usize * batch;
+            ((start..(start + batch).min(data.len())).collect(), 0)
+        }
+    };
+    let image_len = 3 * size as usize * size as usize;
+    let mut images =
+        crate::host::vec_with_capacity(examples.len() * image_len, "a batch of decoded images")?;
+    let mut labels = Vec::with_capacity(examples.len());
+    for &i in &examples {
+        let img = data.decode(i)?;
+        let pixels = match *plan {
+            Plan::Train { augment, seed, .. } => {
+                let mut rng = example_rng(seed, epoch, i as u64);
+                train_image(&img, size, augment, &mut rng, norm)
+            }
+            Plan::Eval { .. } => eval_image(&img, size, norm),
+        };
+        images.extend(pixels);
+        labels.push(data.label(i));
+    }
+    Ok(Batch { images, labels, h: size, w: size })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::RgbImage;
+
+    fn dataset(n: u32) -> Arc<Dataset> {
+        let images = (0..n)
+            .map(|i| {
+                (
+                    RgbImage::from_fn(20 + i, 24, |x, y| image::Rgb([x as u8, y as u8, i as u8])),
+                    i % 3,
+                )
+            })
+            .collect();
+        Arc::new(Dataset::from_images(vec!["a".into(), "b".into(), "c".into()], images))
+    }
+
+    fn batches(
+        data: &Arc<Dataset>,
+        plan: Plan,
+        first: u64,
+        count: usize,
+        workers: usize,
+    ) -> Vec<Batch> {
+        let mut loader =
+            Loader::start(data.clone(), plan, 16, Normalization::IMAGENET, first, workers);
+        (0..count).map(|_| loader.next_batch().unwrap().0.unwrap()).collect()
+    }
+
+    #[test]
+    fn batches_depend_on_the_step_alone() {
+        let data = dataset(10);
+        let epochs = Epochs { examples: 10, batch: 4, seed: 3 };
+        let plan = Plan::Train { epochs, augment: Augment::CropFlip, seed: 3 };
+        let one = batches(&data, plan, 0, 6, 1);
+        assert_eq!(one, batches(&data, plan, 0, 6, 3));
+        assert_eq!(one[3..], batches(&data, plan, 3, 3, 2)[..]);
+        assert!(one.iter().all(|b| b.len() == 4 && b.images.len() == 4 * 3 * 16 * 16));
+        // Steps 0 and 2 are the first of epochs 0 and 1: other shuffles, other augmentations.
+        assert_ne!(one[0].images, one[2].images);
+    }
+
+    #[test]
+    fn an_evaluation_pass_covers_every_example_once_in_order() {
+        let data = dataset(7);
+        let mut loader =
+            Loader::start(data.clone(), Plan::Eval { batch: 3 }, 16, Normalization::IMAGENET, 0, 2);
+        let mut labels = Vec::new();
+        while let Some((batch, _)) = loader.next_batch() {
+            labels.extend(batch.unwrap().labels);
+        }
+        assert_eq!(labels, (0..7).map(|i| i % 3).collect::<Vec<u32>>());
+    }
+}

@@ -1,0 +1,462 @@
+//! Datasets of images: what `--data` names, the train and validation splits it opens to, and
+//! one example's image, decoded only when a batch asks for it (an image folder can hold a
+//! million files; a scan reads names, never pixels).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub use image::RgbImage;
+
+use super::cifar::Records;
+
+/// One split of a dataset: its images (decoded on demand) and labels.
+pub struct Dataset {
+    pub class_names: Vec<String>,
+    items: Items,
+}
+
+enum Items {
+    /// Image files and their labels.
+    #[cfg(not(target_arch = "wasm32"))]
+    Files(Vec<(PathBuf, u32)>),
+    Cifar(Records),
+    /// Decoded images, shared between subsets; `order` picks this set's examples.
+    Memory {
+        images: Arc<Vec<(RgbImage, u32)>>,
+        order: Vec<usize>,
+    },
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => files.len(),
+            Items::Cifar(records) => records.len(),
+            Items::Memory { order, .. } => order.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn classes(&self) -> u32 {
+        self.class_names.len() as u32
+    }
+
+    /// The label of example `i` (panics past `len`, as slice indexing does).
+    pub fn label(&self, i: usize) -> u32 {
+        match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => files[i].1,
+            Items::Cifar(records) => records.label(i),
+            Items::Memory { images, order } => images[order[i]].1,
+        }
+    }
+
+    /// What a user would look for to find example `i`: its file, or its CIFAR file and record.
+    pub fn name(&self, i: usize) -> String {
+        match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => files[i].0.display().to_string(),
+            Items::Cifar(records) => records.name(i),
+            Items::Memory { order, .. } => format!("image {}", order[i]),
+        }
+    }
+
+    /// Example `i`'s image as 8-bit RGB, whatever the file held (grayscale, alpha, palette and
+    /// 16-bit images are converted; alpha is dropped, not composited).
+    pub fn decode(&self, i: usize) -> Result<RgbImage, DatasetError> {
+        match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => decode_file(&files[i].0),
+            Items::Cifar(records) => Ok(records.decode(i)),
+            Items::Memory { images, order } => {
+                with_pixels(images[order[i]].0.clone(), || self.name(i))
+            }
+        }
+    }
+
+    /// A dataset of images already decoded (the browser's uploads, tests). Labels are checked
+    /// against the class count where batches are made (`Batch::validate`).
+    pub fn from_images(class_names: Vec<String>, images: Vec<(RgbImage, u32)>) -> Dataset {
+        let order = (0..images.len()).collect();
+        Dataset { class_names, items: Items::Memory { images: Arc::new(images), order } }
+    }
+
+    /// The examples at `indices`, in that order. Image bytes are shared, not copied.
+    pub fn subset(&self, indices: &[usize]) -> Dataset {
+        let items = match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => {
+                Items::Files(indices.iter().map(|&i| files[i].clone()).collect())
+            }
+            Items::Cifar(records) => Items::Cifar(records.subset(indices)),
+            Items::Memory { images, order } => Items::Memory {
+                images: Arc::clone(images),
+                order: indices.iter().map(|&i| order[i]).collect(),
+            },
+        };
+        Dataset { class_names: self.class_names.clone(), items }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn from_files(class_names: Vec<String>, files: Vec<(PathBuf, u32)>) -> Dataset {
+        Dataset { class_names, items: Items::Files(files) }
+    }
+
+    pub(super) fn from_records(class_names: Vec<String>, records: Records) -> Dataset {
+        Dataset { class_names, items: Items::Cifar(records) }
+    }
+}
+
+/// Not derived: a derived `Debug` would print every pixel.
+impl fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dataset")
+            .field("examples", &self.len())
+            .field("classes", &self.class_names.len())
+            .finish()
+    }
+}
+
+/// The image file at `path` as 8-bit RGB, as `Dataset::decode` reads it. The format comes
+/// from the bytes, not the extension: a PNG named .jpg still decodes.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn decode_file(path: &Path) -> Result<RgbImage, DatasetError> {
+    let bytes = std::fs::read(path)
+        .map_err(|source| DatasetError::Io { path: path.to_path_buf(), source })?;
+    let name = || path.display().to_string();
+    let img = image::load_from_memory(&bytes)
+        .map_err(|e| DatasetError::Decode { name: name(), reason: e.to_string() })?;
+    with_pixels(img.into_rgb8(), name)
+}
+
+/// `img`, unless it has no pixels: nothing could be learnt from it.
+fn with_pixels(img: RgbImage, name: impl Fn() -> String) -> Result<RgbImage, DatasetError> {
+    if img.width() == 0 || img.height() == 0 {
+        return Err(DatasetError::Decode { name: name(), reason: "it has no pixels".into() });
+    }
+    Ok(img)
+}
+
+/// The extensions of the image files a folder's classes hold (any case).
+pub const EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "bmp", "webp"];
+
+pub fn is_image(path: &Path) -> bool {
+    let ext = path.extension().map(|e| e.to_string_lossy()).unwrap_or_default();
+    EXTENSIONS.iter().any(|known| ext.eq_ignore_ascii_case(known))
+}
+
+/// The splits of an image folder given as its files' paths (`root/<class>/<image>`, as a
+/// browser's folder picker gives them) and bytes, decoded now: classes are the images' folders,
+/// sorted by name; other files are skipped (and counted in a note); `val_split` of each class
+/// is held out as [`hold_out`] does.
+pub fn folder_in_memory(
+    files: Vec<(String, Vec<u8>)>,
+    val_split: f64,
+    seed: u64,
+) -> Result<Splits, DatasetError> {
+    if !(0.0..1.0).contains(&val_split) {
+        return Err(DatasetError::ValSplit { value: val_split });
+    }
+    let mut by_class: std::collections::BTreeMap<String, Vec<(String, Vec<u8>)>> =
+        Default::default();
+    let mut skipped = 0;
+    for (path, bytes) in files {
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        match parts.as_slice() {
+            [_root, .., class, name] if is_image(Path::new(name)) && !name.starts_with('.') => {
+                by_class.entry(class.to_string()).or_default().push((path.clone(), bytes))
+            }
+            _ => skipped += 1,
+        }
+    }
+    let root = || PathBuf::from("the folder picked");
+    match by_class.len() {
+        0 => return Err(DatasetError::NoClasses { dir: root() }),
+        1 => {
+            let class = by_class.into_keys().next().unwrap_or_default();
+            return Err(DatasetError::OneClass { dir: root(), class });
+        }
+        _ => {}
+    }
+    let class_names: Vec<String> = by_class.keys().cloned().collect();
+    let mut classes = Vec::with_capacity(class_names.len());
+    for (_, mut files) in by_class {
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut images = Vec::with_capacity(files.len());
+        for (path, bytes) in files {
+            let img = image::load_from_memory(&bytes)
+                .map_err(|e| DatasetError::Decode { name: path, reason: e.to_string() })?;
+            images.push(img.into_rgb8());
+        }
+        classes.push(images);
+    }
+    let (train, val) = hold_out(classes, val_split, seed);
+    let mut notes =
+        vec![format!("{} of each class held out for validation (seed {seed})", val_split)];
+    if skipped > 0 {
+        notes.push(format!(
+            "skipped {skipped} files that are not .{} images in a class folder",
+            EXTENSIONS.join(", .")
+        ));
+    }
+    Ok(Splits {
+        train: Dataset::from_images(class_names.clone(), train),
+        val: Dataset::from_images(class_names, val),
+        notes,
+    })
+}
+
+/// Examples with their labels (class indices).
+pub type Labelled<T> = Vec<(T, u32)>;
+
+/// Splits each class's examples (`classes[label]`): a `val_split` fraction (rounded; at least
+/// one where the class has two, never all) drawn with `seed` and the class index, so a class's
+/// split does not depend on the others. Both keep the given order. Returns (train, val), each
+/// example with its label.
+pub fn hold_out<T>(classes: Vec<Vec<T>>, val_split: f64, seed: u64) -> (Labelled<T>, Labelled<T>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (label, examples) in classes.into_iter().enumerate() {
+        let n = examples.len();
+        let held = if val_split <= 0.0 || n < 2 {
+            0
+        } else {
+            ((n as f64 * val_split).round() as usize).clamp(1, n - 1)
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(label as u64);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut rng);
+        let mut is_held = vec![false; n];
+        for &i in &order[..held] {
+            is_held[i] = true;
+        }
+        for (example, held) in examples.into_iter().zip(is_held) {
+            if held { &mut val } else { &mut train }.push((example, label as u32));
+        }
+    }
+    (train, val)
+}
+
+/// Where examples come from, as the --data flag names it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSpec {
+    Synthetic,
+    Folder(PathBuf),
+    Cifar10(PathBuf),
+    Cifar100(PathBuf),
+}
+
+impl FromStr for DataSpec {
+    type Err = DatasetError;
+
+    /// "synthetic", "cifar10:DIR", "cifar100:DIR", or any other text: an image folder.
+    fn from_str(s: &str) -> Result<DataSpec, DatasetError> {
+        let dir = |rest: &str, format: &str| {
+            if rest.is_empty() {
+                Err(DatasetError::Spec {
+                    spec: s.to_string(),
+                    problem: format!("name the folder of the {format} binary files after the colon, e.g. {format}:data/cifar"),
+                })
+            } else {
+                Ok(PathBuf::from(rest))
+            }
+        };
+        if s == "synthetic" {
+            Ok(DataSpec::Synthetic)
+        } else if let Some(rest) = s.strip_prefix("cifar100:") {
+            Ok(DataSpec::Cifar100(dir(rest, "cifar100")?))
+        } else if let Some(rest) = s.strip_prefix("cifar10:") {
+            Ok(DataSpec::Cifar10(dir(rest, "cifar10")?))
+        } else if s.is_empty() {
+            Err(DatasetError::Spec {
+                spec: s.to_string(),
+                problem: "name an image folder, cifar10:DIR, cifar100:DIR or synthetic".into(),
+            })
+        } else {
+            Ok(DataSpec::Folder(PathBuf::from(s)))
+        }
+    }
+}
+
+impl fmt::Display for DataSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataSpec::Synthetic => write!(f, "synthetic"),
+            DataSpec::Cifar10(dir) => write!(f, "cifar10:{}", dir.display()),
+            DataSpec::Cifar100(dir) => write!(f, "cifar100:{}", dir.display()),
+            DataSpec::Folder(dir) => {
+                // A folder named like another spec reads back as that spec unless marked local.
+                let text = dir.display().to_string();
+                match text.parse() {
+                    Ok(DataSpec::Folder(_)) => write!(f, "{text}"),
+                    _ => write!(f, "./{text}"),
+                }
+            }
+        }
+    }
+}
+
+/// A dataset's train and validation splits.
+#[derive(Debug)]
+pub struct Splits {
+    pub train: Dataset,
+    pub val: Dataset,
+    /// What the user should be told: how the validation split was made, what was skipped.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("{}: {source}; check that it exists and can be read", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{name}: not a decodable image ({reason}): remove or replace it")]
+    Decode { name: String, reason: String },
+    #[error("{} is not a folder: --data takes an image folder (DIR/<class>/<image>), cifar10:DIR or cifar100:DIR", path.display())]
+    NotAFolder { path: PathBuf },
+    #[error("{} has no class folders: an image folder holds one subfolder of images per class, DIR/<class>/<image>.png (or .jpg, .jpeg, .bmp, .webp)", dir.display())]
+    NoClasses { dir: PathBuf },
+    #[error("{} has a single class folder, {class}: classification needs two classes at least; add a folder of images per class", dir.display())]
+    OneClass { dir: PathBuf, class: String },
+    #[error("{} holds no image (.png, .jpg, .jpeg, .bmp, .webp): add images to it or remove it", dir.display())]
+    EmptyClass { dir: PathBuf },
+    #[error("the classes of {} and {} differ (only in train: {only_train}; only in val: {only_val}): give both the same class folders", train.display(), val.display())]
+    ClassMismatch { train: PathBuf, val: PathBuf, only_train: String, only_val: String },
+    #[error("no class of {} has two images, so none can be held out for validation: add images, or use a validation split of 0", dir.display())]
+    TooFewImages { dir: PathBuf },
+    #[error("validation split {value} is not in [0, 1): use a fraction such as 0.1 (a tenth of each class held out), or 0 for no validation")]
+    ValSplit { value: f64 },
+    #[error("{} lacks {missing}: {expected}", dir.display())]
+    MissingFiles { dir: PathBuf, missing: String, expected: String },
+    #[error("{name} is {len} bytes, not a positive multiple of the {record}-byte record: the file is truncated or of another format; download it again")]
+    CifarLength { name: String, len: u64, record: usize },
+    #[error("{name}: label {label} is not below the class count {classes}: the file is damaged or of another dataset; download it again")]
+    CifarLabel { name: String, label: u32, classes: u32 },
+    #[error("{name} lists {found} class names, not {classes}: fix it (one name a line) or remove it to use numbered names")]
+    CifarNames { name: String, found: usize, classes: u32 },
+    #[error("--data {spec:?}: {problem}")]
+    Spec { spec: String, problem: String },
+    #[error("unknown augmentation {value:?}: use none, crop-flip or resized-crop-flip")]
+    Augment { value: String },
+    #[error("the synthetic dataset is generated, not opened: make its batches with data::synthetic_batch")]
+    Synthetic,
+    #[error(
+        "{what} has no images to measure: give it images, or give the normalisation explicitly"
+    )]
+    NoImages { what: String },
+    /// The data loader's threads stopped or failed; the text says how.
+    #[error("the data loader failed: {0}")]
+    Worker(String),
+    #[error(transparent)]
+    HostMemory(#[from] crate::host::OutOfMemory),
+}
+
+/// Opens a dataset (native): the splits of `spec`. `val_split` (in [0, 1)) is the fraction of
+/// each class held out with `seed` where the dataset has no validation split of its own.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn open(spec: &DataSpec, val_split: f64, seed: u64) -> Result<Splits, DatasetError> {
+    if !(0.0..1.0).contains(&val_split) {
+        return Err(DatasetError::ValSplit { value: val_split });
+    }
+    match spec {
+        DataSpec::Synthetic => Err(DatasetError::Synthetic),
+        DataSpec::Folder(dir) => super::folder::open(dir, val_split, seed),
+        DataSpec::Cifar10(dir) => super::cifar::open(dir, super::cifar::CifarKind::Ten),
+        DataSpec::Cifar100(dir) => super::cifar::open(dir, super::cifar::CifarKind::Hundred),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(shade: u8) -> Vec<u8> {
+        let img = RgbImage::from_fn(5, 4, |x, y| image::Rgb([shade, x as u8 * 40, y as u8 * 50]));
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut bytes, image::ImageFormat::Png).unwrap();
+        bytes.into_inner()
+    }
+
+    #[test]
+    fn a_folder_in_memory_is_split_by_class_and_bad_files_are_named() {
+        let mut files = vec![
+            ("pick/notes.txt".to_string(), b"not an image".to_vec()),
+            ("pick/top.png".to_string(), png(1)),
+        ];
+        for i in 0..5u8 {
+            files.push((format!("pick/zebra/{i}.png"), png(100 + i)));
+            files.push((format!("pick/ant/{i}.PNG"), png(10 + i)));
+        }
+        let splits = folder_in_memory(files.clone(), 0.2, 3).unwrap();
+        assert_eq!(splits.train.class_names, ["ant", "zebra"]);
+        assert_eq!((splits.train.len(), splits.val.len()), (8, 2));
+        assert!(splits.notes.iter().any(|n| n.contains("skipped 2 files")), "{:?}", splits.notes);
+        let ants = (0..8).filter(|&i| splits.train.label(i) == 0).count();
+        assert_eq!(ants, 4);
+        assert_eq!(splits.train.decode(0).unwrap().get_pixel(0, 0).0[0] / 10, 1);
+
+        files.push(("pick/ant/broken.png".to_string(), png(9)[..30].to_vec()));
+        let e = folder_in_memory(files, 0.2, 3).unwrap_err().to_string();
+        assert!(e.contains("pick/ant/broken.png"), "{e}");
+        let one = vec![("pick/ant/0.png".to_string(), png(1))];
+        assert!(matches!(folder_in_memory(one, 0.2, 3), Err(DatasetError::OneClass { .. })));
+    }
+
+    #[test]
+    fn data_specs_round_trip_and_an_empty_folder_is_refused() {
+        for spec in [
+            DataSpec::Synthetic,
+            DataSpec::Folder("photos/train set".into()),
+            DataSpec::Folder("synthetic".into()),
+            DataSpec::Folder("cifar10:x".into()),
+            DataSpec::Cifar10("/data/cifar-10-batches-bin".into()),
+            DataSpec::Cifar100("c100".into()),
+        ] {
+            let text = spec.to_string();
+            let back: DataSpec = text.parse().unwrap();
+            assert_eq!(back.to_string(), text);
+            match (&spec, &back) {
+                // A folder named like another spec comes back as ./name: the same folder.
+                (DataSpec::Folder(a), DataSpec::Folder(b)) => assert!(b.ends_with(a), "{b:?}"),
+                _ => assert_eq!(back, spec),
+            }
+        }
+        assert_eq!("cifar100:d".parse::<DataSpec>().unwrap(), DataSpec::Cifar100("d".into()));
+        for bad in ["cifar10:", "cifar100:", ""] {
+            let e = bad.parse::<DataSpec>().unwrap_err().to_string();
+            assert!(e.contains("name"), "{e}");
+        }
+        let e = open(&DataSpec::Synthetic, 0.1, 0).unwrap_err();
+        assert!(matches!(e, DatasetError::Synthetic), "{e}");
+        for value in [-0.1, 1.0, f64::NAN] {
+            let e = open(&DataSpec::Folder("x".into()), value, 0).unwrap_err().to_string();
+            assert!(e.contains("not in [0, 1)"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_subset_keeps_order_labels_and_pixels() {
+        let img = |v: u8| RgbImage::from_pixel(2, 3, image::Rgb([v, v / 2, 255 - v]));
+        let ds = Dataset::from_images(
+            vec!["a".into(), "b".into(), "c".into()],
+            vec![(img(10), 0), (img(20), 1), (img(30), 2), (img(40), 1)],
+        );
+        assert_eq!((ds.len(), ds.classes()), (4, 3));
+        let sub = ds.subset(&[3, 0, 3]);
+        assert_eq!(sub.len(), 3);
+        assert_eq!((sub.label(0), sub.label(1), sub.label(2)), (1, 0, 1));
+        assert_eq!(sub.decode(0).unwrap(), img(40));
+        assert_eq!(sub.name(1), "image 0");
+        let subsub = sub.subset(&[1]);
+        assert_eq!(subsub.decode(0).unwrap(), img(10));
+        let empty = Dataset::from_images(vec![], vec![(RgbImage::new(0, 0), 0)]);
+        assert!(empty.decode(0).unwrap_err().to_string().contains("no pixels"));
+    }
+}

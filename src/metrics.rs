@@ -1,0 +1,337 @@
+//! A training run's metrics log: JSON Lines, one [`Record`] a line, each written whole and
+//! flushed as it comes, so that a killed run keeps every line it wrote (the last one perhaps cut
+//! short, which the reader skips).
+//!
+//! A run resumed from a checkpoint appends to the same log and drops nothing. The log may then
+//! hold a step twice: once from the run that got further before it was stopped, once from the
+//! run resumed from an earlier checkpoint. The reader keeps the later: a training record of step
+//! s replaces everything read so far of step s or later. An evaluation record follows the
+//! training record of its step, and is merged into it.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::files::{self, FileError};
+
+/// One line of the log: a training step (`loss` set) or an evaluation after a step (`val_top1`
+/// set, `loss` not), or both at once. Fields not measured are left out of the line.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// Steps done when recorded: 1 after the first step, 0 for an evaluation before training.
+    pub step: u64,
+    /// The epoch this step belongs to (0-based).
+    pub epoch: u64,
+    /// The step's training loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f32>,
+    /// The learning rate the step used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f32>,
+    /// Training images per second over the step's wall time, all replicas together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images_per_s: Option<f64>,
+    /// Fraction (0..1) of the step's wall time spent waiting for data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_wait: Option<f64>,
+    /// Top-1 accuracy (0..1) on the validation set, on a line written after an evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_top1: Option<f64>,
+    /// Top-5 accuracy (0..1) on the validation set, on a line written after an evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_top5: Option<f64>,
+}
+
+impl Record {
+    /// Whether this records a training step (rather than only an evaluation).
+    pub fn is_training(&self) -> bool {
+        self.loss.is_some()
+    }
+
+    /// Takes every field `later` sets, keeping this record's others.
+    fn merge(&mut self, later: Record) {
+        self.epoch = later.epoch;
+        self.loss = later.loss.or(self.loss);
+        self.lr = later.lr.or(self.lr);
+        self.images_per_s = later.images_per_s.or(self.images_per_s);
+        self.data_wait = later.data_wait.or(self.data_wait);
+        self.val_top1 = later.val_top1.or(self.val_top1);
+        self.val_top5 = later.val_top5.or(self.val_top5);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("--log {}: exists; choose another --log or remove it", path.display())]
+    Exists { path: PathBuf },
+    #[error(
+        "{}, line {line}: not a metrics record ({message}); give the --log file of a training run, or remove that line",
+        path.display()
+    )]
+    Malformed { path: PathBuf, line: usize, message: String },
+    #[error("metrics log {}: {message}", path.display())]
+    Io { path: PathBuf, message: String },
+    #[error(transparent)]
+    File(#[from] FileError),
+}
+
+pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
+
+/// A metrics log open for writing.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsLog {
+    /// Opens `path` for a run. A fresh run (`resume_step` None) refuses a file that exists: it
+    /// is another run's log. A run resumed from the checkpoint of `resume_step` appends to it
+    /// (or starts it, if there is none); the existing lines must be a metrics log, and a last
+    /// line a killed run cut short is removed so that the next line starts whole.
+    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<MetricsLog> {
+        files::check_output("--log", path, &[])?;
+        let io = |e: std::io::Error| io_error(path, e);
+        let file = match resume_step {
+            None => OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    MetricsError::Exists { path: path.to_path_buf() }
+                } else {
+                    io(e)
+                }
+            })?,
+            Some(step) => {
+                let text = match std::fs::read_to_string(path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                    read => read.map_err(io)?,
+                };
+                if parse(path, &text)?.iter().any(|r| r.step > step) {
+                    log::info!(
+                        "{} holds records past step {step}: the resumed run's records of those steps replace them",
+                        path.display()
+                    );
+                }
+                let file = OpenOptions::new().append(true).create(true).open(path).map_err(io)?;
+                let whole = text.rfind('\n').map_or(0, |i| i + 1);
+                let tail = &text[whole..];
+                if serde_json::from_str::<Record>(tail).is_ok() {
+                    // The last line is whole but for its newline.
+                    (&file).write_all(b"\n").map_err(io)?;
+                } else if !tail.is_empty() {
+                    // The last line was cut short: it holds no record.
+                    file.set_len(whole as u64).map_err(io)?;
+                }
+                file
+            }
+        };
+        Ok(MetricsLog { path: path.to_path_buf(), file })
+    }
+
+    /// Appends `record` as one line, in one write to the file (unbuffered: nothing waits in
+    /// memory for a killed run to lose).
+    pub fn write(&mut self, record: &Record) -> Result<()> {
+        let mut line = serde_json::to_string(record)
+            .map_err(|e| MetricsError::Io { path: self.path.clone(), message: e.to_string() })?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(|e| io_error(&self.path, e))
+    }
+}
+
+/// Every record of the log at `path`, one per step, sorted by step. A malformed line is an
+/// error naming its number, except a last line cut short (a killed run), which is skipped. A
+/// step recorded more than once keeps its last training record and the evaluations after it;
+/// records of later steps read before it were written by a run that was then resumed from an
+/// earlier checkpoint, and are dropped.
+pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    let mut steps: BTreeMap<u64, Record> = BTreeMap::new();
+    for record in parse(path, &text)? {
+        if record.is_training() {
+            steps.split_off(&record.step);
+            steps.insert(record.step, record);
+        } else if let Some(kept) = steps.get_mut(&record.step) {
+            kept.merge(record);
+        } else {
+            steps.insert(record.step, record);
+        }
+    }
+    Ok(steps.into_values().collect())
+}
+
+/// The records of `text` in the order written. Blank lines are skipped; so is a last line
+/// without its newline that does not parse (a write a killed run cut short).
+fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
+    let mut records = Vec::new();
+    let mut lines = text.split_inclusive('\n').enumerate().peekable();
+    while let Some((index, line)) = lines.next() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Record>(line) {
+            Ok(record) => records.push(record),
+            Err(_) if lines.peek().is_none() && !line.ends_with('\n') => {
+                log::warn!(
+                    "{}: skipping line {}, cut short (a run stopped while writing it)",
+                    path.display(),
+                    index + 1
+                );
+            }
+            Err(e) => {
+                return Err(MetricsError::Malformed {
+                    path: path.to_path_buf(),
+                    line: index + 1,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    Ok(records)
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> MetricsError {
+    MetricsError::Io { path: path.to_path_buf(), message: e.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(test: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("syncstep-metrics-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn training(step: u64, loss: f32) -> Record {
+        Record {
+            step,
+            epoch: step / 10,
+            loss: Some(loss),
+            lr: Some(0.1),
+            images_per_s: Some(250.5),
+            data_wait: Some(0.125),
+            ..Record::default()
+        }
+    }
+
+    fn evaluation(step: u64, top1: f64) -> Record {
+        Record { step, epoch: step / 10, val_top1: Some(top1), ..Record::default() }
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let d = dir("round-trip");
+        let path = d.join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, None).unwrap();
+        let mut both = training(2, 1.5);
+        both.val_top1 = Some(0.25);
+        both.val_top5 = Some(0.75);
+        let written = [evaluation(0, 0.1), training(1, 2.25), both];
+        for r in &written {
+            log.write(r).unwrap();
+        }
+        drop(log);
+        assert_eq!(read(&path).unwrap(), written);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().next().unwrap(), r#"{"step":0,"epoch":0,"val_top1":0.1}"#);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_last_line_cut_short_is_skipped() {
+        let d = dir("cut");
+        let path = d.join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
+        assert_eq!(
+            read(&path).unwrap(),
+            [Record { step: 1, loss: Some(2.5), ..Record::default() }]
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_bad_middle_line_is_an_error_naming_it() {
+        let d = dir("bad");
+        let path = d.join("metrics.jsonl");
+        let text = "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n\nnot json\n{\"step\":2,\"epoch\":0}\n";
+        std::fs::write(&path, text).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl, line 3:"), "{e}");
+        // A whole last line (its newline written) that does not parse is no cut write either.
+        std::fs::write(&path, "{\"step\":1,\"epoch\":0}\n{\"step\":\"two\"}\n").unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("line 2:"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_resumed_run_supersedes_the_steps_it_repeats_and_evaluations_merge() {
+        let d = dir("resume");
+        let path = d.join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, None).unwrap();
+        for step in 1..=4 {
+            log.write(&training(step, 3.0)).unwrap();
+        }
+        log.write(&evaluation(2, 0.5)).unwrap();
+        log.write(&evaluation(4, 0.9)).unwrap();
+        drop(log);
+        // Resumed from the checkpoint of step 2: steps 3 and 4 run again.
+        let mut log = MetricsLog::open(&path, Some(2)).unwrap();
+        log.write(&training(3, 1.0)).unwrap();
+        log.write(&training(4, 0.5)).unwrap();
+        log.write(&evaluation(4, 0.6)).unwrap();
+        drop(log);
+        let records = read(&path).unwrap();
+        assert_eq!(records.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        let mut two = training(2, 3.0);
+        two.val_top1 = Some(0.5);
+        assert_eq!(records[1], two, "the evaluation is merged into its step");
+        assert_eq!(records[2], training(3, 1.0), "the later run wins");
+        let mut four = training(4, 0.5);
+        four.val_top1 = Some(0.6);
+        assert_eq!(records[3], four);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_fresh_run_refuses_an_existing_log() {
+        let d = dir("exists");
+        let path = d.join("metrics.jsonl");
+        std::fs::write(&path, "precious").unwrap();
+        let e = MetricsLog::open(&path, None).err().unwrap().to_string();
+        assert!(e.contains("exists; choose another --log or remove it"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        let e = MetricsLog::open(&d, None).err().unwrap().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_resumed_run_appends_after_a_cut_line_and_refuses_other_files() {
+        let d = dir("append");
+        let path = d.join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
+        let mut log = MetricsLog::open(&path, Some(1)).unwrap();
+        log.write(&training(2, 2.0)).unwrap();
+        drop(log);
+        let steps: Vec<u64> = read(&path).unwrap().iter().map(|r| r.step).collect();
+        assert_eq!(steps, [1, 2]);
+        // A whole last line without its newline is kept, and the next line starts after it.
+        std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}").unwrap();
+        MetricsLog::open(&path, Some(1)).unwrap().write(&training(2, 2.0)).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 2);
+        // A resumed run starts a log that is not there yet.
+        let fresh = d.join("new.jsonl");
+        MetricsLog::open(&fresh, Some(5)).unwrap().write(&training(6, 1.0)).unwrap();
+        assert_eq!(read(&fresh).unwrap(), [training(6, 1.0)]);
+        // Another file is never appended to.
+        let other = d.join("notes.txt");
+        std::fs::write(&other, "my notes\nmore").unwrap();
+        let e = MetricsLog::open(&other, Some(1)).err().unwrap().to_string();
+        assert!(e.contains("notes.txt, line 1:"), "{e}");
+        assert_eq!(std::fs::read(&other).unwrap(), b"my notes\nmore");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
