@@ -1,9 +1,10 @@
 // The demo page: loads the wasm build (web/pkg, made by scripts/web-build.sh), checks that the
 // browser has WebGPU, and runs what the visitor asks for: the equivalence gates (with PORTABLE
-// when a golden file is there), a short data-parallel training, the kernel self-check.
+// when a golden file is there), a short data-parallel training (on the synthetic dataset, or on
+// a folder of the visitor's own images), the kernel self-check.
 //
 // Everything the page finds is also in window.syncstepResult, for tests and for anyone at the
-// console: { status, settings, adapter, gates, portable, train, selfcheck, timings, error }
+// console: { status, settings, adapter, gates, portable, train, images, selfcheck, timings, error }
 // where status is "loading" | "ready" | "running" | "done" | "error" | "no-webgpu"; "done"
 // once every run the address asked for has finished.
 
@@ -12,7 +13,7 @@ import { formatError, lossChart, tensorChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 
-const result = { status: "loading", settings: null, gates: null, portable: null, train: null, selfcheck: null, timings: {} };
+const result = { status: "loading", settings: null, gates: null, portable: null, train: null, images: null, selfcheck: null, timings: {} };
 window.syncstepResult = result;
 
 // What each gate compares, for the table.
@@ -411,6 +412,51 @@ async function runTraining(settings) {
   }
 }
 
+const IMAGE_FILE = /\.(png|jpe?g|bmp|webp)$/i;
+
+/** Trains on the images of the picked folder, then shows the held-out ones with their predictions. */
+async function runImageTraining(settings) {
+  const picked = [...$("images-input").files].filter((f) => IMAGE_FILE.test(f.name));
+  if (!picked.length) throw new Error("Pick a folder of class folders of images first.");
+  const status = $("images-status");
+  const clock = ticking(status, `Reading ${picked.length} images…`);
+  Object.assign(result, { status: "running", error: undefined, images: null });
+  const files = await Promise.all(picked.map(async (f) => ({ path: f.webkitRelativePath || f.name, bytes: new Uint8Array(await f.arrayBuffer()) })));
+  const byPath = new Map(picked.map((f) => [f.webkitRelativePath || f.name, f]));
+  $("images-figure").hidden = false;
+  const losses = [];
+  const draw = () => $("images-chart").replaceChildren(lossChart(losses, settings.trainSteps));
+  draw();
+  try {
+    clock.set(`Decoding ${files.length} images and requesting ${settings.replicas} GPU adapter${settings.replicas > 1 ? "s" : ""}…`);
+    const report = await syncstep.train_images(files, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, 8, (ev) => {
+      losses.push(ev.loss);
+      clock.set(`Step ${ev.step} of ${ev.steps}: loss ${ev.loss.toFixed(4)}, learning rate ${ev.lr.toPrecision(3)}`);
+      draw();
+    });
+    clock.stop();
+    status.textContent = `${report.losses.length} steps on ${report.train_images} images of ${report.classes.length} classes ` +
+      `(${report.classes.join(", ")}): loss ${losses[0].toFixed(4)} → ${losses.at(-1).toFixed(4)}. ${report.notes.join(". ")}.`;
+    const cards = report.predictions.map((p) => {
+      const card = document.createElement("figure");
+      const img = document.createElement("img");
+      const file = byPath.get(p.path);
+      if (file) img.src = URL.createObjectURL(file);
+      img.alt = p.path;
+      const caption = document.createElement("figcaption");
+      const guesses = p.top.map((t) => `${t.class} ${(100 * t.probability).toFixed(1)}%`).join(", ");
+      caption.textContent = `${p.label}: ${guesses}`;
+      card.append(img, caption);
+      return card;
+    });
+    $("predictions").replaceChildren(...cards);
+    $("predictions").hidden = cards.length === 0;
+    result.images = report;
+  } finally {
+    clock.stop();
+  }
+}
+
 async function runSelfCheck(settings) {
   const progress = $("selfcheck-progress");
   const status = $("selfcheck-status");
@@ -464,7 +510,7 @@ async function runSelfCheck(settings) {
   result.timings.selfcheckMs = selfcheckMs;
 }
 
-const BUTTONS = ["gates-button", "train-button", "selfcheck-button"];
+const BUTTONS = ["gates-button", "train-button", "images-button", "selfcheck-button"];
 let busy = false;
 
 /** Runs one job with the buttons disabled; a failure becomes the page's error notice. */
@@ -562,6 +608,7 @@ async function main() {
   $("settings-form").addEventListener("input", updateForm);
   $("gates-button").addEventListener("click", () => job(runGates, current).then(settle));
   $("train-button").addEventListener("click", () => job(runTraining, current).then(settle));
+  $("images-button").addEventListener("click", () => job(runImageTraining, current).then(settle));
   $("selfcheck-button").addEventListener("click", () => job(runSelfCheck, current).then(settle));
   result.status = "ready";
   updateForm();

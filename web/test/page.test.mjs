@@ -1,11 +1,16 @@
 // The demo page in headless Chromium: with WebGPU (SwiftShader) the kernel self-check runs on
-// load and every kernel matches the f64 reference; without WebGPU the page explains what to
-// do instead of going blank; bad settings are readable errors. (The equivalence gates are
+// load and every kernel matches the f64 reference; a folder of images picked in the page trains
+// and predicts; without WebGPU the page explains what to do instead of going blank; bad
+// settings are readable errors. (The equivalence gates are
 // gates.test.mjs.) Screenshots go to test-output/.
 
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import { test } from "node:test";
-import { loadAndSettle, openBrowser, screenshot } from "./browser.mjs";
+import { loadAndSettle, NATIVE, openBrowser, screenshot } from "./browser.mjs";
 
 const TIMEOUT = 300_000;
 
@@ -77,5 +82,42 @@ test("a bad setting in the address is reported, not a blank page", { timeout: TI
     assert.match(await one.page.textContent("#settings-note"), /needs R ≥ 2/);
   } finally {
     await browser.close();
+  }
+});
+
+test("a folder of the visitor's images trains data-parallel and its held-out images are predicted", { timeout: TIMEOUT }, async (t) => {
+  // PNGs of the synthetic dataset's patterns, written by the native example (built by cargo test).
+  const dir = mkdtempSync(join(tmpdir(), "syncstep-page-"));
+  const folder = join(dir, "shapes");
+  execFileSync(join(dirname(NATIVE), "examples", "make_image_folder"), [folder, "30", "32", "3"]);
+  const browser = await openBrowser({ webgpu: true });
+  try {
+    const page = await browser.context.newPage();
+    const problems = [];
+    page.on("pageerror", (e) => problems.push(`uncaught: ${e.message}`));
+    await page.goto(`${browser.url}?replicas=2&batch=2&size=32&train_steps=2&seed=3`);
+    await page.waitForFunction(() => window.syncstepResult?.status === "ready", null, { timeout: TIMEOUT });
+    await page.setInputFiles("#images-input", folder);
+    await page.click("#images-button");
+    await page.waitForFunction(() => ["done", "error"].includes(window.syncstepResult?.status), null, { timeout: TIMEOUT, polling: 200 });
+    const result = await page.evaluate(() => window.syncstepResult);
+    t.diagnostic(`${await screenshot(page, "web-images.png")}`);
+    assert.equal(result.status, "done", `page ended in "${result.status}": ${result.error ?? ""}`);
+    const report = result.images;
+    assert.deepEqual(report.classes, ["disc", "horizontal_stripes", "square"]);
+    assert.equal(report.train_images + report.val_images, 30);
+    assert.equal(report.losses.length, 2);
+    assert.ok(report.losses.every((l) => Number.isFinite(l) && l > 0), `losses ${report.losses}`);
+    assert.ok(report.predictions.length >= 3, `${report.predictions.length} predictions`);
+    for (const p of report.predictions) {
+      assert.ok(report.classes.includes(p.label), p.label);
+      const total = p.top.reduce((a, g) => a + g.probability, 0);
+      assert.ok(p.top.length === 3 && total > 0 && total <= 1 + 1e-9, JSON.stringify(p));
+    }
+    assert.equal(await page.locator("#predictions img").count(), report.predictions.length);
+    assert.deepEqual(problems, [], "the page logged errors");
+  } finally {
+    await browser.close();
+    rmSync(dir, { recursive: true, force: true });
   }
 });
