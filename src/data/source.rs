@@ -22,9 +22,11 @@ enum Items {
     #[cfg(not(target_arch = "wasm32"))]
     Files(Vec<(PathBuf, u32)>),
     Cifar(Records),
-    /// Decoded images, shared between subsets; `order` picks this set's examples.
+    /// Decoded images and their names (none: "image i"), shared between subsets; `order`
+    /// picks this set's examples.
     Memory {
         images: Arc<Vec<(RgbImage, u32)>>,
+        names: Arc<Vec<String>>,
         order: Vec<usize>,
     },
 }
@@ -53,7 +55,7 @@ impl Dataset {
             #[cfg(not(target_arch = "wasm32"))]
             Items::Files(files) => files[i].1,
             Items::Cifar(records) => records.label(i),
-            Items::Memory { images, order } => images[order[i]].1,
+            Items::Memory { images, order, .. } => images[order[i]].1,
         }
     }
 
@@ -63,7 +65,9 @@ impl Dataset {
             #[cfg(not(target_arch = "wasm32"))]
             Items::Files(files) => files[i].0.display().to_string(),
             Items::Cifar(records) => records.name(i),
-            Items::Memory { order, .. } => format!("image {}", order[i]),
+            Items::Memory { names, order, .. } => {
+                names.get(order[i]).cloned().unwrap_or_else(|| format!("image {}", order[i]))
+            }
         }
     }
 
@@ -74,7 +78,7 @@ impl Dataset {
             #[cfg(not(target_arch = "wasm32"))]
             Items::Files(files) => decode_file(&files[i].0),
             Items::Cifar(records) => Ok(records.decode(i)),
-            Items::Memory { images, order } => {
+            Items::Memory { images, order, .. } => {
                 with_pixels(images[order[i]].0.clone(), || self.name(i))
             }
         }
@@ -83,8 +87,18 @@ impl Dataset {
     /// A dataset of images already decoded (the browser's uploads, tests). Labels are checked
     /// against the class count where batches are made (`Batch::validate`).
     pub fn from_images(class_names: Vec<String>, images: Vec<(RgbImage, u32)>) -> Dataset {
+        Dataset::from_named_images(class_names, images, Vec::new())
+    }
+
+    /// The same, each image named by `names` (its path, in messages and `name`).
+    pub fn from_named_images(
+        class_names: Vec<String>,
+        images: Vec<(RgbImage, u32)>,
+        names: Vec<String>,
+    ) -> Dataset {
         let order = (0..images.len()).collect();
-        Dataset { class_names, items: Items::Memory { images: Arc::new(images), order } }
+        let items = Items::Memory { images: Arc::new(images), names: Arc::new(names), order };
+        Dataset { class_names, items }
     }
 
     /// The examples at `indices`, in that order. Image bytes are shared, not copied.
@@ -95,8 +109,9 @@ impl Dataset {
                 Items::Files(indices.iter().map(|&i| files[i].clone()).collect())
             }
             Items::Cifar(records) => Items::Cifar(records.subset(indices)),
-            Items::Memory { images, order } => Items::Memory {
+            Items::Memory { images, names, order } => Items::Memory {
                 images: Arc::clone(images),
+                names: Arc::clone(names),
                 order: indices.iter().map(|&i| order[i]).collect(),
             },
         };
@@ -191,25 +206,29 @@ pub fn folder_in_memory(
         let mut images = Vec::with_capacity(files.len());
         for (path, bytes) in files {
             let img = image::load_from_memory(&bytes)
-                .map_err(|e| DatasetError::Decode { name: path, reason: e.to_string() })?;
-            images.push(img.into_rgb8());
+                .map_err(|e| DatasetError::Decode { name: path.clone(), reason: e.to_string() })?;
+            images.push((path, img.into_rgb8()));
         }
         classes.push(images);
     }
     let (train, val) = hold_out(classes, val_split, seed);
-    let mut notes =
-        vec![format!("{} of each class held out for validation (seed {seed})", val_split)];
+    let mut notes = vec![format!(
+        "{:.0}% of each class held out for validation (seed {seed})",
+        100.0 * val_split
+    )];
     if skipped > 0 {
         notes.push(format!(
             "skipped {skipped} files that are not .{} images in a class folder",
             EXTENSIONS.join(", .")
         ));
     }
-    Ok(Splits {
-        train: Dataset::from_images(class_names.clone(), train),
-        val: Dataset::from_images(class_names, val),
-        notes,
-    })
+    let dataset = |examples: Labelled<(String, RgbImage)>| {
+        let (named, labels): (Vec<_>, Vec<u32>) = examples.into_iter().unzip();
+        let (names, images): (Vec<String>, Vec<RgbImage>) = named.into_iter().unzip();
+        let images = images.into_iter().zip(labels).collect();
+        Dataset::from_named_images(class_names.clone(), images, names)
+    };
+    Ok(Splits { train: dataset(train), val: dataset(val), notes })
 }
 
 /// Examples with their labels (class indices).
@@ -398,6 +417,7 @@ mod tests {
         assert_eq!(splits.train.class_names, ["ant", "zebra"]);
         assert_eq!((splits.train.len(), splits.val.len()), (8, 2));
         assert!(splits.notes.iter().any(|n| n.contains("skipped 2 files")), "{:?}", splits.notes);
+        assert!(splits.val.name(0).starts_with("pick/ant/"), "{}", splits.val.name(0));
         let ants = (0..8).filter(|&i| splits.train.label(i) == 0).count();
         assert_eq!(ants, 4);
         assert_eq!(splits.train.decode(0).unwrap().get_pixel(0, 0).0[0] / 10, 1);

@@ -115,6 +115,7 @@ test("a folder of the visitor's images trains data-parallel and its held-out ima
       assert.ok(p.top.length === 3 && total > 0 && total <= 1 + 1e-9, JSON.stringify(p));
     }
     assert.equal(await page.locator("#predictions img").count(), report.predictions.length);
+    await page.waitForFunction(() => [...document.querySelectorAll("#predictions img")].every((i) => i.complete && i.naturalWidth > 0));
     assert.deepEqual(problems, [], "the page logged errors");
   } finally {
     await browser.close();
