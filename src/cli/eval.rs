@@ -125,7 +125,7 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .into());
             }
             if data.is_empty() {
-                return Err(format!("{spec} has no {:?} images", args.split).into());
+                return Err(format!("{spec} has no {} images", split_name(args.split)).into());
             }
             bar.set_length(data.len() as u64);
             let workers = args
@@ -151,7 +151,7 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         let report = json!({
             "checkpoint": args.checkpoint.display().to_string(),
             "data": spec.to_string(),
-            "split": format!("{:?}", args.split).to_lowercase(),
+            "split": split_name(args.split),
             "step": trainer.step,
             "examples": scores.examples,
             "top1": scores.top1(),
@@ -166,11 +166,18 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+fn split_name(split: Split) -> &'static str {
+    match split {
+        Split::Train => "train",
+        Split::Val => "val",
+    }
+}
+
 fn print_scores(args: &EvalArgs, spec: &DataSpec, scores: &Scores, names: &[String]) {
     println!(
-        "{} on {spec} ({:?}, {} images): top-1 {:.2}%, top-5 {:.2}%",
+        "{} on {spec} ({} split, {} images): top-1 {:.2}%, top-5 {:.2}%",
         args.checkpoint.display(),
-        args.split,
+        split_name(args.split),
         scores.examples,
         100.0 * scores.top1(),
         100.0 * scores.top5()
