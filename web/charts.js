@@ -64,8 +64,10 @@ export function tensorChart(tensors, { testBound }) {
   const plotH = H - m.top - m.bottom - floorBand;
   const values = series.flatMap((s) => tensors.map((t) => t[s.key]));
   const positive = values.filter((v) => typeof v === "number" && v > 0);
-  let lo = Math.floor(Math.log10(Math.min(testBound, ...positive)));
-  let hi = Math.ceil(Math.log10(Math.max(testBound * 10, ...positive)));
+  // TEST is held to the bit (bound 0): its bound is then the exact-zero floor, not a line.
+  const bounds = testBound > 0 ? [testBound] : [];
+  let hi = Math.ceil(Math.log10(Math.max(...bounds.map((b) => b * 10), ...positive, 1e-12)));
+  let lo = Math.floor(Math.log10(Math.min(...bounds, ...positive, 10 ** hi)));
   lo = Math.max(lo, hi - 14);
   if (hi - lo < 2) lo = hi - 2;
   const y = (v) => m.top + plotH * (hi - Math.log10(v)) / (hi - lo);
@@ -104,7 +106,7 @@ export function tensorChart(tensors, { testBound }) {
     svg.append(svgEl("line", { x1: m.left, x2: W - m.right, y1: y(v), y2: y(v), class: "bound" }));
     svg.append(svgEl("text", { x: W - m.right - 4, y: y(v) - 4, class: "axis-text bound-text", "text-anchor": "end" }, label));
   };
-  bound(testBound, `TEST's bound ${testBound.toExponential(0)}`);
+  if (testBound > 0) bound(testBound, `TEST's bound ${testBound.toExponential(0)}`);
 
   // Points: CONTROL first, so TEST and PORTABLE stay visible on top.
   for (const s of series) {
