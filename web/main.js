@@ -291,6 +291,11 @@ function gateFigures(gates) {
 }
 
 async function runGates(settings) {
+  // The library checks one replica too (its TEST is the plain single-device step), but on the
+  // page that would be minutes of SwiftShader proving nothing about synchronisation.
+  if (settings.replicas < 2) {
+    throw new Error("The equivalence check needs R ≥ 2 replicas: with one there is nothing to synchronise (training runs on one device).");
+  }
   const progress = $("gates-progress");
   const clock = ticking($("gates-status"), "Fetching the golden file…");
   Object.assign(result, { status: "running", error: undefined, gates: null, portable: null });
