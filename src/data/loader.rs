@@ -19,7 +19,7 @@ use super::Batch;
 #[derive(Clone, Copy, Debug)]
 pub enum Plan {
     /// Step s trains on the s-th batch of the epochs' shuffles, augmented.
-    Train { epochs: Epochs, augment: Augment, seed: u64 },
+    Train { epochs: Epochs, augment: Augment },
     /// Batch s holds examples s·batch … in order (the last one shorter), evaluation images.
     Eval { batch: usize },
 }
@@ -180,8 +180,8 @@ fn make_batch(
     for &i in &examples {
         let img = data.decode(i)?;
         let pixels = match *plan {
-            Plan::Train { augment, seed, .. } => {
-                let mut rng = example_rng(seed, epoch, i as u64);
+            Plan::Train { epochs, augment } => {
+                let mut rng = example_rng(epochs.seed, epoch, i as u64);
                 train_image(&img, size, augment, &mut rng, norm)
             }
             Plan::Eval { .. } => eval_image(&img, size, norm),
@@ -225,7 +225,7 @@ mod tests {
     fn batches_depend_on_the_step_alone() {
         let data = dataset(10);
         let epochs = Epochs { examples: 10, batch: 4, seed: 3 };
-        let plan = Plan::Train { epochs, augment: Augment::CropFlip, seed: 3 };
+        let plan = Plan::Train { epochs, augment: Augment::CropFlip };
         let one = batches(&data, plan, 0, 6, 1);
         assert_eq!(one, batches(&data, plan, 0, 6, 3));
         assert_eq!(one[3..], batches(&data, plan, 3, 3, 2)[..]);

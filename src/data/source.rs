@@ -144,8 +144,13 @@ impl fmt::Debug for Dataset {
 pub fn decode_file(path: &Path) -> Result<RgbImage, DatasetError> {
     let bytes = std::fs::read(path)
         .map_err(|source| DatasetError::Io { path: path.to_path_buf(), source })?;
-    let name = || path.display().to_string();
-    let img = image::load_from_memory(&bytes)
+    decode_bytes(&bytes, || path.display().to_string())
+}
+
+/// An encoded image (any format the image crate reads; the format comes from the bytes) as
+/// 8-bit RGB; `name` names it in errors.
+fn decode_bytes(bytes: &[u8], name: impl Fn() -> String) -> Result<RgbImage, DatasetError> {
+    let img = image::load_from_memory(bytes)
         .map_err(|e| DatasetError::Decode { name: name(), reason: e.to_string() })?;
     with_pixels(img.into_rgb8(), name)
 }
@@ -205,9 +210,8 @@ pub fn folder_in_memory(
         files.sort_by(|a, b| a.0.cmp(&b.0));
         let mut images = Vec::with_capacity(files.len());
         for (path, bytes) in files {
-            let img = image::load_from_memory(&bytes)
-                .map_err(|e| DatasetError::Decode { name: path.clone(), reason: e.to_string() })?;
-            images.push((path, img.into_rgb8()));
+            let img = decode_bytes(&bytes, || path.clone())?;
+            images.push((path, img));
         }
         classes.push(images);
     }
