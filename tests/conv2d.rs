@@ -416,21 +416,53 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
     }
 }
 
-/// CI's lavapipe has subgroups of 8, so the run of these tests without SYNCSTEP_SUBGROUPS=off
-/// must be the one of the kernels that broadcast (scripts/test.sh runs the others after).
+/// The kernels that load what others broadcast (browsers, devices without subgroups) give
+/// Direct's bits, as the broadcasting ones do (`check_against_reference`): at ragged edges, a
+/// batch of 1, 1×1 and 7×7 kernels, and a batch of 16 that closes a pairwise stack level.
 #[test]
-fn lavapipe_runs_the_kernels_that_broadcast_unless_told_not_to() {
+fn kernels_that_load_give_the_broadcasting_kernels_bits() {
     let Some(gpu) = gpu() else { return };
-    let off = std::env::var("SYNCSTEP_SUBGROUPS").is_ok_and(|v| v == "off");
+    let Some(loading) = gpu_that_loads() else { return };
     println!(
         "{}: subgroups of {}–{}, broadcasts: {}",
         gpu.info.name, gpu.info.subgroup_min_size, gpu.info.subgroup_max_size, gpu.broadcasts
     );
+    // CI's lavapipe has subgroups of 8: the other tests here run the kernels that broadcast.
     if gpu.info.name.contains("llvmpipe") && gpu.info.backend == wgpu::Backend::Vulkan {
-        assert_eq!(gpu.broadcasts, !off);
+        assert!(gpu.broadcasts, "lavapipe should broadcast");
     }
-    if off {
-        assert!(!gpu.broadcasts);
+    for (i, s) in [
+        shape(2, 3, 13, 11, 64, 7, 7, 2, 3),
+        shape(2, 64, 5, 5, 64, 3, 3, 1, 1),
+        shape(1, 128, 5, 5, 256, 3, 3, 2, 1),
+        shape(3, 64, 7, 7, 128, 1, 1, 2, 0),
+        shape(3, 5, 9, 7, 6, 3, 2, 3, 2),
+        shape(16, 8, 6, 5, 12, 3, 3, 2, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 140 + 3 * i as u64;
+        let x = uniform(seed, s.x_len() as usize);
+        let w = uniform(seed + 1, s.w_len() as usize);
+        let dy = uniform(seed + 2, s.y_len() as usize);
+        let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+        for algo in Conv2dAlgo::all() {
+            let out = run(&loading, algo, &s, &x, &w, &dy);
+            let has = |op| algo.has(op);
+            let want = |v: &Option<Vec<f32>>, op| v.as_deref().filter(|_| has(op)).map(bits);
+            assert_eq!(
+                out.y.as_deref().map(bits),
+                want(&plain.y, Conv2dOp::Forward),
+                "{algo} {s:?}: y"
+            );
+            assert_eq!(bits(&out.dx), bits(&plain.dx), "{algo} {s:?}: dx");
+            assert_eq!(
+                out.dw.as_deref().map(bits),
+                want(&plain.dw, Conv2dOp::BackwardWeight),
+                "{algo} {s:?}: dw"
+            );
+        }
     }
 }
 

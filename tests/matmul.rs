@@ -1,7 +1,7 @@
 mod common;
 
 use common::*;
-use syncstep::gpu::Slice;
+use syncstep::gpu::{Gpu, Slice};
 use syncstep::kernels::matmul::{self as k, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use syncstep::kernels::KernelError;
 use syncstep::reference::matmul as r;
@@ -54,13 +54,14 @@ fn every_tile_matches_reference_with_ragged_edges() {
 
 #[test]
 fn tiles_agree_with_simple_bit_for_bit() {
-    // Every kernel sums each element over k in increasing order.
+    // Every kernel sums each element over k in increasing order, whether it loads or broadcasts.
     let Some(gpu) = gpu() else { return };
+    let Some(loading) = gpu_that_loads() else { return };
     let s = shape(29, 48, 52);
     let a = uniform(30, (s.m * s.k) as usize);
     let b = uniform(31, (s.k * s.n) as usize);
-    let (ba, bb) = (gpu.upload("a", &a).unwrap(), gpu.upload("b", &b).unwrap());
-    let run = |algo| {
+    let run = |gpu: &Gpu, algo| {
+        let (ba, bb) = (gpu.upload("a", &a).unwrap(), gpu.upload("b", &b).unwrap());
         let c = poisoned(gpu, "c", (s.m * s.n) as usize);
         let mut enc = gpu.encoder();
         k::matmul(gpu, &mut enc, algo, &s, Slice::whole(&ba), Slice::whole(&bb), Slice::whole(&c))
@@ -68,9 +69,10 @@ fn tiles_agree_with_simple_bit_for_bit() {
         submit(gpu, enc);
         read(gpu, &c).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     };
-    let simple = run(MatmulAlgo::Simple);
+    let simple = run(gpu, MatmulAlgo::Simple);
     for algo in MATMUL_TILES {
-        assert_eq!(run(algo), simple, "{algo:?} differs from Simple");
+        assert_eq!(run(gpu, algo), simple, "{algo:?} differs from Simple");
+        assert_eq!(run(&loading, algo), simple, "{algo:?} that loads differs from Simple");
     }
 }
 

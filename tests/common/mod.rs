@@ -54,6 +54,14 @@ pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Gpu> {
     })
 }
 
+/// A separate device whose kernels load what the others pass by subgroupBroadcast, as in a
+/// browser and on devices without subgroups, so one run tests both kinds.
+pub fn gpu_that_loads() -> Option<Gpu> {
+    let mut gpu = gpu_with_limits(|_| {})?;
+    gpu.broadcasts = false;
+    Some(gpu)
+}
+
 /// Uniform values in [-1, 1), never all zero.
 pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -6,7 +6,7 @@
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { test } from "node:test";
@@ -86,10 +86,12 @@ test("a bad setting in the address is reported, not a blank page", { timeout: TI
 });
 
 test("a folder of the visitor's images trains data-parallel and its held-out images are predicted", { timeout: TIMEOUT }, async (t) => {
-  // PNGs of the synthetic dataset's patterns, written by the native example (built by cargo test).
+  // PNGs of the synthetic dataset's patterns, written by the native example.
+  const maker = join(dirname(NATIVE), "examples", "make_image_folder");
+  if (!existsSync(maker)) throw new Error(`no ${maker}: run cargo build --release --example make_image_folder`);
   const dir = mkdtempSync(join(tmpdir(), "syncstep-page-"));
   const folder = join(dir, "shapes");
-  execFileSync(join(dirname(NATIVE), "examples", "make_image_folder"), [folder, "30", "32", "3"]);
+  execFileSync(maker, [folder, "30", "32", "3"]);
   const browser = await openBrowser({ webgpu: true });
   try {
     const page = await browser.context.newPage();
