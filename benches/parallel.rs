@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use syncstep::canonical::Plan;
 use syncstep::collective::{
-    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, Pieces, ReduceOp,
+    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, Peers, Pieces, ReduceOp,
 };
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
@@ -116,7 +116,8 @@ fn parallel(c: &mut Criterion) {
         b.iter_custom(timed(&reduce_times, || {
             let pieces: Vec<(&Gpu, Vec<Slice>)> =
                 parts.iter().map(|&(g, s)| (g, vec![s])).collect();
-            pollster::block_on(all_reduce(&pieces, &plan, ReduceOp::Sum)).expect("all-reduce");
+            pollster::block_on(all_reduce(&pieces, &plan, ReduceOp::Sum, &Peers::InProcess))
+                .expect("all-reduce");
             // The writes land at the next submission: wait for them, as a step would.
             parts.iter().for_each(|(gpu, _)| gpu.wait().expect("wait"));
         }))
@@ -125,7 +126,7 @@ fn parallel(c: &mut Criterion) {
     group.bench_function(format!("staged_all_reduce_{REPLICAS}_replicas"), |b| {
         b.iter_custom(timed(&staged_times, || {
             // The whole buffer as one bucket: what a step's buckets add up to.
-            let rounds = bucket_rounds(plan.clone(), ReduceOp::Sum);
+            let rounds = bucket_rounds(plan.clone(), ReduceOp::Sum, REPLICAS, Peers::InProcess);
             let sides = parts.iter().zip(&staging).enumerate().map(|(r, ((gpu, s), staging))| {
                 let rounds = &rounds;
                 async move {

@@ -30,8 +30,8 @@
 
 use crate::canonical::{self, Plan};
 use crate::collective::{
-    self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, Pieces, ReduceOp,
-    Rendezvous,
+    self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, Peers, Pieces,
+    ReduceOp, Rendezvous,
 };
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
@@ -97,7 +97,7 @@ pub struct ParallelOptions {
 /// passes the same sites in the same order (forward stats, then backward sums), and the same
 /// buckets, so one sequence of rounds of each kind serves all.
 pub struct BnExchange {
-    rows: Rendezvous<Vec<f32>, Vec<Vec<f32>>>,
+    rows: Rendezvous<Vec<f32>, collective::Result<Vec<Vec<f32>>>>,
     grads: BucketRounds,
     /// Each replica's examples, in replica order.
     counts: Vec<u32>,
@@ -106,12 +106,14 @@ pub struct BnExchange {
 
 impl BnExchange {
     /// The exchange of replicas holding `counts[r]` examples each, whose gradients' pieces are
-    /// all-reduced along `plan` by `op`.
-    pub fn new(counts: Vec<u32>, plan: Plan, op: ReduceOp) -> BnExchange {
-        let rows = Rendezvous::new(counts.len(), |parts: Vec<Vec<f32>>| parts);
+    /// all-reduced along `plan` by `op`; this process holds `local` of them, its `peers` the
+    /// others.
+    pub fn new(counts: Vec<u32>, plan: Plan, op: ReduceOp, local: usize, peers: &Peers) -> Self {
+        let gather = peers.clone();
+        let rows = Rendezvous::new(local, move |parts: Vec<Vec<f32>>| gather.gather(parts));
         BnExchange {
             rows,
-            grads: collective::bucket_rounds(plan, op),
+            grads: collective::bucket_rounds(plan, op, local, peers.clone()),
             counts,
             unmerged_stats: false,
         }
@@ -190,7 +192,7 @@ impl SyncBn<'_> {
         let widths: Vec<usize> =
             sites.iter().zip(&own).map(|(s, o)| o.len as usize / s.local as usize).collect();
         let all: Vec<Vec<f32>> = if exchange {
-            self.exchange.rows.exchange(self.replica, mine).await?.to_vec()
+            self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?
         } else {
             // Sabotage: this replica's rows stand in for every replica's, cycled to its count.
             let per_row: usize = widths.iter().sum();
@@ -299,7 +301,9 @@ pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<
 
 /// R replicas of one model, training as one (see the module comment).
 pub struct DataParallel {
+    /// This process's replicas (all of them, unless `peers` holds others).
     replicas: Vec<Replica>,
+    peers: Peers,
     /// Each replica's staging for the gradient all-reduce, kept from step to step.
     staging: Vec<BucketStaging>,
 }
@@ -341,11 +345,34 @@ impl DataParallel {
             })
             .collect::<Result<Vec<_>>>()?;
         let staging = replicas.iter().map(|_| BucketStaging::default()).collect();
-        Ok(DataParallel { replicas, staging })
+        Ok(DataParallel { replicas, staging, peers: Peers::InProcess })
     }
 
+    /// The same replicas as this process's part of a data-parallel step whose other replicas
+    /// its `peers` hold (every rank the same number).
+    pub fn with_peers(self, peers: Peers) -> DataParallel {
+        DataParallel { peers, ..self }
+    }
+
+    /// This process's replicas.
     pub fn replicas(&self) -> &[Replica] {
         &self.replicas
+    }
+
+    /// How many replicas take part in a step, this process's and its peers'.
+    pub fn global_replicas(&self) -> usize {
+        self.replicas.len() * self.peers.ranks()
+    }
+
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// Every replica's logits of `outputs` (this process's), in the global batch's order.
+    pub fn logits(&self, outputs: &[StepOutput]) -> Result<Vec<f32>> {
+        let local = outputs.iter().map(|o| o.logits.clone()).collect();
+        let all = self.peers.gather(local).map_err(|e| self.collective_error(e))?;
+        Ok(all.concat())
     }
 
     /// Inference (eval-mode BatchNorm) on replica 0: every replica holds the same parameters
@@ -394,7 +421,7 @@ impl DataParallel {
         cfg: &StepConfig,
         opts: ParallelOptions,
     ) -> Result<Vec<StepOutput>> {
-        let ranges = crate::data::shard_ranges(global.len(), self.replicas.len())?;
+        let ranges = crate::data::shard_ranges(global.len(), self.global_replicas())?;
         let batch = global.len() as u64;
         let ranges: Vec<std::ops::Range<u64>> =
             ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect();
@@ -402,47 +429,51 @@ impl DataParallel {
         let local_divisor = opts.sabotage == Some(Sabotage::LocalDivisor);
         let op = if local_divisor { ReduceOp::Mean } else { ReduceOp::Sum };
         let counts = ranges.iter().map(|r| (r.end - r.start) as u32).collect();
+        let local = self.replicas.len();
+        let first = self.peers.first_replica(local);
         let exchange = BnExchange {
             unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats),
-            ..BnExchange::new(counts, plan.clone(), op)
+            ..BnExchange::new(counts, plan.clone(), op, local, &self.peers)
         };
         let step_opts =
             StepOptions { impose: None, capture_pattern: opts.capture_pattern, local_divisor };
         // One replica has nobody to meet: its own statistics are the global ones, and its only
         // piece is the whole batch. The same bits without the round trips.
-        let alone = self.replicas.len() == 1;
+        let alone = self.global_replicas() == 1;
         let bn = if alone { BnMode::Local } else { opts.bn };
-        let steps = self.replicas.iter_mut().zip(&ranges).zip(&self.staging).enumerate().map(
-            |(r, ((replica, range), staging))| {
-                let (exchange, plan) = (&exchange, &plan);
-                let shard = global.slice(range.start as usize..range.end as usize);
-                let at = Shard { start: range.start, global: batch };
-                async move {
-                    let out = match bn {
-                        BnMode::Sync => {
-                            let pieces = replica.grad_pieces(plan.pieces_of(r));
-                            let hook = exchange.hook(r, pieces, staging);
-                            let out =
-                                replica.forward_backward(&shard, cfg, at, &hook, step_opts).await;
-                            match out {
-                                Ok(out) => hook
-                                    .finish(&replica.gpu, replica.gradient())
-                                    .await
-                                    .map(|()| out),
-                                Err(e) => Err(e),
+        let steps =
+            self.replicas.iter_mut().zip(&ranges[first..]).zip(&self.staging).enumerate().map(
+                |(r, ((replica, range), staging))| {
+                    let (exchange, plan) = (&exchange, &plan);
+                    let shard = global.slice(range.start as usize..range.end as usize);
+                    let at = Shard { start: range.start, global: batch };
+                    async move {
+                        let out = match bn {
+                            BnMode::Sync => {
+                                let pieces = replica.grad_pieces(plan.pieces_of(first + r));
+                                let hook = exchange.hook(r, pieces, staging);
+                                let out = replica
+                                    .forward_backward(&shard, cfg, at, &hook, step_opts)
+                                    .await;
+                                match out {
+                                    Ok(out) => hook
+                                        .finish(&replica.gpu, replica.gradient())
+                                        .await
+                                        .map(|()| out),
+                                    Err(e) => Err(e),
+                                }
                             }
+                            BnMode::Local => {
+                                replica.forward_backward(&shard, cfg, at, &LocalBn, step_opts).await
+                            }
+                        };
+                        if let Err(e) = &out {
+                            exchange.abort(r, e.to_string());
                         }
-                        BnMode::Local => {
-                            replica.forward_backward(&shard, cfg, at, &LocalBn, step_opts).await
-                        }
-                    };
-                    if let Err(e) = &out {
-                        exchange.abort(r, e.to_string());
+                        out
                     }
-                    out
-                }
-            },
-        );
+                },
+            );
         let results = futures::future::join_all(steps).await;
         let mut outputs = self.first_cause(results)?;
         if bn == BnMode::Local && !alone {
@@ -454,22 +485,26 @@ impl DataParallel {
                 .enumerate()
                 .map(|(r, replica)| {
                     let (stride, len) = (replica.slab_stride(), replica.model.param_len as u64);
-                    let pieces = (0..plan.pieces_of(r) as u64)
+                    let pieces = (0..plan.pieces_of(first + r) as u64)
                         .map(|p| Slice::new(&replica.grads, p * stride, len));
                     (&replica.gpu, pieces.collect())
                 })
                 .collect();
-            collective::all_reduce(&parts, &plan, op)
+            collective::all_reduce(&parts, &plan, op, &self.peers)
                 .await
                 .map_err(|e| self.collective_error(e))?;
         }
         // The global loss: every replica's per-example losses, in the canonical order over the
         // global batch, divided by it (the sabotage: the mean of each replica's own).
+        let gather = |each: fn(&StepOutput) -> Vec<f32>| {
+            let local = outputs.iter().map(each).collect();
+            self.peers.gather(local).map(|all| all.concat()).map_err(|e| self.collective_error(e))
+        };
         let loss = if local_divisor {
-            outputs.iter().map(|o| o.loss).sum::<f32>() / outputs.len() as f32
+            let losses = gather(|o| vec![o.loss])?;
+            losses.iter().sum::<f32>() / losses.len() as f32
         } else {
-            let losses: Vec<f32> = outputs.iter().flat_map(|o| o.losses.iter().copied()).collect();
-            canonical::sum(&losses) / batch as f32
+            canonical::sum(&gather(|o| o.losses.clone())?) / batch as f32
         };
         outputs.iter_mut().for_each(|o| o.loss = loss);
         Ok(outputs)

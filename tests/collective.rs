@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use syncstep::canonical::Plan;
 use syncstep::collective::{
-    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, Pieces,
-    ReduceOp,
+    all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, Peers,
+    Pieces, ReduceOp,
 };
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
 
@@ -38,7 +38,13 @@ fn sum_and_mean_across_three_devices_match_the_host_on_every_replica() {
             gpus.iter().zip(&values).map(|(g, v)| g.upload("local", v).unwrap()).collect();
         let parts: Vec<(&Gpu, Vec<Slice>)> =
             gpus.iter().zip(&buffers).map(|(g, b)| (g, vec![Slice::whole(b)])).collect();
-        pollster::block_on(all_reduce(&parts, &Plan::one_piece_each(REPLICAS), op)).unwrap();
+        pollster::block_on(all_reduce(
+            &parts,
+            &Plan::one_piece_each(REPLICAS),
+            op,
+            &Peers::InProcess,
+        ))
+        .unwrap();
         // The pairwise order for three parts: (0 + 1) + 2, then ÷3 for the mean.
         let divisor = if op == ReduceOp::Mean { REPLICAS as f32 } else { 1.0 };
         let want: Vec<f32> =
@@ -71,7 +77,13 @@ fn a_sub_range_is_reduced_and_the_rest_left_alone() {
         .zip(&buffers)
         .map(|(g, b)| (g, vec![Slice::new(b, offset as u64 * 4, range as u64)]))
         .collect();
-    pollster::block_on(all_reduce(&parts, &Plan::one_piece_each(REPLICAS), ReduceOp::Sum)).unwrap();
+    pollster::block_on(all_reduce(
+        &parts,
+        &Plan::one_piece_each(REPLICAS),
+        ReduceOp::Sum,
+        &Peers::InProcess,
+    ))
+    .unwrap();
     for (r, (g, b)) in gpus.iter().zip(&buffers).enumerate() {
         let got = read(g, b);
         for i in 0..len {
@@ -96,22 +108,37 @@ fn mismatched_or_unaligned_ranges_are_refused() {
         &[s(0, 0, 8), s(1, 0, 8), s(2, 0, 7)],
         &three,
         ReduceOp::Sum,
+        &Peers::InProcess,
     ))
     .unwrap_err();
     assert!(matches!(e, CollectiveError::RangeMismatch { replica: 2, got: 7, expected: 8 }), "{e}");
-    let e = pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 2, 4)], &two, ReduceOp::Mean))
-        .unwrap_err();
+    let e = pollster::block_on(all_reduce(
+        &[s(0, 0, 4), s(1, 2, 4)],
+        &two,
+        ReduceOp::Mean,
+        &Peers::InProcess,
+    ))
+    .unwrap_err();
     assert!(matches!(e, CollectiveError::Unaligned { replica: 1, offset: 2 }), "{e}");
-    let e = pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 0, 4)], &three, ReduceOp::Sum))
-        .unwrap_err();
+    let e = pollster::block_on(all_reduce(
+        &[s(0, 0, 4), s(1, 0, 4)],
+        &three,
+        ReduceOp::Sum,
+        &Peers::InProcess,
+    ))
+    .unwrap_err();
     assert!(matches!(e, CollectiveError::ReplicaCount { got: 2, expected: 3 }), "{e}");
     let nine = Plan::new(&syncstep::canonical::shards(9, 3), 9); // two pieces each
-    let e =
-        pollster::block_on(all_reduce(&[s(0, 0, 4), s(1, 0, 4), s(2, 0, 4)], &nine, ReduceOp::Sum))
-            .unwrap_err();
+    let e = pollster::block_on(all_reduce(
+        &[s(0, 0, 4), s(1, 0, 4), s(2, 0, 4)],
+        &nine,
+        ReduceOp::Sum,
+        &Peers::InProcess,
+    ))
+    .unwrap_err();
     assert!(matches!(e, CollectiveError::PieceCount { replica: 0, got: 1, expected: 2 }), "{e}");
     assert!(matches!(
-        pollster::block_on(all_reduce(&[], &three, ReduceOp::Sum)),
+        pollster::block_on(all_reduce(&[], &three, ReduceOp::Sum, &Peers::InProcess)),
         Err(CollectiveError::NoReplicas)
     ));
 }
@@ -132,7 +159,7 @@ fn bucketed(
     from: &[u64],
     fail: Option<usize>,
 ) -> Vec<Result<(), CollectiveError>> {
-    let rounds = bucket_rounds(plan.clone(), op);
+    let rounds = bucket_rounds(plan.clone(), op, gpus.len(), Peers::InProcess);
     let replica = |r: usize| {
         let (gpu, buffer, rounds) = (&gpus[r], &buffers[r], &rounds);
         let pieces = Pieces { count: plan.pieces_of(r) as u64, stride: STRIDE };
@@ -180,7 +207,7 @@ fn whole(gpus: &[Gpu], values: &[Vec<Vec<f32>>], plan: &Plan, len: u64, op: Redu
             (g, (0..v.len() as u64).map(|p| Slice::new(b, p * STRIDE, len)).collect())
         })
         .collect();
-    pollster::block_on(all_reduce(&parts, plan, op)).unwrap();
+    pollster::block_on(all_reduce(&parts, plan, op, &Peers::InProcess)).unwrap();
     read(&gpus[0], &buffers[0])[..len as usize].to_vec()
 }
 
@@ -263,7 +290,7 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
 fn a_final_part_that_shrinks_is_refused() {
     let Some(gpus) = devices() else { return };
     let staging = BucketStaging::default();
-    let rounds = bucket_rounds(Plan::single(), ReduceOp::Sum);
+    let rounds = bucket_rounds(Plan::single(), ReduceOp::Sum, 1, Peers::InProcess);
     let side = BucketAllReduce::new(0, Pieces::ONE, &staging, &rounds);
     let buffer = gpus[0].buffer("b", 64).unwrap();
     let mut enc = gpus[0].encoder();

@@ -32,12 +32,14 @@ pub struct GradArgs {
     /// Data-parallel over this many devices: the batch in R contiguous shards (any R ≤ M; the
     /// first M mod R take one example more), BatchNorm synchronised, gradients all-reduced:
     /// the same bits as one device.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
+    #[command(flatten)]
+    ranks: super::ranks::MpiArgs,
 }
 
 /// The batch in `file`: `input` [M, 3, H, W] and integer `labels` [M] below `classes`.
@@ -79,7 +81,11 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
 }
 
 pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
-    syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
+    let peers = super::ranks::peers(&args.ranks)?;
+    let lead = peers.rank() == 0;
+    if lead {
+        syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
+    }
     let weights = TensorFile::read(&args.weights)?;
     let fc = weights.get("fc.weight").ok_or_else(|| {
         format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display())
@@ -102,11 +108,22 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         classes,
     )?;
 
-    let gpus = super::train::devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
-    let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?;
+    let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    let settings = format!("label smoothing {}, {local} replicas per rank", args.label_smoothing);
+    super::ranks::agree(&peers, "the settings", settings.as_bytes())?;
+    super::ranks::agree(&peers, "the weights", bytemuck::cast_slice(&params))?;
+    super::ranks::agree(&peers, "the batch", bytemuck::cast_slice(&batch.images))?;
+    super::ranks::agree(&peers, "the labels", bytemuck::cast_slice(&batch.labels))?;
+
+    let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
+    let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?.with_peers(peers);
     let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
     let m = batch.len();
     let out = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;
+    let logits = dp.logits(&out)?;
+    if !lead {
+        return Ok(());
+    }
     // After the all-reduce every replica holds the same gradient (and, synchronised, the same
     // running statistics): replica 0's stand for all.
     let first = &dp.replicas()[0];
@@ -114,7 +131,6 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     let after = pollster::block_on(first.read_running())?;
     // Every replica holds the global loss.
     let loss = [out[0].loss];
-    let logits: Vec<f32> = out.iter().flat_map(|o| o.logits.iter().copied()).collect();
 
     let mut entries = vec![
         ("loss".to_string(), vec![1], &loss[..]),

@@ -12,6 +12,7 @@ mod grad;
 mod info;
 mod plot;
 mod predict;
+mod ranks;
 mod train;
 
 #[derive(Parser)]
@@ -59,19 +60,23 @@ pub fn main() -> ExitCode {
         Command::Predict(a) => predict::run(a),
         Command::Plot(a) => plot::run(a),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<Exit>() {
-            Some(exit) => {
-                eprintln!("{}", exit.message);
-                ExitCode::from(exit.code)
-            }
-            None => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-    }
+    let Err(e) = result else {
+        ranks::finish();
+        return ExitCode::SUCCESS;
+    };
+    let prefix = ranks::prefix();
+    let code = match e.downcast_ref::<Exit>() {
+        Some(exit) => {
+            eprintln!("{prefix}{}", exit.message);
+            ExitCode::from(exit.code)
+        }
+        None => {
+            eprintln!("{prefix}error: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    ranks::abort_job();
+    code
 }
 
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)

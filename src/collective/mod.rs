@@ -26,6 +26,12 @@ use std::task::{Poll, Waker};
 use crate::canonical::Plan;
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 
+#[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+pub mod mpi;
+mod peers;
+
+pub use peers::Peers;
+
 /// `Clone`: one bucket's error reaches every replica of its round.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum CollectiveError {
@@ -53,6 +59,10 @@ pub enum CollectiveError {
     UnknownReplica { replica: usize, replicas: usize },
     #[error("abandoned because replica {replica} failed: {message}")]
     Aborted { replica: usize, message: String },
+    #[error("MPI: {0}")]
+    Mpi(String),
+    #[error("rank(s) {ranks:?} differ from rank 0 in {what}: every rank must run the same settings and model")]
+    Disagree { what: String, ranks: Vec<usize> },
 }
 
 pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;
@@ -71,13 +81,21 @@ pub enum ReduceOp {
 /// left as they were. Pass large ranges (whole flat gradient buffers), not one per tensor: every
 /// call costs a round trip. Allocates its staging each call; a training step uses
 /// [`BucketAllReduce`] instead.
-pub async fn all_reduce(parts: &[(&Gpu, Vec<Slice<'_>>)], plan: &Plan, op: ReduceOp) -> Result<()> {
+pub async fn all_reduce(
+    parts: &[(&Gpu, Vec<Slice<'_>>)],
+    plan: &Plan,
+    op: ReduceOp,
+    peers: &Peers,
+) -> Result<()> {
     let len = parts.first().and_then(|(_, p)| p.first()).ok_or(CollectiveError::NoReplicas)?.len;
     let holders = plan.leaves.iter().map(|&(h, _)| h + 1).max().unwrap_or(0);
-    if parts.len() != holders {
-        return Err(CollectiveError::ReplicaCount { got: parts.len(), expected: holders });
+    if parts.len() * peers.ranks() != holders {
+        let got = parts.len() * peers.ranks();
+        return Err(CollectiveError::ReplicaCount { got, expected: holders });
     }
-    for (replica, (_, pieces)) in parts.iter().enumerate() {
+    let first = peers.first_replica(parts.len());
+    for (i, (_, pieces)) in parts.iter().enumerate() {
+        let replica = first + i;
         if pieces.len() != plan.pieces_of(replica) {
             let (got, expected) = (pieces.len(), plan.pieces_of(replica));
             return Err(CollectiveError::PieceCount { replica, got, expected });
@@ -91,27 +109,32 @@ pub async fn all_reduce(parts: &[(&Gpu, Vec<Slice<'_>>)], plan: &Plan, op: Reduc
             }
         }
     }
-    let reads = parts.iter().enumerate().map(|(replica, (gpu, pieces))| async move {
+    let reads = parts.iter().enumerate().map(|(i, (gpu, pieces))| async move {
         let mut encoder = gpu.encoder();
         let read = gpu.record_read(&mut encoder, pieces);
-        let gpu_error = |source| CollectiveError::Gpu { replica, source };
+        let gpu_error = |source| CollectiveError::Gpu { replica: first + i, source };
         gpu.submit(encoder).await.map_err(gpu_error)?;
         read.read::<f32>(gpu).await.map_err(gpu_error)
     });
     let local = futures::future::try_join_all(reads).await?;
-    let leaves = leaves(plan, &local, len as usize);
-    let reduced = reduce(&leaves, plan, op);
-    for (replica, (gpu, pieces)) in parts.iter().enumerate() {
+    let local: Vec<&[f32]> = local.iter().map(|v| &v[..]).collect();
+    let mut reduced = Vec::with_capacity(len as usize);
+    peers.reduce(&local, plan, op, len as usize, |_, chunk| reduced.extend_from_slice(chunk))?;
+    for (i, (gpu, pieces)) in parts.iter().enumerate() {
         let s = pieces[0];
         gpu.scoped(|| gpu.queue.write_buffer(s.buffer, s.offset, bytemuck::cast_slice(&reduced)))
             .await
-            .map_err(|source| CollectiveError::Gpu { replica, source })?;
+            .map_err(|source| CollectiveError::Gpu { replica: first + i, source })?;
     }
     Ok(())
 }
 
 /// The plan's leaves, in its order, out of each replica's pieces laid one after the other.
-fn leaves<'a, T: AsRef<[f32]>>(plan: &Plan, replicas: &'a [T], len: usize) -> Vec<&'a [f32]> {
+pub(crate) fn leaves<'a, T: AsRef<[f32]>>(
+    plan: &Plan,
+    replicas: &'a [T],
+    len: usize,
+) -> Vec<&'a [f32]> {
     plan.leaves
         .iter()
         .map(|&(r, piece)| &replicas[r].as_ref()[piece * len..(piece + 1) * len])
@@ -249,24 +272,20 @@ pub struct MappedBucket {
 /// The rounds in which R replicas reduce their buckets, one round per bucket, in the same order.
 pub type BucketRounds = Rendezvous<MappedBucket, Result<()>>;
 
-/// The rounds of a bucketed all-reduce by `op` of the replicas' pieces along `plan`: the last
-/// replica to bring a bucket reduces every replica's read staging into every replica's write
-/// staging (so each gets the same bytes), with [`reduce_chunks`], in place: no buffer in
-/// between.
-pub fn bucket_rounds(plan: Plan, op: ReduceOp) -> BucketRounds {
-    let replicas = plan.leaves.iter().map(|&(r, _)| r + 1).max().unwrap_or(0);
-    Rendezvous::new(replicas, move |parts: Vec<MappedBucket>| {
+/// The rounds of a bucketed all-reduce by `op` of the replicas' pieces along `plan`, among
+/// `local` replicas of this process and those of its `peers`: the last local replica to bring
+/// a bucket reduces every replica's read staging into every local replica's write staging (so
+/// each gets the same bytes), with [`Peers::reduce`], straight into the mapped staging.
+pub fn bucket_rounds(plan: Plan, op: ReduceOp, local: usize, peers: Peers) -> BucketRounds {
+    Rendezvous::new(local, move |parts: Vec<MappedBucket>| {
         let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu {
             replica,
             source: GpuError::Readback(e.to_string()),
         };
         let len = parts.first().map_or(0, |p| p.write.size() / 4);
-        for (replica, p) in parts.iter().enumerate() {
-            let expected = plan.pieces_of(replica) as u64 * len;
-            if p.read.size() / 4 != expected || p.write.size() / 4 != len {
-                let got = p.read.size() / 4;
-                return Err(CollectiveError::RangeMismatch { replica, got, expected });
-            }
+        if let Some(p) = parts.iter().find(|p| p.write.size() / 4 != len) {
+            let got = p.write.size() / 4;
+            return Err(CollectiveError::RangeMismatch { replica: p.replica, got, expected: len });
         }
         let views = parts
             .iter()
@@ -277,13 +296,12 @@ pub fn bucket_rounds(plan: Plan, op: ReduceOp) -> BucketRounds {
             .map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e)))
             .collect::<Result<Vec<_>>>()?;
         let inputs: Vec<&[f32]> = views.iter().map(|v| bytemuck::cast_slice(v)).collect();
-        reduce_chunks(&leaves(&plan, &inputs, len as usize), &plan, op, |start, chunk| {
+        peers.reduce(&inputs, &plan, op, len as usize, |start, chunk| {
             let bytes: &[u8] = bytemuck::cast_slice(chunk);
             outs.iter_mut().for_each(|out| {
                 out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes)
             });
-        });
-        Ok(())
+        })
     })
 }
 

@@ -1,0 +1,101 @@
+//! `--mpi`: this process as one rank of `mpirun -np P syncstep …`, holding `--local-replicas L`
+//! of the R = P·L replicas (a build with the `mpi` feature). Every rank runs the same command;
+//! rank 0 prints and writes.
+
+use std::error::Error;
+
+use clap::Args;
+use sha2::{Digest, Sha256};
+use syncstep::collective::Peers;
+use syncstep::gpu::{AdapterChoice, Gpu};
+
+#[derive(Args, Clone, Debug)]
+pub struct MpiArgs {
+    /// Run as one rank of an MPI job (`mpirun -np P syncstep … --mpi`): the replicas are the
+    /// ranks' devices, rank q holding replicas q·L … q·L + L − 1; the same bits as one process.
+    /// Needs a build with `--features mpi`.
+    #[arg(long)]
+    pub mpi: bool,
+    /// Replicas (devices) per rank under --mpi: R = P·L.
+    #[arg(long, default_value_t = 1, requires = "mpi", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub local_replicas: u32,
+}
+
+#[cfg(feature = "mpi")]
+thread_local! {
+    /// The MPI job this process is a rank of, held until [`finish`] or [`abort_job`]: MPI is
+    /// finalised only after a command succeeded, never on the way out of an error, where the
+    /// other ranks may be waiting for this one.
+    static JOB: std::cell::RefCell<Option<std::rc::Rc<syncstep::collective::mpi::Ranks>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The peers `args` asks for: in-process, or this process's MPI job.
+pub fn peers(args: &MpiArgs) -> Result<Peers, Box<dyn Error>> {
+    if !args.mpi {
+        return Ok(Peers::InProcess);
+    }
+    #[cfg(feature = "mpi")]
+    {
+        let ranks = std::rc::Rc::new(syncstep::collective::mpi::Ranks::init()?);
+        JOB.with(|job| *job.borrow_mut() = Some(ranks.clone()));
+        Ok(Peers::Mpi(ranks))
+    }
+    #[cfg(not(feature = "mpi"))]
+    Err("--mpi: this syncstep was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI or another MPI, and libclang)".into())
+}
+
+/// This process's devices for `local` replicas: global replica g on the (g mod count)-th of
+/// `--adapters`, else on `--adapter` or $SYNCSTEP_ADAPTER, else (under MPI) on adapter
+/// g mod the number of adapters, so that ranks on one machine spread over its adapters.
+pub fn devices(
+    peers: &Peers,
+    adapter: Option<&str>,
+    adapters: &[String],
+    local: usize,
+) -> Result<Vec<Gpu>, Box<dyn Error>> {
+    let first = peers.first_replica(local);
+    let named = adapter.is_some()
+        || !adapters.is_empty()
+        || std::env::var("SYNCSTEP_ADAPTER").is_ok_and(|s| !s.is_empty());
+    let choices: Vec<AdapterChoice> = if named || peers.ranks() == 1 {
+        let all = super::train::adapter_choices(adapter, adapters)?;
+        (first..first + local).map(|g| all[g % all.len()].clone()).collect()
+    } else {
+        let count = pollster::block_on(syncstep::gpu::adapters(&syncstep::gpu::instance())).len();
+        let count = count.max(1);
+        (first..first + local)
+            .map(|g| AdapterChoice::parse(&(g % count).to_string()))
+            .collect::<Result<_, _>>()?
+    };
+    Ok(pollster::block_on(syncstep::parallel::devices(local, &choices))?)
+}
+
+/// Checks that every rank has the same `what` (its bytes: settings, weights, data), naming the
+/// ranks that differ.
+pub fn agree(peers: &Peers, what: &str, bytes: &[u8]) -> Result<(), Box<dyn Error>> {
+    let digest = Sha256::digest(bytes);
+    let value = u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 has 8 bytes"));
+    Ok(peers.agree(what, value)?)
+}
+
+/// "rank q: " under MPI, else nothing: for what every rank prints.
+pub fn prefix() -> String {
+    #[cfg(feature = "mpi")]
+    if let Some(rank) = syncstep::collective::mpi::running_rank() {
+        return format!("rank {rank}: ");
+    }
+    String::new()
+}
+
+/// After an error: ends the MPI job (every rank exits non-zero) when this is one of its ranks.
+pub fn abort_job() {
+    #[cfg(feature = "mpi")]
+    syncstep::collective::mpi::abort_job(1);
+}
+
+/// After success: finalises MPI when this process is a rank.
+pub fn finish() {
+    #[cfg(feature = "mpi")]
+    JOB.with(|job| job.borrow_mut().take());
+}

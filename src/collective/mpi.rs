@@ -1,0 +1,179 @@
+//! The MPI side of [`Peers`](super::Peers): this process is one rank of `mpirun -np P`, holding
+//! L replicas. Nothing here sums in an order MPI chooses (no `MPI_Allreduce`): ranks only move
+//! bytes, and every sum is the canonical plan's, taken on the host as in-process.
+//!
+//! - [`Ranks::gather`]: every rank's replicas' values to every rank (`MPI_Allgatherv`): the
+//!   BatchNorm rows, the per-example losses, the logits.
+//! - [`Ranks::reduce`]: a reduce-scatter then an all-gather. Rank q owns the q-th of P
+//!   contiguous chunks of the range; every rank sends each rank the pieces of its chunk
+//!   (`MPI_Alltoallv`), the owner adds all replicas' pieces along the plan, and the reduced
+//!   chunks go to every rank (`MPI_Allgatherv`). Each element is summed in the plan's order by
+//!   one rank, so the bits are in-process's; per rank, 2(P − 1)/P of the range moves each way
+//!   (times the pieces per replica in the first half), the bandwidth-optimal all-reduce.
+
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use mpi::Count;
+
+use super::{reduce_chunks, CollectiveError, ReduceOp, Result};
+use crate::canonical::Plan;
+
+/// The MPI environment of this process (initialised once; finalised when dropped) and its
+/// world communicator.
+pub struct Ranks {
+    world: SimpleCommunicator,
+    // Dropped last: finalises MPI.
+    _universe: Universe,
+}
+
+impl Ranks {
+    /// Initialises MPI. Fails when it already was, or when this build cannot start it.
+    pub fn init() -> Result<Ranks> {
+        let universe = mpi::initialize().ok_or_else(|| {
+            CollectiveError::Mpi("MPI was initialised already in this process".into())
+        })?;
+        Ok(Ranks { world: universe.world(), _universe: universe })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    pub fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    pub(super) fn gather(&self, local: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+        let lens: Vec<u64> = local.iter().map(|v| v.len() as u64).collect();
+        let mut all_lens = vec![0u64; lens.len() * self.size()];
+        self.world.all_gather_into(&lens[..], &mut all_lens[..]);
+        let per_rank: Vec<u64> =
+            all_lens.chunks(lens.len().max(1)).map(|c| c.iter().sum()).collect();
+        let (counts, displs) = partition(&per_rank)?;
+        let mine: Vec<f32> = local.concat();
+        let mut all = vec![0f32; per_rank.iter().sum::<u64>() as usize];
+        self.world.all_gather_varcount_into(
+            &mine[..],
+            &mut PartitionMut::new(&mut all[..], counts, displs),
+        );
+        let mut at = 0;
+        Ok(all_lens
+            .iter()
+            .map(|&n| {
+                let v = all[at..at + n as usize].to_vec();
+                at += n as usize;
+                v
+            })
+            .collect())
+    }
+
+    pub(super) fn reduce(
+        &self,
+        local: &[&[f32]],
+        plan: &Plan,
+        op: ReduceOp,
+        len: usize,
+        mut out: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        let (ranks, me, l) = (self.size(), self.rank(), local.len());
+        let chunk = |q: usize| q * len / ranks..(q + 1) * len / ranks;
+        let pieces_of_rank =
+            |q: usize| (q * l..(q + 1) * l).map(|h| plan.pieces_of(h)).sum::<usize>();
+        // Reduce-scatter: rank q receives every replica's pieces of chunk q.
+        let mut send = Vec::with_capacity(pieces_of_rank(me) * len);
+        let mut send_lens = Vec::with_capacity(ranks);
+        for q in 0..ranks {
+            let c = chunk(q);
+            for pieces in local {
+                for piece in pieces.chunks(len.max(1)) {
+                    send.extend_from_slice(&piece[c.clone()]);
+                }
+            }
+            send_lens.push((pieces_of_rank(me) * c.len()) as u64);
+        }
+        let mine = chunk(me);
+        let recv_lens: Vec<u64> =
+            (0..ranks).map(|q| (pieces_of_rank(q) * mine.len()) as u64).collect();
+        let mut recv = vec![0f32; recv_lens.iter().sum::<u64>() as usize];
+        let (send_counts, send_displs) = partition(&send_lens)?;
+        let (recv_counts, recv_displs) = partition(&recv_lens)?;
+        self.world.all_to_all_varcount_into(
+            &Partition::new(&send[..], send_counts, send_displs),
+            &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
+        );
+        // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
+        // pieces of that rank's replicas before h.
+        let m = mine.len();
+        let leaves: Vec<&[f32]> = plan
+            .leaves
+            .iter()
+            .map(|&(h, j)| {
+                let q = h / l;
+                let before: usize = (q * l..h).map(|g| plan.pieces_of(g)).sum();
+                let at = recv_displs[q] as usize + (before + j) * m;
+                &recv[at..at + m]
+            })
+            .collect();
+        let mut reduced = Vec::with_capacity(m);
+        reduce_chunks(&leaves, plan, op, |_, c| reduced.extend_from_slice(c));
+        // All-gather of the reduced chunks.
+        let chunk_lens: Vec<u64> = (0..ranks).map(|q| chunk(q).len() as u64).collect();
+        let (chunk_counts, chunk_displs) = partition(&chunk_lens)?;
+        let mut whole = vec![0f32; len];
+        self.world.all_gather_varcount_into(
+            &reduced[..],
+            &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
+        );
+        out(0, &whole);
+        Ok(())
+    }
+
+    pub(super) fn agree(&self, what: &str, value: u64) -> Result<()> {
+        let mut all = vec![0u64; self.size()];
+        self.world.all_gather_into(&value, &mut all[..]);
+        let differ: Vec<usize> = (1..all.len()).filter(|&q| all[q] != all[0]).collect();
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            Err(CollectiveError::Disagree { what: what.to_string(), ranks: differ })
+        }
+    }
+}
+
+/// The MPI counts and displacements (C ints) of parts of `lens` elements laid one after the
+/// other: an error past MPI's limit of 2³¹ − 1 elements for any of them.
+fn partition(lens: &[u64]) -> Result<(Vec<Count>, Vec<Count>)> {
+    let total: u64 = lens.iter().sum();
+    if total > Count::MAX as u64 {
+        return Err(CollectiveError::Mpi(format!(
+            "{total} values in one MPI exchange: past MPI's count limit of {}",
+            Count::MAX
+        )));
+    }
+    let counts: Vec<Count> = lens.iter().map(|&n| n as Count).collect();
+    let displs = counts
+        .iter()
+        .scan(0, |at: &mut Count, &c| {
+            let d = *at;
+            *at += c;
+            Some(d)
+        })
+        .collect();
+    Ok((counts, displs))
+}
+
+/// This process's rank, when it is one rank of a running MPI job.
+pub fn running_rank() -> Option<usize> {
+    let running = mpi::environment::is_initialized() && !mpi::environment::is_finalized();
+    running.then(|| SimpleCommunicator::world().rank() as usize)
+}
+
+/// Ends the whole MPI job with `code` when this process is one of its ranks, so that no other
+/// rank waits for this one forever; returns when MPI is not running.
+pub fn abort_job(code: i32) {
+    if running_rank().is_some() {
+        SimpleCommunicator::world().abort(code)
+    }
+}

@@ -1,0 +1,144 @@
+//! `--mpi` under `mpirun` (a build with the `mpi` feature): replicas as ranks give the single
+//! device's bits; ranks that disagree are refused at start; a rank that dies ends every rank.
+//! Over TCP (`--mca btl tcp,self`), the transport that crosses machines.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+use syncstep::model::ResNet34;
+use syncstep::tensorfile::TensorFile;
+
+const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncstep-mpi-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `mpirun` over TCP with `programs`: one `(ranks, argv)` per MPMD part.
+fn mpirun(programs: &[(usize, Vec<String>)]) -> Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for (i, (ranks, argv)) in programs.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", &ranks.to_string()]).args(argv);
+    }
+    cmd.output().expect("mpirun (Open MPI) must be installed: scripts/setup.sh")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn grad_args(inputs: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let (i, o) = (inputs.to_str().unwrap(), out.to_str().unwrap());
+    [BIN, "grad", "--weights", i, "--batch", i, "--out", o]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images.
+fn inputs(dir: &Path, m: usize) -> PathBuf {
+    let model = ResNet34::new(10).unwrap();
+    let mut params = model.init_params(4);
+    model.randomize_batchnorm(&mut params, 5);
+    let batch = syncstep::data::synthetic_batch(1, 0, m, 32, 32, 10).unwrap();
+    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
+    let raw = dir.join("raw.safetensors");
+    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &labels);
+    let path = dir.join("inputs.safetensors");
+    with_int64_labels(&raw, &path, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    path
+}
+
+/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
+fn same_bits(a: &Path, b: &Path) -> Result<(), String> {
+    let (a, b) = (TensorFile::read(a).unwrap(), TensorFile::read(b).unwrap());
+    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
+    for (name, t) in &a.tensors {
+        let u = b.get(name).ok_or(format!("{name} missing"))?;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&t.values) != bits(&u.values) {
+            return Err(format!("{name} differs"));
+        }
+    }
+    Ok(())
+}
+
+/// P = 2, P = 4 (uneven shards) and P = 2 with 2 devices each: the gradients, loss, logits and
+/// BN statistics of one step are the single device's, bit for bit.
+#[test]
+fn ranks_give_the_single_devices_gradients_bit_for_bit() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("grad");
+    let inputs = inputs(&dir, 6);
+    let single = dir.join("single.safetensors");
+    let (ok, log) = syncstep(
+        &grad_args(&inputs, &single, &[]).iter().skip(1).map(|s| s.as_str()).collect::<Vec<_>>(),
+    );
+    assert!(ok, "{log}");
+    for (ranks, extra) in [(2, &[][..]), (4, &[][..]), (2, &["--local-replicas", "2"][..])] {
+        let out = dir.join(format!("ranks-{ranks}-{}.safetensors", extra.len()));
+        let args = grad_args(&inputs, &out, &[&["--mpi"][..], extra].concat());
+        let o = mpirun(&[(ranks, args)]);
+        assert!(o.status.success(), "{ranks} ranks {extra:?}: {}", text(&o));
+        same_bits(&single, &out).unwrap_or_else(|e| panic!("{ranks} ranks {extra:?}: {e}"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A rank with other settings (here its label smoothing) is refused before any step, naming it.
+#[test]
+fn ranks_that_disagree_are_refused_at_start() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("disagree");
+    let inputs = inputs(&dir, 2);
+    let out = dir.join("g.safetensors");
+    let o = mpirun(&[
+        (1, grad_args(&inputs, &out, &["--mpi"])),
+        (1, grad_args(&inputs, &out, &["--mpi", "--label-smoothing", "0.2"])),
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("rank(s) [1] differ from rank 0 in the settings"), "{}", text(&o));
+    assert!(!out.exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A rank killed while the others wait for it: every rank ends, non-zero, well within 60 s.
+#[test]
+fn a_rank_that_dies_ends_every_rank() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("dies");
+    let inputs = inputs(&dir, 4);
+    let out = dir.join("g.safetensors");
+    let killed: Vec<String> = ["timeout", "-s", "KILL", "3"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(grad_args(&inputs, &out, &["--mpi"]))
+        .collect();
+    let start = Instant::now();
+    let o = mpirun(&[(1, grad_args(&inputs, &out, &["--mpi"])), (1, killed)]);
+    let took = start.elapsed();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
+    assert!(!out.exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
