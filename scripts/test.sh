@@ -3,7 +3,8 @@
 # then:
 #   1. lint: rustfmt and clippy (warnings are errors), and `cargo check` of the library and the
 #      binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
-#   2. every test in release mode (debug wgpu and the f64 references are too slow). GPU tests run
+#   2. every test in release mode, built with the `mpi` feature (scripts/setup-mpi.sh installs
+#      Open MPI), so tests/mpi.rs runs ranks under mpirun (debug wgpu and the f64 references are too slow). GPU tests run
 #      on the first adapter (lavapipe on a CPU machine); with CI set, a test that finds no
 #      adapter fails instead of skipping;
 #   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
@@ -13,6 +14,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+bash scripts/setup-mpi.sh
+# Open MPI refuses to start ranks as root unless told; CI runs as root.
+if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
 
 # Lint.
 cross_targets=(x86_64-pc-windows-gnu aarch64-apple-darwin)
@@ -25,7 +31,7 @@ for target in "${cross_targets[@]}"; do
     grep -qx "$target" <<<"$targets" || rustup target add "$target"
 done
 cargo fmt --check
-cargo clippy --release --all-targets --quiet -- -D warnings
+cargo clippy --release --all-targets --features mpi --quiet -- -D warnings
 for target in "${cross_targets[@]}"; do
     cargo check --release --target "$target" --lib --bins --quiet
 done
@@ -33,10 +39,10 @@ done
 # Autotune choices of the test binaries go to the build folder, never the user's cache; the
 # binaries share them, so each shape is timed once per run.
 export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
-cargo test --release --all-targets --no-fail-fast "$@"
+cargo test --release --all-targets --features mpi --no-fail-fast "$@"
 
 # The page test runs these two (`cargo test` builds examples as test harnesses, not as programs).
-cargo build --release --bin syncstep --example make_image_folder --quiet
+cargo build --release --features mpi --bin syncstep --example make_image_folder --quiet
 bash scripts/setup-web.sh --test
 bash scripts/web-build.sh
 (cd web && node --test --test-reporter=spec test/*.test.mjs)

@@ -231,6 +231,11 @@ impl Trainer {
         Ok(Trainer { replicas, cfg, step })
     }
 
+    /// The same trainer as this process's part of a run whose other replicas its `peers` hold.
+    pub fn with_peers(self, peers: crate::collective::Peers) -> Trainer {
+        Trainer { replicas: self.replicas.with_peers(peers), ..self }
+    }
+
     pub fn model(&self) -> &ResNet34 {
         &self.replicas.replicas()[0].model
     }

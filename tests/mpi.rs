@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
+use syncstep::checkpoint;
 use syncstep::model::ResNet34;
 use syncstep::tensorfile::TensorFile;
 
@@ -97,6 +98,43 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
         let o = mpirun(&[(ranks, args)]);
         assert!(o.status.success(), "{ranks} ranks {extra:?}: {}", text(&o));
         same_bits(&single, &out).unwrap_or_else(|e| panic!("{ranks} ranks {extra:?}: {e}"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Three SGD steps at a global batch of 6: P = 2, P = 4 (uneven shards) and P = 2 with 2
+/// devices each end with the single device's parameters, momentum and BN statistics, bit for
+/// bit; rank 0 alone writes the checkpoint and prints.
+#[test]
+fn ranks_train_as_the_single_device_does_bit_for_bit() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("train");
+    let train = |ck: &Path, extra: &[&str]| -> Vec<String> {
+        let base = [BIN, "train", "--steps", "3", "--batch", "6", "--eval-examples", "0"];
+        let ck = ["--checkpoint", ck.to_str().unwrap()];
+        base.iter().chain(&ck).chain(extra).map(|s| s.to_string()).collect()
+    };
+    let single = dir.join("single.safetensors");
+    let args = train(&single, &[]);
+    let (ok, log) = syncstep(&args[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(ok, "{log}");
+    let model = ResNet34::new(10).unwrap();
+    let want = checkpoint::load(&single, &model).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (ranks, extra) in [(2, &[][..]), (4, &[][..]), (2, &["--local-replicas", "2"][..])] {
+        let ck = dir.join(format!("ranks-{ranks}-{}.safetensors", extra.len()));
+        let o = mpirun(&[(ranks, train(&ck, &[&["--mpi"][..], extra].concat()))]);
+        let what = format!("{ranks} ranks {extra:?}");
+        assert!(o.status.success(), "{what}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.matches("syncstep train:").count(), 1, "{what}: rank 0 alone prints: {out}");
+        let got = checkpoint::load(&ck, &model).unwrap();
+        assert_eq!(got.step, 3, "{what}");
+        assert!(bits(&got.params) == bits(&want.params), "{what}: parameters differ");
+        assert!(bits(&got.velocity) == bits(&want.velocity), "{what}: momentum differs");
+        assert!(bits(&got.running) == bits(&want.running), "{what}: BN statistics differ");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -127,7 +127,7 @@ pub struct TrainArgs {
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
     /// BatchNorm: the same training as on one device, bit for bit.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
@@ -150,6 +150,8 @@ pub struct TrainArgs {
     /// starts. The data settings (data, batch, image size, classes, seed) never change.
     #[arg(long = "override", requires = "resume")]
     override_settings: bool,
+    #[command(flatten)]
+    ranks: super::ranks::MpiArgs,
 }
 
 /// Where a run's batches come from.
@@ -182,19 +184,35 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    let peers = super::ranks::peers(&args.ranks)?;
+    // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
+    let lead = peers.rank() == 0;
+    macro_rules! say {
+        ($($t:tt)*) => { if lead { println!($($t)*) } };
+    }
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
     let model = ResNet34::new(cfg.classes)?;
     check_host_memory(&model, &cfg)?;
-    if let Some(path) = &args.checkpoint {
+    let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
+    if let Some(path) = checkpoint {
         syncstep::files::check_output("--checkpoint", path, &[])?;
     }
     let from = start.as_ref().filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    let mut log = match &args.log {
+    let mut log = match args.log.as_ref().filter(|_| lead) {
         Some(path) => Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from))?),
         None => None,
     };
-    let gpus = devices(args.adapter.as_deref(), &args.adapters, args.replicas)?;
-    let r = gpus.len();
+    let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
+    if let Some(ck) = &start {
+        super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
+    }
+    let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
+    let r = gpus.len() * peers.ranks();
+    let ranks = match peers.ranks() {
+        1 => String::new(),
+        p => format!(" (rank 0 of {p}, {local} per rank)"),
+    };
     let adapter = if r == 1 {
         describe(&gpus[0].info)
     } else {
@@ -204,12 +222,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         sizes.dedup();
         format!(
-            "{r} replicas of {} images: {}",
+            "{r} replicas of {} images{ranks}: {}",
             sizes.join(" or "),
             gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")
         )
     };
-    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), start)?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), start)?.with_peers(peers);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(cfg.image_size, cfg.image_size)
         * cfg.batch as f64;
@@ -222,7 +240,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         ),
         _ => "synthetic images".into(),
     };
-    println!(
+    say!(
         "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {adapter}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, trainer.step + 1
     );
@@ -231,9 +249,9 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             0 => String::new(),
             d => format!("; {d} images of each epoch's shuffle are left out (a partial batch)"),
         };
-        println!("{} steps per epoch{dropped}", e.steps_per_epoch());
+        say!("{} steps per epoch{dropped}", e.steps_per_epoch());
     }
-    notes.iter().for_each(|n| println!("{n}"));
+    notes.iter().for_each(|n| say!("{n}"));
     let workers =
         args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let (mut batches, val) = match (&cfg.images, splits, epochs) {
@@ -247,11 +265,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => (Batches::Synthetic, None),
     };
-    let synthetic_eval = if val.is_some() { 0 } else { args.eval_examples.unwrap_or(64) };
+    let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
     let before = evaluate(&mut trainer, synthetic_eval, "before")?;
     let stop = StopSignals::register()?;
 
-    let bar = ProgressBar::new(last - trainer.step);
+    let bar = if lead { ProgressBar::new(last - trainer.step) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -299,7 +317,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         bar.inc(1);
         if bar.is_hidden() {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
-            println!("{line}");
+            say!("{line}");
         }
         if let Some(log) = &mut log {
             log.write(&Record {
@@ -313,7 +331,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             })?;
         }
         let epoch_done = epochs.is_some_and(|e| trainer.step % e.steps_per_epoch() == 0);
-        if let Some(val) = val.as_ref().filter(|v| epoch_done && !v.is_empty()) {
+        if let Some(val) = val.as_ref().filter(|v| lead && epoch_done && !v.is_empty()) {
             let scores = score_images(&mut trainer, val, &cfg, workers, &bar)?;
             report_scores(&bar, &scores, epoch, trainer.step, log.as_mut())?;
             last_scores = Some(scores);
@@ -321,11 +339,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         let signal = stop.received();
         let periodic = args.checkpoint_every > 0 && trainer.step % args.checkpoint_every == 0;
         if signal != 0 || (periodic && trainer.step < last) {
-            if let Some(path) = &args.checkpoint {
+            if let Some(path) = checkpoint {
                 let ck = pollster::block_on(trainer.checkpoint())?;
                 checkpoint::save(path, trainer.model(), &ck)?;
                 if bar.is_hidden() {
-                    println!("checkpoint: {} (step {})", path.display(), ck.step);
+                    say!("checkpoint: {} (step {})", path.display(), ck.step);
                 }
             }
         }
@@ -337,10 +355,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     bar.finish_and_clear();
     drop(batches);
     let total = busy.as_secs_f64();
-    if let Some(path) = &args.checkpoint {
+    if let Some(path) = checkpoint {
         let ck = pollster::block_on(trainer.checkpoint())?;
         checkpoint::save(path, trainer.model(), &ck)?;
-        println!("checkpoint: {} (step {})", path.display(), ck.step);
+        say!("checkpoint: {} (step {})", path.display(), ck.step);
     }
     if stop.received() != 0 {
         return Err(stopped(stop.received(), &args, trainer.step));
@@ -350,7 +368,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         // Single steps are noisy: compare the means of the first and last few.
         let k = losses.len().div_ceil(5).min(5);
         let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
-        println!(
+        say!(
             "loss (mean of {k} steps): {:.4} at the start → {:.4} at the end ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
             mean(&losses[..k]),
             mean(&losses[losses.len() - k..]),
@@ -358,6 +376,9 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             (losses.len() as f64 * cfg.batch as f64) / total,
             100.0 * waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
         );
+    }
+    if !lead {
+        return Ok(());
     }
     if let Some(val) = val.as_ref().filter(|v| !v.is_empty()) {
         let epoch_end = epochs.is_some_and(|e| trainer.step % e.steps_per_epoch() == 0);
