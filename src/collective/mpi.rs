@@ -24,6 +24,9 @@ use crate::canonical::Plan;
 /// world communicator.
 pub struct Ranks {
     world: SimpleCommunicator,
+    /// Bytes this rank has received from the others so far: what its link carries inbound,
+    /// whatever algorithm MPI runs underneath.
+    received: std::cell::Cell<u64>,
     // Dropped last: finalises MPI.
     _universe: Universe,
 }
@@ -34,7 +37,7 @@ impl Ranks {
         let universe = mpi::initialize().ok_or_else(|| {
             CollectiveError::Mpi("MPI was initialised already in this process".into())
         })?;
-        Ok(Ranks { world: universe.world(), _universe: universe })
+        Ok(Ranks { world: universe.world(), received: Default::default(), _universe: universe })
     }
 
     pub fn rank(&self) -> usize {
@@ -43,6 +46,15 @@ impl Ranks {
 
     pub fn size(&self) -> usize {
         self.world.size() as usize
+    }
+
+    /// Bytes received from the other ranks so far.
+    pub fn received_bytes(&self) -> u64 {
+        self.received.get()
+    }
+
+    fn count(&self, total: u64, own: u64) {
+        self.received.set(self.received.get() + 4 * (total - own));
     }
 
     pub(super) fn gather(&self, local: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
@@ -58,6 +70,7 @@ impl Ranks {
             &mine[..],
             &mut PartitionMut::new(&mut all[..], counts, displs),
         );
+        self.count(all.len() as u64, mine.len() as u64);
         let mut at = 0;
         Ok(all_lens
             .iter()
@@ -103,6 +116,7 @@ impl Ranks {
             &Partition::new(&send[..], send_counts, send_displs),
             &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
         );
+        self.count(recv.len() as u64, recv_lens[me]);
         // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
         // pieces of that rank's replicas before h.
         let m = mine.len();
@@ -126,6 +140,7 @@ impl Ranks {
             &reduced[..],
             &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
         );
+        self.count(len as u64, m as u64);
         out(0, &whole);
         Ok(())
     }

@@ -37,6 +37,16 @@ impl Peers {
         }
     }
 
+    /// Bytes this process has received from other processes so far (0 in-process, where
+    /// nothing crosses a process boundary).
+    pub fn received_bytes(&self) -> u64 {
+        match self {
+            Peers::InProcess => 0,
+            #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+            Peers::Mpi(ranks) => ranks.received_bytes(),
+        }
+    }
+
     /// The global index of this process's first replica, when it holds `local` of them.
     pub fn first_replica(&self, local: usize) -> usize {
         self.rank() * local

@@ -380,6 +380,14 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
+    let peers = trainer.replicas.peers();
+    if peers.ranks() > 1 && !losses.is_empty() {
+        println!(
+            "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
+            peers.ranks(),
+            peers.received_bytes() as f64 / losses.len() as f64 / 1e6
+        );
+    }
     if let Some(val) = val.as_ref().filter(|v| !v.is_empty()) {
         let epoch_end = epochs.is_some_and(|e| trainer.step % e.steps_per_epoch() == 0);
         let scores = match last_scores.filter(|_| epoch_end) {
