@@ -137,6 +137,34 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, and
+/// the bytes it received a step: half the gradient in the reduce-scatter, half in the
+/// all-gather, plus the BatchNorm rows, losses and logits.
+#[test]
+fn bench_over_ranks_reports_the_bytes_a_rank_receives() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("bench");
+    let json = dir.join("bench.json");
+    let args = [BIN, "bench", "--mpi", "--batch", "2", "--steps", "1", "--no-roofline", "--json"];
+    let args: Vec<String> =
+        args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
+    let o = mpirun(&[(2, args)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).matches("syncstep bench:").count(), 1);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["step"]["replicas"], 2, "{report}");
+    assert_eq!(report["single"]["global_batch"], 4, "{report}");
+    let gradient = report["allreduce"]["gradient_bytes"].as_u64().unwrap();
+    let received = report["rank_received_bytes_per_step"].as_u64().unwrap();
+    assert!(
+        received >= gradient && received < gradient + gradient / 50,
+        "received {received} a step, the gradient is {gradient} bytes"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A rank with other settings (here its label smoothing) is refused before any step, naming it.
 #[test]
 fn ranks_that_disagree_are_refused_at_start() {

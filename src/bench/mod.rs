@@ -32,6 +32,7 @@
 
 use std::time::Instant;
 
+use crate::collective::Peers;
 use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
@@ -189,13 +190,30 @@ fn timed_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepConfi
 /// Runs the benchmark; `progress` hears what starts (warm-up steps compile for minutes on a
 /// CPU driver).
 pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchReport> {
+    run_with_peers(cfg, &Peers::InProcess, progress)
+}
+
+/// [`run`] as one rank of several: `cfg.replicas` are this process's replicas (on
+/// `cfg.adapters`), its `peers` hold as many each, and `cfg.global_batch` is the whole step's.
+/// Every rank runs the same data-parallel steps; rank 0 alone also runs the single device and
+/// the roofline probe, and its report is the one to print.
+pub fn run_with_peers(
+    cfg: &BenchConfig,
+    peers: &Peers,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport> {
     cfg.validate()?;
+    let lead = peers.rank() == 0;
     let model = ResNet34::new(cfg.classes)
         .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
     let params = model.init_params(cfg.seed);
     let running = model.init_buffers();
     let step_cfg = StepConfig::default();
-    let (r, b, size) = (cfg.replicas, cfg.global(), cfg.image_size);
+    let (r, b, size) = (cfg.replicas * peers.ranks(), cfg.global(), cfg.image_size);
+    if b < r {
+        let problem = format!("is {b}: each of {r} replicas needs at least 1 image");
+        return Err(BenchError::Setting { flag: "global-batch", problem });
+    }
     let batch =
         synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
     let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * b as f64;
@@ -203,9 +221,11 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         .check_training_batch(b as u64, size, size)
         .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
 
-    progress(&format!("opening {r} device(s)"));
+    progress(&format!("opening {} device(s)", cfg.replicas));
+    let local = cfg.replicas;
     let mut dp =
-        pollster::block_on(DataParallel::new(&model, &params, &running, r, &cfg.adapters))?;
+        pollster::block_on(DataParallel::new(&model, &params, &running, local, &cfg.adapters))?
+            .with_peers(peers.clone());
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
     // Everything this run will allocate on the devices, checked before any work: the single
     // device's whole batch, each replica's shard, the roofline's matrices.
@@ -232,7 +252,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
     let n = shard.len();
     let mut singles = Vec::new();
-    if r > 1 {
+    if r > 1 && lead {
         for _ in 0..2 {
             singles.push(pollster::block_on(DataParallel::new(
                 &model,
@@ -254,19 +274,25 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         for (run, batch) in runs.iter_mut() {
             timed_step(run, batch, &step_cfg)?;
         }
+        peers.idle_barrier();
     }
     runs.iter()
         .flat_map(|(run, _)| run.replicas())
         .for_each(|replica| replica.gpu.reset_memory_stats());
     let mut seconds = vec![Vec::new(); runs.len()];
+    let received = peers.received_bytes();
     for s in 0..cfg.steps {
         progress(&format!("timed step {}/{}", s + 1, cfg.steps));
         for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
             times.push(timed_step(run, batch, &step_cfg)?);
         }
+        // The other ranks wait idle while rank 0 times the single device.
+        peers.idle_barrier();
     }
+    let rank_received_bytes =
+        (peers.ranks() > 1).then(|| (peers.received_bytes() - received) / cfg.steps as u64);
     let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
-        replicas: run.replicas().len(),
+        replicas: run.global_replicas(),
         global_batch: batch.len(),
         seconds,
         flops: step_flops * batch.len() as f64 / b as f64,
@@ -283,7 +309,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         Err("not asked for (--profile)".to_string())
     };
     let gpu = &dp.replicas()[0].gpu;
-    let roofline = match cfg.roofline {
+    let roofline = match cfg.roofline.filter(|_| lead) {
         Some(size) => {
             progress(&format!("roofline probe: matmul {size}³ and the step's convolutions"));
             Some(roofline(gpu, &model, n as u32, cfg.image_size, size)?)
@@ -300,6 +326,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         single: single_bench,
         shard: shard_bench,
         replicas_take_turns,
+        ranks: peers.ranks(),
+        rank_received_bytes,
         roofline,
         profile,
     })

@@ -79,7 +79,7 @@ impl AllReduceBytes {
     pub(super) fn of(dp: &crate::parallel::DataParallel, batch: usize) -> AllReduceBytes {
         let replicas = dp.replicas();
         let gradient_bytes = replicas.first().map_or(0, |r| r.model.param_len as u64 * 4);
-        AllReduceBytes::for_shards(batch, replicas.len(), gradient_bytes)
+        AllReduceBytes::for_shards(batch, dp.global_replicas(), gradient_bytes)
     }
 
     /// The traffic of `replicas` replicas' shards of a batch of `batch`, for a gradient of
@@ -351,6 +351,10 @@ pub struct BenchReport {
     /// Whether the replicas take turns on the devices (a replica's maps wait in place,
     /// `Gpu::blocking_maps`) rather than run at once.
     pub replicas_take_turns: bool,
+    /// Processes the replicas run in (MPI ranks; 1 in-process).
+    pub ranks: usize,
+    /// Under MPI: bytes rank 0 received from the others a timed step.
+    pub rank_received_bytes: Option<u64>,
     pub roofline: Option<Roofline>,
     /// The profile, or why there is none (`--profile` not given, or no timestamp queries).
     pub profile: std::result::Result<Profile, String>,
@@ -362,10 +366,12 @@ impl BenchReport {
         self.single.as_ref().map(|s| self.step.median() / s.median())
     }
 
-    /// What the replicas' own steps take, without the exchange (R > 1): the shard's step R
-    /// times where the replicas take turns, once where they run at once.
+    /// What the replicas' own steps take, without the exchange (R > 1): the shard's step once
+    /// for each replica of a process where they take turns, once where they run at once
+    /// (ranks, each its own process, run at once).
     pub fn own_steps_seconds(&self) -> Option<f64> {
-        let turns = if self.replicas_take_turns { self.step.replicas as f64 } else { 1.0 };
+        let per_process = (self.step.replicas / self.ranks.max(1)) as f64;
+        let turns = if self.replicas_take_turns { per_process } else { 1.0 };
         self.shard.as_ref().map(|s| turns * s.median())
     }
 
@@ -422,10 +428,14 @@ impl BenchReport {
         if let (Some(own), Some(own_ratio), Some(exchange)) =
             (self.own_steps_seconds(), self.own_steps_ratio(), self.exchange_ratio())
         {
-            let r = self.step.replicas;
+            let r = self.step.replicas / self.ranks.max(1);
             let n = self.shard.as_ref().map_or(0, |s| s.global_batch);
-            let how = if self.replicas_take_turns {
-                format!("{r} × single device at batch {n} (the replicas take turns: CPU adapters share the cores)")
+            let ranks = match self.ranks {
+                1 => String::new(),
+                p => format!(" in each of {p} ranks, which run at once"),
+            };
+            let how = if self.replicas_take_turns && r > 1 {
+                format!("{r} × single device at batch {n} (the replicas take turns{ranks}: CPU adapters share the cores)")
             } else {
                 format!("single device at batch {n} (the replicas run at once)")
             };
@@ -440,6 +450,14 @@ impl BenchReport {
                 mib(a.gradient_bytes),
                 mib(extra),
                 if extra == 0 { " (aligned power-of-two shards)" } else { "" }
+            ));
+        }
+        if let Some(bytes) = self.rank_received_bytes {
+            line(format!(
+                "MPI: {} ranks × {} replicas; rank 0 received {} a step from the others",
+                self.ranks,
+                self.step.replicas / self.ranks.max(1),
+                mib(bytes)
             ));
         }
         line(String::new());
@@ -550,6 +568,7 @@ impl BenchReport {
         let mut report = json!({
             "config": {
                 "replicas": c.replicas,
+                "ranks": self.ranks,
                 "batch_per_replica": c.batch,
                 "global_batch": c.global(),
                 "image_size": c.image_size,
@@ -562,11 +581,12 @@ impl BenchReport {
             "lp_num_threads": self.lp_num_threads,
             "step_flops_per_forward": STEP_FLOPS_PER_FORWARD,
             "step": self.step.to_json(),
-            "allreduce": (c.replicas > 1).then(|| self.allreduce.to_json()),
+            "allreduce": (self.step.replicas > 1).then(|| self.allreduce.to_json()),
             "single": self.single.as_ref().map(StepBench::to_json),
             "ratio": self.ratio(),
             "shard": self.shard.as_ref().map(StepBench::to_json),
             "replicas_take_turns": self.replicas_take_turns,
+            "rank_received_bytes_per_step": self.rank_received_bytes,
             "own_steps_s": self.own_steps_seconds(),
             "own_steps_ratio": self.own_steps_ratio(),
             "exchange_ratio": self.exchange_ratio(),

@@ -10,7 +10,7 @@ pub struct BenchArgs {
     /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
     /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
     /// measured too, in the same run, and the ratios printed.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
     replicas: usize,
     /// Images per replica N (here --batch is per replica): the global batch is R·N.
     #[arg(long, default_value_t = 8)]
@@ -51,32 +51,54 @@ pub struct BenchArgs {
     /// Write every figure as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    ranks: super::ranks::MpiArgs,
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let peers = super::ranks::peers(&args.ranks)?;
+    let lead = peers.rank() == 0;
+    let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    let global_replicas = local * peers.ranks();
     let cfg = BenchConfig {
-        replicas: args.replicas,
+        replicas: local,
         batch: args.batch,
-        global_batch: args.global_batch,
+        global_batch: Some(args.global_batch.unwrap_or(global_replicas * args.batch))
+            .filter(|_| peers.ranks() > 1)
+            .or(args.global_batch),
         image_size: args.image_size,
         steps: args.steps,
         warmup: args.warmup,
-        adapters: super::train::adapter_choices(args.adapter.as_deref(), &args.adapters)?,
+        adapters: super::ranks::adapter_choices(
+            &peers,
+            args.adapter.as_deref(),
+            &args.adapters,
+            local,
+        )?,
         profile: args.profile,
         roofline: (!args.no_roofline).then_some(args.roofline_size),
         ..BenchConfig::default()
     };
     cfg.validate()?;
-    if let Some(path) = &args.json {
+    // Each rank's adapters are its own.
+    let shared = BenchConfig { adapters: Vec::new(), ..cfg.clone() };
+    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
+    let json = args.json.as_ref().filter(|_| lead);
+    if let Some(path) = json {
         // Fail now rather than after minutes of measuring.
         syncstep::files::check_output("--json", path, &[])?;
     }
     let started = std::time::Instant::now();
-    let report = bench::run(&cfg, &mut |phase| {
-        eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
+    let report = bench::run_with_peers(&cfg, &peers, &mut |phase| {
+        if lead {
+            eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
+        }
     })?;
+    if !lead {
+        return Ok(());
+    }
     print!("{}", report.text(args.profile_rows));
-    if let Some(path) = &args.json {
+    if let Some(path) = json {
         syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
         println!("figures written to {}", path.display());
     }

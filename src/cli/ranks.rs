@@ -45,29 +45,38 @@ pub fn peers(args: &MpiArgs) -> Result<Peers, Box<dyn Error>> {
     Err("--mpi: this syncstep was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI or another MPI, and libclang)".into())
 }
 
-/// This process's devices for `local` replicas: global replica g on the (g mod count)-th of
-/// `--adapters`, else on `--adapter` or $SYNCSTEP_ADAPTER, else (under MPI) on adapter
-/// g mod the number of adapters, so that ranks on one machine spread over its adapters.
+/// The adapters of this process's `local` replicas: global replica g on the (g mod count)-th
+/// of `--adapters`, else on `--adapter` or $SYNCSTEP_ADAPTER, else (under MPI) on adapter
+/// g mod the number of adapters of the first adapter's backend, so that ranks on one machine
+/// spread over its devices (and not onto a second backend's view of the same one).
+pub fn adapter_choices(
+    peers: &Peers,
+    adapter: Option<&str>,
+    adapters: &[String],
+    local: usize,
+) -> Result<Vec<AdapterChoice>, Box<dyn Error>> {
+    let first = peers.first_replica(local);
+    let named = adapter.is_some()
+        || !adapters.is_empty()
+        || std::env::var("SYNCSTEP_ADAPTER").is_ok_and(|s| !s.is_empty());
+    if named || peers.ranks() == 1 {
+        let all = super::train::adapter_choices(adapter, adapters)?;
+        return Ok((first..first + local).map(|g| all[g % all.len()].clone()).collect());
+    }
+    let all = pollster::block_on(syncstep::gpu::adapters(&syncstep::gpu::instance()));
+    let backend = all.first().map(|a| a.get_info().backend);
+    let count = all.iter().filter(|a| Some(a.get_info().backend) == backend).count().max(1);
+    Ok((first..first + local).map(|g| AdapterChoice { backend, index: g % count }).collect())
+}
+
+/// This process's devices for `local` replicas, on [`adapter_choices`].
 pub fn devices(
     peers: &Peers,
     adapter: Option<&str>,
     adapters: &[String],
     local: usize,
 ) -> Result<Vec<Gpu>, Box<dyn Error>> {
-    let first = peers.first_replica(local);
-    let named = adapter.is_some()
-        || !adapters.is_empty()
-        || std::env::var("SYNCSTEP_ADAPTER").is_ok_and(|s| !s.is_empty());
-    let choices: Vec<AdapterChoice> = if named || peers.ranks() == 1 {
-        let all = super::train::adapter_choices(adapter, adapters)?;
-        (first..first + local).map(|g| all[g % all.len()].clone()).collect()
-    } else {
-        let count = pollster::block_on(syncstep::gpu::adapters(&syncstep::gpu::instance())).len();
-        let count = count.max(1);
-        (first..first + local)
-            .map(|g| AdapterChoice::parse(&(g % count).to_string()))
-            .collect::<Result<_, _>>()?
-    };
+    let choices = adapter_choices(peers, adapter, adapters, local)?;
     Ok(pollster::block_on(syncstep::parallel::devices(local, &choices))?)
 }
 

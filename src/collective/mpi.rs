@@ -145,6 +145,20 @@ impl Ranks {
         Ok(())
     }
 
+    /// Waits until every rank has come here, sleeping rather than spinning as MPI's blocking
+    /// calls do, so that a rank working meanwhile (rank 0 timing the single device) has the
+    /// machine's cores to itself.
+    pub(super) fn idle_barrier(&self) {
+        let mut request = self.world.immediate_barrier();
+        loop {
+            match request.test() {
+                Ok(_) => return,
+                Err(pending) => request = pending,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     pub(super) fn agree(&self, what: &str, value: u64) -> Result<()> {
         let mut all = vec![0u64; self.size()];
         self.world.all_gather_into(&value, &mut all[..]);

@@ -92,6 +92,15 @@ impl Peers {
         }
     }
 
+    /// Waits, idle, until every process has come here (nothing to wait for in-process).
+    pub fn idle_barrier(&self) {
+        match self {
+            Peers::InProcess => {}
+            #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+            Peers::Mpi(ranks) => ranks.idle_barrier(),
+        }
+    }
+
     /// Checks that every rank holds the same `value` of `what` (a hash of its settings, say):
     /// an error naming the ranks that differ from rank 0. In-process there is nothing to compare.
     pub fn agree(&self, what: &str, value: u64) -> Result<()> {
