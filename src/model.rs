@@ -382,6 +382,42 @@ impl ActivationPattern {
         }
     }
 
+    /// The pattern as bytes ([`from_bytes`](Self::from_bytes) reads them back): to send it to
+    /// other processes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = (self.relu.len() as u64).to_le_bytes().to_vec();
+        for site in &self.relu {
+            out.extend((site.len() as u64).to_le_bytes());
+            out.extend(site);
+        }
+        out.extend(self.pool_argmax.iter().flat_map(|a| a.to_le_bytes()));
+        out
+    }
+
+    /// The pattern [`to_bytes`](Self::to_bytes) wrote; None if `bytes` is not one.
+    pub fn from_bytes(bytes: &[u8]) -> Option<ActivationPattern> {
+        let mut at = 0;
+        let u64_at = |at: &mut usize| -> Option<usize> {
+            let v = u64::from_le_bytes(bytes.get(*at..*at + 8)?.try_into().ok()?);
+            *at += 8;
+            usize::try_from(v).ok()
+        };
+        let sites = u64_at(&mut at)?;
+        let mut relu = Vec::with_capacity(sites.min(bytes.len()));
+        for _ in 0..sites {
+            let len = u64_at(&mut at)?;
+            relu.push(bytes.get(at..at.checked_add(len)?)?.to_vec());
+            at += len;
+        }
+        let rest = bytes.get(at..)?;
+        if rest.len() % 4 != 0 {
+            return None;
+        }
+        let pool_argmax =
+            rest.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+        Some(ActivationPattern { relu, pool_argmax })
+    }
+
     /// Units whose choice differs between two patterns (ReLU units + pool windows).
     pub fn flips(&self, other: &ActivationPattern) -> usize {
         let relu: usize = self

@@ -35,7 +35,7 @@ use crate::collective::{
 };
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
-use crate::model::ResNet34;
+use crate::model::{ActivationPattern, ResNet34};
 use crate::step::{
     self, BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput,
 };
@@ -368,6 +368,48 @@ impl DataParallel {
         &self.peers
     }
 
+    /// The activation pattern of the global batch, from every replica's `outputs` (this
+    /// process's, taken with `capture_pattern`).
+    pub fn pattern(&self, outputs: &[StepOutput]) -> Result<ActivationPattern> {
+        let local: Vec<ActivationPattern> =
+            outputs.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect();
+        if self.peers.ranks() == 1 {
+            return Ok(ActivationPattern::concat(&local));
+        }
+        let bytes = local.iter().map(ActivationPattern::to_bytes).collect();
+        let all = self.peers.gather_bytes(bytes).map_err(|e| self.collective_error(e))?;
+        let all = all
+            .iter()
+            .map(|b| ActivationPattern::from_bytes(b))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ParallelError::Step(StepError::Invalid(
+                    "an activation pattern from another rank does not parse".into(),
+                ))
+            })?;
+        Ok(ActivationPattern::concat(&all))
+    }
+
+    /// The replicas, this process's and its peers', whose `buffer` holds other bytes than
+    /// replica 0's (across processes, compared by a SHA-256 of each).
+    pub async fn replicas_that_differ(
+        &self,
+        buffer: fn(&Replica) -> &wgpu::Buffer,
+    ) -> Result<Vec<usize>> {
+        use sha2::{Digest, Sha256};
+        let values = self.read_each(buffer).await?;
+        fn bytes(v: &[f32]) -> &[u8] {
+            bytemuck::cast_slice(v)
+        }
+        if self.peers.ranks() == 1 {
+            let differs = |r: usize| bytes(&values[r]) != bytes(&values[0]);
+            return Ok((1..values.len()).filter(|&r| differs(r)).collect());
+        }
+        let digests = values.iter().map(|v| Sha256::digest(bytes(v)).to_vec()).collect();
+        let all = self.peers.gather_bytes(digests).map_err(|e| self.collective_error(e))?;
+        Ok((1..all.len()).filter(|&r| all[r] != all[0]).collect())
+    }
+
     /// Every replica's logits of `outputs` (this process's), in the global batch's order.
     pub fn logits(&self, outputs: &[StepOutput]) -> Result<Vec<f32>> {
         let local = outputs.iter().map(|o| o.logits.clone()).collect();
@@ -390,9 +432,12 @@ impl DataParallel {
             .try_for_each(|(r, replica)| replica.write_velocity(v).map_err(|e| self.named(r, e)))
     }
 
-    /// Each replica's adapter, in replica order.
-    pub fn adapters(&self) -> Vec<String> {
-        self.replicas.iter().map(|r| adapter_label(&r.gpu.info)).collect()
+    /// Each replica's adapter, in replica order: this process's and its peers'.
+    pub fn adapters(&self) -> Result<Vec<String>> {
+        let local: Vec<Vec<u8>> =
+            self.replicas.iter().map(|r| adapter_label(&r.gpu.info).into_bytes()).collect();
+        let all = self.peers.gather_bytes(local).map_err(|e| self.collective_error(e))?;
+        Ok(all.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect())
     }
 
     fn named(&self, replica: usize, source: StepError) -> ParallelError {

@@ -177,7 +177,7 @@ pub async fn run_gates(
     }
     let mut gpus = browser_devices(cfg.replicas + 1, Some(&model)).await?;
     let single = gpus.pop().ok_or_else(no_adapter)?;
-    let devices = CheckDevices { replicas: gpus, single };
+    let devices = CheckDevices { replicas: gpus, single, peers: Default::default() };
     let mut report_progress = |p: &CheckProgress| {
         if let Some(callback) = &on_progress {
             let gates: Vec<Value> = p.gates.iter().map(GateRow::to_json).collect();
@@ -233,7 +233,7 @@ pub async fn train_demo(
         "batch_per_replica": batch,
         "image_size": size,
         "seed": seed,
-        "adapters": trainer.replicas.adapters(),
+        "adapters": trainer.replicas.adapters().map_err(js_error)?,
         "losses": losses,
     });
     parse(&report.to_string())
@@ -342,7 +342,7 @@ pub async fn train_images(
         "replicas": replicas,
         "batch_per_replica": batch,
         "image_size": size,
-        "adapters": trainer.replicas.adapters(),
+        "adapters": trainer.replicas.adapters().map_err(js_error)?,
         "losses": losses,
         "notes": splits.notes,
         "predictions": predictions,

@@ -137,6 +137,34 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `check --mpi` over three ranks and a batch of 7 (shards of 3, 2 and 2): every gate passes,
+/// TEST and DRIFT to the bit, and rank 0 alone prints the table and writes the JSON.
+#[test]
+fn check_over_ranks_passes_every_gate() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("check");
+    let json = dir.join("check.json");
+    let args = [BIN, "check", "--mpi", "--global-batch", "7", "--steps", "2", "--json"];
+    let args: Vec<String> =
+        args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
+    let o = mpirun(&[(3, args)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.matches("gate            measured").count(), 1, "{out}");
+    assert!(out.contains("3 replicas, 7 examples (3, 2, 2)"), "{out}");
+    assert!(out.contains("  replica 2: "), "every rank's adapter is listed: {out}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for gate in report["gates"].as_array().expect("gates") {
+        assert_eq!(gate["pass"], true, "{gate}");
+        if gate["gate"] == "TEST" || gate["gate"] == "DRIFT" {
+            assert_eq!(gate["measured"], 0.0, "{gate}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, and
 /// the bytes it received a step: half the gradient in the reduce-scatter, half in the
 /// all-gather, plus the BatchNorm rows, losses and logits.

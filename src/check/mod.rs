@@ -18,6 +18,7 @@ mod report;
 use report::row;
 pub use report::{Bound, CheckReport, GateRow, TensorErrors};
 
+use crate::collective::Peers;
 use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch};
 use crate::golden::{Golden, GoldenSettings};
@@ -173,8 +174,12 @@ impl CheckConfig {
 
 /// The devices a check runs on: one per replica, and one for the single-device side.
 pub struct CheckDevices {
+    /// This process's replicas' devices.
     pub replicas: Vec<Gpu>,
     pub single: Gpu,
+    /// Where the other replicas are: in this process unless the check runs over MPI ranks,
+    /// where every rank runs every gate (the single device too) and rank 0 reports.
+    pub peers: Peers,
 }
 
 impl CheckDevices {
@@ -184,7 +189,7 @@ impl CheckDevices {
         let replicas = parallel::devices(cfg.replicas, &cfg.adapters).await?;
         let choice = cfg.adapters.first().cloned().unwrap_or_default();
         let single = Gpu::new(&choice).await.map_err(ParallelError::from)?;
-        Ok(CheckDevices { replicas, single })
+        Ok(CheckDevices { replicas, single, peers: Peers::InProcess })
     }
 }
 
@@ -269,9 +274,10 @@ pub async fn run_check_on(
     progress: &mut dyn FnMut(&CheckProgress),
 ) -> Result<CheckReport> {
     let model = cfg.model()?;
-    if devices.replicas.len() != cfg.replicas {
+    let ranks = devices.peers.ranks();
+    if devices.replicas.len() * ranks != cfg.replicas {
         return Err(CheckError::Config(format!(
-            "{} replicas need {} devices, {} given",
+            "{} replicas need {} devices, {} given in each of {ranks} process(es)",
             cfg.replicas,
             cfg.replicas,
             devices.replicas.len()
@@ -288,7 +294,8 @@ pub async fn run_check_on(
     let mut params = model.init_params(cfg.seed);
     model.randomize_batchnorm(&mut params, cfg.seed + 1);
     let running = model.init_buffers();
-    let mut dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?;
+    let mut dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?
+        .with_peers(devices.peers);
     let adapter = adapter_label(&devices.single.info);
     let replica = Replica::new(devices.single, model.clone(), &params, &running)
         .map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
@@ -303,9 +310,7 @@ pub async fn run_check_on(
     phases.start(format!("TEST: data-parallel step, {shards}"), &rows);
     let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
     let dp_grads = dp.read_grads().await?.swap_remove(0);
-    let pattern = ActivationPattern::concat(
-        &dp_out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
-    );
+    let pattern = dp.pattern(&dp_out)?;
     phases.start(
         format!("TEST: single-device step at {m}, deciding its own activation pattern"),
         &rows,
@@ -350,7 +355,7 @@ pub async fn run_check_on(
         None,
         format!("{dp_loss:.7} vs {:.7}", single_out.loss),
     ));
-    let dp_logits: Vec<f32> = dp_out.iter().flat_map(|o| o.logits.iter().copied()).collect();
+    let dp_logits = dp.logits(&dp_out)?;
     let logits_err = norm_rel(&dp_logits, &single_out.logits);
     rows.push(row(
         "TEST logits",
@@ -383,12 +388,7 @@ pub async fn run_check_on(
             let local_grads = dp.read_grads().await?.swap_remove(0);
             let control_errors = tensor_errors(&model, &local_grads, &single_grads);
             let (control, worst) = worst_of(&model, &control_errors);
-            let local_pattern = ActivationPattern::concat(
-                &local_out
-                    .iter()
-                    .map(|o| o.pattern.clone().unwrap_or_default())
-                    .collect::<Vec<_>>(),
-            );
+            let local_pattern = dp.pattern(&local_out)?;
             let floor = test.max(CONTROL_FLOOR);
             let flips = Some(local_pattern.flips(&pattern));
             let bound = Bound::AtLeast(CONTROL_FACTOR * floor);
@@ -445,7 +445,7 @@ pub async fn run_check_on(
         .collect();
     Ok(CheckReport {
         config: cfg.clone(),
-        replica_adapters: dp.adapters(),
+        replica_adapters: dp.adapters()?,
         golden: Golden::of_step(
             cfg.golden_settings(),
             &model,
@@ -519,9 +519,7 @@ async fn drift(
         if step > 0 {
             let batch = gate_batch(cfg, step)?;
             let out = dp.forward_backward(&batch, step_cfg, sync).await?;
-            let pattern = ActivationPattern::concat(
-                &out.iter().map(|o| o.pattern.clone().unwrap_or_default()).collect::<Vec<_>>(),
-            );
+            let pattern = dp.pattern(&out)?;
             single
                 .step(
                     &batch,
@@ -533,17 +531,14 @@ async fn drift(
         dp.sgd_update(step_cfg).await?;
         single.replica.sgd_update(step_cfg).await.map_err(|e| single.named(e))?;
     }
-    let dp_params = dp.read_params().await?;
+    let dp_params = dp.read_params().await?.swap_remove(0);
     let single_params = single.replica.read_params().await.map_err(|e| single.named(e))?;
-    let (drift, worst) = worst_tensor(model, &dp_params[0], &single_params);
-    let differing: Vec<String> = dp_params
+    let (drift, worst) = worst_tensor(model, &dp_params, &single_params);
+    let differing: Vec<String> = dp
+        .replicas_that_differ(|r| &r.params)
+        .await?
         .iter()
-        .enumerate()
-        .skip(1)
-        .filter_map(|(r, p)| {
-            let n = p.iter().zip(&dp_params[0]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            (n > 0).then(|| format!("replica {r} differs from replica 0 in {n} parameters"))
-        })
+        .map(|r| format!("replica {r} differs from replica 0 in its parameters"))
         .collect();
     let note = if differing.is_empty() {
         "replicas bitwise equal".to_string()

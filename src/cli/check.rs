@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices};
 use syncstep::golden::Golden;
-use syncstep::gpu::AdapterChoice;
+use syncstep::gpu::Gpu;
+use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
 
 #[derive(Args)]
 pub struct CheckArgs {
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, conflicts_with = "mpi")]
     replicas: usize,
     /// Images per replica N (here --batch is per replica); the single device runs the global
     /// batch R·N.
@@ -56,6 +57,8 @@ pub struct CheckArgs {
     #[arg(long)]
     against: Option<PathBuf>,
     /// Break the equivalence on purpose, to see the TEST gate fail.
+    #[command(flatten)]
+    ranks: super::ranks::MpiArgs,
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
 }
@@ -67,13 +70,13 @@ enum SabotageArg {
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let adapters = if args.adapters.is_empty() {
-        vec![AdapterChoice::from_env()?]
-    } else {
-        args.adapters.iter().map(|s| AdapterChoice::parse(s)).collect::<Result<_, _>>()?
-    };
+    let peers = super::ranks::peers(&args.ranks)?;
+    let lead = peers.rank() == 0;
+    let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    // This process's replicas' adapters; the single device on the first.
+    let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
     let cfg = CheckConfig {
-        replicas: args.replicas,
+        replicas: local * peers.ranks(),
         batch: args.batch,
         global_batch: args.global_batch,
         image_size: args.image_size,
@@ -87,9 +90,14 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
     };
-    // Outputs are checked before any work; neither may be the golden read for PORTABLE.
+    let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
+    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
+    // Outputs (rank 0's) are checked before any work; neither may be the golden read for
+    // PORTABLE.
     let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
-    for (flag, path) in [("--json", &args.json), ("--golden", &args.golden)] {
+    let (json, golden_out) =
+        (args.json.as_ref().filter(|_| lead), args.golden.as_ref().filter(|_| lead));
+    for (flag, path) in [("--json", json), ("--golden", golden_out)] {
         if let Some(path) = path {
             syncstep::files::check_output(flag, path, &inputs)?;
         }
@@ -105,8 +113,13 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.model()?;
     let started = std::time::Instant::now();
     let report = pollster::block_on(async {
-        let devices = CheckDevices::open(&cfg).await?;
+        let replicas = syncstep::parallel::devices(local, &cfg.adapters).await?;
+        let single = Gpu::new(&cfg.adapters[0]).await.map_err(ParallelError::from)?;
+        let devices = CheckDevices { replicas, single, peers };
         run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
+            if !lead {
+                return;
+            }
             let at = started.elapsed().as_secs_f64();
             if p.index < p.total {
                 eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
@@ -116,18 +129,21 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
         })
         .await
     })?;
+    if !lead {
+        return Ok(());
+    }
     print!("{}", report.table());
     let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
         syncstep::files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
         println!("{what} written to {}", path.display());
         Ok(())
     };
-    if let Some(path) = &args.json {
+    if let Some(path) = json {
         write(path, report.to_json(), "figures")?;
     }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
     // A golden is what another build is held to: only a passing run writes one.
-    if let Some(path) = &args.golden {
+    if let Some(path) = golden_out {
         if failed.is_empty() {
             write(path, report.golden.to_json(), "golden (PORTABLE)")?;
         } else {

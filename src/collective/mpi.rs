@@ -53,24 +53,31 @@ impl Ranks {
         self.received.get()
     }
 
+    /// Counts the receipt of `total` 4-byte words of which `own` were this rank's.
     fn count(&self, total: u64, own: u64) {
         self.received.set(self.received.get() + 4 * (total - own));
     }
 
-    pub(super) fn gather(&self, local: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+    pub(super) fn gather<T: Equivalence + Copy + Default>(
+        &self,
+        local: Vec<Vec<T>>,
+    ) -> Result<Vec<Vec<T>>> {
         let lens: Vec<u64> = local.iter().map(|v| v.len() as u64).collect();
         let mut all_lens = vec![0u64; lens.len() * self.size()];
         self.world.all_gather_into(&lens[..], &mut all_lens[..]);
         let per_rank: Vec<u64> =
             all_lens.chunks(lens.len().max(1)).map(|c| c.iter().sum()).collect();
         let (counts, displs) = partition(&per_rank)?;
-        let mine: Vec<f32> = local.concat();
-        let mut all = vec![0f32; per_rank.iter().sum::<u64>() as usize];
+        let mine: Vec<T> = local.concat();
+        let mut all = vec![T::default(); per_rank.iter().sum::<u64>() as usize];
         self.world.all_gather_varcount_into(
             &mine[..],
             &mut PartitionMut::new(&mut all[..], counts, displs),
         );
-        self.count(all.len() as u64, mine.len() as u64);
+        self.count(
+            (all.len() * std::mem::size_of::<T>() / 4) as u64,
+            (mine.len() * std::mem::size_of::<T>() / 4) as u64,
+        );
         let mut at = 0;
         Ok(all_lens
             .iter()

@@ -62,6 +62,15 @@ impl Peers {
         }
     }
 
+    /// [`gather`](Self::gather) of bytes.
+    pub fn gather_bytes(&self, local: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Peers::InProcess => Ok(local),
+            #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+            Peers::Mpi(ranks) => ranks.gather(local),
+        }
+    }
+
     /// The all-reduce of one range of `len` elements: `local[i]` holds this process's i-th
     /// replica's pieces of it, one after the other (as many as `plan` gives that replica).
     /// Hands the reduced values to `out` with the index of their first element, in order; every
