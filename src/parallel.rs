@@ -466,8 +466,44 @@ impl DataParallel {
         cfg: &StepConfig,
         opts: ParallelOptions,
     ) -> Result<Vec<StepOutput>> {
-        let ranges = crate::data::shard_ranges(global.len(), self.global_replicas())?;
-        let batch = global.len() as u64;
+        let mine = self.part(global.len())?;
+        let at = Shard { start: mine.start as u64, global: global.len() as u64 };
+        if mine.len() == global.len() {
+            return self.forward_backward_part(global, at, cfg, opts).await;
+        }
+        self.forward_backward_part(&global.slice(mine), at, cfg, opts).await
+    }
+
+    /// The examples of a global batch of `global` that this process's replicas take: all of
+    /// them in-process; under MPI the contiguous shards of its replicas.
+    pub fn part(&self, global: usize) -> Result<std::ops::Range<usize>> {
+        let ranges = crate::data::shard_ranges(global, self.global_replicas())?;
+        let first = self.peers.first_replica(self.replicas.len());
+        Ok(ranges[first].start..ranges[first + self.replicas.len() - 1].end)
+    }
+
+    /// [`forward_backward`](Self::forward_backward) given only this process's [`part`](Self::part)
+    /// of the global batch: `part` holds examples `at.start …` of a batch of `at.global`.
+    pub async fn forward_backward_part(
+        &mut self,
+        part: &Batch,
+        at: Shard,
+        cfg: &StepConfig,
+        opts: ParallelOptions,
+    ) -> Result<Vec<StepOutput>> {
+        let mine = self.part(at.global as usize)?;
+        if (at.start as usize, part.len()) != (mine.start, mine.len()) {
+            return Err(ParallelError::Step(StepError::Invalid(format!(
+                "this process's replicas take examples {}..{} of the batch of {}; given {}..{}",
+                mine.start,
+                mine.end,
+                at.global,
+                at.start,
+                at.start as usize + part.len()
+            ))));
+        }
+        let ranges = crate::data::shard_ranges(at.global as usize, self.global_replicas())?;
+        let (batch, offset) = (at.global, at.start);
         let ranges: Vec<std::ops::Range<u64>> =
             ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect();
         let plan = Plan::new(&ranges, batch);
@@ -490,7 +526,8 @@ impl DataParallel {
             self.replicas.iter_mut().zip(&ranges[first..]).zip(&self.staging).enumerate().map(
                 |(r, ((replica, range), staging))| {
                     let (exchange, plan) = (&exchange, &plan);
-                    let shard = global.slice(range.start as usize..range.end as usize);
+                    let from = (range.start - offset) as usize..(range.end - offset) as usize;
+                    let shard = part.slice(from);
                     let at = Shard { start: range.start, global: batch };
                     async move {
                         let out = match bn {

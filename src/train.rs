@@ -15,7 +15,7 @@ use crate::gpu::Gpu;
 use crate::model::ResNet34;
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
 use crate::scores::Scores;
-use crate::step::{StepConfig, StepError};
+use crate::step::{Shard, StepConfig, StepError};
 
 /// The held-out examples come from another seed stream than the training examples.
 const HELD_OUT_SEED: u64 = 0x00e7_a1d0_0075_eed5;
@@ -241,9 +241,17 @@ impl Trainer {
     }
 
     /// The training batch of step `s`.
-    pub fn batch_of_step(&self, s: u64) -> Result<Batch, DataError> {
+    pub fn batch_of_step(&self, s: u64) -> Result<Batch> {
         let c = &self.cfg;
-        synthetic_batch(c.seed, s * c.batch as u64, c.batch, c.image_size, c.image_size, c.classes)
+        let part = self.part()?;
+        let first = s * c.batch as u64 + part.start as u64;
+        Ok(synthetic_batch(c.seed, first, part.len(), c.image_size, c.image_size, c.classes)?)
+    }
+
+    /// The examples of each step's batch that this process's replicas take (all of them
+    /// unless it is one MPI rank of several): what [`train_on`](Self::train_on) is given.
+    pub fn part(&self) -> Result<std::ops::Range<usize>> {
+        self.replicas.part(self.cfg.batch)
     }
 
     /// The learning rate of the next step.
@@ -257,11 +265,14 @@ impl Trainer {
         self.train_on(&batch).await
     }
 
-    /// One SGD step on `batch` (the global batch: each replica takes its shard) at the
-    /// schedule's rate; returns its loss (the global batch's, on every replica).
+    /// One SGD step on `batch` (this process's [`part`](Self::part) of the step's global batch:
+    /// each replica takes its shard) at the schedule's rate; returns its loss (the global
+    /// batch's, on every replica).
     pub async fn train_on(&mut self, batch: &Batch) -> Result<f32> {
         let cfg = StepConfig { lr: self.lr(), ..self.cfg.step };
-        let out = self.replicas.forward_backward(batch, &cfg, ParallelOptions::default()).await?;
+        let at = Shard { start: self.part()?.start as u64, global: self.cfg.batch as u64 };
+        let options = ParallelOptions::default();
+        let out = self.replicas.forward_backward_part(batch, at, &cfg, options).await?;
         let loss = out[0].loss;
         if !loss.is_finite() {
             return Err(invalid(StepError::NonFiniteLoss { step: self.step, loss }));

@@ -308,7 +308,7 @@ pub async fn train_images(
     let model = ResNet34::new(cfg.classes).map_err(js_error)?;
     let gpus = browser_devices(replicas as usize, Some(&model)).await?;
     let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), None).map_err(js_error)?;
-    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip };
+    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
     let mut losses = Vec::with_capacity(steps as usize);
     for step in 1..=steps {
         let images = loader::batch(&train, &plan, size, &norm, trainer.step).map_err(js_error)?;

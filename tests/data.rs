@@ -64,7 +64,7 @@ fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     let train = Arc::new(splits.train);
     let cfg = TrainConfig { batch: 6, classes: 3, ..TrainConfig::default() };
     let epochs = Epochs { examples: train.len(), batch: cfg.batch, seed: cfg.seed };
-    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip };
+    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
     let norm = Normalization::IMAGENET;
     // Batches are a function of the step: any thread count, any starting step.
     let batches = |workers, first| {

@@ -18,8 +18,9 @@ use super::Batch;
 /// Which examples a batch holds and how its images are made.
 #[derive(Clone, Copy, Debug)]
 pub enum Plan {
-    /// Step s trains on the s-th batch of the epochs' shuffles, augmented.
-    Train { epochs: Epochs, augment: Augment },
+    /// Step s trains on the s-th batch of the epochs' shuffles, augmented: its examples at
+    /// positions `part.0 .. part.1` (a process's replicas' shards; `(0, batch)`: all of them).
+    Train { epochs: Epochs, augment: Augment, part: (usize, usize) },
     /// Batch s holds examples s·batch … in order (the last one shorter), evaluation images.
     Eval { batch: usize },
 }
@@ -160,13 +161,22 @@ fn make_batch(
     epoch_order: &mut Option<(u64, Vec<usize>)>,
 ) -> Result<Batch, DatasetError> {
     let (examples, epoch): (Vec<usize>, u64) = match *plan {
-        Plan::Train { epochs, .. } => {
+        Plan::Train { epochs, part, .. } => {
             let epoch = epochs.epoch_of(step);
             if epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
                 *epoch_order = Some((epoch, epochs.order(epoch)));
             }
             let order = &epoch_order.as_ref().map_or(&[][..], |(_, o)| o);
-            (epochs.examples_of(step, order).to_vec(), epoch)
+            let examples = epochs.examples_of(step, order);
+            let part = examples.get(part.0..part.1).ok_or_else(|| {
+                DatasetError::Worker(format!(
+                    "examples {}..{} of a batch of {}: past its end",
+                    part.0,
+                    part.1,
+                    examples.len()
+                ))
+            })?;
+            (part.to_vec(), epoch)
         }
         Plan::Eval { batch } => {
             let start = step as usize * batch;
@@ -180,7 +190,7 @@ fn make_batch(
     for &i in &examples {
         let img = data.decode(i)?;
         let pixels = match *plan {
-            Plan::Train { epochs, augment } => {
+            Plan::Train { epochs, augment, .. } => {
                 let mut rng = example_rng(epochs.seed, epoch, i as u64);
                 train_image(&img, size, augment, &mut rng, norm)
             }
@@ -225,13 +235,24 @@ mod tests {
     fn batches_depend_on_the_step_alone() {
         let data = dataset(10);
         let epochs = Epochs { examples: 10, batch: 4, seed: 3 };
-        let plan = Plan::Train { epochs, augment: Augment::CropFlip };
+        let plan = Plan::Train { epochs, augment: Augment::CropFlip, part: (0, 4) };
         let one = batches(&data, plan, 0, 6, 1);
         assert_eq!(one, batches(&data, plan, 0, 6, 3));
         assert_eq!(one[3..], batches(&data, plan, 3, 3, 2)[..]);
         assert!(one.iter().all(|b| b.len() == 4 && b.images.len() == 4 * 3 * 16 * 16));
         // Steps 0 and 2 are the first of epochs 0 and 1: other shuffles, other augmentations.
         assert_ne!(one[0].images, one[2].images);
+        // A process's part of each batch is those examples of the whole batch, made alike.
+        let part_plan = Plan::Train { epochs, augment: Augment::CropFlip, part: (1, 3) };
+        let part = batches(&data, part_plan, 0, 6, 2);
+        for (whole, part) in one.iter().zip(&part) {
+            assert_eq!(part.len(), 2);
+            assert_eq!(
+                part.images[..],
+                whole.images[whole.images.len() / 4..][..part.images.len()]
+            );
+            assert_eq!(part.labels[..], whole.labels[1..3]);
+        }
     }
 
     #[test]

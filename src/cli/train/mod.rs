@@ -256,7 +256,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let (mut batches, val) = match (&cfg.images, splits, epochs) {
         (Some(images), Some(splits), Some(epochs)) => {
-            let plan = Plan::Train { epochs, augment: images.augment };
+            // Only this process's replicas' examples of each batch are read (under MPI, its
+            // ranks' shards).
+            let part = trainer.part()?;
+            let plan =
+                Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
             let train = Arc::new(splits.train);
             let loader =
                 Loader::start(train, plan, cfg.image_size, images.norm, trainer.step, workers);
