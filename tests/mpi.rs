@@ -102,7 +102,8 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
 
 /// Three SGD steps at a global batch of 6: P = 2, P = 4 (uneven shards) and P = 2 with 2
 /// devices each end with the single device's parameters, momentum and BN statistics, bit for
-/// bit; rank 0 alone writes the checkpoint and prints.
+/// bit; rank 0 alone writes the checkpoint and prints. Every rank resumes from it: one step
+/// more is the single device's fourth.
 #[test]
 fn ranks_train_as_the_single_device_does_bit_for_bit() {
     if gpu().is_none() {
@@ -134,6 +135,21 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
         assert!(bits(&got.velocity) == bits(&want.velocity), "{what}: momentum differs");
         assert!(bits(&got.running) == bits(&want.running), "{what}: BN statistics differ");
     }
+    let resume = |ck: &Path, mpi: &[&str]| -> Vec<String> {
+        let ck = ck.to_str().unwrap();
+        let base = [BIN, "train", "--steps", "1", "--eval-examples", "0", "--resume", ck];
+        base.iter().chain(&["--checkpoint", ck]).chain(mpi).map(|s| s.to_string()).collect()
+    };
+    let (ok, log) =
+        syncstep(&resume(&single, &[])[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(ok, "{log}");
+    let ck = dir.join("ranks-2-0.safetensors");
+    let o = mpirun(&[(2, resume(&ck, &["--mpi"]))]);
+    assert!(o.status.success(), "resumed: {}", text(&o));
+    let (got, want) =
+        (checkpoint::load(&ck, &model).unwrap(), checkpoint::load(&single, &model).unwrap());
+    assert_eq!((got.step, want.step), (4, 4));
+    assert!(bits(&got.params) == bits(&want.params), "resumed over ranks: parameters differ");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

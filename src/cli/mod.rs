@@ -65,18 +65,19 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     };
     let prefix = ranks::prefix();
-    let code = match e.downcast_ref::<Exit>() {
+    match e.downcast_ref::<Exit>() {
+        // A stop every rank agreed on: each ends on its own.
         Some(exit) => {
             eprintln!("{prefix}{}", exit.message);
+            ranks::finish();
             ExitCode::from(exit.code)
         }
         None => {
             eprintln!("{prefix}error: {e}");
+            ranks::abort_job();
             ExitCode::FAILURE
         }
-    };
-    ranks::abort_job();
-    code
+    }
 }
 
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)

@@ -101,6 +101,13 @@ impl Peers {
         }
     }
 
+    /// The largest of every process's `value` (a flag that any one of them may raise).
+    pub fn max(&self, value: u64) -> Result<u64> {
+        let all = self.gather_bytes(vec![value.to_le_bytes().to_vec()])?;
+        let value = |b: &Vec<u8>| b.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(0);
+        Ok(all.iter().map(value).max().unwrap_or(0))
+    }
+
     /// Waits, idle, until every process has come here (nothing to wait for in-process).
     pub fn idle_barrier(&self) {
         match self {

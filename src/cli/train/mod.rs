@@ -340,7 +340,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             report_scores(&bar, &scores, epoch, trainer.step, log.as_mut())?;
             last_scores = Some(scores);
         }
-        let signal = stop.received();
+        // Under MPI every rank stops after the same step, if any rank was told to.
+        let signal = trainer.replicas.peers().max(stop.received() as u64)? as usize;
         let periodic = args.checkpoint_every > 0 && trainer.step % args.checkpoint_every == 0;
         if signal != 0 || (periodic && trainer.step < last) {
             if let Some(path) = checkpoint {
