@@ -15,7 +15,7 @@ use syncstep::data::schedule::LrSchedule;
 use syncstep::data::source::DataSpec;
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
-use syncstep::gpu::{describe, AdapterChoice, Gpu};
+use syncstep::gpu::{describe, AdapterChoice};
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{adapter_label, ParallelError};
@@ -572,21 +572,9 @@ fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
     }
 }
 
-/// The devices of a run: `replicas` of them, replica r on `adapters[r % len]` (or all on
-/// `adapter`, else $SYNCSTEP_ADAPTER or the first adapter). Shared by `train` and `grad`.
-pub fn devices(
-    adapter: Option<&str>,
-    adapters: &[String],
-    replicas: usize,
-) -> Result<Vec<Gpu>, Box<dyn std::error::Error>> {
-    Ok(pollster::block_on(syncstep::parallel::devices(
-        replicas,
-        &adapter_choices(adapter, adapters)?,
-    ))?)
-}
-
 /// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
-/// else $SYNCSTEP_ADAPTER or the first adapter. Shared by `train`, `grad` and `bench`.
+/// else $SYNCSTEP_ADAPTER or the first adapter (see `ranks::adapter_choices`, which places each
+/// replica of each rank on one of them).
 pub fn adapter_choices(
     adapter: Option<&str>,
     adapters: &[String],
