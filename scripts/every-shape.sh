@@ -3,14 +3,16 @@
 # at 32×32 leaves layer4's BatchNorm one value per channel, which is refused), and for R ≥ 2 an
 # uneven global batch R·N + ⌊R/2⌋ too (the first B mod R replicas take one image more); 32×32,
 # DRIFT over 2 SGD steps. One line per shape; exits non-zero if any gate fails anywhere.
-#   scripts/every-shape.sh [--max-replicas 8] [--max-batch 8] [--steps 2]
+#   scripts/every-shape.sh [--min-replicas 1] [--max-replicas 8] [--max-batch 8] [--steps 2]
+# (--min-replicas continues a sweep that was stopped: the shapes of smaller R are skipped.)
 # The kernels' choice never changes a bit, so the sweep takes the clockless one the browser
 # takes (SYNCSTEP_CONV_ALGO=guess) rather than timing the kernels at every new shape.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-max_r=8 max_n=8 steps=2
+min_r=1 max_r=8 max_n=8 steps=2
 while [ $# -gt 0 ]; do
     case "$1" in
+        --min-replicas) min_r=$2; shift 2 ;;
         --max-replicas) max_r=$2; shift 2 ;;
         --max-batch) max_n=$2; shift 2 ;;
         --steps) steps=$2; shift 2 ;;
@@ -40,7 +42,7 @@ run() { # R, global batch
         grep -E "FAIL|error" <<<"$out" | sed 's/^/    /'
     fi
 }
-for r in $(seq 1 "$max_r"); do
+for r in $(seq "$min_r" "$max_r"); do
     for n in $(seq 1 "$max_n"); do
         [ $((r * n)) -ge 2 ] || continue
         run "$r" $((r * n))
