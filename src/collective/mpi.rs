@@ -206,10 +206,10 @@ pub fn running_rank() -> Option<usize> {
     running.then(|| SimpleCommunicator::world().rank() as usize)
 }
 
-/// Ends the whole MPI job with `code` when this process is one of its ranks, so that no other
-/// rank waits for this one forever; returns when MPI is not running.
+/// Ends the whole MPI job with `code` when this process is one of its ranks and others wait on
+/// it, so that none waits forever; returns when MPI is not running or this is the only rank.
 pub fn abort_job(code: i32) {
-    if running_rank().is_some() {
+    if running_rank().is_some() && SimpleCommunicator::world().size() > 1 {
         SimpleCommunicator::world().abort(code)
     }
 }
