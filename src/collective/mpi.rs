@@ -53,9 +53,10 @@ impl Ranks {
         self.received.get()
     }
 
-    /// Counts the receipt of `total` 4-byte words of which `own` were this rank's.
-    fn count(&self, total: u64, own: u64) {
-        self.received.set(self.received.get() + 4 * (total - own));
+    /// Counts the receipt of `values` values of type `T` from the other ranks.
+    fn count<T>(&self, values: usize) {
+        let bytes = (values * std::mem::size_of::<T>()) as u64;
+        self.received.set(self.received.get() + bytes);
     }
 
     pub(super) fn gather<T: Equivalence + Copy + Default>(
@@ -74,10 +75,7 @@ impl Ranks {
             &mine[..],
             &mut PartitionMut::new(&mut all[..], counts, displs),
         );
-        self.count(
-            (all.len() * std::mem::size_of::<T>() / 4) as u64,
-            (mine.len() * std::mem::size_of::<T>() / 4) as u64,
-        );
+        self.count::<T>(all.len() - mine.len());
         let mut at = 0;
         Ok(all_lens
             .iter()
@@ -123,7 +121,7 @@ impl Ranks {
             &Partition::new(&send[..], send_counts, send_displs),
             &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
         );
-        self.count(recv.len() as u64, recv_lens[me]);
+        self.count::<f32>(recv.len() - recv_lens[me] as usize);
         // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
         // pieces of that rank's replicas before h.
         let m = mine.len();
@@ -147,7 +145,7 @@ impl Ranks {
             &reduced[..],
             &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
         );
-        self.count(len as u64, m as u64);
+        self.count::<f32>(len - m);
         out(0, &whole);
         Ok(())
     }
