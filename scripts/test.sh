@@ -36,8 +36,11 @@ for target in "${cross_targets[@]}"; do
     cargo check --release --target "$target" --lib --bins --quiet
 done
 
-# Autotune choices of the test binaries go to the build folder, never the user's cache; the
-# binaries share them, so each shape is timed once per run.
+# The tests take the clockless choice of convolution kernels (the browser's), not the autotune's:
+# every variant gives the same bits (tests/conv2d.rs holds each one to them), and timing every
+# candidate at each of the suite's many batch sizes was a quarter of its time on lavapipe. The
+# autotune's own tests call it directly. Its choices go to the build folder, never the user's cache.
+export SYNCSTEP_CONV_ALGO="${SYNCSTEP_CONV_ALGO-guess}"
 export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
 cargo test --release --all-targets --features mpi --no-fail-fast "$@"
 

@@ -31,6 +31,12 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
         Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
         None => {}
     }
+    autotuned_algo(gpu, op, shape)
+}
+
+/// [`conv2d_algo`]'s choice when nothing forces one: the fastest candidate, timed on first use
+/// (natively) or remembered, or the browser's guess.
+pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     let candidates = candidates(gpu, op);
     if candidates.len() == 1 {
         return Ok(candidates[0]);
