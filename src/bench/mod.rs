@@ -37,7 +37,7 @@ use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
 };
-use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape};
+use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape, KernelPlan};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
 use crate::model::{ModelError, ResNet34};
@@ -45,10 +45,12 @@ use crate::parallel::{DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
 
 mod report;
+mod width;
 
 pub use report::{
     AllReduceBytes, BenchReport, ProbeTime, Profile, ProfileRow, ReplicaMemory, Roofline, StepBench,
 };
+pub use width::{is_narrow, NarrowGroup, Width};
 
 /// A training step's FLOPs as a multiple of the forward's (ENVIRONMENT.md).
 pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
@@ -90,6 +92,8 @@ pub struct BenchConfig {
     pub profile: bool,
     /// The roofline matmul's size (m = k = n); None skips the probe.
     pub roofline: Option<u32>,
+    /// How convolution kernels are chosen (`--plan-for`).
+    pub plan: KernelPlan,
     pub seed: u64,
 }
 
@@ -106,6 +110,7 @@ impl Default for BenchConfig {
             adapters: Vec::new(),
             profile: false,
             roofline: Some(512),
+            plan: KernelPlan::Auto,
             seed: 0,
         }
     }
@@ -203,6 +208,7 @@ pub fn run_with_peers(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport> {
     cfg.validate()?;
+    conv2d::set_kernel_plan(cfg.plan);
     let lead = peers.rank() == 0;
     let model = ResNet34::new(cfg.classes)
         .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
@@ -331,6 +337,33 @@ pub fn run_with_peers(
         roofline,
         profile,
     })
+}
+
+/// The dispatches of one step at `cfg`'s shape on one device, recorded but not run
+/// ([`Gpu::set_record_only`]): each one's workgroups, invocations, FLOPs and bytes, and the
+/// step's width, for shapes a CPU adapter would take hours to run. Its times are 0.
+pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Profile> {
+    cfg.validate()?;
+    conv2d::set_kernel_plan(cfg.plan);
+    let model = ResNet34::new(cfg.classes)
+        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
+    let (b, size) = (cfg.global(), cfg.image_size);
+    model
+        .check_training_batch(b as u64, size, size)
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
+    let batch =
+        synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
+    progress("opening the device");
+    let (params, running) = (model.init_params(cfg.seed), model.init_buffers());
+    let adapters = &cfg.adapters[..cfg.adapters.len().min(1)];
+    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 1, adapters))?;
+    crate::step::check_batch_fits(&model, b as u64, size, size, &dp.replicas()[0].gpu.limits)
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
+    dp.replicas()[0].gpu.set_record_only(true);
+    progress("recording one step");
+    let (secs, kernels) = profile_step(&mut dp, &batch, &StepConfig::default())
+        .map_err(|problem| BenchError::Setting { flag: "shapes-only", problem })?;
+    Ok(Profile::new(&model, b as u32, size, secs, kernels))
 }
 
 /// One more step with replica 0's dispatches timed; Err says why there is no profile.

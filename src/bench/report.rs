@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use super::width::{is_narrow, Width};
 use super::{median, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
 use crate::gpu::{KernelTime, MemoryStats};
+use crate::kernels::conv2d::KernelPlan;
 use crate::model::ResNet34;
 use crate::step::Replica;
 
@@ -235,6 +237,8 @@ pub struct Profile {
     pub by_op: Vec<ProfileRow>,
     /// By shader entry point over all layers, slowest first.
     pub by_entry: Vec<ProfileRow>,
+    /// The step's work by how wide its dispatches are.
+    pub width: Width,
 }
 
 impl Profile {
@@ -278,17 +282,23 @@ impl Profile {
         }
         sort_slowest_first(&mut by_op);
         let by_entry = group(&kernels, |k| (ALL_LAYERS.into(), k.entry.to_string()), |_, _| None);
-        Profile { step_seconds, kernels, by_layer, by_op, by_entry }
+        let width = Width::of(&kernels);
+        Profile { step_seconds, kernels, by_layer, by_op, by_entry, width }
     }
 
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         let rows = |rows: &[ProfileRow]| {
             rows.iter().map(|r| r.to_json(self.step_seconds)).collect::<Vec<_>>()
         };
         let in_order: Vec<Value> = self
             .kernels
             .iter()
-            .map(|k| json!({"layer": k.scope, "kernel": k.op, "entry": k.entry, "seconds": k.seconds}))
+            .map(|k| {
+                let s = &k.shape;
+                json!({"layer": k.scope, "kernel": k.op, "entry": k.entry, "seconds": k.seconds,
+                       "workgroups": s.workgroups, "invocations": s.invocations,
+                       "flops": s.flops, "bytes": s.bytes, "narrow": is_narrow(s)})
+            })
             .collect();
         json!({
             "step_s": self.step_seconds,
@@ -298,6 +308,7 @@ impl Profile {
             "by_op": rows(&self.by_op),
             "by_entry": rows(&self.by_entry),
             "in_order": in_order,
+            "width": self.width.to_json(),
         })
     }
 }
@@ -403,6 +414,7 @@ impl BenchReport {
             line(format!("LP_NUM_THREADS={t}"));
         }
         line(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
+        line(format!("kernels: {}", plan_words(c.plan)));
         line(String::new());
         line(format!(
             "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -508,6 +520,7 @@ impl BenchReport {
                     p.step_seconds * 1e3,
                     100.0 * p.kernel_seconds() / p.step_seconds
                 ));
+                p.width.text(rows.min(10)).into_iter().for_each(&mut line);
                 // The per-layer table names layer and launcher; the others the kernel alone.
                 let table = |line: &mut dyn FnMut(String),
                              title: &str,
@@ -576,6 +589,7 @@ impl BenchReport {
                 "steps": c.steps,
                 "warmup": c.warmup,
                 "profile": c.profile,
+                "plan_for": format!("{:?}", c.plan).to_lowercase(),
             },
             "adapters": self.adapters,
             "lp_num_threads": self.lp_num_threads,
@@ -597,6 +611,16 @@ impl BenchReport {
             report["profile_unavailable"] = json!(why);
         }
         report.to_string()
+    }
+}
+
+fn plan_words(plan: KernelPlan) -> &'static str {
+    match plan {
+        KernelPlan::Auto => {
+            "the GPU plan on GPU adapters, the timed choice on CPU adapters (--plan-for auto)"
+        }
+        KernelPlan::Gpu => "the GPU plan, chosen without a clock (--plan-for gpu)",
+        KernelPlan::Timed => "the fastest of the candidates timed here (--plan-for timed)",
     }
 }
 

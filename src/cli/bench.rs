@@ -1,9 +1,17 @@
 //! `syncstep bench`: the training step's speed on this adapter (see `syncstep::bench`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use syncstep::bench::{self, BenchConfig};
+use syncstep::kernels::conv2d::KernelPlan;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlanFor {
+    Auto,
+    Gpu,
+    Timed,
+}
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -48,9 +56,23 @@ pub struct BenchArgs {
     /// Size of the roofline probe's square matmul.
     #[arg(long, default_value_t = 512)]
     roofline_size: u32,
-    /// Write every figure as JSON to this file.
+    /// Write every figure as JSON to this file (with --profile: every dispatch's workgroups,
+    /// invocations, FLOPs and bytes, and the share of FLOPs in dispatches too narrow for a GPU).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// How convolution kernels are chosen. `gpu`: what a GPU runs, chosen without a clock from
+    /// the shapes alone (shared-tile GEMMs whose tiles, and the weight gradient's split over
+    /// examples or output rows, are sized so each dispatch launches at least 1,056 workgroups
+    /// where the problem has that many), so a CPU adapter shows a GPU's figures; `timed`: the
+    /// fastest candidate timed on this adapter; `auto`: `gpu` on GPU adapters, `timed` on CPU
+    /// adapters. Every choice gives the same bits.
+    #[arg(long, value_enum, default_value_t = PlanFor::Auto)]
+    plan_for: PlanFor,
+    /// Record one step's dispatches without running them, and print how wide they are (their
+    /// workgroups, invocations, FLOPs and bytes go to --json): the shape of a step too large to
+    /// run on this adapter, e.g. `--plan-for gpu --image-size 224 --batch 32` on a CPU.
+    #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile"])]
+    shapes_only: bool,
     #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
@@ -77,9 +99,17 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         )?,
         profile: args.profile,
         roofline: (!args.no_roofline).then_some(args.roofline_size),
+        plan: match args.plan_for {
+            PlanFor::Auto => KernelPlan::Auto,
+            PlanFor::Gpu => KernelPlan::Gpu,
+            PlanFor::Timed => KernelPlan::Timed,
+        },
         ..BenchConfig::default()
     };
     cfg.validate()?;
+    if args.shapes_only {
+        return shapes_only(&cfg, args.json.as_deref());
+    }
     // Each rank's adapters are its own.
     let shared = BenchConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
@@ -100,6 +130,33 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     print!("{}", report.text(args.profile_rows));
     if let Some(path) = json {
         syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
+        println!("figures written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// `bench --shapes-only`: one step recorded, not run; its width printed and (--json) every
+/// dispatch written.
+fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = json {
+        syncstep::files::check_output("--json", path, &[])?;
+    }
+    let profile = bench::dispatch_shapes(cfg, &mut |phase| eprintln!("{phase}"))?;
+    println!(
+        "syncstep bench --shapes-only: one ResNet-34 training step at batch {}, {}×{} images, recorded and not run: {} dispatches",
+        cfg.global(),
+        cfg.image_size,
+        cfg.image_size,
+        profile.kernels.len()
+    );
+    profile.width.text(20).iter().for_each(|l| println!("{l}"));
+    if let Some(path) = json {
+        let report = serde_json::json!({
+            "config": {"batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
+                       "plan_for": format!("{:?}", cfg.plan).to_lowercase()},
+            "profile": profile.to_json(),
+        });
+        syncstep::files::write_atomic(path, report.to_string().as_bytes())?;
         println!("figures written to {}", path.display());
     }
     Ok(())

@@ -102,6 +102,12 @@ impl Gpu {
             });
         }
         if workgroups.contains(&0) {
+            self.charge_flops(0.0); // nothing runs: a charge made for it ends here
+            return Ok(());
+        }
+        if self.is_record_only() {
+            let bytes = bindings.iter().map(|s| s.bytes()).sum();
+            self.profile_dispatch(op, (shader, entry), workgroups, bytes);
             return Ok(());
         }
         // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
@@ -133,7 +139,8 @@ impl Gpu {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let timed = self.profile_dispatch(op, entry);
+        let bytes = bindings.iter().map(|s| s.bytes()).sum();
+        let timed = self.profile_dispatch(op, (shader, entry), workgroups, bytes);
         let timestamp_writes =
             timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
                 query_set,

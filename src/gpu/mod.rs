@@ -21,7 +21,7 @@ mod readback;
 pub use adapter::{adapters, describe, instance, select_adapter, AdapterChoice};
 pub use encoder::{grid_1d, Encoder};
 pub use memory::MemoryStats;
-pub use profile::{launches_to_fill, KernelTime};
+pub use profile::{launches_to_fill, DispatchShape, KernelTime};
 pub use readback::Readback;
 
 use memory::MemoryCounter;
@@ -98,6 +98,13 @@ struct ErrorSink {
     lost: Option<String>,
 }
 
+/// Workgroups that fill a large discrete GPU: 8 per compute unit of one with 132 (an H100 has
+/// 132 SMs). A dispatch of fewer, or of workgroups under [`WIDE_INVOCATIONS`] invocations, leaves
+/// such a GPU partly idle; the bench reports the share of a step's FLOPs in those.
+pub const WIDE_DISPATCH: u64 = 1056;
+/// Invocations per workgroup below which a dispatch counts as narrow (two 32-wide warps).
+pub const WIDE_INVOCATIONS: u32 = 64;
+
 /// One wgpu device with its queue, the limits it was created with and a pipeline cache.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -116,6 +123,12 @@ pub struct Gpu {
     /// turns a submission at a time beats competing for them (docs/performance.md). GPUs (the
     /// default elsewhere) run at once.
     pub blocking_maps: bool,
+    /// Workgroups a dispatch should launch to fill this device: what the kernels sized for GPUs
+    /// (the shared-tile GEMMs, the split weight gradient) aim for. [`WIDE_DISPATCH`] unless a
+    /// test sets another.
+    pub wide_dispatch: u64,
+    /// Whether dispatches are recorded for the profile but not run ([`Gpu::set_record_only`]).
+    record_only: std::sync::atomic::AtomicBool,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
     sink: Arc<Mutex<ErrorSink>>,
@@ -195,6 +208,8 @@ impl Gpu {
             features,
             broadcasts,
             blocking_maps,
+            wide_dispatch: WIDE_DISPATCH,
+            record_only: Default::default(),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             sink,

@@ -3,24 +3,45 @@
 
 use std::sync::Arc;
 
-use super::{Gpu, GpuError, Result, Slice};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{Gpu, GpuError, Result, Shader, Slice};
 
 /// One dispatch timed by timestamp queries: `scope` is what [`Gpu::profile_scope`] last named
-/// (a layer of the step), `op` the launcher, `entry` the shader entry point.
+/// (a layer of the step), `op` the launcher, `entry` the shader entry point, and its shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
     pub scope: String,
     pub op: &'static str,
     pub entry: &'static str,
     pub seconds: f64,
+    pub shape: DispatchShape,
+}
+
+/// What one dispatch asks of a device, known when it is recorded: how wide it is and the work it
+/// is charged with.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DispatchShape {
+    /// Workgroups launched (x·y·z, the ones a 1-D grid rounds up included).
+    pub workgroups: u64,
+    /// Invocations per workgroup (the entry point's `@workgroup_size`).
+    pub invocations: u32,
+    /// Floating-point operations its launcher charged it with ([`Gpu::charge_flops`]): a
+    /// multiply-add counts 2. Kernels that only move or scale values are charged none.
+    pub flops: f64,
+    /// Bytes of the storage buffers it binds: each is read or written at least once.
+    pub bytes: u64,
 }
 
 /// The profiler's state while profiling is on: query sets of `QUERY_SET_MAX_QUERIES` each,
 /// two queries (begin, end) per dispatch, and what each pair timed.
 pub(super) struct Profiler {
     sets: Vec<wgpu::QuerySet>,
-    labels: Vec<(Arc<str>, &'static str, &'static str)>,
+    labels: Vec<(Arc<str>, &'static str, &'static str, DispatchShape)>,
     scope: Arc<str>,
+    /// FLOPs charged to the next dispatch.
+    charge: f64,
 }
 
 /// Queries per set, two per dispatch.
@@ -33,8 +54,12 @@ impl Gpu {
         if !self.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Err(GpuError::MissingFeature("timestamp queries (TIMESTAMP_QUERY)"));
         }
-        *self.profiler.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Profiler { sets: Vec::new(), labels: Vec::new(), scope: "(no scope)".into() });
+        *self.profiler.lock().unwrap_or_else(|p| p.into_inner()) = Some(Profiler {
+            sets: Vec::new(),
+            labels: Vec::new(),
+            scope: "(no scope)".into(),
+            charge: 0.0,
+        });
         Ok(())
     }
 
@@ -45,6 +70,25 @@ impl Gpu {
         }
     }
 
+    /// Charges the next dispatch with `flops` floating-point operations, while profiling (the
+    /// launchers of kernels that multiply and add call it right before their dispatch).
+    pub fn charge_flops(&self, flops: f64) {
+        if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            p.charge = flops;
+        }
+    }
+
+    /// Makes every later dispatch a record for the profile only: the kernel does not run, so
+    /// what it would write stays as it was. For the shapes of a step too large to run here
+    /// (`syncstep bench --shapes-only`); the profile's times are then 0.
+    pub fn set_record_only(&self, on: bool) {
+        self.record_only.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(super) fn is_record_only(&self) -> bool {
+        self.record_only.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stops profiling and returns the time of every dispatch recorded since
     /// [`Gpu::start_profile`], in recording order. Every encoder recorded meanwhile must have
     /// been submitted: the queries of one that was not read as garbage.
@@ -53,7 +97,10 @@ impl Gpu {
             return Ok(Vec::new());
         };
         let mut ticks = Vec::with_capacity(2 * profiler.labels.len());
-        for (i, set) in profiler.sets.iter().enumerate() {
+        if self.is_record_only() {
+            ticks.resize(2 * profiler.labels.len(), 0); // nothing ran, nothing was timed
+        }
+        for (i, set) in profiler.sets.iter().enumerate().filter(|_| !self.is_record_only()) {
             let queries = (2 * profiler.labels.len() as u64 - i as u64 * PROFILE_SET_QUERIES as u64)
                 .min(PROFILE_SET_QUERIES as u64) as u32;
             let resolved = self.create_buffer(&wgpu::BufferDescriptor {
@@ -74,23 +121,33 @@ impl Gpu {
             .labels
             .iter()
             .zip(ticks.chunks_exact(2))
-            .map(|((scope, op, entry), t)| KernelTime {
+            .map(|((scope, op, entry, shape), t)| KernelTime {
                 scope: scope.to_string(),
                 op,
                 entry,
                 seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9,
+                shape: *shape,
             })
             .collect())
     }
 
-    /// The timestamp writes of the next dispatch, while profiling.
+    /// The timestamp writes of the next dispatch, while profiling: `entry` of `shader` for the
+    /// launcher `op`, `workgroups` of it, binding `bytes`.
     pub(super) fn profile_dispatch(
         &self,
         op: &'static str,
-        entry: &'static str,
+        (shader, entry): (&Shader, &'static str),
+        workgroups: [u32; 3],
+        bytes: u64,
     ) -> Option<(wgpu::QuerySet, u32)> {
         let mut guard = self.profiler.lock().unwrap_or_else(|p| p.into_inner());
         let p = guard.as_mut()?;
+        let shape = DispatchShape {
+            workgroups: workgroups.iter().map(|&g| g as u64).product(),
+            invocations: workgroup_invocations(shader, entry),
+            flops: std::mem::take(&mut p.charge),
+            bytes,
+        };
         let query = 2 * p.labels.len() as u32;
         let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);
         if set == p.sets.len() {
@@ -101,7 +158,7 @@ impl Gpu {
             }));
         }
         let scope = p.scope.clone();
-        p.labels.push((scope, op, entry));
+        p.labels.push((scope, op, entry, shape));
         Some((p.sets[set].clone(), index))
     }
 
@@ -132,4 +189,19 @@ impl Gpu {
 /// submit and wait round trip, which would hide that one workgroup leaves a core idle.
 pub fn launches_to_fill(at_least: std::time::Duration, one: std::time::Duration) -> u32 {
     (at_least.as_secs_f64() / one.as_secs_f64().max(1e-9)).ceil().clamp(1.0, 64.0) as u32
+}
+
+/// Invocations per workgroup of `entry` in `shader`: its `@workgroup_size`, read by naga (as
+/// wgpu reads it) once per entry point.
+fn workgroup_invocations(shader: &Shader, entry: &'static str) -> u32 {
+    static SIZES: Mutex<Option<HashMap<(&'static str, &'static str), u32>>> = Mutex::new(None);
+    let mut sizes = SIZES.lock().unwrap_or_else(|p| p.into_inner());
+    *sizes.get_or_insert_with(HashMap::new).entry((shader.name, entry)).or_insert_with(|| {
+        // The shaders are this crate's own and validated by its tests; an entry point naga
+        // cannot read counts as 0 invocations, which the bench reports as narrow.
+        naga::front::wgsl::parse_str(shader.source)
+            .ok()
+            .and_then(|m| m.entry_points.into_iter().find(|e| e.name == entry))
+            .map_or(0, |e| e.workgroup_size.iter().product())
+    })
 }

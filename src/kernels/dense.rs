@@ -75,6 +75,7 @@ pub fn dense_forward(
         b_inner: 1,
         b_col: s.k_in,
     };
+    gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
     launch(
         gpu,
         enc,
@@ -110,6 +111,7 @@ pub fn dense_backward_input(
         b_inner: s.k_in,
         b_col: 1,
     };
+    gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
     launch(
         gpu,
         enc,
@@ -145,6 +147,7 @@ pub fn dense_backward_weight(
         b_inner: s.k_in,
         b_col: 1,
     };
+    gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
     launch(
         gpu,
         enc,
@@ -171,6 +174,7 @@ pub fn dense_backward_bias(
     expect_len(OP, "db", &db, s.bias_len(), "k_out")?;
     let params =
         Params { rows: s.m, cols: s.k_out, inner: 0, a_row: 0, a_inner: 0, b_inner: 0, b_col: 0 };
+    gpu.charge_flops(s.output_len() as f64);
     launch(
         gpu,
         enc,

@@ -24,6 +24,7 @@ pub fn conv2d_backward_input_with(
     let s = shape;
     let bindings = checked(Conv2dOp::BackwardInput, s, [dy, w, dx])?;
     if algo == Conv2dAlgo::Direct {
+        gpu.charge_flops(s.flops() as f64);
         return launch(
             gpu,
             enc,
@@ -54,6 +55,9 @@ pub fn conv2d_backward_input_with(
         if algo == Conv2dAlgo::Blocked {
             let threads = tile_count(s.c_in as u64)
                 * tile_count(s.n as u64 * phase_h as u64 * phase_w as u64);
+            // The op's FLOPs, apportioned to the phases by their pixels.
+            let share = (phase_h as u64 * phase_w as u64) as f64 / (s.h as u64 * s.w as u64) as f64;
+            gpu.charge_flops(s.flops() as f64 * share);
             launch(
                 gpu,
                 enc,

@@ -45,6 +45,7 @@ pub fn conv2d_backward_weight_with(
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
+    gpu.charge_flops(s.flops() as f64);
     launch(
         gpu,
         enc,
@@ -92,6 +93,7 @@ pub(super) fn backward_weight_blocked(
     // needs fewer than count (see pairwise_push_or_close4).
     let close = pairwise_levels(s.n - 1) < pairwise_levels(s.n);
     let shader = blocked_weight_shader(gpu.broadcasts, close);
+    gpu.charge_flops(s.flops() as f64);
     launch(
         gpu,
         enc,
@@ -231,6 +233,7 @@ pub(super) fn backward_weight_gemm(
                 ..bytemuck::Zeroable::zeroed()
             };
             let bindings = [("im2col", rows), ("dy", dy), ("weight sums", sums)];
+            gpu.charge_flops(2.0 * (count * s.c_out as u64 * row4 * 4) as f64);
             match algo {
                 Conv2dAlgo::Gemm(tile) => {
                     let entry = if tile.lanes == GemmLanes::Channels {
@@ -272,6 +275,7 @@ pub(super) fn backward_weight_gemm(
             }
         },
     )?;
+    gpu.charge_flops((s.n as u64 * s.w_len()) as f64);
     launch(
         gpu,
         enc,

@@ -32,6 +32,7 @@ pub fn conv2d_forward_with(
         }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
+    gpu.charge_flops(s.flops() as f64);
     launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
 }
 

@@ -127,6 +127,8 @@ pub(super) fn gemm(
         origin_y: grid.origin_y,
         origin_x: grid.origin_x,
     };
+    // K as the rows hold it, zero-padded to whole vec4s.
+    gpu.charge_flops(2.0 * (rows_a * rows_b * row4 * 4) as f64);
     match algo {
         Conv2dAlgo::Gemm(tile) => {
             let entry = if tile.lanes == GemmLanes::ChannelsGather {

@@ -43,7 +43,7 @@ pub use backward_weight::conv2d_backward_weight_with;
 pub use crop::{conv2d_launch_cropped, conv2d_launch_kept, crop_weights, Crop};
 pub use forward::conv2d_forward_with;
 pub use shape::Conv2dShape;
-pub use tune::{autotuned_algo, candidates, conv2d_algo};
+pub use tune::{autotuned_algo, candidates, conv2d_algo, set_kernel_plan, KernelPlan};
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;

@@ -13,11 +13,38 @@ use super::{Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
 use crate::gpu::Gpu;
 use crate::kernels::{KernelError, Result};
 
+/// How the plain launchers choose kernels when `SYNCSTEP_CONV_ALGO` does not force one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPlan {
+    /// GPU adapters (discrete, integrated, virtual) take the GPU plan; CPU adapters the timed
+    /// choice natively, the clockless guess in a browser.
+    Auto,
+    /// The GPU plan on any adapter, without a clock: `GemmShared` for every op, its tiles and
+    /// the weight gradient's split sized to fill [`Gpu::wide_dispatch`] workgroups. What a GPU
+    /// runs; on a CPU adapter it gives the same bits, slowly, and the shape of a GPU's work.
+    Gpu,
+    /// The fastest candidate timed on the adapter (natively), on any adapter.
+    Timed,
+}
+
+static PLAN: Mutex<KernelPlan> = Mutex::new(KernelPlan::Auto);
+
+/// Sets the plan for this process (`syncstep bench --plan-for`).
+pub fn set_kernel_plan(plan: KernelPlan) {
+    *PLAN.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+}
+
+fn kernel_plan() -> KernelPlan {
+    *PLAN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The variant the plain launchers use for `op` at `shape` on `gpu`:
 /// 1. `SYNCSTEP_CONV_ALGO` (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
 ///    [`Conv2dAlgo::all`]), where `op` has that kernel (else Blocked: the gathering GEMM is
 ///    the input-VJP's only); or `guess`, the browser's choice;
-/// 2. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
+/// 2. the GPU plan ([`KernelPlan::Gpu`]) where [`set_kernel_plan`] asks for it or the adapter
+///    is a GPU and nothing asked otherwise;
+/// 3. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
 ///    in a browser, where there is no clock, [`guess`] by device type.
 ///
 /// Choices are remembered per (adapter, op, shape) for the life of the process and, natively,
@@ -31,7 +58,11 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
         Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
         None => {}
     }
-    autotuned_algo(gpu, op, shape)
+    match kernel_plan() {
+        KernelPlan::Gpu => Ok(guess_for(false, &gpu.info.name, op, shape)),
+        KernelPlan::Auto if !is_cpu(&gpu.info) => Ok(guess(&gpu.info, op, shape)),
+        KernelPlan::Auto | KernelPlan::Timed => autotuned_algo(gpu, op, shape),
+    }
 }
 
 /// [`conv2d_algo`]'s choice when nothing forces one: the fastest candidate, timed on first use
@@ -157,7 +188,7 @@ pub(super) fn candidates_for(
     all
 }
 
-/// Without a clock (wasm32): shared tiles on GPUs. On CPU adapters the weight gradient's
+/// Without a clock (wasm32, and the GPU plan): shared tiles on GPUs. On CPU adapters the weight gradient's
 /// Blocked kernel (2–2.5× the GEMMs' speed at layer1–3 on SwiftShader, as on lavapipe) where
 /// the adapter runs it, else register tiles with lanes over whichever of pixels and channels
 /// is larger.
