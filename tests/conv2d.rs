@@ -466,6 +466,39 @@ fn kernels_that_load_give_the_broadcasting_kernels_bits() {
     }
 }
 
+/// The GPU plan's kernels sized for devices of every width give Direct's bits: shared tiles from
+/// 64×64 down to 16×16, and the weight gradient split into whole examples (one a chunk, or
+/// several) or output rows (chunks that end inside an example, so the running sum waits in the
+/// carry). `wide_dispatch` is what the tile and split choices aim for.
+#[test]
+fn the_gpu_plan_gives_direct_bits_at_every_width() {
+    let Some(gpu) = gpu() else { return };
+    let Some(mut sized) = gpu_with_limits(|_| {}) else { return };
+    for (i, s) in [
+        shape(4, 16, 6, 6, 24, 3, 3, 1, 1),
+        shape(5, 3, 13, 11, 20, 7, 7, 2, 3),
+        shape(3, 12, 7, 7, 40, 1, 1, 2, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 170 + 3 * i as u64;
+        let x = uniform(seed, s.x_len() as usize);
+        let w = uniform(seed + 1, s.w_len() as usize);
+        let dy = uniform(seed + 2, s.y_len() as usize);
+        let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+        for wide in [1, 2, 5, 7, 16, syncstep::gpu::WIDE_DISPATCH] {
+            sized.wide_dispatch = wide;
+            let out = run(&sized, Conv2dAlgo::GemmShared, &s, &x, &w, &dy);
+            let plain_y = plain.y.as_deref().map(bits);
+            assert_eq!(out.y.as_deref().map(bits), plain_y, "wide {wide}, {s:?}: y");
+            assert_eq!(bits(&out.dx), bits(&plain.dx), "wide {wide}, {s:?}: dx");
+            let plain_dw = plain.dw.as_deref().map(bits);
+            assert_eq!(out.dw.as_deref().map(bits), plain_dw, "wide {wide}, {s:?}: dw");
+        }
+    }
+}
+
 #[test]
 fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     let Some(gpu) = gpu() else { return };

@@ -33,6 +33,7 @@ struct Gemm {
     step: u32,
     origin_y: u32,
     origin_x: u32,
+    unit_pixels: u32,   // conv2d_gemm_weight_split and its pass: pixels per unit
 }
 
 @group(0) @binding(0) var<uniform> g: Gemm;
@@ -75,10 +76,16 @@ fn gemm_out_index(i: u32, j: u32) -> u32 {
     return gemm_out_first(i, true).at + gemm_out_first(j, false).at;
 }
 
-// conv2d_gemm_shared, for GPUs: a 64×64 output tile per workgroup of 256 invocations, 4×4 each;
-// 16 k at a time staged in workgroup memory (8 KiB) between barriers.
-const SHARED_EDGE: u32 = 64u;
-var<workgroup> gs_tile_a: array<vec4<f32>, 256>;   // 64 rows × 4 vec4
+// conv2d_gemm_shared, for GPUs: a SHARED_A×SHARED_B output tile per workgroup of 256
+// invocations, 16×16 of them holding SHARED_A/16 × SHARED_B/16 outputs each; 16 k at a time
+// staged in workgroup memory between barriers. The tile (16, 32 or 64 a side) is specialised per
+// launch so that a dispatch has enough workgroups to fill a GPU (see shared_tile in gemm.rs).
+const SHARED_A: u32 = 64u;
+const SHARED_B: u32 = 64u;
+const SHARED_PA: u32 = 4u;   // SHARED_A / 16
+const SHARED_PB: u32 = 4u;   // SHARED_B / 16
+const SHARED_ACC: u32 = 16u; // SHARED_PA · SHARED_PB
+var<workgroup> gs_tile_a: array<vec4<f32>, 256>;   // up to 64 rows × 4 vec4
 var<workgroup> gs_tile_b: array<vec4<f32>, 256>;
 
 @group(0) @binding(1) var<storage, read> gs_a: array<vec4<f32>>;
@@ -87,40 +94,43 @@ var<workgroup> gs_tile_b: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
 fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let a_tiles = (g.rows_a + SHARED_EDGE - 1u) / SHARED_EDGE;
+    let a_tiles = (g.rows_a + SHARED_A - 1u) / SHARED_A;
     let f = wid.x + wid.y * nwg.x;
-    let a_base = (f % a_tiles) * SHARED_EDGE;
-    let b_base = (f / a_tiles) * SHARED_EDGE;
+    let a_base = (f % a_tiles) * SHARED_A;
+    let b_base = (f / a_tiles) * SHARED_B;
     if (b_base >= g.rows_b) { return; }   // whole workgroups only: the barriers stay uniform
-    // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b.
-    let a_src = min(a_base + lid / 4u, g.rows_a - 1u) * g.row4;
-    let b_src = min(b_base + lid / 4u, g.rows_b - 1u) * g.row4;
-    let ti = (lid % 16u) * 4u;
-    let tj = (lid / 16u) * 4u;
-    var acc: array<vec4<f32>, 4>;   // acc[i][j]: a row ti + i, b row tj + j
+    // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b,
+    // where the tile has that row.
+    let stage_row = lid / 4u;
+    let a_src = min(a_base + stage_row, g.rows_a - 1u) * g.row4;
+    let b_src = min(b_base + stage_row, g.rows_b - 1u) * g.row4;
+    let ti = (lid % 16u) * SHARED_PA;
+    let tj = (lid / 16u) * SHARED_PB;
+    var acc: array<f32, SHARED_ACC>;   // acc[i · SHARED_PB + j]: a row ti + i, b row tj + j
     for (var v0 = 0u; v0 < g.row4; v0 += 4u) {
         let v = min(v0 + lid % 4u, g.row4 - 1u);
-        gs_tile_a[lid] = gs_a[a_src + v];
-        gs_tile_b[lid] = gs_b[b_src + v];
+        if (stage_row < SHARED_A) { gs_tile_a[lid] = gs_a[a_src + v]; }
+        if (stage_row < SHARED_B) { gs_tile_b[lid] = gs_b[b_src + v]; }
         workgroupBarrier();
         for (var s = 0u; s < min(4u, g.row4 - v0); s++) {
-            var bv: array<vec4<f32>, 4>;
-            for (var j = 0u; j < 4u; j++) { bv[j] = gs_tile_b[(tj + j) * 4u + s]; }
-            for (var i = 0u; i < 4u; i++) {
+            for (var i = 0u; i < SHARED_PA; i++) {
                 let av = gs_tile_a[(ti + i) * 4u + s];
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] += av.x * bv[j].x;
-                    acc[i][j] += av.y * bv[j].y;
-                    acc[i][j] += av.z * bv[j].z;
-                    acc[i][j] += av.w * bv[j].w;
+                for (var j = 0u; j < SHARED_PB; j++) {
+                    let bv = gs_tile_b[(tj + j) * 4u + s];
+                    var x = acc[i * SHARED_PB + j];
+                    x += av.x * bv.x;
+                    x += av.y * bv.y;
+                    x += av.z * bv.z;
+                    x += av.w * bv.w;
+                    acc[i * SHARED_PB + j] = x;
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u && a_base + ti + i < g.rows_a; i++) {
-        for (var j = 0u; j < 4u && b_base + tj + j < g.rows_b; j++) {
-            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j)] = acc[i][j];
+    for (var i = 0u; i < SHARED_PA && a_base + ti + i < g.rows_a; i++) {
+        for (var j = 0u; j < SHARED_PB && b_base + tj + j < g.rows_b; j++) {
+            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j)] = acc[i * SHARED_PB + j];
         }
     }
 }
@@ -169,27 +179,37 @@ fn gemm_weight_dy_row(q: u32) -> u32 {
     return (q / g.out_plane) * g.channels * g.out_plane + q % g.out_plane;
 }
 
-// conv2d_gemm_weight_shared, for GPUs: 64 output channels × 16 vec4s of k per workgroup of 256
-// invocations, 4 channels × 1 vec4 each; an output row's pixels staged 16 at a time in
-// workgroup memory (8 KiB) between barriers.
+// conv2d_gemm_weight_split, for GPUs: the weight gradient's GEMM with the chunk's pixels split
+// over workgroups as well as its outputs, so that layers with few outputs still fill a GPU.
+// Workgroup (tile, u) sums unit u of the chunk, g.unit_pixels pixels: one output row, or whole
+// examples' worth when the tiles times the batch already fill the GPU, over 64 output channels
+// × 16 vec4s of k (256 invocations, 4 channels × 1 vec4 each; an output row's pixels staged 16
+// at a time in workgroup memory between barriers). A unit's sum is taken as every variant takes
+// it (a row's pixels in order from +0, an example's rows in order from +0) and goes to
+// ws_units[u][co][row4]; conv2d_backward_weight_units then adds the units in order into the
+// pairwise blocks, so the bits are those of the kernels that walk the pixels in one invocation.
 var<workgroup> ws_cols: array<vec4<f32>, 256>;   // 16 pixels × 16 vec4s of k
 var<workgroup> ws_dy: array<vec4<f32>, 256>;     // 16 pixels × 16 quads of channels
+@group(0) @binding(3) var<storage, read_write> ws_units: array<vec4<f32>>;
 
 @compute @workgroup_size(256)
-fn conv2d_gemm_weight_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn conv2d_gemm_weight_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let kv_tiles = (g.row4 + 15u) / 16u;
+    let tiles = kv_tiles * ((g.channels + 63u) / 64u);
     let f = wid.x + wid.y * nwg.x;
+    let unit = f / tiles;
+    if (unit * g.unit_pixels >= g.pixel_count) { return; }   // whole workgroups only: the barriers stay uniform
     let kv_base = (f % kv_tiles) * 16u;
-    let co_base = (f / kv_tiles) * SHARED_EDGE;
-    if (co_base >= g.channels) { return; }   // whole workgroups only: the barriers stay uniform
+    let co_base = ((f % tiles) / kv_tiles) * 64u;
     // Summing: vec4 lid / 16 of k, channel quad lid mod 16. Staging: pixel lid / 16 of the 16,
     // vec4 (and channel quad) lid mod 16.
     let kv = kv_base + lid / 16u;
     let co = co_base + (lid % 16u) * 4u;
     let stage_kv = min(kv_base + lid % 16u, g.row4 - 1u);
     let stage_co = min(vec4<u32>(co) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(g.channels - 1u)) * g.out_plane;
-    var e = array<vec4<f32>, 4>(gemm_weight_start(co, kv), gemm_weight_start(co + 1u, kv), gemm_weight_start(co + 2u, kv), gemm_weight_start(co + 3u, kv));
-    for (var q = g.pixel_begin; q < g.pixel_begin + g.pixel_count; q += g.out_w) {
+    let first = unit * g.unit_pixels;   // in the chunk
+    var e: array<vec4<f32>, 4>;
+    for (var q = g.pixel_begin + first; q < g.pixel_begin + first + g.unit_pixels; q += g.out_w) {
         let dy_row = gemm_weight_dy_row(q);
         let cols_row = (q - g.pixel_begin) * g.row4;
         var s: array<vec4<f32>, 4>;
@@ -210,14 +230,46 @@ fn conv2d_gemm_weight_shared(@builtin(local_invocation_index) lid: u32, @builtin
             workgroupBarrier();
         }
         for (var i = 0u; i < 4u; i++) { e[i] += s[i]; }
-        if ((q + g.out_w) % g.out_plane == 0u) {
-            for (var i = 0u; i < 4u; i++) {
-                gemm_weight_push(q / g.out_plane, co + i, kv, e[i]);
-                e[i] = vec4<f32>(0.0);
-            }
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let at = gemm_weight_at(co + i, kv);
+        if (at != 0xffffffffu) { ws_units[unit * g.channels * g.row4 + at] = e[i]; }
+    }
+}
+
+// The split's second pass, one invocation per float of dw's rows: the chunk's units added in
+// order to the running example sum (the carry when the chunk starts inside an example), each
+// example's total pushed into the pairwise blocks as pairwise_push does, read as floats from
+// the levels of the blocks' scratch (level 0 the carry, level 1 + l the block of 2^l examples).
+@group(0) @binding(1) var<storage, read> wu_units: array<f32>;
+@group(0) @binding(2) var<storage, read_write> wu_sums: array<f32>;
+
+@compute @workgroup_size(WG)
+fn conv2d_backward_weight_units(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg);
+    let level = g.channels * g.row4 * 4u;
+    if (i >= level) { return; }
+    let done = g.pixel_begin / g.out_plane;   // examples whole before the chunk
+    var blocks: array<f32, PAIRWISE_LEVELS>;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((done >> l) & 1u) == 1u) { blocks[l] = wu_sums[(l + 1u) * level + i]; }
+    }
+    var e = 0.0;
+    if (g.pixel_begin % g.out_plane != 0u) { e = wu_sums[i]; }
+    let units = g.pixel_count / g.unit_pixels;
+    for (var u = 0u; u < units; u++) {
+        e += wu_units[u * level + i];
+        let end = g.pixel_begin + (u + 1u) * g.unit_pixels;
+        if (end % g.out_plane == 0u) {
+            pairwise_push(&blocks, end / g.out_plane - 1u, e);
+            e = 0.0;
         }
     }
-    for (var i = 0u; i < 4u; i++) { gemm_weight_keep(co + i, kv, e[i]); }
+    let after = (g.pixel_begin + g.pixel_count) / g.out_plane;
+    for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
+        if (((after >> l) & 1u) == 1u) { wu_sums[(l + 1u) * level + i] = blocks[l]; }
+    }
+    if ((g.pixel_begin + g.pixel_count) % g.out_plane != 0u) { wu_sums[i] = e; }
 }
 
 // The GEMM variants' last step: dw[co, k] = pairwise_total of the blocks wg_sums holds for

@@ -6,8 +6,8 @@
 use super::gemm::{im2col_chunks, Gemm};
 use super::tiles::gemm_lanes_shader;
 use super::{
-    checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, GemmTile,
-    Params, GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
+    checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, Params,
+    GEMM_WG, SCRATCH_BYTES, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
@@ -205,6 +205,38 @@ pub(super) fn backward_weight_gemm(
         .scratch("conv2d weight sums", sums_len)
         .map_err(|source| KernelError::Gpu { op: OP, source })?;
     let sums = Slice::new(&sums, 0, sums_len);
+    if algo == Conv2dAlgo::GemmShared {
+        backward_weight_split(gpu, enc, s, params, (dy, x), sums)?;
+    } else {
+        backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?;
+    }
+    gpu.charge_flops((s.n as u64 * s.w_len()) as f64);
+    launch(
+        gpu,
+        enc,
+        OP,
+        &pairwise_shader(&SHADER, s.n),
+        "conv2d_backward_weight_total",
+        &params,
+        &[("weight sums", sums), ("dw", dw)],
+        grid_1d(s.w_len(), WG),
+    )
+}
+
+/// The register tiles' weight gradient: each invocation walks a chunk's pixels in order, pushing
+/// every example's total into the pairwise blocks in `sums`.
+fn backward_weight_tiles(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    params: Params,
+    (dy, x): (Slice, Slice),
+    sums: Slice,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let Conv2dAlgo::Gemm(tile) = algo else { return Err(no_kernel(OP, algo)) };
+    let row4 = params.row4 as u64;
     let (out_w, out_plane) = (s.out_w(), s.out_h() * s.out_w());
     let pixels = s.n as u64 * out_plane as u64;
     im2col_chunks(
@@ -215,10 +247,8 @@ pub(super) fn backward_weight_gemm(
         (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS),
         x,
         |enc, begin, count, rows| {
-            let (rows_a, rows_b) = match algo {
-                Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. }) => {
-                    (s.c_out as u64, row4 * 4)
-                }
+            let (rows_a, rows_b) = match tile.lanes {
+                GemmLanes::Channels => (s.c_out as u64, row4 * 4),
                 _ => (row4 * 4, s.c_out as u64),
             };
             let gemm = Gemm {
@@ -234,57 +264,104 @@ pub(super) fn backward_weight_gemm(
             };
             let bindings = [("im2col", rows), ("dy", dy), ("weight sums", sums)];
             gpu.charge_flops(2.0 * (count * s.c_out as u64 * row4 * 4) as f64);
-            match algo {
-                Conv2dAlgo::Gemm(tile) => {
-                    let entry = if tile.lanes == GemmLanes::Channels {
-                        "conv2d_gemm_weight_channels"
-                    } else {
-                        "conv2d_gemm_weight_pixels"
-                    };
-                    let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
-                        * rows_b.div_ceil(tile.per_workgroup as u64);
-                    let shader = pairwise_shader(
-                        &gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels),
-                        s.n,
-                    );
-                    launch(
-                        gpu,
-                        enc,
-                        OP,
-                        &shader,
-                        entry,
-                        &gemm,
-                        &bindings,
-                        grid_1d(groups * GEMM_WG as u64, GEMM_WG),
-                    )
-                }
-                _ => {
-                    let groups =
-                        row4.div_ceil(SHARED_EDGE / 4) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-                    launch(
-                        gpu,
-                        enc,
-                        OP,
-                        &pairwise_shader(&SHADER, s.n),
-                        "conv2d_gemm_weight_shared",
-                        &gemm,
-                        &bindings,
-                        grid_1d(groups * SHARED_WG as u64, SHARED_WG),
-                    )
-                }
-            }
+            let entry = if tile.lanes == GemmLanes::Channels {
+                "conv2d_gemm_weight_channels"
+            } else {
+                "conv2d_gemm_weight_pixels"
+            };
+            let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
+                * rows_b.div_ceil(tile.per_workgroup as u64);
+            let shader = pairwise_shader(
+                &gemm_lanes_shader(tile, gpu.broadcasts && tile.lanes == GemmLanes::Pixels),
+                s.n,
+            );
+            launch(
+                gpu,
+                enc,
+                OP,
+                &shader,
+                entry,
+                &gemm,
+                &bindings,
+                grid_1d(groups * GEMM_WG as u64, GEMM_WG),
+            )
         },
-    )?;
-    gpu.charge_flops((s.n as u64 * s.w_len()) as f64);
-    launch(
+    )
+}
+
+/// The GPU plan's weight gradient (GemmShared): the pixels split over workgroups as well as the
+/// outputs. Each chunk holds whole units, as many as make its dispatch `gpu.wide_dispatch`
+/// workgroups wide: examples where that many fit one im2col chunk, else output rows;
+/// conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
+/// conv2d_backward_weight_units adds them in order into the pairwise blocks in `sums`: the same
+/// additions as the kernels that walk every pixel in one invocation.
+fn backward_weight_split(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &Conv2dShape,
+    params: Params,
+    (dy, x): (Slice, Slice),
+    sums: Slice,
+) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let row4 = params.row4 as u64;
+    let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
+    let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
+    let units = gpu.wide_dispatch.div_ceil(tiles).max(1);
+    let chunk_bytes = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
+    let examples_fit = (s.n as u64).min(chunk_bytes / (row4.max(1) * 16 * out_plane));
+    // An example unit loops over its whole plane: kept under llvmpipe's loop limit, as chunks are.
+    let examples = examples_fit >= units && out_plane <= WEIGHT_CHUNK_PIXELS;
+    let unit = if examples { out_plane } else { out_w };
+    let level = s.c_out as u64 * row4 * 4;
+    let pixels = s.n as u64 * out_plane;
+    let most = units * unit;
+    let scratch = gpu
+        .scratch("conv2d weight units", units.min(pixels / unit) * level)
+        .map_err(|source| KernelError::Gpu { op: OP, source })?;
+    im2col_chunks(
         gpu,
         enc,
         OP,
-        &pairwise_shader(&SHADER, s.n),
-        "conv2d_backward_weight_total",
-        &params,
-        &[("weight sums", sums), ("dw", dw)],
-        grid_1d(s.w_len(), WG),
+        ("conv2d_forward_im2col", params),
+        (pixels, unit, most),
+        x,
+        |enc, begin, count, rows| {
+            let chunk_units = count / unit;
+            let unit_sums = Slice::new(&scratch, 0, chunk_units * level);
+            let gemm = Gemm {
+                row4: row4 as u32,
+                pixel_begin: begin as u32,
+                pixel_count: count as u32,
+                channels: s.c_out,
+                out_w: out_w as u32,
+                out_plane: out_plane as u32,
+                unit_pixels: unit as u32,
+                ..bytemuck::Zeroable::zeroed()
+            };
+            gpu.charge_flops(2.0 * (count * s.c_out as u64 * row4 * 4) as f64);
+            launch(
+                gpu,
+                enc,
+                OP,
+                &SHADER,
+                "conv2d_gemm_weight_split",
+                &gemm,
+                &[("im2col", rows), ("dy", dy), ("weight units", unit_sums)],
+                grid_1d(tiles * chunk_units * SHARED_WG as u64, SHARED_WG),
+            )?;
+            gpu.charge_flops((chunk_units * level) as f64);
+            launch(
+                gpu,
+                enc,
+                OP,
+                &pairwise_shader(&SHADER, s.n),
+                "conv2d_backward_weight_units",
+                &gemm,
+                &[("weight units", unit_sums), ("weight sums", sums)],
+                grid_1d(level, WG),
+            )
+        },
     )
 }
 

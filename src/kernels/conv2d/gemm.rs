@@ -4,11 +4,10 @@
 
 use super::tiles::gemm_lanes_shader;
 use super::{
-    Conv2dAlgo, GemmLanes, GemmTile, Params, GEMM_WG, ROW_RUN, SCRATCH_BYTES, SHADER, SHARED_EDGE,
-    SHARED_WG, WG,
+    Conv2dAlgo, GemmLanes, GemmTile, Params, GEMM_WG, ROW_RUN, SCRATCH_BYTES, SHADER, SHARED_WG, WG,
 };
-use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
-use crate::kernels::{launch, KernelError, Result};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use crate::kernels::{launch, replaced, specialise, KernelError, Result};
 
 /// conv2d_gemm_*'s uniform, mirrored by `struct Gemm` in shaders/conv2d/gemm.wgsl.
 #[repr(C)]
@@ -30,6 +29,7 @@ pub(super) struct Gemm {
     pub(super) step: u32,
     pub(super) origin_y: u32,
     pub(super) origin_x: u32,
+    pub(super) unit_pixels: u32,
 }
 
 /// Where a GEMM's pixels land: the grid (n, a, b) of `grid_h`×`grid_w` pixels per image goes
@@ -126,6 +126,7 @@ pub(super) fn gemm(
         step: grid.step,
         origin_y: grid.origin_y,
         origin_x: grid.origin_x,
+        unit_pixels: 0,
     };
     // K as the rows hold it, zero-padded to whole vec4s.
     gpu.charge_flops(2.0 * (rows_a * rows_b * row4 * 4) as f64);
@@ -150,12 +151,13 @@ pub(super) fn gemm(
             )
         }
         _ => {
-            let groups = rows_a.div_ceil(SHARED_EDGE) * rows_b.div_ceil(SHARED_EDGE);
+            let tile = shared_tile(rows_a, rows_b, gpu.wide_dispatch);
+            let groups = rows_a.div_ceil(tile.0) * rows_b.div_ceil(tile.1);
             launch(
                 gpu,
                 enc,
                 op,
-                &SHADER,
+                &shared_tile_shader(tile),
                 "conv2d_gemm_shared",
                 &params,
                 &bindings,
@@ -163,6 +165,32 @@ pub(super) fn gemm(
             )
         }
     }
+}
+
+/// The shared-tile GEMM's output tile (rows of a, rows of b) for `rows_a` × `rows_b` outputs:
+/// the largest whose dispatch launches `wide` workgroups, else the smallest, which launches the
+/// most that the GEMM has without splitting its sums over k (that would change their order).
+pub(super) fn shared_tile(rows_a: u64, rows_b: u64, wide: u64) -> (u64, u64) {
+    const TILES: [(u64, u64); 7] =
+        [(64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)];
+    let fills = |&(a, b): &(u64, u64)| rows_a.div_ceil(a) * rows_b.div_ceil(b) >= wide;
+    TILES.into_iter().find(fills).unwrap_or((16, 16))
+}
+
+/// The base module with conv2d_gemm_shared's tile set to `(a, b)`, 16 or 32 or 64 each.
+pub(super) fn shared_tile_shader((a, b): (u64, u64)) -> Shader {
+    specialise(&SHADER, &format!("shared{a}x{b}"), |source| {
+        let consts = [("SHARED_A", 64, a), ("SHARED_B", 64, b), ("SHARED_PA", 4, a / 16)];
+        let consts =
+            consts.into_iter().chain([("SHARED_PB", 4, b / 16), ("SHARED_ACC", 16, a * b / 256)]);
+        consts.fold(source.to_string(), |s, (name, was, is)| {
+            replaced(
+                &s,
+                &format!("const {name}: u32 = {was}u;"),
+                &format!("const {name}: u32 = {is}u;"),
+            )
+        })
+    })
 }
 
 /// Pixels per im2col chunk: a multiple of `unit` pixels, as many rows of `row4` vec4s as the
@@ -250,4 +278,30 @@ pub(super) fn im2col_gemm(
             gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest tile whose dispatch is that wide, down to 16×16 when none is.
+    #[test]
+    fn shared_tiles_shrink_until_the_dispatch_is_wide() {
+        let cases = [
+            (1, (64, 64)),
+            (8, (64, 64)),
+            (9, (64, 32)),
+            (16, (64, 32)),
+            (17, (32, 32)),
+            (32, (32, 32)),
+            (33, (32, 16)),
+            (64, (32, 16)),
+            (65, (16, 16)),
+            (10_000, (16, 16)),
+        ];
+        for (wide, tile) in cases {
+            assert_eq!(shared_tile(256, 128, wide), tile, "wide {wide}");
+        }
+        assert_eq!(shared_tile(128, 65, 8), (32, 64), "where a's rows split better");
+    }
 }
