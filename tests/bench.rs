@@ -182,6 +182,57 @@ fn one_device_report_with_profile_and_roofline() {
     }
 }
 
+/// A step recorded without running has the profiled step's dispatches, shape for shape, and no
+/// times; every convolution launch and the classifier carry FLOPs, the step's in all, and the
+/// width's shares add up; the JSON lists every dispatch's shape.
+#[test]
+fn recorded_shapes_are_the_profiled_steps_with_their_flops() {
+    if gpu().is_none() {
+        return;
+    }
+    let cfg = BenchConfig { roofline: None, ..small(1) };
+    let report = bench::run(&cfg, &mut |_| {}).unwrap();
+    let profiled = report.profile.as_ref().unwrap();
+    let recorded = bench::dispatch_shapes(&cfg, &mut |_| {}).unwrap();
+    let shapes = |p: &bench::Profile| -> Vec<_> {
+        p.kernels.iter().map(|k| (k.scope.clone(), k.entry, k.shape)).collect()
+    };
+    assert_eq!(shapes(&recorded), shapes(profiled));
+    for k in &recorded.kernels {
+        assert!(k.seconds == 0.0 && k.shape.workgroups > 0 && k.shape.invocations > 0, "{k:?}");
+        assert!(k.shape.bytes > 0, "{k:?}");
+    }
+    for op in ["conv2d_forward", "conv2d_backward_weight", "dense_forward"] {
+        let scopes: HashSet<&str> =
+            recorded.kernels.iter().filter(|k| k.op == op).map(|k| k.scope.as_str()).collect();
+        let charged: HashSet<&str> = recorded
+            .kernels
+            .iter()
+            .filter(|k| k.op == op && k.shape.flops > 0.0)
+            .map(|k| k.scope.as_str())
+            .collect();
+        assert!(!scopes.is_empty() && scopes == charged, "{op}: {scopes:?} vs {charged:?}");
+    }
+    // Cropped kernels (layer4's 3×3 on 1×1 maps) are charged the taps they run: less than the
+    // nominal step, never more (GEMMs pad K to whole vec4s: the stem's 147 to 148).
+    let width = &recorded.width;
+    let nominal = report.step.flops;
+    assert!(
+        width.flops > 0.5 * nominal && width.flops < 1.01 * nominal,
+        "{} vs {nominal}",
+        width.flops
+    );
+    assert!(width.narrow_flops <= width.flops && width.narrow_bytes <= width.bytes);
+    assert!((0.0..=1.0).contains(&width.narrow_flops_share()));
+    let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
+    let first = &json["profile"]["in_order"][0];
+    for key in ["workgroups", "invocations", "flops", "bytes", "narrow"] {
+        assert!(first.get(key).is_some(), "{key} missing from {first}");
+    }
+    let share = json["profile"]["width"]["narrow_flops_share"].as_f64().unwrap();
+    assert_eq!(share, profiled.width.narrow_flops_share());
+}
+
 #[test]
 fn data_parallel_report_has_the_ratio_to_one_device() {
     if gpu().is_none() {
