@@ -304,4 +304,17 @@ mod tests {
         }
         assert_eq!(shared_tile(128, 65, 8), (32, 64), "where a's rows split better");
     }
+
+    /// Every tile the GPU plan takes compiles: the specialised module stays valid WGSL.
+    #[test]
+    fn every_shared_tile_is_valid_wgsl() {
+        for a in [16, 32, 64] {
+            for b in [16, 32, 64] {
+                let shader = shared_tile_shader((a, b));
+                let acc = format!("const SHARED_ACC: u32 = {}u;", a * b / 256);
+                assert!(shader.source.contains(&acc), "{a}x{b}");
+                crate::kernels::assert_valid_wgsl(&shader, naga::valid::Capabilities::empty());
+            }
+        }
+    }
 }

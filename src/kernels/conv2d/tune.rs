@@ -55,12 +55,12 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
         Some(Forced::Algo(forced)) => {
             return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked })
         }
-        Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape)),
+        Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape, false)),
         None => {}
     }
     match kernel_plan() {
-        KernelPlan::Gpu => Ok(guess_for(false, &gpu.info.name, op, shape)),
-        KernelPlan::Auto if !is_cpu(&gpu.info) => Ok(guess(&gpu.info, op, shape)),
+        KernelPlan::Gpu => Ok(guess(&gpu.info, op, shape, true)),
+        KernelPlan::Auto if !is_cpu(&gpu.info) => Ok(guess(&gpu.info, op, shape, false)),
         KernelPlan::Auto | KernelPlan::Timed => autotuned_algo(gpu, op, shape),
     }
 }
@@ -99,7 +99,7 @@ pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Co
         }
     };
     #[cfg(target_arch = "wasm32")]
-    let algo = guess(&gpu.info, op, shape);
+    let algo = guess(&gpu.info, op, shape, false);
     log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
     chosen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, algo);
     Ok(algo)
@@ -188,12 +188,21 @@ pub(super) fn candidates_for(
     all
 }
 
-/// Without a clock (wasm32, and the GPU plan): shared tiles on GPUs. On CPU adapters the weight gradient's
-/// Blocked kernel (2–2.5× the GEMMs' speed at layer1–3 on SwiftShader, as on lavapipe) where
-/// the adapter runs it, else register tiles with lanes over whichever of pixels and channels
-/// is larger.
-pub(super) fn guess(info: &wgpu::AdapterInfo, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
-    guess_for(is_cpu(info), &info.name, op, s)
+/// Without a clock (wasm32, and the GPU plan): shared tiles on GPUs, and on any adapter taken
+/// `as_gpu`. On CPU adapters the weight gradient's Blocked kernel (2–2.5× the GEMMs' speed at
+/// layer1–3 on SwiftShader, as on lavapipe) where the adapter runs it, else register tiles with
+/// lanes over whichever of pixels and channels is larger. On wgpu's GL backend the weight
+/// gradient is Blocked, its only kernel there (see backward_weight_gemm).
+pub(super) fn guess(
+    info: &wgpu::AdapterInfo,
+    op: Conv2dOp,
+    s: &Conv2dShape,
+    as_gpu: bool,
+) -> Conv2dAlgo {
+    if op == Conv2dOp::BackwardWeight && info.backend == wgpu::Backend::Gl {
+        return Conv2dAlgo::Blocked;
+    }
+    guess_for(as_gpu || !is_cpu(info), &info.name, op, s)
 }
 
 pub(super) fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
