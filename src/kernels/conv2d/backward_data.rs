@@ -22,7 +22,7 @@ pub fn conv2d_backward_input_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_input";
     let s = shape;
-    let bindings = checked(Conv2dOp::BackwardInput, s, [dy, w, dx])?;
+    let bindings = checked(gpu, Conv2dOp::BackwardInput, s, [dy, w, dx])?;
     if algo == Conv2dAlgo::Direct {
         gpu.charge_flops(s.flops() as f64);
         return launch(

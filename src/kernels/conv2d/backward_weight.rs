@@ -33,7 +33,7 @@ pub fn conv2d_backward_weight_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     let s = shape;
-    let bindings = checked(Conv2dOp::BackwardWeight, s, [dy, x, dw])?;
+    let bindings = checked(gpu, Conv2dOp::BackwardWeight, s, [dy, x, dw])?;
     if matches!(algo, Conv2dAlgo::Direct | Conv2dAlgo::Blocked) {
         expect_within_loop_limit(&gpu.info.name, OP, algo, s)?;
     }
@@ -72,7 +72,7 @@ pub(super) fn backward_weight_blocked(
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_weight";
     let bindings =
-        checked(Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
+        checked(gpu, Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
     expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
     let params = match into {
         Some((whole, crop)) => Params {

@@ -66,7 +66,7 @@ pub fn conv2d_launch_cropped(
     b: Slice,
     out: Slice,
 ) -> Result<()> {
-    let [_, (_, w), _] = checked(op, shape, [a, b, out])?;
+    let [_, (_, w), _] = checked(gpu, op, shape, [a, b, out])?;
     let Some(crop) = crop else { return conv2d_launch_with(gpu, enc, op, algo, shape, a, b, out) };
     if op == Conv2dOp::BackwardWeight {
         // The dropped taps' gradient is +0: a clear, then the kept taps' kernel.

@@ -19,7 +19,7 @@ pub fn conv2d_forward_with(
 ) -> Result<()> {
     const OP: &str = "conv2d_forward";
     let s = shape;
-    let bindings = checked(Conv2dOp::Forward, s, [x, w, y])?;
+    let bindings = checked(gpu, Conv2dOp::Forward, s, [x, w, y])?;
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_forward_direct", s.y_len()),
         Conv2dAlgo::Blocked => (

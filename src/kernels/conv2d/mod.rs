@@ -304,7 +304,7 @@ pub fn conv2d_launch(
     b: Slice,
     out: Slice,
 ) -> Result<()> {
-    checked(op, shape, [a, b, out])?;
+    checked(gpu, op, shape, [a, b, out])?;
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
     let clearable =
         op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);

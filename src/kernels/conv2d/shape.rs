@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Conv2dOp, TILE};
-use crate::gpu::Slice;
+use crate::gpu::{Gpu, Slice};
 use crate::kernels::{expect_len, expect_positive, KernelError, Result};
 
 /// One convolution: input `[n, c_in, h, w]`, weights `[c_out, c_in, kh, kw]`, output
@@ -167,6 +167,7 @@ pub(super) struct Params {
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
 /// is recorded; returns the bindings named as the shader orders them.
 pub(super) fn checked<'a>(
+    gpu: &Gpu,
     op: Conv2dOp,
     shape: &Conv2dShape,
     slices: [Slice<'a>; 3],
@@ -175,6 +176,9 @@ pub(super) fn checked<'a>(
     let (names, lens) = (op.operands(), shape.operand_lens(op));
     for i in 0..3 {
         expect_len(op.name(), names[i].0, &slices[i], lens[i], names[i].1)?;
+        // Named as the caller knows it, before a variant binds it under another name.
+        gpu.check_binding(&format!("argument `{}`", names[i].0), &slices[i])
+            .map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     }
     Ok([0, 1, 2].map(|i| (names[i].0, slices[i])))
 }
