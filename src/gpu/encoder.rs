@@ -106,8 +106,7 @@ impl Gpu {
             return Ok(());
         }
         if self.is_record_only() {
-            let bytes = bindings.iter().map(|s| s.bytes()).sum();
-            self.profile_dispatch(op, (shader, entry), workgroups, bytes);
+            self.profile_dispatch(op, (shader, entry), workgroups, bindings);
             return Ok(());
         }
         // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
@@ -139,8 +138,7 @@ impl Gpu {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let bytes = bindings.iter().map(|s| s.bytes()).sum();
-        let timed = self.profile_dispatch(op, (shader, entry), workgroups, bytes);
+        let timed = self.profile_dispatch(op, (shader, entry), workgroups, bindings);
         let timestamp_writes =
             timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
                 query_set,

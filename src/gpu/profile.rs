@@ -1,10 +1,8 @@
 //! Timing kernels: timestamp queries around every dispatch while a profile runs, and the
 //! host-clock timing of recorded launches that the autotune and the bench's roofline use.
 
-use std::sync::Arc;
-
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{Gpu, GpuError, Result, Shader, Slice};
 
@@ -132,13 +130,13 @@ impl Gpu {
     }
 
     /// The timestamp writes of the next dispatch, while profiling: `entry` of `shader` for the
-    /// launcher `op`, `workgroups` of it, binding `bytes`.
+    /// launcher `op`, `workgroups` of it, with `bindings`.
     pub(super) fn profile_dispatch(
         &self,
         op: &'static str,
         (shader, entry): (&Shader, &'static str),
         workgroups: [u32; 3],
-        bytes: u64,
+        bindings: &[Slice],
     ) -> Option<(wgpu::QuerySet, u32)> {
         let mut guard = self.profiler.lock().unwrap_or_else(|p| p.into_inner());
         let p = guard.as_mut()?;
@@ -146,7 +144,7 @@ impl Gpu {
             workgroups: workgroups.iter().map(|&g| g as u64).product(),
             invocations: workgroup_invocations(shader, entry),
             flops: std::mem::take(&mut p.charge),
-            bytes,
+            bytes: bindings.iter().map(|s| s.bytes()).sum(),
         };
         let query = 2 * p.labels.len() as u32;
         let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);
