@@ -333,6 +333,39 @@ fn the_command_line_prints_the_report_and_writes_json() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Issue 21's bar, by the program's own figures: a GPU running the GPU plan at 224², batch 32,
+/// spends at most 2% of the step's FLOPs in dispatches too narrow to fill it. Recorded, not run
+/// (seconds here), with the plan free of the suite's forced clockless choice.
+#[test]
+fn the_gpu_plan_keeps_the_step_wide_at_224_batch_32() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("syncstep-width-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("width.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .env_remove("SYNCSTEP_CONV_ALGO")
+        .args(["bench", "--shapes-only", "--plan-for", "gpu", "--image-size", "224"])
+        .args(["--batch", "32", "--json", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let share = json["profile"]["width"]["narrow_flops_share"].as_f64().unwrap();
+    assert!(share <= 0.02, "{:.2}% narrow:\n{text}", 100.0 * share);
+    let entries: HashSet<&str> = json["profile"]["in_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["entry"].as_str())
+        .collect();
+    assert!(entries.contains("conv2d_gemm_weight_split"), "{entries:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_profiler_times_every_dispatch_across_query_sets() {
     let Some(gpu) = fresh_gpu() else { return };

@@ -205,8 +205,9 @@ pub(super) fn guess(
     guess_for(as_gpu || !is_cpu(info), &info.name, op, s)
 }
 
-pub(super) fn guess_for(cpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
-    if !cpu {
+/// [`guess`] for an adapter taken as a GPU (`gpu`) or as a CPU driver named `adapter`.
+pub(super) fn guess_for(gpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
+    if gpu {
         return Conv2dAlgo::GemmShared;
     }
     if op == Conv2dOp::BackwardWeight
@@ -303,29 +304,57 @@ mod tests {
         };
         let (swiftshader, llvmpipe) =
             ("SwiftShader Device (Subzero)", "llvmpipe (LLVM 15.0.6, 256 bits)");
+        const GPU: bool = true;
+        const CPU: bool = false;
         assert_eq!(
-            guess_for(false, "NVIDIA H200", Conv2dOp::BackwardWeight, &small),
+            guess_for(GPU, "NVIDIA H200", Conv2dOp::BackwardWeight, &small),
             Conv2dAlgo::GemmShared
         );
         assert_eq!(
-            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &small),
+            guess_for(CPU, swiftshader, Conv2dOp::BackwardWeight, &small),
             Conv2dAlgo::Blocked
         );
         assert_eq!(
-            guess_for(true, swiftshader, Conv2dOp::BackwardWeight, &stem_224),
+            guess_for(CPU, swiftshader, Conv2dOp::BackwardWeight, &stem_224),
             Conv2dAlgo::Blocked
         );
-        assert_eq!(
-            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &small),
-            Conv2dAlgo::Blocked
-        );
+        assert_eq!(guess_for(CPU, llvmpipe, Conv2dOp::BackwardWeight, &small), Conv2dAlgo::Blocked);
         assert!(matches!(
-            guess_for(true, llvmpipe, Conv2dOp::BackwardWeight, &stem_224),
+            guess_for(CPU, llvmpipe, Conv2dOp::BackwardWeight, &stem_224),
             Conv2dAlgo::Gemm(_)
         ));
         assert!(matches!(
-            guess_for(true, swiftshader, Conv2dOp::Forward, &small),
+            guess_for(CPU, swiftshader, Conv2dOp::Forward, &small),
             Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::Channels, .. })
         ));
+    }
+
+    /// A CPU adapter takes the register tiles and Blocked unless the GPU plan asks for the GPU's
+    /// kernels; a GPU adapter takes the GPU's kernels either way.
+    #[test]
+    fn the_gpu_plan_and_only_it_gives_a_cpu_adapter_the_gpus_kernels() {
+        let adapter = |name: &str, device_type| wgpu::AdapterInfo {
+            name: name.into(),
+            vendor: 0,
+            device: 0,
+            device_type,
+            device_pci_bus_id: String::new(),
+            driver: String::new(),
+            driver_info: String::new(),
+            backend: wgpu::Backend::Vulkan,
+            subgroup_min_size: 4,
+            subgroup_max_size: 64,
+            transient_saves_memory: None,
+            limit_bucket: None,
+        };
+        let lavapipe = adapter("llvmpipe (LLVM 15.0.6, 256 bits)", wgpu::DeviceType::Cpu);
+        let gpu = adapter("NVIDIA H200", wgpu::DeviceType::DiscreteGpu);
+        let layer1 =
+            Conv2dShape { n: 8, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
+        for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
+            assert_ne!(guess(&lavapipe, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
+            assert_eq!(guess(&lavapipe, op, &layer1, true), Conv2dAlgo::GemmShared, "{op:?}");
+            assert_eq!(guess(&gpu, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
+        }
     }
 }
