@@ -344,15 +344,13 @@ fn the_gpu_plan_keeps_the_step_wide_at_224_batch_32() {
     let dir = std::env::temp_dir().join(format!("syncstep-width-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("width.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_syncstep"))
-        .env_remove("SYNCSTEP_CONV_ALGO")
-        .args(["bench", "--shapes-only", "--plan-for", "gpu", "--image-size", "224"])
-        .args(["--batch", "32", "--json", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = outcome(
+        Command::new(env!("CARGO_BIN_EXE_syncstep"))
+            .env_remove("SYNCSTEP_CONV_ALGO")
+            .args(["bench", "--shapes-only", "--plan-for", "gpu", "--image-size", "224"])
+            .args(["--batch", "32", "--json", path.to_str().unwrap()]),
+    );
+    assert!(ok, "{text}");
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let share = json["profile"]["width"]["narrow_flops_share"].as_f64().unwrap();
     assert!(share <= 0.02, "{:.2}% narrow:\n{text}", 100.0 * share);

@@ -173,8 +173,12 @@ pub fn pairwise_sum(parts: Vec<Vec<f32>>) -> Vec<f32> {
 
 /// `syncstep ARGS…` (the binary under test): whether it succeeded, and stdout + stderr.
 pub fn syncstep(args: &[&str]) -> (bool, String) {
-    let out =
-        std::process::Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args).output().unwrap();
+    outcome(std::process::Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args))
+}
+
+/// Runs `cmd`: whether it succeeded, and stdout + stderr.
+pub fn outcome(cmd: &mut std::process::Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
