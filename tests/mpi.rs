@@ -245,11 +245,11 @@ fn a_rank_that_dies_ends_every_rank() {
     let never_written = dir.join("weights.fifo");
     let made = Command::new("mkfifo").arg(&never_written).status().expect("mkfifo");
     assert!(made.success());
-    let (fifo, i, o) =
+    let (fifo, batch, written) =
         (never_written.to_str().unwrap(), inputs.to_str().unwrap(), out.to_str().unwrap());
     let killed: Vec<String> = ["timeout", "-s", "KILL", "3", BIN, "grad", "--weights", fifo]
         .iter()
-        .chain(&["--batch", i, "--out", o, "--mpi"])
+        .chain(&["--batch", batch, "--out", written, "--mpi"])
         .map(|s| s.to_string())
         .collect();
     let start = Instant::now();
