@@ -45,9 +45,10 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-fn grad_args(inputs: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let (i, o) = (inputs.to_str().unwrap(), out.to_str().unwrap());
-    [BIN, "grad", "--weights", i, "--batch", i, "--out", o]
+/// `syncstep grad` of the batch in `batch` at the weights in `weights`, written to `out`.
+fn grad_args(weights: &Path, batch: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let [w, b, o] = [weights, batch, out].map(|p| p.to_str().unwrap());
+    [BIN, "grad", "--weights", w, "--batch", b, "--out", o]
         .iter()
         .chain(extra)
         .map(|s| s.to_string())
@@ -94,11 +95,15 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
     let inputs = inputs(&dir, 7);
     let single = dir.join("single.safetensors");
     let (ok, log) = syncstep(
-        &grad_args(&inputs, &single, &[]).iter().skip(1).map(|s| s.as_str()).collect::<Vec<_>>(),
+        &grad_args(&inputs, &inputs, &single, &[])
+            .iter()
+            .skip(1)
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>(),
     );
     assert!(ok, "{log}");
     let out = dir.join("ranks.safetensors");
-    let o = mpirun(&[(3, grad_args(&inputs, &out, &["--mpi"]))]);
+    let o = mpirun(&[(3, grad_args(&inputs, &inputs, &out, &["--mpi"]))]);
     assert!(o.status.success(), "{}", text(&o));
     same_bits(&single, &out).unwrap_or_else(|e| panic!("3 ranks: {e}"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -221,8 +226,8 @@ fn ranks_that_disagree_are_refused_at_start() {
     let inputs = inputs(&dir, 2);
     let out = dir.join("g.safetensors");
     let o = mpirun(&[
-        (1, grad_args(&inputs, &out, &["--mpi"])),
-        (1, grad_args(&inputs, &out, &["--mpi", "--label-smoothing", "0.2"])),
+        (1, grad_args(&inputs, &inputs, &out, &["--mpi"])),
+        (1, grad_args(&inputs, &inputs, &out, &["--mpi", "--label-smoothing", "0.2"])),
     ]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("rank(s) [1] differ from rank 0 in the settings"), "{}", text(&o));
@@ -245,15 +250,13 @@ fn a_rank_that_dies_ends_every_rank() {
     let never_written = dir.join("weights.fifo");
     let made = Command::new("mkfifo").arg(&never_written).status().expect("mkfifo");
     assert!(made.success());
-    let (fifo, batch, written) =
-        (never_written.to_str().unwrap(), inputs.to_str().unwrap(), out.to_str().unwrap());
-    let killed: Vec<String> = ["timeout", "-s", "KILL", "3", BIN, "grad", "--weights", fifo]
+    let killed: Vec<String> = ["timeout", "-s", "KILL", "3"]
         .iter()
-        .chain(&["--batch", batch, "--out", written, "--mpi"])
         .map(|s| s.to_string())
+        .chain(grad_args(&never_written, &inputs, &out, &["--mpi"]))
         .collect();
     let start = Instant::now();
-    let o = mpirun(&[(1, grad_args(&inputs, &out, &["--mpi"])), (1, killed)]);
+    let o = mpirun(&[(1, grad_args(&inputs, &inputs, &out, &["--mpi"])), (1, killed)]);
     let took = start.elapsed();
     assert!(!o.status.success(), "{}", text(&o));
     assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
