@@ -1,12 +1,11 @@
 //! The backward of one replica's step: the loss and its cotangent through the head, then every
 //! unit's BatchNorm (sums through the sync hook) and convolution, block by block in reverse.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
+use super::activations::{Act, UnitId};
 use super::{
-    block_name, bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result,
-    BN_EPS,
+    bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result, BN_EPS,
 };
 use crate::gpu::{Encoder, Slice};
 use crate::kernels::conv2d::{self, Conv2dOp};
@@ -81,11 +80,11 @@ impl Replica {
     ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
-        let losses = self.act("losses", n as u64)?;
+        let losses = self.act(Act::Losses, n as u64)?;
         let (lg, lb, eps) = (Slice::whole(logits), Slice::whole(labels), pass.cfg.label_smoothing);
         let ls = Slice::whole(&losses);
         cross_entropy::cross_entropy_forward(&self.gpu, &mut pass.enc, &cs, eps, lg, lb, ls)?;
-        let dlogits = self.act("logits.grad", (n * k) as u64)?;
+        let dlogits = self.act(Act::LogitsGrad, (n * k) as u64)?;
         cross_entropy::cross_entropy_backward(
             &self.gpu,
             &mut pass.enc,
@@ -98,7 +97,7 @@ impl Replica {
         )?;
         let ds = dense::DenseShape { m: n, k_in: c, k_out: k };
         let (fw, fb) = (self.model.fc_weight, self.model.fc_bias);
-        let dfeat = self.act("gap.grad", (n * c) as u64)?;
+        let dfeat = self.act(Act::GapGrad, (n * c) as u64)?;
         let dl = Slice::whole(&dlogits);
         dense::dense_backward_input(
             &self.gpu,
@@ -146,146 +145,167 @@ impl Replica {
         pass: &mut Pass<'_, S>,
         units: [UnitGrad<'_>; K],
     ) -> Result<[Option<wgpu::Buffer>; K]> {
-        // Per unit: its saved conv output and statistics, its ReLU's gate, its BN rows and sums.
-        let mut read = Vec::with_capacity(K);
+        let mut rows = Vec::with_capacity(K);
         for g in &units {
-            let u = &pass.units[g.unit];
-            let (name, conv, bn, out, count) = (u.name.clone(), u.conv, u.bn, u.out, u.count);
-            let (y, stats) = self.saved(u);
-            self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-            let gate = self.acts[&pass.relu_gates[g.relu_site]].clone();
-            let bs = bn_shape(out);
-            let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
-            let rows = self.act(&format!("{name}.sums.rows"), global.rows_len())?;
-            let local_rows = Slice::new(&rows, 0, bs.rows_len());
-            batchnorm::bn_example_sums(
-                &self.gpu,
-                &mut pass.enc,
-                &bs,
-                count,
-                BN_EPS,
-                Slice::whole(g.dr),
-                Some(Slice::whole(&gate)),
-                Slice::whole(&y),
-                Slice::whole(&stats),
-                local_rows,
-            )?;
-            // dβ = Σdy and dγ = Σdy·x̂ over each piece of this replica's own examples
-            // (docs/design.md: they stay local until the gradient all-reduce); then Σdy, Σdy·x̂
-            // over every replica's for dx.
-            let sums = self.act(&format!("{name}.sums"), 2 * out.c as u64)?;
-            let c4 = out.c as u64 * 4;
-            for (piece, range) in pass.pieces.clone().iter().enumerate() {
-                let piece_rows = self.examples(&mut pass.enc, &rows, 2 * out.c as u64, range)?;
-                let shape = batchnorm::BnShape { n: (range.end - range.start) as u32, ..bs };
-                let (gpu, enc) = (&self.gpu, &mut pass.enc);
-                batchnorm::bn_sum_examples(
-                    gpu,
-                    enc,
-                    &shape,
-                    piece_rows.slice(),
-                    Slice::whole(&sums),
-                )?;
-                let (gb, gg) = (self.grad(bn.bias, piece), self.grad(bn.weight, piece));
-                pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
-                pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
-                self.done_with(piece_rows);
-            }
-            read.push((y, stats, gate, rows, sums));
+            rows.push(self.example_sums(pass, g)?);
         }
         // Units go backward in reverse forward order, which is the layout's: every later unit's
         // gradients are final, and so are the first unit's dγ, dβ just copied. The rest is later.
         let first = &pass.units[units[0].unit];
         let from = self.model.params[first.bn.weight].offset as u64;
         let done = Slice::new(&self.grads, from * 4, self.model.param_len as u64 - from);
-        // The sums just taken are the ones dx needs only where one piece holds the whole batch.
-        let summed_all = pass.pieces.len() == 1;
         let sites: Vec<BnRows> = units
             .iter()
-            .zip(&read)
-            .map(|(g, (.., rows, _))| BnRows {
-                site: pass.units[g.unit].site,
-                rows,
-                local: pass.units[g.unit].out.n,
+            .zip(&rows)
+            .map(|(g, rows)| {
+                let u = &pass.units[g.unit];
+                BnRows { site: u.site, rows, local: u.out.n }
             })
             .collect();
         pass.sync.sums(&self.gpu, &mut pass.enc, &sites, done).await?;
         let mut dxs = Vec::with_capacity(K);
-        for (g, (y, stats, gate, rows, sums)) in units.iter().zip(&read) {
-            let u = &pass.units[g.unit];
-            let (conv, bn, input, out, count) = (u.conv, u.bn, u.input, u.out, u.count);
-            self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-            let bs = bn_shape(out);
-            let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
-            if global.n > bs.n || !summed_all {
-                // Over every replica's rows; on one device those are the rows just summed.
-                batchnorm::bn_sum_examples(
-                    &self.gpu,
-                    &mut pass.enc,
-                    &global,
-                    Slice::whole(rows),
-                    Slice::whole(sums),
-                )?;
-            }
-            let dy = self.scratch.take(&self.gpu, out.len())?;
-            batchnorm::bn_backward_input(
-                &self.gpu,
-                &mut pass.enc,
-                &bs,
-                count,
-                BN_EPS,
-                Slice::whole(g.dr),
-                Some(Slice::whole(gate)),
-                Slice::whole(y),
-                Slice::whole(stats),
-                self.param(bn.weight),
-                Slice::whole(sums),
-                Slice::whole(&dy),
-            )?;
-            let shape = conv_shape(&conv, input);
-            let (dy_len, x_len) = (out.len() / out.n as u64, input.len() / input.n as u64);
-            for (piece, range) in pass.pieces.clone().iter().enumerate() {
-                let dyp = self.examples(&mut pass.enc, &dy, dy_len, range)?;
-                let xp = self.examples(&mut pass.enc, g.x, x_len, range)?;
-                let shape = conv2d::Conv2dShape { n: (range.end - range.start) as u32, ..shape };
-                let (gpu, enc) = (&self.gpu, &mut pass.enc);
-                let dw = self.grad(conv.weight, piece);
-                conv2d::conv2d_backward_weight(gpu, enc, &shape, dyp.slice(), xp.slice(), dw)?;
-                self.done_with(dyp);
-                self.done_with(xp);
-            }
-            let dx = if g.input_grad {
-                let dx = self.scratch.take(&self.gpu, input.len())?;
-                match shape.crop() {
-                    Some(crop) => {
-                        let kept = &self.acts[&format!("{}.kept weights", u.name)];
-                        conv2d::conv2d_launch_kept(
-                            &self.gpu,
-                            &mut pass.enc,
-                            Conv2dOp::BackwardInput,
-                            &crop,
-                            Slice::whole(&dy),
-                            Slice::whole(kept),
-                            Slice::whole(&dx),
-                        )?;
-                    }
-                    None => conv2d::conv2d_backward_input(
-                        &self.gpu,
-                        &mut pass.enc,
-                        &shape,
-                        Slice::whole(&dy),
-                        self.param(conv.weight),
-                        Slice::whole(&dx),
-                    )?,
-                }
-                Some(dx)
-            } else {
-                None
-            };
-            self.scratch.give_back(&dy);
-            dxs.push(dx);
+        for (g, rows) in units.iter().zip(&rows) {
+            dxs.push(self.unit_backward(pass, g, rows)?);
         }
         Ok(dxs.try_into().unwrap_or_else(|_| unreachable!("one cotangent per unit")))
+    }
+
+    /// Unit `g`'s per-example `[Σdy | Σdy·x̂]` rows, this device's first in room for every
+    /// replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this replica's own examples into
+    /// the piece's slab (docs/design.md: they stay local until the gradient all-reduce).
+    fn example_sums<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        g: &UnitGrad,
+    ) -> Result<wgpu::Buffer> {
+        let u = &pass.units[g.unit];
+        let (id, conv, bn, out, count) = (u.id, u.conv, u.bn, u.out, u.count);
+        let (y, stats) = self.saved(u);
+        self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
+        let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
+        let bs = bn_shape(out);
+        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        let rows = self.act(Act::SumsRows(id), global.rows_len())?;
+        batchnorm::bn_example_sums(
+            &self.gpu,
+            &mut pass.enc,
+            &bs,
+            count,
+            BN_EPS,
+            Slice::whole(g.dr),
+            Some(Slice::whole(&gate)),
+            Slice::whole(&y),
+            Slice::whole(&stats),
+            Slice::new(&rows, 0, bs.rows_len()),
+        )?;
+        let sums = self.act(Act::Sums(id), 2 * out.c as u64)?;
+        let c4 = out.c as u64 * 4;
+        for (piece, range) in pass.pieces.clone().iter().enumerate() {
+            let piece_rows = self.examples(&mut pass.enc, &rows, 2 * out.c as u64, range)?;
+            let shape = batchnorm::BnShape { n: (range.end - range.start) as u32, ..bs };
+            let (gpu, enc) = (&self.gpu, &mut pass.enc);
+            batchnorm::bn_sum_examples(gpu, enc, &shape, piece_rows.slice(), Slice::whole(&sums))?;
+            let (gb, gg) = (self.grad(bn.bias, piece), self.grad(bn.weight, piece));
+            pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
+            pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+            self.done_with(piece_rows);
+        }
+        Ok(rows)
+    }
+
+    /// Unit `g`'s BatchNorm input-VJP from every replica's sum `rows`, then its conv's weight
+    /// gradient per piece and, where `input_grad`, the cotangent of its input (scratch).
+    fn unit_backward<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        g: &UnitGrad,
+        rows: &wgpu::Buffer,
+    ) -> Result<Option<wgpu::Buffer>> {
+        let u = &pass.units[g.unit];
+        let (id, conv, bn, input, out, count) = (u.id, u.conv, u.bn, u.input, u.out, u.count);
+        let (y, stats) = self.saved(u);
+        self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
+        let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
+        let sums = self.acts.saved(Act::Sums(id));
+        let bs = bn_shape(out);
+        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        // The sums [`Replica::example_sums`] took are the ones dx needs only where this
+        // device's one piece is the whole batch; else sum over every replica's rows.
+        if global.n > bs.n || pass.pieces.len() != 1 {
+            let (gpu, enc) = (&self.gpu, &mut pass.enc);
+            batchnorm::bn_sum_examples(gpu, enc, &global, Slice::whole(rows), Slice::whole(&sums))?;
+        }
+        let dy = self.scratch.take(&self.gpu, out.len())?;
+        batchnorm::bn_backward_input(
+            &self.gpu,
+            &mut pass.enc,
+            &bs,
+            count,
+            BN_EPS,
+            Slice::whole(g.dr),
+            Some(Slice::whole(&gate)),
+            Slice::whole(&y),
+            Slice::whole(&stats),
+            self.param(bn.weight),
+            Slice::whole(&sums),
+            Slice::whole(&dy),
+        )?;
+        let shape = conv_shape(&conv, input);
+        self.conv_weight_grads(pass, &shape, conv.weight, &dy, g.x)?;
+        let dx = match g.input_grad {
+            true => Some(self.conv_input_grad(pass, id, conv.weight, &shape, &dy)?),
+            false => None,
+        };
+        self.scratch.give_back(&dy);
+        Ok(dx)
+    }
+
+    /// The gradient of conv weight `weight` at `shape` from its output's cotangent `dy` and its
+    /// input `x`: over each piece of this replica's examples, into the piece's slab.
+    fn conv_weight_grads<S>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        shape: &conv2d::Conv2dShape,
+        weight: usize,
+        dy: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+    ) -> Result<()> {
+        let (dy_len, x_len) = (shape.y_len() / shape.n as u64, shape.x_len() / shape.n as u64);
+        for (piece, range) in pass.pieces.clone().iter().enumerate() {
+            let dyp = self.examples(&mut pass.enc, dy, dy_len, range)?;
+            let xp = self.examples(&mut pass.enc, x, x_len, range)?;
+            let shape = conv2d::Conv2dShape { n: (range.end - range.start) as u32, ..*shape };
+            let (gpu, enc) = (&self.gpu, &mut pass.enc);
+            let dw = self.grad(weight, piece);
+            conv2d::conv2d_backward_weight(gpu, enc, &shape, dyp.slice(), xp.slice(), dw)?;
+            self.done_with(dyp);
+            self.done_with(xp);
+        }
+        Ok(())
+    }
+
+    /// The cotangent of unit `id`'s conv input (scratch) from its output's cotangent `dy`; the
+    /// conv's weight is parameter `weight`.
+    fn conv_input_grad<S>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        id: UnitId,
+        weight: usize,
+        shape: &conv2d::Conv2dShape,
+        dy: &wgpu::Buffer,
+    ) -> Result<wgpu::Buffer> {
+        let dx = self.scratch.take(&self.gpu, shape.x_len())?;
+        let (gpu, enc) = (&self.gpu, &mut pass.enc);
+        let (dy, dxs) = (Slice::whole(dy), Slice::whole(&dx));
+        match shape.crop() {
+            Some(crop) => {
+                let kept = self.acts.saved(Act::KeptWeights(id));
+                let op = Conv2dOp::BackwardInput;
+                conv2d::conv2d_launch_kept(gpu, enc, op, &crop, dy, Slice::whole(&kept), dxs)?;
+            }
+            None => conv2d::conv2d_backward_input(gpu, enc, shape, dy, self.param(weight), dxs)?,
+        }
+        Ok(dx)
     }
 
     /// The blocks' and the stem's backward from `dout`, the cotangent of the last block's
@@ -295,93 +315,93 @@ impl Replica {
         pass: &mut Pass<'_, S>,
         mut dout: wgpu::Buffer,
     ) -> Result<()> {
-        let m = self.model.clone();
-        // The stem is unit 0; blocks' units are found by name.
-        let mut unit_of = HashMap::new();
-        for (i, u) in pass.units.iter().enumerate() {
-            unit_of.insert(u.name.clone(), i);
+        for i in (0..self.model.blocks.len()).rev() {
+            dout = self.block_backward(pass, i, dout).await?;
         }
-        for (i, b) in m.blocks.iter().enumerate().rev() {
-            let p = block_name(i);
-            let block_input = if i == 0 {
-                self.acts["pool"].clone()
-            } else {
-                self.acts[&format!("{}.out", block_name(i - 1))].clone()
-            };
-            // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
-            let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
-            // The downsample (last in the layout) first: units go backward in reverse layout
-            // order, so the gradients final at each BN site are one suffix of the layout. It
-            // and conv2 read the same cotangent: their BN sums travel together.
-            let r1 = self.acts[&format!("{p}.relu1")].clone();
-            let conv2 = UnitGrad {
-                unit: unit_of[&format!("{p}.2")],
-                dr: &dout,
-                relu_site: out,
-                x: &r1,
-                input_grad: true,
-            };
-            let (dx2, dr1) = match b.downsample {
-                Some(_) => {
-                    let ds = UnitGrad {
-                        unit: unit_of[&format!("{p}.ds")],
-                        dr: &dout,
-                        relu_site: out,
-                        x: &block_input,
-                        input_grad: true,
-                    };
-                    let [dx2, dr1] = self.units_backward(pass, [ds, conv2]).await?;
-                    (dx2, dr1)
-                }
-                None => {
-                    let [dr1] = self.units_backward(pass, [conv2]).await?;
-                    (None, dr1)
-                }
-            };
-            let dr1 = dr1.expect("conv2's input cotangent was asked for");
-            let conv1 = UnitGrad {
-                unit: unit_of[&format!("{p}.1")],
-                dr: &dr1,
-                relu_site: relu1,
-                x: &block_input,
-                input_grad: true,
-            };
-            let [dx1] = self.units_backward(pass, [conv1]).await?;
-            let dx1 = dx1.expect("conv1's input cotangent was asked for");
-            self.scratch.give_back(&dr1);
-            // The block input's cotangent: the conv branch's dx1 plus the shortcut's.
-            let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
-            match dx2 {
-                Some(dx2) => {
-                    elementwise::add(
-                        &self.gpu,
-                        &mut pass.enc,
-                        Slice::whole(&dx1),
-                        Slice::whole(&dx2),
-                        Slice::whole(&dx),
-                    )?;
-                    self.scratch.give_back(&dx2);
-                }
-                None => {
-                    let gate = self.acts[&pass.relu_gates[out]].clone();
-                    elementwise::add_relu_backward(
-                        &self.gpu,
-                        &mut pass.enc,
-                        Slice::whole(&dx1),
-                        Slice::whole(&dout),
-                        Slice::whole(&gate),
-                        Slice::whole(&dx),
-                    )?;
-                }
+        self.stem_backward(pass, dout).await
+    }
+
+    /// Block `i`'s backward from `dout`, the cotangent of its output (given back): returns the
+    /// cotangent of the block's input.
+    async fn block_backward<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        i: usize,
+        dout: wgpu::Buffer,
+    ) -> Result<wgpu::Buffer> {
+        let block_input = self.acts.saved(if i == 0 { Act::Pool } else { Act::BlockOut(i - 1) });
+        // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
+        let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
+        // The downsample (last in the layout) first: units go backward in reverse layout
+        // order, so the gradients final at each BN site are one suffix of the layout. It
+        // and conv2 read the same cotangent: their BN sums travel together.
+        let r1 = self.acts.saved(Act::BlockRelu(i));
+        let conv2 = UnitGrad {
+            unit: pass.unit(UnitId::Conv2(i)),
+            dr: &dout,
+            relu_site: out,
+            x: &r1,
+            input_grad: true,
+        };
+        let (dx2, dr1) = match self.model.blocks[i].downsample {
+            Some(_) => {
+                let ds = UnitGrad {
+                    unit: pass.unit(UnitId::Downsample(i)),
+                    dr: &dout,
+                    relu_site: out,
+                    x: &block_input,
+                    input_grad: true,
+                };
+                let [dx2, dr1] = self.units_backward(pass, [ds, conv2]).await?;
+                (dx2, dr1)
             }
-            self.scratch.give_back(&dx1);
-            self.scratch.give_back(&dout);
-            dout = dx;
+            None => {
+                let [dr1] = self.units_backward(pass, [conv2]).await?;
+                (None, dr1)
+            }
+        };
+        let dr1 = dr1.expect("conv2's input cotangent was asked for");
+        let conv1 = UnitGrad {
+            unit: pass.unit(UnitId::Conv1(i)),
+            dr: &dr1,
+            relu_site: relu1,
+            x: &block_input,
+            input_grad: true,
+        };
+        let [dx1] = self.units_backward(pass, [conv1]).await?;
+        let dx1 = dx1.expect("conv1's input cotangent was asked for");
+        self.scratch.give_back(&dr1);
+        // The block input's cotangent: the conv branch's dx1 plus the shortcut's.
+        let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
+        let (gpu, enc) = (&self.gpu, &mut pass.enc);
+        let (dx1s, dxs) = (Slice::whole(&dx1), Slice::whole(&dx));
+        match dx2 {
+            Some(dx2) => {
+                elementwise::add(gpu, enc, dx1s, Slice::whole(&dx2), dxs)?;
+                self.scratch.give_back(&dx2);
+            }
+            None => {
+                let gate = self.acts.saved(pass.relu_gates[out]);
+                let (dout, gate) = (Slice::whole(&dout), Slice::whole(&gate));
+                elementwise::add_relu_backward(gpu, enc, dx1s, dout, gate, dxs)?;
+            }
         }
-        let stem = &pass.units[0];
+        self.scratch.give_back(&dx1);
+        self.scratch.give_back(&dout);
+        Ok(dx)
+    }
+
+    /// The max-pool's and the stem's backward from `dout`, the cotangent of the pool's output
+    /// (given back). The stem's input is the image: no cotangent of it is taken.
+    async fn stem_backward<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        dout: wgpu::Buffer,
+    ) -> Result<()> {
+        let stem = &pass.units[pass.unit(UnitId::Stem)];
         let ps = pool_shape(stem.out);
         let dr = self.scratch.take(&self.gpu, stem.out.len())?;
-        let argmax = self.acts[pass.pool_argmax].clone();
+        let argmax = self.acts.saved(pass.pool_argmax);
         maxpool::maxpool_backward(
             &self.gpu,
             &mut pass.enc,
@@ -391,13 +411,15 @@ impl Replica {
             Slice::whole(&dr),
         )?;
         self.scratch.give_back(&dout);
-        let input = self.acts["input"].clone();
-        // The stem's input is the image: no cotangent needed.
-        self.units_backward(
-            pass,
-            [UnitGrad { unit: 0, dr: &dr, relu_site: 0, x: &input, input_grad: false }],
-        )
-        .await?;
+        let input = self.acts.saved(Act::Input);
+        let stem = UnitGrad {
+            unit: pass.unit(UnitId::Stem),
+            dr: &dr,
+            relu_site: 0,
+            x: &input,
+            input_grad: false,
+        };
+        self.units_backward(pass, [stem]).await?;
         self.scratch.give_back(&dr);
         Ok(())
     }

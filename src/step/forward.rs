@@ -2,19 +2,20 @@
 //! hook), fused BN + residual + ReLU, the max-pool, and the head; and the activation pattern
 //! the gates impose or capture.
 
+use super::activations::{Act, UnitId};
 use super::{
-    block_name, bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result,
-    StepError, BN_EPS,
+    bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result, StepError,
+    BN_EPS,
 };
 use crate::gpu::Slice;
 use crate::kernels::conv2d::{self, Conv2dOp};
 use crate::kernels::{avgpool, batchnorm, dense, maxpool};
 use crate::model::{ActivationPattern, BatchNorm, Conv};
 
-/// A Conv→BN unit of the forward; its saved tensors are `{name}.conv` (the conv output, BN's
-/// input) and `{name}.stats`.
+/// A Conv→BN unit of the forward; its saved tensors are [`Act::Conv`] (the conv output, BN's
+/// input) and [`Act::Stats`].
 pub(super) struct Unit {
-    pub(super) name: String,
+    pub(super) id: UnitId,
     pub(super) conv: Conv,
     pub(super) bn: BatchNorm,
     pub(super) site: usize,
@@ -24,10 +25,10 @@ pub(super) struct Unit {
     pub(super) count: u32,
 }
 
-/// A conv and the BN after it, for [`Replica::conv_bn`]: the unit's name, its input `x` and its
+/// A conv and the BN after it, for [`Replica::conv_bn`]: the unit, its input `x` and its
 /// dimensions.
 pub(super) struct ConvBn<'a> {
-    pub(super) name: String,
+    pub(super) id: UnitId,
     pub(super) conv: Conv,
     pub(super) bn: BatchNorm,
     pub(super) x: &'a wgpu::Buffer,
@@ -36,13 +37,13 @@ pub(super) struct ConvBn<'a> {
 
 impl<'a> ConvBn<'a> {
     pub(super) fn new(
-        name: &str,
+        id: UnitId,
         conv: Conv,
         bn: BatchNorm,
         x: &'a wgpu::Buffer,
         input: Dims,
     ) -> Self {
-        ConvBn { name: name.to_string(), conv, bn, x, input }
+        ConvBn { id, conv, bn, x, input }
     }
 }
 
@@ -50,21 +51,22 @@ impl Replica {
     pub(super) fn upload_pattern(&mut self, p: &ActivationPattern) -> Result<()> {
         for (i, mask) in p.relu.iter().enumerate() {
             let gate: Vec<f32> = mask.iter().map(|&m| m as f32).collect();
-            let b = self.act(&format!("impose.relu{i}"), gate.len() as u64)?;
+            let b = self.act(Act::ImposedRelu(i), gate.len() as u64)?;
             self.gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(&gate));
         }
-        let b = self.act("impose.pool", p.pool_argmax.len() as u64)?;
+        let b = self.act(Act::ImposedPool, p.pool_argmax.len() as u64)?;
         self.gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(&p.pool_argmax));
         Ok(())
     }
 
     pub(super) async fn read_pattern<S>(&self, pass: &Pass<'_, S>) -> Result<ActivationPattern> {
         let mut relu = Vec::new();
-        for name in &pass.relu_gates {
-            let v = self.gpu.read_f32(Slice::whole(&self.acts[name])).await?;
+        for &gate in &pass.relu_gates {
+            let v = self.gpu.read_f32(Slice::whole(&self.acts.saved(gate))).await?;
             relu.push(v.iter().map(|&x| (x > 0.0) as u8).collect());
         }
-        let pool_argmax = self.gpu.read::<u32>(Slice::whole(&self.acts[pass.pool_argmax])).await?;
+        let argmax = self.acts.saved(pass.pool_argmax);
+        let pool_argmax = self.gpu.read::<u32>(Slice::whole(&argmax)).await?;
         Ok(ActivationPattern { relu, pool_argmax })
     }
 
@@ -79,75 +81,16 @@ impl Replica {
     ) -> Result<[usize; K]> {
         let mut rows = Vec::with_capacity(K);
         for u in &units {
-            self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
-            let (conv, input) = (u.conv, u.input);
-            let out = Dims {
-                n: input.n,
-                c: conv.c_out,
-                h: conv.out_size(input.h),
-                w: conv.out_size(input.w),
-            };
-            let shape = conv_shape(&conv, input);
-            let y = self.act(&format!("{}.conv", u.name), out.len())?;
-            match shape.crop() {
-                // The kept taps' weights, copied once for this forward and the input-VJP.
-                Some(crop) => {
-                    let kept = self.act(&format!("{}.kept weights", u.name), crop.shape.w_len())?;
-                    conv2d::crop_weights(
-                        &self.gpu,
-                        &mut pass.enc,
-                        &shape,
-                        &crop,
-                        self.param(conv.weight),
-                        Slice::whole(&kept),
-                    )?;
-                    conv2d::conv2d_launch_kept(
-                        &self.gpu,
-                        &mut pass.enc,
-                        Conv2dOp::Forward,
-                        &crop,
-                        Slice::whole(u.x),
-                        Slice::whole(&kept),
-                        Slice::whole(&y),
-                    )?;
-                }
-                None => conv2d::conv2d_forward(
-                    &self.gpu,
-                    &mut pass.enc,
-                    &shape,
-                    Slice::whole(u.x),
-                    self.param(conv.weight),
-                    Slice::whole(&y),
-                )?,
-            }
+            let out = self.conv_forward(pass, u)?;
             if pass.eval.is_none() {
-                // The rows of every replica's examples: this device's first, then the hook's
-                // gather; merged, they are the statistics of the global batch.
-                let bs = bn_shape(out);
-                let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
-                let r = self.act(&format!("{}.stats.rows", u.name), global.rows_len())?;
-                batchnorm::bn_example_stats(
-                    &self.gpu,
-                    &mut pass.enc,
-                    &bs,
-                    Slice::whole(&y),
-                    Slice::new(&r, 0, bs.rows_len()),
-                )?;
-                rows.push(r);
+                rows.push(self.example_stats(pass, u.id, out)?);
             }
             let site =
                 self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| {
-                    StepError::Invalid(format!("{} is not a BatchNorm of the model", u.name))
+                    StepError::Invalid(format!("{:?} is not a BatchNorm of the model", u.id))
                 })?;
-            pass.units.push(Unit {
-                name: u.name.clone(),
-                conv,
-                bn: u.bn,
-                site,
-                input,
-                out,
-                count: 0,
-            });
+            let (id, conv, bn, input) = (u.id, u.conv, u.bn, u.input);
+            pass.units.push(Unit { id, conv, bn, site, input, out, count: 0 });
         }
         let first = pass.units.len() - K;
         if pass.eval.is_none() {
@@ -159,71 +102,122 @@ impl Replica {
             pass.sync.stats(&self.gpu, &mut pass.enc, &sites).await?;
         }
         for (i, unit) in (first..pass.units.len()).enumerate() {
-            let u = &pass.units[unit];
-            let (name, bn, out) = (u.name.clone(), u.bn, u.out);
-            self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
-            let stats = self.act(&format!("{name}.stats"), 2 * out.c as u64)?;
-            let count = match &pass.eval {
-                None => {
-                    let global =
-                        batchnorm::BnShape { n: pass.sync.examples(out.n), ..bn_shape(out) };
-                    batchnorm::bn_merge_examples(
-                        &self.gpu,
-                        &mut pass.enc,
-                        &global,
-                        Slice::whole(&rows[i]),
-                        Slice::whole(&stats),
-                    )?;
-                    let count = global.n * global.hw;
-                    batchnorm::bn_update_running(
-                        &self.gpu,
-                        &mut pass.enc,
-                        out.c,
-                        count,
-                        pass.cfg.bn_momentum,
-                        Slice::whole(&stats),
-                        self.running_slice(bn.running_mean),
-                        self.running_slice(bn.running_var),
-                    )?;
-                    count
-                }
-                Some(running) => {
-                    // Running statistics in the packed [mean | M2] form the apply kernels read.
-                    let local = out.n * out.hw();
-                    let (rm, rv) =
-                        (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
-                    let mut packed = running[rm.range()].to_vec();
-                    packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
-                    self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
-                    local
-                }
-            };
-            pass.units[unit].count = count;
+            pass.units[unit].count = self.unit_statistics(pass, unit, rows.get(i))?;
         }
         Ok(std::array::from_fn(|i| first + i))
     }
 
+    /// `u`'s convolution into its [`Act::Conv`]; returns the output's dimensions.
+    fn conv_forward<S>(&mut self, pass: &mut Pass<S>, u: &ConvBn) -> Result<Dims> {
+        self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
+        let (conv, input) = (u.conv, u.input);
+        let out = Dims {
+            n: input.n,
+            c: conv.c_out,
+            h: conv.out_size(input.h),
+            w: conv.out_size(input.w),
+        };
+        let shape = conv_shape(&conv, input);
+        let y = self.act(Act::Conv(u.id), out.len())?;
+        match shape.crop() {
+            // The kept taps' weights, copied once for this forward and the input-VJP.
+            Some(crop) => {
+                let kept = self.act(Act::KeptWeights(u.id), crop.shape.w_len())?;
+                let (gpu, enc) = (&self.gpu, &mut pass.enc);
+                let kept = Slice::whole(&kept);
+                conv2d::crop_weights(gpu, enc, &shape, &crop, self.param(conv.weight), kept)?;
+                let (x, y) = (Slice::whole(u.x), Slice::whole(&y));
+                conv2d::conv2d_launch_kept(gpu, enc, Conv2dOp::Forward, &crop, x, kept, y)?;
+            }
+            None => conv2d::conv2d_forward(
+                &self.gpu,
+                &mut pass.enc,
+                &shape,
+                Slice::whole(u.x),
+                self.param(conv.weight),
+                Slice::whole(&y),
+            )?,
+        }
+        Ok(out)
+    }
+
+    /// The per-example statistics rows of unit `id`'s conv output: this device's, first in room
+    /// for every replica's, which the sync hook gathers; merged, they are the statistics of the
+    /// global batch.
+    fn example_stats<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<S>,
+        id: UnitId,
+        out: Dims,
+    ) -> Result<wgpu::Buffer> {
+        let bs = bn_shape(out);
+        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        let rows = self.act(Act::StatsRows(id), global.rows_len())?;
+        let y = self.acts.saved(Act::Conv(id));
+        let local_rows = Slice::new(&rows, 0, bs.rows_len());
+        batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), local_rows)?;
+        Ok(rows)
+    }
+
+    /// Unit `unit`'s [`Act::Stats`]: merged from every replica's `rows`, with the running
+    /// statistics updated (training), or the running statistics (eval, no rows). Returns how
+    /// many positions they describe.
+    fn unit_statistics<S: BnSync>(
+        &mut self,
+        pass: &mut Pass<S>,
+        unit: usize,
+        rows: Option<&wgpu::Buffer>,
+    ) -> Result<u32> {
+        let u = &pass.units[unit];
+        let (id, bn, out) = (u.id, u.bn, u.out);
+        self.gpu.profile_scope(&format!("{} forward", self.model.conv_name(&u.conv)));
+        let stats = self.act(Act::Stats(id), 2 * out.c as u64)?;
+        let (Some(rows), None) = (rows, &pass.eval) else {
+            // Running statistics in the packed [mean | M2] form the apply kernels read.
+            let running = pass.eval.as_ref().expect("without rows, the pass is an evaluation");
+            let local = out.n * out.hw();
+            let (rm, rv) =
+                (&self.model.buffers[bn.running_mean], &self.model.buffers[bn.running_var]);
+            let mut packed = running[rm.range()].to_vec();
+            packed.extend(running[rv.range()].iter().map(|v| v * local as f32));
+            self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
+            return Ok(local);
+        };
+        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bn_shape(out) };
+        let (gpu, enc) = (&self.gpu, &mut pass.enc);
+        batchnorm::bn_merge_examples(gpu, enc, &global, Slice::whole(rows), Slice::whole(&stats))?;
+        let count = global.n * global.hw;
+        batchnorm::bn_update_running(
+            gpu,
+            enc,
+            out.c,
+            count,
+            pass.cfg.bn_momentum,
+            Slice::whole(&stats),
+            self.running_slice(bn.running_mean),
+            self.running_slice(bn.running_var),
+        )?;
+        Ok(count)
+    }
+
     /// The conv output and statistics `unit` saved.
     pub(super) fn saved(&self, unit: &Unit) -> (wgpu::Buffer, wgpu::Buffer) {
-        (
-            self.acts[&format!("{}.conv", unit.name)].clone(),
-            self.acts[&format!("{}.stats", unit.name)].clone(),
-        )
+        (self.acts.saved(Act::Conv(unit.id)), self.acts.saved(Act::Stats(unit.id)))
     }
 
     /// The BN output of `unit`, plus `shortcut` when given, through a ReLU into the saved
-    /// activation `name`, in one fused kernel. The ReLU's gate is its own input, or the imposed
+    /// activation `act`, in one fused kernel. The ReLU's gate is its own input, or the imposed
     /// mask of this ReLU site.
     pub(super) fn bn_relu<S>(
         &mut self,
         pass: &mut Pass<S>,
         unit: usize,
         shortcut: Option<&wgpu::Buffer>,
-        name: &str,
+        act: Act,
     ) -> Result<wgpu::Buffer> {
         let u = &pass.units[unit];
         let (y, stats) = self.saved(u);
-        let r = self.act(name, u.out.len())?;
+        let r = self.act(act, u.out.len())?;
         let site = pass.relu_gates.len();
         let imposed = match pass.impose {
             Some(p) => {
@@ -233,7 +227,7 @@ impl Replica {
                         "imposed pattern has no ReLU site {site} of {expected} units"
                     )));
                 }
-                Some(self.acts[&format!("impose.relu{site}")].clone())
+                Some(self.acts.saved(Act::ImposedRelu(site)))
             }
             None => None,
         };
@@ -254,8 +248,7 @@ impl Replica {
         )?;
         // The backward masks with the output: r > 0 exactly where the ReLU's input was > 0;
         // under an imposed pattern the gate itself decides, so keep it for the backward.
-        let gate =
-            if pass.impose.is_some() { format!("impose.relu{site}") } else { name.to_string() };
+        let gate = if pass.impose.is_some() { Act::ImposedRelu(site) } else { act };
         pass.relu_gates.push(gate);
         Ok(r)
     }
@@ -288,14 +281,14 @@ impl Replica {
         x: Dims,
     ) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
-        let input = self.acts["input"].clone();
-        let [stem] =
-            self.conv_bn(pass, [ConvBn::new("stem", m.stem_conv, m.stem_bn, &input, x)]).await?;
-        let r = self.bn_relu(pass, stem, None, "stem.relu")?;
+        let input = self.acts.saved(Act::Input);
+        let stem = ConvBn::new(UnitId::Stem, m.stem_conv, m.stem_bn, &input, x);
+        let [stem] = self.conv_bn(pass, [stem]).await?;
+        let r = self.bn_relu(pass, stem, None, Act::StemRelu)?;
         let d = pass.units[stem].out;
         let ps = pool_shape(d);
         let pooled = Dims { n: d.n, c: d.c, h: ps.out_h(), w: ps.out_w() };
-        let y = self.act("pool", pooled.len())?;
+        let y = self.act(Act::Pool, pooled.len())?;
         match pass.impose {
             Some(p) => {
                 if p.pool_argmax.len() as u64 != pooled.len() {
@@ -303,8 +296,8 @@ impl Replica {
                         "imposed pattern's pool argmax has the wrong size".into(),
                     ));
                 }
-                pass.pool_argmax = "impose.pool";
-                let given = self.acts["impose.pool"].clone();
+                pass.pool_argmax = Act::ImposedPool;
+                let given = self.acts.saved(Act::ImposedPool);
                 maxpool::maxpool_forward_with_argmax(
                     &self.gpu,
                     &mut pass.enc,
@@ -315,7 +308,7 @@ impl Replica {
                 )?;
             }
             None => {
-                let argmax = self.act("pool.argmax", pooled.len())?;
+                let argmax = self.act(Act::PoolArgmax, pooled.len())?;
                 maxpool::maxpool_forward(
                     &self.gpu,
                     &mut pass.enc,
@@ -328,33 +321,28 @@ impl Replica {
         }
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
-            let p = block_name(i);
-            let conv1 = ConvBn::new(&format!("{p}.1"), b.conv1, b.bn1, &x, d);
+            let conv1 = ConvBn::new(UnitId::Conv1(i), b.conv1, b.bn1, &x, d);
             // The downsample reads the block's input too: its statistics travel with conv1's.
             let (u1, ds) = match b.downsample {
                 Some((c, bn)) => {
                     let [u1, ds] = self
-                        .conv_bn(pass, [conv1, ConvBn::new(&format!("{p}.ds"), c, bn, &x, d)])
+                        .conv_bn(pass, [conv1, ConvBn::new(UnitId::Downsample(i), c, bn, &x, d)])
                         .await?;
                     (u1, Some(ds))
                 }
                 None => (self.conv_bn(pass, [conv1]).await?[0], None),
             };
-            let r1 = self.bn_relu(pass, u1, None, &format!("{p}.relu1"))?;
-            let [u2] = self
-                .conv_bn(
-                    pass,
-                    [ConvBn::new(&format!("{p}.2"), b.conv2, b.bn2, &r1, pass.units[u1].out)],
-                )
-                .await?;
+            let r1 = self.bn_relu(pass, u1, None, Act::BlockRelu(i))?;
+            let conv2 = ConvBn::new(UnitId::Conv2(i), b.conv2, b.bn2, &r1, pass.units[u1].out);
+            let [u2] = self.conv_bn(pass, [conv2]).await?;
             let out = match ds {
                 Some(ds) => {
                     let shortcut = self.bn_apply(pass, ds)?;
-                    let out = self.bn_relu(pass, u2, Some(&shortcut), &format!("{p}.out"))?;
+                    let out = self.bn_relu(pass, u2, Some(&shortcut), Act::BlockOut(i))?;
                     self.scratch.give_back(&shortcut);
                     out
                 }
-                None => self.bn_relu(pass, u2, Some(&x), &format!("{p}.out"))?,
+                None => self.bn_relu(pass, u2, Some(&x), Act::BlockOut(i))?,
             };
             (x, d) = (out, pass.units[u2].out);
         }
@@ -370,7 +358,7 @@ impl Replica {
     ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         self.gpu.profile_scope("fc and loss");
-        let feat = self.act("gap", (n * c) as u64)?;
+        let feat = self.act(Act::Gap, (n * c) as u64)?;
         avgpool::global_avgpool_forward(
             &self.gpu,
             &mut pass.enc,
@@ -378,7 +366,7 @@ impl Replica {
             Slice::whole(x),
             Slice::whole(&feat),
         )?;
-        let logits = self.act("logits", (n * k) as u64)?;
+        let logits = self.act(Act::Logits, (n * k) as u64)?;
         let (fw, fb) = (self.param(self.model.fc_weight), self.param(self.model.fc_bias));
         dense::dense_forward(
             &self.gpu,

@@ -7,7 +7,6 @@
 //! The whole forward and backward is recorded into one command encoder; a hook that needs the
 //! statistics on the host submits what was recorded so far and continues in a new encoder.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::canonical;
@@ -17,9 +16,11 @@ use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
 use crate::model::{ActivationPattern, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
 
+mod activations;
 mod backward;
 mod forward;
 
+use activations::{Act, Activations, UnitId};
 use forward::Unit;
 
 pub const BN_EPS: f32 = 1e-5;
@@ -192,8 +193,8 @@ pub struct StepOutput {
 
 /// One device's copy of the model: parameters, gradients, momentum and BN running statistics,
 /// each one flat buffer in the model's layout, plus activation buffers reused across steps:
-/// one per name for what the forward saves for the backward (and the small per-site ones), and
-/// a pool of scratch buffers shared by what lives only part of a pass.
+/// one per [`Act`] for what the forward saves for the backward (and the small per-site ones),
+/// and a pool of scratch buffers shared by what lives only part of a pass.
 pub struct Replica {
     pub gpu: Gpu,
     pub model: ResNet34,
@@ -204,7 +205,7 @@ pub struct Replica {
     pub grads: wgpu::Buffer,
     pub velocity: wgpu::Buffer,
     pub running: wgpu::Buffer,
-    acts: HashMap<String, wgpu::Buffer>,
+    acts: Activations,
     scratch: Scratch,
 }
 
@@ -280,10 +281,11 @@ struct Pass<'p, S> {
     sync: &'p S,
     cfg: &'p StepConfig,
     units: Vec<Unit>,
-    relu_gates: Vec<String>,
+    /// Each ReLU site's gate, in forward order: its output, or the imposed mask.
+    relu_gates: Vec<Act>,
     impose: Option<&'p ActivationPattern>,
     /// The buffer holding the pool's argmax: its own, or the imposed one.
-    pool_argmax: &'static str,
+    pool_argmax: Act,
     /// Inference: BN normalises with these running statistics (the model's flat buffer
     /// layout) and updates nothing.
     eval: Option<Vec<f32>>,
@@ -292,6 +294,16 @@ struct Pass<'p, S> {
     pieces: Vec<Range<u64>>,
     /// What the loss is divided by: the global batch.
     divisor: f32,
+}
+
+impl<S> Pass<'_, S> {
+    /// The index in `units` of the unit `id`, which this pass's forward recorded.
+    fn unit(&self, id: UnitId) -> usize {
+        match self.units.iter().position(|u| u.id == id) {
+            Some(unit) => unit,
+            None => unreachable!("{id:?} is in every forward"),
+        }
+    }
 }
 
 impl Replica {
@@ -327,7 +339,7 @@ impl Replica {
             grads,
             velocity,
             running: running_buf,
-            acts: HashMap::new(),
+            acts: Activations::default(),
             scratch: Scratch::default(),
         })
     }
@@ -340,9 +352,7 @@ impl Replica {
             .iter()
             .map(|b| b.size())
             .sum::<u64>();
-        flat + self.acts.values().map(wgpu::Buffer::size).sum::<u64>()
-            + self.scratch.bytes()
-            + self.gpu.scratch_bytes()
+        flat + self.acts.bytes() + self.scratch.bytes() + self.gpu.scratch_bytes()
     }
 
     fn param(&self, index: usize) -> Slice<'_> {
@@ -390,16 +400,9 @@ impl Replica {
         Slice::new(&self.running, b.offset as u64 * 4, b.len() as u64)
     }
 
-    /// The activation buffer `name` of `len` elements, created on first use and reused.
-    fn act(&mut self, name: &str, len: u64) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.acts.get(name) {
-            if b.size() == len.max(1) * 4 {
-                return Ok(b.clone());
-            }
-        }
-        let b = self.gpu.buffer(name, len)?;
-        self.acts.insert(name.to_string(), b.clone());
-        Ok(b)
+    /// The activation buffer `act` of `len` elements, made on first use and reused.
+    fn act(&mut self, act: Act, len: u64) -> Result<wgpu::Buffer> {
+        self.acts.sized(&self.gpu, act, len)
     }
 
     /// Forward, loss (divided by the global batch) and backward for `batch`, examples `shard`
@@ -429,9 +432,9 @@ impl Replica {
         self.grad_slabs(pieces.len())?;
         let divisor = if opts.local_divisor { n as f32 } else { shard.global as f32 };
         self.scratch.begin((n, batch.h, batch.w));
-        let input = self.act("input", batch.images.len() as u64)?;
+        let input = self.act(Act::Input, batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
-        let labels = self.act("labels", n as u64)?;
+        let labels = self.act(Act::Labels, n as u64)?;
         self.gpu.queue.write_buffer(&labels, 0, bytemuck::cast_slice(&batch.labels));
 
         let mut pass = Pass {
@@ -441,7 +444,7 @@ impl Replica {
             units: Vec::new(),
             relu_gates: Vec::new(),
             impose: opts.impose,
-            pool_argmax: "pool.argmax",
+            pool_argmax: Act::PoolArgmax,
             eval: None,
             pieces,
             divisor,
@@ -476,7 +479,7 @@ impl Replica {
         }
         let running = self.read_running().await?;
         self.scratch.begin((batch.len() as u32, batch.h, batch.w));
-        let input = self.act("input", batch.images.len() as u64)?;
+        let input = self.act(Act::Input, batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
         let cfg = StepConfig::default();
         let mut pass = Pass {
@@ -486,7 +489,7 @@ impl Replica {
             units: Vec::new(),
             relu_gates: Vec::new(),
             impose: None,
-            pool_argmax: "pool.argmax",
+            pool_argmax: Act::PoolArgmax,
             eval: Some(running),
             pieces: Vec::new(),
             divisor: 1.0,
@@ -585,10 +588,6 @@ pub fn human_bytes(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", units[unit])
-}
-
-fn block_name(i: usize) -> String {
-    format!("block{i}")
 }
 
 fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
