@@ -28,6 +28,8 @@
 //! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
 //! the `collective` layer's.
 
+use std::sync::Arc;
+
 use crate::canonical::{self, Plan};
 use crate::collective::{
     self, BucketAllReduce, BucketRounds, BucketStaging, CollectiveError, Filled, Peers, Pieces,
@@ -35,6 +37,7 @@ use crate::collective::{
 };
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
+use crate::kernels::conv2d::{KernelPlan, KernelPolicy};
 use crate::model::{ActivationPattern, ResNet34};
 use crate::step::{
     self, BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput,
@@ -277,9 +280,21 @@ impl SyncBn<'_> {
 }
 
 /// `replicas` devices, replica r's on `adapters[r % adapters.len()]` (no adapters: the
-/// default one). Each asks for its adapter anew, which in a browser (one device per adapter)
-/// gives every replica an adapter of its own.
+/// default one), sharing one kernel policy: the environment's, with the automatic plan. Each
+/// asks for its adapter anew, which in a browser (one device per adapter) gives every replica
+/// an adapter of its own.
 pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<Gpu>> {
+    let policy =
+        KernelPolicy::from_env(KernelPlan::Auto).map_err(|e| ParallelError::Step(e.into()))?;
+    devices_with(replicas, adapters, Arc::new(policy)).await
+}
+
+/// [`devices`] sharing `policy`: their kernel choices, made once for the run.
+pub async fn devices_with(
+    replicas: usize,
+    adapters: &[AdapterChoice],
+    policy: Arc<KernelPolicy>,
+) -> Result<Vec<Gpu>> {
     if replicas == 0 {
         return Err(DataError::NoReplicas.into());
     }
@@ -289,12 +304,13 @@ pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<
     let mut gpus = Vec::with_capacity(replicas);
     for r in 0..replicas {
         let adapter = gpu::select_adapter(&instance, &adapters[r % adapters.len()]).await?;
-        let device = Gpu::from_adapter(&adapter).await;
-        gpus.push(device.map_err(|e| ParallelError::Replica {
+        let device = Gpu::from_adapter(&adapter).await.map_err(|e| ParallelError::Replica {
             replica: r,
             adapter: adapter_label(&adapter.get_info()),
             source: e.into(),
-        })?);
+        })?;
+        device.set_kernel_policy(policy.clone());
+        gpus.push(device);
     }
     Ok(gpus)
 }

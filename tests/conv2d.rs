@@ -1,5 +1,7 @@
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile};
@@ -510,6 +512,51 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
         assert!(k::candidates(gpu, op).contains(&first) && first.has(op), "{op:?}: {first}");
         let again = k::autotuned_algo(gpu, op, &s).unwrap();
         assert_eq!(again, first, "{op:?}: the choice is remembered");
+    }
+}
+
+/// The kernel policy is each device's, whatever the environment says: in one process, a device
+/// on the GPU plan, one forced to Blocked and one taking the browser's guess choose apart, and
+/// a device keeps the policy it has.
+#[test]
+fn each_device_chooses_by_its_own_kernel_policy() {
+    let s = shape(8, 64, 8, 8, 64, 3, 3, 1, 1);
+    let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
+    let policies = [
+        (k::KernelPolicy::new(k::KernelPlan::Gpu, None, None), Conv2dAlgo::GemmShared),
+        (
+            k::KernelPolicy::new(
+                k::KernelPlan::Gpu,
+                Some(k::Forced::Algo(Conv2dAlgo::Blocked)),
+                None,
+            ),
+            Conv2dAlgo::Blocked,
+        ),
+    ];
+    let mut devices = Vec::new();
+    for (policy, expected) in policies {
+        let Some(gpu) = fresh_gpu() else { return };
+        k::set_kernel_policy(&gpu, Arc::new(policy)).unwrap();
+        devices.push((gpu, Some(expected)));
+    }
+    let Some(guessing) = fresh_gpu() else { return };
+    let guess = k::KernelPolicy::new(k::KernelPlan::Timed, Some(k::Forced::Guess), None);
+    k::set_kernel_policy(&guessing, Arc::new(guess)).unwrap();
+    devices.push((guessing, None));
+    for (gpu, expected) in &devices {
+        for op in ops {
+            let chosen = k::conv2d_algo(gpu, op, &s).unwrap();
+            match expected {
+                Some(expected) => assert_eq!(chosen, *expected, "{op:?}"),
+                // The clockless guess: the shared tiles on a GPU and only there.
+                None => {
+                    let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+                    assert_eq!(chosen == Conv2dAlgo::GemmShared, !cpu, "{op:?}: {chosen}");
+                }
+            }
+        }
+        let again = k::set_kernel_policy(gpu, Arc::new(k::KernelPolicy::default()));
+        assert!(again.unwrap_err().to_string().contains("has one already"));
     }
 }
 

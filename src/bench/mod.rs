@@ -30,6 +30,7 @@
 //!
 //! Native only: it needs a clock.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::collective::Peers;
@@ -37,11 +38,11 @@ use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
 };
-use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape, KernelPlan};
+use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape, KernelPlan, KernelPolicy};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
 use crate::model::{ModelError, ResNet34};
-use crate::parallel::{DataParallel, ParallelError, ParallelOptions};
+use crate::parallel::{self, DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
 
 mod report;
@@ -208,7 +209,6 @@ pub fn run_with_peers(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport> {
     cfg.validate()?;
-    conv2d::set_kernel_plan(cfg.plan);
     let lead = peers.rank() == 0;
     let model = ResNet34::new(cfg.classes)
         .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
@@ -228,10 +228,10 @@ pub fn run_with_peers(
         .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
 
     progress(&format!("opening {} device(s)", cfg.replicas));
-    let local = cfg.replicas;
-    let mut dp =
-        pollster::block_on(DataParallel::new(&model, &params, &running, local, &cfg.adapters))?
-            .with_peers(peers.clone());
+    let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
+    let open =
+        |replicas, adapters| open_devices(&model, &params, &running, replicas, adapters, &policy);
+    let mut dp = open(cfg.replicas, &cfg.adapters)?.with_peers(peers.clone());
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
     // Everything this run will allocate on the devices, checked before any work: the single
     // device's whole batch, each replica's shard, the roofline's matrices.
@@ -260,13 +260,7 @@ pub fn run_with_peers(
     let mut singles = Vec::new();
     if r > 1 && lead {
         for _ in 0..2 {
-            singles.push(pollster::block_on(DataParallel::new(
-                &model,
-                &params,
-                &running,
-                1,
-                &cfg.adapters[..cfg.adapters.len().min(1)],
-            ))?);
+            singles.push(open(1, &cfg.adapters[..cfg.adapters.len().min(1)])?);
         }
     }
     let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
@@ -339,12 +333,24 @@ pub fn run_with_peers(
     })
 }
 
+/// `replicas` replicas on [`parallel::devices_with`] `policy`.
+fn open_devices(
+    model: &ResNet34,
+    params: &[f32],
+    running: &[f32],
+    replicas: usize,
+    adapters: &[AdapterChoice],
+    policy: &Arc<KernelPolicy>,
+) -> Result<DataParallel> {
+    let gpus = pollster::block_on(parallel::devices_with(replicas, adapters, policy.clone()))?;
+    Ok(DataParallel::from_gpus(gpus, model, params, running)?)
+}
+
 /// The dispatches of one step at `cfg`'s shape on one device, recorded but not run
 /// ([`Gpu::set_record_only`]): each one's workgroups, invocations, FLOPs and bytes, and the
 /// step's width, for shapes a CPU adapter would take hours to run. Its times are 0.
 pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Profile> {
     cfg.validate()?;
-    conv2d::set_kernel_plan(cfg.plan);
     let model = ResNet34::new(cfg.classes)
         .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
     let (b, size) = (cfg.global(), cfg.image_size);
@@ -356,7 +362,8 @@ pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Res
     progress("opening the device");
     let (params, running) = (model.init_params(cfg.seed), model.init_buffers());
     let adapters = &cfg.adapters[..cfg.adapters.len().min(1)];
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 1, adapters))?;
+    let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
+    let mut dp = open_devices(&model, &params, &running, 1, adapters, &policy)?;
     crate::step::check_batch_fits(&model, b as u64, size, size, &dp.replicas()[0].gpu.limits)
         .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
     dp.replicas()[0].gpu.set_record_only(true);

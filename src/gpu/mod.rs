@@ -9,8 +9,9 @@
 //! One `Gpu` per device. Its methods are split by concern: `adapter` (choosing one),
 //! `memory` (buffers and scratch), `encoder` (recording and dispatch), `readback`, `profile`.
 
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 mod adapter;
 mod encoder;
@@ -135,6 +136,10 @@ pub struct Gpu {
     memory: Mutex<MemoryCounter>,
     profiler: Mutex<Option<Profiler>>,
     scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    /// How the kernels layer chooses among a kernel's variants on this device, in that layer's
+    /// own type: set once, before the device's first launch or by it, and dropped with the
+    /// device. See [`Gpu::kernel_policy`].
+    kernel_policy: OnceLock<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Gpu {
@@ -216,7 +221,30 @@ impl Gpu {
             memory: Mutex::new(MemoryCounter::default()),
             profiler: Mutex::new(None),
             scratch: Mutex::new(HashMap::new()),
+            kernel_policy: OnceLock::new(),
         })
+    }
+
+    /// This device's kernel policy, of the kernels layer's type `P`: the one set by
+    /// [`Gpu::set_kernel_policy`], else `resolve`'s, kept for the device's life. None where the
+    /// policy set is of another type.
+    pub fn kernel_policy<P: Any + Send + Sync, E>(
+        &self,
+        resolve: impl FnOnce() -> std::result::Result<P, E>,
+    ) -> std::result::Result<Option<Arc<P>>, E> {
+        let policy = match self.kernel_policy.get() {
+            Some(policy) => policy.clone(),
+            None => {
+                let resolved: Arc<dyn Any + Send + Sync> = Arc::new(resolve()?);
+                self.kernel_policy.get_or_init(|| resolved).clone()
+            }
+        };
+        Ok(policy.downcast().ok())
+    }
+
+    /// Sets this device's kernel policy; false (and nothing changes) where it has one already.
+    pub fn set_kernel_policy<P: Any + Send + Sync>(&self, policy: Arc<P>) -> bool {
+        self.kernel_policy.set(policy).is_ok()
     }
 
     /// Errors wgpu reported outside a scope, and device loss, since the last check.

@@ -7,7 +7,6 @@
 //! source as compiled (another build's choices are not read), then the choices. A file there
 //! that is not a cache of ours is never overwritten.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -141,14 +140,6 @@ pub(super) fn load(file: &Path) -> Loaded {
             Loaded::default()
         }
     }
-}
-
-/// The choice for `key` in `file` as this process first read it: the file is read once, not
-/// for each of a step's ~40 (op, shape) pairs. Choices this process makes stay in memory.
-pub(super) fn remembered(file: &Path, key: &ChoiceKey) -> Option<Conv2dAlgo> {
-    static READ: OnceLock<Mutex<HashMap<PathBuf, Choices>>> = OnceLock::new();
-    let mut read = READ.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    read.entry(file.to_path_buf()).or_insert_with(|| load(file).choices).get(key).copied()
 }
 
 /// Adds `key → algo` to the choices in `file`, read again so that other processes' choices

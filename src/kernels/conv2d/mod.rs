@@ -11,9 +11,10 @@
 //!
 //! The plain launchers (`conv2d_forward`, …) run only the taps that read the input where
 //! some read nothing but padding ([`Conv2dShape::crop`]), and pick the variant with
-//! [`conv2d_algo`] (tune.rs): the `SYNCSTEP_CONV_ALGO` environment variable if set, else the
-//! fastest candidate timed on the adapter at that shape on first use (natively; in a browser
-//! there is no clock, so a guess by device type). The `_with` launchers take the variant and
+//! [`conv2d_algo`] (tune.rs) by the device's [`KernelPolicy`]: a forced variant
+//! (`SYNCSTEP_CONV_ALGO`), else the GPU plan on GPUs, else the fastest candidate timed on the
+//! adapter at that shape on first use (natively; in a browser there is no clock, so a guess by
+//! device type). The `_with` launchers take the variant and
 //! the whole kernel.
 //!
 //! Files: `shape` (shapes, limits, the uniform), `crop`, one per direction (`forward`,
@@ -43,7 +44,10 @@ pub use backward_weight::conv2d_backward_weight_with;
 pub use crop::{conv2d_launch_cropped, conv2d_launch_kept, crop_weights, Crop};
 pub use forward::conv2d_forward_with;
 pub use shape::Conv2dShape;
-pub use tune::{autotuned_algo, candidates, conv2d_algo, set_kernel_plan, KernelPlan};
+pub use tune::{
+    autotuned_algo, candidates, conv2d_algo, kernel_policy, parse_forced, set_kernel_policy,
+    Forced, KernelPlan, KernelPolicy,
+};
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;

@@ -1,10 +1,12 @@
-//! Choosing a variant for each (adapter, op, shape): forced by `SYNCSTEP_CONV_ALGO`, else timed
-//! on the device (natively) or guessed by device type (in a browser, which has no clock), and
-//! remembered for the process and, natively, in a cache file. Every variant gives the same
-//! bits, so the choice changes speed only.
+//! Choosing a variant for each (adapter, op, shape), by the device's [`KernelPolicy`]: forced
+//! (`SYNCSTEP_CONV_ALGO`), else the GPU plan, else timed on the device (natively) or guessed by
+//! device type (in a browser, which has no clock), and remembered for the device's life and,
+//! natively, in a cache file. Every variant gives the same bits, so the choice changes speed
+//! only.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 #[cfg(not(target_arch = "wasm32"))]
 use super::autotune;
@@ -13,11 +15,12 @@ use super::{Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
 use crate::gpu::Gpu;
 use crate::kernels::{KernelError, Result};
 
-/// How the plain launchers choose kernels when `SYNCSTEP_CONV_ALGO` does not force one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the plain launchers choose kernels when nothing forces one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelPlan {
     /// GPU adapters (discrete, integrated, virtual) take the GPU plan; CPU adapters the timed
     /// choice natively, the clockless guess in a browser.
+    #[default]
     Auto,
     /// The GPU plan on any adapter, without a clock: `GemmShared` for every op, its tiles and
     /// the weight gradient's split sized to fill [`Gpu::wide_dispatch`] workgroups. What a GPU
@@ -27,38 +30,95 @@ pub enum KernelPlan {
     Timed,
 }
 
-static PLAN: Mutex<KernelPlan> = Mutex::new(KernelPlan::Auto);
-
-/// Sets the plan for this process (`syncstep bench --plan-for`).
-pub fn set_kernel_plan(plan: KernelPlan) {
-    *PLAN.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+/// A variant forced on every convolution (`SYNCSTEP_CONV_ALGO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forced {
+    /// This variant where the op has it, else Blocked (the gathering GEMM is the input-VJP's
+    /// only).
+    Algo(Conv2dAlgo),
+    /// The browser's choice without a clock, to run natively what a browser runs.
+    Guess,
 }
 
-fn kernel_plan() -> KernelPlan {
-    *PLAN.lock().unwrap_or_else(|p| p.into_inner())
+/// How one device's convolutions choose their variants, resolved once (from flags and the
+/// environment) and kept with the device ([`set_kernel_policy`], [`kernel_policy`]).
+#[derive(Debug, Default)]
+pub struct KernelPolicy {
+    pub plan: KernelPlan,
+    pub forced: Option<Forced>,
+    /// Where the autotune's choices persist between processes (natively; see autotune.rs).
+    /// None: they are this device's only.
+    pub cache_file: Option<PathBuf>,
+    /// The choices made on this device or read from `cache_file`.
+    chosen: Mutex<Chosen>,
 }
 
-/// The variant the plain launchers use for `op` at `shape` on `gpu`:
-/// 1. `SYNCSTEP_CONV_ALGO` (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
-///    [`Conv2dAlgo::all`]), where `op` has that kernel (else Blocked: the gathering GEMM is
-///    the input-VJP's only); or `guess`, the browser's choice;
-/// 2. the GPU plan ([`KernelPlan::Gpu`]) where [`set_kernel_plan`] asks for it or the adapter
-///    is a GPU and nothing asked otherwise;
+#[derive(Debug, Default)]
+struct Chosen {
+    choices: Choices,
+    /// Whether `cache_file` has been read: once, not for each of a step's ~40 (op, shape) pairs.
+    file_read: bool,
+}
+
+impl KernelPolicy {
+    pub fn new(plan: KernelPlan, forced: Option<Forced>, cache_file: Option<PathBuf>) -> Self {
+        KernelPolicy { plan, forced, cache_file, chosen: Mutex::default() }
+    }
+
+    /// `plan`, with what the environment asks: a forced variant (`SYNCSTEP_CONV_ALGO`) and,
+    /// natively, the cache file (`SYNCSTEP_AUTOTUNE_CACHE`, see autotune.rs).
+    pub fn from_env(plan: KernelPlan) -> Result<KernelPolicy> {
+        let forced = match std::env::var("SYNCSTEP_CONV_ALGO") {
+            Ok(name) => parse_forced(&name)?,
+            Err(_) => None,
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let cache_file = autotune::cache_path();
+        #[cfg(target_arch = "wasm32")]
+        let cache_file = None;
+        Ok(KernelPolicy::new(plan, forced, cache_file))
+    }
+}
+
+/// Gives `gpu` its kernel policy, before its first convolution; an error where it has one.
+/// Devices that share one share its choices.
+pub fn set_kernel_policy(gpu: &Gpu, policy: Arc<KernelPolicy>) -> Result<()> {
+    match gpu.set_kernel_policy(policy) {
+        true => Ok(()),
+        false => Err(KernelError::Arg {
+            op: "conv2d",
+            arg: "kernel policy",
+            problem: format!("{} has one already: set it before the first launch", gpu.info.name),
+        }),
+    }
+}
+
+/// `gpu`'s kernel policy: the one set, else the environment's with the automatic plan,
+/// resolved at the device's first convolution.
+pub fn kernel_policy(gpu: &Gpu) -> Result<Arc<KernelPolicy>> {
+    let policy = gpu.kernel_policy(|| KernelPolicy::from_env(KernelPlan::Auto))?;
+    Ok(policy.expect("only the kernels layer sets a device's kernel policy"))
+}
+
+/// The variant the plain launchers use for `op` at `shape` on `gpu`, by its [`KernelPolicy`]:
+/// 1. a forced variant (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
+///    [`Conv2dAlgo::all`]) where `op` has that kernel (else Blocked), or the browser's guess;
+/// 2. the GPU plan ([`KernelPlan::Gpu`]) where the policy asks for it or the adapter is a GPU
+///    and it asks for nothing else;
 /// 3. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
 ///    in a browser, where there is no clock, [`guess`] by device type.
 ///
-/// Choices are remembered per (adapter, op, shape) for the life of the process and, natively,
-/// in a file (see autotune.rs) that a later process reads instead of timing again.
 /// Every variant gives the same bits, so this changes speed only.
 pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
-    match forced_algo(op)? {
+    let policy = kernel_policy(gpu)?;
+    match policy.forced {
         Some(Forced::Algo(forced)) => {
             return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked })
         }
         Some(Forced::Guess) => return Ok(guess(&gpu.info, op, shape, false)),
         None => {}
     }
-    match kernel_plan() {
+    match policy.plan {
         KernelPlan::Gpu => Ok(guess(&gpu.info, op, shape, true)),
         KernelPlan::Auto if !is_cpu(&gpu.info) => Ok(guess(&gpu.info, op, shape, false)),
         KernelPlan::Auto | KernelPlan::Timed => autotuned_algo(gpu, op, shape),
@@ -66,66 +126,66 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
 }
 
 /// [`conv2d_algo`]'s choice when nothing forces one: the fastest candidate, timed on first use
-/// (natively) or remembered, or the browser's guess.
+/// (natively) or remembered (by the device, or in its policy's cache file), or the browser's
+/// guess.
 pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     let candidates = candidates(gpu, op);
     if candidates.len() == 1 {
         return Ok(candidates[0]);
     }
-    static CHOSEN: OnceLock<Mutex<Choices>> = OnceLock::new();
-    let chosen = CHOSEN.get_or_init(Default::default);
+    let policy = kernel_policy(gpu)?;
     // Kernels that broadcast time differently from those that load: separate choices.
     let key = (adapter_key(&gpu.info) + if gpu.broadcasts { "|broadcast" } else { "" }, op, *shape);
-    if let Some(&algo) = chosen.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(&algo) = policy.chosen().choices.get(&key) {
         return Ok(algo);
     }
     shape.validate(op.name())?;
     #[cfg(not(target_arch = "wasm32"))]
-    let algo = {
-        let file = autotune::cache_path();
-        let remembered = file
-            .as_deref()
-            .and_then(|f| autotune::remembered(f, &key))
-            .filter(|a| candidates.contains(a));
-        match remembered {
-            Some(algo) => algo,
-            None => {
-                let algo = autotune::fastest(gpu, op, shape, &candidates)?;
-                if let Some(f) = &file {
-                    autotune::remember(f, &key, algo);
-                }
-                algo
+    let algo = match policy.remembered(&key).filter(|a| candidates.contains(a)) {
+        Some(algo) => algo,
+        None => {
+            let algo = autotune::fastest(gpu, op, shape, &candidates)?;
+            if let Some(f) = &policy.cache_file {
+                autotune::remember(f, &key, algo);
             }
+            algo
         }
     };
     #[cfg(target_arch = "wasm32")]
     let algo = guess(&gpu.info, op, shape, false);
     log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
-    chosen.lock().unwrap_or_else(|p| p.into_inner()).insert(key, algo);
+    policy.chosen().choices.insert(key, algo);
     Ok(algo)
 }
 
-/// What `SYNCSTEP_CONV_ALGO` asks for: one variant, or `guess`, the browser's choice without a
-/// clock (to run natively what a browser runs).
-#[derive(Debug, PartialEq)]
-pub(super) enum Forced {
-    Algo(Conv2dAlgo),
-    Guess,
+impl KernelPolicy {
+    fn chosen(&self) -> std::sync::MutexGuard<'_, Chosen> {
+        self.chosen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The choice for `key` in the cache file as this device first read it.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn remembered(&self, key: &ChoiceKey) -> Option<Conv2dAlgo> {
+        let file = self.cache_file.as_deref()?;
+        let mut chosen = self.chosen();
+        if !chosen.file_read {
+            chosen.file_read = true;
+            let read = autotune::load(file).choices;
+            chosen.choices.extend(read);
+        }
+        chosen.choices.get(key).copied()
+    }
 }
 
-/// `SYNCSTEP_CONV_ALGO`, parsed; an unknown name is an error that lists the known ones.
-pub(super) fn forced_algo(op: Conv2dOp) -> Result<Option<Forced>> {
-    std::env::var("SYNCSTEP_CONV_ALGO").map_or(Ok(None), |name| parse_forced(op, &name))
-}
-
-pub(super) fn parse_forced(op: Conv2dOp, name: &str) -> Result<Option<Forced>> {
+/// `SYNCSTEP_CONV_ALGO`'s value, parsed; an unknown name is an error that lists the known ones.
+pub fn parse_forced(name: &str) -> Result<Option<Forced>> {
     match name.trim() {
         "" => Ok(None),
         "guess" => Ok(Some(Forced::Guess)),
         name => Conv2dAlgo::parse(name).map(|a| Some(Forced::Algo(a))).ok_or_else(|| {
             let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
             KernelError::Arg {
-                op: op.name(),
+                op: "conv2d",
                 arg: "SYNCSTEP_CONV_ALGO",
                 problem: format!("is `{name}`; known: {}, guess", known.join(", ")),
             }
@@ -259,7 +319,7 @@ mod tests {
 
     #[test]
     fn syncstep_conv_algo_names_a_variant_or_guess() {
-        let parse = |name| parse_forced(Conv2dOp::Forward, name);
+        let parse = parse_forced;
         assert_eq!(parse(" ").unwrap(), None);
         assert_eq!(parse("guess").unwrap(), Some(Forced::Guess));
         assert_eq!(
