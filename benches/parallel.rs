@@ -18,7 +18,7 @@ use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions};
-use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
+use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 const REPLICAS: usize = 2;
 const PER_REPLICA: usize = 8;
@@ -74,7 +74,7 @@ fn parallel(c: &mut Criterion) {
             &batch,
             &cfg,
             Shard::whole(batch.len()),
-            &LocalBn,
+            &OneDevice,
             StepOptions::default(),
         ))
         .expect("single step");
@@ -130,7 +130,7 @@ fn parallel(c: &mut Criterion) {
             let sides = parts.iter().zip(&staging).enumerate().map(|(r, ((gpu, s), staging))| {
                 let rounds = &rounds;
                 async move {
-                    BucketAllReduce::new(r, Pieces::ONE, staging, rounds).finish(gpu, *s).await
+                    BucketAllReduce::new(r, Pieces::ONE, staging, rounds, 0).finish(gpu, *s).await
                 }
             });
             pollster::block_on(futures::future::try_join_all(sides)).expect("staged all-reduce");

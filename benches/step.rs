@@ -8,7 +8,7 @@ use syncstep::bench::STEP_FLOPS_PER_FORWARD;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::model::ResNet34;
-use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
+use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn step_bench(c: &mut Criterion) {
     let gpu =
@@ -33,7 +33,7 @@ fn step_bench(c: &mut Criterion) {
                         &batch,
                         &cfg,
                         Shard::whole(n),
-                        &LocalBn,
+                        &OneDevice,
                         StepOptions::default(),
                     )
                     .await

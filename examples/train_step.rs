@@ -9,7 +9,7 @@ use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions};
-use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
+use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let choice = AdapterChoice::from_env()?;
@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut single = Replica::new(gpu, model.clone(), &params, &running)?;
     let whole = Shard::whole(batch.len());
     let opts = StepOptions::default();
-    let out = pollster::block_on(single.forward_backward(&batch, &cfg, whole, &LocalBn, opts))?;
+    let out = pollster::block_on(single.forward_backward(&batch, &cfg, whole, &OneDevice, opts))?;
     let single_grads = pollster::block_on(single.read_grads())?;
     pollster::block_on(single.sgd_update(&cfg))?;
     println!("single device, batch {}: loss {:.6}", batch.len(), out.loss);

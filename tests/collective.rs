@@ -146,8 +146,8 @@ fn mismatched_or_unaligned_ranges_are_refused() {
 /// A bucketed all-reduce of `buffers` along `plan`, as a backward drives it: replica r's buffer
 /// holds its pieces, slabs of `len` elements `STRIDE` bytes apart; the final part grows to start
 /// at each of `from` (elements, decreasing) in one submission each, reducing what earlier
-/// submissions filled; then `finish` does the rest. Replica `fail`, if any, gives up after its
-/// first submission instead.
+/// submissions filled, in buckets of at least `bucket_bytes`; then `finish` does the rest.
+/// Replica `fail`, if any, gives up after its first submission instead.
 #[allow(clippy::too_many_arguments)]
 fn bucketed(
     gpus: &[Gpu],
@@ -157,6 +157,7 @@ fn bucketed(
     len: u64,
     op: ReduceOp,
     from: &[u64],
+    bucket_bytes: u64,
     fail: Option<usize>,
 ) -> Vec<Result<(), CollectiveError>> {
     let rounds = bucket_rounds(plan.clone(), op, gpus.len(), Peers::InProcess);
@@ -164,7 +165,7 @@ fn bucketed(
         let (gpu, buffer, rounds) = (&gpus[r], &buffers[r], &rounds);
         let pieces = Pieces { count: plan.pieces_of(r) as u64, stride: STRIDE };
         async move {
-            let side = BucketAllReduce::new(r, pieces, &staging[r], rounds);
+            let side = BucketAllReduce::new(r, pieces, &staging[r], rounds, bucket_bytes);
             for &f in from {
                 let mut enc = gpu.encoder();
                 side.record(gpu, &mut enc, Slice::new(buffer, f * 4, len - f))?;
@@ -225,14 +226,15 @@ fn buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step() {
     let staging: Vec<BucketStaging> = gpus.iter().map(|_| BucketStaging::default()).collect();
     // One piece each, then two each (9 examples over 3 replicas: [0, 2) [2, 3) | [3, 4) [4, 6) |
     // [6, 8) [8, 9)). The same staging serves step after step (and an op change): buckets are
-    // kept and remapped.
+    // kept and remapped. Buckets of any size give the same bits: one per new final part, parts
+    // gathered until 30_000 elements are final (the last ones at `finish`), or one at `finish`.
     let (one, two) =
         (Plan::one_piece_each(REPLICAS), Plan::new(&syncstep::canonical::shards(9, 3), 9));
-    for (step, (op, plan)) in [
-        (ReduceOp::Mean, &one),
-        (ReduceOp::Sum, &two),
-        (ReduceOp::Sum, &one),
-        (ReduceOp::Sum, &two),
+    for (step, (op, plan, bucket_bytes)) in [
+        (ReduceOp::Mean, &one, 0),
+        (ReduceOp::Sum, &two, 120_000),
+        (ReduceOp::Sum, &one, 1 << 40),
+        (ReduceOp::Sum, &two, 0),
     ]
     .into_iter()
     .enumerate()
@@ -246,14 +248,15 @@ fn buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step() {
             .collect();
         // 70_001 twice: a site that makes nothing new final adds no bucket.
         let from = [99_000, 70_001, 70_001, 30_000, 12];
-        for result in bucketed(&gpus, &buffers, &staging, plan, len as u64, op, &from, None) {
+        let n = len as u64;
+        for result in bucketed(&gpus, &buffers, &staging, plan, n, op, &from, bucket_bytes, None) {
             result.unwrap();
         }
         for (r, (g, b)) in gpus.iter().zip(&buffers).enumerate() {
             let got = read(g, b);
             assert!(
                 got[..len].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "step {step}, {op:?}: replica {r} differs from all_reduce"
+                "step {step}, {op:?}, buckets of {bucket_bytes} B: replica {r} differs from all_reduce"
             );
         }
     }
@@ -269,7 +272,7 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
     let buffers: Vec<wgpu::Buffer> =
         gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", v).unwrap()).collect();
     let (sum, from) = (ReduceOp::Sum, [4000, 1000]);
-    let results = bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, Some(2));
+    let results = bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, 0, Some(2));
     for result in &results[..2] {
         assert!(matches!(result, Err(CollectiveError::Aborted { replica: 2, .. })), "{result:?}");
     }
@@ -278,7 +281,7 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
     let want = whole(&gpus, &values, &plan, len as u64, sum);
     let buffers: Vec<wgpu::Buffer> =
         gpus.iter().zip(&values).map(|(g, v)| g.upload("bucketed", &slabs(v)).unwrap()).collect();
-    bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, None)
+    bucketed(&gpus, &buffers, &staging, &plan, len as u64, sum, &from, 0, None)
         .into_iter()
         .for_each(|r| r.unwrap());
     for (g, b) in gpus.iter().zip(&buffers) {
@@ -291,7 +294,7 @@ fn a_final_part_that_shrinks_is_refused() {
     let Some(gpus) = devices() else { return };
     let staging = BucketStaging::default();
     let rounds = bucket_rounds(Plan::single(), ReduceOp::Sum, 1, Peers::InProcess);
-    let side = BucketAllReduce::new(0, Pieces::ONE, &staging, &rounds);
+    let side = BucketAllReduce::new(0, Pieces::ONE, &staging, &rounds, 0);
     let buffer = gpus[0].buffer("b", 64).unwrap();
     let mut enc = gpus[0].encoder();
     side.record(&gpus[0], &mut enc, Slice::new(&buffer, 128, 32)).unwrap();

@@ -17,7 +17,7 @@ use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions, Sabotage};
-use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
+use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn adapters() -> Vec<AdapterChoice> {
     vec![AdapterChoice::from_env().unwrap()]
@@ -242,7 +242,7 @@ fn one_replica_is_the_plain_single_device_step_bitwise() {
         &batch,
         &cfg,
         whole,
-        &LocalBn,
+        &OneDevice,
         StepOptions::default(),
     ))
     .unwrap();
@@ -321,23 +321,24 @@ fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
 /// Every gradient is all-reduced exactly once, in a bucket during the backward or after it, and
 /// every replica's pieces are added along the canonical tree: the replicas hold the single
 /// device's gradient bit for bit, with one piece per replica (2 × 2) and with two (3 × 3: [0, 2)
-/// [2, 3) | [3, 4) [4, 6) | [6, 8) [8, 9)). Reduced twice, or a piece missed or added out of
-/// order, it would differ.
+/// [2, 3) | [3, 4) [4, 6) | [6, 8) [8, 9)), in buckets of 25 MiB and of 1 MiB (the default
+/// size elsewhere). Reduced twice, or a piece missed or added out of order, it would differ.
 #[test]
 fn every_gradient_is_reduced_exactly_once_along_the_canonical_tree() {
     let (model, params, running) = model_and_state(9);
     let Some(device) = fresh_gpu() else { return };
     let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
     let cfg = StepConfig::default();
-    for (replicas, batch) in [(2, 4), (3, 9)] {
+    for (replicas, batch, bucket_mib) in [(2, 4, 25), (3, 9, 1)] {
         let batch = synthetic_batch(5, 0, batch, 32, 32, 10).unwrap();
         let whole = Shard::whole(batch.len());
         let opts = StepOptions::default();
-        pollster::block_on(single.forward_backward(&batch, &cfg, whole, &LocalBn, opts)).unwrap();
+        pollster::block_on(single.forward_backward(&batch, &cfg, whole, &OneDevice, opts)).unwrap();
         let want = pollster::block_on(single.read_grads()).unwrap();
         let mut dp =
             pollster::block_on(DataParallel::new(&model, &params, &running, replicas, &adapters()))
-                .unwrap();
+                .unwrap()
+                .with_bucket_bytes(bucket_mib << 20);
         pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
         for (r, got) in pollster::block_on(dp.read_grads()).unwrap().iter().enumerate() {
             for spec in &model.params {

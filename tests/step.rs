@@ -9,7 +9,7 @@ use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::model::ResNet34;
 use syncstep::reference::step as reference;
 use syncstep::step::{
-    BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepOptions, StepOutput,
+    BnRows, Communicator, OneDevice, Replica, Shard, StepConfig, StepOptions, StepOutput,
 };
 
 const BATCH: usize = 8;
@@ -30,7 +30,7 @@ fn replica(model: &ResNet34, params: &[f32], running: &[f32]) -> Option<Replica>
 fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> StepOutput {
     let cfg = StepConfig::default();
     let whole = Shard::whole(batch.len());
-    pollster::block_on(r.forward_backward(batch, &cfg, whole, &LocalBn, opts)).unwrap()
+    pollster::block_on(r.forward_backward(batch, &cfg, whole, &OneDevice, opts)).unwrap()
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn bad_inputs_are_clear_errors() {
     let cfg = StepConfig::default();
     let run = |r: &mut Replica, b: &syncstep::data::Batch| {
         let whole = Shard::whole(b.len());
-        pollster::block_on(r.forward_backward(b, &cfg, whole, &LocalBn, StepOptions::default()))
+        pollster::block_on(r.forward_backward(b, &cfg, whole, &OneDevice, StepOptions::default()))
             .unwrap_err()
             .to_string()
     };
@@ -115,13 +115,13 @@ fn bad_inputs_are_clear_errors() {
     let bad = StepConfig { label_smoothing: 1.5, ..cfg };
     let b = synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
     let (whole, opts) = (Shard::whole(2), StepOptions::default());
-    let e = pollster::block_on(r.forward_backward(&b, &bad, whole, &LocalBn, opts))
+    let e = pollster::block_on(r.forward_backward(&b, &bad, whole, &OneDevice, opts))
         .unwrap_err()
         .to_string();
     assert!(e.contains("label smoothing"), "{e}");
     // One image at 32×32: layer4's BatchNorm would see one value per channel.
     let one = synthetic_batch(1, 0, 1, 32, 32, 10).unwrap();
-    let e = pollster::block_on(r.forward_backward(&one, &cfg, Shard::whole(1), &LocalBn, opts))
+    let e = pollster::block_on(r.forward_backward(&one, &cfg, Shard::whole(1), &OneDevice, opts))
         .unwrap_err()
         .to_string();
     assert!(e.contains("Expected more than 1 value per channel when training"), "{e}");
@@ -129,7 +129,7 @@ fn bad_inputs_are_clear_errors() {
         &b,
         &cfg,
         Shard { start: 3, global: 4 },
-        &LocalBn,
+        &OneDevice,
         opts,
     ))
     .unwrap_err()
@@ -158,23 +158,25 @@ fn predict_uses_running_statistics_and_changes_nothing() {
     assert_eq!(pollster::block_on(r.predict(&batch)).unwrap(), logits);
 }
 
-/// A hook that notes the sites of every trip and, at each backward one, submits what was
-/// recorded and reads back the gradients the step says are final.
+/// A communicator that notes the sites of every trip and, at each backward one, submits what
+/// was recorded and reads back the gradients the step has just said are final.
 #[derive(Default)]
 struct FinalGradients {
     stats_trips: std::cell::RefCell<Vec<Vec<usize>>>,
     sums_trips: std::cell::RefCell<Vec<Vec<usize>>>,
+    /// The final part the step named last: the buffer, its offset and length.
+    done: std::cell::RefCell<Option<(wgpu::Buffer, u64, u64)>>,
     /// Each backward trip's final part: its first element, and every piece's values from it.
     seen: std::cell::RefCell<Vec<(u64, Vec<Vec<f32>>)>>,
     /// The replica's gradient pieces: how many, and the bytes from one to the next.
     pieces: (u64, u64),
 }
 
-impl BnSync for FinalGradients {
+impl Communicator for FinalGradients {
     fn examples(&self, local: u32) -> u32 {
         local
     }
-    async fn stats(
+    async fn bn_stats(
         &self,
         _: &Gpu,
         _: &mut Encoder,
@@ -183,23 +185,31 @@ impl BnSync for FinalGradients {
         self.stats_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         Ok(())
     }
-    async fn sums(
+    fn gradients_final(
+        &self,
+        _: &Gpu,
+        _: &mut Encoder,
+        done: Slice<'_>,
+    ) -> syncstep::step::Result<()> {
+        *self.done.borrow_mut() = Some((done.buffer.clone(), done.offset, done.len));
+        Ok(())
+    }
+    async fn bn_sums(
         &self,
         gpu: &Gpu,
         enc: &mut Encoder,
         sites: &[BnRows<'_>],
-        done: Slice<'_>,
     ) -> syncstep::step::Result<()> {
         self.sums_trips.borrow_mut().push(sites.iter().map(|s| s.site).collect());
         let recorded = std::mem::replace(enc, gpu.encoder());
         gpu.submit(recorded).await?;
+        let (buffer, offset, len) = self.done.borrow().clone().expect("named before the trip");
         let (count, stride) = self.pieces;
         let mut values = Vec::new();
         for piece in 0..count.max(1) {
-            let slice = Slice::new(done.buffer, done.offset + piece * stride, done.len);
-            values.push(gpu.read_f32(slice).await?);
+            values.push(gpu.read_f32(Slice::new(&buffer, offset + piece * stride, len)).await?);
         }
-        self.seen.borrow_mut().push((done.offset / 4, values));
+        self.seen.borrow_mut().push((offset / 4, values));
         Ok(())
     }
 }

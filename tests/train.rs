@@ -8,7 +8,7 @@ use common::*;
 use syncstep::checkpoint;
 use syncstep::data::synthetic_batch;
 use syncstep::model::ResNet34;
-use syncstep::step::{LocalBn, Replica, Shard, StepConfig, StepOptions};
+use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, TensorFile};
 use syncstep::train::{TrainConfig, Trainer};
 
@@ -112,7 +112,7 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
         &batch,
         &StepConfig::default(),
         Shard::whole(4),
-        &LocalBn,
+        &OneDevice,
         StepOptions::default(),
     ))
     .unwrap();

@@ -29,7 +29,7 @@ use crate::parallel::{
 };
 use crate::reference::step as reference;
 use crate::step::{
-    LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput, BN_EPS,
+    OneDevice, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput, BN_EPS,
 };
 
 /// TEST's bound on every gradient tensor (norm-rel): bitwise, for any R and shard sizes.
@@ -245,7 +245,7 @@ impl Single {
         opts: StepOptions<'_>,
     ) -> Result<StepOutput> {
         self.replica
-            .forward_backward(batch, cfg, Shard::whole(batch.len()), &LocalBn, opts)
+            .forward_backward(batch, cfg, Shard::whole(batch.len()), &OneDevice, opts)
             .await
             .map_err(|e| self.named(e))
     }
@@ -315,13 +315,8 @@ pub async fn run_check_on(
         format!("TEST: single-device step at {m}, deciding its own activation pattern"),
         &rows,
     );
-    let free = single
-        .step(
-            &batch,
-            &step_cfg,
-            StepOptions { impose: None, capture_pattern: true, ..Default::default() },
-        )
-        .await?;
+    let free =
+        single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
     let free_pattern = free.pattern.unwrap_or_default();
     // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
     let portable = match golden {

@@ -70,8 +70,7 @@ pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     Sum,
-    /// The sum divided by the number of replicas. Exact only for powers of two: it exists for
-    /// the sabotaged equivalence that shows the gates can fail.
+    /// The sum divided by the number of replicas (exact only for powers of two).
     Mean,
 }
 
@@ -326,6 +325,8 @@ pub struct BucketAllReduce<'a> {
     pieces: Pieces,
     staging: &'a BucketStaging,
     rounds: &'a BucketRounds,
+    /// The least a bucket holds, but the last of a step.
+    bucket_bytes: u64,
     /// Where the part already handed to the all-reduce starts; `None` before the first.
     from: Cell<Option<u64>>,
     /// Buckets copied into staging, with the number of the submission that did it and, once
@@ -340,18 +341,21 @@ pub struct BucketAllReduce<'a> {
 }
 
 impl<'a> BucketAllReduce<'a> {
-    /// Replica `replica`'s side, whose buffer holds its `pieces`.
+    /// Replica `replica`'s side, whose buffer holds its `pieces`, in buckets of at least
+    /// `bucket_bytes` (every replica the same).
     pub fn new(
         replica: usize,
         pieces: Pieces,
         staging: &'a BucketStaging,
         rounds: &'a BucketRounds,
+        bucket_bytes: u64,
     ) -> Self {
         BucketAllReduce {
             replica,
             pieces,
             staging,
             rounds,
+            bucket_bytes,
             from: Cell::new(None),
             filled: RefCell::default(),
             submissions: Cell::new(0),
@@ -360,11 +364,22 @@ impl<'a> BucketAllReduce<'a> {
         }
     }
 
-    /// Records into `enc` the copies back of the buckets reduced so far, and the copy into
-    /// staging of what `done` adds to the final part. `done` is the final part of the first
-    /// piece (the others lie `pieces.stride` apart): from some offset to the piece's end, never
-    /// shrinking from one call to the next.
+    /// Records into `enc` the copies back of the buckets reduced so far, and, once what `done`
+    /// adds to the final part fills a bucket, its copy into staging. `done` is the final part of
+    /// the first piece (the others lie `pieces.stride` apart): from some offset to the piece's
+    /// end, never shrinking from one call to the next.
     pub fn record(&self, gpu: &Gpu, enc: &mut Encoder, done: Slice<'_>) -> Result<()> {
+        self.record_bucket(gpu, enc, done, self.bucket_bytes)
+    }
+
+    /// [`record`](Self::record) with buckets of at least `least` bytes.
+    fn record_bucket(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        done: Slice<'_>,
+        least: u64,
+    ) -> Result<()> {
         let Pieces { count, stride } = self.pieces;
         for range in self.reduced.take() {
             let (_, write) = self.staging.buffers(gpu, range, count);
@@ -382,7 +397,7 @@ impl<'a> BucketAllReduce<'a> {
         if !done.offset.is_multiple_of(4) {
             return Err(CollectiveError::Unaligned { replica: self.replica, offset: done.offset });
         }
-        if done.offset < end {
+        if done.offset + least.max(1) <= end {
             let range = (done.offset, end - done.offset);
             let (read, _) = self.staging.buffers(gpu, range, count);
             for piece in 0..count {
@@ -390,8 +405,10 @@ impl<'a> BucketAllReduce<'a> {
                 enc.copy_buffer_to_buffer(done.buffer, from, &read, piece * range.1, range.1);
             }
             self.filled.borrow_mut().push((range, self.submissions.get(), None));
+            self.from.set(Some(done.offset));
+        } else if self.from.get().is_none() {
+            self.from.set(Some(end));
         }
-        self.from.set(Some(done.offset));
         Ok(())
     }
 
@@ -462,7 +479,7 @@ impl<'a> BucketAllReduce<'a> {
 
     async fn submit_record(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
         let mut enc = gpu.encoder();
-        self.record(gpu, &mut enc, whole)?;
+        self.record_bucket(gpu, &mut enc, whole, 0)?;
         let index = gpu
             .submit(enc)
             .await

@@ -1,11 +1,11 @@
 //! The backward of one replica's step: the loss and its cotangent through the head, then every
-//! unit's BatchNorm (sums through the sync hook) and convolution, block by block in reverse.
+//! unit's BatchNorm (sums through the communicator) and convolution, block by block in reverse.
 
 use std::ops::Range;
 
 use super::activations::{Act, UnitId};
 use super::{
-    bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result, BN_EPS,
+    bn_shape, conv_shape, pool_shape, BnRows, Communicator, Dims, Pass, Replica, Result, BN_EPS,
 };
 use crate::gpu::{Encoder, Slice};
 use crate::kernels::conv2d::{self, Conv2dOp};
@@ -138,9 +138,9 @@ impl Replica {
     /// The backward of `units` (in reverse layout order), each given the cotangent `dr` of the
     /// ReLU after its BN, whose site is `relu_site` (the BN kernels mask `dr` with that ReLU's
     /// gate as they read it), and its conv's input `x`: BN (the sums of all of them through the
-    /// sync hook in one trip), then each conv's weight gradient and, where `input_grad`, the
+    /// communicator in one trip), then each conv's weight gradient and, where `input_grad`, the
     /// cotangent of its input (scratch), returned in the units' order.
-    pub(super) async fn units_backward<S: BnSync, const K: usize>(
+    pub(super) async fn units_backward<S: Communicator, const K: usize>(
         &mut self,
         pass: &mut Pass<'_, S>,
         units: [UnitGrad<'_>; K],
@@ -162,7 +162,8 @@ impl Replica {
                 BnRows { site: u.site, rows, local: u.out.n }
             })
             .collect();
-        pass.sync.sums(&self.gpu, &mut pass.enc, &sites, done).await?;
+        pass.comm.gradients_final(&self.gpu, &mut pass.enc, done)?;
+        pass.comm.bn_sums(&self.gpu, &mut pass.enc, &sites).await?;
         let mut dxs = Vec::with_capacity(K);
         for (g, rows) in units.iter().zip(&rows) {
             dxs.push(self.unit_backward(pass, g, rows)?);
@@ -173,7 +174,7 @@ impl Replica {
     /// Unit `g`'s per-example `[Σdy | Σdy·x̂]` rows, this device's first in room for every
     /// replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this replica's own examples into
     /// the piece's slab (docs/design.md: they stay local until the gradient all-reduce).
-    fn example_sums<S: BnSync>(
+    fn example_sums<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         g: &UnitGrad,
@@ -184,7 +185,7 @@ impl Replica {
         self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
         let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
         let bs = bn_shape(out);
-        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.act(Act::SumsRows(id), global.rows_len())?;
         batchnorm::bn_example_sums(
             &self.gpu,
@@ -215,7 +216,7 @@ impl Replica {
 
     /// Unit `g`'s BatchNorm input-VJP from every replica's sum `rows`, then its conv's weight
     /// gradient per piece and, where `input_grad`, the cotangent of its input (scratch).
-    fn unit_backward<S: BnSync>(
+    fn unit_backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         g: &UnitGrad,
@@ -228,7 +229,7 @@ impl Replica {
         let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
         let sums = self.acts.saved(Act::Sums(id));
         let bs = bn_shape(out);
-        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         // The sums [`Replica::example_sums`] took are the ones dx needs only where this
         // device's one piece is the whole batch; else sum over every replica's rows.
         if global.n > bs.n || pass.pieces.len() != 1 {
@@ -310,7 +311,7 @@ impl Replica {
 
     /// The blocks' and the stem's backward from `dout`, the cotangent of the last block's
     /// output. Every cotangent is scratch, given back after its last reader.
-    pub(super) async fn backward<S: BnSync>(
+    pub(super) async fn backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         mut dout: wgpu::Buffer,
@@ -323,7 +324,7 @@ impl Replica {
 
     /// Block `i`'s backward from `dout`, the cotangent of its output (given back): returns the
     /// cotangent of the block's input.
-    async fn block_backward<S: BnSync>(
+    async fn block_backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         i: usize,
@@ -393,7 +394,7 @@ impl Replica {
 
     /// The max-pool's and the stem's backward from `dout`, the cotangent of the pool's output
     /// (given back). The stem's input is the image: no cotangent of it is taken.
-    async fn stem_backward<S: BnSync>(
+    async fn stem_backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         dout: wgpu::Buffer,

@@ -1,10 +1,10 @@
-//! The forward of one replica's step: conv → BatchNorm units (statistics through the sync
-//! hook), fused BN + residual + ReLU, the max-pool, and the head; and the activation pattern
+//! The forward of one replica's step: conv → BatchNorm units (statistics through the
+//! communicator), fused BN + residual + ReLU, the max-pool, and the head; and the activation pattern
 //! the gates impose or capture.
 
 use super::activations::{Act, UnitId};
 use super::{
-    bn_shape, conv_shape, pool_shape, BnRows, BnSync, Dims, Pass, Replica, Result, StepError,
+    bn_shape, conv_shape, pool_shape, BnRows, Communicator, Dims, Pass, Replica, Result, StepError,
     BN_EPS,
 };
 use crate::gpu::Slice;
@@ -70,11 +70,11 @@ impl Replica {
         Ok(ActivationPattern { relu, pool_argmax })
     }
 
-    /// conv → BatchNorm statistics of `units` (training mode: through `sync`, in one trip for
+    /// conv → BatchNorm statistics of `units` (training mode: through the communicator, in one trip for
     /// all of them, and the running statistics updated; eval mode: the running ones), saving
     /// each conv output and statistics the backward reads. Returns the units' indices; `bn_relu`
     /// or `bn_apply` applies their BN.
-    pub(super) async fn conv_bn<S: BnSync, const K: usize>(
+    pub(super) async fn conv_bn<S: Communicator, const K: usize>(
         &mut self,
         pass: &mut Pass<'_, S>,
         units: [ConvBn<'_>; K],
@@ -99,7 +99,7 @@ impl Replica {
                 .zip(&rows)
                 .map(|(u, rows)| BnRows { site: u.site, rows, local: u.out.n })
                 .collect();
-            pass.sync.stats(&self.gpu, &mut pass.enc, &sites).await?;
+            pass.comm.bn_stats(&self.gpu, &mut pass.enc, &sites).await?;
         }
         for (i, unit) in (first..pass.units.len()).enumerate() {
             pass.units[unit].count = self.unit_statistics(pass, unit, rows.get(i))?;
@@ -142,16 +142,16 @@ impl Replica {
     }
 
     /// The per-example statistics rows of unit `id`'s conv output: this device's, first in room
-    /// for every replica's, which the sync hook gathers; merged, they are the statistics of the
+    /// for every replica's, which the communicator gathers; merged, they are the statistics of the
     /// global batch.
-    fn example_stats<S: BnSync>(
+    fn example_stats<S: Communicator>(
         &mut self,
         pass: &mut Pass<S>,
         id: UnitId,
         out: Dims,
     ) -> Result<wgpu::Buffer> {
         let bs = bn_shape(out);
-        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bs };
+        let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.act(Act::StatsRows(id), global.rows_len())?;
         let y = self.acts.saved(Act::Conv(id));
         let local_rows = Slice::new(&rows, 0, bs.rows_len());
@@ -162,7 +162,7 @@ impl Replica {
     /// Unit `unit`'s [`Act::Stats`]: merged from every replica's `rows`, with the running
     /// statistics updated (training), or the running statistics (eval, no rows). Returns how
     /// many positions they describe.
-    fn unit_statistics<S: BnSync>(
+    fn unit_statistics<S: Communicator>(
         &mut self,
         pass: &mut Pass<S>,
         unit: usize,
@@ -183,7 +183,7 @@ impl Replica {
             self.gpu.queue.write_buffer(&stats, 0, bytemuck::cast_slice(&packed));
             return Ok(local);
         };
-        let global = batchnorm::BnShape { n: pass.sync.examples(out.n), ..bn_shape(out) };
+        let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bn_shape(out) };
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
         batchnorm::bn_merge_examples(gpu, enc, &global, Slice::whole(rows), Slice::whole(&stats))?;
         let count = global.n * global.hw;
@@ -275,7 +275,7 @@ impl Replica {
         Ok(z)
     }
 
-    pub(super) async fn forward<S: BnSync>(
+    pub(super) async fn forward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
         x: Dims,

@@ -1,11 +1,12 @@
 //! The `step` layer: one replica's ResNet-34 training step on one device — forward (saving
 //! what the backward reads), label-smoothed loss, backward to every parameter, BN running
-//! statistics, SGD. BatchNorm sites call a [`BnSync`] hook: [`LocalBn`] on one device, a
-//! gather of every replica's per-example rows in data-parallel runs (`parallel::SyncBn`; the
-//! `collective` layer moves the bytes).
+//! statistics, SGD. What crosses devices goes through a [`Communicator`]: BatchNorm rows at
+//! every BN site and gradient buckets as the backward finishes them. [`OneDevice`] exchanges
+//! nothing; data-parallel replicas gather every replica's per-example rows and all-reduce the
+//! buckets (`parallel::ReplicaLink`; the `collective` layer moves the bytes).
 //!
-//! The whole forward and backward is recorded into one command encoder; a hook that needs the
-//! statistics on the host submits what was recorded so far and continues in a new encoder.
+//! The whole forward and backward is recorded into one command encoder; an exchange that needs
+//! the statistics on the host submits what was recorded so far and continues in a new encoder.
 
 use std::ops::Range;
 
@@ -85,10 +86,15 @@ impl StepConfig {
     }
 }
 
-/// What a BatchNorm site does beyond this device. Statistics and backward sums are first taken
-/// per example (rows of C + C floats, see `kernels::batchnorm`) and only then reduced over the
-/// batch's rows on the device; a hook makes every replica's rows available, in the global
-/// batch's order, so each replica reduces exactly the rows one device holding it would.
+/// What a replica's step exchanges beyond its device, as named operations: BatchNorm rows
+/// (forward statistics and backward sums) and gradient buckets. [`OneDevice`] exchanges nothing;
+/// `parallel::ReplicaLink` moves them between data-parallel replicas, in one process or across
+/// MPI ranks (the `collective` layer moves the bytes).
+///
+/// BatchNorm statistics and backward sums are first taken per example (rows of C + C floats,
+/// see `kernels::batchnorm`) and only then reduced over the batch's rows on the device; the
+/// exchange makes every replica's rows available, in the global batch's order, so each replica
+/// reduces exactly the rows one device holding it would.
 ///
 /// One call is one trip beyond the device, for every site whose rows are ready together: the
 /// first conv of a block with a downsample and the downsample read the same input, so their
@@ -96,28 +102,34 @@ impl StepConfig {
 /// second BN, which read the same cotangent. That leaves 33 trips each way for ResNet-34's 36
 /// sites, the fewest the dependencies allow.
 #[allow(async_fn_in_trait)]
-pub trait BnSync {
+pub trait Communicator {
     /// How many examples' rows a site ends up with, for a device holding `local` examples: the
     /// global batch's (`local` on one device).
     fn examples(&self, local: u32) -> u32;
     /// Each site's `rows` holds room for `examples(local)` rows, this device's `local` rows of
     /// per-example `[mean | M2]` first; fills it with every replica's rows in the global
-    /// batch's order, in place.
-    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
-    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`. `done` is the part of the flat
-    /// gradient buffer's first piece that is final by now (and of its other pieces, `Pieces`) (recorded into `enc`, written by nothing later): from
-    /// some offset to the end, growing from call to call, so a hook can start moving gradients
-    /// while the backward goes on.
-    async fn sums(
-        &self,
-        gpu: &Gpu,
-        enc: &mut Encoder,
-        sites: &[BnRows<'_>],
-        done: Slice<'_>,
-    ) -> Result<()>;
+    /// batch's order, in place. Submits what `enc` recorded.
+    async fn bn_stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
+    /// The same for the backward's per-example `[Σdy | Σdy·x̂]`.
+    async fn bn_sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
+    /// `done` is the part of the flat gradient buffer's first piece (and of its other pieces,
+    /// `Pieces`) that is final once `enc` runs, written by nothing recorded later: from some
+    /// offset to the end, growing from call to call. The exchange may record the copies of a
+    /// gradient bucket into `enc` and move it while the backward goes on.
+    fn gradients_final(&self, gpu: &Gpu, enc: &mut Encoder, done: Slice<'_>) -> Result<()>;
+    /// After the backward: the exchange of the gradient completes, its first piece `gradient`
+    /// holds the step's gradient.
+    async fn finish_gradients(&self, _gpu: &Gpu, _gradient: Slice<'_>) -> Result<()> {
+        Ok(())
+    }
+    /// What a device holding `local` examples of a global batch of `global` divides its loss
+    /// by: the global batch, so that the replicas' gradients add up to the single device's.
+    fn loss_divisor(&self, _local: u32, global: u64) -> f32 {
+        global as f32
+    }
 }
 
-/// One BN site's rows in a [`BnSync`] call.
+/// One BN site's rows in a [`Communicator`] call.
 #[derive(Clone, Copy)]
 pub struct BnRows<'a> {
     /// The site's number in forward order (`ResNet34::batchnorms`).
@@ -127,17 +139,20 @@ pub struct BnRows<'a> {
     pub local: u32,
 }
 
-/// One device's own statistics: plain training-mode BatchNorm.
-pub struct LocalBn;
+/// One device exchanging nothing: plain training-mode BatchNorm, its gradient its own.
+pub struct OneDevice;
 
-impl BnSync for LocalBn {
+impl Communicator for OneDevice {
     fn examples(&self, local: u32) -> u32 {
         local
     }
-    async fn stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
+    async fn bn_stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
         Ok(())
     }
-    async fn sums(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>], _: Slice<'_>) -> Result<()> {
+    async fn bn_sums(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
+        Ok(())
+    }
+    fn gradients_final(&self, _: &Gpu, _: &mut Encoder, _: Slice<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -172,10 +187,6 @@ pub struct StepOptions<'a> {
     pub impose: Option<&'a ActivationPattern>,
     /// Read this step's activation pattern back into [`StepOutput::pattern`].
     pub capture_pattern: bool,
-    /// Divide the loss by this device's own examples rather than the global batch's: only for
-    /// the sabotaged equivalence (`parallel::Sabotage::LocalDivisor`), which the gates must
-    /// catch.
-    pub local_divisor: bool,
 }
 
 /// What a forward/backward returns to the host (the gradients stay on the device).
@@ -278,7 +289,7 @@ impl Dims {
 /// Per-step state threaded through forward and backward.
 struct Pass<'p, S> {
     enc: Encoder,
-    sync: &'p S,
+    comm: &'p S,
     cfg: &'p StepConfig,
     units: Vec<Unit>,
     /// Each ReLU site's gate, in forward order: its output, or the imposed mask.
@@ -414,7 +425,7 @@ impl Replica {
         batch: &Batch,
         cfg: &StepConfig,
         shard: Shard,
-        sync: &impl BnSync,
+        comm: &impl Communicator,
         opts: StepOptions<'_>,
     ) -> Result<StepOutput> {
         cfg.validate()?;
@@ -430,7 +441,7 @@ impl Replica {
         let n = batch.len() as u32;
         let pieces = shard.pieces(n as u64);
         self.grad_slabs(pieces.len())?;
-        let divisor = if opts.local_divisor { n as f32 } else { shard.global as f32 };
+        let divisor = comm.loss_divisor(n, shard.global);
         self.scratch.begin((n, batch.h, batch.w));
         let input = self.act(Act::Input, batch.images.len() as u64)?;
         self.gpu.queue.write_buffer(&input, 0, bytemuck::cast_slice(&batch.images));
@@ -439,7 +450,7 @@ impl Replica {
 
         let mut pass = Pass {
             enc: self.gpu.encoder(),
-            sync,
+            comm,
             cfg,
             units: Vec::new(),
             relu_gates: Vec::new(),
@@ -484,7 +495,7 @@ impl Replica {
         let cfg = StepConfig::default();
         let mut pass = Pass {
             enc: self.gpu.encoder(),
-            sync: &LocalBn,
+            comm: &OneDevice,
             cfg: &cfg,
             units: Vec::new(),
             relu_gates: Vec::new(),

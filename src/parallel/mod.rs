@@ -2,31 +2,38 @@
 //! with its own parameters, gradients, momentum and running statistics resident, run one
 //! training step on R contiguous shards of a global batch of B (any R ≤ B: the first B mod R
 //! replicas take one example more) so that the result IS the single-device step at the global
-//! batch, bit for bit (docs/design.md, "Data parallel"):
+//! batch, bit for bit (docs/design.md, "Data parallel"). Each replica's step talks to the others
+//! through its [`ReplicaLink`], the data-parallel [`Communicator`]:
 //!
-//! - every BN site goes through [`SyncBn`], in one trip with the sites whose rows are ready at
-//!   the same time ([`BnSync`]): the replicas' per-example rows (forward [mean | M2], backward
-//!   [Σdy | Σdy·x̂]) are gathered, in the global batch's order, onto every replica, which then
-//!   merges them on its device by Chan's formula (forward) or sums them (backward) exactly as
-//!   one device holding the whole batch does. So the forward, and every cotangent, are bitwise
-//!   those of the single device, not merely close;
-//! - every replica divides its loss by the global B, never by its own shard; every sum over
+//! - BatchNorm rows: every BN site's trip, shared with the sites whose rows are ready at the
+//!   same time, gathers the replicas' per-example rows (forward [mean | M2], backward
+//!   [Σdy | Σdy·x̂]), in the global batch's order, onto every replica, which then merges them on
+//!   its device by Chan's formula (forward) or sums them (backward) exactly as one device holding
+//!   the whole batch does. So the forward, and every cotangent, are bitwise those of the single
+//!   device, not merely close;
+//! - the loss: every replica divides by the global B, never by its own shard; every sum over
 //!   examples (weight and bias gradients, dγ, dβ) is taken per canonical piece of the replica's
 //!   examples (`canonical::pieces`: one for an aligned power-of-two shard) into a gradient slab
-//!   each, and the all-reduce adds all replicas' pieces along the canonical tree
+//!   each. The reported loss is the per-example losses of all replicas summed in the canonical
+//!   order, divided by B;
+//! - gradient buckets: the all-reduce adds all replicas' pieces along the canonical tree
 //!   (`canonical::Plan`): the single device's sums, bit for bit, for any R and shard sizes; all
-//!   replicas hold the identical gradient and apply the identical SGD update. The loss is the
-//!   per-example losses of all replicas summed in the canonical order, divided by B.
-//! - the gradient all-reduce rides on the backward's BN round trips: the step tells each
-//!   backward site which suffix of the gradient buffer is final (units go backward in reverse
-//!   layout order), the site's submission also copies the newly final part into staging, and
-//!   that bucket is reduced at the next site while the device computes on
-//!   ([`collective::BucketAllReduce`]). After the backward only the stem's conv weight and the
-//!   last bucket remain. Each part is reduced once, so the bytes are the whole-buffer all-reduce's.
+//!   replicas hold the identical gradient and apply the identical SGD update. The step tells the
+//!   link which suffix of the gradient buffer is final after each unit (units go backward in
+//!   reverse layout order); once a bucket's worth more is final ([`DataParallel::bucket_bytes`],
+//!   whatever BatchNorm does) it is copied into staging in the submission that finishes it and
+//!   reduced at the next trip while the device computes on ([`collective::BucketAllReduce`]).
+//!   After the backward the last bucket remains. Each part is reduced once, so the bytes are
+//!   the whole-buffer all-reduce's, whatever the bucket size.
 //!
 //! The R replica steps run concurrently as futures under one `join_all` on one thread; they
 //! meet at each BN site, and for each gradient bucket, in a [`Rendezvous`]. How bytes move is
-//! the `collective` layer's.
+//! the `collective` layer's. [`Sabotaged`] breaks a link on purpose, for the gates that must
+//! fail.
+
+mod sabotage;
+
+pub use sabotage::{Sabotage, Sabotaged};
 
 use std::sync::Arc;
 
@@ -40,7 +47,8 @@ use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::kernels::conv2d::{KernelPlan, KernelPolicy};
 use crate::model::{ActivationPattern, ResNet34};
 use crate::step::{
-    self, BnRows, BnSync, LocalBn, Replica, Shard, StepConfig, StepError, StepOptions, StepOutput,
+    self, BnRows, Communicator, OneDevice, Replica, Shard, StepConfig, StepError, StepOptions,
+    StepOutput,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -74,19 +82,6 @@ pub enum BnMode {
     Local,
 }
 
-/// Deliberate breakages of the equivalence, so tests (and `syncstep check --sabotage`) can see
-/// the TEST gate fail. Nothing else may use them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sabotage {
-    /// What the equivalence would be without the global divisor: each replica divides its loss
-    /// by its own shard and the all-reduce takes the mean, which in f32 is not the single
-    /// device's division unless R and the shards are powers of two.
-    LocalDivisor,
-    /// Never merge BN statistics: each replica takes its own rows R times in place of the
-    /// others' (its own mean and variance), while the backward sums stay synchronised.
-    UnmergedStats,
-}
-
 /// Options of one data-parallel forward/backward.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ParallelOptions {
@@ -99,42 +94,47 @@ pub struct ParallelOptions {
 /// The rendezvous of one data-parallel step's BN sites and gradient buckets. Every replica
 /// passes the same sites in the same order (forward stats, then backward sums), and the same
 /// buckets, so one sequence of rounds of each kind serves all.
-pub struct BnExchange {
+pub struct StepExchange {
     rows: Rendezvous<Vec<f32>, collective::Result<Vec<Vec<f32>>>>,
     grads: BucketRounds,
     /// Each replica's examples, in replica order.
     counts: Vec<u32>,
-    unmerged_stats: bool,
+    /// The least a gradient bucket holds (the last one excepted).
+    bucket_bytes: u64,
 }
 
-impl BnExchange {
+impl StepExchange {
     /// The exchange of replicas holding `counts[r]` examples each, whose gradients' pieces are
-    /// all-reduced along `plan` by `op`; this process holds `local` of them, its `peers` the
-    /// others.
-    pub fn new(counts: Vec<u32>, plan: Plan, op: ReduceOp, local: usize, peers: &Peers) -> Self {
+    /// summed along `plan` in buckets of at least `bucket_bytes`; this process holds `local` of
+    /// them, its `peers` the others.
+    pub fn new(
+        counts: Vec<u32>,
+        plan: Plan,
+        bucket_bytes: u64,
+        local: usize,
+        peers: &Peers,
+    ) -> Self {
         let gather = peers.clone();
         let rows = Rendezvous::new(local, move |parts: Vec<Vec<f32>>| gather.gather(parts));
-        BnExchange {
-            rows,
-            grads: collective::bucket_rounds(plan, op, local, peers.clone()),
-            counts,
-            unmerged_stats: false,
-        }
+        let grads = collective::bucket_rounds(plan, ReduceOp::Sum, local, peers.clone());
+        StepExchange { rows, grads, counts, bucket_bytes }
     }
 
-    /// Replica `replica`'s BatchNorm hook, all-reducing the gradients of its `pieces` through
-    /// `staging`.
-    pub fn hook<'a>(
+    /// Replica `replica`'s link to the others, all-reducing the gradients of its `pieces`
+    /// through `staging`.
+    pub fn link<'a>(
         &'a self,
         replica: usize,
         pieces: Pieces,
         staging: &'a BucketStaging,
-    ) -> SyncBn<'a> {
-        SyncBn {
-            exchange: self,
-            replica,
-            grads: BucketAllReduce::new(replica, pieces, staging, &self.grads),
-        }
+    ) -> ReplicaLink<'a> {
+        let grads = BucketAllReduce::new(replica, pieces, staging, &self.grads, self.bucket_bytes);
+        ReplicaLink { exchange: self, replica, grads }
+    }
+
+    /// Each replica's examples, in replica order.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
     }
 
     /// Releases every replica waiting at a BN site or a gradient bucket: `replica` failed.
@@ -145,40 +145,40 @@ impl BnExchange {
     }
 }
 
-/// Synchronised BatchNorm for one replica: at each BN site it submits what was recorded so far,
-/// reads its own rows back, meets the other replicas, and writes all replicas' rows (identical
-/// bytes on every replica) into its row buffer.
+/// One replica's [`Communicator`] in a data-parallel step. At each BN site it submits what was
+/// recorded so far, reads its own rows back, meets the other replicas, and writes all replicas'
+/// rows (identical bytes on every replica) into its row buffer.
 ///
-/// It also all-reduces the gradients in buckets: at each backward site the part of the
-/// gradient buffer that has become final since the last one is copied into staging in the same
-/// submission, and reduced at the next site, while the device runs the next part of the backward
-/// ([`BucketAllReduce`]); [`finish`](Self::finish) reduces the rest after the backward.
-pub struct SyncBn<'a> {
-    exchange: &'a BnExchange,
+/// It all-reduces the gradients in buckets of at least the exchange's bucket size: once that
+/// much more of the gradient buffer is final, the part is copied into staging in the submission
+/// that finishes it and reduced at the next BN site's trip, while the device runs the next part
+/// of the backward ([`BucketAllReduce`]); [`finish`](Self::finish) reduces the rest after the
+/// backward.
+pub struct ReplicaLink<'a> {
+    exchange: &'a StepExchange,
     replica: usize,
     grads: BucketAllReduce<'a>,
 }
 
-impl SyncBn<'_> {
-    /// One trip for every site of `sites`: their own rows go out together, and every replica's
-    /// come back into each site's `rows`.
-    async fn gather(
+impl ReplicaLink<'_> {
+    /// Each replica's examples, in replica order.
+    pub fn counts(&self) -> &[u32] {
+        self.exchange.counts()
+    }
+
+    /// This replica's own rows of every site of `sites`, read back after submitting `enc`
+    /// (the part of the backward recorded so far), while the device runs: gradient buckets
+    /// filled by earlier submissions are reduced meanwhile.
+    pub async fn own_rows(
         &self,
         gpu: &Gpu,
         enc: &mut Encoder,
         sites: &[BnRows<'_>],
-        exchange: bool,
-        done: Option<Slice<'_>>,
-    ) -> step::Result<()> {
-        if let Some(done) = done {
-            self.grads.record(gpu, enc, done)?;
-        }
+    ) -> step::Result<Vec<f32>> {
+        let global = self.exchange.counts.iter().sum::<u32>() as u64;
         let own: Vec<Slice> = sites
             .iter()
-            .map(|s| {
-                let global = self.exchange.counts.iter().sum::<u32>() as u64;
-                Slice::new(s.rows, 0, s.rows.size() / 4 / global * s.local as u64)
-            })
+            .map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / global * s.local as u64))
             .collect();
         let own_read = gpu.record_read(enc, &own);
         let recorded = std::mem::replace(enc, gpu.encoder());
@@ -188,93 +188,87 @@ impl SyncBn<'_> {
         collective::yield_now().await;
         // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
         self.grads.reduce(gpu, Filled::AllButLatest).await?;
-        let mine: Vec<f32> = own_read.read(gpu).await?;
-        // Each replica's own rows of every site, in replica order; a site's row is as wide on
-        // every replica.
-        let counts = &self.exchange.counts;
-        let widths: Vec<usize> =
-            sites.iter().zip(&own).map(|(s, o)| o.len as usize / s.local as usize).collect();
-        let all: Vec<Vec<f32>> = if exchange {
-            self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?
-        } else {
-            // Sabotage: this replica's rows stand in for every replica's, cycled to its count.
-            let per_row: usize = widths.iter().sum();
-            let rows = |count: u32| {
-                mine.chunks(per_row).cycle().take(count as usize).flatten().copied().collect()
-            };
-            let example_major: Vec<Vec<f32>> = counts.iter().map(|&c| rows(c)).collect();
-            // Back to site-major order within each replica, as the exchange gives them.
-            example_major
-                .iter()
-                .zip(counts)
-                .map(|(rows, &c)| {
-                    let mut at = 0;
-                    widths
-                        .iter()
-                        .flat_map(|w| {
-                            let site: Vec<f32> = (0..c as usize)
-                                .flat_map(|e| rows[e * per_row + at..e * per_row + at + w].to_vec())
-                                .collect();
-                            at += w;
-                            site
-                        })
-                        .collect()
-                })
-                .collect()
-        };
-        for (replica, rows) in all.iter().enumerate() {
-            let expected: usize = widths.iter().map(|w| w * counts[replica] as usize).sum();
-            if rows.len() != expected {
-                return Err(StepError::Invalid(format!(
-                    "replica {replica} sent {} BatchNorm row values for {} examples at BN site {}, not {expected}: the replicas disagree on the shards",
-                    rows.len(),
-                    counts[replica],
-                    sites[0].site
-                )));
-            }
-        }
-        let mut at: Vec<usize> = vec![0; all.len()];
-        for (site, width) in sites.iter().zip(&widths) {
-            let rows: Vec<f32> = all
-                .iter()
-                .zip(counts)
-                .zip(at.iter_mut())
-                .flat_map(|((replica, &count), at)| {
-                    let part = &replica[*at..*at + width * count as usize];
-                    *at += part.len();
-                    part.iter().copied()
-                })
-                .collect();
-            gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
-        }
-        Ok(())
+        Ok(own_read.read(gpu).await?)
+    }
+
+    /// One trip for every site of `sites`: their own rows go out together, and every replica's
+    /// come back into each site's `rows`.
+    async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
+        let mine = self.own_rows(gpu, enc, sites).await?;
+        let all = self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?;
+        write_rows(gpu, sites, self.exchange.counts(), &all)
     }
 }
 
-impl BnSync for SyncBn<'_> {
+/// Writes `all`, each replica's rows of every site of `sites` in replica order (site after site
+/// within a replica), into each site's `rows` in the global batch's order.
+pub fn write_rows(
+    gpu: &Gpu,
+    sites: &[BnRows<'_>],
+    counts: &[u32],
+    all: &[Vec<f32>],
+) -> step::Result<()> {
+    // A site's row is as wide on every replica.
+    let global = counts.iter().sum::<u32>() as u64;
+    let widths: Vec<usize> = sites.iter().map(|s| (s.rows.size() / 4 / global) as usize).collect();
+    for (replica, rows) in all.iter().enumerate() {
+        let expected: usize = widths.iter().map(|w| w * counts[replica] as usize).sum();
+        if rows.len() != expected {
+            return Err(StepError::Invalid(format!(
+                "replica {replica} sent {} BatchNorm row values for {} examples at BN site {}, not {expected}: the replicas disagree on the shards",
+                rows.len(),
+                counts[replica],
+                sites[0].site
+            )));
+        }
+    }
+    let mut at: Vec<usize> = vec![0; all.len()];
+    for (site, width) in sites.iter().zip(&widths) {
+        let rows: Vec<f32> = all
+            .iter()
+            .zip(counts)
+            .zip(at.iter_mut())
+            .flat_map(|((replica, &count), at)| {
+                let part = &replica[*at..*at + width * count as usize];
+                *at += part.len();
+                part.iter().copied()
+            })
+            .collect();
+        gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
+    }
+    Ok(())
+}
+
+impl Communicator for ReplicaLink<'_> {
     fn examples(&self, _local: u32) -> u32 {
         self.exchange.counts.iter().sum()
     }
 
-    async fn stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
-        self.gather(gpu, enc, sites, !self.exchange.unmerged_stats, None).await
-    }
-
-    async fn sums(
+    async fn bn_stats(
         &self,
         gpu: &Gpu,
         enc: &mut Encoder,
         sites: &[BnRows<'_>],
-        done: Slice<'_>,
     ) -> step::Result<()> {
-        self.gather(gpu, enc, sites, true, Some(done)).await
+        self.gather(gpu, enc, sites).await
     }
-}
 
-impl SyncBn<'_> {
-    /// After the backward: all-reduces the rest of the gradient buffer (its first piece
-    /// `gradient`, and the others) and every bucket still pending, and submits the copies back.
-    pub async fn finish(&self, gpu: &Gpu, gradient: Slice<'_>) -> step::Result<()> {
+    async fn bn_sums(
+        &self,
+        gpu: &Gpu,
+        enc: &mut Encoder,
+        sites: &[BnRows<'_>],
+    ) -> step::Result<()> {
+        self.gather(gpu, enc, sites).await
+    }
+
+    fn gradients_final(&self, gpu: &Gpu, enc: &mut Encoder, done: Slice<'_>) -> step::Result<()> {
+        Ok(self.grads.record(gpu, enc, done)?)
+    }
+
+    /// All-reduces the rest of the gradient buffer (its first piece `gradient`, and the others)
+    /// and every bucket still pending, and submits the copies back.
+    async fn finish_gradients(&self, gpu: &Gpu, gradient: Slice<'_>) -> step::Result<()> {
         Ok(self.grads.finish(gpu, gradient).await?)
     }
 }
@@ -322,7 +316,12 @@ pub struct DataParallel {
     peers: Peers,
     /// Each replica's staging for the gradient all-reduce, kept from step to step.
     staging: Vec<BucketStaging>,
+    /// The least a gradient bucket holds: [`DEFAULT_BUCKET_BYTES`] unless set.
+    bucket_bytes: u64,
 }
+
+/// The default gradient bucket: see docs/performance.md for how it was chosen.
+pub const DEFAULT_BUCKET_BYTES: u64 = 0;
 
 /// How a replica's adapter is named in messages: "llvmpipe (LLVM 15.0.6, 256 bits), Gl".
 pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
@@ -361,13 +360,25 @@ impl DataParallel {
             })
             .collect::<Result<Vec<_>>>()?;
         let staging = replicas.iter().map(|_| BucketStaging::default()).collect();
-        Ok(DataParallel { replicas, staging, peers: Peers::InProcess })
+        let bucket_bytes = DEFAULT_BUCKET_BYTES;
+        Ok(DataParallel { replicas, staging, peers: Peers::InProcess, bucket_bytes })
     }
 
     /// The same replicas as this process's part of a data-parallel step whose other replicas
     /// its `peers` hold (every rank the same number).
     pub fn with_peers(self, peers: Peers) -> DataParallel {
         DataParallel { peers, ..self }
+    }
+
+    /// The same replicas all-reducing their gradients in buckets of at least `bytes` during the
+    /// backward (the last one excepted). Any size gives the same bits.
+    pub fn with_bucket_bytes(self, bytes: u64) -> DataParallel {
+        DataParallel { bucket_bytes: bytes, ..self }
+    }
+
+    /// The least a gradient bucket holds.
+    pub fn bucket_bytes(&self) -> u64 {
+        self.bucket_bytes
     }
 
     /// This process's replicas.
@@ -507,6 +518,53 @@ impl DataParallel {
         cfg: &StepConfig,
         opts: ParallelOptions,
     ) -> Result<Vec<StepOutput>> {
+        let ranges = self.shard_ranges(part, at)?;
+        let plan = Plan::new(&ranges, at.global);
+        let counts = ranges.iter().map(|r| (r.end - r.start) as u32).collect();
+        let local = self.replicas.len();
+        let first = self.peers.first_replica(local);
+        let exchange =
+            StepExchange::new(counts, plan.clone(), self.bucket_bytes, local, &self.peers);
+        // One replica has nobody to meet: its own statistics are the global ones, and its only
+        // piece is the whole batch. The same bits without the round trips.
+        let alone = self.global_replicas() == 1;
+        let bn = if alone { BnMode::Local } else { opts.bn };
+        let replicas = self.replicas.iter_mut().zip(&ranges[first..]).zip(&self.staging);
+        let steps = replicas.enumerate().map(|(r, ((replica, range), staging))| {
+            let from = (range.start - at.start) as usize..(range.end - at.start) as usize;
+            let shard = part.slice(from);
+            let link = || {
+                let pieces = replica.grad_pieces(plan.pieces_of(first + r));
+                exchange.link(r, pieces, staging)
+            };
+            let link = (bn == BnMode::Sync).then(link);
+            let at = Shard { start: range.start, global: at.global };
+            let exchange = &exchange;
+            async move {
+                let out = replica_step(replica, &shard, at, cfg, link, opts).await;
+                if let Err(e) = &out {
+                    exchange.abort(r, e.to_string());
+                }
+                out
+            }
+        });
+        let results = futures::future::join_all(steps).await;
+        let mut outputs = self.first_cause(results)?;
+        if bn == BnMode::Local && !alone {
+            self.all_reduce_gradients(&plan, first).await?;
+        }
+        // The global loss: every replica's per-example losses, in the canonical order over the
+        // global batch, divided by it.
+        let local_losses = outputs.iter().map(|o| o.losses.clone()).collect();
+        let losses = self.peers.gather(local_losses).map_err(|e| self.collective_error(e))?;
+        let loss = canonical::sum(&losses.concat()) / at.global as f32;
+        outputs.iter_mut().for_each(|o| o.loss = loss);
+        Ok(outputs)
+    }
+
+    /// Every replica's examples of a global batch of `at.global` as ranges of it, once `part`
+    /// is checked to be this process's part of it, starting at `at.start`.
+    fn shard_ranges(&self, part: &Batch, at: Shard) -> Result<Vec<std::ops::Range<u64>>> {
         let mine = self.part(at.global as usize)?;
         if (at.start as usize, part.len()) != (mine.start, mine.len()) {
             return Err(ParallelError::Step(StepError::Invalid(format!(
@@ -519,93 +577,27 @@ impl DataParallel {
             ))));
         }
         let ranges = crate::data::shard_ranges(at.global as usize, self.global_replicas())?;
-        let (batch, offset) = (at.global, at.start);
-        let ranges: Vec<std::ops::Range<u64>> =
-            ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect();
-        let plan = Plan::new(&ranges, batch);
-        let local_divisor = opts.sabotage == Some(Sabotage::LocalDivisor);
-        let op = if local_divisor { ReduceOp::Mean } else { ReduceOp::Sum };
-        let counts = ranges.iter().map(|r| (r.end - r.start) as u32).collect();
-        let local = self.replicas.len();
-        let first = self.peers.first_replica(local);
-        let exchange = BnExchange {
-            unmerged_stats: opts.sabotage == Some(Sabotage::UnmergedStats),
-            ..BnExchange::new(counts, plan.clone(), op, local, &self.peers)
-        };
-        let step_opts =
-            StepOptions { impose: None, capture_pattern: opts.capture_pattern, local_divisor };
-        // One replica has nobody to meet: its own statistics are the global ones, and its only
-        // piece is the whole batch. The same bits without the round trips.
-        let alone = self.global_replicas() == 1;
-        let bn = if alone { BnMode::Local } else { opts.bn };
-        let steps =
-            self.replicas.iter_mut().zip(&ranges[first..]).zip(&self.staging).enumerate().map(
-                |(r, ((replica, range), staging))| {
-                    let (exchange, plan) = (&exchange, &plan);
-                    let from = (range.start - offset) as usize..(range.end - offset) as usize;
-                    let shard = part.slice(from);
-                    let at = Shard { start: range.start, global: batch };
-                    async move {
-                        let out = match bn {
-                            BnMode::Sync => {
-                                let pieces = replica.grad_pieces(plan.pieces_of(first + r));
-                                let hook = exchange.hook(r, pieces, staging);
-                                let out = replica
-                                    .forward_backward(&shard, cfg, at, &hook, step_opts)
-                                    .await;
-                                match out {
-                                    Ok(out) => hook
-                                        .finish(&replica.gpu, replica.gradient())
-                                        .await
-                                        .map(|()| out),
-                                    Err(e) => Err(e),
-                                }
-                            }
-                            BnMode::Local => {
-                                replica.forward_backward(&shard, cfg, at, &LocalBn, step_opts).await
-                            }
-                        };
-                        if let Err(e) = &out {
-                            exchange.abort(r, e.to_string());
-                        }
-                        out
-                    }
-                },
-            );
-        let results = futures::future::join_all(steps).await;
-        let mut outputs = self.first_cause(results)?;
-        if bn == BnMode::Local && !alone {
-            // Per-replica statistics exist for the CONTROL gate only: the plain all-reduce,
-            // without staging kept for it.
-            let parts: Vec<(&Gpu, Vec<Slice>)> = self
-                .replicas
-                .iter()
-                .enumerate()
-                .map(|(r, replica)| {
-                    let (stride, len) = (replica.slab_stride(), replica.model.param_len as u64);
-                    let pieces = (0..plan.pieces_of(first + r) as u64)
-                        .map(|p| Slice::new(&replica.grads, p * stride, len));
-                    (&replica.gpu, pieces.collect())
-                })
-                .collect();
-            collective::all_reduce(&parts, &plan, op, &self.peers)
-                .await
-                .map_err(|e| self.collective_error(e))?;
-        }
-        // The global loss: every replica's per-example losses, in the canonical order over the
-        // global batch, divided by it (the sabotage: the mean of each replica's own).
-        let gather = |each: fn(&StepOutput) -> Vec<f32>| {
-            let local = outputs.iter().map(each).collect();
-            self.peers.gather(local).map(|all| all.concat()).map_err(|e| self.collective_error(e))
-        };
-        let loss = if local_divisor {
-            let losses = gather(|o| vec![o.loss])?;
-            losses.iter().sum::<f32>() / losses.len() as f32
-        } else {
-            canonical::sum(&gather(|o| o.losses.clone())?) / batch as f32
-        };
-        outputs.iter_mut().for_each(|o| o.loss = loss);
-        Ok(outputs)
+        Ok(ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect())
+    }
+
+    /// The plain all-reduce of every replica's gradient pieces along `plan`, after steps that
+    /// exchanged nothing: per-replica statistics exist for the CONTROL gate only, without
+    /// staging kept for it. `first` is this process's first replica.
+    async fn all_reduce_gradients(&self, plan: &Plan, first: usize) -> Result<()> {
+        let parts: Vec<(&Gpu, Vec<Slice>)> = self
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(r, replica)| {
+                let (stride, len) = (replica.slab_stride(), replica.model.param_len as u64);
+                let pieces = (0..plan.pieces_of(first + r) as u64)
+                    .map(|p| Slice::new(&replica.grads, p * stride, len));
+                (&replica.gpu, pieces.collect())
+            })
+            .collect();
+        collective::all_reduce(&parts, plan, ReduceOp::Sum, &self.peers)
+            .await
+            .map_err(|e| self.collective_error(e))
     }
 
     /// The outputs if every replica succeeded; otherwise the error of the replica that failed
@@ -661,4 +653,40 @@ impl DataParallel {
     pub async fn read_running(&self) -> Result<Vec<Vec<f32>>> {
         self.read_each(|r| &r.running).await
     }
+}
+
+/// One replica's forward/backward of `shard`, examples `at` of the global batch: exchanging
+/// through `link` (and broken as `opts` asks, for the gates that must fail), or through
+/// nothing, with its own BatchNorm statistics and a gradient of its own.
+async fn replica_step(
+    replica: &mut Replica,
+    shard: &Batch,
+    at: Shard,
+    cfg: &StepConfig,
+    link: Option<ReplicaLink<'_>>,
+    opts: ParallelOptions,
+) -> step::Result<StepOutput> {
+    let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
+    match (link, opts.sabotage) {
+        (None, _) => replica.forward_backward(shard, cfg, at, &OneDevice, step_opts).await,
+        (Some(link), None) => step_through(replica, shard, at, cfg, &link, step_opts).await,
+        (Some(link), Some(sabotage)) => {
+            let broken = Sabotaged { link, sabotage };
+            step_through(replica, shard, at, cfg, &broken, step_opts).await
+        }
+    }
+}
+
+/// A replica's forward/backward with `comm`, its gradient exchange completed.
+async fn step_through(
+    replica: &mut Replica,
+    shard: &Batch,
+    at: Shard,
+    cfg: &StepConfig,
+    comm: &impl Communicator,
+    opts: StepOptions<'_>,
+) -> step::Result<StepOutput> {
+    let out = replica.forward_backward(shard, cfg, at, comm, opts).await?;
+    comm.finish_gradients(&replica.gpu, replica.gradient()).await?;
+    Ok(out)
 }
