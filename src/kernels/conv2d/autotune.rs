@@ -49,11 +49,11 @@ pub(super) fn kernels_hash() -> &'static str {
         let tiles =
             GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
         let sources = [SHADER.source, broadcast_shader().source].into_iter().chain(tiles);
-        // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
-        let hash = sources
-            .flat_map(str::bytes)
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-        format!("{hash:016x}")
+        // SHA-256 (stable across builds and platforms, unlike std's hasher), its first 8 bytes
+        // in hex: the cache only tells builds apart.
+        use sha2::Digest;
+        let digest = sources.fold(sha2::Sha256::new(), |hash, source| hash.chain_update(source));
+        digest.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
     })
 }
 
