@@ -248,8 +248,8 @@ pub fn run_with_peers(
                 flag: "roofline-size",
                 problem: format!(
                     "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
-                    crate::step::human_bytes(bytes),
-                    crate::step::human_bytes(binding)
+                    indicatif::HumanBytes(bytes),
+                    indicatif::HumanBytes(binding)
                 ),
             });
         }
