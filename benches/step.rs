@@ -1,5 +1,5 @@
 //! The full ResNet-34 training step (forward, backward, SGD update) on one device:
-//! images/s and GFLOP/s, counting a step as 2.97 × the forward FLOPs (ENVIRONMENT.md).
+//! images/s and GFLOP/s, counting a step as 2.97 × the forward FLOPs (docs/performance.md).
 
 use std::time::{Duration, Instant};
 

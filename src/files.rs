@@ -1,8 +1,11 @@
 //! The user's files: what a command will write is checked before any work (a folder that
 //! exists, a regular file or none, never one of the command's own inputs, writable), and every
 //! write is atomic (a temporary file beside it, then a rename), so a failed or interrupted write
-//! leaves the old file whole. Temporary files a killed run left behind are removed by the next
-//! write to the same place. Native only: a browser has no file system.
+//! leaves the old file whole. The temporary file is the `tempfile` crate's: created afresh
+//! (never an existing file), removed on every error path, renamed over the output when it is
+//! whole. Its name holds the writer's process id, so that one a killed run left behind (a kill
+//! runs no clean-up) is removed by the next write to the same place. Native only: a browser
+//! has no file system.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -52,17 +55,24 @@ pub fn check_output(what: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
         }
         Err(_) => {}
     }
-    // Writable: the temporary file an atomic write would make.
-    let probe = temp_path(&dir, name);
-    std::fs::File::create(&probe)
+    // Writable: the temporary file an atomic write would make (removed when dropped).
+    temp_file(&dir, name)
         .map_err(|e| refused(format!("cannot write in {} ({e})", dir.display())))?;
-    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file beside it, synced, then renamed over
 /// it. First removes temporary files of earlier runs that were killed mid-write.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |file| file.write_all(bytes))
+}
+
+/// [`write_atomic`] with what goes into the temporary file written by `write`: an error there
+/// (or anywhere before the rename) removes the temporary file and leaves `path` as it was.
+fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
     let io = |e: std::io::Error| FileError::Io { path: path.to_path_buf(), message: e.to_string() };
     let name = path.file_name().ok_or_else(|| FileError::Io {
         path: path.to_path_buf(),
@@ -70,18 +80,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })?;
     let dir = folder_of(path);
     remove_stale_temps(&dir, name);
-    let tmp = temp_path(&dir, name);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write()
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .map_err(io)
+    let mut tmp = temp_file(&dir, name).map_err(io)?;
+    write(tmp.as_file_mut()).and_then(|()| tmp.as_file().sync_all()).map_err(io)?;
+    // A rename: a symbolic link at `path` is replaced, not followed.
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
 }
 
 /// The folder a file path is in ("." for a bare name).
@@ -92,19 +95,36 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
-/// This process's temporary file for `name` in `dir`: hidden, and named after the process so
-/// that a later run can tell whether its writer is gone.
-fn temp_path(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
-    dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()))
+/// The start of the temporary files' names for `name`: hidden, then the writer's process id
+/// (`.{name}.tmp-{pid}-{random}`), so that a later run can tell whether its writer is gone.
+fn temp_prefix(name: &std::ffi::OsStr) -> String {
+    format!(".{}.tmp-", name.to_string_lossy())
 }
 
-/// Removes `dir`'s temporary files for `name` whose process no longer runs.
+/// A new temporary file for `name` in `dir`, removed when dropped unless renamed. Created with
+/// the permissions `File::create` gives (0666 less the umask), not `tempfile`'s owner-only
+/// default: it becomes the user's output file.
+fn temp_file(dir: &Path, name: &std::ffi::OsStr) -> std::io::Result<tempfile::NamedTempFile> {
+    let prefix = format!("{}{}-", temp_prefix(name), std::process::id());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    builder.tempfile_in(dir)
+}
+
+/// Removes `dir`'s temporary files for `name` whose process no longer runs (earlier builds
+/// named them `.{name}.tmp-{pid}`, without the random part: those too).
 fn remove_stale_temps(dir: &Path, name: &std::ffi::OsStr) {
-    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let prefix = temp_prefix(name);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let file_name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file_name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else {
+        let Some(rest) = file_name.strip_prefix(&prefix) else { continue };
+        let Ok(pid) = rest.split_once('-').map_or(rest, |(pid, _)| pid).parse::<u32>() else {
             continue;
         };
         if pid != std::process::id() && abandoned(pid, &entry) {
@@ -144,17 +164,20 @@ fn same_file(a: &Path, b: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn dir(test: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("syncstep-files-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
     }
 
     #[test]
     fn an_output_is_refused_where_it_would_destroy_something() {
-        let d = dir("refused");
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
         let input = d.join("weights.safetensors");
         std::fs::write(&input, b"precious").unwrap();
         let link = d.join("link.safetensors");
@@ -165,7 +188,7 @@ mod tests {
             let e = check_output("--out", same, &[&input]).unwrap_err().to_string();
             assert!(e.contains("same file as the input"), "{e}");
         }
-        let e = check_output("--out", &d, &[]).unwrap_err().to_string();
+        let e = check_output("--out", d, &[]).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
         let e = check_output("--out", Path::new("/dev/null"), &[]).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
@@ -173,23 +196,71 @@ mod tests {
         assert!(e.contains("does not exist"), "{e}");
         check_output("--out", &d.join("new.safetensors"), &[&input]).unwrap();
         assert_eq!(std::fs::read(&input).unwrap(), b"precious");
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 3, "the probe is removed");
-        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 3, "the probe is removed");
     }
 
     #[test]
     fn a_write_replaces_whole_and_clears_what_killed_runs_left() {
-        let d = dir("atomic");
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
         let path = d.join("out.json");
-        // A writer that is gone (no such pid) and one that runs (this process's parent).
-        let gone = d.join(".out.json.tmp-4294967295");
-        std::fs::write(&gone, b"half").unwrap();
-        let running = d.join(format!(".out.json.tmp-{}", std::os::unix::process::parent_id()));
+        // Writers that are gone (no such pid; this build's names and earlier builds'), and one
+        // that runs (this process's parent).
+        let gone = [d.join(".out.json.tmp-4294967295-a1B2c3"), d.join(".out.json.tmp-4294967295")];
+        for gone in &gone {
+            std::fs::write(gone, b"half").unwrap();
+        }
+        let parent = std::os::unix::process::parent_id();
+        let running = d.join(format!(".out.json.tmp-{parent}-x9Y8z7"));
         std::fs::write(&running, b"in progress").unwrap();
         write_atomic(&path, b"one").unwrap();
         write_atomic(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert!(!gone.exists() && running.exists());
-        std::fs::remove_dir_all(&d).unwrap();
+        assert!(gone.iter().all(|gone| !gone.exists()) && running.exists());
+        assert_eq!(names(d), [running.file_name().unwrap().to_str().unwrap(), "out.json"]);
+    }
+
+    #[test]
+    fn a_write_that_fails_midway_keeps_the_old_file_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let path = d.join("ck.safetensors");
+        write_atomic(&path, b"the old checkpoint").unwrap();
+        let e = write_atomic_with(&path, |file| {
+            file.write_all(b"the new che")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("disk full") && e.contains("ck.safetensors"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"the old checkpoint");
+        assert_eq!(names(d), ["ck.safetensors"], "the temporary file is removed");
+        // A rename that fails (a folder where the file goes): an error, nothing left either.
+        let folder = d.join("a folder");
+        std::fs::create_dir(&folder).unwrap();
+        assert!(write_atomic(&folder, b"x").is_err());
+        assert_eq!(names(d), ["a folder", "ck.safetensors"]);
+    }
+
+    #[test]
+    fn a_written_file_has_the_usual_permissions_and_replaces_a_link_not_its_target() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // What `File::create` gives here: 0666 less the umask.
+        let plain = d.join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let path = d.join("out.json");
+        write_atomic(&path, b"{}").unwrap();
+        assert_eq!(mode(&path), mode(&plain));
+        let target = d.join("target.json");
+        std::fs::write(&target, b"kept").unwrap();
+        let link = d.join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_atomic(&link, b"new").unwrap();
+        assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&link).unwrap(), b"new");
+        assert_eq!(std::fs::read(&target).unwrap(), b"kept");
     }
 }

@@ -141,8 +141,8 @@ fn decode(view: &TensorView, out: &mut Vec<f64>) -> Option<bool> {
     match view.dtype() {
         Dtype::F64 => le(&|c| f64::from_le_bytes(q(c)), 8),
         Dtype::F32 => le(&|c| f32::from_le_bytes(w(c)) as f64, 4),
-        Dtype::F16 => le(&|c| f16_to_f32(u16::from_le_bytes(b(c))) as f64, 2),
-        Dtype::BF16 => le(&|c| f32::from_bits((u16::from_le_bytes(b(c)) as u32) << 16) as f64, 2),
+        Dtype::F16 => le(&|c| half::f16::from_le_bytes(b(c)).to_f64(), 2),
+        Dtype::BF16 => le(&|c| half::bf16::from_le_bytes(b(c)).to_f64(), 2),
         Dtype::I64 => le(&|c| i64::from_le_bytes(q(c)) as f64, 8),
         Dtype::I32 => le(&|c| i32::from_le_bytes(w(c)) as f64, 4),
         Dtype::I16 => le(&|c| i16::from_le_bytes(b(c)) as f64, 2),
@@ -153,22 +153,6 @@ fn decode(view: &TensorView, out: &mut Vec<f64>) -> Option<bool> {
         _ => return None,
     }
     Some(!matches!(view.dtype(), Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16))
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as i32;
-    let frac = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if frac == 0 => sign,
-        0 => {
-            return f32::from_bits(sign)
-                + (frac as f32) * 2f32.powi(-24) * if sign != 0 { -1.0 } else { 1.0 }
-        }
-        31 => sign | 0x7f80_0000 | (frac << 13),
-        _ => sign | (((exp - 15 + 127) as u32) << 23) | (frac << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// f32 tensors to write: name, shape, values.
@@ -250,9 +234,22 @@ mod tests {
     }
 
     #[test]
-    fn half_precision_decodes() {
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+    fn half_precision_tensors_are_read() {
+        // 1, -2, the smallest subnormal, 65504 (f16's largest), infinity; bf16 the same where
+        // it can say it (1, -2, 2^-133, 65536).
+        let f16 = [0x3c00u16, 0xc000, 0x0001, 0x7bff, 0x7c00];
+        let bf16 = [0x3f80u16, 0xc000, 0x0001, 0x4780];
+        let bytes = |h: &[u16]| h.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+        let (f16_bytes, bf16_bytes) = (bytes(&f16), bytes(&bf16));
+        let views = [
+            ("h", TensorView::new(Dtype::F16, vec![5], &f16_bytes).unwrap()),
+            ("b", TensorView::new(Dtype::BF16, vec![4], &bf16_bytes).unwrap()),
+        ];
+        let file = safetensors::tensor::serialize(views, None).unwrap();
+        let f = TensorFile::from_bytes(Path::new("half.safetensors"), &file).unwrap();
+        let h = f.require("h", &[5]).unwrap();
+        assert_eq!(h.values, [1.0, -2.0, 2f64.powi(-24), 65504.0, f64::INFINITY]);
+        assert!(!h.integer);
+        assert_eq!(f.require("b", &[4]).unwrap().values, [1.0, -2.0, 2f64.powi(-133), 65536.0]);
     }
 }

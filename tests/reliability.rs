@@ -148,7 +148,7 @@ fn no_file_of_the_users_is_ever_overwritten() {
     assert_eq!(std::fs::read(&notes).unwrap(), b"my notes\n");
     assert!(text(&o).contains("is not a syncstep autotune cache"), "{}", text(&o));
     // Temporary files a killed writer left are cleared by the next write there.
-    let stale = dir.join(".good.safetensors.tmp-4294967295");
+    let stale = dir.join(".good.safetensors.tmp-4294967295-a1B2c3");
     std::fs::write(&stale, vec![0u8; 1000]).unwrap();
     let (ok, log) = syncstep(&[
         "train",

@@ -60,24 +60,66 @@ fn resume_from_a_checkpoint_is_bit_exact() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_failed_checkpoint_write_keeps_the_old_checkpoint() {
-    let model = ResNet34::new(10).unwrap();
-    let dir = temp_dir("keep");
-    let path = dir.join("ck.safetensors");
-    let ck = checkpoint::Checkpoint {
+/// Set in a child of [`a_checkpoint_write_killed_midway_keeps_the_old_checkpoint`]: the
+/// checkpoint it saves (and is killed saving).
+const KILLED_SAVE: &str = "SYNCSTEP_TEST_KILLED_SAVE";
+
+fn a_checkpoint(model: &ResNet34, step: u64) -> checkpoint::Checkpoint {
+    checkpoint::Checkpoint {
         params: model.init_params(1),
         running: model.init_buffers(),
         velocity: vec![0.0; model.param_len],
-        step: 1,
+        step,
         settings: syncstep::train::TrainConfig::default().settings(),
-    };
+    }
+}
+
+/// A save killed midway (here by the kernel, at a file size limit far below a checkpoint's,
+/// as a kill or a full disk would stop it) leaves the old checkpoint whole, and the next save
+/// there removes the temporary file the killed one left (a kill runs no clean-up).
+#[test]
+fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
+    let model = ResNet34::new(10).unwrap();
+    if let Some(path) = std::env::var_os(KILLED_SAVE) {
+        // The child: this save passes the file size limit and is killed (SIGXFSZ).
+        checkpoint::save(Path::new(&path), &model, &a_checkpoint(&model, 2)).unwrap();
+        return;
+    }
+    let dir = temp_dir("killed-save");
+    let path = dir.join("ck.safetensors");
+    let ck = a_checkpoint(&model, 1);
     checkpoint::save(&path, &model, &ck).unwrap();
-    // Block the temp file the save writes first, so the write fails midway.
-    std::fs::create_dir(dir.join(format!(".ck.safetensors.tmp-{}", std::process::id()))).unwrap();
-    let newer = checkpoint::Checkpoint { step: 2, ..ck.clone() };
-    assert!(checkpoint::save(&path, &model, &newer).is_err());
-    assert_eq!(checkpoint::load(&path, &model).unwrap(), ck);
+    // This test alone in a child process under a 1 MB file size limit (`ulimit -f` counts
+    // blocks of 512 or 1024 bytes); a checkpoint is some 170 MB.
+    let child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -c 0 && ulimit -f 2000 && exec \"$@\"", "sh"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["a_checkpoint_write_killed_midway_keeps_the_old_checkpoint", "--exact"])
+        .args(["--nocapture", "--test-threads", "1"])
+        .env(KILLED_SAVE, &path)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&child.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert!(child.status.signal().is_some(), "the save was not killed ({}): {log}", child.status);
+    assert_eq!(checkpoint::load(&path, &model).unwrap(), ck, "{log}");
+    let names = || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let left = names();
+    assert!(
+        left.len() == 2 && left[0].starts_with(".ck.safetensors.tmp-"),
+        "the killed save's temporary file is beside the checkpoint: {left:?}"
+    );
+    let newer = checkpoint::Checkpoint { step: 3, ..ck.clone() };
+    checkpoint::save(&path, &model, &newer).unwrap();
+    assert_eq!(checkpoint::load(&path, &model).unwrap(), newer);
+    assert_eq!(names(), ["ck.safetensors"], "the next save removed what the killed one left");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

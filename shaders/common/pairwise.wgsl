@@ -4,9 +4,12 @@
 // block of the level above them; blocks[l] holds the sum of the latest block of 2^l terms not
 // yet paired with its left sibling, always added as the left operand. After `count` terms the
 // open blocks are the set bits of count, the earliest terms in the highest; the total adds
-// them from the smallest up, each as the left operand. So the sum over an aligned block of
-// 2^k terms, a data-parallel replica's shard, is a subtree of the sum over the batch, and an
-// all-reduce that adds the shards' sums in the same tree rebuilds it bit for bit.
+// them from the smallest up, each as the left operand. So a launch over the terms of any node
+// of the batch's tree (an aligned block of 2^k terms, or a tail [s, count) after the larger
+// blocks) computes that node's subtree of the batch's sum. A data-parallel replica sums each
+// canonical piece of its shard (src/canonical.rs: the largest nodes inside it, one for an
+// aligned power-of-two shard) with one launch, and an all-reduce that adds every replica's
+// pieces along the same tree (`canonical::Plan`) rebuilds the batch's sum bit for bit.
 //
 // WGSL has no generics: the functions come in the element types the shaders sum (f32; vec2
 // for BatchNorm's pairs; mat4x4 for the weight gradient's register tiles), each the same tree.

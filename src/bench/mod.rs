@@ -53,7 +53,7 @@ pub use report::{
 };
 pub use width::{is_narrow, NarrowGroup, Width};
 
-/// A training step's FLOPs as a multiple of the forward's (ENVIRONMENT.md).
+/// A training step's FLOPs as a multiple of the forward's (docs/performance.md says why 2.97).
 pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
 /// The layer of profile rows that sum over every layer.
 pub const ALL_LAYERS: &str = "all layers";
@@ -248,8 +248,8 @@ pub fn run_with_peers(
                 flag: "roofline-size",
                 problem: format!(
                     "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
-                    crate::step::human_bytes(bytes),
-                    crate::step::human_bytes(binding)
+                    indicatif::HumanBytes(bytes),
+                    indicatif::HumanBytes(binding)
                 ),
             });
         }

@@ -1,7 +1,7 @@
 // Shared by the browser tests: the static server on a free 127.0.0.1 port, Debian's Chromium
-// driven by playwright-core, headless, with WebGPU on SwiftShader (the flags ENVIRONMENT.md
-// measured) or without it, and the native binary that writes the PORTABLE golden file. Never a
-// browser download of Playwright's own.
+// driven by playwright-core, headless, with WebGPU on SwiftShader (the flags docs/web.md lists)
+// or without it, and the native binary that writes the PORTABLE golden file. Never a browser
+// download of Playwright's own.
 
 import { execFile } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";

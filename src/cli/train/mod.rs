@@ -20,7 +20,7 @@ use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{adapter_label, ParallelError};
 use syncstep::scores::Scores;
-use syncstep::step::{human_bytes, StepError};
+use syncstep::step::StepError;
 use syncstep::train::{TrainConfig, Trainer};
 
 use super::Exit;
@@ -553,8 +553,8 @@ fn check_host_memory(
     if need > available {
         return Err(format!(
             "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: use a smaller --batch or --image-size",
-            human_bytes(need),
-            human_bytes(available)
+            indicatif::HumanBytes(need),
+            indicatif::HumanBytes(available)
         )
         .into());
     }

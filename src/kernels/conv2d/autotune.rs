@@ -48,11 +48,11 @@ pub(super) fn kernels_hash() -> &'static str {
         let tiles =
             GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
         let sources = [SHADER.source, broadcast_shader().source].into_iter().chain(tiles);
-        // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
-        let hash = sources
-            .flat_map(str::bytes)
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-        format!("{hash:016x}")
+        // SHA-256 (stable across builds and platforms, unlike std's hasher), its first 8 bytes
+        // in hex: the cache only tells builds apart.
+        use sha2::Digest;
+        let digest = sources.fold(sha2::Sha256::new(), |hash, source| hash.chain_update(source));
+        digest.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
     })
 }
 
@@ -143,10 +143,10 @@ pub(super) fn load(file: &Path) -> Loaded {
 }
 
 /// Adds `key → algo` to the choices in `file`, read again so that other processes' choices
-/// stay, and writes them back through a temporary file renamed over it. A failure, or a file
-/// that is not ours, is a warning.
+/// stay, and writes them back atomically ([`crate::files::write_atomic`]: a temporary file
+/// renamed over it). A failure, or a file that is not ours, is a warning.
 pub(super) fn remember(file: &Path, key: &ChoiceKey, algo: Conv2dAlgo) {
-    // One writer at a time in this process (the temporary file's name is per process).
+    // One writer at a time in this process: a read, an insert and a write, whole.
     static WRITING: Mutex<()> = Mutex::new(());
     let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
     let Loaded { mut choices, foreign } = load(file);
@@ -165,15 +165,18 @@ pub(super) fn remember(file: &Path, key: &ChoiceKey, algo: Conv2dAlgo) {
         choices,
     };
     let text = serde_json::to_string_pretty(&cache).expect("the cache serialises");
-    let temporary = file.with_extension(format!("tmp{}", std::process::id()));
     let written = file
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(&temporary, text + "\n"))
-        .and_then(|()| std::fs::rename(&temporary, file));
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            crate::files::write_atomic(file, (text + "\n").as_bytes()).map_err(|e| match e {
+                crate::files::FileError::Io { message, .. } => message,
+                other => other.to_string(),
+            })
+        });
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&temporary);
         log::warn!(
             "autotune cache {}: cannot write it ({e}); choices are kept for this process only",
             file.display()
