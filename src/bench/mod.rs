@@ -138,7 +138,7 @@ impl BenchConfig {
                 self.global(),
                 self.replicas
             );
-            return setting("global-batch", &problem);
+            return setting("batch", &problem);
         }
         if self.steps == 0 {
             return setting("steps", "is 0: time at least 1 step");
@@ -218,7 +218,7 @@ pub fn run_with_peers(
     let (r, b, size) = (cfg.replicas * peers.ranks(), cfg.global(), cfg.image_size);
     if b < r {
         let problem = format!("is {b}: each of {r} replicas needs at least 1 image");
-        return Err(BenchError::Setting { flag: "global-batch", problem });
+        return Err(BenchError::Setting { flag: "batch", problem });
     }
     let batch =
         synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
