@@ -26,7 +26,7 @@ export SYNCSTEP_CONV_ALGO="${SYNCSTEP_CONV_ALGO:-guess}"
 failed=0
 run() { # R, global batch
     local r=$1 b=$2 out status=0
-    out=$(target/release/syncstep check --replicas "$r" --global-batch "$b" --steps "$steps" 2>&1) || status=$?
+    out=$(target/release/syncstep check --replicas "$r" --batch "$b" --steps "$steps" 2>&1) || status=$?
     local line
     line=$(awk -v r="$r" -v b="$b" '
         /^[0-9]+ replica/ { sub(/ \([0-9]+×.*/, ""); shape = $0 }

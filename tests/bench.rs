@@ -312,6 +312,14 @@ fn the_command_line_prints_the_report_and_writes_json() {
     assert!(!ok && err.contains("--steps is 0"), "{err}");
     let (ok, _, err) = run(&["--image-size", "16"]);
     assert!(!ok && err.contains("--image-size 16") && err.contains("too small"), "{err}");
+    // --batch is the global batch, and --global-batch its synonym rather than a second setting.
+    let (ok, _, err) = run(&["--replicas", "3", "--global-batch", "2"]);
+    assert!(
+        !ok && err.contains("--batch is 2: each of 3 replicas needs at least 1 image"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&["--batch", "4", "--global-batch", "4"]);
+    assert!(!ok && err.contains("cannot be used multiple times"), "{err}");
 
     let dir = std::env::temp_dir().join(format!("syncstep-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -169,7 +169,7 @@ fn check_over_ranks_passes_every_gate() {
     }
     let dir = temp_dir("check");
     let json = dir.join("check.json");
-    let args = [BIN, "check", "--mpi", "--global-batch", "5", "--steps", "1", "--json"];
+    let args = [BIN, "check", "--mpi", "--batch", "5", "--steps", "1", "--json"];
     let args: Vec<String> =
         args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
     let o = mpirun(&[(2, args)]);
@@ -198,7 +198,7 @@ fn bench_over_ranks_reports_the_bytes_a_rank_receives() {
     }
     let dir = temp_dir("bench");
     let json = dir.join("bench.json");
-    let args = [BIN, "bench", "--mpi", "--batch", "2", "--steps", "1", "--no-roofline", "--json"];
+    let args = [BIN, "bench", "--mpi", "--batch", "4", "--steps", "1", "--no-roofline", "--json"];
     let args: Vec<String> =
         args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
     let o = mpirun(&[(2, args)]);

@@ -240,7 +240,7 @@ async function loadGolden(settings) {
 }
 
 function describeGolden(golden, settings) {
-  const make = `syncstep check --replicas ${settings.replicas} --batch ${settings.batch} --image-size ${settings.size} ` +
+  const make = `syncstep check --replicas ${settings.replicas} --batch ${settings.replicas * settings.batch} --image-size ${settings.size} ` +
     `--seed ${settings.seed} --golden web/golden.json`;
   switch (golden.status) {
     case "absent":

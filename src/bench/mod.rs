@@ -139,7 +139,7 @@ impl BenchConfig {
                 self.global(),
                 self.replicas
             );
-            return setting("global-batch", &problem);
+            return setting("batch", &problem);
         }
         if self.steps == 0 {
             return setting("steps", "is 0: time at least 1 step");
@@ -210,87 +210,43 @@ pub fn run_with_peers(
 ) -> Result<BenchReport> {
     cfg.validate()?;
     let lead = peers.rank() == 0;
-    let model = ResNet34::new(cfg.classes)
-        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
+    let model = model_of(cfg)?;
     let params = model.init_params(cfg.seed);
     let running = model.init_buffers();
     let step_cfg = StepConfig::default();
     let (r, b, size) = (cfg.replicas * peers.ranks(), cfg.global(), cfg.image_size);
     if b < r {
         let problem = format!("is {b}: each of {r} replicas needs at least 1 image");
-        return Err(BenchError::Setting { flag: "global-batch", problem });
+        return Err(BenchError::Setting { flag: "batch", problem });
     }
     let batch =
         synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
     let step_flops = STEP_FLOPS_PER_FORWARD * model.forward_flops(size, size) * b as f64;
-    model
-        .check_training_batch(b as u64, size, size)
-        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
+    check_training_batch(&model, b, size)?;
 
     progress(&format!("opening {} device(s)", cfg.replicas));
     let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
-    let open =
-        |replicas, adapters| open_devices(&model, &params, &running, replicas, adapters, &policy);
-    let mut dp = open(cfg.replicas, &cfg.adapters)?.with_peers(peers.clone());
+    let devices = (&model, &params[..], &running[..], &policy);
+    let mut dp = open_devices(devices, cfg.replicas, &cfg.adapters)?.with_peers(peers.clone());
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
     // Everything this run will allocate on the devices, checked before any work: the single
-    // device's whole batch, each replica's shard, the roofline's matrices.
+    // device's whole batch (each replica's shard is smaller), the roofline's matrices.
     let limits = &dp.replicas()[0].gpu.limits;
-    let too_large =
-        |flag, e: crate::step::StepError| BenchError::Setting { flag, problem: e.to_string() };
-    crate::step::check_batch_fits(&model, b as u64, size, size, limits)
-        .map_err(|e| too_large("batch", e))?;
+    check_batch_fits(&model, b, size, limits)?;
     if let Some(m) = cfg.roofline {
-        let bytes = (m as u64).saturating_mul(m as u64).saturating_mul(4);
-        let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        if bytes > binding {
-            return Err(BenchError::Setting {
-                flag: "roofline-size",
-                problem: format!(
-                    "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
-                    indicatif::HumanBytes(bytes),
-                    indicatif::HumanBytes(binding)
-                ),
-            });
-        }
+        check_roofline_fits(m, limits)?;
     }
     // With R > 1, one device on replica 0's adapter at B and at replica 0's shard (a longest).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
     let n = shard.len();
-    let mut singles = Vec::new();
-    if r > 1 && lead {
-        for _ in 0..2 {
-            singles.push(open(1, &cfg.adapters[..cfg.adapters.len().min(1)])?);
-        }
-    }
+    let mut singles = match r > 1 && lead {
+        true => single_devices(cfg, devices)?,
+        false => Vec::new(),
+    };
     let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
         std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
-    for w in 0..cfg.warmup {
-        progress(&format!(
-            "warm-up step {}/{} (compiles pipelines, autotunes convolutions)",
-            w + 1,
-            cfg.warmup
-        ));
-        for (run, batch) in runs.iter_mut() {
-            timed_step(run, batch, &step_cfg)?;
-        }
-        peers.idle_barrier();
-    }
-    runs.iter()
-        .flat_map(|(run, _)| run.replicas())
-        .for_each(|replica| replica.gpu.reset_memory_stats());
-    let mut seconds = vec![Vec::new(); runs.len()];
-    let received = peers.received_bytes();
-    for s in 0..cfg.steps {
-        progress(&format!("timed step {}/{}", s + 1, cfg.steps));
-        for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
-            times.push(timed_step(run, batch, &step_cfg)?);
-        }
-        // The other ranks wait idle while rank 0 times the single device.
-        peers.idle_barrier();
-    }
-    let rank_received_bytes =
-        (peers.ranks() > 1).then(|| (peers.received_bytes() - received) / cfg.steps as u64);
+    let (seconds, received) = time_steps(cfg, peers, &mut runs, &step_cfg, progress)?;
+    let rank_received_bytes = (peers.ranks() > 1).then(|| received / cfg.steps as u64);
     let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
         replicas: run.global_replicas(),
         global_batch: batch.len(),
@@ -301,24 +257,16 @@ pub fn run_with_peers(
     let (step, single_bench, shard_bench) =
         (benches.next().expect("the configuration asked for"), benches.next(), benches.next());
 
-    let profile = if cfg.profile {
-        progress("profiled step");
-        profile_step(&mut dp, &batch, &step_cfg)
-            .map(|(secs, kernels)| Profile::new(&model, n as u32, size, secs, kernels))
-    } else {
-        Err("not asked for (--profile)".to_string())
-    };
-    let gpu = &dp.replicas()[0].gpu;
+    let profile = profile(cfg, &model, &mut dp, &batch, n, progress);
     let roofline = match cfg.roofline.filter(|_| lead) {
         Some(size) => {
             progress(&format!("roofline probe: matmul {size}³ and the step's convolutions"));
-            Some(roofline(gpu, &model, n as u32, cfg.image_size, size)?)
+            Some(roofline(&dp.replicas()[0].gpu, &model, n as u32, cfg.image_size, size)?)
         }
         None => None,
     };
-    let allreduce = AllReduceBytes::of(&dp, b);
     Ok(BenchReport {
-        allreduce,
+        allreduce: AllReduceBytes::of(&dp, b),
         config: cfg.clone(),
         adapters: dp.replicas().iter().map(|r| describe(&r.gpu.info)).collect(),
         lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),
@@ -333,17 +281,122 @@ pub fn run_with_peers(
     })
 }
 
-/// `replicas` replicas on [`parallel::devices_with`] `policy`.
+/// Two single devices on replica 0's adapter, for the step at the global batch and at one
+/// replica's shard.
+fn single_devices(cfg: &BenchConfig, devices: Devices) -> Result<Vec<DataParallel>> {
+    let first = &cfg.adapters[..cfg.adapters.len().min(1)];
+    Ok(vec![open_devices(devices, 1, first)?, open_devices(devices, 1, first)?])
+}
+
+/// What devices of a benchmark are opened with: the model, its parameters and running
+/// statistics, and the kernel policy they share.
+type Devices<'a> = (&'a ResNet34, &'a [f32], &'a [f32], &'a Arc<KernelPolicy>);
+
+/// `replicas` replicas of `devices`' model on [`parallel::devices_with`] its policy.
 fn open_devices(
-    model: &ResNet34,
-    params: &[f32],
-    running: &[f32],
+    (model, params, running, policy): Devices,
     replicas: usize,
     adapters: &[AdapterChoice],
-    policy: &Arc<KernelPolicy>,
 ) -> Result<DataParallel> {
     let gpus = pollster::block_on(parallel::devices_with(replicas, adapters, policy.clone()))?;
     Ok(DataParallel::from_gpus(gpus, model, params, running)?)
+}
+
+/// With `--profile`, one more step of `batch` with replica 0's dispatches timed (replica 0
+/// runs a shard of `shard` images); else, or when it cannot be had, why there is none.
+fn profile(
+    cfg: &BenchConfig,
+    model: &ResNet34,
+    dp: &mut DataParallel,
+    batch: &crate::data::Batch,
+    shard: usize,
+    progress: &mut dyn FnMut(&str),
+) -> std::result::Result<Profile, String> {
+    if !cfg.profile {
+        return Err("not asked for (--profile)".to_string());
+    }
+    progress("profiled step");
+    let (secs, kernels) = profile_step(dp, batch, &StepConfig::default())?;
+    Ok(Profile::new(model, shard as u32, cfg.image_size, secs, kernels))
+}
+
+/// The model `cfg` asks for.
+fn model_of(cfg: &BenchConfig) -> Result<ResNet34> {
+    ResNet34::new(cfg.classes)
+        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })
+}
+
+/// Refuses a training batch of `batch` images of `size`² that leaves a BatchNorm no variance.
+fn check_training_batch(model: &ResNet34, batch: usize, size: u32) -> Result<()> {
+    model
+        .check_training_batch(batch as u64, size, size)
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
+}
+
+/// Refuses a step of `batch` images of `size`² whose buffers a device of these `limits` cannot
+/// bind.
+fn check_batch_fits(
+    model: &ResNet34,
+    batch: usize,
+    size: u32,
+    limits: &wgpu::Limits,
+) -> Result<()> {
+    crate::step::check_batch_fits(model, batch as u64, size, size, limits)
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
+}
+
+/// Refuses a roofline probe whose `m`×`m` matrices a device of these `limits` cannot bind.
+fn check_roofline_fits(m: u32, limits: &wgpu::Limits) -> Result<()> {
+    let bytes = (m as u64).saturating_mul(m as u64).saturating_mul(4);
+    let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+    if bytes <= binding {
+        return Ok(());
+    }
+    Err(BenchError::Setting {
+        flag: "roofline-size",
+        problem: format!(
+            "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
+            indicatif::HumanBytes(bytes),
+            indicatif::HumanBytes(binding)
+        ),
+    })
+}
+
+/// The warm-up steps, then the timed steps of every run in turn: each run's step times, and
+/// the bytes this rank received during the timed steps. Memory statistics count from the
+/// first timed step.
+fn time_steps(
+    cfg: &BenchConfig,
+    peers: &Peers,
+    runs: &mut [(&mut DataParallel, &crate::data::Batch)],
+    step_cfg: &StepConfig,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Vec<Vec<f64>>, u64)> {
+    for w in 0..cfg.warmup {
+        progress(&format!(
+            "warm-up step {}/{} (compiles pipelines, autotunes convolutions)",
+            w + 1,
+            cfg.warmup
+        ));
+        for (run, batch) in runs.iter_mut() {
+            timed_step(run, batch, step_cfg)?;
+        }
+        peers.idle_barrier();
+    }
+    runs.iter()
+        .flat_map(|(run, _)| run.replicas())
+        .for_each(|replica| replica.gpu.reset_memory_stats());
+    let mut seconds = vec![Vec::new(); runs.len()];
+    let received = peers.received_bytes();
+    for s in 0..cfg.steps {
+        progress(&format!("timed step {}/{}", s + 1, cfg.steps));
+        for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
+            times.push(timed_step(run, batch, step_cfg)?);
+        }
+        // The other ranks wait idle while rank 0 times the single device.
+        peers.idle_barrier();
+    }
+    Ok((seconds, peers.received_bytes() - received))
 }
 
 /// The dispatches of one step at `cfg`'s shape on one device, recorded but not run
@@ -351,21 +404,17 @@ fn open_devices(
 /// step's width, for shapes a CPU adapter would take hours to run. Its times are 0.
 pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Profile> {
     cfg.validate()?;
-    let model = ResNet34::new(cfg.classes)
-        .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })?;
+    let model = model_of(cfg)?;
     let (b, size) = (cfg.global(), cfg.image_size);
-    model
-        .check_training_batch(b as u64, size, size)
-        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
+    check_training_batch(&model, b, size)?;
     let batch =
         synthetic_batch(cfg.seed, 0, b, size, size, cfg.classes).map_err(ParallelError::from)?;
     progress("opening the device");
     let (params, running) = (model.init_params(cfg.seed), model.init_buffers());
     let adapters = &cfg.adapters[..cfg.adapters.len().min(1)];
     let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
-    let mut dp = open_devices(&model, &params, &running, 1, adapters, &policy)?;
-    crate::step::check_batch_fits(&model, b as u64, size, size, &dp.replicas()[0].gpu.limits)
-        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })?;
+    let mut dp = open_devices((&model, &params, &running, &policy), 1, adapters)?;
+    check_batch_fits(&model, b, size, &dp.replicas()[0].gpu.limits)?;
     dp.replicas()[0].gpu.set_record_only(true);
     progress("recording one step");
     let (secs, kernels) = profile_step(&mut dp, &batch, &StepConfig::default())
@@ -429,10 +478,23 @@ fn roofline(
     image_size: u32,
     size: u32,
 ) -> Result<Roofline> {
-    let filled = |label: &str, len: u64| gpu.upload(label, &vec![0.5f32; len as usize]);
+    let tiles = matmul_probes(gpu, size)?;
+    let mut convs = Vec::new();
+    for (s, names, input_vjp) in conv_shapes(model, batch, image_size) {
+        let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
+        for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
+            convs.push(conv_probe(gpu, op, &s, &names)?);
+        }
+    }
+    Ok(Roofline { size, tiles, convs })
+}
+
+/// Each matmul tile's best time at `size`³.
+fn matmul_probes(gpu: &Gpu, size: u32) -> Result<Vec<ProbeTime>> {
     let shape = MatmulShape { m: size, k: size, n: size };
     let len = size as u64 * size as u64;
-    let (a, b, c) = (filled("probe a", len)?, filled("probe b", len)?, gpu.buffer("probe c", len)?);
+    let (a, b, c) =
+        (filled(gpu, "probe a", len)?, filled(gpu, "probe b", len)?, gpu.buffer("probe c", len)?);
     let mut tiles = Vec::new();
     for algo in MATMUL_TILES {
         let MatmulAlgo::Tiled { rows, cols } = algo else { continue };
@@ -457,9 +519,16 @@ fn roofline(
             seconds,
         });
     }
-    drop((a, b, c));
+    Ok(tiles)
+}
 
-    // Distinct shapes in forward order, with the layers that share each.
+/// The step's distinct convolution shapes at `batch` images, in forward order, each with the
+/// layers that share it and whether the step takes its input-VJP.
+fn conv_shapes(
+    model: &ResNet34,
+    batch: u32,
+    image_size: u32,
+) -> Vec<(Conv2dShape, Vec<&str>, bool)> {
     let mut shapes: Vec<(Conv2dShape, Vec<&str>, bool)> = Vec::new();
     for input in model.conv_inputs(image_size, image_size) {
         let s = conv2d_shape(&input.conv, batch, input.h, input.w);
@@ -473,46 +542,46 @@ fn roofline(
             None => shapes.push((s, vec![model.conv_name(&input.conv)], input_vjp)),
         }
     }
-    let mut convs = Vec::new();
-    for (s, names, input_vjp) in shapes {
-        let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
-        for op in ops.into_iter().filter(|&op| op != Conv2dOp::BackwardInput || input_vjp) {
-            let (algo, crop) = conv2d::conv2d_choice(gpu, op, &s)?;
-            let [a, b, out] = s.operand_lens(op);
-            let (a, b, out) = (
-                filled("probe input", a)?,
-                filled("probe second input", b)?,
-                filled("probe output", out)?,
-            );
-            let seconds = best_time(gpu, |enc| {
-                conv2d::conv2d_launch(
-                    gpu,
-                    enc,
-                    op,
-                    &s,
-                    Slice::whole(&a),
-                    Slice::whole(&b),
-                    Slice::whole(&out),
-                )
-            })?;
-            let kept_taps = crop.map(|c| (c.shape.kh, c.shape.kw));
-            let name = if names.len() > 2 {
-                format!("{} (+{} more)", names[..2].join(", "), names.len() - 2)
-            } else {
-                names.join(", ")
-            };
-            let shape =
-                format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out);
-            convs.push(ProbeTime {
-                name,
-                op: op.name(),
-                algo: algo.to_string(),
-                kept_taps,
-                shape,
-                flops: s.flops() as f64,
-                seconds,
-            });
-        }
-    }
-    Ok(Roofline { size, tiles, convs })
+    shapes
+}
+
+/// The best time of convolution `op` at shape `s`, which the layers `names` share.
+fn conv_probe(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, names: &[&str]) -> Result<ProbeTime> {
+    let (algo, crop) = conv2d::conv2d_choice(gpu, op, s)?;
+    let [a, b, out] = s.operand_lens(op);
+    let (a, b, out) = (
+        filled(gpu, "probe input", a)?,
+        filled(gpu, "probe second input", b)?,
+        filled(gpu, "probe output", out)?,
+    );
+    let seconds = best_time(gpu, |enc| {
+        conv2d::conv2d_launch(
+            gpu,
+            enc,
+            op,
+            s,
+            Slice::whole(&a),
+            Slice::whole(&b),
+            Slice::whole(&out),
+        )
+    })?;
+    let name = if names.len() > 2 {
+        format!("{} (+{} more)", names[..2].join(", "), names.len() - 2)
+    } else {
+        names.join(", ")
+    };
+    Ok(ProbeTime {
+        name,
+        op: op.name(),
+        algo: algo.to_string(),
+        kept_taps: crop.map(|c| (c.shape.kh, c.shape.kw)),
+        shape: format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out),
+        flops: s.flops() as f64,
+        seconds,
+    })
+}
+
+/// A probe buffer of `len` values of 0.5.
+fn filled(gpu: &Gpu, label: &str, len: u64) -> Result<wgpu::Buffer> {
+    Ok(gpu.upload(label, &vec![0.5f32; len as usize])?)
 }

@@ -100,6 +100,19 @@ impl AllReduceBytes {
         self.pieces.iter().map(|&p| (p as u64 - 1) * self.gradient_bytes).collect()
     }
 
+    /// One line: the pieces each replica sends, and the bytes they add.
+    fn text(&self) -> String {
+        let extra: u64 = self.extra_bytes().iter().sum();
+        format!(
+            "gradient all-reduce: {} piece(s) per replica ({}), {} each; {} extra over all replicas{}",
+            self.pieces.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
+            "one per canonical subtree of its shard",
+            mib(self.gradient_bytes),
+            mib(extra),
+            if extra == 0 { " (aligned power-of-two shards)" } else { "" }
+        )
+    }
+
     fn to_json(&self) -> Value {
         let sent: Vec<u64> = self.pieces.iter().map(|&p| p as u64 * self.gradient_bytes).collect();
         json!({
@@ -194,6 +207,34 @@ impl Roofline {
     pub fn gflops(&self) -> f64 {
         self.tiles.iter().map(ProbeTime::gflops).fold(0.0, f64::max)
     }
+
+    /// The best tile, then each convolution as a fraction of it.
+    fn text(&self) -> Vec<String> {
+        let best = self.gflops();
+        let tiles: Vec<String> =
+            self.tiles.iter().map(|t| format!("{} {:.2}", t.algo, t.gflops())).collect();
+        let mut lines = vec![
+            format!("roofline: matmul {0}³, best of {PROBE_RUNS} runs per tile: {best:.2} GFLOP/s ({1})", self.size, tiles.join(", ")),
+            format!(
+                "{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}",
+                "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"
+            ),
+        ];
+        for p in &self.convs {
+            let kernel =
+                p.kept_taps.map_or(p.algo.clone(), |(h, w)| format!("{} {h}x{w} taps", p.algo));
+            lines.push(format!(
+                "{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%",
+                clip(&p.name, 44),
+                p.op,
+                kernel,
+                p.seconds * 1e3,
+                p.gflops(),
+                100.0 * p.gflops() / best
+            ));
+        }
+        lines
+    }
 }
 
 /// One row of a profile table: the dispatches grouped under `layer` and `kernel`.
@@ -245,6 +286,54 @@ impl Profile {
     /// Time the device spent in dispatches.
     pub fn kernel_seconds(&self) -> f64 {
         self.kernels.iter().map(|k| k.seconds).sum()
+    }
+
+    /// The step's kernel time and width, then its time by layer (the first `rows` rows), by
+    /// launcher and by shader entry point.
+    fn text(&self, rows: usize) -> Vec<String> {
+        let mut lines = vec![format!(
+            "profile of one step on replica 0 (timestamp queries): {} dispatches, {:.1} ms in kernels of a {:.1} ms step ({:.0}%)",
+            self.kernels.len(),
+            self.kernel_seconds() * 1e3,
+            self.step_seconds * 1e3,
+            100.0 * self.kernel_seconds() / self.step_seconds
+        )];
+        lines.extend(self.width.text(rows.min(10)));
+        lines.extend(self.table("layer · launcher", &self.by_layer, rows));
+        lines.push(String::new());
+        lines.extend(self.table("launcher, all layers", &self.by_op, usize::MAX));
+        lines.push(String::new());
+        lines.extend(self.table("shader entry point, all layers", &self.by_entry, usize::MAX));
+        lines
+    }
+
+    /// One of the profile's tables, its first `limit` rows. The per-layer table names layer and
+    /// launcher; the others the kernel alone.
+    fn table(&self, title: &str, rows: &[ProfileRow], limit: usize) -> Vec<String> {
+        let all_layers = rows.first().is_some_and(|f| f.layer == ALL_LAYERS);
+        let name = |r: &ProfileRow| match all_layers {
+            true => r.kernel.clone(),
+            false => format!("{} · {}", r.layer, r.kernel),
+        };
+        let mut lines = vec![format!(
+            "{:<56} {:>6} {:>9} {:>6} {:>8}",
+            title, "calls", "ms", "step", "GFLOP/s"
+        )];
+        for r in rows.iter().take(limit) {
+            let gflops = r.flops.map_or(String::new(), |f| format!("{:.2}", f / r.seconds / 1e9));
+            lines.push(format!(
+                "{:<56} {:>6} {:>9.3} {:>5.1}% {:>8}",
+                clip(&name(r), 56),
+                r.dispatches,
+                r.seconds * 1e3,
+                100.0 * r.seconds / self.step_seconds,
+                gflops
+            ));
+        }
+        if rows.len() > limit {
+            lines.push(format!("… {} more rows (all of them in --json)", rows.len() - limit));
+        }
+        lines
     }
 
     pub(super) fn new(
@@ -400,28 +489,41 @@ impl BenchReport {
 
     /// The human-readable report; `rows` limits the layer table of the profile.
     pub fn text(&self, rows: usize) -> String {
+        let mut lines = self.steps_text();
+        lines.extend(self.exchange_text());
+        lines.push(String::new());
+        lines.extend(self.memory_text());
+        if let Some(roof) = &self.roofline {
+            lines.push(String::new());
+            lines.extend(roof.text());
+        }
+        lines.push(String::new());
+        match &self.profile {
+            Err(why) => lines.push(format!("profile: {why}")),
+            Ok(p) => lines.extend(p.text(rows)),
+        }
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    /// What ran where and how it was timed, then each configuration's times.
+    fn steps_text(&self) -> Vec<String> {
         let c = &self.config;
-        let mut out = String::new();
-        let mut line = |s: String| {
-            out.push_str(&s);
-            out.push('\n');
-        };
-        line(format!("syncstep bench: ResNet-34 training step (forward, backward, SGD), {0}×{0} images, {1} classes", c.image_size, c.classes));
+        let mut lines = vec![format!("syncstep bench: ResNet-34 training step (forward, backward, SGD), {0}×{0} images, {1} classes", c.image_size, c.classes)];
         for (r, a) in self.adapters.iter().enumerate() {
-            line(format!("replica {r}: {a}"));
+            lines.push(format!("replica {r}: {a}"));
         }
         if let Some(t) = &self.lp_num_threads {
-            line(format!("LP_NUM_THREADS={t}"));
+            lines.push(format!("LP_NUM_THREADS={t}"));
         }
-        line(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
-        line(format!("kernels: {}", plan_words(c.plan)));
-        line(String::new());
-        line(format!(
+        lines.push(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
+        lines.push(format!("kernels: {}", plan_words(c.plan)));
+        lines.push(String::new());
+        lines.push(format!(
             "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "configuration", "median s", "min s", "max s", "images/s", "GFLOP/s"
         ));
         for s in self.benches() {
-            line(format!(
+            lines.push(format!(
                 "{:<34} {:>9.4} {:>9.4} {:>9.4} {:>9.1} {:>9.2}",
                 s.label(),
                 s.median(),
@@ -431,8 +533,15 @@ impl BenchReport {
                 s.gflops()
             ));
         }
+        lines
+    }
+
+    /// Data-parallel (R > 1): the ratios to the single device and to the replicas' own steps,
+    /// what the all-reduce moves, and under MPI what rank 0 received.
+    fn exchange_text(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         if let Some(ratio) = self.ratio() {
-            line(format!(
+            lines.push(format!(
                 "data-parallel / single device at batch {}: {ratio:.3}",
                 self.step.global_batch
             ));
@@ -451,31 +560,27 @@ impl BenchReport {
             } else {
                 format!("single device at batch {n} (the replicas run at once)")
             };
-            line(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch));
-            line(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
-            let a = &self.allreduce;
-            let extra: u64 = a.extra_bytes().iter().sum();
-            line(format!(
-                "gradient all-reduce: {} piece(s) per replica ({}), {} each; {} extra over all replicas{}",
-                a.pieces.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
-                "one per canonical subtree of its shard",
-                mib(a.gradient_bytes),
-                mib(extra),
-                if extra == 0 { " (aligned power-of-two shards)" } else { "" }
-            ));
+            lines.push(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch));
+            lines.push(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
+            lines.push(self.allreduce.text());
         }
         if let Some(bytes) = self.rank_received_bytes {
-            line(format!(
+            lines.push(format!(
                 "MPI: {} ranks × {} replicas; rank 0 received {} a step from the others",
                 self.ranks,
                 self.step.replicas / self.ranks.max(1),
                 mib(bytes)
             ));
         }
-        line(String::new());
+        lines
+    }
+
+    /// Each configuration's memory, replica by replica.
+    fn memory_text(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         for s in self.benches() {
             for (r, m) in s.memory.iter().enumerate() {
-                line(format!(
+                lines.push(format!(
                     "memory, {} replica {r}: held {}, + largest transient set {} (largest buffer {}) = peak {}",
                     s.label(),
                     mib(m.held_bytes),
@@ -485,83 +590,7 @@ impl BenchReport {
                 ));
             }
         }
-        if let Some(roof) = &self.roofline {
-            line(String::new());
-            let best = roof.gflops();
-            let tiles: Vec<String> =
-                roof.tiles.iter().map(|t| format!("{} {:.2}", t.algo, t.gflops())).collect();
-            line(format!("roofline: matmul {0}³, best of {PROBE_RUNS} runs per tile: {best:.2} GFLOP/s ({1})", roof.size, tiles.join(", ")));
-            line(format!(
-                "{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}",
-                "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"
-            ));
-            for p in &roof.convs {
-                let kernel =
-                    p.kept_taps.map_or(p.algo.clone(), |(h, w)| format!("{} {h}x{w} taps", p.algo));
-                line(format!(
-                    "{:<44} {:<24} {:<22} {:>9.3} {:>8.2} {:>5.0}%",
-                    clip(&p.name, 44),
-                    p.op,
-                    kernel,
-                    p.seconds * 1e3,
-                    p.gflops(),
-                    100.0 * p.gflops() / best
-                ));
-            }
-        }
-        line(String::new());
-        match &self.profile {
-            Err(why) => line(format!("profile: {why}")),
-            Ok(p) => {
-                line(format!(
-                    "profile of one step on replica 0 (timestamp queries): {} dispatches, {:.1} ms in kernels of a {:.1} ms step ({:.0}%)",
-                    p.kernels.len(),
-                    p.kernel_seconds() * 1e3,
-                    p.step_seconds * 1e3,
-                    100.0 * p.kernel_seconds() / p.step_seconds
-                ));
-                p.width.text(rows.min(10)).into_iter().for_each(&mut line);
-                // The per-layer table names layer and launcher; the others the kernel alone.
-                let table = |line: &mut dyn FnMut(String),
-                             title: &str,
-                             rows: &[ProfileRow],
-                             limit: usize| {
-                    let name = |r: &ProfileRow| {
-                        if rows.first().is_some_and(|f| f.layer == ALL_LAYERS) {
-                            r.kernel.clone()
-                        } else {
-                            format!("{} · {}", r.layer, r.kernel)
-                        }
-                    };
-                    line(format!(
-                        "{:<56} {:>6} {:>9} {:>6} {:>8}",
-                        title, "calls", "ms", "step", "GFLOP/s"
-                    ));
-                    for r in rows.iter().take(limit) {
-                        let gflops = r
-                            .flops
-                            .map_or(String::new(), |f| format!("{:.2}", f / r.seconds / 1e9));
-                        line(format!(
-                            "{:<56} {:>6} {:>9.3} {:>5.1}% {:>8}",
-                            clip(&name(r), 56),
-                            r.dispatches,
-                            r.seconds * 1e3,
-                            100.0 * r.seconds / p.step_seconds,
-                            gflops
-                        ));
-                    }
-                    if rows.len() > limit {
-                        line(format!("… {} more rows (all of them in --json)", rows.len() - limit));
-                    }
-                };
-                table(&mut line, "layer · launcher", &p.by_layer, rows);
-                line(String::new());
-                table(&mut line, "launcher, all layers", &p.by_op, usize::MAX);
-                line(String::new());
-                table(&mut line, "shader entry point, all layers", &p.by_entry, usize::MAX);
-            }
-        }
-        out
+        lines
     }
 
     /// The configurations measured: the one asked for, then (R > 1) the single device at R·N

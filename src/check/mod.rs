@@ -286,7 +286,7 @@ pub async fn run_check_on(
     if let Some(g) = golden {
         g.check_fits(&cfg.golden_settings(), &model)?;
     }
-    let mut phases = Phases {
+    let phases = Phases {
         index: 0,
         total: 5 + golden.is_some() as usize + cfg.tie as usize + cfg.steps,
         report: progress,
@@ -294,269 +294,293 @@ pub async fn run_check_on(
     let mut params = model.init_params(cfg.seed);
     model.randomize_batchnorm(&mut params, cfg.seed + 1);
     let running = model.init_buffers();
-    let mut dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?
+    let dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?
         .with_peers(devices.peers);
     let adapter = adapter_label(&devices.single.info);
     let replica = Replica::new(devices.single, model.clone(), &params, &running)
         .map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;
-    let mut single = Single { replica, adapter };
-    let step_cfg = StepConfig::default();
-    let sync = ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage };
-    let mut rows = Vec::new();
-    let (m, shards) = (cfg.global(), cfg.shards_text());
-
-    // TEST: the data-parallel step against the single device on the DP run's pattern.
-    let batch = gate_batch(cfg, 0)?;
-    phases.start(format!("TEST: data-parallel step, {shards}"), &rows);
-    let dp_out = dp.forward_backward(&batch, &step_cfg, sync).await?;
-    let dp_grads = dp.read_grads().await?.swap_remove(0);
-    let pattern = dp.pattern(&dp_out)?;
-    phases.start(
-        format!("TEST: single-device step at {m}, deciding its own activation pattern"),
-        &rows,
-    );
-    let free =
-        single.step(&batch, &step_cfg, StepOptions { impose: None, capture_pattern: true }).await?;
-    let free_pattern = free.pattern.unwrap_or_default();
-    // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
-    let portable = match golden {
-        Some(g) => {
-            phases.start(
-                format!("PORTABLE: single-device step at {m} on the golden's activation pattern"),
-                &rows,
-            );
-            Some(portable(&model, &mut single, &batch, &step_cfg, g, &free_pattern).await?)
-        }
-        None => None,
+    let mut gates = Gates {
+        cfg,
+        model,
+        dp,
+        single: Single { replica, adapter },
+        step_cfg: StepConfig::default(),
+        sync: ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage },
+        batch: gate_batch(cfg, 0)?,
+        phases,
+        rows: Vec::new(),
     };
-    phases.start(format!("TEST: single-device step at {m} on the data-parallel pattern"), &rows);
-    let single_out = single
-        .step(&batch, &step_cfg, StepOptions { impose: Some(&pattern), ..Default::default() })
-        .await?;
-    let single_grads = single.read_grads().await?;
-    let flips = Some(free_pattern.flips(&pattern));
-    let test_errors = tensor_errors(&model, &dp_grads, &single_grads);
-    let (test, worst) = worst_of(&model, &test_errors);
-    let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
-    rows.push(row("TEST", test, Bound::AtMost(TEST_GRAD_BOUND), worst, flips, bitwise(test)));
-    // Every replica holds the global loss.
-    let dp_loss = dp_out[0].loss as f64;
-    let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
-    rows.push(row(
-        "TEST loss",
-        loss_err,
-        Bound::AtMost(TEST_OUTPUT_BOUND),
-        None,
-        None,
-        format!("{dp_loss:.7} vs {:.7}", single_out.loss),
-    ));
-    let dp_logits = dp.logits(&dp_out)?;
-    let logits_err = norm_rel(&dp_logits, &single_out.logits);
-    rows.push(row(
-        "TEST logits",
-        logits_err,
-        Bound::AtMost(TEST_OUTPUT_BOUND),
-        None,
-        None,
-        bitwise(logits_err),
-    ));
-
+    let mut test = gates.test(golden).await?;
     if cfg.tie {
-        phases.start(format!("TIE: the f64 reference step at {m}"), &rows);
-        rows.extend(tie(&model, &params, &running, &batch, &single_out, &single_grads, &pattern));
+        gates.phase(format!("TIE: the f64 reference step at {}", cfg.global()));
+        let rows = tie(&gates.model, &params, &running, &gates.batch, &test);
+        gates.rows.extend(rows);
     }
-    let portable_errors = portable.map(|(portable_rows, errors)| {
-        rows.extend(portable_rows);
+    let portable_errors = test.portable.take().map(|(portable_rows, errors)| {
+        gates.rows.extend(portable_rows);
         errors
     });
-
-    // CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail.
-    phases.start("CONTROL: data-parallel step with per-replica BatchNorm statistics".into(), &rows);
-    let control_errors = match cfg.control_not_applicable(&model) {
-        Some(why) => {
-            rows.push(row("CONTROL", f64::NAN, Bound::NotApplicable, None, None, why));
-            vec![f64::NAN; model.params.len()]
-        }
-        None => {
-            let local = ParallelOptions { bn: BnMode::Local, ..sync };
-            let local_out = dp.forward_backward(&batch, &step_cfg, local).await?;
-            let local_grads = dp.read_grads().await?.swap_remove(0);
-            let control_errors = tensor_errors(&model, &local_grads, &single_grads);
-            let (control, worst) = worst_of(&model, &control_errors);
-            let local_pattern = dp.pattern(&local_out)?;
-            let floor = test.max(CONTROL_FLOOR);
-            let flips = Some(local_pattern.flips(&pattern));
-            let bound = Bound::AtLeast(CONTROL_FACTOR * floor);
-            rows.push(row("CONTROL", control, bound, worst, flips, String::new()));
-            control_errors
-        }
-    };
-
-    // REPEAT: the same DP step again. Only the running statistics moved since, and training
-    // mode does not read them. It leaves step 0's gradients in place for DRIFT.
-    phases.start("REPEAT: the data-parallel step again".into(), &rows);
-    let again = dp
-        .forward_backward(&batch, &step_cfg, ParallelOptions { capture_pattern: false, ..sync })
-        .await?;
-    let again_grads = dp.read_grads().await?.swap_remove(0);
-    let differing = again_grads
-        .iter()
-        .zip(&dp_grads)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count()
-        + again.iter().zip(&dp_out).filter(|(a, b)| a.loss.to_bits() != b.loss.to_bits()).count();
-    rows.push(row(
-        "REPEAT",
-        differing as f64,
-        Bound::AtMost(0.0),
-        None,
-        None,
-        "measured = gradient and loss values that differ bitwise between two runs".into(),
-    ));
-
+    let control_errors = gates.control(&test).await?;
+    gates.repeat(&test).await?;
     if cfg.steps > 0 {
-        rows.push(
-            drift(cfg, &model, &mut dp, &mut single, &step_cfg, sync, (&mut phases, &rows)).await?,
-        );
+        let row = gates.drift().await?;
+        gates.rows.push(row);
     }
-    let pass_all = |r: &GateRow| r.pass;
-    phases.start(
-        format!(
-            "done: {}",
-            if rows.iter().all(pass_all) { "all gates pass" } else { "some gates FAIL" }
-        ),
-        &rows,
-    );
-    let tensors = model
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| TensorErrors {
-            name: spec.name.clone(),
-            test: test_errors[i],
-            control: control_errors[i],
-            portable: portable_errors.as_ref().map(|e| e[i]),
-        })
-        .collect();
-    Ok(CheckReport {
-        config: cfg.clone(),
-        replica_adapters: dp.adapters()?,
-        golden: Golden::of_step(
-            cfg.golden_settings(),
-            &model,
-            &single.adapter,
-            single_out.loss,
-            &single_grads,
-            &pattern,
-        ),
-        single_adapter: single.adapter,
-        portable_against: golden.map(|g| g.adapter.clone()),
-        rows,
-        tensors,
-    })
+    gates.report(test, control_errors, portable_errors, golden)
 }
 
-/// PORTABLE: the single-device step on `golden`'s activation pattern, held to its loss and
-/// gradients; flips are those of this build's own free pattern. Returns the rows and each
-/// tensor's error.
-async fn portable(
-    model: &ResNet34,
-    single: &mut Single,
-    batch: &Batch,
-    step_cfg: &StepConfig,
-    golden: &Golden,
-    free: &ActivationPattern,
-) -> Result<(Vec<GateRow>, Vec<f64>)> {
-    let out = single
-        .step(batch, step_cfg, StepOptions { impose: Some(&golden.pattern), ..Default::default() })
-        .await?;
-    let errors = golden.tensor_errors(model, &single.read_grads().await?);
-    let (grad_err, worst) = worst_of(model, &errors);
-    let loss_err = (out.loss as f64 - golden.loss as f64).abs() / (golden.loss as f64).abs();
-    let flips = Some(free.flips(&golden.pattern));
-    let against = format!("against {}", golden.adapter);
-    let rows = vec![
-        row("PORTABLE", grad_err, Bound::AtMost(PORTABLE_GRAD_BOUND), worst, flips, against),
-        row(
-            "PORTABLE loss",
-            loss_err,
-            Bound::AtMost(PORTABLE_LOSS_BOUND),
-            None,
-            None,
-            format!("{:.7} vs {:.7}", out.loss, golden.loss),
-        ),
-    ];
-    Ok((rows, errors))
-}
-
-/// DRIFT: K SGD steps data-parallel beside K single-device steps (each given that step's DP
-/// pattern), from the same state; then parameters against each other, and replicas among
-/// themselves (bitwise). Step 0's gradients are already in place: the replicas' from REPEAT,
-/// the single device's from TEST (parameters untouched since).
-async fn drift(
-    cfg: &CheckConfig,
-    model: &ResNet34,
-    dp: &mut DataParallel,
-    single: &mut Single,
-    step_cfg: &StepConfig,
+/// A check under way: both sides' devices, the first step's batch, and the gates decided so
+/// far.
+struct Gates<'c, 'p> {
+    cfg: &'c CheckConfig,
+    model: ResNet34,
+    dp: DataParallel,
+    single: Single,
+    step_cfg: StepConfig,
+    /// The data-parallel step with synchronised BatchNorm, capturing its pattern.
     sync: ParallelOptions,
-    (phases, done): (&mut Phases<'_>, &[GateRow]),
-) -> Result<GateRow> {
-    for step in 0..cfg.steps {
-        phases.start(
-            format!(
-                "DRIFT: SGD step {} of {}, data-parallel and single-device",
-                step + 1,
-                cfg.steps
-            ),
-            done,
-        );
-        if step > 0 {
-            let batch = gate_batch(cfg, step)?;
-            let out = dp.forward_backward(&batch, step_cfg, sync).await?;
-            let pattern = dp.pattern(&out)?;
-            single
-                .step(
-                    &batch,
-                    step_cfg,
-                    StepOptions { impose: Some(&pattern), ..Default::default() },
-                )
-                .await?;
-        }
-        dp.sgd_update(step_cfg).await?;
-        single.replica.sgd_update(step_cfg).await.map_err(|e| single.named(e))?;
-    }
-    let dp_params = dp.read_params().await?.swap_remove(0);
-    let single_params = single.replica.read_params().await.map_err(|e| single.named(e))?;
-    let (drift, worst) = worst_tensor(model, &dp_params, &single_params);
-    let differing: Vec<String> = dp
-        .replicas_that_differ(|r| &r.params)
-        .await?
-        .iter()
-        .map(|r| format!("replica {r} differs from replica 0 in its parameters"))
-        .collect();
-    let note = if differing.is_empty() {
-        "replicas bitwise equal".to_string()
-    } else {
-        differing.join("; ")
-    };
-    let note = if drift == 0.0 { format!("bitwise 0; {note}") } else { note };
-    let mut r = row("DRIFT", drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
-    r.pass &= differing.is_empty();
-    Ok(r)
+    /// Step 0's global batch, which TEST, CONTROL, REPEAT and PORTABLE run on.
+    batch: Batch,
+    phases: Phases<'p>,
+    rows: Vec<GateRow>,
 }
 
-/// TIE: the single device at R·N (on the DP run's pattern) against the f64 reference on the
-/// same pattern; flips are those of a free f64 run.
+/// What TEST computed, that the gates after it compare with.
+struct TestRun {
+    dp_out: Vec<StepOutput>,
+    dp_grads: Vec<f32>,
+    /// The data-parallel step's activation pattern, imposed on the single device.
+    pattern: ActivationPattern,
+    single_out: StepOutput,
+    single_grads: Vec<f32>,
+    /// Each tensor's error, and the worst.
+    errors: Vec<f64>,
+    error: f64,
+    /// PORTABLE's rows and each tensor's error, when a golden was given.
+    portable: Option<(Vec<GateRow>, Vec<f64>)>,
+}
+
+impl Gates<'_, '_> {
+    fn phase(&mut self, phase: String) {
+        self.phases.start(phase, &self.rows);
+    }
+
+    /// TEST: the data-parallel step against the single device on the DP run's pattern (and
+    /// PORTABLE, when given a golden, between the single device's free step and that one).
+    async fn test(&mut self, golden: Option<&Golden>) -> Result<TestRun> {
+        let (m, shards) = (self.cfg.global(), self.cfg.shards_text());
+        self.phase(format!("TEST: data-parallel step, {shards}"));
+        let dp_out = self.dp.forward_backward(&self.batch, &self.step_cfg, self.sync).await?;
+        let dp_grads = self.dp.read_grads().await?.swap_remove(0);
+        let pattern = self.dp.pattern(&dp_out)?;
+        self.phase(format!("TEST: single-device step at {m}, deciding its own activation pattern"));
+        let free = StepOptions { impose: None, capture_pattern: true };
+        let free = self.single.step(&self.batch, &self.step_cfg, free).await?;
+        let free_pattern = free.pattern.unwrap_or_default();
+        // Before TEST's own single step: DRIFT starts from the gradients that one leaves.
+        let portable = match golden {
+            Some(g) => {
+                self.phase(format!(
+                    "PORTABLE: single-device step at {m} on the golden's activation pattern"
+                ));
+                Some(self.portable(g, &free_pattern).await?)
+            }
+            None => None,
+        };
+        self.phase(format!("TEST: single-device step at {m} on the data-parallel pattern"));
+        let imposed = StepOptions { impose: Some(&pattern), ..Default::default() };
+        let single_out = self.single.step(&self.batch, &self.step_cfg, imposed).await?;
+        let single_grads = self.single.read_grads().await?;
+        let flips = Some(free_pattern.flips(&pattern));
+        let errors = tensor_errors(&self.model, &dp_grads, &single_grads);
+        let (error, worst) = worst_of(&self.model, &errors);
+        let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
+        let bound = Bound::AtMost(TEST_GRAD_BOUND);
+        self.rows.push(row("TEST", error, bound, worst, flips, bitwise(error)));
+        // Every replica holds the global loss.
+        let dp_loss = dp_out[0].loss as f64;
+        let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
+        let bound = Bound::AtMost(TEST_OUTPUT_BOUND);
+        let note = format!("{dp_loss:.7} vs {:.7}", single_out.loss);
+        self.rows.push(row("TEST loss", loss_err, bound, None, None, note));
+        let logits_err = norm_rel(&self.dp.logits(&dp_out)?, &single_out.logits);
+        self.rows.push(row("TEST logits", logits_err, bound, None, None, bitwise(logits_err)));
+        Ok(TestRun { dp_out, dp_grads, pattern, single_out, single_grads, errors, error, portable })
+    }
+
+    /// CONTROL: per-replica statistics must be visibly wrong, or TEST could not fail. Returns
+    /// each tensor's error (NaN where CONTROL does not apply).
+    async fn control(&mut self, test: &TestRun) -> Result<Vec<f64>> {
+        self.phase("CONTROL: data-parallel step with per-replica BatchNorm statistics".into());
+        if let Some(why) = self.cfg.control_not_applicable(&self.model) {
+            self.rows.push(row("CONTROL", f64::NAN, Bound::NotApplicable, None, None, why));
+            return Ok(vec![f64::NAN; self.model.params.len()]);
+        }
+        let local = ParallelOptions { bn: BnMode::Local, ..self.sync };
+        let local_out = self.dp.forward_backward(&self.batch, &self.step_cfg, local).await?;
+        let local_grads = self.dp.read_grads().await?.swap_remove(0);
+        let errors = tensor_errors(&self.model, &local_grads, &test.single_grads);
+        let (control, worst) = worst_of(&self.model, &errors);
+        let local_pattern = self.dp.pattern(&local_out)?;
+        let floor = test.error.max(CONTROL_FLOOR);
+        let flips = Some(local_pattern.flips(&test.pattern));
+        let bound = Bound::AtLeast(CONTROL_FACTOR * floor);
+        self.rows.push(row("CONTROL", control, bound, worst, flips, String::new()));
+        Ok(errors)
+    }
+
+    /// REPEAT: the same DP step again. Only the running statistics moved since, and training
+    /// mode does not read them. It leaves step 0's gradients in place for DRIFT.
+    async fn repeat(&mut self, test: &TestRun) -> Result<()> {
+        self.phase("REPEAT: the data-parallel step again".into());
+        let options = ParallelOptions { capture_pattern: false, ..self.sync };
+        let again = self.dp.forward_backward(&self.batch, &self.step_cfg, options).await?;
+        let again_grads = self.dp.read_grads().await?.swap_remove(0);
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits();
+        let differing = again_grads.iter().zip(&test.dp_grads).filter(|(a, b)| !same(**a, **b));
+        let losses = again.iter().zip(&test.dp_out).filter(|(a, b)| !same(a.loss, b.loss));
+        let differing = differing.count() + losses.count();
+        self.rows.push(row(
+            "REPEAT",
+            differing as f64,
+            Bound::AtMost(0.0),
+            None,
+            None,
+            "measured = gradient and loss values that differ bitwise between two runs".into(),
+        ));
+        Ok(())
+    }
+
+    /// PORTABLE: the single-device step on `golden`'s activation pattern, held to its loss
+    /// and gradients; flips are those of this build's own `free` pattern. Returns the rows and
+    /// each tensor's error.
+    async fn portable(
+        &mut self,
+        golden: &Golden,
+        free: &ActivationPattern,
+    ) -> Result<(Vec<GateRow>, Vec<f64>)> {
+        let imposed = StepOptions { impose: Some(&golden.pattern), ..Default::default() };
+        let out = self.single.step(&self.batch, &self.step_cfg, imposed).await?;
+        let errors = golden.tensor_errors(&self.model, &self.single.read_grads().await?);
+        let (grad_err, worst) = worst_of(&self.model, &errors);
+        let loss_err = (out.loss as f64 - golden.loss as f64).abs() / (golden.loss as f64).abs();
+        let flips = Some(free.flips(&golden.pattern));
+        let against = format!("against {}", golden.adapter);
+        let rows = vec![
+            row("PORTABLE", grad_err, Bound::AtMost(PORTABLE_GRAD_BOUND), worst, flips, against),
+            row(
+                "PORTABLE loss",
+                loss_err,
+                Bound::AtMost(PORTABLE_LOSS_BOUND),
+                None,
+                None,
+                format!("{:.7} vs {:.7}", out.loss, golden.loss),
+            ),
+        ];
+        Ok((rows, errors))
+    }
+
+    /// DRIFT: K SGD steps data-parallel beside K single-device steps (each given that step's
+    /// DP pattern), from the same state; then parameters against each other, and replicas
+    /// among themselves (bitwise). Step 0's gradients are already in place: the replicas' from
+    /// REPEAT, the single device's from TEST (parameters untouched since).
+    async fn drift(&mut self) -> Result<GateRow> {
+        let (steps, step_cfg) = (self.cfg.steps, self.step_cfg);
+        for step in 0..steps {
+            self.phase(format!(
+                "DRIFT: SGD step {} of {steps}, data-parallel and single-device",
+                step + 1
+            ));
+            if step > 0 {
+                let batch = gate_batch(self.cfg, step)?;
+                let out = self.dp.forward_backward(&batch, &step_cfg, self.sync).await?;
+                let pattern = self.dp.pattern(&out)?;
+                let imposed = StepOptions { impose: Some(&pattern), ..Default::default() };
+                self.single.step(&batch, &step_cfg, imposed).await?;
+            }
+            self.dp.sgd_update(&step_cfg).await?;
+            let single = &mut self.single;
+            single.replica.sgd_update(&step_cfg).await.map_err(|e| single.named(e))?;
+        }
+        let dp_params = self.dp.read_params().await?.swap_remove(0);
+        let single = &self.single;
+        let single_params = single.replica.read_params().await.map_err(|e| single.named(e))?;
+        let (drift, worst) = worst_tensor(&self.model, &dp_params, &single_params);
+        let differing: Vec<String> = self
+            .dp
+            .replicas_that_differ(|r| &r.params)
+            .await?
+            .iter()
+            .map(|r| format!("replica {r} differs from replica 0 in its parameters"))
+            .collect();
+        let note = if differing.is_empty() {
+            "replicas bitwise equal".to_string()
+        } else {
+            differing.join("; ")
+        };
+        let note = if drift == 0.0 { format!("bitwise 0; {note}") } else { note };
+        let mut r = row("DRIFT", drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
+        r.pass &= differing.is_empty();
+        Ok(r)
+    }
+
+    /// The last phase ("done"), and the report: every gate, each tensor's errors, and the
+    /// golden of TEST's single-device step.
+    fn report(
+        mut self,
+        test: TestRun,
+        control_errors: Vec<f64>,
+        portable_errors: Option<Vec<f64>>,
+        golden: Option<&Golden>,
+    ) -> Result<CheckReport> {
+        let verdict = match self.rows.iter().all(|r| r.pass) {
+            true => "all gates pass",
+            false => "some gates FAIL",
+        };
+        self.phase(format!("done: {verdict}"));
+        let tensors = self
+            .model
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| TensorErrors {
+                name: spec.name.clone(),
+                test: test.errors[i],
+                control: control_errors[i],
+                portable: portable_errors.as_ref().map(|e| e[i]),
+            })
+            .collect();
+        let cfg = self.cfg;
+        Ok(CheckReport {
+            config: cfg.clone(),
+            replica_adapters: self.dp.adapters()?,
+            golden: Golden::of_step(
+                cfg.golden_settings(),
+                &self.model,
+                &self.single.adapter,
+                test.single_out.loss,
+                &test.single_grads,
+                &test.pattern,
+            ),
+            single_adapter: self.single.adapter,
+            portable_against: golden.map(|g| g.adapter.clone()),
+            rows: self.rows,
+            tensors,
+        })
+    }
+}
+
+/// TIE: TEST's single-device step at R·N (on the DP run's pattern) against the f64 reference
+/// from the same `params` and `running` statistics on the same pattern; flips are those of a
+/// free f64 run.
 fn tie(
     model: &ResNet34,
     params: &[f32],
     running: &[f32],
     batch: &Batch,
-    out: &StepOutput,
-    grads: &[f32],
-    pattern: &ActivationPattern,
+    test: &TestRun,
 ) -> Vec<GateRow> {
+    let (out, grads, pattern) = (&test.single_out, &test.single_grads, &test.pattern);
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
     let r64: Vec<f64> = running.iter().map(|&v| v as f64).collect();
     let cfg = StepConfig::default();

@@ -20,13 +20,10 @@ pub struct BenchArgs {
     /// measured too, in the same run, and the ratios printed.
     #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
     replicas: usize,
-    /// Images per replica N (here --batch is per replica): the global batch is R·N.
-    #[arg(long, default_value_t = 8)]
+    /// The global batch B, over all replicas (with --mpi, all ranks' replicas). The replicas'
+    /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
+    #[arg(long, visible_alias = "global-batch", default_value_t = 8)]
     batch: usize,
-    /// The global batch B instead of R·N, for shards of different sizes: the first B mod R
-    /// replicas take one image more. B ≥ R.
-    #[arg(long, conflicts_with = "batch")]
-    global_batch: Option<usize>,
     /// Side of the square input images, at least 32.
     #[arg(long, default_value_t = 32)]
     image_size: u32,
@@ -84,10 +81,9 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let global_replicas = local * peers.ranks();
     let cfg = BenchConfig {
         replicas: local,
-        batch: args.batch,
-        global_batch: Some(args.global_batch.unwrap_or(global_replicas * args.batch))
-            .filter(|_| peers.ranks() > 1)
-            .or(args.global_batch),
+        // R = 0 is refused by `cfg.validate()`.
+        batch: args.batch / global_replicas.max(1),
+        global_batch: Some(args.batch),
         image_size: args.image_size,
         steps: args.steps,
         warmup: args.warmup,

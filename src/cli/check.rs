@@ -16,14 +16,10 @@ pub struct CheckArgs {
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
     #[arg(long, default_value_t = 2, conflicts_with = "mpi")]
     replicas: usize,
-    /// Images per replica N (here --batch is per replica); the single device runs the global
-    /// batch R·N.
-    #[arg(long, default_value_t = 8)]
+    /// The global batch B, over all replicas; the single device runs all of it. The replicas'
+    /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
+    #[arg(long, visible_alias = "global-batch", default_value_t = 16)]
     batch: usize,
-    /// The global batch B instead of R·N, for shards of different sizes: the first B mod R
-    /// replicas take one image more. B ≥ R.
-    #[arg(long, conflicts_with = "batch")]
-    global_batch: Option<usize>,
     /// Image side in pixels (at least 32).
     #[arg(long, default_value_t = 32)]
     image_size: u32,
@@ -75,10 +71,12 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     // This process's replicas' adapters; the single device on the first.
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
+    let replicas = local * peers.ranks();
     let cfg = CheckConfig {
-        replicas: local * peers.ranks(),
-        batch: args.batch,
-        global_batch: args.global_batch,
+        replicas,
+        // R = 0 is refused by `cfg.model()`.
+        batch: args.batch / replicas.max(1),
+        global_batch: Some(args.batch),
         image_size: args.image_size,
         classes: args.classes,
         steps: args.steps,

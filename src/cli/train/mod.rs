@@ -3,7 +3,7 @@
 //! (after the step in flight), never with a non-finite value, and a resume that changes a
 //! setting says so.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,11 +11,11 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::checkpoint;
 use syncstep::data::loader::{Loader, Plan};
-use syncstep::data::schedule::LrSchedule;
-use syncstep::data::source::DataSpec;
+use syncstep::data::schedule::{Epochs, LrSchedule};
+use syncstep::data::source::{DataSpec, Dataset, Splits};
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
-use syncstep::gpu::{describe, AdapterChoice};
+use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::ResNet34;
 use syncstep::parallel::{adapter_label, ParallelError};
@@ -187,9 +187,6 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let peers = super::ranks::peers(&args.ranks)?;
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
     let lead = peers.rank() == 0;
-    macro_rules! say {
-        ($($t:tt)*) => { if lead { println!($($t)*) } };
-    }
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
     let model = ResNet34::new(cfg.classes)?;
     check_host_memory(&model, &cfg)?;
@@ -198,7 +195,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         syncstep::files::check_output("--checkpoint", path, &[])?;
     }
     let from = start.as_ref().filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    let mut log = match args.log.as_ref().filter(|_| lead) {
+    let log = match args.log.as_ref().filter(|_| lead) {
         Some(path) => Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from))?),
         None => None,
     };
@@ -208,30 +205,89 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
     }
     let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
-    let r = gpus.len() * peers.ranks();
-    let ranks = match peers.ranks() {
+    let replicas = gpus.len() * peers.ranks();
+    let devices = devices_text(&gpus, cfg.batch, peers.ranks(), local)?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg, start)?.with_peers(peers);
+    if lead {
+        announce(&trainer, splits.as_ref(), epochs, last, &devices, &notes);
+    }
+    let workers =
+        args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let (mut batches, val) = batches(&trainer, splits, epochs, eval_limit, workers)?;
+    let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
+    let before = evaluate(&mut trainer, synthetic_eval, "before")?;
+    let stop = StopSignals::register()?;
+    let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
+    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
+        * trainer.model().forward_flops(size, size)
+        * batch as f64;
+    let mut training = Training {
+        bar: steps_bar(lead, last - trainer.step),
+        args: &args,
+        trainer,
+        epochs,
+        last,
+        replicas,
+        flops,
+        lead,
+        checkpoint,
+        log,
+        val,
+        workers,
+        losses: Vec::new(),
+        waited: Duration::ZERO,
+        busy: Duration::ZERO,
+        last_scores: None,
+    };
+    while training.trainer.step < last {
+        training.step(&mut batches, &stop)?;
+    }
+    training.bar.finish_and_clear();
+    drop(batches);
+    training.finish(stop)?;
+    if !lead {
+        return Ok(());
+    }
+    training.report_accuracy(before, synthetic_eval)
+}
+
+/// The devices a run trains on, for its first line: one adapter, or the replicas, their shard
+/// sizes and adapters.
+fn devices_text(
+    gpus: &[Gpu],
+    batch: usize,
+    ranks: usize,
+    local: usize,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let r = gpus.len() * ranks;
+    if r == 1 {
+        return Ok(describe(&gpus[0].info));
+    }
+    let ranks = match ranks {
         1 => String::new(),
         p => format!(" (rank 0 of {p}, {local} per rank)"),
     };
-    let adapter = if r == 1 {
-        describe(&gpus[0].info)
-    } else {
-        let mut sizes: Vec<String> = syncstep::data::shard_ranges(cfg.batch, r)?
-            .iter()
-            .map(|s| s.len().to_string())
-            .collect();
-        sizes.dedup();
-        format!(
-            "{r} replicas of {} images{ranks}: {}",
-            sizes.join(" or "),
-            gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")
-        )
-    };
-    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), start)?.with_peers(peers);
-    let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
-        * trainer.model().forward_flops(cfg.image_size, cfg.image_size)
-        * cfg.batch as f64;
-    let what = match (&cfg.images, &splits) {
+    let mut sizes: Vec<String> =
+        syncstep::data::shard_ranges(batch, r)?.iter().map(|s| s.len().to_string()).collect();
+    sizes.dedup();
+    Ok(format!(
+        "{r} replicas of {} images{ranks}: {}",
+        sizes.join(" or "),
+        gpus.iter().map(|g| adapter_label(&g.info)).collect::<Vec<_>>().join("; ")
+    ))
+}
+
+/// Prints what the run trains on, for how long, on what, and the notes of its settings.
+fn announce(
+    trainer: &Trainer,
+    splits: Option<&Splits>,
+    epochs: Option<Epochs>,
+    last: u64,
+    devices: &str,
+    notes: &[String],
+) {
+    let cfg = &trainer.cfg;
+    let what = match (&cfg.images, splits) {
         (Some(images), Some(s)) => format!(
             "{} ({} training and {} validation images)",
             images.data,
@@ -240,8 +296,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         ),
         _ => "synthetic images".into(),
     };
-    say!(
-        "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {adapter}",
+    println!(
+        "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {devices}",
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, trainer.step + 1
     );
     if let Some(e) = epochs {
@@ -249,194 +305,297 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             0 => String::new(),
             d => format!("; {d} images of each epoch's shuffle are left out (a partial batch)"),
         };
-        say!("{} steps per epoch{dropped}", e.steps_per_epoch());
+        println!("{} steps per epoch{dropped}", e.steps_per_epoch());
     }
-    notes.iter().for_each(|n| say!("{n}"));
-    let workers =
-        args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let (mut batches, val) = match (&cfg.images, splits, epochs) {
-        (Some(images), Some(splits), Some(epochs)) => {
-            // Only this process's replicas' examples of each batch are read (under MPI, its
-            // ranks' shards).
-            let part = trainer.part()?;
-            let plan =
-                Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
-            let train = Arc::new(splits.train);
-            let loader =
-                Loader::start(train, plan, cfg.image_size, images.norm, trainer.step, workers);
-            let val = eval_subset(&splits.val, eval_limit);
-            (Batches::Images(loader), Some(Arc::new(val)))
-        }
-        _ => (Batches::Synthetic, None),
-    };
-    let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before")?;
-    let stop = StopSignals::register()?;
+    notes.iter().for_each(|n| println!("{n}"));
+}
 
-    let bar = if lead { ProgressBar::new(last - trainer.step) } else { ProgressBar::hidden() };
+/// Where the batches come from (the loader's threads for images), and the validation images
+/// (at most `eval_limit`); for the synthetic dataset, no validation split.
+fn batches(
+    trainer: &Trainer,
+    splits: Option<Splits>,
+    epochs: Option<Epochs>,
+    eval_limit: usize,
+    workers: usize,
+) -> Result<(Batches, Option<Arc<Dataset>>), Box<dyn std::error::Error>> {
+    let cfg = &trainer.cfg;
+    let (Some(images), Some(splits), Some(epochs)) = (&cfg.images, splits, epochs) else {
+        return Ok((Batches::Synthetic, None));
+    };
+    // Only this process's replicas' examples of each batch are read (under MPI, its ranks'
+    // shards).
+    let part = trainer.part()?;
+    let plan = Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
+    let train = Arc::new(splits.train);
+    let loader = Loader::start(train, plan, cfg.image_size, images.norm, trainer.step, workers);
+    let val = eval_subset(&splits.val, eval_limit);
+    Ok((Batches::Images(loader), Some(Arc::new(val))))
+}
+
+/// The bar of the run's steps; hidden on ranks other than 0.
+fn steps_bar(lead: bool, steps: u64) -> ProgressBar {
+    let bar = if lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut losses = Vec::new();
-    let (mut waited, mut busy) = (Duration::ZERO, Duration::ZERO);
-    let mut last_scores = None;
-    while trainer.step < last {
+    bar
+}
+
+/// A run under way on this process: its trainer, where its steps are reported and kept, and
+/// what they measured so far.
+struct Training<'a> {
+    args: &'a TrainArgs,
+    trainer: Trainer,
+    /// The epochs over the training split; None for the synthetic dataset.
+    epochs: Option<Epochs>,
+    /// The step the run ends after.
+    last: u64,
+    /// Replicas over all ranks.
+    replicas: usize,
+    /// FLOPs of one step.
+    flops: f64,
+    /// Rank 0: the one that prints, logs, evaluates and writes checkpoints.
+    lead: bool,
+    checkpoint: Option<&'a PathBuf>,
+    log: Option<MetricsLog>,
+    /// The validation images; None for the synthetic dataset.
+    val: Option<Arc<Dataset>>,
+    workers: usize,
+    bar: ProgressBar,
+    losses: Vec<f32>,
+    /// Time waiting for batches, and whole steps' time.
+    waited: Duration,
+    busy: Duration,
+    /// The validation scores after the last epoch that ended.
+    last_scores: Option<Scores>,
+}
+
+impl Training<'_> {
+    fn say(&self, line: &str) {
+        if self.lead {
+            println!("{line}");
+        }
+    }
+
+    /// The epoch of the step just done.
+    fn epoch(&self) -> u64 {
+        self.epochs.map_or(0, |e| e.epoch_of(self.trainer.step.saturating_sub(1)))
+    }
+
+    /// Whether the step just done ended an epoch.
+    fn at_epoch_end(&self) -> bool {
+        self.epochs.is_some_and(|e| self.trainer.step % e.steps_per_epoch() == 0)
+    }
+
+    /// One step: trained, reported, validated when it ends an epoch, and kept in the
+    /// checkpoint when one is due or a signal stops the run after it.
+    fn step(
+        &mut self,
+        batches: &mut Batches,
+        stop: &StopSignals,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
-        let (batch, wait) = batches.next(&trainer)?;
-        let lr = trainer.lr();
-        let loss = match pollster::block_on(trainer.train_on(&batch)) {
+        let (batch, wait) = batches.next(&self.trainer)?;
+        let lr = self.trainer.lr();
+        let loss = self.train_on(&batch)?;
+        let elapsed = t.elapsed();
+        (self.waited, self.busy) = (self.waited + wait, self.busy + elapsed);
+        self.losses.push(loss);
+        self.report_step(loss, lr, wait, elapsed)?;
+        self.validate_at_epoch_end()?;
+        self.keep(stop)
+    }
+
+    /// The loss of a step on `batch`; an error saying so when the run diverged.
+    fn train_on(&mut self, batch: &Batch) -> Result<f32, Box<dyn std::error::Error>> {
+        let loss = match pollster::block_on(self.trainer.train_on(batch)) {
             Ok(loss) => loss,
             Err(ParallelError::Step(StepError::NonFiniteLoss { loss, .. })) => {
-                bar.finish_and_clear();
+                self.bar.finish_and_clear();
                 let why = format!("its loss became {loss}");
-                return Err(diverged(&args, trainer.step + 1, &why));
+                return Err(diverged(self.args, self.trainer.step + 1, &why));
             }
             Err(e) => {
-                bar.finish_and_clear();
+                self.bar.finish_and_clear();
                 return Err(e.into());
             }
         };
-        let elapsed = t.elapsed();
-        let secs = elapsed.as_secs_f64();
-        (waited, busy) = (waited + wait, busy + elapsed);
-        if losses.first().is_some_and(|&first: &f32| loss > DIVERGED * first) {
-            bar.finish_and_clear();
+        if self.losses.first().is_some_and(|&first| loss > DIVERGED * first) {
+            self.bar.finish_and_clear();
             let why = format!(
                 "its loss rose to {loss:e}, over {DIVERGED} times the first step's ({:.4})",
-                losses[0]
+                self.losses[0]
             );
-            return Err(diverged(&args, trainer.step, &why));
+            return Err(diverged(self.args, self.trainer.step, &why));
         }
-        losses.push(loss);
-        let epoch = epochs.map_or(0, |e| e.epoch_of(trainer.step - 1));
+        Ok(loss)
+    }
+
+    /// The step's line on the bar (or printed, without a terminal) and in the log.
+    fn report_step(
+        &mut self,
+        loss: f32,
+        lr: f32,
+        wait: Duration,
+        elapsed: Duration,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let secs = elapsed.as_secs_f64();
+        let epoch = self.epoch();
         let wait_share = wait.as_secs_f64() / secs;
-        let throughput = throughput(cfg.batch, r, secs);
+        let batch = self.trainer.cfg.batch;
+        let throughput = throughput(batch, self.replicas, secs);
         let line = format!(
             "step {} epoch {epoch} lr {lr:.3e} loss {loss:.4} {throughput} data wait {:.0}%",
-            trainer.step,
+            self.trainer.step,
             100.0 * wait_share
         );
-        bar.set_message(format!("{line} {:.2} GFLOP/s", flops / secs / 1e9));
-        bar.inc(1);
-        if bar.is_hidden() {
+        self.bar.set_message(format!("{line} {:.2} GFLOP/s", self.flops / secs / 1e9));
+        self.bar.inc(1);
+        if self.bar.is_hidden() {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
-            say!("{line}");
+            self.say(&line);
         }
-        if let Some(log) = &mut log {
+        if let Some(log) = &mut self.log {
             log.write(&Record {
-                step: trainer.step,
+                step: self.trainer.step,
                 epoch,
                 loss: Some(loss),
                 lr: Some(lr),
-                images_per_s: Some(cfg.batch as f64 / secs),
+                images_per_s: Some(batch as f64 / secs),
                 data_wait: Some(wait_share),
                 ..Record::default()
             })?;
         }
-        let epoch_done = epochs.is_some_and(|e| trainer.step % e.steps_per_epoch() == 0);
-        if let Some(val) = val.as_ref().filter(|v| lead && epoch_done && !v.is_empty()) {
-            let scores = score_images(&mut trainer, val, &cfg, workers, &bar)?;
-            report_scores(&bar, &scores, epoch, trainer.step, log.as_mut())?;
-            last_scores = Some(scores);
+        Ok(())
+    }
+
+    /// Rank 0 scores the validation split after each epoch.
+    fn validate_at_epoch_end(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+        let Some(val) = self.val.clone().filter(|v| self.lead && !v.is_empty()) else {
+            return Ok(());
+        };
+        if self.at_epoch_end() {
+            self.last_scores = Some(self.score(&val)?);
         }
+        Ok(())
+    }
+
+    /// The scores on `val`, printed and logged.
+    fn score(&mut self, val: &Arc<Dataset>) -> Result<Scores, Box<dyn std::error::Error>> {
+        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar)?;
+        let (epoch, step) = (self.epoch(), self.trainer.step);
+        report_scores(&self.bar, &scores, epoch, step, self.log.as_mut())?;
+        Ok(scores)
+    }
+
+    /// Writes the checkpoint when one is due or a signal came; stops the run after a signal.
+    fn keep(&mut self, stop: &StopSignals) -> Result<(), Box<dyn std::error::Error>> {
         // Under MPI every rank stops after the same step, if any rank was told to.
-        let signal = trainer.replicas.peers().max(stop.received() as u64)? as usize;
-        let periodic = args.checkpoint_every > 0 && trainer.step % args.checkpoint_every == 0;
-        if signal != 0 || (periodic && trainer.step < last) {
-            if let Some(path) = checkpoint {
-                let ck = pollster::block_on(trainer.checkpoint())?;
-                checkpoint::save(path, trainer.model(), &ck)?;
-                if bar.is_hidden() {
-                    say!("checkpoint: {} (step {})", path.display(), ck.step);
+        let signal = self.trainer.replicas.peers().max(stop.received() as u64)? as usize;
+        let step = self.trainer.step;
+        let periodic = self.args.checkpoint_every > 0 && step % self.args.checkpoint_every == 0;
+        if signal != 0 || (periodic && step < self.last) {
+            if let Some(path) = self.checkpoint {
+                let saved = self.save(path)?;
+                if self.bar.is_hidden() {
+                    self.say(&saved);
                 }
             }
         }
         if signal != 0 {
-            bar.finish_and_clear();
-            return Err(stopped(signal, &args, trainer.step));
+            self.bar.finish_and_clear();
+            return Err(stopped(signal, self.args, step));
         }
+        Ok(())
     }
-    bar.finish_and_clear();
-    drop(batches);
-    let total = busy.as_secs_f64();
-    if let Some(path) = checkpoint {
-        let ck = pollster::block_on(trainer.checkpoint())?;
-        checkpoint::save(path, trainer.model(), &ck)?;
-        say!("checkpoint: {} (step {})", path.display(), ck.step);
+
+    /// Writes the run's state to `path`; says what was written.
+    fn save(&self, path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        let ck = pollster::block_on(self.trainer.checkpoint())?;
+        checkpoint::save(path, self.trainer.model(), &ck)?;
+        Ok(format!("checkpoint: {} (step {})", path.display(), ck.step))
     }
-    if stop.received() != 0 {
-        return Err(stopped(stop.received(), &args, trainer.step));
+
+    /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
+    fn finish(&mut self, stop: StopSignals) -> Result<(), Box<dyn std::error::Error>> {
+        let total = self.busy.as_secs_f64();
+        if let Some(path) = self.checkpoint {
+            let saved = self.save(path)?;
+            self.say(&saved);
+        }
+        if stop.received() != 0 {
+            return Err(stopped(stop.received(), self.args, self.trainer.step));
+        }
+        drop(stop);
+        let losses = &self.losses;
+        if !losses.is_empty() {
+            // Single steps are noisy: compare the means of the first and last few.
+            let k = losses.len().div_ceil(5).min(5);
+            let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+            self.say(&format!(
+                "loss (mean of {k} steps): {:.4} at the start → {:.4} at the end ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
+                mean(&losses[..k]),
+                mean(&losses[losses.len() - k..]),
+                losses.len(),
+                (losses.len() as f64 * self.trainer.cfg.batch as f64) / total,
+                100.0 * self.waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
+            ));
+        }
+        Ok(())
     }
-    drop(stop);
-    if !losses.is_empty() {
-        // Single steps are noisy: compare the means of the first and last few.
-        let k = losses.len().div_ceil(5).min(5);
-        let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
-        say!(
-            "loss (mean of {k} steps): {:.4} at the start → {:.4} at the end ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
-            mean(&losses[..k]),
-            mean(&losses[losses.len() - k..]),
-            losses.len(),
-            (losses.len() as f64 * cfg.batch as f64) / total,
-            100.0 * waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
-        );
+
+    /// Rank 0's last lines: what it received from the other ranks, and the accuracy on the
+    /// validation split or on the synthetic held-out images (before and after).
+    fn report_accuracy(
+        mut self,
+        before: Option<Scores>,
+        synthetic_eval: usize,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let peers = self.trainer.replicas.peers();
+        if peers.ranks() > 1 && !self.losses.is_empty() {
+            println!(
+                "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
+                peers.ranks(),
+                peers.received_bytes() as f64 / self.losses.len() as f64 / 1e6
+            );
+        }
+        let classes = self.trainer.cfg.classes;
+        if let Some(val) = self.val.clone().filter(|v| !v.is_empty()) {
+            let scores = match self.last_scores.take().filter(|_| self.at_epoch_end()) {
+                Some(scores) => scores,
+                None => self.score(&val)?,
+            };
+            println!(
+                "validation ({} images, {classes} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
+                scores.examples,
+                100.0 / classes as f64,
+                100.0 * scores.top1(),
+                100.0 * scores.top5()
+            );
+            return Ok(());
+        }
+        if self.val.is_some() {
+            println!("validation: not measured (no validation images)");
+            return Ok(());
+        }
+        let after = evaluate(&mut self.trainer, synthetic_eval, "after")?;
+        match (before, after) {
+            (Some(before), Some(after)) => println!(
+                "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
+                100.0 / classes as f64,
+                100.0 * before.top1(),
+                100.0 * after.top1()
+            ),
+            _ => println!("held-out accuracy: not measured (--eval-examples 0)"),
+        }
+        Ok(())
     }
-    if !lead {
-        return Ok(());
-    }
-    let peers = trainer.replicas.peers();
-    if peers.ranks() > 1 && !losses.is_empty() {
-        println!(
-            "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
-            peers.ranks(),
-            peers.received_bytes() as f64 / losses.len() as f64 / 1e6
-        );
-    }
-    if let Some(val) = val.as_ref().filter(|v| !v.is_empty()) {
-        let epoch_end = epochs.is_some_and(|e| trainer.step % e.steps_per_epoch() == 0);
-        let scores = match last_scores.filter(|_| epoch_end) {
-            Some(scores) => scores,
-            None => {
-                let scores = score_images(&mut trainer, val, &cfg, workers, &bar)?;
-                let epoch = epochs.map_or(0, |e| e.epoch_of(trainer.step.saturating_sub(1)));
-                report_scores(&bar, &scores, epoch, trainer.step, log.as_mut())?;
-                scores
-            }
-        };
-        println!(
-            "validation ({} images, {} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
-            scores.examples,
-            cfg.classes,
-            100.0 / cfg.classes as f64,
-            100.0 * scores.top1(),
-            100.0 * scores.top5()
-        );
-        return Ok(());
-    }
-    if val.is_some() {
-        println!("validation: not measured (no validation images)");
-        return Ok(());
-    }
-    let after = evaluate(&mut trainer, synthetic_eval, "after")?;
-    match (before, after) {
-        (Some(before), Some(after)) => println!(
-            "held-out accuracy ({synthetic_eval} images, {} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
-            cfg.classes,
-            100.0 / cfg.classes as f64,
-            100.0 * before.top1(),
-            100.0 * after.top1()
-        ),
-        _ => println!("held-out accuracy: not measured (--eval-examples 0)"),
-    }
-    Ok(())
 }
 
 /// At most `limit` examples of `val`, spread evenly over it (its classes are in order).
-fn eval_subset(
-    val: &syncstep::data::source::Dataset,
-    limit: usize,
-) -> syncstep::data::source::Dataset {
+fn eval_subset(val: &Dataset, limit: usize) -> Dataset {
     let n = val.len();
     if limit >= n {
         return val.subset(&(0..n).collect::<Vec<_>>());
@@ -449,14 +608,15 @@ fn eval_subset(
 /// The validation split's scores, with progress on the bar's terminal.
 fn score_images(
     trainer: &mut Trainer,
-    val: &Arc<syncstep::data::source::Dataset>,
-    cfg: &TrainConfig,
+    val: &Arc<Dataset>,
     workers: usize,
     bar: &ProgressBar,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
-    let norm = cfg.images.as_ref().map(|i| i.norm).ok_or("no images to score")?;
+    let cfg = &trainer.cfg;
+    let (size, norm) = (cfg.image_size, cfg.images.as_ref().map(|i| i.norm));
+    let norm = norm.ok_or("no images to score")?;
     bar.set_message(format!("validating on {} images", val.len()));
-    super::eval::score(trainer, val.clone(), cfg.image_size, norm, workers, &mut |_| {})
+    super::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| {})
 }
 
 /// Prints and logs an evaluation after `step`.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::path::Path;
 
 use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
@@ -34,90 +35,133 @@ pub struct Run {
     pub notes: Vec<String>,
 }
 
-/// `cli` from the command line, else `saved` from the checkpoint, else `default`. A command-line
-/// value that contradicts the checkpoint is an error (the run would not be a continuation),
-/// unless `may_override`: then it wins, and `notes` says so.
-fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(
-    name: &str,
-    cli: Option<T>,
-    saved: Option<&String>,
-    default: T,
-    may_override: bool,
-    notes: &mut Vec<String>,
-) -> Result<T, String> {
-    let flag = name.replace('_', "-");
-    let saved = saved
-        .map(|s| {
-            s.parse::<T>().map_err(|_| format!("checkpoint setting `{name}` = {s:?} is not valid"))
-        })
-        .transpose()?;
-    match (cli, saved) {
-        (Some(c), Some(s)) if c != s && may_override => {
-            notes.push(format!("--{flag} {c} overrides the checkpoint's {s}"));
-            Ok(c)
+/// The settings a resumed checkpoint was made with (none for a fresh run), and what the user
+/// is told about the run's settings.
+struct Saved {
+    settings: BTreeMap<String, String>,
+    notes: Vec<String>,
+}
+
+impl Saved {
+    /// `cli` from the command line, else the checkpoint's `name`, else `default`. A
+    /// command-line value that contradicts the checkpoint is an error (the run would not be a
+    /// continuation), unless `may_override`: then it wins, and the notes say so.
+    fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(
+        &mut self,
+        name: &str,
+        cli: Option<T>,
+        default: T,
+        may_override: bool,
+    ) -> Result<T, String> {
+        let flag = name.replace('_', "-");
+        let saved = self
+            .settings
+            .get(name)
+            .map(|s| {
+                s.parse::<T>()
+                    .map_err(|_| format!("checkpoint setting `{name}` = {s:?} is not valid"))
+            })
+            .transpose()?;
+        match (cli, saved) {
+            (Some(c), Some(s)) if c != s && may_override => {
+                self.notes.push(format!("--{flag} {c} overrides the checkpoint's {s}"));
+                Ok(c)
+            }
+            (Some(c), Some(s)) if c != s => Err(format!(
+                "the checkpoint was trained with --{flag} {s}; drop --{flag}, pass {s}, or add --override to change it"
+            )),
+            (c, s) => Ok(c.or(s).unwrap_or(default)),
         }
-        (Some(c), Some(s)) if c != s => Err(format!(
-            "the checkpoint was trained with --{flag} {s}; drop --{flag}, pass {s}, or add --override to change it"
-        )),
-        (c, s) => Ok(c.or(s).unwrap_or(default)),
     }
 }
 
 pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let defaults = TrainConfig::default();
-    let peek: BTreeMap<String, String> = match &args.resume {
+    let settings = match &args.resume {
         Some(p) => TensorFile::read(p)?.metadata,
         None => Default::default(),
     };
-    let (step_defaults, o) = (StepConfig::default(), args.override_settings);
-    let mut notes = Vec::new();
-    let n = &mut notes;
-    let data = setting("data", args.data.clone(), peek.get("data"), DataSpec::Synthetic, false, n)?;
-    let seed = setting("seed", args.seed, peek.get("seed"), defaults.seed, false, n)?;
-    let batch = setting("batch", args.batch, peek.get("batch"), defaults.batch, false, n)?;
-    let image_size = setting(
-        "image_size",
-        args.image_size,
-        peek.get("image_size"),
-        defaults.image_size,
-        false,
-        n,
-    )?;
+    let mut saved = Saved { settings, notes: Vec::new() };
+    let data = saved.setting("data", args.data.clone(), DataSpec::Synthetic, false)?;
+    let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
+    let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
+    let image_size = saved.setting("image_size", args.image_size, defaults.image_size, false)?;
     ResNet34::check_image_size(image_size, image_size)?;
-    let (splits, images) = match &data {
-        DataSpec::Synthetic => {
-            if args.epochs.is_some() {
-                return Err("the synthetic dataset has no epochs: use --steps".into());
-            }
-            (None, None)
-        }
-        spec => {
-            let val_split =
-                setting("val_split", args.val_split, peek.get("val_split"), 0.1, false, n)?;
-            let splits = source::open(spec, val_split, seed)?;
-            let default_augment = match spec {
-                DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
-                _ => Augment::ResizedCropFlip,
-            };
-            let augment =
-                setting("augment", args.augment, peek.get("augment"), default_augment, o, n)?;
-            let norm = normalization(args, &peek, &splits, image_size, n)?;
-            let class_names = splits.train.class_names.clone();
-            if let Some(saved) = peek.get("class_names") {
-                if serde_json::from_str::<Vec<String>>(saved).ok().as_ref() != Some(&class_names) {
-                    return Err(format!(
-                        "the dataset's classes are not the checkpoint's ({saved}): resume on the data it was trained on"
-                    )
-                    .into());
-                }
-            }
-            n.extend(splits.notes.iter().cloned());
-            let images =
-                ImageSettings { data: spec.clone(), val_split, augment, norm, class_names };
-            (Some(splits), Some(images))
-        }
+    let (splits, images) = match image_settings(args, &mut saved, &data, seed, image_size)? {
+        Some((splits, images)) => (Some(splits), Some(images)),
+        None => (None, None),
     };
-    let dataset_classes = images.as_ref().map(|i| i.class_names.len() as u32);
+    let classes = class_count(args, &mut saved, images.as_ref(), defaults.classes)?;
+    let step = step_config(args, &mut saved)?;
+    let o = args.override_settings;
+    let kind = saved.setting("lr_schedule", args.lr_schedule, LrSchedule::Constant, o)?;
+    let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, o)?;
+
+    let model = ResNet34::new(classes)?;
+    let start = match &args.resume {
+        Some(p) => Some(checkpoint::load(p, &model)?),
+        None => None,
+    };
+    let from = start.as_ref().map_or(0, |ck| ck.step);
+    let epochs = epochs_over(splits.as_ref(), batch, seed)?;
+    let last = last_step(args, epochs, from)?;
+    // The schedule is laid over the run as first planned; a resume keeps it.
+    let planned = saved.settings.get("schedule_steps").filter(|_| !o).and_then(|s| s.parse().ok());
+    let schedule = Schedule { kind, warmup_steps, total_steps: planned.unwrap_or(last) };
+    let cfg = TrainConfig { batch, image_size, classes, seed, step, schedule, images };
+    let start = match &args.init {
+        Some(path) => Some(init_weights(path, &model, &cfg, &mut saved.notes)?),
+        None => start,
+    };
+    Ok(Run { cfg, splits, epochs, start, last, notes: saved.notes })
+}
+
+/// For images (`--data`): the dataset's splits and the run's image settings; None for the
+/// synthetic dataset.
+fn image_settings(
+    args: &TrainArgs,
+    saved: &mut Saved,
+    data: &DataSpec,
+    seed: u64,
+    image_size: u32,
+) -> Result<Option<(Splits, ImageSettings)>, Box<dyn Error>> {
+    if let DataSpec::Synthetic = data {
+        if args.epochs.is_some() {
+            return Err("the synthetic dataset has no epochs: use --steps".into());
+        }
+        return Ok(None);
+    }
+    let val_split = saved.setting("val_split", args.val_split, 0.1, false)?;
+    let splits = source::open(data, val_split, seed)?;
+    let default_augment = match data {
+        DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
+        _ => Augment::ResizedCropFlip,
+    };
+    let augment =
+        saved.setting("augment", args.augment, default_augment, args.override_settings)?;
+    let norm = normalization(args, &saved.settings, &splits, image_size, &mut saved.notes)?;
+    let class_names = splits.train.class_names.clone();
+    if let Some(names) = saved.settings.get("class_names") {
+        if serde_json::from_str::<Vec<String>>(names).ok().as_ref() != Some(&class_names) {
+            return Err(format!(
+                "the dataset's classes are not the checkpoint's ({names}): resume on the data it was trained on"
+            )
+            .into());
+        }
+    }
+    saved.notes.extend(splits.notes.iter().cloned());
+    let images = ImageSettings { data: data.clone(), val_split, augment, norm, class_names };
+    Ok(Some((splits, images)))
+}
+
+/// The class count: `--classes`, which must be the dataset's when there are images.
+fn class_count(
+    args: &TrainArgs,
+    saved: &mut Saved,
+    images: Option<&ImageSettings>,
+    default: u32,
+) -> Result<u32, Box<dyn Error>> {
+    let dataset_classes = images.map(|i| i.class_names.len() as u32);
     if let (Some(flag), Some(dataset)) = (args.classes, dataset_classes) {
         if flag != dataset {
             return Err(format!(
@@ -126,69 +170,31 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
             .into());
         }
     }
-    let classes = setting(
-        "classes",
-        args.classes.or(dataset_classes),
-        peek.get("classes"),
-        defaults.classes,
-        false,
-        n,
-    )?;
+    Ok(saved.setting("classes", args.classes.or(dataset_classes), default, false)?)
+}
+
+/// The SGD step's hyper-parameters.
+fn step_config(args: &TrainArgs, saved: &mut Saved) -> Result<StepConfig, Box<dyn Error>> {
+    let (defaults, o) = (StepConfig::default(), args.override_settings);
     let step = StepConfig {
-        label_smoothing: setting(
+        label_smoothing: saved.setting(
             "label_smoothing",
             args.label_smoothing,
-            peek.get("label_smoothing"),
-            step_defaults.label_smoothing,
+            defaults.label_smoothing,
             o,
-            n,
         )?,
-        lr: setting("lr", args.lr, peek.get("lr"), step_defaults.lr, o, n)?,
-        momentum: setting(
-            "momentum",
-            args.momentum,
-            peek.get("momentum"),
-            step_defaults.momentum,
-            o,
-            n,
-        )?,
-        weight_decay: setting(
-            "weight_decay",
-            args.weight_decay,
-            peek.get("weight_decay"),
-            step_defaults.weight_decay,
-            o,
-            n,
-        )?,
-        bn_momentum: setting(
-            "bn_momentum",
-            None,
-            peek.get("bn_momentum"),
-            step_defaults.bn_momentum,
-            false,
-            n,
-        )?,
+        lr: saved.setting("lr", args.lr, defaults.lr, o)?,
+        momentum: saved.setting("momentum", args.momentum, defaults.momentum, o)?,
+        weight_decay: saved.setting("weight_decay", args.weight_decay, defaults.weight_decay, o)?,
+        bn_momentum: saved.setting("bn_momentum", None, defaults.bn_momentum, false)?,
     };
     step.validate()?;
-    let kind = setting(
-        "lr_schedule",
-        args.lr_schedule,
-        peek.get("lr_schedule"),
-        LrSchedule::Constant,
-        o,
-        n,
-    )?;
-    let warmup_steps =
-        setting("warmup_steps", args.warmup_steps, peek.get("warmup_steps"), 0, o, n)?;
+    Ok(step)
+}
 
-    let model = ResNet34::new(classes)?;
-    let mut start = match &args.resume {
-        Some(p) => Some(checkpoint::load(p, &model)?),
-        None => None,
-    };
-    let from = start.as_ref().map_or(0, |ck| ck.step);
-    let epochs = splits
-        .as_ref()
+/// The epochs over the training split; None for the synthetic dataset.
+fn epochs_over(splits: Option<&Splits>, batch: usize, seed: u64) -> Result<Option<Epochs>, String> {
+    splits
         .map(|s| Epochs { examples: s.train.len(), batch, seed })
         .map(|e| match e.steps_per_epoch() {
             0 => Err(format!(
@@ -197,7 +203,12 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
             )),
             _ => Ok(e),
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// The step the run ends after: `--epochs` of the training split, else `--steps` more than
+/// the checkpoint's `from`.
+fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64, Box<dyn Error>> {
     let last = match (args.epochs, epochs) {
         (Some(count), Some(e)) => count.checked_mul(e.steps_per_epoch()),
         _ => from.checked_add(args.steps),
@@ -211,25 +222,30 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
         )
         .into());
     }
-    // The schedule is laid over the run as first planned; a resume keeps it.
-    let planned = peek.get("schedule_steps").filter(|_| !o).and_then(|s| s.parse().ok());
-    let schedule = Schedule { kind, warmup_steps, total_steps: planned.unwrap_or(last) };
-    let cfg = TrainConfig { batch, image_size, classes, seed, step, schedule, images };
+    Ok(last)
+}
 
-    if let Some(path) = &args.init {
-        let file = TensorFile::read(path)?;
-        let (params, running, head_kept) =
-            checkpoint::load_for_fine_tuning(&file, &model, &model.init_params(seed))?;
-        if head_kept {
-            n.push(format!(
-                "--init {}: its classifier has another class count than {classes}: fc is initialised afresh (seed {seed})",
-                path.display()
-            ));
-        }
-        let velocity = vec![0.0; model.param_len];
-        start = Some(Checkpoint { params, running, velocity, step: 0, settings: cfg.settings() });
+/// The state at step 0 from `--init` weights: a classifier of another class count is
+/// initialised afresh, and `notes` says so.
+fn init_weights(
+    path: &Path,
+    model: &ResNet34,
+    cfg: &TrainConfig,
+    notes: &mut Vec<String>,
+) -> Result<Checkpoint, Box<dyn Error>> {
+    let file = TensorFile::read(path)?;
+    let (params, running, head_kept) =
+        checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
+    if head_kept {
+        notes.push(format!(
+            "--init {}: its classifier has another class count than {}: fc is initialised afresh (seed {})",
+            path.display(),
+            cfg.classes,
+            cfg.seed
+        ));
     }
-    Ok(Run { cfg, splits, epochs, start, last, notes })
+    let velocity = vec![0.0; model.param_len];
+    Ok(Checkpoint { params, running, velocity, step: 0, settings: cfg.settings() })
 }
 
 /// The checkpoint's normalisation on a resume; else ImageNet's or the training split's own.
