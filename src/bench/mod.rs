@@ -95,6 +95,8 @@ pub struct BenchConfig {
     pub roofline: Option<u32>,
     /// How convolution kernels are chosen (`--plan-for`).
     pub plan: KernelPlan,
+    /// The least a gradient bucket of the data-parallel step holds (`--bucket-mb`).
+    pub bucket_bytes: u64,
     pub seed: u64,
 }
 
@@ -112,6 +114,7 @@ impl Default for BenchConfig {
             profile: false,
             roofline: Some(512),
             plan: KernelPlan::Auto,
+            bucket_bytes: parallel::DEFAULT_BUCKET_BYTES,
             seed: 0,
         }
     }
@@ -227,7 +230,9 @@ pub fn run_with_peers(
     progress(&format!("opening {} device(s)", cfg.replicas));
     let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
     let devices = (&model, &params[..], &running[..], &policy);
-    let mut dp = open_devices(devices, cfg.replicas, &cfg.adapters)?.with_peers(peers.clone());
+    let mut dp = open_devices(devices, cfg.replicas, &cfg.adapters)?
+        .with_peers(peers.clone())
+        .with_bucket_bytes(cfg.bucket_bytes);
     let replicas_take_turns = dp.replicas().iter().any(|replica| replica.gpu.blocking_maps);
     // Everything this run will allocate on the devices, checked before any work: the single
     // device's whole batch (each replica's shard is smaller), the roofline's matrices.

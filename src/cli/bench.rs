@@ -71,6 +71,8 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile"])]
     shapes_only: bool,
     #[command(flatten)]
+    buckets: super::ranks::BucketArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -100,6 +102,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             PlanFor::Gpu => KernelPlan::Gpu,
             PlanFor::Timed => KernelPlan::Timed,
         },
+        bucket_bytes: args.buckets.bytes()?,
         ..BenchConfig::default()
     };
     cfg.validate()?;
