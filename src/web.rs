@@ -262,23 +262,13 @@ pub async fn train_images(
     use crate::data::loader::{self, Plan};
     use crate::data::schedule::Epochs;
     use crate::data::source::{folder_in_memory, DataSpec};
-    use crate::data::transform::{channel_stats, eval_image, Augment};
-    use crate::scores::{ranking, softmax};
+    use crate::data::transform::{channel_stats, Augment};
     use crate::train::ImageSettings;
 
     if replicas == 0 || batch == 0 {
         return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
     }
-    let mut named = Vec::with_capacity(files.length() as usize);
-    for file in files.iter() {
-        let field =
-            |key: &str| Reflect::get(&file, &key.into()).map_err(|e| js_error(describe_js(&e)));
-        let path =
-            field("path")?.as_string().ok_or_else(|| JsError::new("a file without a path"))?;
-        let bytes = js_sys::Uint8Array::new(&field("bytes")?).to_vec();
-        named.push((path, bytes));
-    }
-    let splits = folder_in_memory(named, 0.2, seed.into()).map_err(js_error)?;
+    let splits = folder_in_memory(named_files(&files)?, 0.2, seed.into()).map_err(js_error)?;
     let (train, val) = (splits.train, splits.val);
     let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
     let class_names = train.class_names.clone();
@@ -320,21 +310,7 @@ pub async fn train_images(
             call_progress(callback, &event);
         }
     }
-    let mut predictions = Vec::new();
-    for i in 0..val.len().min(shown as usize) {
-        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, &norm);
-        let one = crate::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
-        let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
-        let p = softmax(&logits);
-        let top: Vec<Value> = ranking(&logits)
-            .into_iter()
-            .take(3)
-            .map(|c| json!({"class": class_names[c], "probability": p[c]}))
-            .collect();
-        predictions.push(
-            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top}),
-        );
-    }
+    let predictions = predictions(&mut trainer, &val, &norm, &class_names, shown as usize).await?;
     let report = json!({
         "classes": class_names,
         "train_images": train.len(),
@@ -348,6 +324,52 @@ pub async fn train_images(
         "predictions": predictions,
     });
     parse(&report.to_string())
+}
+
+/// The `{path, bytes}` objects of `files`, as (path, bytes).
+fn named_files(files: &js_sys::Array) -> Result<Vec<(String, Vec<u8>)>, JsError> {
+    let mut named = Vec::with_capacity(files.length() as usize);
+    for file in files.iter() {
+        let field =
+            |key: &str| Reflect::get(&file, &key.into()).map_err(|e| js_error(describe_js(&e)));
+        let path =
+            field("path")?.as_string().ok_or_else(|| JsError::new("a file without a path"))?;
+        let bytes = js_sys::Uint8Array::new(&field("bytes")?).to_vec();
+        named.push((path, bytes));
+    }
+    Ok(named)
+}
+
+/// The three likeliest of `class_names` for each of the first `shown` images of `val`
+/// (normalised by `norm`), by `trainer` (eval-mode), each `{path, label, top: [{class,
+/// probability}]}`.
+async fn predictions(
+    trainer: &mut Trainer,
+    val: &crate::data::source::Dataset,
+    norm: &crate::data::transform::Normalization,
+    class_names: &[String],
+    shown: usize,
+) -> Result<Vec<Value>, JsError> {
+    use crate::data::transform::eval_image;
+    use crate::scores::{ranking, softmax};
+
+    let size = trainer.cfg.image_size;
+    let mut predictions = Vec::new();
+    for i in 0..val.len().min(shown) {
+        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, norm);
+        let one = crate::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
+        let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
+        let p = softmax(&logits);
+        let top: Vec<Value> = ranking(&logits)
+            .into_iter()
+            .take(3)
+            .map(|c| json!({"class": class_names[c], "probability": p[c]}))
+            .collect();
+        predictions.push(
+            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top}),
+        );
+    }
+    Ok(predictions)
 }
 
 /// A device on the browser's (first) adapter with the adapter's own limits.

@@ -2,12 +2,12 @@
 //! PORTABLE gate's golden file out (`--golden`) or in (`--against`); the exit status is
 //! non-zero when any gate fails.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use syncstep::check::{run_check_on, CheckConfig, CheckDevices};
+use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, CheckReport};
 use syncstep::golden::Golden;
-use syncstep::gpu::Gpu;
+use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
 
@@ -71,8 +71,43 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     // This process's replicas' adapters; the single device on the first.
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
-    let replicas = local * peers.ranks();
-    let cfg = CheckConfig {
+    let cfg = config(&args, local * peers.ranks(), adapters);
+    let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
+    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
+    // Outputs (rank 0's) are checked before any work; neither may be the golden read for
+    // PORTABLE.
+    let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
+    let (json, golden_out) =
+        (args.json.as_ref().filter(|_| lead), args.golden.as_ref().filter(|_| lead));
+    for (flag, path) in [("--json", json), ("--golden", golden_out)] {
+        if let Some(path) = path {
+            syncstep::files::check_output(flag, path, &inputs)?;
+        }
+    }
+    let golden = args.against.as_deref().map(read_golden).transpose()?;
+    cfg.model()?;
+    let started = std::time::Instant::now();
+    let report = pollster::block_on(async {
+        let replicas = syncstep::parallel::devices(local, &cfg.adapters).await?;
+        let single = Gpu::new(&cfg.adapters[0]).await.map_err(ParallelError::from)?;
+        let devices = CheckDevices { replicas, single, peers };
+        run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
+            if lead {
+                print_phase(started.elapsed().as_secs_f64(), p);
+            }
+        })
+        .await
+    })?;
+    if !lead {
+        return Ok(());
+    }
+    print!("{}", report.table());
+    write_outputs(&report, json, golden_out)
+}
+
+/// The check the flags ask for, over `replicas` replicas in all, on `adapters`.
+fn config(args: &CheckArgs, replicas: usize, adapters: Vec<AdapterChoice>) -> CheckConfig {
+    CheckConfig {
         replicas,
         // R = 0 is refused by `cfg.model()`.
         batch: args.batch / replicas.max(1),
@@ -87,50 +122,32 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
             SabotageArg::LocalDivisor => Sabotage::LocalDivisor,
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
-    };
-    let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
-    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
-    // Outputs (rank 0's) are checked before any work; neither may be the golden read for
-    // PORTABLE.
-    let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
-    let (json, golden_out) =
-        (args.json.as_ref().filter(|_| lead), args.golden.as_ref().filter(|_| lead));
-    for (flag, path) in [("--json", json), ("--golden", golden_out)] {
-        if let Some(path) = path {
-            syncstep::files::check_output(flag, path, &inputs)?;
-        }
     }
-    let golden = match &args.against {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("reading {}: {e}", path.display()))?;
-            Some(Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?)
-        }
-        None => None,
-    };
-    cfg.model()?;
-    let started = std::time::Instant::now();
-    let report = pollster::block_on(async {
-        let replicas = syncstep::parallel::devices(local, &cfg.adapters).await?;
-        let single = Gpu::new(&cfg.adapters[0]).await.map_err(ParallelError::from)?;
-        let devices = CheckDevices { replicas, single, peers };
-        run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
-            if !lead {
-                return;
-            }
-            let at = started.elapsed().as_secs_f64();
-            if p.index < p.total {
-                eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
-            } else {
-                eprintln!("[{at:.1} s] {}", p.phase);
-            }
-        })
-        .await
-    })?;
-    if !lead {
-        return Ok(());
+}
+
+/// The golden file at `path` (`--against`).
+fn read_golden(path: &Path) -> Result<Golden, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A phase that starts, `at` seconds into the check (or the end, with the verdict).
+fn print_phase(at: f64, p: &CheckProgress) {
+    if p.index < p.total {
+        eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
+    } else {
+        eprintln!("[{at:.1} s] {}", p.phase);
     }
-    print!("{}", report.table());
+}
+
+/// Writes the figures (`--json`) and, when every gate passed, the golden (`--golden`); an
+/// error naming the gates that failed.
+fn write_outputs(
+    report: &CheckReport,
+    json: Option<&PathBuf>,
+    golden: Option<&PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
         syncstep::files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
         println!("{what} written to {}", path.display());
@@ -141,7 +158,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
     // A golden is what another build is held to: only a passing run writes one.
-    if let Some(path) = golden_out {
+    if let Some(path) = golden {
         if failed.is_empty() {
             write(path, report.golden.to_json(), "golden (PORTABLE)")?;
         } else {

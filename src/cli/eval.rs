@@ -139,30 +139,43 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let names = cfg.class_names();
     print_scores(&args, &spec, &scores, &names);
     if let Some(path) = &args.json {
-        let per_class: Vec<_> = scores
-            .per_class()
-            .iter()
-            .zip(&names)
-            .map(|(&(examples, accuracy), name)| {
-                json!({"name": name, "examples": examples, "accuracy": accuracy})
-            })
-            .collect();
-        let confusion: Vec<&[u64]> = scores.confusion.chunks(scores.classes).collect();
-        let report = json!({
-            "checkpoint": args.checkpoint.display().to_string(),
-            "data": spec.to_string(),
-            "split": split_name(args.split),
-            "step": trainer.step,
-            "examples": scores.examples,
-            "top1": scores.top1(),
-            "top5": scores.top5(),
-            "classes": per_class,
-            "confusion": confusion,
-        });
-        let text = serde_json::to_string_pretty(&report)?;
-        syncstep::files::write_atomic(path, text.as_bytes())?;
-        println!("scores: {}", path.display());
+        write_json(path, &args, &spec, trainer.step, &scores, &names)?;
     }
+    Ok(())
+}
+
+/// The scores, per-class accuracy and confusion matrix of the checkpoint at `step`, as JSON.
+fn write_json(
+    path: &Path,
+    args: &EvalArgs,
+    spec: &DataSpec,
+    step: u64,
+    scores: &Scores,
+    names: &[String],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let per_class: Vec<_> = scores
+        .per_class()
+        .iter()
+        .zip(names)
+        .map(|(&(examples, accuracy), name)| {
+            json!({"name": name, "examples": examples, "accuracy": accuracy})
+        })
+        .collect();
+    let confusion: Vec<&[u64]> = scores.confusion.chunks(scores.classes).collect();
+    let report = json!({
+        "checkpoint": args.checkpoint.display().to_string(),
+        "data": spec.to_string(),
+        "split": split_name(args.split),
+        "step": step,
+        "examples": scores.examples,
+        "top1": scores.top1(),
+        "top5": scores.top5(),
+        "classes": per_class,
+        "confusion": confusion,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    syncstep::files::write_atomic(path, text.as_bytes())?;
+    println!("scores: {}", path.display());
     Ok(())
 }
 

@@ -87,20 +87,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
     }
     let weights = TensorFile::read(&args.weights)?;
-    let fc = weights.get("fc.weight").ok_or_else(|| {
-        format!("{}: missing tensor `fc.weight` [K, 512]", args.weights.display())
-    })?;
-    let classes = match fc.shape[..] {
-        [k, 512] => k as u32,
-        _ => {
-            return Err(format!(
-                "{}: `fc.weight` has shape {:?}, expected [K, 512]",
-                args.weights.display(),
-                fc.shape
-            )
-            .into())
-        }
-    };
+    let classes = class_count(&weights)?;
     let model = ResNet34::new(classes)?;
     let (params, running) = load_weights(&weights, &model, false)?;
     let batch = read_batch(
@@ -155,20 +142,39 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         model.params.len(),
         args.out.display()
     );
-    // Written (to look at), but not a result: a non-finite output fails the command.
+    refuse_non_finite(&entries)
+}
+
+/// The class count of the weights: the rows of `fc.weight` [K, 512].
+fn class_count(weights: &TensorFile) -> Result<u32, String> {
+    let path = weights.path.display();
+    let fc = weights
+        .get("fc.weight")
+        .ok_or_else(|| format!("{path}: missing tensor `fc.weight` [K, 512]"))?;
+    match fc.shape[..] {
+        [k, 512] => Ok(k as u32),
+        _ => Err(format!("{path}: `fc.weight` has shape {:?}, expected [K, 512]", fc.shape)),
+    }
+}
+
+/// The outputs are written (to look at), but are not a result when any holds NaN or
+/// infinity: an error naming them.
+fn refuse_non_finite(
+    entries: &[(String, Vec<usize>, &[f32])],
+) -> Result<(), Box<dyn std::error::Error>> {
     let bad: Vec<&str> = entries
         .iter()
         .filter(|(_, _, values)| values.iter().any(|v| !v.is_finite()))
         .map(|(name, _, _)| name.as_str())
         .collect();
-    if !bad.is_empty() {
-        let shown = bad.iter().take(5).copied().collect::<Vec<_>>().join(", ");
-        return Err(format!(
-            "{} of the outputs hold NaN or infinity ({shown}{}): the step diverged for these weights and batch",
-            bad.len(),
-            if bad.len() > 5 { ", …" } else { "" }
-        )
-        .into());
+    if bad.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let shown = bad.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+    Err(format!(
+        "{} of the outputs hold NaN or infinity ({shown}{}): the step diverged for these weights and batch",
+        bad.len(),
+        if bad.len() > 5 { ", …" } else { "" }
+    )
+    .into())
 }

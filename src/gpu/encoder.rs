@@ -83,24 +83,7 @@ impl Gpu {
         bindings: &[Slice],
         workgroups: [u32; 3],
     ) -> Result<()> {
-        let max_bindings = self.limits.max_storage_buffers_per_shader_stage as u64;
-        if bindings.len() as u64 > max_bindings {
-            return Err(GpuError::Limit {
-                what: format!("{entry}'s storage bindings"),
-                needed: bindings.len() as u64,
-                allowed: max_bindings,
-                limit: "max_storage_buffers_per_shader_stage",
-            });
-        }
-        let max_groups = self.limits.max_compute_workgroups_per_dimension as u64;
-        if let Some(&g) = workgroups.iter().find(|&&g| g as u64 > max_groups) {
-            return Err(GpuError::Limit {
-                what: format!("{entry}'s dispatch"),
-                needed: g as u64,
-                allowed: max_groups,
-                limit: "max_compute_workgroups_per_dimension",
-            });
-        }
+        self.check_dispatch_limits(entry, bindings.len(), workgroups)?;
         if workgroups.contains(&0) {
             self.charge_flops(0.0); // nothing runs: a charge made for it ends here
             return Ok(());
@@ -109,35 +92,9 @@ impl Gpu {
             self.profile_dispatch(op, (shader, entry), workgroups, bindings);
             return Ok(());
         }
-        // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
-        let mut uniform = bytemuck::bytes_of(params).to_vec();
-        uniform.resize(uniform.len().div_ceil(16).max(1) * 16, 0);
-        let (page, at) = self.uniform_slot(encoder, &uniform)?;
         let pipeline = self.pipeline(shader, entry);
-        let params = wgpu::BufferBinding {
-            buffer: &page,
-            offset: at,
-            size: wgpu::BufferSize::new(uniform.len() as u64),
-        };
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(params),
-        }];
-        for (i, s) in bindings.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: s.buffer,
-                    offset: s.offset,
-                    size: wgpu::BufferSize::new(s.bytes().max(4)),
-                }),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let bind_group =
+            self.bind_group(encoder, &pipeline, entry, bytemuck::bytes_of(params), bindings)?;
         let timed = self.profile_dispatch(op, (shader, entry), workgroups, bindings);
         let timestamp_writes =
             timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
@@ -162,6 +119,75 @@ impl Gpu {
             encoder.end_pass();
         }
         Ok(())
+    }
+
+    /// Refuses a dispatch of `entry` with more storage bindings or workgroups than this
+    /// device allows.
+    fn check_dispatch_limits(
+        &self,
+        entry: &str,
+        bindings: usize,
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let max_bindings = self.limits.max_storage_buffers_per_shader_stage as u64;
+        if bindings as u64 > max_bindings {
+            return Err(GpuError::Limit {
+                what: format!("{entry}'s storage bindings"),
+                needed: bindings as u64,
+                allowed: max_bindings,
+                limit: "max_storage_buffers_per_shader_stage",
+            });
+        }
+        let max_groups = self.limits.max_compute_workgroups_per_dimension as u64;
+        if let Some(&g) = workgroups.iter().find(|&&g| g as u64 > max_groups) {
+            return Err(GpuError::Limit {
+                what: format!("{entry}'s dispatch"),
+                needed: g as u64,
+                allowed: max_groups,
+                limit: "max_compute_workgroups_per_dimension",
+            });
+        }
+        Ok(())
+    }
+
+    /// The bind group of a dispatch of `entry`: the `params` bytes at binding 0 as a uniform
+    /// (in `encoder`'s page), then `bindings` as storage buffers at 1, 2, ….
+    fn bind_group(
+        &self,
+        encoder: &mut Encoder,
+        pipeline: &wgpu::ComputePipeline,
+        entry: &'static str,
+        params: &[u8],
+        bindings: &[Slice],
+    ) -> Result<wgpu::BindGroup> {
+        // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
+        let mut uniform = params.to_vec();
+        uniform.resize(uniform.len().div_ceil(16).max(1) * 16, 0);
+        let (page, at) = self.uniform_slot(encoder, &uniform)?;
+        let params = wgpu::BufferBinding {
+            buffer: &page,
+            offset: at,
+            size: wgpu::BufferSize::new(uniform.len() as u64),
+        };
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(params),
+        }];
+        for (i, s) in bindings.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: s.buffer,
+                    offset: s.offset,
+                    size: wgpu::BufferSize::new(s.bytes().max(4)),
+                }),
+            });
+        }
+        Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        }))
     }
 }
 

@@ -213,7 +213,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let workers =
         args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let (mut batches, val) = batches(&trainer, splits, epochs, eval_limit, workers)?;
+    let val = splits.as_ref().map(|s| Arc::new(eval_subset(&s.val, eval_limit)));
+    let mut batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
     let before = evaluate(&mut trainer, synthetic_eval, "before")?;
     let stop = StopSignals::register()?;
@@ -310,27 +311,25 @@ fn announce(
     notes.iter().for_each(|n| println!("{n}"));
 }
 
-/// Where the batches come from (the loader's threads for images), and the validation images
-/// (at most `eval_limit`); for the synthetic dataset, no validation split.
+/// Where the batches come from: the loader's threads for images (the `train` split), else the
+/// synthetic dataset.
 fn batches(
     trainer: &Trainer,
-    splits: Option<Splits>,
+    train: Option<Dataset>,
     epochs: Option<Epochs>,
-    eval_limit: usize,
     workers: usize,
-) -> Result<(Batches, Option<Arc<Dataset>>), Box<dyn std::error::Error>> {
+) -> Result<Batches, Box<dyn std::error::Error>> {
     let cfg = &trainer.cfg;
-    let (Some(images), Some(splits), Some(epochs)) = (&cfg.images, splits, epochs) else {
-        return Ok((Batches::Synthetic, None));
+    let (Some(images), Some(train), Some(epochs)) = (&cfg.images, train, epochs) else {
+        return Ok(Batches::Synthetic);
     };
     // Only this process's replicas' examples of each batch are read (under MPI, its ranks'
     // shards).
     let part = trainer.part()?;
     let plan = Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
-    let train = Arc::new(splits.train);
-    let loader = Loader::start(train, plan, cfg.image_size, images.norm, trainer.step, workers);
-    let val = eval_subset(&splits.val, eval_limit);
-    Ok((Batches::Images(loader), Some(Arc::new(val))))
+    let loader =
+        Loader::start(Arc::new(train), plan, cfg.image_size, images.norm, trainer.step, workers);
+    Ok(Batches::Images(loader))
 }
 
 /// The bar of the run's steps; hidden on ranks other than 0.
@@ -386,7 +385,7 @@ impl Training<'_> {
 
     /// Whether the step just done ended an epoch.
     fn at_epoch_end(&self) -> bool {
-        self.epochs.is_some_and(|e| self.trainer.step % e.steps_per_epoch() == 0)
+        self.epochs.is_some_and(|e| self.trainer.step.is_multiple_of(e.steps_per_epoch()))
     }
 
     /// One step: trained, reported, validated when it ends an epoch, and kept in the
@@ -495,7 +494,8 @@ impl Training<'_> {
         // Under MPI every rank stops after the same step, if any rank was told to.
         let signal = self.trainer.replicas.peers().max(stop.received() as u64)? as usize;
         let step = self.trainer.step;
-        let periodic = self.args.checkpoint_every > 0 && step % self.args.checkpoint_every == 0;
+        let every = self.args.checkpoint_every;
+        let periodic = every > 0 && step.is_multiple_of(every);
         if signal != 0 || (periodic && step < self.last) {
             if let Some(path) = self.checkpoint {
                 let saved = self.save(path)?;
