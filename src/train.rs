@@ -236,6 +236,12 @@ impl Trainer {
         Trainer { replicas: self.replicas.with_peers(peers), ..self }
     }
 
+    /// The same trainer all-reducing gradients in buckets of at least `bytes` (any size gives
+    /// the same bits).
+    pub fn with_bucket_bytes(self, bytes: u64) -> Trainer {
+        Trainer { replicas: self.replicas.with_bucket_bytes(bytes), ..self }
+    }
+
     pub fn model(&self) -> &ResNet34 {
         &self.replicas.replicas()[0].model
     }

@@ -385,6 +385,10 @@ fn messages_name_what_to_change() {
         "label smoothing must be in [0, 1)",
     );
     refused(&run(&["train", "--lr", "-1", "--steps", "1"], &[], &[]), "learning rate");
+    for command in ["train", "check", "bench", "grad"] {
+        let o = run(&[command, "--bucket-mb", "-1"], &[], &[]);
+        refused(&o, "invalid value '-1' for '--bucket-mb <BUCKET_MB>': give MiB from 0 to 1048576");
+    }
     refused(
         &run(&["train", "--batch", "1", "--steps", "1"], &[], &[]),
         "Expected more than 1 value per channel when training",
@@ -403,7 +407,7 @@ fn messages_name_what_to_change() {
     // No held-out images asked for: said so, not "0.0%".
     let o = run(&["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"], &[], &[]);
     assert!(o.status.success() && text(&o).contains("not measured"), "{}", text(&o));
-    eprintln!("9 cases");
+    eprintln!("13 cases");
 }
 
 /// What could run for weeks is capped or refused up front: nothing hangs.

@@ -91,6 +91,8 @@ pub struct CheckConfig {
     pub tie: bool,
     /// Break the equivalence on purpose (tests only), to see TEST fail.
     pub sabotage: Option<Sabotage>,
+    /// The least a gradient bucket of the data-parallel step holds (`--bucket-mb`).
+    pub bucket_bytes: u64,
 }
 
 impl Default for CheckConfig {
@@ -106,6 +108,7 @@ impl Default for CheckConfig {
             adapters: Vec::new(),
             tie: false,
             sabotage: None,
+            bucket_bytes: parallel::DEFAULT_BUCKET_BYTES,
         }
     }
 }
@@ -295,7 +298,8 @@ pub async fn run_check_on(
     model.randomize_batchnorm(&mut params, cfg.seed + 1);
     let running = model.init_buffers();
     let dp = DataParallel::from_gpus(devices.replicas, &model, &params, &running)?
-        .with_peers(devices.peers);
+        .with_peers(devices.peers)
+        .with_bucket_bytes(cfg.bucket_bytes);
     let adapter = adapter_label(&devices.single.info);
     let replica = Replica::new(devices.single, model.clone(), &params, &running)
         .map_err(|source| CheckError::Single { adapter: adapter.clone(), source })?;

@@ -102,7 +102,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             PlanFor::Gpu => KernelPlan::Gpu,
             PlanFor::Timed => KernelPlan::Timed,
         },
-        bucket_bytes: args.buckets.bytes()?,
+        bucket_bytes: args.buckets.bytes(),
         ..BenchConfig::default()
     };
     cfg.validate()?;

@@ -53,10 +53,12 @@ pub struct CheckArgs {
     #[arg(long)]
     against: Option<PathBuf>,
     /// Break the equivalence on purpose, to see the TEST gate fail.
-    #[command(flatten)]
-    ranks: super::ranks::MpiArgs,
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
+    #[command(flatten)]
+    buckets: super::ranks::BucketArgs,
+    #[command(flatten)]
+    ranks: super::ranks::MpiArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -71,7 +73,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     // This process's replicas' adapters; the single device on the first.
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
-    let cfg = config(&args, local * peers.ranks(), adapters);
+    let cfg = config(&args, local * peers.ranks(), adapters, args.buckets.bytes());
     let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
     // Outputs (rank 0's) are checked before any work; neither may be the golden read for
@@ -106,7 +108,12 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The check the flags ask for, over `replicas` replicas in all, on `adapters`.
-fn config(args: &CheckArgs, replicas: usize, adapters: Vec<AdapterChoice>) -> CheckConfig {
+fn config(
+    args: &CheckArgs,
+    replicas: usize,
+    adapters: Vec<AdapterChoice>,
+    bucket_bytes: u64,
+) -> CheckConfig {
     CheckConfig {
         replicas,
         // R = 0 is refused by `cfg.model()`.
@@ -122,6 +129,7 @@ fn config(args: &CheckArgs, replicas: usize, adapters: Vec<AdapterChoice>) -> Ch
             SabotageArg::LocalDivisor => Sabotage::LocalDivisor,
             SabotageArg::UnmergedStats => Sabotage::UnmergedStats,
         }),
+        bucket_bytes,
     }
 }
 

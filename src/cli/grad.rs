@@ -39,6 +39,8 @@ pub struct GradArgs {
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
     #[command(flatten)]
+    buckets: super::ranks::BucketArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -103,7 +105,9 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     super::ranks::agree(&peers, "the labels", bytemuck::cast_slice(&batch.labels))?;
 
     let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
-    let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?.with_peers(peers);
+    let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?
+        .with_peers(peers)
+        .with_bucket_bytes(args.buckets.bytes());
     let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
     let m = batch.len();
     let out = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;

@@ -27,21 +27,25 @@ pub struct BucketArgs {
     /// Gradient buckets of at least this many MiB (the last one excepted), all-reduced while the
     /// backward computes on; 0: a bucket whenever a layer's gradients are final. Any size gives
     /// the same bits. The default is measured in docs/performance.md.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_MIB, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_BUCKET_MIB, allow_negative_numbers = true, value_parser = bucket_mib)]
     pub bucket_mb: f64,
 }
 
 /// `--bucket-mb`'s default.
 const DEFAULT_BUCKET_MIB: f64 = syncstep::parallel::DEFAULT_BUCKET_BYTES as f64 / 1048576.0;
 
+/// `--bucket-mb`'s value, or why it cannot be a bucket size.
+fn bucket_mib(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(mib) if mib.is_finite() && (0.0..=1048576.0).contains(&mib) => Ok(mib),
+        _ => Err("give MiB from 0 to 1048576".into()),
+    }
+}
+
 impl BucketArgs {
-    /// The bucket size in bytes, or why `--bucket-mb` cannot be one.
-    pub fn bytes(&self) -> Result<u64, Box<dyn Error>> {
-        let mib = self.bucket_mb;
-        if !mib.is_finite() || !(0.0..=1048576.0).contains(&mib) {
-            return Err(format!("--bucket-mb is {mib}: give MiB from 0 to 1048576").into());
-        }
-        Ok((mib * 1048576.0) as u64)
+    /// The bucket size in bytes.
+    pub fn bytes(&self) -> u64 {
+        (self.bucket_mb * 1048576.0) as u64
     }
 }
 

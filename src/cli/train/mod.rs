@@ -151,6 +151,8 @@ pub struct TrainArgs {
     #[arg(long = "override", requires = "resume")]
     override_settings: bool,
     #[command(flatten)]
+    buckets: super::ranks::BucketArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -207,7 +209,9 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
     let replicas = gpus.len() * peers.ranks();
     let devices = devices_text(&gpus, cfg.batch, peers.ranks(), local)?;
-    let mut trainer = Trainer::data_parallel(gpus, cfg, start)?.with_peers(peers);
+    let mut trainer = Trainer::data_parallel(gpus, cfg, start)?
+        .with_peers(peers)
+        .with_bucket_bytes(args.buckets.bytes());
     if lead {
         announce(&trainer, splits.as_ref(), epochs, last, &devices, &notes);
     }
