@@ -76,7 +76,70 @@ pub(super) fn gemm(
     weights: Weights,
     out: Slice,
 ) -> Result<()> {
-    let channels = grid.channels as u64;
+    let o = operands(algo, grid.channels as u64, count, row4, rows, weights, out);
+    let params = Gemm {
+        rows_a: o.rows_a as u32,
+        rows_b: o.rows_b as u32,
+        row4: row4 as u32,
+        a_stride: o.a_stride as u32,
+        a_is_pixels: o.pixels_are_a as u32,
+        pixel_begin: begin as u32,
+        pixel_count: count as u32,
+        channels: grid.channels,
+        grid_w: grid.grid_w,
+        grid_h: grid.grid_h,
+        grid_plane: grid.grid_h * grid.grid_w,
+        out_w: grid.out_w,
+        out_plane: grid.out_h * grid.out_w,
+        step: grid.step,
+        origin_y: grid.origin_y,
+        origin_x: grid.origin_x,
+        unit_pixels: 0,
+    };
+    // K as the rows hold it, zero-padded to whole vec4s.
+    gpu.charge_flops(2.0 * (o.rows_a * o.rows_b * row4 * 4) as f64);
+    let (shader, entry, groups, wg) = match algo {
+        Conv2dAlgo::Gemm(tile) => {
+            let entry = if tile.lanes == GemmLanes::ChannelsGather {
+                "conv2d_gemm_gather"
+            } else {
+                "conv2d_gemm_lanes"
+            };
+            let groups = o.rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
+                * o.rows_b.div_ceil(tile.per_workgroup as u64);
+            (gemm_lanes_shader(tile, gpu.broadcasts), entry, groups, GEMM_WG)
+        }
+        _ => {
+            let tile = shared_tile(o.rows_a, o.rows_b, gpu.wide_dispatch);
+            let groups = o.rows_a.div_ceil(tile.0) * o.rows_b.div_ceil(tile.1);
+            (shared_tile_shader(tile), "conv2d_gemm_shared", groups, SHARED_WG)
+        }
+    };
+    let grid = grid_1d(groups * wg as u64, wg);
+    launch(gpu, enc, op, &shader, entry, &params, &o.bindings, grid)
+}
+
+/// How a GEMM variant takes its operands: a, whose rows its lanes run over, is the pixels or the
+/// channels; a's rows, b's, the stride of a's rows in vec4s, and the kernel's bindings.
+struct Operands<'a> {
+    pixels_are_a: bool,
+    rows_a: u64,
+    rows_b: u64,
+    a_stride: u64,
+    bindings: Vec<(&'static str, Slice<'a>)>,
+}
+
+/// [`Operands`] of `algo` for `count` pixels' `rows` (`row4` vec4s each) against `channels`
+/// rows of `weights`, into `out`.
+fn operands<'a>(
+    algo: Conv2dAlgo,
+    channels: u64,
+    count: u64,
+    row4: u64,
+    rows: Slice<'a>,
+    weights: Weights<'a>,
+    out: Slice<'a>,
+) -> Operands<'a> {
     let (pixels_are_a, rows_a, rows_b, a_stride, bindings) = match (algo, weights) {
         (
             Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }),
@@ -109,62 +172,7 @@ pub(super) fn gemm(
         ),
         _ => unreachable!("{algo} with the other kind of weight operand"),
     };
-    let params = Gemm {
-        rows_a: rows_a as u32,
-        rows_b: rows_b as u32,
-        row4: row4 as u32,
-        a_stride: a_stride as u32,
-        a_is_pixels: pixels_are_a as u32,
-        pixel_begin: begin as u32,
-        pixel_count: count as u32,
-        channels: grid.channels,
-        grid_w: grid.grid_w,
-        grid_h: grid.grid_h,
-        grid_plane: grid.grid_h * grid.grid_w,
-        out_w: grid.out_w,
-        out_plane: grid.out_h * grid.out_w,
-        step: grid.step,
-        origin_y: grid.origin_y,
-        origin_x: grid.origin_x,
-        unit_pixels: 0,
-    };
-    // K as the rows hold it, zero-padded to whole vec4s.
-    gpu.charge_flops(2.0 * (rows_a * rows_b * row4 * 4) as f64);
-    match algo {
-        Conv2dAlgo::Gemm(tile) => {
-            let entry = if tile.lanes == GemmLanes::ChannelsGather {
-                "conv2d_gemm_gather"
-            } else {
-                "conv2d_gemm_lanes"
-            };
-            let groups = rows_a.div_ceil(GEMM_WG as u64 * tile.per_invocation as u64)
-                * rows_b.div_ceil(tile.per_workgroup as u64);
-            launch(
-                gpu,
-                enc,
-                op,
-                &gemm_lanes_shader(tile, gpu.broadcasts),
-                entry,
-                &params,
-                &bindings,
-                grid_1d(groups * GEMM_WG as u64, GEMM_WG),
-            )
-        }
-        _ => {
-            let tile = shared_tile(rows_a, rows_b, gpu.wide_dispatch);
-            let groups = rows_a.div_ceil(tile.0) * rows_b.div_ceil(tile.1);
-            launch(
-                gpu,
-                enc,
-                op,
-                &shared_tile_shader(tile),
-                "conv2d_gemm_shared",
-                &params,
-                &bindings,
-                grid_1d(groups * SHARED_WG as u64, SHARED_WG),
-            )
-        }
-    }
+    Operands { pixels_are_a, rows_a, rows_b, a_stride, bindings }
 }
 
 /// The shared-tile GEMM's output tile (rows of a, rows of b) for `rows_a` × `rows_b` outputs:
