@@ -253,10 +253,11 @@ fn bn_sum_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
     var blocks: array<vec2<f32>, PAIRWISE_LEVELS>;
-    for (var b = 0u; b < p.n; b++) {
+    let examples = pairwise_count(p.n, nwg);
+    for (var b = 0u; b < examples; b++) {
         pairwise_push2(&blocks, b, vec2<f32>(rsums_rows[2u * p.c * b + ch], rsums_rows[2u * p.c * b + p.c + ch]));
     }
-    let sums = pairwise_total2(&blocks, p.n);
+    let sums = pairwise_total2(&blocks, examples);
     rsums_out[ch] = sums.x;
     rsums_out[p.c + ch] = sums.y;
 }

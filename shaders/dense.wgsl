@@ -71,10 +71,11 @@ fn dense_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     let i = o / p.cols;
     let j = o % p.cols;
     var blocks: array<f32, PAIRWISE_LEVELS>;
-    for (var t = 0u; t < p.inner; t++) {
+    let examples = pairwise_count(p.inner, nwg);
+    for (var t = 0u; t < examples; t++) {
         pairwise_push(&blocks, t, mm_a[i * p.a_row + t * p.a_inner] * mm_b[t * p.b_inner + j * p.b_col]);
     }
-    mm_out[o] = pairwise_total(&blocks, p.inner);
+    mm_out[o] = pairwise_total(&blocks, examples);
 }
 
 // dense_backward_bias: db[j] = Σ_i dy[i, j], summed pairwise over the batch (rows = m,
@@ -87,8 +88,9 @@ fn dense_backward_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let j = linear_index(gid, nwg);
     if (j >= p.cols) { return; }
     var blocks: array<f32, PAIRWISE_LEVELS>;
-    for (var i = 0u; i < p.rows; i++) {
+    let rows = pairwise_count(p.rows, nwg);
+    for (var i = 0u; i < rows; i++) {
         pairwise_push(&blocks, i, bias_dy[i * p.cols + j]);
     }
-    bias_db[j] = pairwise_total(&blocks, p.rows);
+    bias_db[j] = pairwise_total(&blocks, rows);
 }

@@ -22,6 +22,15 @@
 // loops only over the levels a term closes: there the compares of every level cost more.
 const PAIRWISE_LEVELS: u32 = 32u;
 
+// `count`, the number of terms a kernel's pairwise loop runs over, in a form no driver can make
+// a compile-time constant (`nwg.x`, the dispatch's workgroups, is never 0). Lavapipe (Mesa 22)
+// compiles a pipeline again with its uniform-only loop bounds as constants whenever that halves
+// the shader, as a sum over one term does, and then does so at every dispatch: a shard or a
+// canonical piece of one example cost a compile per launch.
+fn pairwise_count(count: u32, nwg: vec3<u32>) -> u32 {
+    return select(count, 0u, nwg.x == 0u);
+}
+
 fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, t: u32, term: f32) {
     let closed = countTrailingZeros(~t);
     var v = term;

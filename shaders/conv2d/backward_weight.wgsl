@@ -18,7 +18,8 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     let ci = (i / (p.kw * p.kh)) % p.c_in;
     let co = i / (p.kw * p.kh * p.c_in);
     var blocks: array<f32, PAIRWISE_LEVELS>;
-    for (var n = 0u; n < p.n; n++) {
+    let examples = pairwise_count(p.n, nwg);
+    for (var n = 0u; n < examples; n++) {
         var example = 0.0;
         for (var oy = 0u; oy < p.out_h; oy++) {
             let iy = input_at(oy, ky);
@@ -33,7 +34,7 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
         }
         pairwise_push(&blocks, n, example);
     }
-    wd_dw[i] = pairwise_total(&blocks, p.n);
+    wd_dw[i] = pairwise_total(&blocks, examples);
 }
 
 // Tile: output channels co0..co0+15 × input channels ci0..ci0+3, one tap (ky, kx) after the
@@ -90,6 +91,7 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
     let hw = p.h * p.w;
     let ohw = p.out_h * p.out_w;
     let khw = p.kh * p.kw;
+    let examples = pairwise_count(p.n, nwg);
     for (var tap = 0u; tap < khw; tap++) {
         let ky = tap / p.kw;
         let kx = tap % p.kw;
@@ -99,7 +101,7 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
         var blocks_b: array<mat4x4<f32>, PAIRWISE_LEVELS>;
         var blocks_c: array<mat4x4<f32>, PAIRWISE_LEVELS>;
         var blocks_d: array<mat4x4<f32>, PAIRWISE_LEVELS>;
-        for (var n = 0u; n < p.n; n++) {
+        for (var n = 0u; n < examples; n++) {
             var ea = mat4x4<f32>();
             var eb = mat4x4<f32>();
             var ec = mat4x4<f32>();
@@ -132,10 +134,10 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
                 ec += rc;
                 ed += rd;
             }
-            wb_push(&blocks_a, n, ea);
-            wb_push(&blocks_b, n, eb);
-            wb_push(&blocks_c, n, ec);
-            wb_push(&blocks_d, n, ed);
+            wb_push(&blocks_a, n, examples, ea);
+            wb_push(&blocks_b, n, examples, eb);
+            wb_push(&blocks_c, n, examples, ec);
+            wb_push(&blocks_d, n, examples, ed);
         }
         if (live) {
             // dw[co, ci, ky, kx]: whole groups of 4 output channels as 16 plain stores each (on
@@ -143,10 +145,10 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
             // by element.
             let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
             let co_step = p.c_in * p.dw_kh * p.dw_kw;
-            wb_store(at, co_step, co0, ci0, wb_total(&blocks_a));
-            wb_store(at + 4u * co_step, co_step, co0 + 4u, ci0, wb_total(&blocks_b));
-            wb_store(at + 8u * co_step, co_step, co0 + 8u, ci0, wb_total(&blocks_c));
-            wb_store(at + 12u * co_step, co_step, co0 + 12u, ci0, wb_total(&blocks_d));
+            wb_store(at, co_step, co0, ci0, wb_total(&blocks_a, examples));
+            wb_store(at + 4u * co_step, co_step, co0 + 4u, ci0, wb_total(&blocks_b, examples));
+            wb_store(at + 8u * co_step, co_step, co0 + 8u, ci0, wb_total(&blocks_c, examples));
+            wb_store(at + 12u * co_step, co_step, co0 + 12u, ci0, wb_total(&blocks_d, examples));
         }
     }
 }
@@ -155,13 +157,13 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
 // launcher where that saves a level of the stack.
 const WB_CLOSE: bool = false;
 
-fn wb_push(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, n: u32, e: mat4x4<f32>) {
-    if (WB_CLOSE) { pairwise_push_or_close4(blocks, n, p.n, e); } else { pairwise_push4(blocks, n, e); }
+fn wb_push(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, n: u32, count: u32, e: mat4x4<f32>) {
+    if (WB_CLOSE) { pairwise_push_or_close4(blocks, n, count, e); } else { pairwise_push4(blocks, n, e); }
 }
 
-fn wb_total(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>) -> mat4x4<f32> {
+fn wb_total(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, count: u32) -> mat4x4<f32> {
     if (WB_CLOSE) { return (*blocks)[0]; }
-    return pairwise_total4(blocks, p.n);
+    return pairwise_total4(blocks, count);
 }
 
 // dy at four indices.
