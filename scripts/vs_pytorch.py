@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""syncstep's training step beside PyTorch's, at the same shapes, in alternating runs.
+
+Each round runs `syncstep bench` (one device) and then scripts/pytorch_step.py, each in a
+fresh process, and prints both medians with the ratio PyTorch s / syncstep s: syncstep's speed
+as a fraction of PyTorch's (1.0: as fast). On a CUDA machine PyTorch runs twice a round, TF32
+off and on. Where PyTorch is not installed, it says so and times syncstep alone.
+Ratios within a round are what to compare: these machines drift between rounds.
+
+    python3 scripts/vs_pytorch.py --image-size 32 --batch 8
+    python3 scripts/vs_pytorch.py --image-size 224 --batch 8 --rounds 2 --steps 3
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="timed steps of each run")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="PyTorch's device (auto: CUDA where PyTorch sees one)")
+    p.add_argument("--syncstep", default=None,
+                   help="the syncstep binary (default: target/release/syncstep, else PATH)")
+    p.add_argument("--bench-args", default="",
+                   help="more arguments for syncstep bench, e.g. \"--adapter vulkan:0\"")
+    args = p.parse_args()
+    for name in ("image_size", "batch", "rounds", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def syncstep_binary(given):
+    if given:
+        return given
+    built = os.path.join(HERE, "..", "target", "release", "syncstep")
+    if os.path.exists(built):
+        return os.path.normpath(built)
+    found = shutil.which("syncstep")
+    if not found:
+        sys.exit("no syncstep binary: cargo build --release, or give --syncstep PATH")
+    return found
+
+
+def run_json(cmd, what):
+    """Runs `cmd`, which prints or writes one JSON object, and returns it; exits on failure."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    return done
+
+
+def bench(binary, args, out):
+    cmd = [binary, "bench", "--image-size", str(args.image_size), "--batch", str(args.batch),
+           "--steps", str(args.steps), "--no-roofline", "--json", out] + args.bench_args.split()
+    run_json(cmd, "syncstep bench")
+    with open(out) as f:
+        step = json.load(f)["step"]
+    return step["median_s"], max(m["peak_bytes"] for m in step["memory"])
+
+
+def torch_device(args):
+    """PyTorch's device for this run, or None (with the reason printed) where it cannot run."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, torchvision; print(torch.cuda.is_available())"],
+        capture_output=True, text=True)
+    if probe.returncode != 0:
+        print("PyTorch is not installed here (pip install torch torchvision): "
+              "syncstep alone.\n")
+        return None
+    cuda = probe.stdout.strip() == "True"
+    if args.device == "cuda" and not cuda:
+        sys.exit("--device cuda: PyTorch sees no CUDA device")
+    return "cuda" if args.device == "cuda" or (args.device == "auto" and cuda) else "cpu"
+
+
+def pytorch(args, device, tf32):
+    cmd = [sys.executable, os.path.join(HERE, "pytorch_step.py"),
+           "--image-size", str(args.image_size), "--batch", str(args.batch),
+           "--steps", str(args.steps), "--device", device, "--tf32", tf32]
+    if device == "cpu":
+        cmd += ["--threads", str(os.cpu_count() or 1)]
+    return json.loads(run_json(cmd, "scripts/pytorch_step.py").stdout)
+
+
+def mib(n):
+    return f"{n / 2**20:.0f} MiB"
+
+
+def main():
+    args = parse_args()
+    binary = syncstep_binary(args.syncstep)
+    device = torch_device(args)
+    kinds = [] if device is None else (["off", "on"] if device == "cuda" else ["off"])
+    print(f"ResNet-34 training step, {args.image_size}×{args.image_size}, batch {args.batch}, "
+          f"median of {args.steps} steps a run, {args.rounds} rounds")
+    ratios = {k: [] for k in kinds}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1, args.rounds + 1):
+            ours, our_peak = bench(binary, args, os.path.join(tmp, "bench.json"))
+            line = f"round {r}: syncstep {ours:.4f} s (peak {mib(our_peak)})"
+            for tf32 in kinds:
+                theirs = pytorch(args, device, tf32)
+                ratio = theirs["median_s"] / ours
+                ratios[tf32].append(ratio)
+                label = "PyTorch" + (f" TF32 {tf32}" if device == "cuda" else "")
+                line += (f" | {label} {theirs['median_s']:.4f} s (peak "
+                         f"{mib(theirs['peak_bytes'])}, {theirs['device']}): {ratio:.3f}×")
+            print(line, flush=True)
+    for tf32, rs in ratios.items():
+        label = "PyTorch" + (f" TF32 {tf32}" if device == "cuda" else "")
+        print(f"syncstep's speed / {label}'s, median of {len(rs)} rounds: "
+              f"{statistics.median(rs):.3f}× (rounds {', '.join(f'{x:.3f}' for x in rs)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
