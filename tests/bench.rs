@@ -276,6 +276,24 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert!(report.text(5).contains("data-parallel / the replicas' own steps"));
 }
 
+/// Replicas of one image each: the data-parallel step and the single device at the global batch
+/// are timed, but one replica's shard alone is not (BatchNorm refuses a batch of one image at
+/// 32²), and the report says so instead of failing.
+#[test]
+fn shards_of_one_image_are_timed_together_but_not_alone() {
+    if gpu().is_none() {
+        return;
+    }
+    let cfg = BenchConfig { roofline: None, global_batch: Some(2), ..small(2) };
+    let report = bench::run(&cfg, &mut |_| {}).unwrap();
+    check_report(&report, &cfg);
+    assert_eq!(report.single.as_ref().map(|s| s.global_batch), Some(2));
+    assert!(report.shard.is_none() && report.exchange_ratio().is_none());
+    let text = report.text(5);
+    assert!(text.contains("the replicas' own steps: not timed"), "{text}");
+    assert!(text.contains("data-parallel / single device at batch 2"), "{text}");
+}
+
 #[test]
 fn bad_settings_are_errors_naming_the_flag() {
     let cases = [
