@@ -244,10 +244,8 @@ pub fn run_with_peers(
     // With R > 1, one device on replica 0's adapter at B and at replica 0's shard (a longest).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
     let n = shard.len();
-    // A shard BatchNorm cannot train on alone (one image at 32²) has no step of its own to time.
-    let shard_alone = check_training_batch(&model, n, size).is_ok();
     let mut singles = match r > 1 && lead {
-        true => single_devices(cfg, devices, shard_alone)?,
+        true => single_devices(cfg, devices, n)?,
         false => Vec::new(),
     };
     let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
@@ -288,15 +286,13 @@ pub fn run_with_peers(
     })
 }
 
-/// Single devices on replica 0's adapter, for the step at the global batch and (`with_shard`)
-/// at one replica's shard.
-fn single_devices(
-    cfg: &BenchConfig,
-    devices: Devices,
-    with_shard: bool,
-) -> Result<Vec<DataParallel>> {
+/// Single devices on replica 0's adapter, for the step at the global batch and at one
+/// replica's shard of `shard` images, unless BatchNorm cannot train on that alone (one image
+/// at 32²): then there is no shard step to time.
+fn single_devices(cfg: &BenchConfig, devices: Devices, shard: usize) -> Result<Vec<DataParallel>> {
     let first = &cfg.adapters[..cfg.adapters.len().min(1)];
-    (0..1 + with_shard as usize).map(|_| open_devices(devices, 1, first)).collect()
+    let shard_alone = check_training_batch(devices.0, shard, cfg.image_size).is_ok();
+    (0..1 + shard_alone as usize).map(|_| open_devices(devices, 1, first)).collect()
 }
 
 /// What devices of a benchmark are opened with: the model, its parameters and running

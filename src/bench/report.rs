@@ -562,9 +562,10 @@ impl BenchReport {
             };
             lines.push(format!("the replicas' own steps, {how}: {own:.4} s, {own_ratio:.3} × single device at batch {}", self.step.global_batch));
             lines.push(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
-            lines.push(self.allreduce.text());
         } else if self.single.is_some() {
             lines.push("the replicas' own steps: not timed, one replica's shard is too small a batch for BatchNorm on a device of its own".into());
+        }
+        if self.single.is_some() {
             lines.push(self.allreduce.text());
         }
         if let Some(bytes) = self.rank_received_bytes {
