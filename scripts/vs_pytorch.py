@@ -54,8 +54,8 @@ def syncstep_binary(given):
     return found
 
 
-def run_json(cmd, what):
-    """Runs `cmd`, which prints or writes one JSON object, and returns it; exits on failure."""
+def run(cmd, what):
+    """Runs `cmd` and returns the finished process; on failure exits with what it printed."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stderr.strip()}")
@@ -65,7 +65,7 @@ def run_json(cmd, what):
 def bench(binary, args, out):
     cmd = [binary, "bench", "--image-size", str(args.image_size), "--batch", str(args.batch),
            "--steps", str(args.steps), "--no-roofline", "--json", out] + args.bench_args.split()
-    run_json(cmd, "syncstep bench")
+    run(cmd, "syncstep bench")
     with open(out) as f:
         step = json.load(f)["step"]
     return step["median_s"], max(m["peak_bytes"] for m in step["memory"])
@@ -92,7 +92,7 @@ def pytorch(args, device, tf32):
            "--steps", str(args.steps), "--device", device, "--tf32", tf32]
     if device == "cpu":
         cmd += ["--threads", str(os.cpu_count() or 1)]
-    return json.loads(run_json(cmd, "scripts/pytorch_step.py").stdout)
+    return json.loads(run(cmd, "scripts/pytorch_step.py").stdout)
 
 
 def mib(n):
