@@ -896,3 +896,85 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
         assert_close(&format!("the launchers' choice {s:?}"), &read(gpu, &dw), &dw_ref, 1e-4);
     }
 }
+
+/// Winograd F(2×2, 3×3)'s forward and input-VJP into NaN-poisoned outputs, its GEMMs by `algo`.
+fn run_winograd(
+    gpu: &Gpu,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+) -> [Vec<f32>; 2] {
+    let (bx, bw, bdy) =
+        (gpu.upload("x", x).unwrap(), gpu.upload("w", w).unwrap(), gpu.upload("dy", dy).unwrap());
+    let y = poisoned(gpu, "y", s.y_len() as usize);
+    let dx = poisoned(gpu, "dx", s.x_len() as usize);
+    let whole = Slice::whole;
+    let mut enc = gpu.encoder();
+    for (op, a, out) in [(Conv2dOp::Forward, &bx, &y), (Conv2dOp::BackwardInput, &bdy, &dx)] {
+        k::conv2d_winograd_with(gpu, &mut enc, op, algo, s, whole(a), whole(&bw), whole(out))
+            .unwrap();
+    }
+    submit(gpu, enc);
+    [read(gpu, &y), read(gpu, &dx)]
+}
+
+/// Winograd rounds otherwise than the plain sum, so it is held to the f64 reference (1e-5
+/// norm-rel, as every variant) rather than to Direct's bits; among its own GEMM variants it has
+/// one set of bits, and an example's outputs are the same bits in a batch of one, so the batch,
+/// the shards and the chunks of images never change a bit.
+#[test]
+fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
+    let Some(gpu) = gpu() else { return };
+    let gemms: Vec<Conv2dAlgo> = Conv2dAlgo::all()
+        .into_iter()
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
+        .filter(|a| a.has(Conv2dOp::Forward))
+        .collect();
+    let cases =
+        [(shape(3, 8, 7, 5, 12, 3, 3, 1, 1), true), (shape(2, 64, 8, 8, 64, 3, 3, 1, 1), true)];
+    // 128 channels of 64×64 take more than one chunk of images.
+    let chunked = shape(3, 128, 64, 64, 128, 3, 3, 1, 1);
+    assert!(k::winograd_chunk_images(&chunked, Conv2dOp::Forward) < chunked.n);
+    for (s, with_reference) in cases.into_iter().chain([(chunked, false)]) {
+        let x = uniform(31, s.x_len() as usize);
+        let w = uniform(32, s.w_len() as usize);
+        let dy = uniform(33, s.y_len() as usize);
+        let algos = if with_reference { &gemms[..] } else { &gemms[..1] };
+        let first = run_winograd(gpu, algos[0], &s, &x, &w, &dy);
+        if with_reference {
+            let (x64, w64, dy64) = (to_f64(&x), to_f64(&w), to_f64(&dy));
+            let y_ref = r::conv2d_forward(&geometry(&s), &x64, &w64);
+            let dx_ref = r::conv2d_backward_input(&geometry(&s), &dy64, &w64);
+            println!(
+                "winograd {s:?}: norm-rel y {:.2e} dx {:.2e}",
+                norm_rel(&first[0], &y_ref),
+                norm_rel(&first[1], &dx_ref)
+            );
+            assert_close(&format!("winograd forward {s:?}"), &first[0], &y_ref, 1e-5);
+            assert_close(&format!("winograd input-VJP {s:?}"), &first[1], &dx_ref, 1e-5);
+        }
+        for &algo in &algos[1..] {
+            let out = run_winograd(gpu, algo, &s, &x, &w, &dy);
+            assert_eq!(bits(&out[0]), bits(&first[0]), "winograd forward {algo} {s:?}");
+            assert_eq!(bits(&out[1]), bits(&first[1]), "winograd input-VJP {algo} {s:?}");
+        }
+        let one = Conv2dShape { n: 1, ..s };
+        let (x1, y1) = (s.x_len() as usize / s.n as usize, s.y_len() as usize / s.n as usize);
+        for e in 0..s.n as usize {
+            let alone =
+                run_winograd(gpu, algos[0], &one, &x[e * x1..][..x1], &w, &dy[e * y1..][..y1]);
+            assert_eq!(
+                bits(&alone[0]),
+                bits(&first[0][e * y1..][..y1]),
+                "forward, example {e} of {s:?}"
+            );
+            assert_eq!(
+                bits(&alone[1]),
+                bits(&first[1][e * x1..][..x1]),
+                "input-VJP, example {e} of {s:?}"
+            );
+        }
+    }
+}

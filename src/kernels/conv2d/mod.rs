@@ -38,6 +38,7 @@ mod gemm;
 mod shape;
 mod tiles;
 mod tune;
+mod winograd;
 
 pub use backward_data::conv2d_backward_input_with;
 pub use backward_weight::conv2d_backward_weight_with;
@@ -47,6 +48,10 @@ pub use shape::Conv2dShape;
 pub use tune::{
     autotuned_algo, candidates, conv2d_algo, kernel_policy, parse_forced, set_kernel_policy,
     Forced, KernelPlan, KernelPolicy,
+};
+pub use winograd::{
+    conv2d_winograd_with, winograd_chunk_images, winograd_gemm_algo, winograd_gemm_shape,
+    WINOGRAD_MIN_SIDE,
 };
 
 use shape::{checked, tile_count, Params};
@@ -309,6 +314,10 @@ pub fn conv2d_launch(
     out: Slice,
 ) -> Result<()> {
     checked(gpu, op, shape, [a, b, out])?;
+    if kernel_policy(gpu)?.winograd && shape.winograd(op) {
+        let gemm_algo = winograd_gemm_algo(gpu, op, shape)?;
+        return conv2d_winograd_with(gpu, enc, op, gemm_algo, shape, a, b, out);
+    }
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
     let clearable =
         op != Conv2dOp::BackwardWeight || out.buffer.usage().contains(wgpu::BufferUsages::COPY_DST);

@@ -42,10 +42,15 @@ pub enum Forced {
 
 /// How one device's convolutions choose their variants, resolved once (from flags and the
 /// environment) and kept with the device ([`set_kernel_policy`], [`kernel_policy`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KernelPolicy {
     pub plan: KernelPlan,
     pub forced: Option<Forced>,
+    /// Whether the forwards and input-VJPs of 3×3, stride-1 convolutions run as Winograd
+    /// F(2×2, 3×3) where [`Conv2dShape::winograd`] takes the shape (winograd.rs): fewer
+    /// multiplies, other roundings than the plain sum. On by default; `SYNCSTEP_WINOGRAD=off`
+    /// turns it off. Every device of a run must agree, as the run's shared policy does.
+    pub winograd: bool,
     /// Where the autotune's choices persist between processes (natively; see autotune.rs).
     /// None: they are this device's only.
     pub cache_file: Option<PathBuf>,
@@ -62,7 +67,12 @@ struct Chosen {
 
 impl KernelPolicy {
     pub fn new(plan: KernelPlan, forced: Option<Forced>, cache_file: Option<PathBuf>) -> Self {
-        KernelPolicy { plan, forced, cache_file, chosen: Mutex::default() }
+        KernelPolicy { plan, forced, cache_file, winograd: true, chosen: Mutex::default() }
+    }
+
+    /// This policy with Winograd on or off.
+    pub fn with_winograd(self, winograd: bool) -> Self {
+        KernelPolicy { winograd, ..self }
     }
 
     /// `plan`, with what the environment asks: a forced variant (`SYNCSTEP_CONV_ALGO`) and,
@@ -76,7 +86,24 @@ impl KernelPolicy {
         let cache_file = autotune::cache_path();
         #[cfg(target_arch = "wasm32")]
         let cache_file = None;
-        Ok(KernelPolicy::new(plan, forced, cache_file))
+        let winograd = match std::env::var("SYNCSTEP_WINOGRAD").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "on") => true,
+            Ok("off") => false,
+            Ok(other) => {
+                return Err(KernelError::Arg {
+                    op: "conv2d",
+                    arg: "SYNCSTEP_WINOGRAD",
+                    problem: format!("is `{other}`; known: on, off"),
+                })
+            }
+        };
+        Ok(KernelPolicy::new(plan, forced, cache_file).with_winograd(winograd))
+    }
+}
+
+impl Default for KernelPolicy {
+    fn default() -> Self {
+        KernelPolicy::new(KernelPlan::Auto, None, None)
     }
 }
 

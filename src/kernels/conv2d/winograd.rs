@@ -1,0 +1,275 @@
+//! Winograd F(2×2, 3×3) for the 3×3 convolutions of stride 1 and padding 1, forward and
+//! input-VJP: the weights' transform, then, a chunk of images at a time, the input's transform,
+//! one GEMM per position of the 4×4 tiles (conv2d's GEMMs, register or shared tiles, summing
+//! over channels in order) and the output's transform. shaders/conv2d/winograd.wgsl says what
+//! each kernel computes.
+//!
+//! It multiplies 16 times per 2×2 outputs and channel where the plain sum multiplies 36, and
+//! rounds differently from it: the plain launchers take it where the device's kernel policy
+//! says so ([`KernelPolicy::winograd`](super::KernelPolicy)) and the shape is one of these
+//! ([`Conv2dShape::winograd`]), a rule that does not look at the batch, so every replica and
+//! the single device make the same choice for every layer.
+
+use super::gemm::{gemm, PixelGrid, Weights};
+use super::tune::guess_for;
+use super::{
+    checked, conv2d_algo, shader_source, Conv2dAlgo, Conv2dOp, Conv2dShape, SCRATCH_BYTES,
+};
+use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use crate::kernels::{launch, KernelError, Result};
+
+pub(super) const WINOGRAD: Shader =
+    Shader { name: "conv2d winograd", source: shader_source!("conv2d/winograd.wgsl") };
+const WINOGRAD_WG: u32 = 64;
+/// Positions of a transformed tile: one GEMM each.
+const POSITIONS: u64 = 16;
+/// The GEMMs' products are kept for a chunk of images at a time, in at most this many bytes.
+const PRODUCT_BYTES: u64 = 16 << 20;
+/// The smallest map (each side) taken: on 2×2 maps a tile is the whole map, and the transforms
+/// cost more than the multiplies they save.
+pub const WINOGRAD_MIN_SIDE: u32 = 4;
+
+/// `struct Winograd` of shaders/conv2d/winograd.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    images: u32,
+    first_image: u32,
+    c_gemm: u32,
+    r_out: u32,
+    h: u32,
+    w: u32,
+    tiles_h: u32,
+    tiles_w: u32,
+    slab_v: u32,
+    slab_u: u32,
+    slab_m: u32,
+    rotate: u32,
+}
+
+impl Conv2dShape {
+    /// Whether Winograd F(2×2, 3×3) computes `op` at this shape: the forward or input-VJP of a
+    /// 3×3 kernel, stride 1, padding 1, on maps of at least [`WINOGRAD_MIN_SIDE`] a side, with
+    /// channels in multiples of 4 (the GEMMs' rows are whole vec4s). The batch plays no part.
+    pub fn winograd(&self, op: Conv2dOp) -> bool {
+        op != Conv2dOp::BackwardWeight
+            && (self.kh, self.kw, self.stride, self.pad) == (3, 3, 1, 1)
+            && self.h.min(self.w) >= WINOGRAD_MIN_SIDE
+            && self.c_in.is_multiple_of(4)
+            && self.c_out.is_multiple_of(4)
+    }
+}
+
+/// A slab's length rounded up to 64 elements, so that each can be bound at its own offset.
+fn slab(len: u64) -> u64 {
+    len.next_multiple_of(64)
+}
+
+/// The GEMM of one position at a chunk of `images`: `tiles` rows of K = c_gemm against r_out
+/// rows, as a 1×1 convolution of that size, whose variant the policy chooses for the Winograd
+/// GEMMs ([`winograd_gemm_shape`]).
+pub fn winograd_gemm_shape(s: &Conv2dShape, op: Conv2dOp, images: u32) -> Conv2dShape {
+    let (c_gemm, r_out) = gemm_channels(s, op);
+    let (tiles_h, tiles_w) = (s.h.div_ceil(2), s.w.div_ceil(2));
+    Conv2dShape {
+        n: images,
+        c_in: c_gemm,
+        h: tiles_h,
+        w: tiles_w,
+        c_out: r_out,
+        kh: 1,
+        kw: 1,
+        stride: 1,
+        pad: 0,
+    }
+}
+
+/// (K, output channels) of `op`'s GEMMs: the forward sums over c_in into c_out, the input-VJP
+/// over c_out into c_in.
+fn gemm_channels(s: &Conv2dShape, op: Conv2dOp) -> (u32, u32) {
+    match op {
+        Conv2dOp::BackwardInput => (s.c_out, s.c_in),
+        _ => (s.c_in, s.c_out),
+    }
+}
+
+/// The variant of `op`'s Winograd GEMMs at `s`, by the device's policy: its choice for the 1×1
+/// convolution of the GEMMs' size (timed, forced or planned like any other) where that is a
+/// GEMM, else the clockless guess for that convolution, which is one.
+pub fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
+    let g = winograd_gemm_shape(s, op, winograd_chunk_images(s, op));
+    Ok(match conv2d_algo(gpu, Conv2dOp::Forward, &g)? {
+        algo @ (Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) => algo,
+        _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, &g),
+    })
+}
+
+/// Images per chunk: as many as keep the transformed input (in the im2col scratch) and the
+/// products within their caps, at least one.
+pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp) -> u32 {
+    let (c_gemm, r_out) = gemm_channels(s, op);
+    let tiles = s.h.div_ceil(2) as u64 * s.w.div_ceil(2) as u64;
+    // A slab rounds up by under 64 elements: leave that much of each cap.
+    let fit = |cap: u64, channels: u32| {
+        (cap / 4 / POSITIONS).saturating_sub(64) / (tiles * channels as u64).max(1)
+    };
+    fit(SCRATCH_BYTES, c_gemm).min(fit(PRODUCT_BYTES, r_out)).clamp(1, s.n as u64) as u32
+}
+
+/// `op` (forward: x, w → y; input-VJP: dy, w → dx) as Winograd F(2×2, 3×3), its GEMMs run by
+/// `gemm_algo` (a register-tiled or shared-tile GEMM).
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_winograd_with(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    gemm_algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    input: Slice,
+    w: Slice,
+    out: Slice,
+) -> Result<()> {
+    let name = op.name();
+    checked(gpu, op, s, [input, w, out])?;
+    if !s.winograd(op) {
+        let problem = format!("{s:?} is not a 3×3, stride 1, padding 1 {name} Winograd takes");
+        return Err(KernelError::Arg { op: name, arg: "shape", problem });
+    }
+    if !matches!(gemm_algo, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) || !gemm_algo.has(op) {
+        let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
+        return Err(KernelError::Arg { op: name, arg: "algo", problem });
+    }
+    let gpu_err = |source| KernelError::Gpu { op: name, source };
+    let (c_gemm, r_out) = gemm_channels(s, op);
+    let slab_u = slab(r_out as u64 * c_gemm as u64);
+    let u = gpu.scratch("conv2d winograd weights", POSITIONS * slab_u).map_err(gpu_err)?;
+    let base = Params {
+        images: 0,
+        first_image: 0,
+        c_gemm,
+        r_out,
+        h: s.h,
+        w: s.w,
+        tiles_h: s.h.div_ceil(2),
+        tiles_w: s.w.div_ceil(2),
+        slab_v: 0,
+        slab_u: slab_u as u32,
+        slab_m: 0,
+        rotate: (op == Conv2dOp::BackwardInput) as u32,
+    };
+    let threads = r_out as u64 * c_gemm as u64 / 4;
+    let bindings = [("w", w), ("winograd weights", Slice::whole(&u))];
+    launch(
+        gpu,
+        enc,
+        name,
+        &WINOGRAD,
+        "winograd_weights",
+        &base,
+        &bindings,
+        grid_1d(threads, WINOGRAD_WG),
+    )?;
+    let chunk = winograd_chunk_images(s, op);
+    for first in (0..s.n).step_by(chunk as usize) {
+        let images = chunk.min(s.n - first);
+        let params = Params { images, first_image: first, ..base };
+        chunk_of_images(gpu, enc, op, gemm_algo, params, (input, &u, out))?;
+    }
+    Ok(())
+}
+
+/// One chunk of images: the input's transform, the 16 GEMMs, the output's transform.
+fn chunk_of_images(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    gemm_algo: Conv2dAlgo,
+    params: Params,
+    (input, u, out): (Slice, &wgpu::Buffer, Slice),
+) -> Result<()> {
+    let name = op.name();
+    let gpu_err = |source| KernelError::Gpu { op: name, source };
+    let tiles = params.images as u64 * params.tiles_h as u64 * params.tiles_w as u64;
+    let (c_gemm, r_out) = (params.c_gemm as u64, params.r_out as u64);
+    let (slab_v, slab_m) = (slab(tiles * c_gemm), slab(tiles * r_out));
+    let v = gpu.scratch("conv2d im2col", POSITIONS * slab_v).map_err(gpu_err)?;
+    let m = gpu.scratch("conv2d winograd products", POSITIONS * slab_m).map_err(gpu_err)?;
+    let params = Params { slab_v: slab_v as u32, slab_m: slab_m as u32, ..params };
+    let bindings = [("input", input), ("winograd input", Slice::whole(&v))];
+    let grid = grid_1d(tiles * c_gemm / 4, WINOGRAD_WG);
+    launch(gpu, enc, name, &WINOGRAD, "winograd_input", &params, &bindings, grid)?;
+    let pixels = PixelGrid {
+        images: params.images,
+        grid_h: params.tiles_h,
+        grid_w: params.tiles_w,
+        channels: params.r_out,
+        out_h: params.tiles_h,
+        out_w: params.tiles_w,
+        step: 1,
+        origin_y: 0,
+        origin_x: 0,
+    };
+    let slab_u = params.slab_u as u64;
+    for xi in 0..POSITIONS {
+        let rows = Slice::new(&v, xi * slab_v * 4, tiles * c_gemm);
+        let weights = Weights::Rows(Slice::new(u, xi * slab_u * 4, r_out * c_gemm));
+        let products = Slice::new(&m, xi * slab_m * 4, tiles * r_out);
+        gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), c_gemm / 4, rows, weights, products)?;
+    }
+    let bindings = [("winograd products", Slice::whole(&m)), ("output", out)];
+    let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
+    launch(gpu, enc, name, &WINOGRAD, "winograd_output", &params, &bindings, grid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_winograd_kernels_are_valid_wgsl() {
+        crate::kernels::assert_valid_wgsl(&WINOGRAD, naga::valid::Capabilities::empty());
+    }
+
+    /// The rule looks at the kernel, stride, padding, map and channels, never at the batch.
+    #[test]
+    fn winograd_takes_3x3_stride_1_on_maps_of_4_or_more_at_any_batch() {
+        let layer1 =
+            Conv2dShape { n: 8, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
+        for n in [1, 3, 8, 256] {
+            let s = Conv2dShape { n, ..layer1 };
+            assert!(s.winograd(Conv2dOp::Forward) && s.winograd(Conv2dOp::BackwardInput));
+            assert!(!s.winograd(Conv2dOp::BackwardWeight));
+        }
+        for other in [
+            Conv2dShape { stride: 2, ..layer1 },
+            Conv2dShape { h: 2, w: 2, ..layer1 },
+            Conv2dShape { kh: 1, kw: 1, pad: 0, ..layer1 },
+            Conv2dShape { c_in: 3, ..layer1 },
+        ] {
+            assert!(!other.winograd(Conv2dOp::Forward), "{other:?}");
+        }
+    }
+
+    /// Chunks keep both scratch buffers within their caps, and a chunk is at least one image.
+    #[test]
+    fn winograd_chunks_fit_their_scratch() {
+        let s = Conv2dShape {
+            n: 32,
+            c_in: 64,
+            h: 56,
+            w: 56,
+            c_out: 64,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            pad: 1,
+        };
+        let images = winograd_chunk_images(&s, Conv2dOp::Forward) as u64;
+        let tiles = 28 * 28 * images;
+        assert!((1..32).contains(&images), "{images}");
+        assert!(POSITIONS * slab(tiles * 64) * 4 <= PRODUCT_BYTES);
+        assert!(POSITIONS * slab((tiles + 28 * 28) * 64) * 4 > PRODUCT_BYTES, "as many as fit");
+        let huge = Conv2dShape { h: 4096, w: 4096, n: 2, ..s };
+        assert_eq!(winograd_chunk_images(&huge, Conv2dOp::Forward), 1);
+    }
+}
