@@ -922,7 +922,8 @@ fn run_winograd(
 
 /// Winograd rounds otherwise than the plain sum, so it is held to the f64 reference (1e-5
 /// norm-rel, as every variant) rather than to Direct's bits; among its own GEMM variants it has
-/// one set of bits, and an example's outputs are the same bits in a batch of one, so the batch,
+/// one set of bits (broadcasting their shared rows or loading them), and an example's outputs are
+/// the same bits in a batch of one, so the batch,
 /// the shards and the chunks of images never change a bit.
 #[test]
 fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
@@ -959,6 +960,14 @@ fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
             let out = run_winograd(gpu, algo, &s, &x, &w, &dy);
             assert_eq!(bits(&out[0]), bits(&first[0]), "winograd forward {algo} {s:?}");
             assert_eq!(bits(&out[1]), bits(&first[1]), "winograd input-VJP {algo} {s:?}");
+        }
+        // The GEMMs that load their shared rows rather than broadcast them.
+        if let (true, Some(loads)) = (with_reference, gpu_that_loads()) {
+            for &algo in algos {
+                let out = run_winograd(&loads, algo, &s, &x, &w, &dy);
+                assert_eq!(bits(&out[0]), bits(&first[0]), "forward {algo} loading, {s:?}");
+                assert_eq!(bits(&out[1]), bits(&first[1]), "input-VJP {algo} loading, {s:?}");
+            }
         }
         let one = Conv2dShape { n: 1, ..s };
         let (x1, y1) = (s.x_len() as usize / s.n as usize, s.y_len() as usize / s.n as usize);

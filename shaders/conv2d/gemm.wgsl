@@ -34,6 +34,16 @@ struct Gemm {
     origin_y: u32,
     origin_x: u32,
     unit_pixels: u32,   // conv2d_gemm_weight_split and its pass: pixels per unit
+    // conv2d_gemm_lanes and conv2d_gemm_shared: GEMMs side by side, one per workgroup_id.z, the
+    // next one's a, b (in vec4s) and outputs this far on (0 for one GEMM).
+    batch_a: u32,
+    batch_b: u32,
+    batch_out: u32,
+}
+
+// This workgroup's GEMM's offsets into a, b and the outputs (see batch_a).
+fn gemm_batch(wid: vec3<u32>) -> vec3<u32> {
+    return wid.z * vec3<u32>(g.batch_a, g.batch_b, g.batch_out);
 }
 
 @group(0) @binding(0) var<uniform> g: Gemm;
@@ -102,8 +112,9 @@ fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgr
     // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b,
     // where the tile has that row.
     let stage_row = lid / 4u;
-    let a_src = min(a_base + stage_row, g.rows_a - 1u) * g.row4;
-    let b_src = min(b_base + stage_row, g.rows_b - 1u) * g.row4;
+    let batch = gemm_batch(wid);
+    let a_src = min(a_base + stage_row, g.rows_a - 1u) * g.row4 + batch.x;
+    let b_src = min(b_base + stage_row, g.rows_b - 1u) * g.row4 + batch.y;
     let ti = (lid % 16u) * SHARED_PA;
     let tj = (lid / 16u) * SHARED_PB;
     var acc: array<f32, SHARED_ACC>;   // acc[i · SHARED_PB + j]: a row ti + i, b row tj + j
@@ -130,7 +141,7 @@ fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgr
     }
     for (var i = 0u; i < SHARED_PA && a_base + ti + i < g.rows_a; i++) {
         for (var j = 0u; j < SHARED_PB && b_base + tj + j < g.rows_b; j++) {
-            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j)] = acc[i * SHARED_PB + j];
+            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j) + batch.z] = acc[i * SHARED_PB + j];
         }
     }
 }

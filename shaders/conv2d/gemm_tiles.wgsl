@@ -42,6 +42,7 @@ fn conv2d_gemm_lanes(@builtin(local_invocation_index) lid: u32, @builtin(workgro
     if (origin.x == 0xffffffffu) { return; }
     let i0 = origin.x;
     let j0 = origin.y;
+    let batch = gemm_batch(wid);
     // TILE conv2d_gemm_lanes
 }
 
@@ -59,6 +60,7 @@ fn conv2d_gemm_gather(@builtin(local_invocation_index) lid: u32, @builtin(workgr
     if (origin.x == 0xffffffffu) { return; }
     let i0 = origin.x;
     let j0 = origin.y;
+    let batch = vec3<u32>(0u);
     // TILE conv2d_gemm_gather
 }
 

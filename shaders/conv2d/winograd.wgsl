@@ -9,8 +9,7 @@
 // how the launcher splits it into chunks of images. The transforms' additions are written out
 // in a fixed order. The result differs from the plain sum by rounding only (tests bound it).
 //
-// Layouts, each position ξ = 4·i + j a slab of its own (`slab` elements apart, a multiple of 64
-// so that every slab can be bound at a 256-byte offset):
+// Layouts, each position ξ = 4·i + j a slab of its own, `slab_*` elements after the previous:
 //   v[ξ][tile][c]  the transformed input, c contiguous: the GEMM's im2col rows (c_gemm/4 vec4s);
 //   u[ξ][r][c]     the transformed weights, c contiguous: the GEMM's weight rows;
 //   m[ξ][n][r][tile] the GEMM's output as it writes it (NCHW over the grid of tiles).

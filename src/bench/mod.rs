@@ -554,7 +554,7 @@ fn conv_shapes(
 
 /// The best time of convolution `op` at shape `s`, which the layers `names` share.
 fn conv_probe(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, names: &[&str]) -> Result<ProbeTime> {
-    let (algo, crop) = conv2d::conv2d_choice(gpu, op, s)?;
+    let kernel = conv2d::conv2d_kernel_name(gpu, op, s)?;
     let [a, b, out] = s.operand_lens(op);
     let (a, b, out) = (
         filled(gpu, "probe input", a)?,
@@ -580,8 +580,8 @@ fn conv_probe(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, names: &[&str]) -> Resul
     Ok(ProbeTime {
         name,
         op: op.name(),
-        algo: algo.to_string(),
-        kept_taps: crop.map(|c| (c.shape.kh, c.shape.kw)),
+        algo: kernel,
+        kept_taps: s.crop().map(|c| (c.shape.kh, c.shape.kw)),
         shape: format!("{}x{}x{}x{} k{} s{} → {}", s.n, s.c_in, s.h, s.w, s.kh, s.stride, s.c_out),
         flops: s.flops() as f64,
         seconds,

@@ -30,6 +30,24 @@ pub(super) struct Gemm {
     pub(super) origin_y: u32,
     pub(super) origin_x: u32,
     pub(super) unit_pixels: u32,
+    pub(super) batch_a: u32,
+    pub(super) batch_b: u32,
+    pub(super) batch_out: u32,
+}
+
+/// GEMMs of one size side by side in one dispatch (conv2d_gemm_lanes and _shared): `count` of
+/// them, each one's a rows `a` vec4s, b rows `b` vec4s and outputs `out` elements after the
+/// previous one's.
+#[derive(Clone, Copy)]
+pub(super) struct GemmBatch {
+    pub(super) count: u32,
+    pub(super) a: u64,
+    pub(super) b: u64,
+    pub(super) out: u64,
+}
+
+impl GemmBatch {
+    pub(super) const ONE: GemmBatch = GemmBatch { count: 1, a: 0, b: 0, out: 0 };
 }
 
 /// Where a GEMM's pixels land: the grid (n, a, b) of `grid_h`×`grid_w` pixels per image goes
@@ -62,7 +80,7 @@ pub(super) enum Weights<'a> {
 }
 
 /// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`, `row4` vec4s each)
-/// against `weights` (`grid.channels` rows), into `out`.
+/// against `weights` (`grid.channels` rows), into `out`; `batch.count` such GEMMs at once.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     gpu: &Gpu,
@@ -72,9 +90,8 @@ pub(super) fn gemm(
     grid: &PixelGrid,
     (begin, count): (u64, u64),
     row4: u64,
-    rows: Slice,
-    weights: Weights,
-    out: Slice,
+    (rows, weights, out): (Slice, Weights, Slice),
+    batch: GemmBatch,
 ) -> Result<()> {
     let o = operands(algo, grid.channels as u64, count, row4, rows, weights, out);
     let params = Gemm {
@@ -95,9 +112,12 @@ pub(super) fn gemm(
         origin_y: grid.origin_y,
         origin_x: grid.origin_x,
         unit_pixels: 0,
+        batch_a: if o.pixels_are_a { batch.a } else { batch.b } as u32,
+        batch_b: if o.pixels_are_a { batch.b } else { batch.a } as u32,
+        batch_out: batch.out as u32,
     };
     // K as the rows hold it, zero-padded to whole vec4s.
-    gpu.charge_flops(2.0 * (o.rows_a * o.rows_b * row4 * 4) as f64);
+    gpu.charge_flops(2.0 * (batch.count as u64 * o.rows_a * o.rows_b * row4 * 4) as f64);
     let (shader, entry, groups, wg) = match algo {
         Conv2dAlgo::Gemm(tile) => {
             let entry = if tile.lanes == GemmLanes::ChannelsGather {
@@ -110,13 +130,15 @@ pub(super) fn gemm(
             (gemm_lanes_shader(tile, gpu.broadcasts), entry, groups, GEMM_WG)
         }
         _ => {
-            let tile = shared_tile(o.rows_a, o.rows_b, gpu.wide_dispatch);
+            // The batch fills the dispatch too.
+            let wide = gpu.wide_dispatch.div_ceil(batch.count as u64);
+            let tile = shared_tile(o.rows_a, o.rows_b, wide);
             let groups = o.rows_a.div_ceil(tile.0) * o.rows_b.div_ceil(tile.1);
             (shared_tile_shader(tile), "conv2d_gemm_shared", groups, SHARED_WG)
         }
     };
-    let grid = grid_1d(groups * wg as u64, wg);
-    launch(gpu, enc, op, &shader, entry, &params, &o.bindings, grid)
+    let [x, y, _] = grid_1d(groups * wg as u64, wg);
+    launch(gpu, enc, op, &shader, entry, &params, &o.bindings, [x, y, batch.count])
 }
 
 /// How a GEMM variant takes its operands: a, whose rows its lanes run over, is the pixels or the
@@ -283,7 +305,8 @@ pub(super) fn im2col_gemm(
         (grid.pixels(), 1, u64::MAX),
         source,
         |enc, begin, count, rows| {
-            gemm(gpu, enc, op, algo, grid, (begin, count), row4, rows, weights, out)
+            let operands = (rows, weights, out);
+            gemm(gpu, enc, op, algo, grid, (begin, count), row4, operands, GemmBatch::ONE)
         },
     )
 }

@@ -314,7 +314,7 @@ pub fn conv2d_launch(
     out: Slice,
 ) -> Result<()> {
     checked(gpu, op, shape, [a, b, out])?;
-    if kernel_policy(gpu)?.winograd && shape.winograd(op) {
+    if runs_winograd(gpu, op, shape)? {
         let gemm_algo = winograd_gemm_algo(gpu, op, shape)?;
         return conv2d_winograd_with(gpu, enc, op, gemm_algo, shape, a, b, out);
     }
@@ -327,6 +327,20 @@ pub fn conv2d_launch(
         (conv2d_algo(gpu, op, shape)?, None)
     };
     conv2d_launch_cropped(gpu, enc, op, algo, shape, crop.as_ref(), a, b, out)
+}
+
+/// Whether [`conv2d_launch`] runs `op` at `shape` as Winograd F(2×2, 3×3) on `gpu`.
+fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<bool> {
+    Ok(kernel_policy(gpu)?.winograd && shape.winograd(op))
+}
+
+/// How [`conv2d_launch`] runs `op` at `shape`, as `syncstep bench` names it: the variant, or
+/// `winograd` and its GEMMs' variant.
+pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<String> {
+    if runs_winograd(gpu, op, shape)? {
+        return Ok(format!("winograd {}", winograd_gemm_algo(gpu, op, shape)?));
+    }
+    Ok(conv2d_choice(gpu, op, shape)?.0.to_string())
 }
 
 /// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on

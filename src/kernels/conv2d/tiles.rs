@@ -114,16 +114,23 @@ pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool
         lines.push("    if (subgroupAll(i0 >= g.rows_a)) { return; }".into());
     }
     lines.extend(
-        (0..a).map(|i| format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride;")),
+        (0..a).map(|i| {
+            format!("    let a{i} = min(i0 + {i}u, g.rows_a - 1u) * g.a_stride + batch.x;")
+        }),
     );
     let loads = b.div_ceil(8);
     if broadcast {
         lines.extend((0..loads).map(|k| {
-            format!("    let bl{k} = min(j0 + {}u + sid % 8u, g.rows_b - 1u) * g.row4;", 8 * k)
+            format!(
+                "    let bl{k} = min(j0 + {}u + sid % 8u, g.rows_b - 1u) * g.row4 + batch.y;",
+                8 * k
+            )
         }));
     } else {
         lines.extend(
-            (0..b).map(|j| format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4;")),
+            (0..b).map(|j| {
+                format!("    let b{j} = min(j0 + {j}u, g.rows_b - 1u) * g.row4 + batch.y;")
+            }),
         );
     }
     lines.extend(unrolled("    ", a, b, |i, j| format!("var s{i}_{j} = 0.0;")));
@@ -168,7 +175,7 @@ pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool
     lines.extend(rows('a', "i0", true, a));
     lines.extend(rows('b', "j0", false, b));
     lines.extend(unrolled("    ", a, b, |i, j| {
-        format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at, s{i}_{j});")
+        format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at + batch.z, s{i}_{j});")
     }));
     lines
 }

@@ -1,7 +1,7 @@
 //! Winograd F(2×2, 3×3) for the 3×3 convolutions of stride 1 and padding 1, forward and
 //! input-VJP: the weights' transform, then, a chunk of images at a time, the input's transform,
 //! one GEMM per position of the 4×4 tiles (conv2d's GEMMs, register or shared tiles, summing
-//! over channels in order) and the output's transform. shaders/conv2d/winograd.wgsl says what
+//! over channels in order; the 16 in one dispatch) and the output's transform. shaders/conv2d/winograd.wgsl says what
 //! each kernel computes.
 //!
 //! It multiplies 16 times per 2×2 outputs and channel where the plain sum multiplies 36, and
@@ -10,7 +10,7 @@
 //! ([`Conv2dShape::winograd`]), a rule that does not look at the batch, so every replica and
 //! the single device make the same choice for every layer.
 
-use super::gemm::{gemm, PixelGrid, Weights};
+use super::gemm::{gemm, GemmBatch, PixelGrid, Weights};
 use super::tune::guess_for;
 use super::{
     checked, conv2d_algo, shader_source, Conv2dAlgo, Conv2dOp, Conv2dShape, SCRATCH_BYTES,
@@ -60,11 +60,6 @@ impl Conv2dShape {
     }
 }
 
-/// A slab's length rounded up to 64 elements, so that each can be bound at its own offset.
-fn slab(len: u64) -> u64 {
-    len.next_multiple_of(64)
-}
-
 /// The GEMM of one position at a chunk of `images`: `tiles` rows of K = c_gemm against r_out
 /// rows, as a 1×1 convolution of that size, whose variant the policy chooses for the Winograd
 /// GEMMs ([`winograd_gemm_shape`]).
@@ -109,10 +104,7 @@ pub fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Co
 pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp) -> u32 {
     let (c_gemm, r_out) = gemm_channels(s, op);
     let tiles = s.h.div_ceil(2) as u64 * s.w.div_ceil(2) as u64;
-    // A slab rounds up by under 64 elements: leave that much of each cap.
-    let fit = |cap: u64, channels: u32| {
-        (cap / 4 / POSITIONS).saturating_sub(64) / (tiles * channels as u64).max(1)
-    };
+    let fit = |cap: u64, channels: u32| cap / 4 / POSITIONS / (tiles * channels as u64).max(1);
     fit(SCRATCH_BYTES, c_gemm).min(fit(PRODUCT_BYTES, r_out)).clamp(1, s.n as u64) as u32
 }
 
@@ -141,7 +133,7 @@ pub fn conv2d_winograd_with(
     }
     let gpu_err = |source| KernelError::Gpu { op: name, source };
     let (c_gemm, r_out) = gemm_channels(s, op);
-    let slab_u = slab(r_out as u64 * c_gemm as u64);
+    let slab_u = r_out as u64 * c_gemm as u64;
     let u = gpu.scratch("conv2d winograd weights", POSITIONS * slab_u).map_err(gpu_err)?;
     let base = Params {
         images: 0,
@@ -191,7 +183,7 @@ fn chunk_of_images(
     let gpu_err = |source| KernelError::Gpu { op: name, source };
     let tiles = params.images as u64 * params.tiles_h as u64 * params.tiles_w as u64;
     let (c_gemm, r_out) = (params.c_gemm as u64, params.r_out as u64);
-    let (slab_v, slab_m) = (slab(tiles * c_gemm), slab(tiles * r_out));
+    let (slab_v, slab_m) = (tiles * c_gemm, tiles * r_out);
     let v = gpu.scratch("conv2d im2col", POSITIONS * slab_v).map_err(gpu_err)?;
     let m = gpu.scratch("conv2d winograd products", POSITIONS * slab_m).map_err(gpu_err)?;
     let params = Params { slab_v: slab_v as u32, slab_m: slab_m as u32, ..params };
@@ -209,13 +201,14 @@ fn chunk_of_images(
         origin_y: 0,
         origin_x: 0,
     };
-    let slab_u = params.slab_u as u64;
-    for xi in 0..POSITIONS {
-        let rows = Slice::new(&v, xi * slab_v * 4, tiles * c_gemm);
-        let weights = Weights::Rows(Slice::new(u, xi * slab_u * 4, r_out * c_gemm));
-        let products = Slice::new(&m, xi * slab_m * 4, tiles * r_out);
-        gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), c_gemm / 4, rows, weights, products)?;
-    }
+    let batch = GemmBatch {
+        count: POSITIONS as u32,
+        a: slab_v / 4,
+        b: params.slab_u as u64 / 4,
+        out: slab_m,
+    };
+    let operands = (Slice::whole(&v), Weights::Rows(Slice::whole(u)), Slice::whole(&m));
+    gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), c_gemm / 4, operands, batch)?;
     let bindings = [("winograd products", Slice::whole(&m)), ("output", out)];
     let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
     launch(gpu, enc, name, &WINOGRAD, "winograd_output", &params, &bindings, grid)
@@ -267,8 +260,8 @@ mod tests {
         let images = winograd_chunk_images(&s, Conv2dOp::Forward) as u64;
         let tiles = 28 * 28 * images;
         assert!((1..32).contains(&images), "{images}");
-        assert!(POSITIONS * slab(tiles * 64) * 4 <= PRODUCT_BYTES);
-        assert!(POSITIONS * slab((tiles + 28 * 28) * 64) * 4 > PRODUCT_BYTES, "as many as fit");
+        assert!(POSITIONS * tiles * 64 * 4 <= PRODUCT_BYTES);
+        assert!(POSITIONS * (tiles + 28 * 28) * 64 * 4 > PRODUCT_BYTES, "as many as fit");
         let huge = Conv2dShape { h: 4096, w: 4096, n: 2, ..s };
         assert_eq!(winograd_chunk_images(&huge, Conv2dOp::Forward), 1);
     }
