@@ -57,7 +57,7 @@ pub struct KernelPolicy {
 struct Chosen {
     choices: Choices,
     /// Whether `cache_file`'s settled choices have been taken: once, not for each of a step's
-    /// ~40 (op, shape) pairs.
+    /// ~40 (op, shape) pairs; never when retuning ([`KernelPolicy::with_retune`]).
     file_read: bool,
 }
 
@@ -153,6 +153,13 @@ pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Co
 }
 
 impl KernelPolicy {
+    /// With `retune` (`--retune`), the cache file's choices are not taken: each is timed
+    /// afresh, once per policy, and replaces its entry in the file.
+    pub fn with_retune(mut self, retune: bool) -> Self {
+        self.chosen.get_mut().unwrap_or_else(|p| p.into_inner()).file_read |= retune;
+        self
+    }
+
     fn chosen(&self) -> std::sync::MutexGuard<'_, Chosen> {
         self.chosen.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -447,7 +454,7 @@ mod tests {
         use std::path::Path;
 
         use super::super::autotune::tests::{cache_dir, key, made_up, noisy, quiet, three};
-        use super::super::autotune::{load, tune};
+        use super::super::autotune::{load, remember, tune, Tuned};
         use super::*;
 
         /// A process's policy, with `file` for its cache.
@@ -495,6 +502,27 @@ mod tests {
 
             let (algo, runs) = choose(&process(&file), &key, &speeds, &busy);
             assert_eq!((algo, runs), (fast, 0), "a settled choice is taken without timing");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+
+        /// `--retune`: a settled choice in the cache file (one made under load, say) is timed
+        /// again, and its entry replaced.
+        #[test]
+        fn retuning_times_a_settled_choice_again_and_replaces_it() {
+            let dir = cache_dir("tune-retune");
+            let file = dir.join("autotune.json");
+            let [fast, next, slow] = three();
+            let speeds = [(slow, 30.0), (next, 10.5), (fast, 10.0)];
+            let key = key("Vulkan|llvmpipe", Conv2dOp::BackwardInput, 8);
+            remember(&file, &key, &Tuned { algo: slow, settled: true, timings: Vec::new() });
+            assert_eq!(choose(&process(&file), &key, &speeds, &quiet), (slow, 0));
+
+            let (algo, runs) = choose(&process(&file).with_retune(true), &key, &speeds, &quiet);
+            assert_eq!(algo, fast);
+            assert!(runs > 0, "timed although the file holds a settled choice");
+            let written = load(&file).choices.remove(&key).expect("written");
+            assert_eq!((written.algo, written.settled), (fast, true), "{written:?}");
+            assert_eq!(written.timings.len(), speeds.len(), "{written:?}");
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }
