@@ -515,6 +515,42 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     }
 }
 
+/// `--retune` on a device's clock: a settled choice in the cache file, with no timings, is timed
+/// again and replaced by one that carries each candidate's timings.
+#[test]
+fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
+    let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
+    let op = Conv2dOp::Forward;
+    let dir = std::env::temp_dir().join(format!("syncstep-retune-{}", std::process::id()));
+    let file = dir.join("autotune.json");
+    let device = |retune| {
+        let gpu = fresh_gpu()?;
+        let policy = k::KernelPolicy::new(k::KernelPlan::Timed, None, Some(file.clone()));
+        k::set_kernel_policy(&gpu, Arc::new(policy.with_retune(retune))).unwrap();
+        Some(gpu)
+    };
+    let read =
+        || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap() };
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(first) = device(false) else { return };
+    k::autotuned_algo(&first, op, &s).unwrap();
+    let mut doc = read();
+    doc["choices"][0]["settled"] = true.into();
+    doc["choices"][0]["timings"] = serde_json::json!([]);
+    std::fs::write(&file, doc.to_string()).unwrap();
+
+    let Some(retuning) = device(true) else { return };
+    let algo = k::autotuned_algo(&retuning, op, &s).unwrap();
+    let replaced = read()["choices"][0].clone();
+    let timed: Vec<&str> =
+        replaced["timings"].as_array().unwrap().iter().filter_map(|t| t["algo"].as_str()).collect();
+    let candidates = k::candidates(&retuning, op);
+    assert!(timed.len() > 1 && timed.len() <= candidates.len(), "{replaced}");
+    assert!(timed.iter().all(|t| candidates.iter().any(|c| c.to_string() == *t)), "{replaced}");
+    assert_eq!(replaced["algo"].as_str(), Some(algo.to_string().as_str()), "{replaced}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The kernel policy is each device's, whatever the environment says: in one process, a device
 /// on the GPU plan, one forced to Blocked and one taking the browser's guess choose apart, and
 /// a device keeps the policy it has.

@@ -95,6 +95,8 @@ pub struct BenchConfig {
     pub roofline: Option<u32>,
     /// How convolution kernels are chosen (`--plan-for`).
     pub plan: KernelPlan,
+    /// Time the convolutions afresh rather than take the autotune cache's choices (`--retune`).
+    pub retune: bool,
     /// The least a gradient bucket of the data-parallel step holds (`--bucket-mb`).
     pub bucket_bytes: u64,
     pub seed: u64,
@@ -114,6 +116,7 @@ impl Default for BenchConfig {
             profile: false,
             roofline: Some(512),
             plan: KernelPlan::Auto,
+            retune: false,
             bucket_bytes: parallel::DEFAULT_BUCKET_BYTES,
             seed: 0,
         }
@@ -121,6 +124,11 @@ impl Default for BenchConfig {
 }
 
 impl BenchConfig {
+    /// The kernel policy the run's devices share.
+    fn policy(&self) -> Result<Arc<KernelPolicy>> {
+        Ok(Arc::new(KernelPolicy::from_env(self.plan)?.with_retune(self.retune)))
+    }
+
     /// The global batch B.
     pub fn global(&self) -> usize {
         self.global_batch.unwrap_or(self.replicas * self.batch)
@@ -228,7 +236,7 @@ pub fn run_with_peers(
     check_training_batch(&model, b, size)?;
 
     progress(&format!("opening {} device(s)", cfg.replicas));
-    let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
+    let policy = cfg.policy()?;
     let devices = (&model, &params[..], &running[..], &policy);
     let mut dp = open_devices(devices, cfg.replicas, &cfg.adapters)?
         .with_peers(peers.clone())
@@ -419,7 +427,7 @@ pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Res
     progress("opening the device");
     let (params, running) = (model.init_params(cfg.seed), model.init_buffers());
     let adapters = &cfg.adapters[..cfg.adapters.len().min(1)];
-    let policy = Arc::new(KernelPolicy::from_env(cfg.plan)?);
+    let policy = cfg.policy()?;
     let mut dp = open_devices((&model, &params, &running, &policy), 1, adapters)?;
     check_batch_fits(&model, b, size, &dp.replicas()[0].gpu.limits)?;
     dp.replicas()[0].gpu.set_record_only(true);

@@ -73,6 +73,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
+    tune: super::ranks::TuneArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -103,6 +105,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             PlanFor::Timed => KernelPlan::Timed,
         },
         bucket_bytes: args.buckets.bytes(),
+        retune: args.tune.retune,
         ..BenchConfig::default()
     };
     cfg.validate()?;

@@ -59,7 +59,8 @@ pub fn load_trained(
     let cfg = TrainConfig::from_settings(&TensorFile::read(path)?.metadata)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let ck = checkpoint::load(path, &ResNet34::new(cfg.classes)?)?;
-    let gpu = super::ranks::devices(&Default::default(), adapter, &[], 1)?.remove(0);
+    let gpu =
+        super::ranks::devices(&Default::default(), adapter, &[], 1, &Default::default())?.remove(0);
     Ok(Trainer::new(gpu, cfg, Some(ck))?)
 }
 

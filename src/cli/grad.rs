@@ -41,6 +41,8 @@ pub struct GradArgs {
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
+    tune: super::ranks::TuneArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -104,7 +106,8 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     super::ranks::agree(&peers, "the batch", bytemuck::cast_slice(&batch.images))?;
     super::ranks::agree(&peers, "the labels", bytemuck::cast_slice(&batch.labels))?;
 
-    let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
+    let gpus =
+        super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?
         .with_peers(peers)
         .with_bucket_bytes(args.buckets.bytes());

@@ -3,11 +3,14 @@
 //! rank 0 prints and writes.
 
 use std::error::Error;
+use std::sync::Arc;
 
 use clap::Args;
 use sha2::{Digest, Sha256};
 use syncstep::collective::Peers;
 use syncstep::gpu::{AdapterChoice, Gpu};
+use syncstep::kernels::conv2d::{KernelPlan, KernelPolicy};
+use syncstep::kernels::KernelError;
 
 #[derive(Args, Clone, Debug)]
 pub struct MpiArgs {
@@ -46,6 +49,23 @@ impl BucketArgs {
     /// The bucket size in bytes.
     pub fn bytes(&self) -> u64 {
         (self.bucket_mb * 1048576.0) as u64
+    }
+}
+
+/// How this process's devices choose their convolution kernels.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TuneArgs {
+    /// Time the convolution kernels afresh on this adapter instead of taking the autotune
+    /// cache's choices, and replace those there: for a cache written while other work slowed
+    /// the machine (docs/design.md, "The choice").
+    #[arg(long)]
+    pub retune: bool,
+}
+
+impl TuneArgs {
+    /// The kernel policy the devices share: the environment's, with the automatic plan.
+    pub fn policy(&self) -> Result<Arc<KernelPolicy>, KernelError> {
+        Ok(Arc::new(KernelPolicy::from_env(KernelPlan::Auto)?.with_retune(self.retune)))
     }
 }
 
@@ -97,15 +117,18 @@ pub fn adapter_choices(
     Ok((first..first + local).map(|g| AdapterChoice { backend, index: g % count }).collect())
 }
 
-/// This process's devices for `local` replicas, on [`adapter_choices`].
+/// This process's devices for `local` replicas, on [`adapter_choices`], choosing kernels as
+/// `tune` says.
 pub fn devices(
     peers: &Peers,
     adapter: Option<&str>,
     adapters: &[String],
     local: usize,
+    tune: &TuneArgs,
 ) -> Result<Vec<Gpu>, Box<dyn Error>> {
     let choices = adapter_choices(peers, adapter, adapters, local)?;
-    Ok(pollster::block_on(syncstep::parallel::devices(local, &choices))?)
+    let policy = tune.policy()?;
+    Ok(pollster::block_on(syncstep::parallel::devices_with(local, &choices, policy))?)
 }
 
 /// Checks that every rank has the same `what` (its bytes: settings, weights, data), naming the

@@ -153,6 +153,8 @@ pub struct TrainArgs {
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
+    tune: super::ranks::TuneArgs,
+    #[command(flatten)]
     ranks: super::ranks::MpiArgs,
 }
 
@@ -206,7 +208,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(ck) = &start {
         super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
     }
-    let gpus = super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local)?;
+    let gpus =
+        super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let replicas = gpus.len() * peers.ranks();
     let devices = devices_text(&gpus, cfg.batch, peers.ranks(), local)?;
     let mut trainer = Trainer::data_parallel(gpus, cfg, start)?

@@ -3,10 +3,14 @@
 //!
 //! wgpu has no clock inside shaders, so each run is one submission measured to completion with
 //! the host's clock, holding enough launches of a short kernel that the submit and wait round
-//! trip is small beside them. The cache is JSON: the crate version and a hash of the kernels'
-//! source as compiled (another build's choices are not read), then the choices. A file there
-//! that is not a cache of ours is never overwritten.
+//! trip is small beside them. Other work on the machine only ever adds time, and comes and goes:
+//! the candidates are timed in interleaved rounds, each keeps its fastest run, and a choice whose
+//! fastest runs were not reproduced is provisional, timed again by the next process ([`tune`]).
+//! The cache is JSON: the crate version, a hash of the kernels' source as compiled and the
+//! format (another build's choices are not read), then the choices with the timings they were
+//! made from. A file there that is not a cache of ours is never overwritten.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -18,8 +22,11 @@ use super::backward_weight::broadcast_shader;
 use super::tiles::gemm_lanes_shader;
 use super::tune::{ChoiceKey, Choices};
 use super::{conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape, GEMM_TILES, SHADER};
-use crate::gpu::{launches_to_fill, Encoder, Gpu, Slice};
+use crate::gpu::{launches_to_fill, Encoder, Gpu, GpuError, Slice};
 use crate::kernels::{KernelError, Result};
+
+/// The cache file's layout: a file of another layout is timed afresh, as another build's.
+const FORMAT: u64 = 2;
 
 /// The cache file as stored.
 #[derive(Serialize, Deserialize)]
@@ -28,6 +35,8 @@ pub(super) struct CacheFile {
     syncstep_autotune: String,
     /// [`kernels_hash`] of the build that wrote it.
     kernels: String,
+    /// [`FORMAT`].
+    format: u64,
     choices: Vec<Choice>,
 }
 
@@ -36,7 +45,32 @@ pub(super) struct Choice {
     adapter: String,
     op: Conv2dOp,
     shape: Conv2dShape,
-    algo: Conv2dAlgo,
+    #[serde(flatten)]
+    tuned: Tuned,
+}
+
+/// A choice, and the timings it was made from (so that a reader of the cache sees why).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct Tuned {
+    pub(super) algo: Conv2dAlgo,
+    /// Whether the timings were quiet enough to keep the choice for good. A provisional choice
+    /// serves the process that made it; the next one times the candidates again.
+    pub(super) settled: bool,
+    /// Every candidate timed, fastest first.
+    pub(super) timings: Vec<Timing>,
+}
+
+/// One candidate's timed runs, summed up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct Timing {
+    pub(super) algo: Conv2dAlgo,
+    /// Its fastest run, in microseconds per launch.
+    pub(super) best_us: f64,
+    /// Its slowest run over its fastest: how much other work disturbed it.
+    pub(super) spread: f64,
+    /// How many runs were timed: fewer than the winner's when it was [`PRUNE`] times as slow,
+    /// or no contender in the extra rounds.
+    pub(super) runs: usize,
 }
 
 /// A hash of the kernels' source as compiled (the base module, the broadcasting one, every
@@ -83,13 +117,22 @@ pub(super) fn cache_path_from(
 /// What a cache file holds for this build.
 #[derive(Debug, Default)]
 pub(super) struct Loaded {
-    pub(super) choices: Choices,
+    /// Every choice in it, settled or provisional.
+    pub(super) choices: HashMap<ChoiceKey, Tuned>,
     /// The file exists and is not a cache of ours (nor of an earlier format): it is left alone.
     pub(super) foreign: bool,
 }
 
-/// The choices in `file`: none when it is missing, another build wrote it, or it cannot be read
-/// or is corrupt (with a warning). Never an error: the cache only saves time.
+impl Loaded {
+    /// The choices to take without timing: the settled ones.
+    pub(super) fn settled(self) -> Choices {
+        self.choices.into_iter().filter(|(_, t)| t.settled).map(|(key, t)| (key, t.algo)).collect()
+    }
+}
+
+/// The choices in `file`: none when it is missing, another build (or an earlier layout) wrote
+/// it, or it cannot be read or is corrupt (with a warning). Never an error: the cache only saves
+/// time.
 pub(super) fn load(file: &Path) -> Loaded {
     let bytes = match std::fs::read(file) {
         Ok(bytes) => bytes,
@@ -111,16 +154,18 @@ pub(super) fn load(file: &Path) -> Loaded {
                  this process only (set SYNCSTEP_AUTOTUNE_CACHE to another path)",
                 file.display()
             );
-            return Loaded { choices: Choices::new(), foreign: true };
+            return Loaded { choices: HashMap::new(), foreign: true };
         }
     };
-    let file_text =
-        |key: &str| doc.get(key).and_then(serde_json::Value::as_str).map(str::to_string);
-    let (version, kernels) = (file_text("syncstep_autotune"), file_text("kernels"));
-    if version.as_deref() != Some(env!("CARGO_PKG_VERSION"))
-        || kernels.as_deref() != Some(kernels_hash())
+    let file_text = |key: &str| doc.get(key).and_then(serde_json::Value::as_str);
+    if file_text("syncstep_autotune") != Some(env!("CARGO_PKG_VERSION"))
+        || file_text("kernels") != Some(kernels_hash())
+        || doc.get("format").and_then(serde_json::Value::as_u64) != Some(FORMAT)
     {
-        log::debug!("autotune cache {}: written by another build; timing afresh", file.display());
+        log::debug!(
+            "autotune cache {}: written by another build or in another layout; timing afresh",
+            file.display()
+        );
         return Loaded::default();
     }
     match serde_json::from_value::<CacheFile>(doc) {
@@ -128,7 +173,7 @@ pub(super) fn load(file: &Path) -> Loaded {
             choices: cache
                 .choices
                 .into_iter()
-                .map(|c| ((c.adapter, c.op, c.shape), c.algo))
+                .map(|c| ((c.adapter, c.op, c.shape), c.tuned))
                 .collect(),
             foreign: false,
         },
@@ -142,10 +187,10 @@ pub(super) fn load(file: &Path) -> Loaded {
     }
 }
 
-/// Adds `key → algo` to the choices in `file`, read again so that other processes' choices
-/// stay, and writes them back atomically ([`crate::files::write_atomic`]: a temporary file
-/// renamed over it). A failure, or a file that is not ours, is a warning.
-pub(super) fn remember(file: &Path, key: &ChoiceKey, algo: Conv2dAlgo) {
+/// Puts `key → tuned` in `file` in place of what it held for `key`, the file read again so that
+/// other processes' choices stay, and writes it back atomically ([`crate::files::write_atomic`]:
+/// a temporary file renamed over it). A failure, or a file that is not ours, is a warning.
+pub(super) fn remember(file: &Path, key: &ChoiceKey, tuned: &Tuned) {
     // One writer at a time in this process: a read, an insert and a write, whole.
     static WRITING: Mutex<()> = Mutex::new(());
     let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
@@ -153,15 +198,16 @@ pub(super) fn remember(file: &Path, key: &ChoiceKey, algo: Conv2dAlgo) {
     if foreign {
         return;
     }
-    choices.insert(key.clone(), algo);
+    choices.insert(key.clone(), tuned.clone());
     let mut choices: Vec<Choice> = choices
         .into_iter()
-        .map(|((adapter, op, shape), algo)| Choice { adapter, op, shape, algo })
+        .map(|((adapter, op, shape), tuned)| Choice { adapter, op, shape, tuned })
         .collect();
     choices.sort_by_key(|c| (c.adapter.clone(), c.op.name(), format!("{:?}", c.shape)));
     let cache = CacheFile {
         syncstep_autotune: env!("CARGO_PKG_VERSION").to_string(),
         kernels: kernels_hash().to_string(),
+        format: FORMAT,
         choices,
     };
     let text = serde_json::to_string_pretty(&cache).expect("the cache serialises");
@@ -184,114 +230,331 @@ pub(super) fn remember(file: &Path, key: &ChoiceKey, algo: Conv2dAlgo) {
     }
 }
 
-/// Timed runs per candidate after one untimed run (which compiles its pipelines on first
-/// use); the fastest run counts, the least disturbed by other work on the machine.
-pub(super) const RUNS: usize = 2;
-/// Candidates timed again in turns at the end: at least this many of the fastest, and every
-/// one within FINALIST_SPREAD of the fastest. Other work on the machine during a candidate's
-/// first runs can make it look half again as slow, and a choice is kept for good.
-pub(super) const FINALISTS: usize = 3;
-pub(super) const FINALIST_SPREAD: f64 = 1.6;
+/// Rounds in which every candidate within [`PRUNE`] of the fastest is timed, in turns (A B C …
+/// A B C …), so that a burst of other work slows a run of each rather than every run of one.
+pub(super) const ROUNDS: usize = 3;
+/// Rounds more, of the contenders only, while the timings cannot tell them apart.
+pub(super) const EXTRA_ROUNDS: usize = 2;
+/// The most a candidate's second fastest run may exceed its fastest for the fastest to count as
+/// reproduced. Above it, other work was disturbing the runs; below it, a lead smaller than the
+/// noise is a near tie, where either choice costs at most the noise.
+pub(super) const QUIET: f64 = 1.25;
+/// Candidates this many times slower than the fastest are timed no more: they cannot win, and
+/// each of their runs costs as much as this many of the fastest's.
+pub(super) const PRUNE: u32 = 10;
 /// The least a timed submission runs: short kernels are launched several times in one
 /// (as many for every candidate of a shape; see `launches_to_fill`).
 pub(super) const MIN_SUBMIT: Duration = Duration::from_millis(2);
 
+/// A timing source: `launches` launches of candidate `algo` in one submission, the time per
+/// launch. On a device, its clock ([`fastest`]); in the tests, made-up figures.
+pub(super) type Clock<'a> = dyn FnMut(Conv2dAlgo, u32) -> Result<Duration> + 'a;
+
+/// The fastest of `candidates` for `op` at `s`, timed on `gpu` by [`tune`].
 pub(super) fn fastest(
     gpu: &Gpu,
     op: Conv2dOp,
     s: &Conv2dShape,
     candidates: &[Conv2dAlgo],
-) -> Result<Conv2dAlgo> {
-    // The candidates' scratch (an im2col chunk the choice may never use) would otherwise stay
-    // held for the device's life.
-    gpu.scratch_as_before(|| time_candidates(gpu, op, s, candidates))
-}
-
-pub(super) fn time_candidates(
-    gpu: &Gpu,
-    op: Conv2dOp,
-    s: &Conv2dShape,
-    candidates: &[Conv2dAlgo],
-) -> Result<Conv2dAlgo> {
+) -> Result<Tuned> {
     // One tuning at a time per process: concurrent ones would time each other.
     static TUNING: Mutex<()> = Mutex::new(());
     let _one = TUNING.lock().unwrap_or_else(|p| p.into_inner());
-    let gpu_err = |source| KernelError::Gpu { op: op.name(), source };
-    let [input, second, output] = s.operand_lens(op);
-    let input = gpu.buffer("autotune input", input).map_err(gpu_err)?;
-    let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
-    let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
-    let run = |algo: Conv2dAlgo, launches: u32| -> Result<Duration> {
-        let launch = |enc: &mut Encoder| {
-            conv2d_launch_with(
-                gpu,
-                enc,
-                op,
-                algo,
-                s,
-                Slice::whole(&input),
-                Slice::whole(&second),
-                Slice::whole(&output),
-            )
+    // The candidates' scratch (an im2col chunk the choice may never use) would otherwise stay
+    // held for the device's life.
+    gpu.scratch_as_before(|| {
+        let gpu_err = |source| KernelError::Gpu { op: op.name(), source };
+        let [input, second, output] = s.operand_lens(op);
+        let input = gpu.buffer("autotune input", input).map_err(gpu_err)?;
+        let second = gpu.buffer("autotune second input", second).map_err(gpu_err)?;
+        let output = gpu.buffer("autotune output", output).map_err(gpu_err)?;
+        let [input, second, output] = [&input, &second, &output].map(Slice::whole);
+        let mut clock = |algo: Conv2dAlgo, launches: u32| -> Result<Duration> {
+            let launch = |enc: &mut Encoder| {
+                conv2d_launch_with(gpu, enc, op, algo, s, input, second, output)
+            };
+            gpu.time_recorded(launches, launch, gpu_err)
         };
-        gpu.time_recorded(launches, launch, gpu_err)
-    };
-    gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
+        gpu.wait().map_err(gpu_err)?; // the caller's work in flight is not ours to time
+        let tuned = tune(candidates, &mut clock)?;
+        log::debug!("autotune {} {s:?}: {tuned:?}", op.name());
+        Ok(tuned)
+    })
+}
+
+/// The fastest of `candidates` by `clock`: [`ROUNDS`] interleaved rounds, each candidate's
+/// figure its fastest run (other work only ever adds time); then, while [`Verdict::undecided`],
+/// up to [`EXTRA_ROUNDS`] of the contenders. The choice is settled if [`Verdict::settled`].
+/// Blocked, settled, when every candidate is refused.
+pub(super) fn tune(candidates: &[Conv2dAlgo], clock: &mut Clock<'_>) -> Result<Tuned> {
+    let (mut timed, launches) = first_round(candidates, clock)?;
+    for _ in 1..ROUNDS {
+        let contenders = within(&timed, PRUNE as f64);
+        round(&mut timed, contenders, launches, clock)?;
+    }
+    let mut verdict = judge(&timed);
+    for _ in 0..EXTRA_ROUNDS {
+        if !verdict.undecided() {
+            break;
+        }
+        let contenders = within(&timed, verdict.noise).max(2);
+        round(&mut timed, contenders, launches, clock)?;
+        verdict = judge(&timed);
+    }
+    Ok(Tuned {
+        algo: timed.first().map_or(Conv2dAlgo::Blocked, |r| r.algo),
+        settled: verdict.settled(),
+        timings: timed.iter().map(Runs::timing).collect(),
+    })
+}
+
+/// One candidate's timed runs, per launch.
+#[derive(Debug)]
+struct Runs {
+    algo: Conv2dAlgo,
+    runs: Vec<Duration>,
+}
+
+impl Runs {
+    fn best(&self) -> Duration {
+        self.runs.iter().copied().min().unwrap_or(Duration::MAX)
+    }
+
+    /// Its second fastest run over its fastest: whether the fastest was reproduced. 1 with one
+    /// run (a candidate [`PRUNE`]d, which the noise of others' runs decides for).
+    fn noise(&self) -> f64 {
+        let mut sorted = self.runs.clone();
+        sorted.sort();
+        sorted.get(1).map_or(1.0, |&second| ratio(second, sorted[0]))
+    }
+
+    fn timing(&self) -> Timing {
+        let slowest = self.runs.iter().copied().max().unwrap_or_default();
+        Timing {
+            algo: self.algo,
+            // To the nanosecond: finer is noise.
+            best_us: (self.best().as_secs_f64() * 1e9).round() / 1e3,
+            spread: (ratio(slowest, self.best()) * 1e3).round() / 1e3,
+            runs: self.runs.len(),
+        }
+    }
+}
+
+/// `a / b`, finite whatever the figures a clock gives.
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-12)
+}
+
+/// Round one, candidate after candidate: an untimed run (whose JIT compile can take longer than
+/// ten runs on lavapipe), then a timed one. The first candidate's second untimed run sets the
+/// launches per submission, the same for all so that each times the same work; a candidate the
+/// device refuses (a limit, a scratch buffer too large) is left out. Sorted fastest first.
+fn first_round(candidates: &[Conv2dAlgo], clock: &mut Clock<'_>) -> Result<(Vec<Runs>, u32)> {
     let mut launches = 0;
-    let mut timed: Vec<(Duration, Conv2dAlgo)> = Vec::new();
+    let mut timed = Vec::new();
     for &algo in candidates {
-        match run(algo, 1) {
+        match clock(algo, 1) {
             Ok(_) => {}
-            // A variant this device refuses (a limit, a scratch buffer too large) is skipped;
-            // any other refusal is a bug here, not the variant's.
+            // Any other refusal is a bug here, not the variant's.
             Err(KernelError::Arg { arg: "algo", .. })
-            | Err(KernelError::Gpu { source: crate::gpu::GpuError::Limit { .. }, .. }) => continue,
+            | Err(KernelError::Gpu { source: GpuError::Limit { .. }, .. }) => continue,
             Err(e) => return Err(e),
         };
-        // The untimed run included the JIT compile (which on lavapipe can take longer than
-        // ten runs): the first timed run decides whether the candidate is worth more.
         if launches == 0 {
-            launches = launches_to_fill(MIN_SUBMIT, run(algo, 1)?);
+            launches = launches_to_fill(MIN_SUBMIT, clock(algo, 1)?);
         }
-        let mut fastest = run(algo, launches)?;
-        if timed.iter().any(|&(t, _)| fastest > 10 * t) {
-            continue;
-        }
-        for _ in 1..RUNS {
-            fastest = fastest.min(run(algo, launches)?);
-        }
-        log::debug!("autotune {} {s:?}: {algo} {:.3} ms", op.name(), fastest.as_secs_f64() * 1e3);
-        timed.push((fastest, algo));
+        timed.push(Runs { algo, runs: vec![clock(algo, launches)?] });
     }
-    // Other work on the machine during one candidate's runs makes it look slow, and the
-    // choice is kept for good: the finalists (see FINALISTS) run again, taking turns, and
-    // each keeps its best time.
-    timed.sort_by_key(|&(t, _)| t);
-    let close = timed.first().map_or(Duration::ZERO, |&(t, _)| t.mul_f64(FINALIST_SPREAD));
-    timed.truncate(timed.iter().filter(|&&(t, _)| t <= close).count().max(FINALISTS));
-    for _ in 0..RUNS {
-        for (t, algo) in timed.iter_mut() {
-            *t = (*t).min(run(*algo, launches)?);
-        }
+    timed.sort_by_key(Runs::best);
+    Ok((timed, launches))
+}
+
+/// How many of `timed` (fastest first) are within `factor` of the fastest.
+fn within(timed: &[Runs], factor: f64) -> usize {
+    let limit = timed.first().map_or(Duration::ZERO, |r| r.best().mul_f64(factor));
+    timed.iter().take_while(|r| r.best() <= limit).count()
+}
+
+/// Times the first `count` of `timed` (fastest first) once more each, in turns, and sorts them
+/// again.
+fn round(timed: &mut [Runs], count: usize, launches: u32, clock: &mut Clock<'_>) -> Result<()> {
+    for r in timed.iter_mut().take(count) {
+        r.runs.push(clock(r.algo, launches)?);
     }
-    Ok(timed.into_iter().min_by_key(|&(t, _)| t).map_or(Conv2dAlgo::Blocked, |(_, algo)| algo))
+    timed.sort_by_key(Runs::best);
+    Ok(())
+}
+
+/// What the timings say about the fastest candidate against the runner-up.
+#[derive(Debug, PartialEq)]
+struct Verdict {
+    /// The runner-up's figure over the winner's (infinite when nothing else was timed).
+    lead: f64,
+    /// The larger [`Runs::noise`] of the two.
+    noise: f64,
+}
+
+impl Verdict {
+    /// Another round could change or confirm the choice: the fastest runs were not reproduced,
+    /// or the winner's lead is within the noise.
+    fn undecided(&self) -> bool {
+        self.noise > QUIET || self.lead < self.noise
+    }
+
+    /// The figures are to be trusted: both fastest runs reproduced within [`QUIET`]. A lead
+    /// within that noise is a near tie and settles too: a candidate whose timings tie with the
+    /// winner's would otherwise be timed again in every process.
+    fn settled(&self) -> bool {
+        self.noise <= QUIET
+    }
+}
+
+/// The verdict on `timed`, fastest first.
+fn judge(timed: &[Runs]) -> Verdict {
+    match timed {
+        [winner, runner_up, ..] => Verdict {
+            lead: ratio(runner_up.best(), winner.best()),
+            noise: winner.noise().max(runner_up.noise()),
+        },
+        // Nothing to tell apart.
+        _ => Verdict { lead: f64::INFINITY, noise: 1.0 },
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use std::cell::Cell;
+
     use super::*;
 
     /// A fresh directory for one test's cache file (removed by the test).
-    fn cache_dir(test: &str) -> PathBuf {
+    pub(in crate::kernels::conv2d) fn cache_dir(test: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("syncstep-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
     }
 
-    fn key(adapter: &str, op: Conv2dOp, n: u32) -> ChoiceKey {
+    pub(in crate::kernels::conv2d) fn key(adapter: &str, op: Conv2dOp, n: u32) -> ChoiceKey {
         let shape =
             Conv2dShape { n, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
         (adapter.into(), op, shape)
+    }
+
+    /// Three candidates: Blocked and two register tiles.
+    pub(in crate::kernels::conv2d) fn three() -> [Conv2dAlgo; 3] {
+        [Conv2dAlgo::Blocked, Conv2dAlgo::Gemm(GEMM_TILES[0]), Conv2dAlgo::Gemm(GEMM_TILES[2])]
+    }
+
+    /// A clock of made-up figures, counting its runs in `runs`: each candidate takes its
+    /// microseconds per launch in `speeds` (one missing is refused, as a device refuses a
+    /// variant), times `load(algo, k)` on its k-th timed run; untimed runs (one launch, where
+    /// the timed ones hold many at these speeds) take the plain figure.
+    pub(in crate::kernels::conv2d) fn made_up<'a>(
+        speeds: &'a [(Conv2dAlgo, f64)],
+        load: &'a dyn Fn(Conv2dAlgo, usize) -> f64,
+        runs: &'a Cell<usize>,
+    ) -> impl FnMut(Conv2dAlgo, u32) -> Result<Duration> + 'a {
+        let mut timed: HashMap<Conv2dAlgo, usize> = HashMap::new();
+        move |algo, launches| {
+            runs.set(runs.get() + 1);
+            let Some(&(_, us)) = speeds.iter().find(|(a, _)| *a == algo) else {
+                let problem = "refused".to_string();
+                return Err(KernelError::Arg { op: "conv2d", arg: "algo", problem });
+            };
+            let load = match launches {
+                1 => 1.0,
+                _ => {
+                    let k = timed.entry(algo).or_default();
+                    *k += 1;
+                    load(algo, *k - 1)
+                }
+            };
+            Ok(Duration::from_secs_f64(us * load * 1e-6))
+        }
+    }
+
+    /// Load on every run, no two runs of a candidate within [`QUIET`] of each other, over all
+    /// the runs the tuner may take of it.
+    pub(in crate::kernels::conv2d) fn noisy(_: Conv2dAlgo, k: usize) -> f64 {
+        [1.7, 1.0, 2.9, 1.3, 2.2][k % 5]
+    }
+
+    pub(in crate::kernels::conv2d) fn quiet(_: Conv2dAlgo, _: usize) -> f64 {
+        1.0
+    }
+
+    /// The truly fastest candidate, slowed 3× by other work while the first round timed it, is
+    /// still chosen, and for good: its later runs reproduce its figure.
+    #[test]
+    fn a_candidate_slowed_in_one_round_still_wins() {
+        let [next, fast, slow] = three();
+        let speeds = [(next, 12.0), (fast, 10.0), (slow, 25.0)];
+        let runs = Cell::new(0);
+        let slowed_once = |a, k| if a == fast && k == 0 { 3.0 } else { 1.0 };
+        let mut clock = made_up(&speeds, &slowed_once, &runs);
+        let tuned = tune(&[next, fast, slow], &mut clock).unwrap();
+        assert_eq!((tuned.algo, tuned.settled), (fast, true), "{tuned:?}");
+        let shown = &tuned.timings[0];
+        assert_eq!(
+            (shown.algo, shown.best_us, shown.spread, shown.runs),
+            (fast, 10.0, 3.0, ROUNDS)
+        );
+        let order: Vec<Conv2dAlgo> = tuned.timings.iter().map(|t| t.algo).collect();
+        assert_eq!(order, [fast, next, slow], "fastest first");
+    }
+
+    /// Timings noisy throughout: the fastest figure is taken, but the choice is provisional,
+    /// after a bounded number of extra rounds.
+    #[test]
+    fn noisy_timings_make_a_provisional_choice_in_bounded_time() {
+        let [fast, next, slow] = three();
+        let speeds = [(fast, 10.0), (next, 10.5), (slow, 30.0)];
+        let runs = Cell::new(0);
+        let tuned = tune(&[slow, next, fast], &mut made_up(&speeds, &noisy, &runs)).unwrap();
+        assert_eq!((tuned.algo, tuned.settled), (fast, false), "{tuned:?}");
+        assert_eq!(tuned.timings[0].runs, ROUNDS + EXTRA_ROUNDS, "{tuned:?}");
+        let bound = 1 + speeds.len() * (1 + ROUNDS + EXTRA_ROUNDS);
+        assert!(runs.get() <= bound, "{} runs", runs.get());
+        // The same candidates quiet: settled, though the runner-up is within 5%.
+        let quietly = tune(&[slow, next, fast], &mut made_up(&speeds, &quiet, &runs)).unwrap();
+        assert_eq!((quietly.algo, quietly.settled), (fast, true), "{quietly:?}");
+    }
+
+    /// A candidate more than PRUNE times the fastest's time is timed once; one the device
+    /// refuses is left out; nothing timed at all is Blocked.
+    #[test]
+    fn far_slower_candidates_are_timed_once_and_refused_ones_left_out() {
+        let [fast, far, refused] = three();
+        let speeds = [(fast, 10.0), (far, 150.0)];
+        let runs = Cell::new(0);
+        let tuned = tune(&[far, refused, fast], &mut made_up(&speeds, &quiet, &runs)).unwrap();
+        let runs_of: Vec<(Conv2dAlgo, usize)> =
+            tuned.timings.iter().map(|t| (t.algo, t.runs)).collect();
+        assert_eq!(runs_of, [(fast, ROUNDS), (far, 1)]);
+        assert!(tuned.settled);
+        let none = tune(&[refused], &mut made_up(&speeds, &quiet, &runs)).unwrap();
+        assert_eq!((none.algo, none.settled, none.timings.len()), (Conv2dAlgo::Blocked, true, 0));
+    }
+
+    /// Extra rounds while the order is within the noise, or the fastest runs not reproduced;
+    /// settled once they are reproduced, a near tie included.
+    #[test]
+    fn the_verdict_weighs_the_lead_against_the_noise() {
+        let verdict = |lead, noise| Verdict { lead, noise };
+        let (undecided, settled) = (Verdict::undecided, Verdict::settled);
+        assert!(!undecided(&verdict(1.5, 1.05)) && settled(&verdict(1.5, 1.05)));
+        assert!(undecided(&verdict(1.02, 1.05)) && settled(&verdict(1.02, 1.05)));
+        assert!(undecided(&verdict(3.0, 1.4)) && !settled(&verdict(3.0, 1.4)));
+        let runs = |algo, us: &[u64]| Runs {
+            algo,
+            runs: us.iter().map(|&us| Duration::from_micros(us)).collect(),
+        };
+        let [a, b, _] = three();
+        // The winner's slow first run does not count as noise; the runner-up's second does.
+        let judged = judge(&[runs(a, &[30, 10, 11]), runs(b, &[12, 15])]);
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(judged.lead, 1.2) && close(judged.noise, 1.25), "{judged:?}");
+        assert_eq!(judge(&[runs(a, &[10])]), verdict(f64::INFINITY, 1.0));
     }
 
     #[test]
@@ -301,19 +564,23 @@ mod tests {
         assert!(load(&file).choices.is_empty(), "a missing file holds no choices");
         let pixels = Conv2dAlgo::Gemm(GEMM_TILES[2]);
         let (vulkan, gl) = ("Vulkan|llvmpipe|a b", "Gl|llvmpipe|c");
-        remember(&file, &key(vulkan, Conv2dOp::BackwardWeight, 8), pixels);
-        remember(&file, &key(vulkan, Conv2dOp::Forward, 8), Conv2dAlgo::Blocked);
-        remember(&file, &key(gl, Conv2dOp::BackwardWeight, 8), Conv2dAlgo::GemmShared);
-        remember(&file, &key(vulkan, Conv2dOp::Forward, 8), Conv2dAlgo::Direct); // replaces
-        let choices = load(&file).choices;
-        assert_eq!(choices.len(), 3, "{choices:?}");
+        let timings = vec![Timing { algo: pixels, best_us: 12.5, spread: 1.1, runs: 3 }];
+        let settled = |algo| Tuned { algo, settled: true, timings: timings.clone() };
+        let provisional = Tuned { settled: false, ..settled(Conv2dAlgo::Blocked) };
+        remember(&file, &key(vulkan, Conv2dOp::BackwardWeight, 8), &settled(pixels));
+        remember(&file, &key(vulkan, Conv2dOp::Forward, 8), &settled(Conv2dAlgo::Blocked));
+        remember(&file, &key(gl, Conv2dOp::BackwardWeight, 8), &provisional);
+        remember(&file, &key(vulkan, Conv2dOp::Forward, 8), &settled(Conv2dAlgo::Direct)); // replaces
+        let loaded = load(&file);
+        assert_eq!(loaded.choices.len(), 3, "{loaded:?}");
+        assert_eq!(loaded.choices.get(&key(gl, Conv2dOp::BackwardWeight, 8)), Some(&provisional));
+        let choices = loaded.settled();
+        assert_eq!(choices.len(), 2, "{choices:?}: the provisional choice is not taken");
         assert_eq!(choices.get(&key(vulkan, Conv2dOp::BackwardWeight, 8)), Some(&pixels));
         assert_eq!(choices.get(&key(vulkan, Conv2dOp::Forward, 8)), Some(&Conv2dAlgo::Direct));
-        assert_eq!(
-            choices.get(&key(gl, Conv2dOp::BackwardWeight, 8)),
-            Some(&Conv2dAlgo::GemmShared)
-        );
         assert_eq!(choices.get(&key(vulkan, Conv2dOp::BackwardWeight, 4)), None);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(r#""best_us": 12.5"#) && text.contains(r#""settled": false"#));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -323,38 +590,49 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("autotune.json");
         let version = env!("CARGO_PKG_VERSION");
-        let choice = r#"{"adapter":"Vulkan|x","op":"conv2d_forward","shape":{"n":8,"c_in":64,"h":8,"w":8,"c_out":64,"kh":3,"kw":3,"stride":1,"pad":1},"algo":"blocked"}"#;
-        let cache = |version: &str, kernels: &str, choice: &str| {
+        let choice = r#"{"adapter":"Vulkan|x","op":"conv2d_forward","shape":{"n":8,"c_in":64,"h":8,"w":8,"c_out":64,"kh":3,"kw":3,"stride":1,"pad":1},"algo":"blocked","settled":true,"timings":[]}"#;
+        let cache = |version: &str, kernels: &str, format: &str, choice: &str| {
             format!(
-                r#"{{"syncstep_autotune":"{version}","kernels":"{kernels}","choices":[{choice}]}}"#
+                r#"{{"syncstep_autotune":"{version}","kernels":"{kernels}",{format}"choices":[{choice}]}}"#
             )
         };
+        let format = &format!(r#""format":{FORMAT},"#);
+        let hash = kernels_hash();
+        // The layout before the timings were kept: no format, a bare algo per choice.
+        let earlier = choice.replace(r#","settled":true,"timings":[]"#, "");
         let ours = [
-            cache(version, kernels_hash(), &choice.replace("blocked", "gemm-pixels-3x3")),
-            cache(version, kernels_hash(), &choice.replace(r#""n":8,"#, "")),
-            cache("0.0.0-other", kernels_hash(), choice),
-            cache(version, "0123456789abcdef", choice),
+            cache(version, hash, format, &choice.replace("blocked", "gemm-pixels-3x3")),
+            cache(version, hash, format, &choice.replace(r#""n":8,"#, "")),
+            cache(version, hash, format, &choice.replace(r#""settled":true,"#, "")),
+            cache(version, hash, "", &earlier),
+            cache(version, hash, r#""format":1,"#, choice),
+            cache("0.0.0-other", hash, format, choice),
+            cache(version, "0123456789abcdef", format, choice),
             "syncstep-autotune 0.1.0 0123456789abcdef\nconv2d_forward\t8 64 8 8 64 3 3 1 1\tblocked\tx\n".into(),
         ];
+        let tuned = Tuned { algo: Conv2dAlgo::Blocked, settled: true, timings: Vec::new() };
         for text in &ours {
             std::fs::write(&file, text).unwrap();
             let loaded = load(&file);
             assert!(loaded.choices.is_empty() && !loaded.foreign, "{text}");
+            // Ours, so replaced by the next choice.
+            remember(&file, &key("Vulkan|y", Conv2dOp::Forward, 1), &tuned);
+            assert_eq!(load(&file).choices.len(), 1, "{text}");
         }
-        std::fs::write(&file, cache(version, kernels_hash(), choice)).unwrap();
-        assert_eq!(load(&file).choices.len(), 1, "the same file with nothing wrong is read");
+        std::fs::write(&file, cache(version, hash, format, choice)).unwrap();
+        assert_eq!(load(&file).settled().len(), 1, "the same file with nothing wrong is read");
         // Not a cache of ours: read as none, and never overwritten.
         for foreign in [b"\xff\xfe not text".to_vec(), b"{\"a\": 1}".to_vec(), b"notes\n".to_vec()]
         {
             std::fs::write(&file, &foreign).unwrap();
             assert!(load(&file).foreign, "{}", String::from_utf8_lossy(&foreign));
-            remember(&file, &key("Vulkan|x", Conv2dOp::Forward, 1), Conv2dAlgo::Blocked);
+            remember(&file, &key("Vulkan|x", Conv2dOp::Forward, 1), &tuned);
             assert_eq!(std::fs::read(&file).unwrap(), foreign, "a foreign file is left as it was");
         }
         // A directory where the file should be: unreadable and unwritable, still no error.
         let blocked = dir.join("a directory");
         std::fs::create_dir_all(&blocked).unwrap();
-        remember(&blocked, &key("Vulkan|x", Conv2dOp::Forward, 1), Conv2dAlgo::Blocked);
+        remember(&blocked, &key("Vulkan|x", Conv2dOp::Forward, 1), &tuned);
         assert!(load(&blocked).choices.is_empty());
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file is left behind");
         std::fs::remove_dir_all(&dir).unwrap();

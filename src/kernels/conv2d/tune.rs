@@ -61,7 +61,8 @@ pub struct KernelPolicy {
 #[derive(Debug, Default)]
 struct Chosen {
     choices: Choices,
-    /// Whether `cache_file` has been read: once, not for each of a step's ~40 (op, shape) pairs.
+    /// Whether `cache_file`'s settled choices have been taken: once, not for each of a step's
+    /// ~40 (op, shape) pairs; never when retuning ([`KernelPolicy::with_retune`]).
     file_read: bool,
 }
 
@@ -168,16 +169,9 @@ pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Co
     }
     shape.validate(op.name())?;
     #[cfg(not(target_arch = "wasm32"))]
-    let algo = match policy.remembered(&key).filter(|a| candidates.contains(a)) {
-        Some(algo) => algo,
-        None => {
-            let algo = autotune::fastest(gpu, op, shape, &candidates)?;
-            if let Some(f) = &policy.cache_file {
-                autotune::remember(f, &key, algo);
-            }
-            algo
-        }
-    };
+    let algo = policy.remembered_or_timed(&key, &candidates, || {
+        autotune::fastest(gpu, op, shape, &candidates)
+    })?;
     #[cfg(target_arch = "wasm32")]
     let algo = guess(&gpu.info, op, shape, false);
     log::debug!("{} {shape:?} on {}: {algo}", op.name(), gpu.info.name);
@@ -186,21 +180,58 @@ pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Co
 }
 
 impl KernelPolicy {
+    /// With `retune` (`--retune`), the cache file's choices are not taken: each is timed
+    /// afresh, once per policy, and replaces its entry in the file.
+    pub fn with_retune(mut self, retune: bool) -> Self {
+        self.chosen.get_mut().unwrap_or_else(|p| p.into_inner()).file_read |= retune;
+        self
+    }
+
     fn chosen(&self) -> std::sync::MutexGuard<'_, Chosen> {
         self.chosen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The choice for `key` in the cache file as this device first read it.
+    /// The settled choice for `key` in the cache file as this policy first read it.
     #[cfg(not(target_arch = "wasm32"))]
     fn remembered(&self, key: &ChoiceKey) -> Option<Conv2dAlgo> {
         let file = self.cache_file.as_deref()?;
         let mut chosen = self.chosen();
         if !chosen.file_read {
             chosen.file_read = true;
-            let read = autotune::load(file).choices;
+            let read = autotune::load(file).settled();
             chosen.choices.extend(read);
         }
         chosen.choices.get(key).copied()
+    }
+
+    /// The choice for `key`: the cache file's settled one where it is one of `candidates`, else
+    /// the one `time` makes, written to the cache file (provisional where the timings were too
+    /// noisy to keep it: the next process times it again).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn remembered_or_timed(
+        &self,
+        key: &ChoiceKey,
+        candidates: &[Conv2dAlgo],
+        time: impl FnOnce() -> Result<autotune::Tuned>,
+    ) -> Result<Conv2dAlgo> {
+        if let Some(algo) = self.remembered(key).filter(|a| candidates.contains(a)) {
+            return Ok(algo);
+        }
+        let tuned = time()?;
+        if !tuned.settled {
+            log::info!(
+                "{} {:?} on {}: the timings were too noisy (other work on the machine?): {} \
+                 serves this process, and is timed again by the next",
+                key.1.name(),
+                key.2,
+                key.0,
+                tuned.algo
+            );
+        }
+        if let Some(file) = &self.cache_file {
+            autotune::remember(file, key, &tuned);
+        }
+        Ok(tuned.algo)
     }
 }
 
@@ -442,6 +473,84 @@ mod tests {
             assert_ne!(guess(&lavapipe, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
             assert_eq!(guess(&lavapipe, op, &layer1, true), Conv2dAlgo::GemmShared, "{op:?}");
             assert_eq!(guess(&gpu, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
+        }
+    }
+
+    mod autotuned {
+        use std::cell::Cell;
+        use std::path::Path;
+
+        use super::super::autotune::tests::{cache_dir, key, made_up, noisy, quiet, three};
+        use super::super::autotune::{load, remember, tune, Tuned};
+        use super::*;
+
+        /// A process's policy, with `file` for its cache.
+        fn process(file: &Path) -> KernelPolicy {
+            KernelPolicy::new(KernelPlan::Timed, None, Some(file.to_path_buf()))
+        }
+
+        /// `policy`'s choice for `key` among the candidates of `speeds` (see `made_up`), and
+        /// how many runs its clock took.
+        fn choose(
+            policy: &KernelPolicy,
+            key: &ChoiceKey,
+            speeds: &[(Conv2dAlgo, f64)],
+            load: &dyn Fn(Conv2dAlgo, usize) -> f64,
+        ) -> (Conv2dAlgo, usize) {
+            let runs = Cell::new(0);
+            let mut clock = made_up(speeds, load, &runs);
+            let candidates: Vec<Conv2dAlgo> = speeds.iter().map(|&(a, _)| a).collect();
+            let algo = policy
+                .remembered_or_timed(key, &candidates, || tune(&candidates, &mut clock))
+                .unwrap();
+            (algo, runs.get())
+        }
+
+        /// Timed while other work slows the fastest candidate most and every run is noisy, the
+        /// choice is wrong but provisional; the next process times it again, quietly, and
+        /// settles the right one; the one after takes it from the file without timing.
+        #[test]
+        fn a_choice_timed_under_load_is_timed_again_until_it_settles() {
+            let dir = cache_dir("tune-provisional");
+            let file = dir.join("autotune.json");
+            let [fast, next, slow] = three();
+            let speeds = [(slow, 30.0), (next, 10.5), (fast, 10.0)];
+            let key = key("Vulkan|llvmpipe", Conv2dOp::Forward, 8);
+            let busy = |a, k| noisy(a, k) * if a == fast { 1.5 } else { 1.0 };
+            assert_eq!(choose(&process(&file), &key, &speeds, &busy).0, next);
+            let written = load(&file).choices.remove(&key).expect("written");
+            assert_eq!((written.algo, written.settled), (next, false), "{written:?}");
+            assert!(!load(&file).settled().contains_key(&key), "provisional: not taken");
+
+            let (algo, runs) = choose(&process(&file), &key, &speeds, &quiet);
+            assert_eq!(algo, fast);
+            assert!(runs > 0, "a provisional choice is timed again");
+            assert_eq!(load(&file).settled().get(&key), Some(&fast), "settled and written");
+
+            let (algo, runs) = choose(&process(&file), &key, &speeds, &busy);
+            assert_eq!((algo, runs), (fast, 0), "a settled choice is taken without timing");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+
+        /// `--retune`: a settled choice in the cache file (one made under load, say) is timed
+        /// again, and its entry replaced.
+        #[test]
+        fn retuning_times_a_settled_choice_again_and_replaces_it() {
+            let dir = cache_dir("tune-retune");
+            let file = dir.join("autotune.json");
+            let [fast, next, slow] = three();
+            let speeds = [(slow, 30.0), (next, 10.5), (fast, 10.0)];
+            let key = key("Vulkan|llvmpipe", Conv2dOp::BackwardInput, 8);
+            remember(&file, &key, &Tuned { algo: slow, settled: true, timings: Vec::new() });
+            assert_eq!(choose(&process(&file), &key, &speeds, &quiet), (slow, 0));
+
+            let (algo, runs) = choose(&process(&file).with_retune(true), &key, &speeds, &quiet);
+            assert_eq!(algo, fast);
+            assert!(runs > 0, "timed although the file holds a settled choice");
+            let written = load(&file).choices.remove(&key).expect("written");
+            assert_eq!((written.algo, written.settled), (fast, true), "{written:?}");
+            assert_eq!(written.timings.len(), speeds.len(), "{written:?}");
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }
