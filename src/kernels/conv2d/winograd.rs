@@ -23,8 +23,8 @@ pub(super) const WINOGRAD: Shader =
 const WINOGRAD_WG: u32 = 64;
 /// Positions of a transformed tile: one GEMM each.
 const POSITIONS: u64 = 16;
-/// The GEMMs' products are kept for a chunk of images at a time, in at most this many bytes.
-const PRODUCT_BYTES: u64 = 16 << 20;
+/// The GEMMs' products take at most this many bytes: a chunk of images at a time.
+const PRODUCT_BYTES: u64 = 8 << 20;
 /// The smallest map (each side) taken: on 2×2 maps a tile is the whole map, and the transforms
 /// cost more than the multiplies they save.
 pub const WINOGRAD_MIN_SIDE: u32 = 4;
@@ -92,20 +92,54 @@ fn gemm_channels(s: &Conv2dShape, op: Conv2dOp) -> (u32, u32) {
 /// convolution of the GEMMs' size (timed, forced or planned like any other) where that is a
 /// GEMM, else the clockless guess for that convolution, which is one.
 pub fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
-    let g = winograd_gemm_shape(s, op, winograd_chunk_images(s, op));
+    let g = winograd_gemm_shape(s, op, winograd_chunk_images(s, op, scratch_cap(gpu)));
     Ok(match conv2d_algo(gpu, Conv2dOp::Forward, &g)? {
         algo @ (Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) => algo,
         _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, &g),
     })
 }
 
-/// Images per chunk: as many as keep the transformed input (in the im2col scratch) and the
-/// products within their caps, at least one.
-pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp) -> u32 {
-    let (c_gemm, r_out) = gemm_channels(s, op);
-    let tiles = s.h.div_ceil(2) as u64 * s.w.div_ceil(2) as u64;
-    let fit = |cap: u64, channels: u32| cap / 4 / POSITIONS / (tiles * channels as u64).max(1);
-    fit(SCRATCH_BYTES, c_gemm).min(fit(PRODUCT_BYTES, r_out)).clamp(1, s.n as u64) as u32
+/// Where a launch keeps its temporaries, in scratch buffers of other launches, none of which
+/// runs while a Winograd launch does: the transformed weights and then, for a chunk of `images`,
+/// the transformed input, one after the other in the im2col scratch (the second from `v_at`, a
+/// multiple of 64 elements: 256 bytes, where a storage binding may start); the products in the
+/// weight gradients' sums, a buffer of their own (the GEMM writes them while it reads the other
+/// two, which one buffer cannot be bound for). Lengths in elements.
+#[derive(Debug, PartialEq)]
+struct Scratch {
+    u: u64,
+    v_at: u64,
+    v: u64,
+    m: u64,
+}
+
+impl Scratch {
+    fn new(s: &Conv2dShape, op: Conv2dOp, images: u64) -> Scratch {
+        let (c_gemm, r_out) = gemm_channels(s, op);
+        let tiles = images * s.h.div_ceil(2) as u64 * s.w.div_ceil(2) as u64;
+        let u = POSITIONS * r_out as u64 * c_gemm as u64;
+        let (v, m) = (POSITIONS * tiles * c_gemm as u64, POSITIONS * tiles * r_out as u64);
+        Scratch { u, v_at: u.next_multiple_of(64), v, m }
+    }
+
+    /// Elements of the im2col scratch it takes.
+    fn weights_and_input(&self) -> u64 {
+        self.v_at + self.v
+    }
+}
+
+/// Images per chunk: as many as keep the weights and input of [`Scratch`] within `cap_bytes`
+/// and its products within [`PRODUCT_BYTES`], at least one.
+pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp, cap_bytes: u64) -> u32 {
+    let one = Scratch::new(s, op, 1);
+    let inputs = (cap_bytes / 4).saturating_sub(one.v_at) / one.v.max(1);
+    let products = PRODUCT_BYTES.min(cap_bytes) / 4 / one.m.max(1);
+    inputs.min(products).clamp(1, s.n as u64) as u32
+}
+
+/// The most bytes a launch's scratch takes: the plain GEMMs' cap, within a storage binding.
+fn scratch_cap(gpu: &Gpu) -> u64 {
+    SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size)
 }
 
 /// `op` (forward: x, w → y; input-VJP: dy, w → dx) as Winograd F(2×2, 3×3), its GEMMs run by
@@ -131,10 +165,13 @@ pub fn conv2d_winograd_with(
         let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
         return Err(KernelError::Arg { op: name, arg: "algo", problem });
     }
+    let chunk = winograd_chunk_images(s, op, scratch_cap(gpu));
+    let layout = Scratch::new(s, op, chunk as u64);
     let gpu_err = |source| KernelError::Gpu { op: name, source };
+    let scratch = gpu.scratch("conv2d im2col", layout.weights_and_input()).map_err(gpu_err)?;
+    let products = gpu.scratch("conv2d weight sums", layout.m).map_err(gpu_err)?;
+    let u = Slice::new(&scratch, 0, layout.u);
     let (c_gemm, r_out) = gemm_channels(s, op);
-    let slab_u = r_out as u64 * c_gemm as u64;
-    let u = gpu.scratch("conv2d winograd weights", POSITIONS * slab_u).map_err(gpu_err)?;
     let base = Params {
         images: 0,
         first_image: 0,
@@ -145,49 +182,40 @@ pub fn conv2d_winograd_with(
         tiles_h: s.h.div_ceil(2),
         tiles_w: s.w.div_ceil(2),
         slab_v: 0,
-        slab_u: slab_u as u32,
+        slab_u: r_out * c_gemm,
         slab_m: 0,
         rotate: (op == Conv2dOp::BackwardInput) as u32,
     };
-    let threads = r_out as u64 * c_gemm as u64 / 4;
-    let bindings = [("w", w), ("winograd weights", Slice::whole(&u))];
-    launch(
-        gpu,
-        enc,
-        name,
-        &WINOGRAD,
-        "winograd_weights",
-        &base,
-        &bindings,
-        grid_1d(threads, WINOGRAD_WG),
-    )?;
-    let chunk = winograd_chunk_images(s, op);
+    let grid = grid_1d(r_out as u64 * c_gemm as u64 / 4, WINOGRAD_WG);
+    let bindings = [("w", w), ("winograd weights", u)];
+    launch(gpu, enc, name, &WINOGRAD, "winograd_weights", &base, &bindings, grid)?;
     for first in (0..s.n).step_by(chunk as usize) {
         let images = chunk.min(s.n - first);
         let params = Params { images, first_image: first, ..base };
-        chunk_of_images(gpu, enc, op, gemm_algo, params, (input, &u, out))?;
+        let part = Scratch::new(s, op, images as u64);
+        let v = Slice::new(&scratch, part.v_at * 4, part.v);
+        let m = Slice::new(&products, 0, part.m);
+        chunk_of_images(gpu, enc, op, gemm_algo, params, [input, u, v, m, out])?;
     }
     Ok(())
 }
 
-/// One chunk of images: the input's transform, the 16 GEMMs, the output's transform.
+/// One chunk of images: the input's transform into `v`, the 16 GEMMs against `u` into `m`, the
+/// output's transform.
 fn chunk_of_images(
     gpu: &Gpu,
     enc: &mut Encoder,
     op: Conv2dOp,
     gemm_algo: Conv2dAlgo,
     params: Params,
-    (input, u, out): (Slice, &wgpu::Buffer, Slice),
+    [input, u, v, m, out]: [Slice; 5],
 ) -> Result<()> {
     let name = op.name();
-    let gpu_err = |source| KernelError::Gpu { op: name, source };
     let tiles = params.images as u64 * params.tiles_h as u64 * params.tiles_w as u64;
     let (c_gemm, r_out) = (params.c_gemm as u64, params.r_out as u64);
     let (slab_v, slab_m) = (tiles * c_gemm, tiles * r_out);
-    let v = gpu.scratch("conv2d im2col", POSITIONS * slab_v).map_err(gpu_err)?;
-    let m = gpu.scratch("conv2d winograd products", POSITIONS * slab_m).map_err(gpu_err)?;
     let params = Params { slab_v: slab_v as u32, slab_m: slab_m as u32, ..params };
-    let bindings = [("input", input), ("winograd input", Slice::whole(&v))];
+    let bindings = [("input", input), ("winograd input", v)];
     let grid = grid_1d(tiles * c_gemm / 4, WINOGRAD_WG);
     launch(gpu, enc, name, &WINOGRAD, "winograd_input", &params, &bindings, grid)?;
     let pixels = PixelGrid {
@@ -207,9 +235,9 @@ fn chunk_of_images(
         b: params.slab_u as u64 / 4,
         out: slab_m,
     };
-    let operands = (Slice::whole(&v), Weights::Rows(Slice::whole(u)), Slice::whole(&m));
+    let operands = (v, Weights::Rows(u), m);
     gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), c_gemm / 4, operands, batch)?;
-    let bindings = [("winograd products", Slice::whole(&m)), ("output", out)];
+    let bindings = [("winograd products", m), ("output", out)];
     let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
     launch(gpu, enc, name, &WINOGRAD, "winograd_output", &params, &bindings, grid)
 }
@@ -243,7 +271,7 @@ mod tests {
         }
     }
 
-    /// Chunks keep both scratch buffers within their caps, and a chunk is at least one image.
+    /// A chunk's scratch is within the cap and as many images as fit; at least one image.
     #[test]
     fn winograd_chunks_fit_their_scratch() {
         let s = Conv2dShape {
@@ -257,12 +285,19 @@ mod tests {
             stride: 1,
             pad: 1,
         };
-        let images = winograd_chunk_images(&s, Conv2dOp::Forward) as u64;
-        let tiles = 28 * 28 * images;
+        let cap = 16 << 20;
+        let images = winograd_chunk_images(&s, Conv2dOp::Forward, cap) as u64;
         assert!((1..32).contains(&images), "{images}");
-        assert!(POSITIONS * tiles * 64 * 4 <= PRODUCT_BYTES);
-        assert!(POSITIONS * (tiles + 28 * 28) * 64 * 4 > PRODUCT_BYTES, "as many as fit");
+        let fits = |images| {
+            let layout = Scratch::new(&s, Conv2dOp::Forward, images);
+            layout.weights_and_input() * 4 <= cap && layout.m * 4 <= PRODUCT_BYTES
+        };
+        assert!(fits(images) && !fits(images + 1), "as many as fit: {images}");
+        let small = Conv2dShape { h: 8, w: 8, ..s };
+        assert_eq!(winograd_chunk_images(&small, Conv2dOp::Forward, cap), 32, "at most the batch");
         let huge = Conv2dShape { h: 4096, w: 4096, n: 2, ..s };
-        assert_eq!(winograd_chunk_images(&huge, Conv2dOp::Forward), 1);
+        assert_eq!(winograd_chunk_images(&huge, Conv2dOp::Forward, cap), 1);
+        let layout = Scratch::new(&s, Conv2dOp::BackwardInput, 3);
+        assert!(layout.v_at >= layout.u && layout.v_at.is_multiple_of(64));
     }
 }
