@@ -19,12 +19,13 @@ pub mod sgd;
 
 /// Every shader as the launchers compile it (prelude and files joined), before any variant is
 /// made from it: what the shader tests validate without a device.
-pub fn base_shaders() -> [Shader; 10] {
+pub fn base_shaders() -> [Shader; 11] {
     [
         avgpool::SHADER,
         batchnorm::SHADER,
         conv2d::SHADER,
         conv2d::TILES,
+        conv2d::WINOGRAD,
         cross_entropy::SHADER,
         dense::SHADER,
         elementwise::SHADER,

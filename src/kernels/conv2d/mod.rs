@@ -56,6 +56,7 @@ pub use winograd::{
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;
+pub(crate) use winograd::WINOGRAD;
 
 /// The base module: every kernel but the register-tiled GEMMs (`tiles` makes those).
 pub(crate) const SHADER: Shader = Shader {

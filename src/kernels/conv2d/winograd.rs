@@ -18,7 +18,7 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
-pub(super) const WINOGRAD: Shader =
+pub(crate) const WINOGRAD: Shader =
     Shader { name: "conv2d winograd", source: shader_source!("conv2d/winograd.wgsl") };
 const WINOGRAD_WG: u32 = 64;
 /// Positions of a transformed tile: one GEMM each.
