@@ -49,10 +49,8 @@ pub use tune::{
     autotuned_algo, candidates, conv2d_algo, kernel_policy, parse_forced, set_kernel_policy,
     Forced, KernelPlan, KernelPolicy,
 };
-pub use winograd::{
-    conv2d_winograd_with, winograd_chunk_images, winograd_gemm_algo, winograd_gemm_shape,
-    WINOGRAD_MIN_SIDE,
-};
+use winograd::winograd_gemm_algo;
+pub use winograd::{conv2d_winograd_with, winograd_chunk_images};
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;

@@ -27,7 +27,7 @@ const POSITIONS: u64 = 16;
 const PRODUCT_BYTES: u64 = 8 << 20;
 /// The smallest map (each side) taken: on 2×2 maps a tile is the whole map, and the transforms
 /// cost more than the multiplies they save.
-pub const WINOGRAD_MIN_SIDE: u32 = 4;
+const WINOGRAD_MIN_SIDE: u32 = 4;
 
 /// `struct Winograd` of shaders/conv2d/winograd.wgsl.
 #[repr(C)]
@@ -63,7 +63,7 @@ impl Conv2dShape {
 /// The GEMM of one position at a chunk of `images`: `tiles` rows of K = c_gemm against r_out
 /// rows, as a 1×1 convolution of that size, whose variant the policy chooses for the Winograd
 /// GEMMs ([`winograd_gemm_shape`]).
-pub fn winograd_gemm_shape(s: &Conv2dShape, op: Conv2dOp, images: u32) -> Conv2dShape {
+fn winograd_gemm_shape(s: &Conv2dShape, op: Conv2dOp, images: u32) -> Conv2dShape {
     let (c_gemm, r_out) = gemm_channels(s, op);
     let (tiles_h, tiles_w) = (s.h.div_ceil(2), s.w.div_ceil(2));
     Conv2dShape {
@@ -91,7 +91,7 @@ fn gemm_channels(s: &Conv2dShape, op: Conv2dOp) -> (u32, u32) {
 /// The variant of `op`'s Winograd GEMMs at `s`, by the device's policy: its choice for the 1×1
 /// convolution of the GEMMs' size (timed, forced or planned like any other) where that is a
 /// GEMM, else the clockless guess for that convolution, which is one.
-pub fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
+pub(super) fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
     let g = winograd_gemm_shape(s, op, winograd_chunk_images(s, op, scratch_cap(gpu)));
     Ok(match conv2d_algo(gpu, Conv2dOp::Forward, &g)? {
         algo @ (Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) => algo,
