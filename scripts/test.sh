@@ -13,6 +13,7 @@
 # Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/setup-rust.sh
 source scripts/setup.sh
 bash scripts/setup-mpi.sh
 # Open MPI refuses to start ranks as root unless told; CI runs as root.
