@@ -471,21 +471,27 @@ fn kernels_that_load_give_the_broadcasting_kernels_bits() {
 }
 
 /// The GPU plan's kernels sized for devices of every width give Direct's bits: shared tiles from
-/// 64×64 down to 16×16, and the weight gradient split into whole examples (one a chunk, or
-/// several) or output rows (chunks that end inside an example, so the running sum waits in the
-/// carry). `wide_dispatch` is what the tile and split choices aim for.
+/// 64×64 down to 16×16, the segments of the sums over k on small maps taken side by side, and
+/// the weight gradient split into whole examples (one a chunk, or several) or output rows
+/// (chunks that end inside an example, so the running sum waits in the carry). `wide_dispatch`
+/// is what the tile and split choices aim for.
 #[test]
 fn the_gpu_plan_gives_direct_bits_at_every_width() {
     let Some(gpu) = gpu() else { return };
     let Some(mut sized) = gpu_with_limits(|_| {}) else { return };
+    // The last two sum over k in segments, forward and input-VJP (stride 1, and 2 by phases),
+    // the last segment short.
     for (i, s) in [
         shape(4, 16, 6, 6, 24, 3, 3, 1, 1),
         shape(5, 3, 13, 11, 20, 7, 7, 2, 3),
         shape(3, 12, 7, 7, 40, 1, 1, 2, 0),
+        shape(3, 72, 4, 4, 40, 3, 3, 1, 1),
+        shape(2, 40, 3, 3, 48, 3, 3, 2, 1),
     ]
     .into_iter()
     .enumerate()
     {
+        let segmented = s.sum_segment(Conv2dOp::Forward) < s.c_in;
         let seed = 170 + 3 * i as u64;
         let x = uniform(seed, s.x_len() as usize);
         let w = uniform(seed + 1, s.w_len() as usize);
@@ -493,7 +499,13 @@ fn the_gpu_plan_gives_direct_bits_at_every_width() {
         let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
         for wide in [1, 2, 5, 7, 16, syncstep::gpu::WIDE_DISPATCH] {
             sized.wide_dispatch = wide;
+            sized.start_profile().unwrap();
             let out = run(&sized, Conv2dAlgo::GemmShared, &s, &x, &w, &dy);
+            let kernels = pollster::block_on(sized.finish_profile()).unwrap();
+            let side_by_side = kernels.iter().any(|k| k.entry == "conv2d_gemm_segments");
+            if wide == syncstep::gpu::WIDE_DISPATCH {
+                assert_eq!(side_by_side, segmented, "{s:?}: segments side by side");
+            }
             let plain_y = plain.y.as_deref().map(bits);
             assert_eq!(out.y.as_deref().map(bits), plain_y, "wide {wide}, {s:?}: y");
             assert_eq!(bits(&out.dx), bits(&plain.dx), "wide {wide}, {s:?}: dx");

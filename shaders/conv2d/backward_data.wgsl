@@ -27,19 +27,23 @@ fn conv2d_backward_input_direct(@builtin(global_invocation_id) gid: vec3<u32>, @
     let iy = (i / p.w) % p.h;
     let ci = (i / (p.w * p.h)) % p.c_in;
     let n = i / (p.w * p.h * p.c_in);
-    var acc = 0.0;
-    for (var co = 0u; co < p.c_out; co++) {
-        for (var ky = 0u; ky < p.kh; ky++) {
-            let oy = output_at(iy, ky, p.out_h);
-            if (oy < 0) { continue; }
-            for (var kx = 0u; kx < p.kw; kx++) {
-                let ox = output_at(ix, kx, p.out_w);
-                if (ox < 0) { continue; }
-                acc += bd_dy[y_index(n, co, u32(oy), u32(ox))] * bd_w[w_index(co, ci, ky, kx)];
+    var total = 0.0;
+    for (var c0 = 0u; c0 < p.c_out; c0 += p.seg_channels) {
+        var acc = 0.0;
+        for (var co = c0; co < min(c0 + p.seg_channels, p.c_out); co++) {
+            for (var ky = 0u; ky < p.kh; ky++) {
+                let oy = output_at(iy, ky, p.out_h);
+                if (oy < 0) { continue; }
+                for (var kx = 0u; kx < p.kw; kx++) {
+                    let ox = output_at(ix, kx, p.out_w);
+                    if (ox < 0) { continue; }
+                    acc += bd_dy[y_index(n, co, u32(oy), u32(ox))] * bd_w[w_index(co, ci, ky, kx)];
+                }
             }
         }
+        total += acc;
     }
-    bd_dx[i] = acc;
+    bd_dx[i] = total;
 }
 
 // Tile: input channels ci0..ci0+3 × four pixels of one phase, flattened over (n, a, b) with
@@ -76,33 +80,40 @@ fn conv2d_backward_input_blocked(@builtin(global_invocation_id) gid: vec3<u32>, 
     let base = vec4<i32>(nb * p.c_out) * ohw + oy0 * i32(p.out_w) + ox0;
     let khw = p.kh * p.kw;
     let ci = min(vec4<u32>(ci0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.c_in - 1u));
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var co = 0u; co < p.c_out; co++) {
-        let wrow = (co * p.c_in + ci) * khw;
-        var oy = oy0;
-        var row = base + i32(co) * ohw;
-        for (var ky = ky0; ky < p.kh; ky += p.stride) {
-            let row_ok = inside4(oy, p.out_h);
-            var ox = ox0;
-            var idx = row;
-            for (var kx = kx0; kx < p.kw; kx += p.stride) {
-                let dyv = bb_load_dy(idx, row_ok & inside4(ox, p.out_w));
-                let k = ky * p.kw + kx;
-                acc0 += bb_w[wrow.x + k] * dyv;
-                acc1 += bb_w[wrow.y + k] * dyv;
-                acc2 += bb_w[wrow.z + k] * dyv;
-                acc3 += bb_w[wrow.w + k] * dyv;
-                ox -= vec4<i32>(1);
-                idx -= vec4<i32>(1);
+    var total = array<vec4<f32>, 4>();
+    for (var c0 = 0u; c0 < p.c_out; c0 += p.seg_channels) {
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
+        for (var co = c0; co < min(c0 + p.seg_channels, p.c_out); co++) {
+            let wrow = (co * p.c_in + ci) * khw;
+            var oy = oy0;
+            var row = base + i32(co) * ohw;
+            for (var ky = ky0; ky < p.kh; ky += p.stride) {
+                let row_ok = inside4(oy, p.out_h);
+                var ox = ox0;
+                var idx = row;
+                for (var kx = kx0; kx < p.kw; kx += p.stride) {
+                    let dyv = bb_load_dy(idx, row_ok & inside4(ox, p.out_w));
+                    let k = ky * p.kw + kx;
+                    acc0 += bb_w[wrow.x + k] * dyv;
+                    acc1 += bb_w[wrow.y + k] * dyv;
+                    acc2 += bb_w[wrow.z + k] * dyv;
+                    acc3 += bb_w[wrow.w + k] * dyv;
+                    ox -= vec4<i32>(1);
+                    idx -= vec4<i32>(1);
+                }
+                oy -= vec4<i32>(1);
+                row -= vec4<i32>(i32(p.out_w));
             }
-            oy -= vec4<i32>(1);
-            row -= vec4<i32>(i32(p.out_w));
         }
+        total[0] += acc0;
+        total[1] += acc1;
+        total[2] += acc2;
+        total[3] += acc3;
     }
-    let acc = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    let acc = total;
     for (var i = 0u; i < 4u && ci0 + i < p.c_in; i++) {
         for (var j = 0u; j < 4u && q0 + j < npix; j++) {
             bb_dx[x_index(nb[j], ci0 + i, iy[j], ix[j])] = acc[i][j];

@@ -15,6 +15,11 @@
 //   lavapipe). Pixel tiles are flattened over the batch too, so 2×2 and 1×1 feature maps fill
 //   them. At a ragged edge a tile's indices are clamped for the loads and the extra lanes
 //   skipped at the write.
+// - Segments: an output's sum over k = (summed channel, tap) runs in segments of seg_channels
+//   channels (all of them, one segment, except on small maps: Conv2dShape::sum_segment). Each
+//   segment is summed from +0 in k's order, and the segments' sums are added in order to a total
+//   from +0, by every variant, so the GPU plan can take the segments in separate workgroups and
+//   add them afterwards without changing a bit. With one segment, total = +0 + sum = sum.
 // - The launcher guarantees every element count, and the padded input plane, is below 2^31.
 
 struct Params {
@@ -50,6 +55,10 @@ struct Params {
     // kh × kw (and crop_y = crop_x = 0).
     dw_kh: u32,
     dw_kw: u32,
+    // Forward and input-VJP: summed channels per segment of an output's sum (see below), and
+    // the same in vec4s of an im2col row (*_im2col only).
+    seg_channels: u32,
+    seg4: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

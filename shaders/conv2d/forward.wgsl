@@ -13,19 +13,23 @@ fn conv2d_forward_direct(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     let oy = (i / p.out_w) % p.out_h;
     let co = (i / (p.out_w * p.out_h)) % p.c_out;
     let n = i / (p.out_w * p.out_h * p.c_out);
-    var acc = 0.0;
-    for (var ci = 0u; ci < p.c_in; ci++) {
-        for (var ky = 0u; ky < p.kh; ky++) {
-            let iy = input_at(oy, ky);
-            if (!inside(iy, p.h)) { continue; }
-            for (var kx = 0u; kx < p.kw; kx++) {
-                let ix = input_at(ox, kx);
-                if (!inside(ix, p.w)) { continue; }
-                acc += fd_x[x_index(n, ci, u32(iy), u32(ix))] * fd_w[w_index(co, ci, ky, kx)];
+    var total = 0.0;
+    for (var c0 = 0u; c0 < p.c_in; c0 += p.seg_channels) {
+        var acc = 0.0;
+        for (var ci = c0; ci < min(c0 + p.seg_channels, p.c_in); ci++) {
+            for (var ky = 0u; ky < p.kh; ky++) {
+                let iy = input_at(oy, ky);
+                if (!inside(iy, p.h)) { continue; }
+                for (var kx = 0u; kx < p.kw; kx++) {
+                    let ix = input_at(ox, kx);
+                    if (!inside(ix, p.w)) { continue; }
+                    acc += fd_x[x_index(n, ci, u32(iy), u32(ix))] * fd_w[w_index(co, ci, ky, kx)];
+                }
             }
         }
+        total += acc;
     }
-    fd_y[i] = acc;
+    fd_y[i] = total;
 }
 
 // Tile: output channels co0..co0+3 × flattened output positions q0..q0+3 of (n, oy, ox).
@@ -58,26 +62,33 @@ fn conv2d_forward_blocked(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let base = vec4<i32>(nb * p.c_in) * hw + y0 * i32(p.w) + x0;
     let k_len = p.c_in * p.kh * p.kw;
     let wrow = min(vec4<u32>(co0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.c_out - 1u)) * k_len;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
+    var total = array<vec4<f32>, 4>();
     var k = 0u;
-    for (var ci = 0u; ci < p.c_in; ci++) {
-        for (var ky = 0u; ky < p.kh; ky++) {
-            let row_ok = inside4(y0 + i32(ky), p.h);
-            let row = base + i32(ci) * hw + i32(ky * p.w);
-            for (var kx = 0u; kx < p.kw; kx++) {
-                let xv = fb_load_x(row + i32(kx), row_ok & inside4(x0 + i32(kx), p.w));
-                acc0 += fb_w[wrow.x + k] * xv;
-                acc1 += fb_w[wrow.y + k] * xv;
-                acc2 += fb_w[wrow.z + k] * xv;
-                acc3 += fb_w[wrow.w + k] * xv;
-                k++;
+    for (var c0 = 0u; c0 < p.c_in; c0 += p.seg_channels) {
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
+        for (var ci = c0; ci < min(c0 + p.seg_channels, p.c_in); ci++) {
+            for (var ky = 0u; ky < p.kh; ky++) {
+                let row_ok = inside4(y0 + i32(ky), p.h);
+                let row = base + i32(ci) * hw + i32(ky * p.w);
+                for (var kx = 0u; kx < p.kw; kx++) {
+                    let xv = fb_load_x(row + i32(kx), row_ok & inside4(x0 + i32(kx), p.w));
+                    acc0 += fb_w[wrow.x + k] * xv;
+                    acc1 += fb_w[wrow.y + k] * xv;
+                    acc2 += fb_w[wrow.z + k] * xv;
+                    acc3 += fb_w[wrow.w + k] * xv;
+                    k++;
+                }
             }
         }
+        total[0] += acc0;
+        total[1] += acc1;
+        total[2] += acc2;
+        total[3] += acc3;
     }
-    let acc = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    let acc = total;
     for (var i = 0u; i < 4u && co0 + i < p.c_out; i++) {
         for (var j = 0u; j < 4u && q0 + j < npix; j++) {
             fb_y[(nb[j] * p.c_out + co0 + i) * ohw + oy[j] * p.out_w + ox[j]] = acc[i][j];

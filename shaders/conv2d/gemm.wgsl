@@ -39,6 +39,12 @@ struct Gemm {
     batch_a: u32,
     batch_b: u32,
     batch_out: u32,
+    // conv2d_gemm_lanes, _gather and _shared: vec4s of k per segment of the sums (see
+    // common.wgsl); with `split` (conv2d_gemm_shared only), workgroup_id.z is a segment, whose
+    // sum goes to the outputs batch_out · z on (batch_a = batch_b = 0), and
+    // conv2d_gemm_segments adds them.
+    seg4: u32,
+    split: u32,
 }
 
 // This workgroup's GEMM's offsets into a, b and the outputs (see batch_a).
@@ -117,33 +123,58 @@ fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgr
     let b_src = min(b_base + stage_row, g.rows_b - 1u) * g.row4 + batch.y;
     let ti = (lid % 16u) * SHARED_PA;
     let tj = (lid / 16u) * SHARED_PB;
-    var acc: array<f32, SHARED_ACC>;   // acc[i · SHARED_PB + j]: a row ti + i, b row tj + j
-    for (var v0 = 0u; v0 < g.row4; v0 += 4u) {
-        let v = min(v0 + lid % 4u, g.row4 - 1u);
-        if (stage_row < SHARED_A) { gs_tile_a[lid] = gs_a[a_src + v]; }
-        if (stage_row < SHARED_B) { gs_tile_b[lid] = gs_b[b_src + v]; }
-        workgroupBarrier();
-        for (var s = 0u; s < min(4u, g.row4 - v0); s++) {
-            for (var i = 0u; i < SHARED_PA; i++) {
-                let av = gs_tile_a[(ti + i) * 4u + s];
-                for (var j = 0u; j < SHARED_PB; j++) {
-                    let bv = gs_tile_b[(tj + j) * 4u + s];
-                    var x = acc[i * SHARED_PB + j];
-                    x += av.x * bv.x;
-                    x += av.y * bv.y;
-                    x += av.z * bv.z;
-                    x += av.w * bv.w;
-                    acc[i * SHARED_PB + j] = x;
+    // A segment is whole steps of 4 vec4s (SEGMENT_CHANNELS), but for the last.
+    var segments = vec2<u32>(0u, (g.row4 + g.seg4 - 1u) / g.seg4);
+    if (g.split == 1u) { segments = vec2<u32>(wid.z, wid.z + 1u); }
+    var total: array<f32, SHARED_ACC>;   // total[i · SHARED_PB + j]: a row ti + i, b row tj + j
+    for (var seg = segments.x; seg < segments.y; seg++) {
+        let end = min(g.row4, (seg + 1u) * g.seg4);
+        var acc: array<f32, SHARED_ACC>;
+        for (var v0 = seg * g.seg4; v0 < end; v0 += 4u) {
+            let v = min(v0 + lid % 4u, end - 1u);
+            if (stage_row < SHARED_A) { gs_tile_a[lid] = gs_a[a_src + v]; }
+            if (stage_row < SHARED_B) { gs_tile_b[lid] = gs_b[b_src + v]; }
+            workgroupBarrier();
+            for (var s = 0u; s < min(4u, end - v0); s++) {
+                for (var i = 0u; i < SHARED_PA; i++) {
+                    let av = gs_tile_a[(ti + i) * 4u + s];
+                    for (var j = 0u; j < SHARED_PB; j++) {
+                        let bv = gs_tile_b[(tj + j) * 4u + s];
+                        var x = acc[i * SHARED_PB + j];
+                        x += av.x * bv.x;
+                        x += av.y * bv.y;
+                        x += av.z * bv.z;
+                        x += av.w * bv.w;
+                        acc[i * SHARED_PB + j] = x;
+                    }
                 }
             }
+            workgroupBarrier();
         }
-        workgroupBarrier();
+        for (var i = 0u; i < SHARED_ACC; i++) { total[i] += acc[i]; }
     }
     for (var i = 0u; i < SHARED_PA && a_base + ti + i < g.rows_a; i++) {
         for (var j = 0u; j < SHARED_PB && b_base + tj + j < g.rows_b; j++) {
-            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j) + batch.z] = acc[i * SHARED_PB + j];
+            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j) + batch.z] = total[i * SHARED_PB + j];
         }
     }
+}
+
+// conv2d_gemm_shared's segments, taken side by side (`split`), added: one invocation per output
+// (i, j), the segments' sums in order onto +0 as every variant adds them.
+@group(0) @binding(1) var<storage, read> gp_segments: array<f32>;
+@group(0) @binding(2) var<storage, read_write> gp_out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn conv2d_gemm_segments(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let f = linear_index(gid, nwg);
+    if (f >= g.rows_a * g.rows_b) { return; }
+    let at = gemm_out_index(f % g.rows_a, f / g.rows_a);
+    var total = 0.0;
+    for (var seg = 0u; seg < (g.row4 + g.seg4 - 1u) / g.seg4; seg++) {
+        total += gp_segments[seg * g.batch_out + at];
+    }
+    gp_out[at] = total;
 }
 
 // The weight gradient as a GEMM (see the top of this file): the forward's im2col rows of one chunk

@@ -31,7 +31,7 @@ pub fn conv2d_backward_input_with(
             OP,
             &SHADER,
             "conv2d_backward_input_direct",
-            &s.params(),
+            &s.params_for(Conv2dOp::BackwardInput),
             &bindings,
             grid_1d(s.x_len(), WG),
         );
@@ -51,7 +51,8 @@ pub fn conv2d_backward_input_with(
     for (phase_y, phase_x) in phases {
         let phase_h = (s.h - phase_y).div_ceil(s.stride);
         let phase_w = (s.w - phase_x).div_ceil(s.stride);
-        let params = Params { phase_y, phase_x, phase_h, phase_w, ..s.params() };
+        let params =
+            Params { phase_y, phase_x, phase_h, phase_w, ..s.params_for(Conv2dOp::BackwardInput) };
         if algo == Conv2dAlgo::Blocked {
             let threads = tile_count(s.c_in as u64)
                 * tile_count(s.n as u64 * phase_h as u64 * phase_w as u64);
@@ -99,11 +100,10 @@ pub(super) fn backward_input_gemm_phase(
     dx: Slice,
 ) -> Result<()> {
     const OP: &str = "conv2d_backward_input";
-    let k_len = s.c_out as u64
-        * phase_taps(params.phase_y, s.kh, s) as u64
-        * phase_taps(params.phase_x, s.kw, s) as u64;
-    let row4 = k_len.div_ceil(4);
-    let params = Params { row4: row4 as u32, ..params };
+    let taps =
+        phase_taps(params.phase_y, s.kh, s) as u64 * phase_taps(params.phase_x, s.kw, s) as u64;
+    let row4 = (s.c_out as u64 * taps).div_ceil(4);
+    let params = params.with_rows(row4, s.c_out, taps);
     let gpu_err = |source| KernelError::Gpu { op: OP, source };
     let (weight_rows, taps);
     let weights =

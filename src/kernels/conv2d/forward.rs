@@ -1,9 +1,7 @@
 //! The forward, `y = conv(x, w)`: Direct and Blocked kernels, and the im2col + GEMM path.
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
-use super::{
-    checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Params, SHADER, WG,
-};
+use super::{checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, SHADER, WG};
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
@@ -33,7 +31,8 @@ pub fn conv2d_forward_with(
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     gpu.charge_flops(s.flops() as f64);
-    launch(gpu, enc, OP, &SHADER, entry, &s.params(), &bindings, grid_1d(threads, WG))
+    let params = s.params_for(Conv2dOp::Forward);
+    launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid_1d(threads, WG))
 }
 
 pub(super) fn forward_gemm(
@@ -48,7 +47,8 @@ pub(super) fn forward_gemm(
     const OP: &str = "conv2d_forward";
     let k_len = s.c_in as u64 * s.kh as u64 * s.kw as u64;
     let row4 = k_len.div_ceil(4);
-    let params = Params { row4: row4 as u32, ..s.params() };
+    let taps = s.kh as u64 * s.kw as u64;
+    let params = s.params_for(Conv2dOp::Forward).with_rows(row4, s.c_in, taps);
     // OIHW rows are the GEMM's weight rows as they are when they are whole vec4s.
     let padded;
     let weights = if k_len.is_multiple_of(4) {

@@ -33,6 +33,8 @@ pub(super) struct Gemm {
     pub(super) batch_a: u32,
     pub(super) batch_b: u32,
     pub(super) batch_out: u32,
+    pub(super) seg4: u32,
+    pub(super) split: u32,
 }
 
 /// GEMMs of one size side by side in one dispatch (conv2d_gemm_lanes and _shared): `count` of
@@ -79,8 +81,9 @@ pub(super) enum Weights<'a> {
     Gather { w: Slice<'a>, taps: Slice<'a>, khw: u32 },
 }
 
-/// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`, `row4` vec4s each)
-/// against `weights` (`grid.channels` rows), into `out`; `batch.count` such GEMMs at once.
+/// The GEMM of one pixel chunk: `rows` (im2col, `count` pixels from `begin`, `row4` vec4s each,
+/// summed in segments of `seg4`) against `weights` (`grid.channels` rows), into `out`;
+/// `batch.count` such GEMMs at once.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     gpu: &Gpu,
@@ -89,7 +92,7 @@ pub(super) fn gemm(
     algo: Conv2dAlgo,
     grid: &PixelGrid,
     (begin, count): (u64, u64),
-    row4: u64,
+    (row4, seg4): (u64, u64),
     (rows, weights, out): (Slice, Weights, Slice),
     batch: GemmBatch,
 ) -> Result<()> {
@@ -115,9 +118,16 @@ pub(super) fn gemm(
         batch_a: if o.pixels_are_a { batch.a } else { batch.b } as u32,
         batch_b: if o.pixels_are_a { batch.b } else { batch.a } as u32,
         batch_out: batch.out as u32,
+        seg4: seg4 as u32,
+        split: 0,
     };
     // K as the rows hold it, zero-padded to whole vec4s.
     gpu.charge_flops(2.0 * (batch.count as u64 * o.rows_a * o.rows_b * row4 * 4) as f64);
+    if algo == Conv2dAlgo::GemmShared && batch.count == 1 {
+        if let Some(segments) = side_by_side(gpu, &o, row4, seg4, out.len) {
+            return gemm_segments(gpu, enc, op, params, segments, o.bindings);
+        }
+    }
     let (shader, entry, groups, wg) = match algo {
         Conv2dAlgo::Gemm(tile) => {
             let entry = if tile.lanes == GemmLanes::ChannelsGather {
@@ -139,6 +149,46 @@ pub(super) fn gemm(
     };
     let [x, y, _] = grid_1d(groups * wg as u64, wg);
     launch(gpu, enc, op, &shader, entry, &params, &o.bindings, [x, y, batch.count])
+}
+
+/// The segments a shared-tile GEMM takes side by side, one a workgroup along z: all of them,
+/// where its outputs alone leave the GPU narrow and the segments' sums fit the scratch.
+fn side_by_side(gpu: &Gpu, o: &Operands, row4: u64, seg4: u64, out_len: u64) -> Option<u64> {
+    let segments = row4.div_ceil(seg4.max(1));
+    let tile = shared_tile(o.rows_a, o.rows_b, gpu.wide_dispatch);
+    let groups = o.rows_a.div_ceil(tile.0) * o.rows_b.div_ceil(tile.1);
+    let bytes = segments * out_len * 4;
+    let fits = bytes <= SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
+    (segments > 1 && groups < gpu.wide_dispatch && fits).then_some(segments)
+}
+
+/// conv2d_gemm_shared with its `segments` side by side, each segment's sums into a slab the size
+/// of the output in scratch, then conv2d_gemm_segments adding them in order into the output.
+fn gemm_segments(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: &'static str,
+    params: Gemm,
+    segments: u64,
+    bindings: Vec<(&'static str, Slice)>,
+) -> Result<()> {
+    let out = bindings[2].1;
+    let slabs = gpu
+        .scratch("conv2d weight sums", segments * out.len)
+        .map_err(|source| KernelError::Gpu { op, source })?;
+    let slabs = Slice::new(&slabs, 0, segments * out.len);
+    let (rows_a, rows_b) = (params.rows_a as u64, params.rows_b as u64);
+    let params = Gemm { batch_a: 0, batch_b: 0, batch_out: out.len as u32, split: 1, ..params };
+    let tile = shared_tile(rows_a, rows_b, gpu.wide_dispatch.div_ceil(segments));
+    let groups = rows_a.div_ceil(tile.0) * rows_b.div_ceil(tile.1);
+    let [x, y, _] = grid_1d(groups * SHARED_WG as u64, SHARED_WG);
+    let split = [bindings[0], bindings[1], ("segment sums", slabs)];
+    let shader = shared_tile_shader(tile);
+    launch(gpu, enc, op, &shader, "conv2d_gemm_shared", &params, &split, [x, y, segments as u32])?;
+    gpu.charge_flops((segments * rows_a * rows_b) as f64);
+    let bindings = [("segment sums", slabs), ("out", out)];
+    let grid = grid_1d(rows_a * rows_b, WG);
+    launch(gpu, enc, op, &SHADER, "conv2d_gemm_segments", &params, &bindings, grid)
 }
 
 /// How a GEMM variant takes its operands: a, whose rows its lanes run over, is the pixels or the
@@ -199,7 +249,8 @@ fn operands<'a>(
 
 /// The shared-tile GEMM's output tile (rows of a, rows of b) for `rows_a` × `rows_b` outputs:
 /// the largest whose dispatch launches `wide` workgroups, else the smallest, which launches the
-/// most that the GEMM has without splitting its sums over k (that would change their order).
+/// most that the GEMM has (where that is too few, [`side_by_side`] takes its sums' segments in
+/// separate workgroups as well).
 pub(super) fn shared_tile(rows_a: u64, rows_b: u64, wide: u64) -> (u64, u64) {
     const TILES: [(u64, u64); 7] =
         [(64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)];
@@ -296,7 +347,7 @@ pub(super) fn im2col_gemm(
     weights: Weights,
     out: Slice,
 ) -> Result<()> {
-    let row4 = im2col.1.row4 as u64;
+    let (row4, seg4) = (im2col.1.row4 as u64, im2col.1.seg4 as u64);
     im2col_chunks(
         gpu,
         enc,
@@ -306,7 +357,8 @@ pub(super) fn im2col_gemm(
         source,
         |enc, begin, count, rows| {
             let operands = (rows, weights, out);
-            gemm(gpu, enc, op, algo, grid, (begin, count), row4, operands, GemmBatch::ONE)
+            let k = (row4, seg4);
+            gemm(gpu, enc, op, algo, grid, (begin, count), k, operands, GemmBatch::ONE)
         },
     )
 }

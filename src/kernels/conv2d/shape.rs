@@ -22,6 +22,13 @@ pub struct Conv2dShape {
     pub pad: u32,
 }
 
+/// Summed channels per segment where an output's sum over k runs in segments: a multiple of 16,
+/// so a segment is whole steps of the shared-tile GEMM (16 k), whatever the taps.
+pub const SEGMENT_CHANNELS: u32 = 16;
+/// Output maps of at most this many pixels sum in segments: their layers have too few outputs
+/// at small batches to fill a GPU unless the segments run side by side.
+pub const SEGMENTED_PLANE: u64 = 16;
+
 pub(super) fn out_size(size: u32, k: u32, stride: u32, pad: u32) -> u32 {
     ((size as u64 + 2 * pad as u64).saturating_sub(k as u64) / stride.max(1) as u64 + 1) as u32
 }
@@ -105,6 +112,32 @@ impl Conv2dShape {
         Ok(())
     }
 
+    /// How many of an output's summed channels (c_in for the forward, c_out for the input-VJP)
+    /// each segment of its sum over k holds: [`SEGMENT_CHANNELS`] where the op's output map has
+    /// at most [`SEGMENTED_PLANE`] pixels, else all of them (one segment). Every variant sums
+    /// each segment from +0 in k's order and adds the segments' sums in order to a total from
+    /// +0, so a GPU may take the segments in separate workgroups and still give every variant's
+    /// bits. The rule reads the shape without the batch, so the order is the same at every batch
+    /// and shard; the weight gradient sums over pixels, not k, and has no segments.
+    pub fn sum_segment(&self, op: Conv2dOp) -> u32 {
+        let (channels, plane) = match op {
+            Conv2dOp::Forward => (self.c_in, self.out_h() as u64 * self.out_w() as u64),
+            Conv2dOp::BackwardInput => (self.c_out, self.h as u64 * self.w as u64),
+            Conv2dOp::BackwardWeight => return self.c_in.max(self.c_out),
+        };
+        if plane <= SEGMENTED_PLANE {
+            SEGMENT_CHANNELS.min(channels)
+        } else {
+            channels
+        }
+    }
+
+    /// The uniform for `op`'s kernels, with its sums' segments (see [`Self::sum_segment`]).
+    pub(super) fn params_for(&self, op: Conv2dOp) -> Params {
+        Params { seg_channels: self.sum_segment(op), ..self.params() }
+    }
+
+    /// The uniform, its sums over k in one segment.
     pub(super) fn params(&self) -> Params {
         Params {
             n: self.n,
@@ -131,6 +164,8 @@ impl Conv2dShape {
             crop_w: 0,
             dw_kh: self.kh,
             dw_kw: self.kw,
+            seg_channels: self.c_in.max(self.c_out),
+            seg4: 0,
         }
     }
 }
@@ -162,6 +197,22 @@ pub(super) struct Params {
     pub(super) crop_w: u32,
     pub(super) dw_kh: u32,
     pub(super) dw_kw: u32,
+    pub(super) seg_channels: u32,
+    pub(super) seg4: u32,
+}
+
+impl Params {
+    /// With the GEMMs' segment length: `row4` vec4s of k per row, over `channels` summed
+    /// channels of `taps` taps each (k = (channel, tap)); one segment when there is one.
+    pub(super) fn with_rows(self, row4: u64, channels: u32, taps: u64) -> Params {
+        let seg4 = if self.seg_channels < channels {
+            // SEGMENT_CHANNELS is a multiple of 4, so every segment is whole vec4s.
+            self.seg_channels as u64 * taps / 4
+        } else {
+            row4
+        };
+        Params { row4: row4 as u32, seg4: seg4.max(1) as u32, ..self }
+    }
 }
 
 /// Validates `shape` and each binding's length (inputs first, output last), before anything
@@ -185,4 +236,43 @@ pub(super) fn checked<'a>(
 
 pub(super) fn tile_count(len: u64) -> u64 {
     len.div_ceil(TILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Segments where the op's output map has at most 16 pixels, 16 summed channels each, at
+    /// every batch; one segment elsewhere and for the weight gradient.
+    #[test]
+    fn sums_run_in_segments_on_small_maps_at_any_batch() {
+        let layer3 = Conv2dShape {
+            n: 1,
+            c_in: 256,
+            h: 2,
+            w: 2,
+            c_out: 256,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            pad: 1,
+        };
+        let down = Conv2dShape { c_in: 128, h: 8, w: 8, c_out: 256, stride: 2, ..layer3 };
+        for n in [1, 3, 8, 256] {
+            let (layer3, down) = (Conv2dShape { n, ..layer3 }, Conv2dShape { n, ..down });
+            assert_eq!(layer3.sum_segment(Conv2dOp::Forward), SEGMENT_CHANNELS);
+            assert_eq!(layer3.sum_segment(Conv2dOp::BackwardInput), SEGMENT_CHANNELS);
+            // The forward's 4×4 output is segmented, the input-VJP's 8×8 map is not.
+            assert_eq!(down.sum_segment(Conv2dOp::Forward), SEGMENT_CHANNELS);
+            assert_eq!(down.sum_segment(Conv2dOp::BackwardInput), 256);
+        }
+        let wide = Conv2dShape { h: 5, w: 4, ..layer3 };
+        assert_eq!(wide.sum_segment(Conv2dOp::Forward), 256, "a 5×4 map");
+        let few = Conv2dShape { c_in: 12, ..layer3 };
+        assert_eq!(few.sum_segment(Conv2dOp::Forward), 12, "fewer channels than a segment");
+        let params = layer3.params_for(Conv2dOp::Forward).with_rows(576, 256, 9);
+        assert_eq!((params.seg_channels, params.seg4), (16, 36), "16 channels × 9 taps / 4");
+        let whole = layer3.params().with_rows(576, 256, 9);
+        assert_eq!(whole.seg4, 576, "one segment");
+    }
 }

@@ -102,8 +102,8 @@ pub(super) fn unrolled(
         .collect()
 }
 
-/// conv2d_gemm_lanes' and conv2d_gemm_gather's tile: outputs s{i}_{j}, a row i of a by a row j
-/// of b, summed over k.
+/// conv2d_gemm_lanes' and conv2d_gemm_gather's tile: outputs t{i}_{j}, a row i of a by a row j
+/// of b, summed over k segment by segment (s{i}_{j} the segment's sum).
 /// With `broadcast`, the workgroup's rows of b are not loaded by every invocation: row j by those
 /// whose subgroup index is j mod 8 (one load each per 8 rows), then subgroupBroadcast to all.
 pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool) -> Vec<String> {
@@ -133,8 +133,11 @@ pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool
             }),
         );
     }
+    // The sums over k in segments (common.wgsl): t the total, s the segment's sum.
+    lines.extend(unrolled("    ", a, b, |i, j| format!("var t{i}_{j} = 0.0;")));
+    lines.push("    for (var v0 = 0u; v0 < g.row4; v0 += g.seg4) {".into());
     lines.extend(unrolled("    ", a, b, |i, j| format!("var s{i}_{j} = 0.0;")));
-    lines.push("    for (var v = 0u; v < g.row4; v++) {".into());
+    lines.push("    for (var v = v0; v < min(v0 + g.seg4, g.row4); v++) {".into());
     if broadcast {
         lines.extend((0..loads).map(|k| format!("        let bm{k} = gl_b[bl{k} + v];")));
         lines.extend(
@@ -163,6 +166,8 @@ pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool
         }));
     }
     lines.push("    }".into());
+    lines.extend(unrolled("    ", a, b, |i, j| format!("t{i}_{j} += s{i}_{j};")));
+    lines.push("    }".into());
     // Output offsets: the first row's by division, each next one by a step from it.
     let rows = |name: char, first: &str, of_a: bool, count: u32| -> Vec<String> {
         (0..count)
@@ -175,7 +180,7 @@ pub(super) fn gemm_tile_body(kernel: TileKernel, a: u32, b: u32, broadcast: bool
     lines.extend(rows('a', "i0", true, a));
     lines.extend(rows('b', "j0", false, b));
     lines.extend(unrolled("    ", a, b, |i, j| {
-        format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at + batch.z, s{i}_{j});")
+        format!("gemm_lanes_store(i0 + {i}u, j0 + {j}u, oa{i}.at + ob{j}.at + batch.z, t{i}_{j});")
     }));
     lines
 }

@@ -236,7 +236,9 @@ fn chunk_of_images(
         out: slab_m,
     };
     let operands = (v, Weights::Rows(u), m);
-    gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), c_gemm / 4, operands, batch)?;
+    // Winograd's sums over channels are one segment: its 16 GEMMs fill a GPU side by side.
+    let k = (c_gemm / 4, c_gemm / 4);
+    gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), k, operands, batch)?;
     let bindings = [("winograd products", m), ("output", out)];
     let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
     launch(gpu, enc, name, &WINOGRAD, "winograd_output", &params, &bindings, grid)
