@@ -20,8 +20,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
+
+use futures::future::{LocalBoxFuture, Shared};
+use futures::FutureExt;
 
 use crate::canonical::Plan;
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
@@ -66,6 +71,17 @@ pub enum CollectiveError {
 }
 
 pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;
+
+/// An all-reduced range as [`Peers::reduce_beside`] gives it: handed to its `out` already
+/// (in-process), or on its way from the other processes.
+#[derive(Clone)]
+pub enum Incoming {
+    Written,
+    Coming(Coming),
+}
+
+/// Reduced values on their way: every local replica awaits (a clone of) the same future.
+pub type Coming = Shared<LocalBoxFuture<'static, Result<Arc<Vec<f32>>>>>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -269,12 +285,13 @@ pub struct MappedBucket {
 }
 
 /// The rounds in which R replicas reduce their buckets, one round per bucket, in the same order.
-pub type BucketRounds = Rendezvous<MappedBucket, Result<()>>;
+pub type BucketRounds = Rendezvous<MappedBucket, Result<Incoming>>;
 
 /// The rounds of a bucketed all-reduce by `op` of the replicas' pieces along `plan`, among
 /// `local` replicas of this process and those of its `peers`: the last local replica to bring
 /// a bucket reduces every replica's read staging into every local replica's write staging (so
-/// each gets the same bytes), with [`Peers::reduce`], straight into the mapped staging.
+/// each gets the same bytes), with [`Peers::reduce_beside`]: in-process straight into the
+/// mapped staging; over MPI the values come later, and each replica writes them itself.
 pub fn bucket_rounds(plan: Plan, op: ReduceOp, local: usize, peers: Peers) -> BucketRounds {
     Rendezvous::new(local, move |parts: Vec<MappedBucket>| {
         let gpu_error = |replica: usize, e: wgpu::MapRangeError| CollectiveError::Gpu {
@@ -295,7 +312,7 @@ pub fn bucket_rounds(plan: Plan, op: ReduceOp, local: usize, peers: Peers) -> Bu
             .map(|p| p.write.get_mapped_range_mut(..).map_err(|e| gpu_error(p.replica, e)))
             .collect::<Result<Vec<_>>>()?;
         let inputs: Vec<&[f32]> = views.iter().map(|v| bytemuck::cast_slice(v)).collect();
-        peers.reduce(&inputs, &plan, op, len as usize, |start, chunk| {
+        peers.reduce_beside(&inputs, &plan, op, len as usize, |start, chunk| {
             let bytes: &[u8] = bytemuck::cast_slice(chunk);
             outs.iter_mut().for_each(|out| {
                 out.slice(start * 4..start * 4 + bytes.len()).copy_from_slice(bytes)
@@ -338,6 +355,9 @@ pub struct BucketAllReduce<'a> {
     reduced: RefCell<Vec<Range>>,
     /// Buckets whose copy back is recorded but not yet submitted.
     copying: RefCell<Vec<Range>>,
+    /// Buckets whose values are on their way from other processes, oldest first; their write
+    /// staging stays mapped until the values land.
+    in_flight: RefCell<VecDeque<(Range, Coming)>>,
 }
 
 impl<'a> BucketAllReduce<'a> {
@@ -361,6 +381,7 @@ impl<'a> BucketAllReduce<'a> {
             submissions: Cell::new(0),
             reduced: RefCell::default(),
             copying: RefCell::default(),
+            in_flight: RefCell::default(),
         }
     }
 
@@ -381,6 +402,7 @@ impl<'a> BucketAllReduce<'a> {
         least: u64,
     ) -> Result<()> {
         let Pieces { count, stride } = self.pieces;
+        self.land_ready()?;
         for range in self.reduced.take() {
             let (_, write) = self.staging.buffers(gpu, range, count);
             enc.copy_buffer_to_buffer(&write, 0, done.buffer, range.0, range.1);
@@ -431,10 +453,54 @@ impl<'a> BucketAllReduce<'a> {
             self.filled.borrow().iter().take_while(|(_, number, _)| *number < before).count();
         let ready: Vec<_> = self.filled.borrow_mut().drain(..take).collect();
         for (range, _, at) in ready {
-            self.reduce_bucket(gpu, range, at).await?;
-            self.reduced.borrow_mut().push(range);
+            match self.reduce_bucket(gpu, range, at).await? {
+                Incoming::Written => self.reduced.borrow_mut().push(range),
+                Incoming::Coming(values) => self.in_flight.borrow_mut().push_back((range, values)),
+            }
         }
         Ok(())
+    }
+
+    /// Lands the buckets whose values have come, oldest first, without waiting for the others.
+    fn land_ready(&self) -> Result<()> {
+        loop {
+            let Some((range, values)) = self.in_flight.borrow().front().cloned() else {
+                return Ok(());
+            };
+            let Some(values) = values.now_or_never() else { return Ok(()) };
+            self.in_flight.borrow_mut().pop_front();
+            self.land(range, values)?;
+        }
+    }
+
+    /// Waits for every bucket still on its way and lands it.
+    async fn land_all(&self) -> Result<()> {
+        loop {
+            let Some((range, values)) = self.in_flight.borrow_mut().pop_front() else {
+                return Ok(());
+            };
+            self.land(range, values.await)?;
+        }
+    }
+
+    /// Writes a bucket's reduced `values` into its mapped write staging, for the next `record`
+    /// to copy back.
+    fn land(&self, range: Range, values: Result<Arc<Vec<f32>>>) -> Result<()> {
+        let write = self.staging.with(range, self.pieces.count, |b| {
+            b.write_mapped = false;
+            b.write.clone()
+        });
+        let written = values.and_then(|values| {
+            let mut view = write.get_mapped_range_mut(..).map_err(|e| CollectiveError::Gpu {
+                replica: self.replica,
+                source: GpuError::Readback(e.to_string()),
+            })?;
+            view.copy_from_slice(bytemuck::cast_slice(&values));
+            Ok(())
+        });
+        write.unmap();
+        self.reduced.borrow_mut().push(range);
+        written
     }
 
     async fn reduce_bucket(
@@ -442,7 +508,7 @@ impl<'a> BucketAllReduce<'a> {
         gpu: &Gpu,
         range: Range,
         filled_at: Option<wgpu::SubmissionIndex>,
-    ) -> Result<()> {
+    ) -> Result<Incoming> {
         let gpu_error = |source| CollectiveError::Gpu { replica: self.replica, source };
         let count = self.pieces.count;
         let (read, write) = self.staging.buffers(gpu, range, count);
@@ -462,11 +528,15 @@ impl<'a> BucketAllReduce<'a> {
                 MappedBucket { replica: self.replica, read: read.clone(), write: write.clone() },
             )
             .await;
-        // Unmapped whatever happened, so that the next step can use the staging again.
+        // Unmapped whatever happened, so that the next step can use the staging again; the
+        // write staging of values still on their way when they land.
         read.unmap();
-        write.unmap();
-        self.staging.with(range, count, |b| b.write_mapped = false);
-        (*merged?).clone()
+        let merged = merged.and_then(|m| (*m).clone());
+        if !matches!(merged, Ok(Incoming::Coming(_))) {
+            write.unmap();
+            self.staging.with(range, count, |b| b.write_mapped = false);
+        }
+        merged
     }
 
     /// After the last `record` of a step: reduces the rest of the first piece, `whole` (and of
@@ -474,6 +544,7 @@ impl<'a> BucketAllReduce<'a> {
     pub async fn finish(&self, gpu: &Gpu, whole: Slice<'_>) -> Result<()> {
         self.submit_record(gpu, whole).await?;
         self.reduce(gpu, Filled::All).await?;
+        self.land_all().await?;
         self.submit_record(gpu, whole).await
     }
 

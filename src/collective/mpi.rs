@@ -10,34 +10,89 @@
 //!   chunks go to every rank (`MPI_Allgatherv`). Each element is summed in the plan's order by
 //!   one rank, so the bits are in-process's; per rank, 2(P − 1)/P of the range moves each way
 //!   (times the pieces per replica in the first half), the bandwidth-optimal all-reduce.
+//! - [`Ranks::reduce_beside`]: the same reduce on a communication thread with a communicator of
+//!   its own, as PyTorch's DDP runs its buckets on a communication stream: the gradient buckets
+//!   cross the links while this thread records and submits the rest of the backward and the
+//!   BatchNorm rows go their own way. Each communicator's collectives are issued in the same
+//!   order on every rank (the bucket rounds', the step's), as MPI requires; MPI is started with
+//!   `MPI_THREAD_MULTIPLE` so that the two threads may call it at once.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+
+use futures::channel::oneshot;
+use futures::FutureExt;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Count;
 
-use super::{reduce_chunks, CollectiveError, ReduceOp, Result};
+use super::{reduce_chunks, CollectiveError, Incoming, ReduceOp, Result};
 use crate::canonical::Plan;
 
-/// The MPI environment of this process (initialised once; finalised when dropped) and its
-/// world communicator.
+/// A job for the communication thread, run with its communicator.
+type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
+
+/// The MPI environment of this process (initialised once; finalised when dropped), its world
+/// communicator, and the communication thread with its own.
 pub struct Ranks {
     world: SimpleCommunicator,
-    /// Bytes this rank has received from the others so far: what its link carries inbound,
-    /// whatever algorithm MPI runs underneath.
-    received: std::cell::Cell<u64>,
+    /// Bytes this rank has received from the others so far, on either thread: what its link
+    /// carries inbound, whatever algorithm MPI runs underneath.
+    received: Arc<AtomicU64>,
+    /// The communication thread's queue (`None` once dropped, which ends the thread) and the
+    /// thread, joined before MPI is finalised.
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     // Dropped last: finalises MPI.
     _universe: Universe,
 }
 
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl Ranks {
-    /// Initialises MPI. Fails when it already was, or when this build cannot start it.
+    /// Initialises MPI and starts the communication thread. Fails when MPI was initialised
+    /// already, or cannot let two threads call it at once.
     pub fn init() -> Result<Ranks> {
-        let universe = mpi::initialize().ok_or_else(|| {
-            CollectiveError::Mpi("MPI was initialised already in this process".into())
-        })?;
-        Ok(Ranks { world: universe.world(), received: Default::default(), _universe: universe })
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| {
+                CollectiveError::Mpi("MPI was initialised already in this process".into())
+            })?;
+        if threading != mpi::Threading::Multiple {
+            return Err(CollectiveError::Mpi(format!(
+                "this MPI offers threads at level {threading:?}; --mpi needs MPI_THREAD_MULTIPLE (Open MPI and MPICH offer it) to exchange gradients beside the backward"
+            )));
+        }
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready, started) = mpsc::channel();
+        // The thread's communicator is made on it while this thread waits: MPI_Comm_dup is a
+        // collective on the world, which nothing else may use meanwhile.
+        let thread = std::thread::Builder::new()
+            .name("mpi-exchange".into())
+            .spawn(move || {
+                let comm = SimpleCommunicator::world().duplicate();
+                let _ = ready.send(());
+                queue.iter().for_each(|job| job(&comm));
+            })
+            .map_err(|e| CollectiveError::Mpi(format!("cannot start its thread: {e}")))?;
+        started
+            .recv()
+            .map_err(|_| CollectiveError::Mpi("its thread stopped as it started".into()))?;
+        Ok(Ranks {
+            world: universe.world(),
+            received: Default::default(),
+            jobs: Some(jobs),
+            thread: Some(thread),
+            _universe: universe,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -50,13 +105,7 @@ impl Ranks {
 
     /// Bytes received from the other ranks so far.
     pub fn received_bytes(&self) -> u64 {
-        self.received.get()
-    }
-
-    /// Counts the receipt of `values` values of type `T` from the other ranks.
-    fn count<T>(&self, values: usize) {
-        let bytes = (values * std::mem::size_of::<T>()) as u64;
-        self.received.set(self.received.get() + bytes);
+        self.received.load(Ordering::Relaxed)
     }
 
     pub(super) fn gather<T: Equivalence + Copy + Default>(
@@ -75,7 +124,7 @@ impl Ranks {
             &mine[..],
             &mut PartitionMut::new(&mut all[..], counts, displs),
         );
-        self.count::<T>(all.len() - mine.len());
+        count::<T>(&self.received, all.len() - mine.len());
         let mut at = 0;
         Ok(all_lens
             .iter()
@@ -93,61 +142,38 @@ impl Ranks {
         plan: &Plan,
         op: ReduceOp,
         len: usize,
-        mut out: impl FnMut(usize, &[f32]),
+        out: impl FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let (ranks, me, l) = (self.size(), self.rank(), local.len());
-        let chunk = |q: usize| q * len / ranks..(q + 1) * len / ranks;
-        let pieces_of_rank =
-            |q: usize| (q * l..(q + 1) * l).map(|h| plan.pieces_of(h)).sum::<usize>();
-        // Reduce-scatter: rank q receives every replica's pieces of chunk q.
-        let mut send = Vec::with_capacity(pieces_of_rank(me) * len);
-        let mut send_lens = Vec::with_capacity(ranks);
-        for q in 0..ranks {
-            let c = chunk(q);
-            for pieces in local {
-                for piece in pieces.chunks(len.max(1)) {
-                    send.extend_from_slice(&piece[c.clone()]);
-                }
-            }
-            send_lens.push((pieces_of_rank(me) * c.len()) as u64);
+        reduce(&self.world, &self.received, local, plan, op, len, out)
+    }
+
+    /// [`reduce`](Self::reduce) on the communication thread: returns at once, and the reduced
+    /// range comes when every rank has sent its part.
+    pub(super) fn reduce_beside(
+        &self,
+        local: Vec<Vec<f32>>,
+        plan: Plan,
+        op: ReduceOp,
+        len: usize,
+    ) -> Incoming {
+        let (sent, coming) = oneshot::channel();
+        let received = self.received.clone();
+        let job: Job = Box::new(move |comm| {
+            let local: Vec<&[f32]> = local.iter().map(Vec::as_slice).collect();
+            let mut whole = vec![0f32; len];
+            let reduced = reduce(comm, &received, &local, &plan, op, len, |start, chunk| {
+                whole[start..start + chunk.len()].copy_from_slice(chunk)
+            });
+            let _ = sent.send(reduced.map(|()| Arc::new(whole)));
+        });
+        // A job not taken, or dropped untaken, ends in the receiver's `Canceled`.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
         }
-        let mine = chunk(me);
-        let recv_lens: Vec<u64> =
-            (0..ranks).map(|q| (pieces_of_rank(q) * mine.len()) as u64).collect();
-        let mut recv = vec![0f32; recv_lens.iter().sum::<u64>() as usize];
-        let (send_counts, send_displs) = partition(&send_lens)?;
-        let (recv_counts, recv_displs) = partition(&recv_lens)?;
-        self.world.all_to_all_varcount_into(
-            &Partition::new(&send[..], send_counts, send_displs),
-            &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
-        );
-        self.count::<f32>(recv.len() - recv_lens[me] as usize);
-        // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
-        // pieces of that rank's replicas before h.
-        let m = mine.len();
-        let leaves: Vec<&[f32]> = plan
-            .leaves
-            .iter()
-            .map(|&(h, j)| {
-                let q = h / l;
-                let before: usize = (q * l..h).map(|g| plan.pieces_of(g)).sum();
-                let at = recv_displs[q] as usize + (before + j) * m;
-                &recv[at..at + m]
-            })
-            .collect();
-        let mut reduced = Vec::with_capacity(m);
-        reduce_chunks(&leaves, plan, op, |_, c| reduced.extend_from_slice(c));
-        // All-gather of the reduced chunks.
-        let chunk_lens: Vec<u64> = (0..ranks).map(|q| chunk(q).len() as u64).collect();
-        let (chunk_counts, chunk_displs) = partition(&chunk_lens)?;
-        let mut whole = vec![0f32; len];
-        self.world.all_gather_varcount_into(
-            &reduced[..],
-            &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
-        );
-        self.count::<f32>(len - m);
-        out(0, &whole);
-        Ok(())
+        let stopped = || CollectiveError::Mpi("the exchange thread has stopped".into());
+        Incoming::Coming(
+            coming.map(move |r| r.unwrap_or_else(|_| Err(stopped()))).boxed_local().shared(),
+        )
     }
 
     /// Waits until every rank has come here, sleeping rather than spinning as MPI's blocking
@@ -174,6 +200,74 @@ impl Ranks {
             Err(CollectiveError::Disagree { what: what.to_string(), ranks: differ })
         }
     }
+}
+
+/// The all-reduce of [`Ranks::reduce`] over `comm`, counting what arrives in `received`.
+fn reduce(
+    comm: &SimpleCommunicator,
+    received: &AtomicU64,
+    local: &[&[f32]],
+    plan: &Plan,
+    op: ReduceOp,
+    len: usize,
+    mut out: impl FnMut(usize, &[f32]),
+) -> Result<()> {
+    let (ranks, me, l) = (comm.size() as usize, comm.rank() as usize, local.len());
+    let chunk = |q: usize| q * len / ranks..(q + 1) * len / ranks;
+    let pieces_of_rank = |q: usize| (q * l..(q + 1) * l).map(|h| plan.pieces_of(h)).sum::<usize>();
+    // Reduce-scatter: rank q receives every replica's pieces of chunk q.
+    let mut send = Vec::with_capacity(pieces_of_rank(me) * len);
+    let mut send_lens = Vec::with_capacity(ranks);
+    for q in 0..ranks {
+        let c = chunk(q);
+        for pieces in local {
+            for piece in pieces.chunks(len.max(1)) {
+                send.extend_from_slice(&piece[c.clone()]);
+            }
+        }
+        send_lens.push((pieces_of_rank(me) * c.len()) as u64);
+    }
+    let mine = chunk(me);
+    let recv_lens: Vec<u64> = (0..ranks).map(|q| (pieces_of_rank(q) * mine.len()) as u64).collect();
+    let mut recv = vec![0f32; recv_lens.iter().sum::<u64>() as usize];
+    let (send_counts, send_displs) = partition(&send_lens)?;
+    let (recv_counts, recv_displs) = partition(&recv_lens)?;
+    comm.all_to_all_varcount_into(
+        &Partition::new(&send[..], send_counts, send_displs),
+        &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
+    );
+    count::<f32>(received, recv.len() - recv_lens[me] as usize);
+    // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
+    // pieces of that rank's replicas before h.
+    let m = mine.len();
+    let leaves: Vec<&[f32]> = plan
+        .leaves
+        .iter()
+        .map(|&(h, j)| {
+            let q = h / l;
+            let before: usize = (q * l..h).map(|g| plan.pieces_of(g)).sum();
+            let at = recv_displs[q] as usize + (before + j) * m;
+            &recv[at..at + m]
+        })
+        .collect();
+    let mut reduced = Vec::with_capacity(m);
+    reduce_chunks(&leaves, plan, op, |_, c| reduced.extend_from_slice(c));
+    // All-gather of the reduced chunks.
+    let chunk_lens: Vec<u64> = (0..ranks).map(|q| chunk(q).len() as u64).collect();
+    let (chunk_counts, chunk_displs) = partition(&chunk_lens)?;
+    let mut whole = vec![0f32; len];
+    comm.all_gather_varcount_into(
+        &reduced[..],
+        &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
+    );
+    count::<f32>(received, len - m);
+    out(0, &whole);
+    Ok(())
+}
+
+/// Counts the receipt of `values` values of type `T` from the other ranks in `received`.
+fn count<T>(received: &AtomicU64, values: usize) {
+    received.fetch_add((values * std::mem::size_of::<T>()) as u64, Ordering::Relaxed);
 }
 
 /// The MPI counts and displacements (C ints) of parts of `lens` elements laid one after the

@@ -4,7 +4,7 @@
 //! and [`Peers::reduce`] and gets every replica's back. Both keep the canonical order, so the
 //! bits do not depend on where the replicas run.
 
-use super::{leaves, reduce_chunks, CollectiveError, ReduceOp, Result};
+use super::{leaves, reduce_chunks, CollectiveError, Incoming, ReduceOp, Result};
 use crate::canonical::Plan;
 
 #[derive(Clone, Default)]
@@ -83,14 +83,7 @@ impl Peers {
         len: usize,
         out: impl FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let first = self.first_replica(local.len());
-        for (i, pieces) in local.iter().enumerate() {
-            let expected = (plan.pieces_of(first + i) * len) as u64;
-            if pieces.len() as u64 != expected {
-                let (replica, got) = (first + i, pieces.len() as u64);
-                return Err(CollectiveError::RangeMismatch { replica, got, expected });
-            }
-        }
+        self.check_pieces(local, plan, len)?;
         match self {
             Peers::InProcess => {
                 reduce_chunks(&leaves(plan, local, len), plan, op, out);
@@ -99,6 +92,42 @@ impl Peers {
             #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
             Peers::Mpi(ranks) => ranks.reduce(local, plan, op, len, out),
         }
+    }
+
+    /// [`reduce`](Self::reduce), beside this thread's work where the values cross processes:
+    /// in-process the reduced values go to `out` before it returns ([`Incoming::Written`]);
+    /// over MPI they come later, on the communication thread ([`Incoming::Coming`]), and `out`
+    /// is not called.
+    pub fn reduce_beside(
+        &self,
+        local: &[&[f32]],
+        plan: &Plan,
+        op: ReduceOp,
+        len: usize,
+        out: impl FnMut(usize, &[f32]),
+    ) -> Result<Incoming> {
+        match self {
+            Peers::InProcess => self.reduce(local, plan, op, len, out).map(|()| Incoming::Written),
+            #[cfg(all(feature = "mpi", not(target_arch = "wasm32")))]
+            Peers::Mpi(ranks) => {
+                self.check_pieces(local, plan, len)?;
+                let owned = local.iter().map(|pieces| pieces.to_vec()).collect();
+                Ok(ranks.reduce_beside(owned, plan.clone(), op, len))
+            }
+        }
+    }
+
+    /// Each of this process's replicas offers as many pieces of `len` elements as `plan` adds.
+    fn check_pieces(&self, local: &[&[f32]], plan: &Plan, len: usize) -> Result<()> {
+        let first = self.first_replica(local.len());
+        for (i, pieces) in local.iter().enumerate() {
+            let expected = (plan.pieces_of(first + i) * len) as u64;
+            if pieces.len() as u64 != expected {
+                let (replica, got) = (first + i, pieces.len() as u64);
+                return Err(CollectiveError::RangeMismatch { replica, got, expected });
+            }
+        }
+        Ok(())
     }
 
     /// The largest of every process's `value` (a flag that any one of them may raise).
