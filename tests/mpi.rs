@@ -26,9 +26,15 @@ fn temp_dir(name: &str) -> PathBuf {
 /// the ranks of two jobs on a CI machine's two cores would take turns with each other's waits,
 /// and MPI's waits yield the core rather than spin on it.
 fn mpirun(programs: &[(usize, Vec<String>)]) -> Output {
+    mpirun_with(programs, &[])
+}
+
+/// [`mpirun`] with environment variables for every rank.
+fn mpirun_with(programs: &[(usize, Vec<String>)], env: &[(&str, &str)]) -> Output {
     static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
     let mut cmd = Command::new("mpirun");
+    cmd.envs(env.iter().copied());
     cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self", "--mca", "mpi_yield_when_idle", "1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
@@ -262,5 +268,43 @@ fn a_rank_that_dies_ends_every_rank() {
     assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
     assert!(text(&o).contains("signal 9"), "rank 1 was killed, not refused: {}", text(&o));
     assert!(!out.exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A rank that falls silent (stopped, as a host whose link is cut would look to the others)
+/// while the job trains: the others name it and end the job, non-zero, within the silence
+/// allowed (here 5 s) and well within 60 s, where MPI's TCP alone would wait for minutes; the
+/// checkpoint written before is intact.
+#[test]
+fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("silent");
+    let ck = dir.join("run.safetensors");
+    let train = [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
+    let train: Vec<String> = train
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--checkpoint-every", "1", "--checkpoint", ck.to_str().unwrap()].map(String::from))
+        .collect();
+    // Rank 1 is stopped once the first checkpoint is written (rank 0 writes it whole or not at
+    // all), and killed with its process group at the end.
+    let ck_path = ck.to_str().unwrap();
+    let stopped = format!(
+        "{} & until [ -e {ck_path} ]; do sleep 1; done; kill -STOP $!; wait",
+        train.join(" ")
+    );
+    let start = Instant::now();
+    let o = mpirun_with(
+        &[(1, train.clone()), (1, vec!["sh".into(), "-c".into(), stopped])],
+        &[("SYNCSTEP_MPI_SILENCE", "5")],
+    );
+    let took = start.elapsed();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
+    assert!(text(&o).contains("rank 0: error: no word from rank(s) [1] for 5 s"), "{}", text(&o));
+    let model = ResNet34::new(10).unwrap();
+    checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
     std::fs::remove_dir_all(&dir).unwrap();
 }

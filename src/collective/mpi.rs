@@ -16,14 +16,20 @@
 //!   BatchNorm rows go their own way. Each communicator's collectives are issued in the same
 //!   order on every rank (the bucket rounds', the step's), as MPI requires; MPI is started with
 //!   `MPI_THREAD_MULTIPLE` so that the two threads may call it at once.
+//! - A heartbeat thread, with a third communicator, tells every other rank once a second that
+//!   this one lives. A rank that hears nothing from some rank for [`silence`] (a host down, its
+//!   link cut, the process stopped) names it and ends the job, where MPI's own TCP would wait
+//!   for minutes: every rank ends non-zero, the unreachable ones by their own heartbeat.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use futures::FutureExt;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Count;
@@ -45,6 +51,9 @@ pub struct Ranks {
     /// thread, joined before MPI is finalised.
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Tells the heartbeat thread to say goodbye, and the thread.
+    stop: Arc<AtomicBool>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
     // Dropped last: finalises MPI.
     _universe: Universe,
 }
@@ -52,10 +61,95 @@ pub struct Ranks {
 impl Drop for Ranks {
     fn drop(&mut self) {
         self.jobs.take();
-        if let Some(thread) = self.thread.take() {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in [self.thread.take(), self.heartbeat.take()].into_iter().flatten() {
             let _ = thread.join();
         }
     }
+}
+
+/// How long a rank may go unheard before the job ends: `SYNCSTEP_MPI_SILENCE` seconds, else
+/// 20. Heartbeats go out every second from their own thread, whatever the rank computes, so
+/// only a rank that is gone, stopped or cut off falls silent.
+pub fn silence() -> Duration {
+    let seconds = std::env::var("SYNCSTEP_MPI_SILENCE").ok().and_then(|v| v.parse::<f64>().ok());
+    Duration::from_secs_f64(seconds.filter(|s| s.is_finite() && *s >= 1.0).unwrap_or(20.0))
+}
+
+/// The heartbeat's message tag and its one byte.
+const BEAT_TAG: i32 = 1;
+static BEAT: u8 = 1;
+
+/// The heartbeat thread's loop (see the module comment): beats out every second, beats in as
+/// they come; a rank unheard for `silence` ends the job. On `stop`, it stops beating, waits in a
+/// barrier until every rank has stopped, and takes in the beats still on their way, so that
+/// none is left unreceived when MPI is finalised.
+fn heartbeat(comm: SimpleCommunicator, stop: Arc<AtomicBool>, silence: Duration) {
+    let (me, ranks) = (comm.rank() as usize, comm.size() as usize);
+    let mut heard = vec![Instant::now(); ranks];
+    let mut sends: Vec<Request<'static, u8>> = Vec::new();
+    let mut next_beat = Instant::now();
+    let mut phase = Phase::Beating;
+    loop {
+        while let Some((message, status)) =
+            comm.any_process().immediate_matched_probe_with_tag(BEAT_TAG)
+        {
+            let _: (u8, _) = message.matched_receive();
+            heard[status.source_rank() as usize] = Instant::now();
+        }
+        sends = sends.into_iter().filter_map(|send| send.test().err()).collect();
+        let lost: Vec<usize> =
+            (0..ranks).filter(|&q| q != me && heard[q].elapsed() > silence).collect();
+        if !lost.is_empty() && !matches!(phase, Phase::Left(_)) {
+            eprintln!(
+                "rank {me}: error: no word from rank(s) {lost:?} for {} s: a host or its link is down, or the rank stopped; ending the job",
+                silence.as_secs_f64()
+            );
+            end_job(70);
+        }
+        phase = match phase {
+            Phase::Beating if stop.load(Ordering::Relaxed) => {
+                Phase::Leaving(comm.immediate_barrier())
+            }
+            Phase::Beating if Instant::now() >= next_beat => {
+                for q in (0..ranks).filter(|&q| q != me) {
+                    let to = comm.process_at_rank(q as i32);
+                    sends.push(to.immediate_send_with_tag(StaticScope, &BEAT, BEAT_TAG));
+                }
+                next_beat += Duration::from_secs(1);
+                Phase::Beating
+            }
+            Phase::Leaving(barrier) => match barrier.test() {
+                Ok(_) => Phase::Left(Instant::now()),
+                Err(barrier) => Phase::Leaving(barrier),
+            },
+            // Every rank has stopped beating: what is still on its way arrives within moments;
+            // a send some rank left untaken is let go rather than waited for.
+            Phase::Left(at) if sends.is_empty() || at.elapsed() > Duration::from_millis(200) => {
+                sends.into_iter().for_each(std::mem::forget);
+                return;
+            }
+            phase => phase,
+        };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where the heartbeat thread is: beating; waiting in the goodbye barrier; past it, since when.
+enum Phase {
+    Beating,
+    Leaving(Request<'static, ()>),
+    Left(Instant),
+}
+
+/// Ends the whole job with `code` from a rank that cannot go on, and this process even if MPI
+/// cannot reach the others to say so (its link is cut).
+fn end_job(code: i32) -> ! {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(5));
+        std::process::exit(code)
+    });
+    SimpleCommunicator::world().abort(code)
 }
 
 impl Ranks {
@@ -72,25 +166,17 @@ impl Ranks {
             )));
         }
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (ready, started) = mpsc::channel();
-        // The thread's communicator is made on it while this thread waits: MPI_Comm_dup is a
-        // collective on the world, which nothing else may use meanwhile.
-        let thread = std::thread::Builder::new()
-            .name("mpi-exchange".into())
-            .spawn(move || {
-                let comm = SimpleCommunicator::world().duplicate();
-                let _ = ready.send(());
-                queue.iter().for_each(|job| job(&comm));
-            })
-            .map_err(|e| CollectiveError::Mpi(format!("cannot start its thread: {e}")))?;
-        started
-            .recv()
-            .map_err(|_| CollectiveError::Mpi("its thread stopped as it started".into()))?;
+        let thread = start("mpi-exchange", move |comm| queue.iter().for_each(|job| job(&comm)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stopping, silence) = (stop.clone(), silence());
+        let heartbeat = start("mpi-heartbeat", move |comm| heartbeat(comm, stopping, silence))?;
         Ok(Ranks {
             world: universe.world(),
             received: Default::default(),
             jobs: Some(jobs),
             thread: Some(thread),
+            stop,
+            heartbeat: Some(heartbeat),
             _universe: universe,
         })
     }
@@ -200,6 +286,27 @@ impl Ranks {
             Err(CollectiveError::Disagree { what: what.to_string(), ranks: differ })
         }
     }
+}
+
+/// A thread named `name` running `body` with a communicator of its own, made on it while this
+/// thread waits: MPI_Comm_dup is a collective on the world, which nothing else may use meanwhile.
+fn start(
+    name: &str,
+    body: impl FnOnce(SimpleCommunicator) + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>> {
+    let (ready, started) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let comm = SimpleCommunicator::world().duplicate();
+            let _ = ready.send(());
+            body(comm)
+        })
+        .map_err(|e| CollectiveError::Mpi(format!("cannot start the thread {name}: {e}")))?;
+    started
+        .recv()
+        .map_err(|_| CollectiveError::Mpi(format!("the thread {name} stopped as it started")))?;
+    Ok(thread)
 }
 
 /// The all-reduce of [`Ranks::reduce`] over `comm`, counting what arrives in `received`.
