@@ -421,3 +421,21 @@ fn nothing_runs_unbounded() {
     assert!(!text(&o).contains("syncstep train:"), "refused only after setting up: {}", text(&o));
     eprintln!("1 case");
 }
+
+/// `check --tie` at a global batch whose last BatchNorm sites see a few values per channel:
+/// said to be ill-conditioned, and then not applied (2 values) or held to its stated looser
+/// bound (4 values).
+#[test]
+fn tie_at_an_ill_conditioned_shape_says_so() {
+    if gpu().is_none() {
+        return;
+    }
+    for (batch, says) in
+        [("2", "n/a: ill-conditioned: BatchNorm over 2 values"), ("4", "bound ×100")]
+    {
+        let o = run(&["check", "--tie", "--global-batch", batch, "--steps", "0"], &[], &[]);
+        let t = text(&o);
+        assert!(o.status.success() && t.contains(says), "{t}");
+    }
+    eprintln!("2 cases");
+}
