@@ -422,6 +422,114 @@ fn nothing_runs_unbounded() {
     eprintln!("1 case");
 }
 
+/// Every file under `paths` (recursively) and its bytes: what a case must leave as it was.
+fn snapshot(paths: &[&Path]) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut todo: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    while let Some(path) = todo.pop() {
+        match std::fs::read_dir(&path) {
+            Ok(entries) => todo.extend(entries.map(|e| e.unwrap().path())),
+            Err(_) => files.push((path.clone(), std::fs::read(&path).unwrap())),
+        }
+    }
+    files.sort();
+    files
+}
+
+/// An ImageFolder of two classes of `per_class` 32×32 PNGs each, under `dir`.
+fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
+    let root = dir.join("images");
+    for (c, class) in ["ant", "bee"].iter().enumerate() {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for i in 0..per_class {
+            let img = image::RgbImage::from_fn(32, 32, |x, y| {
+                image::Rgb([(x * 8) as u8 ^ i, (y * 8) as u8, 200 * c as u8])
+            });
+            img.save(root.join(class).join(format!("{i}.png"))).unwrap();
+        }
+    }
+    root
+}
+
+/// A tensor's shape in a weights file, or None to leave it out.
+type Reshaped = Option<Vec<usize>>;
+
+/// ResNet-34 weights of 10 classes at `path`, each tensor in the shape `shape_of` gives it
+/// (its values repeated to fill it).
+fn reshaped_weights(path: &Path, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped) {
+    let model = ResNet34::new(10).unwrap();
+    let (params, running) = (model.init_params(3), model.init_buffers());
+    let tensors = model.params.iter().map(|t| (t, &params));
+    let mut values = Vec::new();
+    for (t, data) in tensors.chain(model.buffers.iter().map(|t| (t, &running))) {
+        if let Some(shape) = shape_of(&t.name, t.shape.clone()) {
+            let n = shape.iter().product::<usize>();
+            let v: Vec<f32> = data[t.range()].iter().copied().cycle().take(n).collect();
+            values.push((t.name.clone(), shape, v));
+        }
+    }
+    let entries: Vec<(String, Vec<usize>, &[f32])> =
+        values.iter().map(|(n, s, v)| (n.clone(), s.clone(), v.as_slice())).collect();
+    write_f32(path, &entries, &Default::default()).unwrap();
+}
+
+/// `--init` weights: a malformed classifier and missing running statistics are errors naming
+/// the tensor; a classifier of another class count is initialised afresh, said so.
+#[test]
+fn init_weights_are_taken_whole_or_refused() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("init");
+    let images = image_folder(&dir, 4);
+    let i = images.to_str().unwrap();
+    let weights = |name: &str, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped| {
+        let path = dir.join(name);
+        reshaped_weights(&path, shape_of);
+        path
+    };
+    let narrow = weights("narrow.safetensors", &|n, s| {
+        Some(if n == "fc.weight" { vec![10, 256] } else { s })
+    });
+    let bias = weights("bias.safetensors", &|n, s| Some(if n == "fc.bias" { vec![7] } else { s }));
+    let no_stats = weights("stats.safetensors", &|n, s| (!n.contains("running")).then_some(s));
+    let whole = weights("whole.safetensors", &|_, s| Some(s));
+    let cases = [
+        (&narrow, "`fc.weight` has shape [10, 256]"),
+        (&bias, "`fc.bias` has shape [7], but `fc.weight` has 10 rows"),
+        (&no_stats, "missing tensor `bn1.running_mean`"),
+    ];
+    let before = snapshot(&[dir.as_path()]);
+    let train = |w: &Path| {
+        let args = [
+            "train",
+            "--data",
+            i,
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--normalize",
+            "imagenet",
+            "--init",
+            w.to_str().unwrap(),
+        ];
+        run(&args, &[], &[])
+    };
+    for (w, says) in cases {
+        refused(&train(w), says);
+        assert_eq!(snapshot(&[dir.as_path()]), before);
+    }
+    let o = train(&whole);
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("its classifier is for 10 classes and this run's for 2"),
+        "{t}"
+    );
+    eprintln!("{} cases", cases.len() + 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `check --tie` at a global batch whose last BatchNorm sites see a few values per channel:
 /// said to be ill-conditioned, and then not applied (2 values) or held to its stated looser
 /// bound (4 values).

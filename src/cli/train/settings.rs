@@ -225,8 +225,8 @@ fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64,
     Ok(last)
 }
 
-/// The state at step 0 from `--init` weights: a classifier of another class count is
-/// initialised afresh, and `notes` says so.
+/// The state at step 0 from `--init` weights. `notes` says what was not taken: a classifier of
+/// another class count (initialised afresh) and tensors ResNet-34 has no place for (ignored).
 fn init_weights(
     path: &Path,
     model: &ResNet34,
@@ -234,14 +234,25 @@ fn init_weights(
     notes: &mut Vec<String>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let file = TensorFile::read(path)?;
-    let (params, running, head_kept) =
+    let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
-    if head_kept {
+    if let Some(k) = other_classes {
         notes.push(format!(
-            "--init {}: its classifier has another class count than {}: fc is initialised afresh (seed {})",
+            "--init {}: its classifier is for {k} classes and this run's for {}: fc is initialised afresh (seed {}); every other tensor is taken",
             path.display(),
             cfg.classes,
             cfg.seed
+        ));
+    }
+    let known = |name: &str| model.params.iter().chain(&model.buffers).any(|t| t.name == name);
+    let ignored: Vec<&str> =
+        file.tensors.keys().map(String::as_str).filter(|name| !known(name)).collect();
+    if let Some(first) = ignored.first() {
+        notes.push(format!(
+            "--init {}: {} tensor(s) ResNet-34 has no place for are ignored ({first}{})",
+            path.display(),
+            ignored.len(),
+            if ignored.len() > 1 { ", …" } else { "" }
         ));
     }
     let velocity = vec![0.0; model.param_len];
