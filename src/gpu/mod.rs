@@ -295,6 +295,10 @@ impl Gpu {
             return Err(self.lost_or(GpuError::OutOfMemory(e.to_string())));
         }
         if let Some(e) = v {
+            // An allocation that failed earlier, outside any scope, is what made this invalid.
+            if let Err(oom @ GpuError::OutOfMemory(_)) = self.check() {
+                return Err(oom);
+            }
             return Err(self.lost_or(GpuError::Validation(e.to_string())));
         }
         self.check()?;
