@@ -38,13 +38,13 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value_t = Split::Val)]
     split: Split,
     /// Held-out images of the synthetic dataset to score (with synthetic data only).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
     examples: usize,
     /// Also write the scores, per-class accuracy and confusion matrix here, as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Threads decoding images [default: the CPU's cores].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
     workers: Option<usize>,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long)]

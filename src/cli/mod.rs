@@ -120,3 +120,27 @@ pub fn available_memory() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
 }
+
+/// A count flag's value: a whole number of 0 or more. Flags taking it accept a leading `-`
+/// (`allow_negative_numbers`), so that `--batch -1` is answered here rather than read as an
+/// unknown flag.
+pub fn whole<T: std::str::FromStr<Err = std::num::ParseIntError>>(
+    value: &str,
+) -> Result<T, String> {
+    value.parse::<T>().map_err(|e| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => "too large a count".to_string(),
+        _ if value.starts_with('-') => "a count cannot be negative: give 0 or more".to_string(),
+        _ => "give a whole number (0 or more)".to_string(),
+    })
+}
+
+/// A count flag's value where 0 would do nothing: a whole number of 1 or more.
+pub fn positive<T>(value: &str) -> Result<T, String>
+where
+    T: std::str::FromStr<Err = std::num::ParseIntError> + Default + PartialEq,
+{
+    match whole::<T>(value)? {
+        zero if zero == T::default() => Err("0 would do nothing: give 1 or more".into()),
+        count => Ok(count),
+    }
+}

@@ -52,15 +52,15 @@ pub struct TrainArgs {
     #[arg(long)]
     data: Option<DataSpec>,
     /// SGD steps to run (on top of the checkpoint's, with --resume).
-    #[arg(long, default_value_t = 60, conflicts_with = "epochs")]
+    #[arg(long, default_value_t = 60, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     steps: u64,
     /// Train until this many epochs of the training split are done (images only; the last
     /// partial batch of each epoch is dropped).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
     epochs: Option<u64>,
     /// Fraction of each class held out for validation when the folder has no train/ and val/
     /// [default: 0.1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     val_split: Option<f64>,
     /// Training augmentation: none, crop-flip (pad and crop, flip: the CIFAR recipe) or
     /// resized-crop-flip (the ImageNet recipe) [default: crop-flip for CIFAR, else
@@ -72,20 +72,20 @@ pub struct TrainArgs {
     normalize: Option<Normalize>,
     /// Threads decoding and augmenting the next batches while the GPU trains [default: the
     /// CPU's cores].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
     workers: Option<usize>,
     /// Images per step, the global batch over all replicas [default: 16].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     batch: Option<usize>,
     /// Side of the square input images, at least 32 [default: 32].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: Option<u32>,
     /// Number of classes of the synthetic dataset and the classifier [default: 10; with
     /// --data, the dataset's].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     classes: Option<u32>,
     /// Seed of the initialisation, the dataset's split, shuffles and augmentation [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     seed: Option<u64>,
     /// Learning rate (the schedule's base rate) [default: 0.01].
     #[arg(long, allow_negative_numbers = true)]
@@ -95,7 +95,7 @@ pub struct TrainArgs {
     #[arg(long)]
     lr_schedule: Option<LrSchedule>,
     /// Steps of linear warm-up to the base rate [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
     #[arg(long, allow_negative_numbers = true)]
@@ -109,7 +109,7 @@ pub struct TrainArgs {
     /// Held-out images to measure accuracy on (0: none; at most 100000). Synthetic data:
     /// before and after training [default: 64]; images: after every epoch and at the end,
     /// spread over the validation split [default: all of it].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     eval_examples: Option<usize>,
     /// Start from these weights (torchvision names, safetensors, e.g. an export of
     /// torchvision.models.resnet34): fine-tuning. A classifier of another class count is
@@ -127,7 +127,7 @@ pub struct TrainArgs {
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
     /// BatchNorm: the same training as on one device, bit for bit.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
@@ -139,7 +139,7 @@ pub struct TrainArgs {
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Steps between checkpoints (0: only at the end and on a signal).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     checkpoint_every: u64,
     /// Continue bit-exactly from this checkpoint (its data, position in the epoch and
     /// hyper-parameters; it may be the --checkpoint file itself).
