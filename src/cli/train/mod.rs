@@ -32,6 +32,8 @@ use signals::StopSignals;
 
 /// Held-out images `--eval-examples` takes at most: each is a forward pass.
 const MAX_EVAL_EXAMPLES: usize = 100_000;
+/// Steps between checkpoints unless `--checkpoint-every` says.
+const CHECKPOINT_EVERY: u64 = 10;
 /// A run diverges when its loss is not finite or passes this many times its first step's.
 const DIVERGED: f32 = 100.0;
 
@@ -138,9 +140,9 @@ pub struct TrainArgs {
     /// non-finite value (the last good one stays). Checked for writability before training.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// Steps between checkpoints (0: only at the end and on a signal).
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
-    checkpoint_every: u64,
+    /// Steps between checkpoints (0: only at the end and on a signal) [default: 10].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
+    checkpoint_every: Option<u64>,
     /// Continue bit-exactly from this checkpoint (its data, position in the epoch and
     /// hyper-parameters; it may be the --checkpoint file itself).
     #[arg(long)]
@@ -187,6 +189,9 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
             "--eval-examples is {eval_limit}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"
         )
         .into());
+    }
+    if args.checkpoint.is_none() && args.checkpoint_every.is_some() {
+        return Err("--checkpoint-every has no effect without --checkpoint: add --checkpoint PATH, or drop --checkpoint-every".into());
     }
     let peers = super::ranks::peers(&args.ranks)?;
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
@@ -501,7 +506,7 @@ impl Training<'_> {
         // Under MPI every rank stops after the same step, if any rank was told to.
         let signal = self.trainer.replicas.peers().max(stop.received() as u64)? as usize;
         let step = self.trainer.step;
-        let every = self.args.checkpoint_every;
+        let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
         let periodic = every > 0 && step.is_multiple_of(every);
         if signal != 0 || (periodic && step < self.last) {
             if let Some(path) = self.checkpoint {
