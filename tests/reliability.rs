@@ -451,6 +451,30 @@ fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
     root
 }
 
+/// Threads, address space and GPU memory that run out: errors naming the resource.
+#[test]
+fn exhausted_resources_are_named() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("resources");
+    let images = image_folder(&dir, 4);
+    let i = images.to_str().unwrap();
+    refused(&run(&["train", "--data", i, "--workers", "10000"], &[], &[]), "loader threads");
+    let limited = |limit_kib: u64, args: &str| {
+        let bin = env!("CARGO_BIN_EXE_syncstep");
+        let script = format!("ulimit -v {limit_kib} && exec {bin} {args}");
+        Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap()
+    };
+    let train = "train --steps 1 --batch 2 --eval-examples 0";
+    refused(&limited(600_000, train), "address-space limit (ulimit -v)");
+    // Threads past the address space: 1000 loader threads' stacks do not fit in 3 GB.
+    let o = limited(3_000_000, &format!("{train} --data {i} --workers 1000 --normalize imagenet"));
+    refused(&o, "use a smaller --workers");
+    eprintln!("3 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A tensor's shape in a weights file, or None to leave it out.
 type Reshaped = Option<Vec<usize>>;
 

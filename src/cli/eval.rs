@@ -44,7 +44,7 @@ pub struct EvalArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Threads decoding images [default: the CPU's cores].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long)]
@@ -76,7 +76,7 @@ pub fn score(
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let mut scores = Scores::new(trainer.cfg.classes);
     let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
-    let mut loader = Loader::start(data, plan, size, norm, 0, workers);
+    let mut loader = Loader::start(data, plan, size, norm, 0, workers)?;
     while let Some((batch, _)) = loader.next_batch() {
         pollster::block_on(trainer.score(&batch?, &mut scores))?;
         progress(scores.examples);

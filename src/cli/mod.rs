@@ -50,16 +50,7 @@ pub fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     private_runtime_dir();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Info => info::run(),
-        Command::Train(a) => train::run(*a),
-        Command::Grad(a) => grad::run(a),
-        Command::Check(a) => check::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Eval(a) => eval::run(a),
-        Command::Predict(a) => predict::run(a),
-        Command::Plot(a) => plot::run(a),
-    };
+    let result = run(cli.command);
     let Err(e) = result else {
         ranks::finish();
         return ExitCode::SUCCESS;
@@ -78,6 +69,51 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `command`; every one but `plot` makes a GPU device, so first the address space is
+/// checked.
+fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    if !matches!(command, Command::Plot(_)) {
+        check_address_space()?;
+    }
+    match command {
+        Command::Info => info::run(),
+        Command::Train(a) => train::run(*a),
+        Command::Grad(a) => grad::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Predict(a) => predict::run(a),
+        Command::Plot(a) => plot::run(a),
+    }
+}
+
+/// The address space a process needs to create a device and train a small batch, at least:
+/// lavapipe (Mesa 22.3) needs between 1.5 and 2 GB for a batch of 2 at 32×32, and under less
+/// fails inside the driver (a crash without a word, an abort, or an error that never says
+/// memory).
+const MIN_ADDRESS_SPACE: u64 = 2 << 30;
+
+/// Refuses an address-space limit (`ulimit -v`) under [`MIN_ADDRESS_SPACE`] before the driver
+/// is asked for anything.
+fn check_address_space() -> Result<(), String> {
+    match address_space_limit() {
+        Some(limit) if limit < MIN_ADDRESS_SPACE => Err(format!(
+            "the address-space limit (ulimit -v) is {}, and a GPU device with a training step needs at least {}: raise the limit (ulimit -v unlimited)",
+            indicatif::HumanBytes(limit),
+            indicatif::HumanBytes(MIN_ADDRESS_SPACE)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// This process's soft limit on its address space (Linux's RLIMIT_AS), in bytes; None where
+/// there is none or the system does not say.
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)
@@ -142,5 +178,16 @@ where
     match whole::<T>(value)? {
         zero if zero == T::default() => Err("0 would do nothing: give 1 or more".into()),
         count => Ok(count),
+    }
+}
+
+/// Loader threads `--workers` starts at most: more only wait on one another for the device.
+const MAX_WORKERS: usize = 1024;
+
+/// `--workers`'s value: 1 to [`MAX_WORKERS`] threads.
+pub fn workers(value: &str) -> Result<usize, String> {
+    match positive::<usize>(value)? {
+        n if n > MAX_WORKERS => Err(format!("at most {MAX_WORKERS} loader threads")),
+        n => Ok(n),
     }
 }

@@ -374,6 +374,8 @@ pub enum DatasetError {
         "{what} has no images to measure: give it images, or give the normalisation explicitly"
     )]
     NoImages { what: String },
+    #[error("the system would not start {wanted} loader threads ({started} started, then: {reason}): use a smaller --workers")]
+    Threads { wanted: usize, started: usize, reason: String },
     /// The data loader's threads stopped or failed; the text says how.
     #[error("the data loader failed: {0}")]
     Worker(String),

@@ -74,7 +74,7 @@ pub struct TrainArgs {
     normalize: Option<Normalize>,
     /// Threads decoding and augmenting the next batches while the GPU trains [default: the
     /// CPU's cores].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
     /// Images per step, the global batch over all replicas [default: 16].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
@@ -340,7 +340,7 @@ fn batches(
     let part = trainer.part()?;
     let plan = Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
     let loader =
-        Loader::start(Arc::new(train), plan, cfg.image_size, images.norm, trainer.step, workers);
+        Loader::start(Arc::new(train), plan, cfg.image_size, images.norm, trainer.step, workers)?;
     Ok(Batches::Images(loader))
 }
 
