@@ -61,6 +61,26 @@ pub fn check_output(what: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Opens `path` for reading, after refusing what is not a regular file: opening a pipe blocks
+/// until something writes to it, and a device may never end.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a folder, a pipe or a device): give a file",
+        ));
+    }
+    std::fs::File::open(path)
+}
+
+/// The bytes of the file at `path`, read as [`open_input`] opens it.
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_input(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file beside it, synced, then renamed over
 /// it. First removes temporary files of earlier runs that were killed mid-write.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -262,5 +282,18 @@ mod tests {
         assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read(&link).unwrap(), b"new");
         assert_eq!(std::fs::read(&target).unwrap(), b"kept");
+    }
+
+    #[test]
+    fn an_input_that_is_not_a_regular_file_is_refused_before_it_is_opened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = read_input(&fifo).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+        let e = read_input(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -101,7 +101,7 @@ impl MetricsLog {
                 }
             })?,
             Some(step) => {
-                let text = match std::fs::read_to_string(path) {
+                let text = match read_text(path) {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
                     read => read.map_err(io)?,
                 };
@@ -137,13 +137,19 @@ impl MetricsLog {
     }
 }
 
+/// The log at `path` as text (refused, not opened, when it is not a regular file).
+fn read_text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(files::read_input(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Every record of the log at `path`, one per step, sorted by step. A malformed line is an
 /// error naming its number, except a last line cut short (a killed run), which is skipped. A
 /// step recorded more than once keeps its last training record and the evaluations after it;
 /// records of later steps read before it were written by a run that was then resumed from an
 /// earlier checkpoint, and are dropped.
 pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    let text = read_text(path).map_err(|e| io_error(path, e))?;
     let mut steps: BTreeMap<u64, Record> = BTreeMap::new();
     for record in parse(path, &text)? {
         if record.is_training() {

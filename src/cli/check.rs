@@ -142,8 +142,9 @@ fn config(
 
 /// The golden file at `path` (`--against`).
 fn read_golden(path: &Path) -> Result<Golden, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bytes = syncstep::files::read_input(path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
     Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 

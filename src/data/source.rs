@@ -142,7 +142,7 @@ impl fmt::Debug for Dataset {
 /// from the bytes, not the extension: a PNG named .jpg still decodes.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn decode_file(path: &Path) -> Result<RgbImage, DatasetError> {
-    let bytes = std::fs::read(path)
+    let bytes = crate::files::read_input(path)
         .map_err(|source| DatasetError::Io { path: path.to_path_buf(), source })?;
     decode_bytes(&bytes, || path.display().to_string())
 }
