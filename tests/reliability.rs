@@ -451,6 +451,72 @@ fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
     root
 }
 
+/// CIFAR-10's six binary files under `dir`, of two records each.
+fn cifar10(dir: &Path) -> PathBuf {
+    let root = dir.join("cifar");
+    std::fs::create_dir_all(&root).unwrap();
+    let record = |label: u8| std::iter::once(label).chain((0..3072).map(|i| i as u8));
+    let files = ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"];
+    for name in files.iter().chain(&["test_batch"]) {
+        let bytes: Vec<u8> = record(1).chain(record(7)).collect();
+        std::fs::write(root.join(format!("{name}.bin")), bytes).unwrap();
+    }
+    root
+}
+
+/// Outputs onto or inside any input of the same command — a dataset's files, `--init`, the
+/// log, a scored image — are refused with every input unchanged; a checkpoint that is a link
+/// is written through to its target, the link kept.
+#[test]
+fn no_output_lands_on_or_inside_an_input() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("inputs");
+    let good = one_step_checkpoint(&dir);
+    let (images, cifar) = (image_folder(&dir, 4), cifar10(&dir));
+    let log = dir.join("run.jsonl");
+    std::fs::write(&log, b"{\"step\":1,\"epoch\":0,\"loss\":2.0}\n").unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (g, i, c, l) = (s(&good), s(&images), s(&cifar), s(&log));
+    let (test_batch, png) = (s(&cifar.join("test_batch.bin")), s(&images.join("ant/0.png")));
+    let cifar_data = format!("cifar10:{c}");
+    let fresh = s(&dir.join("fresh.jsonl"));
+    let train = ["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--data", &cifar_data, "--checkpoint", &test_batch], "lies inside the input folder"),
+        (vec!["--data", &i, "--normalize", "imagenet", "--checkpoint", &png], "lies inside"),
+        (vec!["--init", &g, "--checkpoint", &g], "same file as the input"),
+        (vec!["--checkpoint", &l, "--log", &l, "--resume", &g], "same file as the input"),
+        (vec!["--checkpoint", &fresh, "--log", &fresh], "same file as the input"),
+        (vec!["--resume", &g, "--log", &g], "same file as the input"),
+    ];
+    let inputs = [dir.as_path()];
+    let before = snapshot(&inputs);
+    for (extra, says) in &cases {
+        let args: Vec<&str> = train.iter().copied().chain(extra.iter().copied()).collect();
+        refused(&run(&args, &[], &[]), says);
+        assert_eq!(snapshot(&inputs), before, "{args:?} changed an input");
+    }
+    let eval = run(&["eval", "--checkpoint", &g, "--data", &i, "--json", &png], &[], &[]);
+    refused(&eval, "lies inside the input folder");
+    assert_eq!(snapshot(&inputs), before, "eval --json changed an input");
+    // A checkpoint that is a link: its target is written, the link stays one.
+    let target = dir.join("runs/ck.safetensors");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let link = dir.join("ck-link.safetensors");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let link_text = s(&link);
+    let args: Vec<&str> = train.iter().copied().chain(["--checkpoint", &link_text]).collect();
+    let o = run(&args, &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    let model = ResNet34::new(10).unwrap();
+    assert_eq!(checkpoint::load(&target, &model).unwrap().step, 1);
+    eprintln!("{} cases", cases.len() + 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Threads, address space and GPU memory that run out: errors naming the resource.
 #[test]
 fn exhausted_resources_are_named() {

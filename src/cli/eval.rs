@@ -85,15 +85,17 @@ pub fn score(
 }
 
 pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = &args.json {
-        syncstep::files::check_output("--json", path, &[&args.checkpoint])?;
-    }
     let mut trainer = load_trained(&args.checkpoint, args.adapter.as_deref())?;
     let cfg = trainer.cfg.clone();
     let spec = args
         .data
         .clone()
         .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
+    if let Some(path) = &args.json {
+        let inputs: Vec<&Path> =
+            [Some(args.checkpoint.as_path()), spec.path()].into_iter().flatten().collect();
+        syncstep::files::check_output("--json", path, &inputs)?;
+    }
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} images")

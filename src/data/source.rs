@@ -309,6 +309,16 @@ impl FromStr for DataSpec {
     }
 }
 
+impl DataSpec {
+    /// The file or folder the examples are read from; None for the synthetic dataset.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            DataSpec::Synthetic => None,
+            DataSpec::Folder(dir) | DataSpec::Cifar10(dir) | DataSpec::Cifar100(dir) => Some(dir),
+        }
+    }
+}
+
 impl fmt::Display for DataSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

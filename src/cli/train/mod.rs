@@ -200,14 +200,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = ResNet34::new(cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    if let Some(path) = checkpoint {
-        syncstep::files::check_output("--checkpoint", path, &[])?;
-    }
-    let from = start.as_ref().filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    let log = match args.log.as_ref().filter(|_| lead) {
-        Some(path) => Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from))?),
-        None => None,
-    };
+    let log = if lead { outputs(&args, &cfg, start.as_ref())? } else { None };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
     if let Some(ck) = &start {
@@ -262,6 +255,33 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     training.report_accuracy(before, synthetic_eval)
+}
+
+/// Rank 0's outputs, checked before any work: the checkpoint, and the metrics log, opened. No
+/// output may be an input of the run (its data, `--init`, the other output; the log not
+/// `--resume` either, which the checkpoint may be: a run continued in place).
+fn outputs(
+    args: &TrainArgs,
+    cfg: &TrainConfig,
+    start: Option<&checkpoint::Checkpoint>,
+) -> Result<Option<MetricsLog>, Box<dyn std::error::Error>> {
+    let data = cfg.images.as_ref().and_then(|i| i.data.path());
+    let inputs: Vec<&Path> = [data, args.init.as_deref()].into_iter().flatten().collect();
+    if let Some(path) = &args.checkpoint {
+        let log = args.log.as_deref();
+        let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
+        syncstep::files::check_output("--checkpoint", path, &inputs)?;
+    }
+    let from = start.filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
+    Ok(match &args.log {
+        Some(path) => {
+            let others = [args.resume.as_deref(), args.checkpoint.as_deref()];
+            let inputs: Vec<&Path> =
+                inputs.iter().copied().chain(others.into_iter().flatten()).collect();
+            Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from), &inputs)?)
+        }
+        None => None,
+    })
 }
 
 /// The devices a run trains on, for its first line: one adapter, or the replicas, their shard
