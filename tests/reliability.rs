@@ -517,6 +517,74 @@ fn no_output_lands_on_or_inside_an_input() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
+/// status and standard error.
+fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    while let Some(Ok(line)) = lines.next() {
+        if line.starts_with(at) {
+            break;
+        }
+    }
+    Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    // Read to the end: a closed pipe would fail the child's next line.
+    lines.for_each(drop);
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A signal during an evaluation — the one before training, the final one — is honoured: the
+/// run exits 143 saying what the checkpoint holds.
+#[test]
+fn a_signal_during_an_evaluation_is_honoured() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("signal-eval");
+    let ck = dir.join("ck.safetensors");
+    let c = ck.to_str().unwrap();
+    // Before training: the held-out evaluation of 100000 images, stopped at its start.
+    let args =
+        ["train", "--steps", "2", "--batch", "2", "--eval-examples", "100000", "--checkpoint", c];
+    let (code, err) = signalled(&args, "syncstep train:", "TERM");
+    assert_eq!(code, Some(143), "{err}");
+    assert!(err.contains("SIGTERM: stopped before training; no step was trained"), "{err}");
+    assert!(!ck.exists());
+    // The final evaluation, over 400 validation images, once the checkpoint is written.
+    let images = image_folder(&dir, 250);
+    let i = images.to_str().unwrap();
+    let args = [
+        "train",
+        "--data",
+        i,
+        "--val-split",
+        "0.8",
+        "--normalize",
+        "imagenet",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--checkpoint",
+        c,
+    ];
+    let (code, err) = signalled(&args, "checkpoint: ", "TERM");
+    assert_eq!(code, Some(143), "{err}");
+    assert!(err.contains("SIGTERM: stopped during the final evaluation, after step 1"), "{err}");
+    assert!(err.contains(&format!("--resume {c}")), "{err}");
+    let model = ResNet34::new(2).unwrap();
+    assert_eq!(checkpoint::load(&ck, &model).unwrap().step, 1);
+    eprintln!("2 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Threads, address space and GPU memory that run out: errors naming the resource.
 #[test]
 fn exhausted_resources_are_named() {

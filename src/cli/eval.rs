@@ -65,21 +65,24 @@ pub fn load_trained(
 }
 
 /// Scores of `trainer` on every image of `data` (evaluation images: resized and center-cropped
-/// to `size`), decoded by `workers` threads; `progress` is told how many are done.
+/// to `size`), decoded by `workers` threads; `progress` is told how many are done, and ends
+/// the scoring there by answering false.
 pub fn score(
     trainer: &mut Trainer,
     data: Arc<Dataset>,
     size: u32,
     norm: Normalization,
     workers: usize,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let mut scores = Scores::new(trainer.cfg.classes);
     let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
     let mut loader = Loader::start(data, plan, size, norm, 0, workers)?;
     while let Some((batch, _)) = loader.next_batch() {
         pollster::block_on(trainer.score(&batch?, &mut scores))?;
-        progress(scores.examples);
+        if !progress(scores.examples) {
+            break;
+        }
     }
     Ok(scores)
 }
@@ -104,7 +107,10 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let scores = match (&spec, &cfg.images) {
         (DataSpec::Synthetic, _) => {
             bar.set_length(args.examples as u64);
-            let progress = &mut |done: usize| bar.set_position(done as u64);
+            let progress = &mut |done: usize| {
+                bar.set_position(done as u64);
+                true
+            };
             pollster::block_on(trainer.evaluate(args.examples, progress))?
         }
         (_, None) => {
@@ -134,7 +140,10 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
             let workers = args
                 .workers
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            let progress = &mut |done: usize| bar.set_position(done as u64);
+            let progress = &mut |done: usize| {
+                bar.set_position(done as u64);
+                true
+            };
             score(&mut trainer, Arc::new(data), cfg.image_size, images.norm, workers, progress)?
         }
     };

@@ -183,6 +183,9 @@ impl Batches {
 }
 
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // First of all: a signal at any point (setting up and evaluating included) ends the run
+    // saying what is kept; a second one ends it at once.
+    let stop = StopSignals::register()?;
     let eval_limit = args.eval_examples.unwrap_or(usize::MAX);
     if args.eval_examples.is_some_and(|e| e > MAX_EVAL_EXAMPLES) {
         return Err(format!(
@@ -197,6 +200,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
     let lead = peers.rank() == 0;
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
+    halt(&stop, &args, "before training", None)?;
     let model = ResNet34::new(cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
@@ -221,8 +225,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let val = splits.as_ref().map(|s| Arc::new(eval_subset(&s.val, eval_limit)));
     let mut batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before")?;
-    let stop = StopSignals::register()?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
+    halt(&stop, &args, "before training", None)?;
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(size, size)
@@ -240,17 +244,18 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         log,
         val,
         workers,
+        stop: &stop,
         losses: Vec::new(),
         waited: Duration::ZERO,
         busy: Duration::ZERO,
         last_scores: None,
     };
     while training.trainer.step < last {
-        training.step(&mut batches, &stop)?;
+        training.step(&mut batches)?;
     }
     training.bar.finish_and_clear();
     drop(batches);
-    training.finish(stop)?;
+    training.finish()?;
     if !lead {
         return Ok(());
     }
@@ -282,6 +287,20 @@ fn outputs(
         }
         None => None,
     })
+}
+
+/// Ends the run, saying so, when a signal came: `when` it stopped, and the step the checkpoint
+/// holds (None: nothing of this run was saved).
+fn halt(
+    stop: &StopSignals,
+    args: &TrainArgs,
+    when: &str,
+    saved: Option<u64>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match stop.received() {
+        0 => Ok(()),
+        signal => Err(stopped(signal, args, when, saved)),
+    }
 }
 
 /// The devices a run trains on, for its first line: one adapter, or the replicas, their shard
@@ -394,6 +413,7 @@ struct Training<'a> {
     /// The validation images; None for the synthetic dataset.
     val: Option<Arc<Dataset>>,
     workers: usize,
+    stop: &'a StopSignals,
     bar: ProgressBar,
     losses: Vec<f32>,
     /// Time waiting for batches, and whole steps' time.
@@ -422,11 +442,7 @@ impl Training<'_> {
 
     /// One step: trained, reported, validated when it ends an epoch, and kept in the
     /// checkpoint when one is due or a signal stops the run after it.
-    fn step(
-        &mut self,
-        batches: &mut Batches,
-        stop: &StopSignals,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    fn step(&mut self, batches: &mut Batches) -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let (batch, wait) = batches.next(&self.trainer)?;
         let lr = self.trainer.lr();
@@ -436,7 +452,7 @@ impl Training<'_> {
         self.losses.push(loss);
         self.report_step(loss, lr, wait, elapsed)?;
         self.validate_at_epoch_end()?;
-        self.keep(stop)
+        self.keep()
     }
 
     /// The loss of a step on `batch`; an error saying so when the run diverged.
@@ -508,23 +524,27 @@ impl Training<'_> {
             return Ok(());
         };
         if self.at_epoch_end() {
-            self.last_scores = Some(self.score(&val)?);
+            self.last_scores = self.score(&val)?;
         }
         Ok(())
     }
 
-    /// The scores on `val`, printed and logged.
-    fn score(&mut self, val: &Arc<Dataset>) -> Result<Scores, Box<dyn std::error::Error>> {
-        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar)?;
+    /// The scores on `val`, printed and logged; None when a signal cut the evaluation short
+    /// (the part scored is no measure of anything).
+    fn score(&mut self, val: &Arc<Dataset>) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
+        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar, self.stop)?;
+        if self.stop.received() != 0 {
+            return Ok(None);
+        }
         let (epoch, step) = (self.epoch(), self.trainer.step);
         report_scores(&self.bar, &scores, epoch, step, self.log.as_mut())?;
-        Ok(scores)
+        Ok(Some(scores))
     }
 
     /// Writes the checkpoint when one is due or a signal came; stops the run after a signal.
-    fn keep(&mut self, stop: &StopSignals) -> Result<(), Box<dyn std::error::Error>> {
+    fn keep(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         // Under MPI every rank stops after the same step, if any rank was told to.
-        let signal = self.trainer.replicas.peers().max(stop.received() as u64)? as usize;
+        let signal = self.trainer.replicas.peers().max(self.stop.received() as u64)? as usize;
         let step = self.trainer.step;
         let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
         let periodic = every > 0 && step.is_multiple_of(every);
@@ -538,7 +558,7 @@ impl Training<'_> {
         }
         if signal != 0 {
             self.bar.finish_and_clear();
-            return Err(stopped(signal, self.args, step));
+            return Err(stopped(signal, self.args, &format!("after step {step}"), Some(step)));
         }
         Ok(())
     }
@@ -551,16 +571,14 @@ impl Training<'_> {
     }
 
     /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
-    fn finish(&mut self, stop: StopSignals) -> Result<(), Box<dyn std::error::Error>> {
+    fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
         if let Some(path) = self.checkpoint {
             let saved = self.save(path)?;
             self.say(&saved);
         }
-        if stop.received() != 0 {
-            return Err(stopped(stop.received(), self.args, self.trainer.step));
-        }
-        drop(stop);
+        let step = self.trainer.step;
+        halt(self.stop, self.args, &format!("after step {step}"), Some(step))?;
         let losses = &self.losses;
         if !losses.is_empty() {
             // Single steps are noisy: compare the means of the first and last few.
@@ -596,9 +614,13 @@ impl Training<'_> {
         let classes = self.trainer.cfg.classes;
         if let Some(val) = self.val.clone().filter(|v| !v.is_empty()) {
             let scores = match self.last_scores.take().filter(|_| self.at_epoch_end()) {
-                Some(scores) => scores,
+                Some(scores) => Some(scores),
                 None => self.score(&val)?,
             };
+            let step = self.trainer.step;
+            let when = format!("during the final evaluation, after step {step}");
+            halt(self.stop, self.args, &when, Some(step))?;
+            let scores = scores.ok_or("the final evaluation was cut short")?;
             println!(
                 "validation ({} images, {classes} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
                 scores.examples,
@@ -612,7 +634,10 @@ impl Training<'_> {
             println!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after = evaluate(&mut self.trainer, synthetic_eval, "after")?;
+        let after = evaluate(&mut self.trainer, synthetic_eval, "after", self.stop)?;
+        let step = self.trainer.step;
+        let when = format!("during the final evaluation, after step {step}");
+        halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
             (Some(before), Some(after)) => println!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
@@ -643,12 +668,13 @@ fn score_images(
     val: &Arc<Dataset>,
     workers: usize,
     bar: &ProgressBar,
+    stop: &StopSignals,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let cfg = &trainer.cfg;
     let (size, norm) = (cfg.image_size, cfg.images.as_ref().map(|i| i.norm));
     let norm = norm.ok_or("no images to score")?;
     bar.set_message(format!("validating on {} images", val.len()));
-    super::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| {})
+    super::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| stop.received() == 0)
 }
 
 /// Prints and logs an evaluation after `step`.
@@ -681,22 +707,29 @@ fn report_scores(
     Ok(())
 }
 
-/// The exit of a run that `signal` stopped after `step`: 130 or 143, and where the run is kept.
-fn stopped(signal: usize, args: &TrainArgs, step: u64) -> Box<dyn std::error::Error> {
+/// The exit of a run that `signal` stopped `when`: 130 or 143, and what is kept (`saved`: the
+/// step the checkpoint holds; None when nothing of this run was written).
+fn stopped(
+    signal: usize,
+    args: &TrainArgs,
+    when: &str,
+    saved: Option<u64>,
+) -> Box<dyn std::error::Error> {
     let (name, code) = if signal == signal_hook::consts::SIGINT as usize {
         ("SIGINT", 130)
     } else {
         ("SIGTERM", 143)
     };
-    let kept = match &args.checkpoint {
-        Some(path) => format!(
+    let kept = match (&args.checkpoint, saved) {
+        (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
             path.display(),
             path.display()
         ),
-        None => "no --checkpoint was given, so nothing was saved".into(),
+        (Some(_), None) => "no step was trained, so no checkpoint was written".into(),
+        (None, _) => "no --checkpoint was given, so nothing was saved".into(),
     };
-    Box::new(Exit { code, message: format!("{name}: stopped after step {step}; {kept}") })
+    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
 }
 
 /// The error of a run that diverged at `step`: says why and which checkpoint is kept.
@@ -710,11 +743,13 @@ fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error
     format!("the run diverged at step {step}: {why}; lower --lr; {kept}").into()
 }
 
-/// Held-out accuracy on `examples` images, with progress on a terminal; None for 0.
+/// Held-out accuracy on `examples` images, with progress on a terminal; None for 0. A signal
+/// cuts it short (the caller then stops the run).
 fn evaluate(
     trainer: &mut Trainer,
     examples: usize,
     when: &str,
+    stop: &StopSignals,
 ) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
     if examples == 0 {
         return Ok(None);
@@ -725,8 +760,10 @@ fn evaluate(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(when.to_string());
-    let result =
-        pollster::block_on(trainer.evaluate(examples, &mut |done| bar.set_position(done as u64)));
+    let result = pollster::block_on(trainer.evaluate(examples, &mut |done| {
+        bar.set_position(done as u64);
+        stop.received() == 0
+    }));
     bar.finish_and_clear();
     Ok(Some(result?))
 }
