@@ -464,6 +464,17 @@ fn cifar10(dir: &Path) -> PathBuf {
     root
 }
 
+/// A checkpoint of one step on `images`.
+fn images_checkpoint(dir: &Path, images: &Path) -> PathBuf {
+    let path = dir.join("on-images.safetensors");
+    let (i, p) = (images.to_str().unwrap(), path.to_str().unwrap());
+    let args = ["--normalize", "imagenet", "--val-split", "0.5", "--checkpoint", p];
+    let train = ["train", "--data", i, "--steps", "1", "--batch", "2"];
+    let o = run(&[&train[..], &args[..]].concat(), &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    path
+}
+
 /// Outputs onto or inside any input of the same command — a dataset's files, `--init`, the
 /// log, a scored image — are refused with every input unchanged; a checkpoint that is a link
 /// is written through to its target, the link kept.
@@ -514,6 +525,51 @@ fn no_output_lands_on_or_inside_an_input() {
     let model = ResNet34::new(10).unwrap();
     assert_eq!(checkpoint::load(&target, &model).unwrap().step, 1);
     eprintln!("{} cases", cases.len() + 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Flags given without effect, counts of zero that would do nothing, negative values: each an
+/// error naming the flag (or, for a warm-up longer than the run, a note), nothing changed.
+#[test]
+fn flags_without_effect_and_counts_that_do_nothing_are_named() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("flags");
+    let good = one_step_checkpoint(&dir);
+    let images = image_folder(&dir, 4);
+    let (g, i) = (good.to_str().unwrap(), images.to_str().unwrap());
+    let on_images = images_checkpoint(&dir, &images);
+    let m = on_images.to_str().unwrap();
+    let before = snapshot(&[dir.as_path()]);
+    let cases: [(&[&str], &str); 10] = [
+        (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
+        (&["train", "--steps", "1", "--augment", "none"], "--augment applies to images"),
+        (&["train", "--data", i, "--val-split", "-1"], "validation split -1 is not in [0, 1)"),
+        (
+            &["train", "--data", i, "--epochs", "0"],
+            "'0' for '--epochs <EPOCHS>': 0 would do nothing",
+        ),
+        (&["train", "--batch", "-2"], "a count cannot be negative"),
+        (&["train", "--data", i, "--workers", "0"], "'0' for '--workers <WORKERS>'"),
+        (&["eval", "--checkpoint", g, "--examples", "0"], "0 would do nothing"),
+        (&["eval", "--checkpoint", m, "--examples", "5"], "drop --examples"),
+        (&["predict", "--checkpoint", g, "--top", "0", i], "'0' for '--top <TOP>'"),
+        (&["train", "--resume", g, "--batch", "4", "--override"], "which a resume keeps"),
+    ];
+    for (args, says) in cases {
+        let o = run(args, &[], &[]);
+        refused(&o, says);
+        assert!(!text(&o).contains("add --override"), "{}", text(&o));
+        assert_eq!(snapshot(&[dir.as_path()]), before, "{args:?} changed a file");
+    }
+    let o = run(
+        &["train", "--steps", "1", "--batch", "2", "--eval-examples", "0", "--warmup-steps", "5"],
+        &[],
+        &[],
+    );
+    assert!(o.status.success() && text(&o).contains("never reaches --lr"), "{}", text(&o));
+    eprintln!("{} cases", cases.len() + 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -582,6 +638,38 @@ fn a_signal_during_an_evaluation_is_honoured() {
     let model = ResNet34::new(2).unwrap();
     assert_eq!(checkpoint::load(&ck, &model).unwrap().step, 1);
     eprintln!("2 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What would run unbounded, or block on a pipe, is refused before it starts.
+#[test]
+fn nothing_waits_forever() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("unbounded");
+    let good = one_step_checkpoint(&dir);
+    let g = good.to_str().unwrap();
+    let on_images = images_checkpoint(&dir, &image_folder(&dir, 4));
+    let fifo = dir.join("pipe.safetensors");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let f = fifo.to_str().unwrap();
+    let svg = dir.join("c.svg");
+    let cases: [(&[&str], &str); 5] = [
+        (&["eval", "--checkpoint", g, "--examples", "100000000"], "at most 100000"),
+        (&["train", "--resume", f, "--steps", "1"], "not a regular file"),
+        (&["eval", "--checkpoint", f], "not a regular file"),
+        (&["predict", "--checkpoint", on_images.to_str().unwrap(), f], "not a regular file"),
+        (&["plot", f, "-o", svg.to_str().unwrap()], "not a regular file"),
+    ];
+    let before = std::fs::read(&good).unwrap();
+    for (args, says) in cases {
+        let started = Instant::now();
+        refused(&run(args, &[], &[]), says);
+        assert!(started.elapsed() < Duration::from_secs(120), "{args:?} took long");
+        assert_eq!(std::fs::read(&good).unwrap(), before);
+    }
+    eprintln!("{} cases", cases.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

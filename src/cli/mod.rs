@@ -181,6 +181,18 @@ where
     }
 }
 
+/// Held-out images an evaluation takes at most: each is a forward pass, and a count past this
+/// would run for hours (or weeks) with nothing more to learn.
+pub const MAX_EVAL_EXAMPLES: usize = 100_000;
+
+/// `n`, the count `flag` asks an evaluation for, unless past [`MAX_EVAL_EXAMPLES`].
+pub fn eval_count(flag: &str, n: usize) -> Result<usize, String> {
+    if n > MAX_EVAL_EXAMPLES {
+        return Err(format!("{flag} is {n}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"));
+    }
+    Ok(n)
+}
+
 /// Loader threads `--workers` starts at most: more only wait on one another for the device.
 const MAX_WORKERS: usize = 1024;
 

@@ -30,8 +30,6 @@ mod signals;
 
 use signals::StopSignals;
 
-/// Held-out images `--eval-examples` takes at most: each is a forward pass.
-const MAX_EVAL_EXAMPLES: usize = 100_000;
 /// Steps between checkpoints unless `--checkpoint-every` says.
 const CHECKPOINT_EVERY: u64 = 10;
 /// A run diverges when its loss is not finite or passes this many times its first step's.
@@ -186,13 +184,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // First of all: a signal at any point (setting up and evaluating included) ends the run
     // saying what is kept; a second one ends it at once.
     let stop = StopSignals::register()?;
-    let eval_limit = args.eval_examples.unwrap_or(usize::MAX);
-    if args.eval_examples.is_some_and(|e| e > MAX_EVAL_EXAMPLES) {
-        return Err(format!(
-            "--eval-examples is {eval_limit}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"
-        )
-        .into());
-    }
+    let eval_limit = match args.eval_examples {
+        Some(n) => super::eval_count("--eval-examples", n)?,
+        None => usize::MAX,
+    };
     if args.checkpoint.is_none() && args.checkpoint_every.is_some() {
         return Err("--checkpoint-every has no effect without --checkpoint: add --checkpoint PATH, or drop --checkpoint-every".into());
     }
