@@ -71,11 +71,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Runs `command`; every one but `plot` makes a GPU device, so first the address space is
+/// Runs `command`; every one but `plot` makes a GPU device, so first the memory it needs is
 /// checked.
 fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     if !matches!(command, Command::Plot(_)) {
-        check_address_space()?;
+        check_memory()?;
     }
     match command {
         Command::Info => info::run(),
@@ -95,16 +95,32 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
 /// memory).
 const MIN_ADDRESS_SPACE: u64 = 2 << 30;
 
-/// Refuses an address-space limit (`ulimit -v`) under [`MIN_ADDRESS_SPACE`] before the driver
-/// is asked for anything.
-fn check_address_space() -> Result<(), String> {
-    match address_space_limit() {
-        Some(limit) if limit < MIN_ADDRESS_SPACE => Err(format!(
+/// The host memory a device and a small batch's step hold, at least: lavapipe's process peaks at
+/// about 390 MB for a batch of 2 at 32×32.
+const MIN_FREE_MEMORY: u64 = 512 << 20;
+
+/// Refuses, before the driver is asked for anything, an address-space limit (`ulimit -v`)
+/// under [`MIN_ADDRESS_SPACE`] or less available memory than [`MIN_FREE_MEMORY`].
+fn check_memory() -> Result<(), String> {
+    memory_shortfall(address_space_limit(), available_memory()).map_or(Ok(()), Err)
+}
+
+/// What is short, given this process's address-space limit and the host's available memory
+/// (None: no limit, or not known).
+fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String> {
+    let bytes = indicatif::HumanBytes;
+    match (limit, available) {
+        (Some(limit), _) if limit < MIN_ADDRESS_SPACE => Some(format!(
             "the address-space limit (ulimit -v) is {}, and a GPU device with a training step needs at least {}: raise the limit (ulimit -v unlimited)",
-            indicatif::HumanBytes(limit),
-            indicatif::HumanBytes(MIN_ADDRESS_SPACE)
+            bytes(limit),
+            bytes(MIN_ADDRESS_SPACE)
         )),
-        _ => Ok(()),
+        (_, Some(free)) if free < MIN_FREE_MEMORY => Some(format!(
+            "this host has {} of memory available, and a GPU device with a training step needs at least {}: free some memory",
+            bytes(free),
+            bytes(MIN_FREE_MEMORY)
+        )),
+        _ => None,
     }
 }
 
@@ -201,5 +217,21 @@ pub fn workers(value: &str) -> Result<usize, String> {
     match positive::<usize>(value)? {
         n if n > MAX_WORKERS => Err(format!("at most {MAX_WORKERS} loader threads")),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_little_memory_is_named_before_a_device_is_made() {
+        let gib = 1u64 << 30;
+        let short = memory_shortfall(Some(600_000 * 1024), Some(64 * gib)).unwrap();
+        assert!(short.contains("address-space limit (ulimit -v) is 585.94 MiB"), "{short}");
+        let short = memory_shortfall(None, Some(100 << 20)).unwrap();
+        assert!(short.contains("100.00 MiB of memory available"), "{short}");
+        assert_eq!(memory_shortfall(Some(4 * gib), Some(gib)), None);
+        assert_eq!(memory_shortfall(None, None), None);
     }
 }
