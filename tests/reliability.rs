@@ -542,7 +542,7 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     let on_images = images_checkpoint(&dir, &images);
     let m = on_images.to_str().unwrap();
     let before = snapshot(&[dir.as_path()]);
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
         (&["train", "--steps", "1", "--augment", "none"], "--augment applies to images"),
         (&["train", "--data", i, "--val-split", "-1"], "validation split -1 is not in [0, 1)"),
@@ -550,7 +550,8 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
             &["train", "--data", i, "--epochs", "0"],
             "'0' for '--epochs <EPOCHS>': 0 would do nothing",
         ),
-        (&["train", "--batch", "-2"], "a count cannot be negative"),
+        (&["train", "--batch", "-2"], "'-2' for '--batch <BATCH>': cannot be negative"),
+        (&["train", "--steps", "0"], "'0' for '--steps <STEPS>': 0 would do nothing"),
         (&["train", "--data", i, "--workers", "0"], "'0' for '--workers <WORKERS>'"),
         (&["eval", "--checkpoint", g, "--examples", "0"], "0 would do nothing"),
         (&["eval", "--checkpoint", m, "--examples", "5"], "drop --examples"),

@@ -181,7 +181,7 @@ pub fn whole<T: std::str::FromStr<Err = std::num::ParseIntError>>(
 ) -> Result<T, String> {
     value.parse::<T>().map_err(|e| match e.kind() {
         std::num::IntErrorKind::PosOverflow => "too large a count".to_string(),
-        _ if value.starts_with('-') => "a count cannot be negative: give 0 or more".to_string(),
+        _ if value.starts_with('-') => "cannot be negative: give 0 or more".to_string(),
         _ => "give a whole number (0 or more)".to_string(),
     })
 }

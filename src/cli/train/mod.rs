@@ -52,7 +52,7 @@ pub struct TrainArgs {
     #[arg(long)]
     data: Option<DataSpec>,
     /// SGD steps to run (on top of the checkpoint's, with --resume).
-    #[arg(long, default_value_t = 60, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
+    #[arg(long, default_value_t = 60, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
     steps: u64,
     /// Train until this many epochs of the training split are done (images only; the last
     /// partial batch of each epoch is dropped).
