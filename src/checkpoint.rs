@@ -22,6 +22,8 @@ pub enum CheckpointError {
     File(#[from] TensorFileError),
     #[error("{path}: tensor `{name}` holds a non-finite value at element {index}")]
     NonFinite { path: String, name: String, index: usize },
+    #[error("{path}: {problem}")]
+    Malformed { path: String, problem: String },
     #[error("{path}: metadata `{key}` {problem}")]
     Metadata { path: String, key: String, problem: String },
     #[error("not saved: tensor `{name}` holds a non-finite value at element {index} (the run diverged); the last good checkpoint is kept")]
@@ -67,29 +69,64 @@ pub fn load_weights(
     Ok((params, running))
 }
 
-/// Weights to fine-tune from (`train --init`): as [`load_weights`] reads them (running
-/// statistics optional), except that a classifier (`fc.*`) of another class count than the
-/// model's keeps `init`'s values. Returns the parameters, the running statistics and whether
-/// the classifier was kept from `init`.
+/// Weights to fine-tune from (`train --init`): every parameter and running statistic of
+/// `model` must be present with its shape, except a classifier for another class count — a
+/// whole one, `fc.weight` `[k, 512]` and `fc.bias` `[k]` — which keeps `init`'s values.
 pub fn load_for_fine_tuning(
     file: &TensorFile,
     model: &ResNet34,
     init: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, bool), CheckpointError> {
+) -> Result<FineTuning, CheckpointError> {
+    let other_classes = other_classifier(file, model)?;
     let mut params = init.to_vec();
-    let mut head_kept = false;
     for spec in &model.params {
-        let other_head = spec.name.starts_with("fc.")
-            && file.tensors.get(&spec.name).is_some_and(|t| t.shape != spec.shape);
-        if other_head {
-            head_kept = true;
+        if other_classes.is_some() && spec.name.starts_with("fc.") {
             continue;
         }
         let t = file.require(&spec.name, &spec.shape)?;
         copy_finite(file, &spec.name, &t.values, &mut params[spec.range()])?;
     }
-    let running = load_running(file, model, false)?;
-    Ok((params, running, head_kept))
+    let running = load_running(file, model, true)?;
+    Ok(FineTuning { params, running, other_classes })
+}
+
+/// What [`load_for_fine_tuning`] took from a file.
+pub struct FineTuning {
+    pub params: Vec<f32>,
+    pub running: Vec<f32>,
+    /// The file's class count, when its classifier was for another and was not taken.
+    pub other_classes: Option<usize>,
+}
+
+/// The class count of `file`'s classifier when it is a whole one for another count than
+/// `model`'s; None when it is `model`'s own (or absent: the caller names what is missing). A
+/// classifier of another width, or whose bias does not match its rows, is malformed: an error.
+fn other_classifier(file: &TensorFile, model: &ResNet34) -> Result<Option<usize>, CheckpointError> {
+    let (Some(spec), Some(weight)) = (model.param("fc.weight"), file.get("fc.weight")) else {
+        return Ok(None);
+    };
+    let malformed = |problem: String| CheckpointError::Malformed {
+        path: file.path.display().to_string(),
+        problem,
+    };
+    let (classes, features) = (spec.shape[0], spec.shape[1]);
+    let k = match weight.shape[..] {
+        [k, f] if f == features && k > 0 => k,
+        _ => {
+            return Err(malformed(format!(
+                "`fc.weight` has shape {:?}, and ResNet-34's classifier is [classes, {features}]: these are not ResNet-34 weights",
+                weight.shape
+            )))
+        }
+    };
+    match file.get("fc.bias").map(|b| b.shape.clone()) {
+        _ if k == classes => Ok(None),
+        Some(bias) if bias == [k] => Ok(Some(k)),
+        Some(bias) => Err(malformed(format!(
+            "`fc.bias` has shape {bias:?}, but `fc.weight` has {k} rows: the classifier is damaged"
+        ))),
+        None => Err(malformed(format!("`fc.weight` has {k} rows but there is no `fc.bias`"))),
+    }
 }
 
 /// The running statistics of `file`: each required, or else defaulting to mean 0, variance 1.

@@ -21,16 +21,17 @@ pub enum FileError {
 pub type Result<T, E = FileError> = std::result::Result<T, E>;
 
 /// Checks, before any work, that `path` can take the output `what` names (`--out`, a flag or a
-/// variable): its folder exists, it is a regular file or does not exist yet, it is none of
-/// `inputs` (the command's own input files: writing there would destroy one), and a file can
-/// be created beside it.
+/// variable): its folder exists, it is a regular file or does not exist yet, and a file can be
+/// created beside it. It must not be any of `inputs` nor lie inside one: `inputs` are every file
+/// and folder the same command reads (a dataset's folder, `--init`, `--log`, …), and writing
+/// there would destroy one. A symbolic link is judged by its target, the file it writes.
 pub fn check_output(what: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
     let refused = |problem: String| FileError::Refused {
         what: what.to_string(),
         path: path.to_path_buf(),
         problem,
     };
-    let name = path.file_name().ok_or_else(|| refused("is not a file path".into()))?;
+    path.file_name().ok_or_else(|| refused("is not a file path".into()))?;
     let dir = folder_of(path);
     if dir.exists() && !dir.is_dir() {
         return Err(refused(format!("{} is not a folder", dir.display())));
@@ -38,31 +39,90 @@ pub fn check_output(what: &str, path: &Path, inputs: &[&Path]) -> Result<()> {
     if !dir.is_dir() {
         return Err(refused(format!("its folder {} does not exist", dir.display())));
     }
-    match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() => {
-            return Err(refused(
-                "exists and is not a regular file (a folder, a device or a pipe): it is left alone"
-                    .into(),
-            ))
-        }
-        Ok(_) => {
-            if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {
-                return Err(refused(format!(
-                    "is the same file as the input {}: writing it would destroy that input",
-                    input.display()
-                )));
-            }
-        }
-        Err(_) => {}
+    let target = link_target(path).map_err(|e| refused(e.to_string()))?;
+    if std::fs::metadata(&target).is_ok_and(|meta| !meta.is_file()) {
+        return Err(refused(
+            "exists and is not a regular file (a folder, a device or a pipe): it is left alone"
+                .into(),
+        ));
+    }
+    if let Some(input) = inputs.iter().find(|input| overlaps(&target, input)) {
+        let kind = if input.is_dir() {
+            "lies inside the input folder"
+        } else {
+            "is the same file as the input"
+        };
+        return Err(refused(format!(
+            "{kind} {}: writing it would destroy that input; write it elsewhere",
+            input.display()
+        )));
     }
     // Writable: the temporary file an atomic write would make (removed when dropped).
+    let (dir, name) = (folder_of(&target), target.file_name().unwrap_or(path.as_os_str()));
     temp_file(&dir, name)
         .map_err(|e| refused(format!("cannot write in {} ({e})", dir.display())))?;
     Ok(())
 }
 
+/// The file a write to `path` changes: `path` itself, or the file a symbolic link there points
+/// to (written through, so that the link stays a link; the target may be yet to be made).
+fn link_target(path: &Path) -> std::io::Result<PathBuf> {
+    let mut path = path.to_path_buf();
+    // Linux's own limit on the links one path may pass through.
+    for _ in 0..40 {
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Ok(path);
+        }
+        // Relative to the link's folder; an absolute target replaces it.
+        path = folder_of(&path).join(std::fs::read_link(&path)?);
+    }
+    Err(std::io::Error::other("is a chain of more than 40 symbolic links"))
+}
+
+/// Whether writing `output` would change `input`: the same file (by device and inode, so a
+/// hard link or another spelling is caught; by its resolved path when it is yet to be made), or
+/// a file inside the folder `input`.
+fn overlaps(output: &Path, input: &Path) -> bool {
+    if same_file(output, input) {
+        return true;
+    }
+    match (resolved(output), resolved(input)) {
+        (Some(output), Some(input)) => {
+            output == input || (input.is_dir() && output.starts_with(&input))
+        }
+        _ => false,
+    }
+}
+
+/// `path` with every link and `..` resolved: its own, or (not made yet) its folder's and its name.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(path)
+        .ok()
+        .or_else(|| Some(std::fs::canonicalize(folder_of(path)).ok()?.join(path.file_name()?)))
+}
+
+/// Opens `path` for reading, after refusing what is not a regular file: opening a pipe blocks
+/// until something writes to it, and a device may never end.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a folder, a pipe or a device): give a file",
+        ));
+    }
+    std::fs::File::open(path)
+}
+
+/// The bytes of the file at `path`, read as [`open_input`] opens it.
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_input(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file beside it, synced, then renamed over
-/// it. First removes temporary files of earlier runs that were killed mid-write.
+/// it (beside and over a symbolic link's target: the link stays). First removes temporary files of earlier runs that were killed mid-write.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))
 }
@@ -74,6 +134,8 @@ fn write_atomic_with(
     write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<()> {
     let io = |e: std::io::Error| FileError::Io { path: path.to_path_buf(), message: e.to_string() };
+    let target = link_target(path).map_err(io)?;
+    let path = target.as_path();
     let name = path.file_name().ok_or_else(|| FileError::Io {
         path: path.to_path_buf(),
         message: "not a file path".into(),
@@ -82,7 +144,6 @@ fn write_atomic_with(
     remove_stale_temps(&dir, name);
     let mut tmp = temp_file(&dir, name).map_err(io)?;
     write(tmp.as_file_mut()).and_then(|()| tmp.as_file().sync_all()).map_err(io)?;
-    // A rename: a symbolic link at `path` is replaced, not followed.
     tmp.persist(path).map_err(|e| io(e.error))?;
     Ok(())
 }
@@ -243,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn a_written_file_has_the_usual_permissions_and_replaces_a_link_not_its_target() {
+    fn a_written_file_has_the_usual_permissions_and_a_link_is_written_through() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path();
@@ -254,13 +315,62 @@ mod tests {
         let path = d.join("out.json");
         write_atomic(&path, b"{}").unwrap();
         assert_eq!(mode(&path), mode(&plain));
-        let target = d.join("target.json");
-        std::fs::write(&target, b"kept").unwrap();
+        std::fs::create_dir(d.join("runs")).unwrap();
+        let target = d.join("runs/target.json");
+        std::fs::write(&target, b"old").unwrap();
         let link = d.join("link.json");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
+        std::os::unix::fs::symlink("runs/target.json", &link).unwrap();
+        check_output("--json", &link, &[]).unwrap();
         write_atomic(&link, b"new").unwrap();
-        assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-        assert_eq!(std::fs::read(&link).unwrap(), b"new");
-        assert_eq!(std::fs::read(&target).unwrap(), b"kept");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert_eq!(names(&d.join("runs")), ["target.json"]);
+        // A link to a file yet to be made makes it; one into a missing folder is refused.
+        let ahead = d.join("ahead.json");
+        std::os::unix::fs::symlink("runs/new.json", &ahead).unwrap();
+        check_output("--json", &ahead, &[]).unwrap();
+        write_atomic(&ahead, b"made").unwrap();
+        assert_eq!(std::fs::read(d.join("runs/new.json")).unwrap(), b"made");
+        let dangling = d.join("dangling.json");
+        std::os::unix::fs::symlink("runs/none/x.json", &dangling).unwrap();
+        let e = check_output("--json", &dangling, &[]).unwrap_err().to_string();
+        assert!(e.contains("cannot write in") && e.contains("runs/none"), "{e}");
+        assert!(write_atomic(&dangling, b"x").is_err());
+        assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn an_output_inside_an_input_folder_or_onto_one_through_a_link_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let data = d.join("data");
+        std::fs::create_dir_all(data.join("cat")).unwrap();
+        std::fs::write(data.join("cat/1.png"), b"pixels").unwrap();
+        let link = d.join("out.png");
+        std::os::unix::fs::symlink(data.join("cat/1.png"), &link).unwrap();
+        for (output, says) in [
+            (data.join("cat/1.png"), "lies inside the input folder"),
+            (data.join("cat/new.json"), "lies inside the input folder"),
+            (d.join("data/../data/ck.safetensors"), "lies inside the input folder"),
+            (link, "lies inside the input folder"),
+        ] {
+            let e = check_output("--json", &output, &[&data]).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        check_output("--json", &d.join("beside.json"), &[&data]).unwrap();
+        assert_eq!(std::fs::read(data.join("cat/1.png")).unwrap(), b"pixels");
+    }
+
+    #[test]
+    fn an_input_that_is_not_a_regular_file_is_refused_before_it_is_opened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = read_input(&fifo).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+        let e = read_input(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -88,9 +88,10 @@ impl MetricsLog {
     /// Opens `path` for a run. A fresh run (`resume_step` None) refuses a file that exists: it
     /// is another run's log. A run resumed from the checkpoint of `resume_step` appends to it
     /// (or starts it, if there is none); the existing lines must be a metrics log, and a last
-    /// line a killed run cut short is removed so that the next line starts whole.
-    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<MetricsLog> {
-        files::check_output("--log", path, &[])?;
+    /// line a killed run cut short is removed so that the next line starts whole. `inputs` are
+    /// the run's other files (its data, weights, checkpoint), none of which the log may be.
+    pub fn open(path: &Path, resume_step: Option<u64>, inputs: &[&Path]) -> Result<MetricsLog> {
+        files::check_output("--log", path, inputs)?;
         let io = |e: std::io::Error| io_error(path, e);
         let file = match resume_step {
             None => OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
@@ -101,7 +102,7 @@ impl MetricsLog {
                 }
             })?,
             Some(step) => {
-                let text = match std::fs::read_to_string(path) {
+                let text = match read_text(path) {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
                     read => read.map_err(io)?,
                 };
@@ -137,13 +138,19 @@ impl MetricsLog {
     }
 }
 
+/// The log at `path` as text (refused, not opened, when it is not a regular file).
+fn read_text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(files::read_input(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Every record of the log at `path`, one per step, sorted by step. A malformed line is an
 /// error naming its number, except a last line cut short (a killed run), which is skipped. A
 /// step recorded more than once keeps its last training record and the evaluations after it;
 /// records of later steps read before it were written by a run that was then resumed from an
 /// earlier checkpoint, and are dropped.
 pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    let text = read_text(path).map_err(|e| io_error(path, e))?;
     let mut steps: BTreeMap<u64, Record> = BTreeMap::new();
     for record in parse(path, &text)? {
         if record.is_training() {
@@ -224,7 +231,7 @@ mod tests {
     fn records_read_back_as_written() {
         let d = dir("round-trip");
         let path = d.join("metrics.jsonl");
-        let mut log = MetricsLog::open(&path, None).unwrap();
+        let mut log = MetricsLog::open(&path, None, &[]).unwrap();
         let mut both = training(2, 1.5);
         both.val_top1 = Some(0.25);
         both.val_top5 = Some(0.75);
@@ -270,7 +277,7 @@ mod tests {
     fn a_resumed_run_supersedes_the_steps_it_repeats_and_evaluations_merge() {
         let d = dir("resume");
         let path = d.join("metrics.jsonl");
-        let mut log = MetricsLog::open(&path, None).unwrap();
+        let mut log = MetricsLog::open(&path, None, &[]).unwrap();
         for step in 1..=4 {
             log.write(&training(step, 3.0)).unwrap();
         }
@@ -278,7 +285,7 @@ mod tests {
         log.write(&evaluation(4, 0.9)).unwrap();
         drop(log);
         // Resumed from the checkpoint of step 2: steps 3 and 4 run again.
-        let mut log = MetricsLog::open(&path, Some(2)).unwrap();
+        let mut log = MetricsLog::open(&path, Some(2), &[]).unwrap();
         log.write(&training(3, 1.0)).unwrap();
         log.write(&training(4, 0.5)).unwrap();
         log.write(&evaluation(4, 0.6)).unwrap();
@@ -300,10 +307,10 @@ mod tests {
         let d = dir("exists");
         let path = d.join("metrics.jsonl");
         std::fs::write(&path, "precious").unwrap();
-        let e = MetricsLog::open(&path, None).err().unwrap().to_string();
+        let e = MetricsLog::open(&path, None, &[]).err().unwrap().to_string();
         assert!(e.contains("exists; choose another --log or remove it"), "{e}");
         assert_eq!(std::fs::read(&path).unwrap(), b"precious");
-        let e = MetricsLog::open(&d, None).err().unwrap().to_string();
+        let e = MetricsLog::open(&d, None, &[]).err().unwrap().to_string();
         assert!(e.contains("not a regular file"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -313,23 +320,23 @@ mod tests {
         let d = dir("append");
         let path = d.join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
-        let mut log = MetricsLog::open(&path, Some(1)).unwrap();
+        let mut log = MetricsLog::open(&path, Some(1), &[]).unwrap();
         log.write(&training(2, 2.0)).unwrap();
         drop(log);
         let steps: Vec<u64> = read(&path).unwrap().iter().map(|r| r.step).collect();
         assert_eq!(steps, [1, 2]);
         // A whole last line without its newline is kept, and the next line starts after it.
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}").unwrap();
-        MetricsLog::open(&path, Some(1)).unwrap().write(&training(2, 2.0)).unwrap();
+        MetricsLog::open(&path, Some(1), &[]).unwrap().write(&training(2, 2.0)).unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
         // A resumed run starts a log that is not there yet.
         let fresh = d.join("new.jsonl");
-        MetricsLog::open(&fresh, Some(5)).unwrap().write(&training(6, 1.0)).unwrap();
+        MetricsLog::open(&fresh, Some(5), &[]).unwrap().write(&training(6, 1.0)).unwrap();
         assert_eq!(read(&fresh).unwrap(), [training(6, 1.0)]);
         // Another file is never appended to.
         let other = d.join("notes.txt");
         std::fs::write(&other, "my notes\nmore").unwrap();
-        let e = MetricsLog::open(&other, Some(1)).err().unwrap().to_string();
+        let e = MetricsLog::open(&other, Some(1), &[]).err().unwrap().to_string();
         assert!(e.contains("notes.txt, line 1:"), "{e}");
         assert_eq!(std::fs::read(&other).unwrap(), b"my notes\nmore");
         std::fs::remove_dir_all(&d).unwrap();

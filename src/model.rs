@@ -225,7 +225,17 @@ impl ResNet34 {
     /// global batch, all replicas' examples: synchronised statistics are taken over all of
     /// them). Its variance would be 0 and its unbiased running variance undefined.
     pub fn check_training_batch(&self, batch: u64, h: u32, w: u32) -> Result<(), ModelError> {
-        let smallest = self
+        let (values, map) = self.fewest_batchnorm_values(batch, h, w);
+        if values <= 1 {
+            return Err(ModelError::DegenerateBatchNorm { batch, h, w, values, map });
+        }
+        Ok(())
+    }
+
+    /// The fewest values per channel any BatchNorm site of a training batch of `batch` images
+    /// of `h`×`w` takes its statistics over (batch × the smallest map), and that map's side.
+    pub fn fewest_batchnorm_values(&self, batch: u64, h: u32, w: u32) -> (u64, u32) {
+        let (area, side) = self
             .conv_inputs(h, w)
             .iter()
             .map(|i| {
@@ -233,11 +243,7 @@ impl ResNet34 {
             })
             .min()
             .unwrap_or((1, 1));
-        let values = batch.saturating_mul(smallest.0);
-        if values <= 1 {
-            return Err(ModelError::DegenerateBatchNorm { batch, h, w, values, map: smallest.1 });
-        }
-        Ok(())
+        (batch.saturating_mul(area), side)
     }
 
     /// Elements of the largest activation a training step of `batch` images of `h`×`w` keeps

@@ -58,7 +58,7 @@ impl TensorFile {
     /// Reads a file (native only: a browser has no file system; use [`TensorFile::from_bytes`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read(path: &Path) -> Result<TensorFile, TensorFileError> {
-        let bytes = std::fs::read(path)
+        let bytes = crate::files::read_input(path)
             .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
         TensorFile::from_bytes(path, &bytes)
     }

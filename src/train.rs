@@ -297,11 +297,12 @@ impl Trainer {
     }
 
     /// Scores on `examples` held-out images of the synthetic dataset, in batches of one
-    /// replica's shard; `progress` is told how many are done after each batch.
+    /// replica's shard; `progress` is told how many are done after each batch, and ends the
+    /// evaluation there by answering false (the scores then hold the part done).
     pub async fn evaluate(
         &mut self,
         examples: usize,
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(usize) -> bool,
     ) -> Result<Scores> {
         let c = self.cfg.clone();
         let chunk = c.batch.div_ceil(self.replicas.replicas().len()).max(1);
@@ -317,7 +318,9 @@ impl Trainer {
                 c.classes,
             )?;
             self.score(&batch, &mut scores).await?;
-            progress(scores.examples);
+            if !progress(scores.examples) {
+                break;
+            }
         }
         Ok(scores)
     }

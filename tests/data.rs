@@ -68,7 +68,7 @@ fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     let norm = Normalization::IMAGENET;
     // Batches are a function of the step: any thread count, any starting step.
     let batches = |workers, first| {
-        let mut loader = Loader::start(train.clone(), plan, 32, norm, first, workers);
+        let mut loader = Loader::start(train.clone(), plan, 32, norm, first, workers).unwrap();
         (first..6).map(|_| loader.next_batch().unwrap().0.unwrap()).collect::<Vec<_>>()
     };
     let one_thread = batches(1, 0);
@@ -339,9 +339,9 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
     let three = ResNet34::new(3).unwrap();
     let init = three.init_params(9);
     let file = TensorFile::read(&weights).unwrap();
-    let (params, running, fresh_head) =
+    let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, &three, &init).unwrap();
-    assert!(fresh_head);
+    assert_eq!(other_classes, Some(10));
     for spec in &three.params {
         let expected = if spec.name.starts_with("fc.") {
             &init[spec.range()]

@@ -421,3 +421,398 @@ fn nothing_runs_unbounded() {
     assert!(!text(&o).contains("syncstep train:"), "refused only after setting up: {}", text(&o));
     eprintln!("1 case");
 }
+
+/// Every regular file under `paths` (recursively) and its bytes: what a case must leave as it
+/// was. A pipe is not read (that would block), nor is a link followed.
+fn snapshot(paths: &[&Path]) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut todo: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    while let Some(path) = todo.pop() {
+        let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
+        if kind.is_dir() {
+            todo.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if kind.is_file() {
+            files.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+/// An ImageFolder of two classes of `per_class` 32×32 PNGs each, under `dir`.
+fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
+    let root = dir.join("images");
+    for (c, class) in ["ant", "bee"].iter().enumerate() {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for i in 0..per_class {
+            let img = image::RgbImage::from_fn(32, 32, |x, y| {
+                image::Rgb([(x * 8) as u8 ^ i, (y * 8) as u8, 200 * c as u8])
+            });
+            img.save(root.join(class).join(format!("{i}.png"))).unwrap();
+        }
+    }
+    root
+}
+
+/// CIFAR-10's six binary files under `dir`, of two records each.
+fn cifar10(dir: &Path) -> PathBuf {
+    let root = dir.join("cifar");
+    std::fs::create_dir_all(&root).unwrap();
+    let record = |label: u8| std::iter::once(label).chain((0..3072).map(|i| i as u8));
+    let files = ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"];
+    for name in files.iter().chain(&["test_batch"]) {
+        let bytes: Vec<u8> = record(1).chain(record(7)).collect();
+        std::fs::write(root.join(format!("{name}.bin")), bytes).unwrap();
+    }
+    root
+}
+
+/// A checkpoint of one step on `images`.
+fn images_checkpoint(dir: &Path, images: &Path) -> PathBuf {
+    let path = dir.join("on-images.safetensors");
+    let (i, p) = (images.to_str().unwrap(), path.to_str().unwrap());
+    let args = ["--normalize", "imagenet", "--val-split", "0.5", "--checkpoint", p];
+    let train = ["train", "--data", i, "--steps", "1", "--batch", "2"];
+    let o = run(&[&train[..], &args[..]].concat(), &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    path
+}
+
+/// Outputs onto or inside any input of the same command — a dataset's files, `--init`, the
+/// log, a scored image — are refused with every input unchanged; a checkpoint that is a link
+/// is written through to its target, the link kept.
+#[test]
+fn no_output_lands_on_or_inside_an_input() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("inputs");
+    let good = one_step_checkpoint(&dir);
+    let (images, cifar) = (image_folder(&dir, 4), cifar10(&dir));
+    let log = dir.join("run.jsonl");
+    std::fs::write(&log, b"{\"step\":1,\"epoch\":0,\"loss\":2.0}\n").unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (g, i, c, l) = (s(&good), s(&images), s(&cifar), s(&log));
+    let (test_batch, png) = (s(&cifar.join("test_batch.bin")), s(&images.join("ant/0.png")));
+    let cifar_data = format!("cifar10:{c}");
+    let fresh = s(&dir.join("fresh.jsonl"));
+    let train = ["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--data", &cifar_data, "--checkpoint", &test_batch], "lies inside the input folder"),
+        (vec!["--data", &i, "--normalize", "imagenet", "--checkpoint", &png], "lies inside"),
+        (vec!["--init", &g, "--checkpoint", &g], "same file as the input"),
+        (vec!["--checkpoint", &l, "--log", &l, "--resume", &g], "same file as the input"),
+        (vec!["--checkpoint", &fresh, "--log", &fresh], "same file as the input"),
+        (vec!["--resume", &g, "--log", &g], "same file as the input"),
+    ];
+    let inputs = [dir.as_path()];
+    let before = snapshot(&inputs);
+    for (extra, says) in &cases {
+        let args: Vec<&str> = train.iter().copied().chain(extra.iter().copied()).collect();
+        refused(&run(&args, &[], &[]), says);
+        assert_eq!(snapshot(&inputs), before, "{args:?} changed an input");
+    }
+    let eval = run(&["eval", "--checkpoint", &g, "--data", &i, "--json", &png], &[], &[]);
+    refused(&eval, "lies inside the input folder");
+    assert_eq!(snapshot(&inputs), before, "eval --json changed an input");
+    // A checkpoint that is a link: its target is written, the link stays one.
+    let target = dir.join("runs/ck.safetensors");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let link = dir.join("ck-link.safetensors");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let link_text = s(&link);
+    let args: Vec<&str> = train.iter().copied().chain(["--checkpoint", &link_text]).collect();
+    let o = run(&args, &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    let model = ResNet34::new(10).unwrap();
+    assert_eq!(checkpoint::load(&target, &model).unwrap().step, 1);
+    eprintln!("{} cases", cases.len() + 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Flags given without effect, counts of zero that would do nothing, negative values: each an
+/// error naming the flag (or, for a warm-up longer than the run, a note), nothing changed.
+#[test]
+fn flags_without_effect_and_counts_that_do_nothing_are_named() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("flags");
+    let good = one_step_checkpoint(&dir);
+    let images = image_folder(&dir, 4);
+    let (g, i) = (good.to_str().unwrap(), images.to_str().unwrap());
+    let on_images = images_checkpoint(&dir, &images);
+    let m = on_images.to_str().unwrap();
+    let before = snapshot(&[dir.as_path()]);
+    let cases: [(&[&str], &str); 11] = [
+        (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
+        (&["train", "--steps", "1", "--augment", "none"], "--augment applies to images"),
+        (&["train", "--data", i, "--val-split", "-1"], "validation split -1 is not in [0, 1)"),
+        (
+            &["train", "--data", i, "--epochs", "0"],
+            "'0' for '--epochs <EPOCHS>': 0 would do nothing",
+        ),
+        (&["train", "--batch", "-2"], "'-2' for '--batch <BATCH>': cannot be negative"),
+        (&["train", "--steps", "0"], "'0' for '--steps <STEPS>': 0 would do nothing"),
+        (&["train", "--data", i, "--workers", "0"], "'0' for '--workers <WORKERS>'"),
+        (&["eval", "--checkpoint", g, "--examples", "0"], "0 would do nothing"),
+        (&["eval", "--checkpoint", m, "--examples", "5"], "drop --examples"),
+        (&["predict", "--checkpoint", g, "--top", "0", i], "'0' for '--top <TOP>'"),
+        (&["train", "--resume", g, "--batch", "4", "--override"], "which a resume keeps"),
+    ];
+    for (args, says) in cases {
+        let o = run(args, &[], &[]);
+        refused(&o, says);
+        assert!(!text(&o).contains("add --override"), "{}", text(&o));
+        assert_eq!(snapshot(&[dir.as_path()]), before, "{args:?} changed a file");
+    }
+    let o = run(
+        &["train", "--steps", "1", "--batch", "2", "--eval-examples", "0", "--warmup-steps", "5"],
+        &[],
+        &[],
+    );
+    assert!(o.status.success() && text(&o).contains("never reaches --lr"), "{}", text(&o));
+    eprintln!("{} cases", cases.len() + 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
+/// status and standard error.
+fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    while let Some(Ok(line)) = lines.next() {
+        if line.starts_with(at) {
+            break;
+        }
+    }
+    Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    // Read to the end: a closed pipe would fail the child's next line.
+    lines.for_each(drop);
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A signal during an evaluation — the one before training, the final one — is honoured: the
+/// run exits 143 saying what the checkpoint holds.
+#[test]
+fn a_signal_during_an_evaluation_is_honoured() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("signal-eval");
+    let ck = dir.join("ck.safetensors");
+    let c = ck.to_str().unwrap();
+    // Before training: the held-out evaluation of 100000 images, stopped at its start.
+    let args =
+        ["train", "--steps", "2", "--batch", "2", "--eval-examples", "100000", "--checkpoint", c];
+    let (code, err) = signalled(&args, "syncstep train:", "TERM");
+    assert_eq!(code, Some(143), "{err}");
+    assert!(err.contains("SIGTERM: stopped before training; no step was trained"), "{err}");
+    assert!(!ck.exists());
+    // The final evaluation, over 400 validation images, once the checkpoint is written.
+    let images = image_folder(&dir, 250);
+    let i = images.to_str().unwrap();
+    let args = [
+        "train",
+        "--data",
+        i,
+        "--val-split",
+        "0.8",
+        "--normalize",
+        "imagenet",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--checkpoint",
+        c,
+    ];
+    let (code, err) = signalled(&args, "checkpoint: ", "TERM");
+    assert_eq!(code, Some(143), "{err}");
+    assert!(err.contains("SIGTERM: stopped during the final evaluation, after step 1"), "{err}");
+    assert!(err.contains(&format!("--resume {c}")), "{err}");
+    let model = ResNet34::new(2).unwrap();
+    assert_eq!(checkpoint::load(&ck, &model).unwrap().step, 1);
+    eprintln!("2 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What would run unbounded, or block on a pipe, is refused before it starts.
+#[test]
+fn nothing_waits_forever() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("unbounded");
+    let good = one_step_checkpoint(&dir);
+    let g = good.to_str().unwrap();
+    let on_images = images_checkpoint(&dir, &image_folder(&dir, 4));
+    let fifo = dir.join("pipe.safetensors");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let f = fifo.to_str().unwrap();
+    let svg = dir.join("c.svg");
+    let cases: [(&[&str], &str); 5] = [
+        (&["eval", "--checkpoint", g, "--examples", "100000000"], "at most 100000"),
+        (&["train", "--resume", f, "--steps", "1"], "not a regular file"),
+        (&["eval", "--checkpoint", f], "not a regular file"),
+        (&["predict", "--checkpoint", on_images.to_str().unwrap(), f], "not a regular file"),
+        (&["plot", f, "-o", svg.to_str().unwrap()], "not a regular file"),
+    ];
+    let before = snapshot(&[dir.as_path()]);
+    for (args, says) in cases {
+        refused(&run_within(args, Duration::from_secs(120)), says);
+        assert_eq!(snapshot(&[dir.as_path()]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The binary with `args`, killed (and the test failed) if it runs past `limit`: a case that
+/// would hang fails instead of hanging the suite.
+fn run_within(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Threads, address space and GPU memory that run out: errors naming the resource.
+#[test]
+fn exhausted_resources_are_named() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("resources");
+    let images = image_folder(&dir, 4);
+    let i = images.to_str().unwrap();
+    refused(&run(&["train", "--data", i, "--workers", "10000"], &[], &[]), "loader threads");
+    let limited = |limit_kib: u64, args: &str| {
+        let bin = env!("CARGO_BIN_EXE_syncstep");
+        let script = format!("ulimit -v {limit_kib} && exec {bin} {args}");
+        Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap()
+    };
+    let train = "train --steps 1 --batch 2 --eval-examples 0";
+    refused(&limited(600_000, train), "address-space limit (ulimit -v)");
+    // Threads past the address space: 1000 loader threads' stacks do not fit in 3 GB.
+    let o = limited(3_000_000, &format!("{train} --data {i} --workers 1000 --normalize imagenet"));
+    refused(&o, "use a smaller --workers");
+    eprintln!("3 cases");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A tensor's shape in a weights file, or None to leave it out.
+type Reshaped = Option<Vec<usize>>;
+
+/// ResNet-34 weights of 10 classes at `path`, each tensor in the shape `shape_of` gives it
+/// (its values repeated to fill it).
+fn reshaped_weights(path: &Path, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped) {
+    let model = ResNet34::new(10).unwrap();
+    let (params, running) = (model.init_params(3), model.init_buffers());
+    let tensors = model.params.iter().map(|t| (t, &params));
+    let mut values = Vec::new();
+    for (t, data) in tensors.chain(model.buffers.iter().map(|t| (t, &running))) {
+        if let Some(shape) = shape_of(&t.name, t.shape.clone()) {
+            let n = shape.iter().product::<usize>();
+            let v: Vec<f32> = data[t.range()].iter().copied().cycle().take(n).collect();
+            values.push((t.name.clone(), shape, v));
+        }
+    }
+    let entries: Vec<(String, Vec<usize>, &[f32])> =
+        values.iter().map(|(n, s, v)| (n.clone(), s.clone(), v.as_slice())).collect();
+    write_f32(path, &entries, &Default::default()).unwrap();
+}
+
+/// `--init` weights: a malformed classifier and missing running statistics are errors naming
+/// the tensor; a classifier of another class count is initialised afresh, said so.
+#[test]
+fn init_weights_are_taken_whole_or_refused() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("init");
+    let images = image_folder(&dir, 4);
+    let i = images.to_str().unwrap();
+    let weights = |name: &str, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped| {
+        let path = dir.join(name);
+        reshaped_weights(&path, shape_of);
+        path
+    };
+    let narrow = weights("narrow.safetensors", &|n, s| {
+        Some(if n == "fc.weight" { vec![10, 256] } else { s })
+    });
+    let bias = weights("bias.safetensors", &|n, s| Some(if n == "fc.bias" { vec![7] } else { s }));
+    let no_stats = weights("stats.safetensors", &|n, s| (!n.contains("running")).then_some(s));
+    let whole = weights("whole.safetensors", &|_, s| Some(s));
+    let cases = [
+        (&narrow, "`fc.weight` has shape [10, 256]"),
+        (&bias, "`fc.bias` has shape [7], but `fc.weight` has 10 rows"),
+        (&no_stats, "missing tensor `bn1.running_mean`"),
+    ];
+    let before = snapshot(&[dir.as_path()]);
+    let train = |w: &Path| {
+        let args = [
+            "train",
+            "--data",
+            i,
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--normalize",
+            "imagenet",
+            "--init",
+            w.to_str().unwrap(),
+        ];
+        run(&args, &[], &[])
+    };
+    for (w, says) in cases {
+        refused(&train(w), says);
+        assert_eq!(snapshot(&[dir.as_path()]), before);
+    }
+    let o = train(&whole);
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("its classifier is for 10 classes and this run's for 2"),
+        "{t}"
+    );
+    eprintln!("{} cases", cases.len() + 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `check --tie` at a global batch whose last BatchNorm sites see a few values per channel:
+/// said to be ill-conditioned, and then not applied (2 values) or held to its stated looser
+/// bound (4 values).
+#[test]
+fn tie_at_an_ill_conditioned_shape_says_so() {
+    if gpu().is_none() {
+        return;
+    }
+    for (batch, says) in
+        [("2", "n/a: ill-conditioned: BatchNorm over 2 values"), ("4", "bound ×100")]
+    {
+        let o = run(&["check", "--tie", "--global-batch", batch, "--steps", "0"], &[], &[]);
+        let t = text(&o);
+        assert!(o.status.success() && t.contains(says), "{t}");
+    }
+    eprintln!("2 cases");
+}

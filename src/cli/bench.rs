@@ -18,20 +18,20 @@ pub struct BenchArgs {
     /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
     /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
     /// measured too, in the same run, and the ratios printed.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
     /// The global batch B, over all replicas (with --mpi, all ranks' replicas). The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
-    #[arg(long, visible_alias = "global-batch", default_value_t = 8)]
+    #[arg(long, visible_alias = "global-batch", default_value_t = 8, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     batch: usize,
     /// Side of the square input images, at least 32.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
     /// Timed steps; the median counts.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     steps: usize,
     /// Untimed steps first (at least 1: the first compiles the pipelines and autotunes).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     warmup: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
@@ -45,13 +45,13 @@ pub struct BenchArgs {
     #[arg(long)]
     profile: bool,
     /// Rows of the profile's per-layer table to print (all of them go to --json).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     profile_rows: usize,
     /// Skip the roofline probe (the best matmul, then each convolution of the step).
     #[arg(long)]
     no_roofline: bool,
     /// Size of the roofline probe's square matmul.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     roofline_size: u32,
     /// Write every figure as JSON to this file (with --profile: every dispatch's workgroups,
     /// invocations, FLOPs and bytes, and the share of FLOPs in dispatches too narrow for a GPU).

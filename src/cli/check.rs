@@ -15,23 +15,23 @@ use syncstep::parallel::Sabotage;
 #[derive(Args)]
 pub struct CheckArgs {
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
-    #[arg(long, default_value_t = 2, conflicts_with = "mpi")]
+    #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
     /// The global batch B, over all replicas; the single device runs all of it. The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
-    #[arg(long, visible_alias = "global-batch", default_value_t = 16)]
+    #[arg(long, visible_alias = "global-batch", default_value_t = 16, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     batch: usize,
     /// Image side in pixels (at least 32).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
     /// Number of classes K.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     classes: u32,
     /// SGD steps of the DRIFT gate (0 skips it).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     steps: usize,
     /// Seed of the weights and the synthetic data.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     seed: u64,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`, `vulkan:0`): replica r
     /// runs on the (r mod count)-th; the single device on the first. Default: SYNCSTEP_ADAPTER
@@ -142,8 +142,9 @@ fn config(
 
 /// The golden file at `path` (`--against`).
 fn read_golden(path: &Path) -> Result<Golden, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bytes = syncstep::files::read_input(path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
     Golden::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 

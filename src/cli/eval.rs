@@ -14,7 +14,7 @@ use syncstep::data::transform::Normalization;
 use syncstep::model::ResNet34;
 use syncstep::scores::Scores;
 use syncstep::tensorfile::TensorFile;
-use syncstep::train::{TrainConfig, Trainer};
+use syncstep::train::{ImageSettings, TrainConfig, Trainer};
 
 /// Classes up to which the confusion matrix is printed (the JSON always has it).
 const PRINTED_CONFUSION: usize = 20;
@@ -37,14 +37,15 @@ pub struct EvalArgs {
     /// Which split to score.
     #[arg(long, value_enum, default_value_t = Split::Val)]
     split: Split,
-    /// Held-out images of the synthetic dataset to score (with synthetic data only).
-    #[arg(long, default_value_t = 1000)]
-    examples: usize,
+    /// Held-out images of the synthetic dataset to score, at most 100000 (with synthetic data
+    /// only: a dataset's split is scored whole) [default: 1000].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
+    examples: Option<usize>,
     /// Also write the scores, per-class accuracy and confusion matrix here, as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Threads decoding images [default: the CPU's cores].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long)]
@@ -65,45 +66,54 @@ pub fn load_trained(
 }
 
 /// Scores of `trainer` on every image of `data` (evaluation images: resized and center-cropped
-/// to `size`), decoded by `workers` threads; `progress` is told how many are done.
+/// to `size`), decoded by `workers` threads; `progress` is told how many are done, and ends
+/// the scoring there by answering false.
 pub fn score(
     trainer: &mut Trainer,
     data: Arc<Dataset>,
     size: u32,
     norm: Normalization,
     workers: usize,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let mut scores = Scores::new(trainer.cfg.classes);
     let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
-    let mut loader = Loader::start(data, plan, size, norm, 0, workers);
+    let mut loader = Loader::start(data, plan, size, norm, 0, workers)?;
     while let Some((batch, _)) = loader.next_batch() {
         pollster::block_on(trainer.score(&batch?, &mut scores))?;
-        progress(scores.examples);
+        if !progress(scores.examples) {
+            break;
+        }
     }
     Ok(scores)
 }
 
 pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = &args.json {
-        syncstep::files::check_output("--json", path, &[&args.checkpoint])?;
-    }
     let mut trainer = load_trained(&args.checkpoint, args.adapter.as_deref())?;
     let cfg = trainer.cfg.clone();
     let spec = args
         .data
         .clone()
         .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
+    if let Some(path) = &args.json {
+        let inputs: Vec<&Path> =
+            [Some(args.checkpoint.as_path()), spec.path()].into_iter().flatten().collect();
+        syncstep::files::check_output("--json", path, &inputs)?;
+    }
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} images")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    let progress = &mut |done: usize| {
+        bar.set_position(done as u64);
+        true
+    };
     let scores = match (&spec, &cfg.images) {
         (DataSpec::Synthetic, _) => {
-            bar.set_length(args.examples as u64);
-            let progress = &mut |done: usize| bar.set_position(done as u64);
-            pollster::block_on(trainer.evaluate(args.examples, progress))?
+            let examples = super::eval_count("--examples", args.examples.unwrap_or(1000))?;
+            bar.set_length(examples as u64);
+            pollster::block_on(trainer.evaluate(examples, progress))?
         }
         (_, None) => {
             return Err(format!(
@@ -113,26 +123,11 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
             .into())
         }
         (spec, Some(images)) => {
-            let splits = source::open(spec, images.val_split, cfg.seed)?;
-            let data = match args.split {
-                Split::Train => splits.train,
-                Split::Val => splits.val,
-            };
-            if data.class_names != images.class_names {
-                return Err(format!(
-                    "{spec}'s classes are not the ones {} was trained on",
-                    args.checkpoint.display()
-                )
-                .into());
-            }
-            if data.is_empty() {
-                return Err(format!("{spec} has no {} images", split_name(args.split)).into());
-            }
+            let data = split_of(&args, spec, images, cfg.seed)?;
             bar.set_length(data.len() as u64);
             let workers = args
                 .workers
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            let progress = &mut |done: usize| bar.set_position(done as u64);
             score(&mut trainer, Arc::new(data), cfg.image_size, images.norm, workers, progress)?
         }
     };
@@ -143,6 +138,34 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         write_json(path, &args, &spec, trainer.step, &scores, &names)?;
     }
     Ok(())
+}
+
+/// The split of `spec` that `args` asks to score, with the classes `images` were trained on.
+fn split_of(
+    args: &EvalArgs,
+    spec: &DataSpec,
+    images: &ImageSettings,
+    seed: u64,
+) -> Result<Dataset, Box<dyn std::error::Error>> {
+    if args.examples.is_some() {
+        return Err("--examples counts synthetic held-out images; a dataset's split is scored whole: drop --examples".into());
+    }
+    let splits = source::open(spec, images.val_split, seed)?;
+    let data = match args.split {
+        Split::Train => splits.train,
+        Split::Val => splits.val,
+    };
+    if data.class_names != images.class_names {
+        return Err(format!(
+            "{spec}'s classes are not the ones {} was trained on",
+            args.checkpoint.display()
+        )
+        .into());
+    }
+    if data.is_empty() {
+        return Err(format!("{spec} has no {} images", split_name(args.split)).into());
+    }
+    Ok(data)
 }
 
 /// The scores, per-class accuracy and confusion matrix of the checkpoint at `step`, as JSON.

@@ -24,7 +24,7 @@ pub struct GradArgs {
     /// Where to write `loss`, `logits`, `grad/<name>` and `after/<bn>.running_{mean,var}`.
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = StepConfig::default().label_smoothing)]
+    #[arg(long, default_value_t = StepConfig::default().label_smoothing, allow_negative_numbers = true)]
     label_smoothing: f32,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long, conflicts_with = "adapters")]
@@ -32,7 +32,7 @@ pub struct GradArgs {
     /// Data-parallel over this many devices: the batch in R contiguous shards (any R ≤ M; the
     /// first M mod R take one example more), BatchNorm synchronised, gradients all-reduced:
     /// the same bits as one device.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th.

@@ -50,16 +50,7 @@ pub fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     private_runtime_dir();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Info => info::run(),
-        Command::Train(a) => train::run(*a),
-        Command::Grad(a) => grad::run(a),
-        Command::Check(a) => check::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Eval(a) => eval::run(a),
-        Command::Predict(a) => predict::run(a),
-        Command::Plot(a) => plot::run(a),
-    };
+    let result = run(cli.command);
     let Err(e) = result else {
         ranks::finish();
         return ExitCode::SUCCESS;
@@ -78,6 +69,67 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `command`; every one but `plot` makes a GPU device, so first the memory it needs is
+/// checked.
+fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    if !matches!(command, Command::Plot(_)) {
+        check_memory()?;
+    }
+    match command {
+        Command::Info => info::run(),
+        Command::Train(a) => train::run(*a),
+        Command::Grad(a) => grad::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Predict(a) => predict::run(a),
+        Command::Plot(a) => plot::run(a),
+    }
+}
+
+/// The address space a process needs to create a device and train a small batch, at least:
+/// lavapipe (Mesa 22.3) needs between 1.5 and 2 GB for a batch of 2 at 32×32, and under less
+/// fails inside the driver (a crash without a word, an abort, or an error that never says
+/// memory).
+const MIN_ADDRESS_SPACE: u64 = 2 << 30;
+
+/// The host memory a device and a small batch's step hold, at least: lavapipe's process peaks at
+/// about 390 MB for a batch of 2 at 32×32.
+const MIN_FREE_MEMORY: u64 = 512 << 20;
+
+/// Refuses, before the driver is asked for anything, an address-space limit (`ulimit -v`)
+/// under [`MIN_ADDRESS_SPACE`] or less available memory than [`MIN_FREE_MEMORY`].
+fn check_memory() -> Result<(), String> {
+    memory_shortfall(address_space_limit(), available_memory()).map_or(Ok(()), Err)
+}
+
+/// What is short, given this process's address-space limit and the host's available memory
+/// (None: no limit, or not known).
+fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String> {
+    let bytes = indicatif::HumanBytes;
+    match (limit, available) {
+        (Some(limit), _) if limit < MIN_ADDRESS_SPACE => Some(format!(
+            "the address-space limit (ulimit -v) is {}, and a GPU device with a training step needs at least {}: raise the limit (ulimit -v unlimited)",
+            bytes(limit),
+            bytes(MIN_ADDRESS_SPACE)
+        )),
+        (_, Some(free)) if free < MIN_FREE_MEMORY => Some(format!(
+            "this host has {} of memory available, and a GPU device with a training step needs at least {}: free some memory",
+            bytes(free),
+            bytes(MIN_FREE_MEMORY)
+        )),
+        _ => None,
+    }
+}
+
+/// This process's soft limit on its address space (Linux's RLIMIT_AS), in bytes; None where
+/// there is none or the system does not say.
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)
@@ -119,4 +171,67 @@ pub fn available_memory() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// A count flag's value: a whole number of 0 or more. Flags taking it accept a leading `-`
+/// (`allow_negative_numbers`), so that `--batch -1` is answered here rather than read as an
+/// unknown flag.
+pub fn whole<T: std::str::FromStr<Err = std::num::ParseIntError>>(
+    value: &str,
+) -> Result<T, String> {
+    value.parse::<T>().map_err(|e| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => "too large a count".to_string(),
+        _ if value.starts_with('-') => "cannot be negative: give 0 or more".to_string(),
+        _ => "give a whole number (0 or more)".to_string(),
+    })
+}
+
+/// A count flag's value where 0 would do nothing: a whole number of 1 or more.
+pub fn positive<T>(value: &str) -> Result<T, String>
+where
+    T: std::str::FromStr<Err = std::num::ParseIntError> + Default + PartialEq,
+{
+    match whole::<T>(value)? {
+        zero if zero == T::default() => Err("0 would do nothing: give 1 or more".into()),
+        count => Ok(count),
+    }
+}
+
+/// Held-out images an evaluation takes at most: each is a forward pass, and a count past this
+/// would run for hours (or weeks) with nothing more to learn.
+pub const MAX_EVAL_EXAMPLES: usize = 100_000;
+
+/// `n`, the count `flag` asks an evaluation for, unless past [`MAX_EVAL_EXAMPLES`].
+pub fn eval_count(flag: &str, n: usize) -> Result<usize, String> {
+    if n > MAX_EVAL_EXAMPLES {
+        return Err(format!("{flag} is {n}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"));
+    }
+    Ok(n)
+}
+
+/// Loader threads `--workers` starts at most: more only wait on one another for the device.
+const MAX_WORKERS: usize = 1024;
+
+/// `--workers`'s value: 1 to [`MAX_WORKERS`] threads.
+pub fn workers(value: &str) -> Result<usize, String> {
+    match positive::<usize>(value)? {
+        n if n > MAX_WORKERS => Err(format!("at most {MAX_WORKERS} loader threads")),
+        n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_little_memory_is_named_before_a_device_is_made() {
+        let gib = 1u64 << 30;
+        let short = memory_shortfall(Some(600_000 * 1024), Some(64 * gib)).unwrap();
+        assert!(short.contains("address-space limit (ulimit -v) is 585.94 MiB"), "{short}");
+        let short = memory_shortfall(None, Some(100 << 20)).unwrap();
+        assert!(short.contains("100.00 MiB of memory available"), "{short}");
+        assert_eq!(memory_shortfall(Some(4 * gib), Some(gib)), None);
+        assert_eq!(memory_shortfall(None, None), None);
+    }
 }

@@ -29,10 +29,10 @@ pub struct PlotArgs {
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
     /// Width of the picture in pixels.
-    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(100..=10_000))]
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(100..=10_000), allow_negative_numbers = true)]
     width: u32,
     /// Height of the picture in pixels.
-    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(100..=10_000))]
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(100..=10_000), allow_negative_numbers = true)]
     height: u32,
 }
 

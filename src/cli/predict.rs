@@ -18,7 +18,7 @@ pub struct PredictArgs {
     #[arg(required = true)]
     images: Vec<PathBuf>,
     /// Classes listed per image, likeliest first.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
     top: usize,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long)]
@@ -50,7 +50,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
             let p = softmax(row);
             let top: Vec<String> = ranking(row)
                 .into_iter()
-                .take(args.top.max(1))
+                .take(args.top)
                 .map(|c| format!("{} {:.1}%", images.class_names[c], 100.0 * p[c]))
                 .collect();
             println!("{}: {}", path.display(), top.join(", "));

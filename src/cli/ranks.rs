@@ -20,7 +20,7 @@ pub struct MpiArgs {
     #[arg(long)]
     pub mpi: bool,
     /// Replicas (devices) per rank under --mpi: R = P·L.
-    #[arg(long, default_value_t = 1, requires = "mpi", value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, requires = "mpi", value_parser = clap::value_parser!(u32).range(1..=64), allow_negative_numbers = true)]
     pub local_replicas: u32,
 }
 

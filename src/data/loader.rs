@@ -50,7 +50,9 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Starts the threads on the batches from `first` on.
+    /// Starts the threads on the batches from `first` on. A thread the system will not start
+    /// (a process limit, memory for its stack) is an error naming `--workers`; those started
+    /// end when the error drops them.
     pub fn start(
         data: Arc<Dataset>,
         plan: Plan,
@@ -58,14 +60,15 @@ impl Loader {
         norm: Normalization,
         first: u64,
         workers: usize,
-    ) -> Loader {
+    ) -> Result<Loader, DatasetError> {
         let (requests, jobs) = mpsc::channel::<u64>();
         let (done, made) = mpsc::channel::<Made>();
         let jobs = Arc::new(Mutex::new(jobs));
         let threads = (0..workers.max(1))
-            .map(|_| {
+            .map(|i| {
                 let (jobs, done, data) = (jobs.clone(), done.clone(), data.clone());
-                std::thread::spawn(move || {
+                let thread = std::thread::Builder::new().name(format!("loader-{i}"));
+                let started = thread.spawn(move || {
                     let mut epoch_order: Option<(u64, Vec<usize>)> = None;
                     loop {
                         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
@@ -75,9 +78,14 @@ impl Loader {
                             return;
                         }
                     }
+                });
+                started.map_err(|e| DatasetError::Threads {
+                    wanted: workers,
+                    started: i,
+                    reason: e.to_string(),
                 })
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         let prefetch = 2 * workers.max(1) as u64;
         let mut loader = Loader {
             requests: Some(requests),
@@ -90,7 +98,7 @@ impl Loader {
             threads,
         };
         loader.request_ahead();
-        loader
+        Ok(loader)
     }
 
     fn request_ahead(&mut self) {
@@ -227,7 +235,7 @@ mod tests {
         workers: usize,
     ) -> Vec<Batch> {
         let mut loader =
-            Loader::start(data.clone(), plan, 16, Normalization::IMAGENET, first, workers);
+            Loader::start(data.clone(), plan, 16, Normalization::IMAGENET, first, workers).unwrap();
         (0..count).map(|_| loader.next_batch().unwrap().0.unwrap()).collect()
     }
 
@@ -259,7 +267,8 @@ mod tests {
     fn an_evaluation_pass_covers_every_example_once_in_order() {
         let data = dataset(7);
         let mut loader =
-            Loader::start(data.clone(), Plan::Eval { batch: 3 }, 16, Normalization::IMAGENET, 0, 2);
+            Loader::start(data.clone(), Plan::Eval { batch: 3 }, 16, Normalization::IMAGENET, 0, 2)
+                .unwrap();
         let mut labels = Vec::new();
         while let Some((batch, _)) = loader.next_batch() {
             labels.extend(batch.unwrap().labels);

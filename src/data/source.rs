@@ -142,7 +142,7 @@ impl fmt::Debug for Dataset {
 /// from the bytes, not the extension: a PNG named .jpg still decodes.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn decode_file(path: &Path) -> Result<RgbImage, DatasetError> {
-    let bytes = std::fs::read(path)
+    let bytes = crate::files::read_input(path)
         .map_err(|source| DatasetError::Io { path: path.to_path_buf(), source })?;
     decode_bytes(&bytes, || path.display().to_string())
 }
@@ -309,6 +309,16 @@ impl FromStr for DataSpec {
     }
 }
 
+impl DataSpec {
+    /// The file or folder the examples are read from; None for the synthetic dataset.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            DataSpec::Synthetic => None,
+            DataSpec::Folder(dir) | DataSpec::Cifar10(dir) | DataSpec::Cifar100(dir) => Some(dir),
+        }
+    }
+}
+
 impl fmt::Display for DataSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -374,6 +384,8 @@ pub enum DatasetError {
         "{what} has no images to measure: give it images, or give the normalisation explicitly"
     )]
     NoImages { what: String },
+    #[error("the system would not start {wanted} loader threads ({started} started, then: {reason}): use a smaller --workers")]
+    Threads { wanted: usize, started: usize, reason: String },
     /// The data loader's threads stopped or failed; the text says how.
     #[error("the data loader failed: {0}")]
     Worker(String),

@@ -295,6 +295,10 @@ impl Gpu {
             return Err(self.lost_or(GpuError::OutOfMemory(e.to_string())));
         }
         if let Some(e) = v {
+            // An allocation that failed earlier, outside any scope, is what made this invalid.
+            if let Err(oom @ GpuError::OutOfMemory(_)) = self.check() {
+                return Err(oom);
+            }
             return Err(self.lost_or(GpuError::Validation(e.to_string())));
         }
         self.check()?;
@@ -314,5 +318,31 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
         self.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed allocation outside any scope (as under a memory limit) comes back as GPU memory
+    /// from the next scope, even though what that scope caught is the validation error it caused.
+    #[test]
+    fn an_earlier_failed_allocation_is_reported_as_memory_not_validation() {
+        let Ok(choice) = AdapterChoice::from_env() else { return };
+        let Ok(gpu) = pollster::block_on(Gpu::new(&choice)) else { return };
+        let invalid = wgpu::BufferDescriptor {
+            label: Some("storage that maps for reading: invalid"),
+            size: 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        };
+        let make = || pollster::block_on(gpu.scoped(|| gpu.device.create_buffer(&invalid)));
+        assert!(matches!(make(), Err(GpuError::Validation(_))));
+        let oom = "Out of Memory (creating buffer 'activations')".to_string();
+        gpu.sink.lock().unwrap_or_else(|p| p.into_inner()).out_of_memory.push(oom);
+        let e = make().unwrap_err();
+        assert!(matches!(e, GpuError::OutOfMemory(_)), "{e}");
+        assert!(e.to_string().contains("GPU out of memory"), "{e}");
     }
 }

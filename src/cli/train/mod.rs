@@ -30,8 +30,8 @@ mod signals;
 
 use signals::StopSignals;
 
-/// Held-out images `--eval-examples` takes at most: each is a forward pass.
-const MAX_EVAL_EXAMPLES: usize = 100_000;
+/// Steps between checkpoints unless `--checkpoint-every` says.
+const CHECKPOINT_EVERY: u64 = 10;
 /// A run diverges when its loss is not finite or passes this many times its first step's.
 const DIVERGED: f32 = 100.0;
 
@@ -52,15 +52,15 @@ pub struct TrainArgs {
     #[arg(long)]
     data: Option<DataSpec>,
     /// SGD steps to run (on top of the checkpoint's, with --resume).
-    #[arg(long, default_value_t = 60, conflicts_with = "epochs")]
+    #[arg(long, default_value_t = 60, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
     steps: u64,
     /// Train until this many epochs of the training split are done (images only; the last
     /// partial batch of each epoch is dropped).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
     epochs: Option<u64>,
     /// Fraction of each class held out for validation when the folder has no train/ and val/
     /// [default: 0.1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     val_split: Option<f64>,
     /// Training augmentation: none, crop-flip (pad and crop, flip: the CIFAR recipe) or
     /// resized-crop-flip (the ImageNet recipe) [default: crop-flip for CIFAR, else
@@ -72,20 +72,20 @@ pub struct TrainArgs {
     normalize: Option<Normalize>,
     /// Threads decoding and augmenting the next batches while the GPU trains [default: the
     /// CPU's cores].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
     /// Images per step, the global batch over all replicas [default: 16].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     batch: Option<usize>,
     /// Side of the square input images, at least 32 [default: 32].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: Option<u32>,
     /// Number of classes of the synthetic dataset and the classifier [default: 10; with
     /// --data, the dataset's].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     classes: Option<u32>,
     /// Seed of the initialisation, the dataset's split, shuffles and augmentation [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     seed: Option<u64>,
     /// Learning rate (the schedule's base rate) [default: 0.01].
     #[arg(long, allow_negative_numbers = true)]
@@ -95,7 +95,7 @@ pub struct TrainArgs {
     #[arg(long)]
     lr_schedule: Option<LrSchedule>,
     /// Steps of linear warm-up to the base rate [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
     #[arg(long, allow_negative_numbers = true)]
@@ -109,7 +109,7 @@ pub struct TrainArgs {
     /// Held-out images to measure accuracy on (0: none; at most 100000). Synthetic data:
     /// before and after training [default: 64]; images: after every epoch and at the end,
     /// spread over the validation split [default: all of it].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     eval_examples: Option<usize>,
     /// Start from these weights (torchvision names, safetensors, e.g. an export of
     /// torchvision.models.resnet34): fine-tuning. A classifier of another class count is
@@ -127,7 +127,7 @@ pub struct TrainArgs {
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
     /// BatchNorm: the same training as on one device, bit for bit.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi")]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
@@ -138,9 +138,9 @@ pub struct TrainArgs {
     /// non-finite value (the last good one stays). Checked for writability before training.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// Steps between checkpoints (0: only at the end and on a signal).
-    #[arg(long, default_value_t = 10)]
-    checkpoint_every: u64,
+    /// Steps between checkpoints (0: only at the end and on a signal) [default: 10].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
+    checkpoint_every: Option<u64>,
     /// Continue bit-exactly from this checkpoint (its data, position in the epoch and
     /// hyper-parameters; it may be the --checkpoint file itself).
     #[arg(long)]
@@ -181,28 +181,25 @@ impl Batches {
 }
 
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let eval_limit = args.eval_examples.unwrap_or(usize::MAX);
-    if args.eval_examples.is_some_and(|e| e > MAX_EVAL_EXAMPLES) {
-        return Err(format!(
-            "--eval-examples is {eval_limit}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"
-        )
-        .into());
+    // First of all: a signal at any point (setting up and evaluating included) ends the run
+    // saying what is kept; a second one ends it at once.
+    let stop = StopSignals::register()?;
+    let eval_limit = match args.eval_examples {
+        Some(n) => super::eval_count("--eval-examples", n)?,
+        None => usize::MAX,
+    };
+    if args.checkpoint.is_none() && args.checkpoint_every.is_some() {
+        return Err("--checkpoint-every has no effect without --checkpoint: add --checkpoint PATH, or drop --checkpoint-every".into());
     }
     let peers = super::ranks::peers(&args.ranks)?;
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
     let lead = peers.rank() == 0;
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
+    halt(&stop, &args, "before training", None)?;
     let model = ResNet34::new(cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    if let Some(path) = checkpoint {
-        syncstep::files::check_output("--checkpoint", path, &[])?;
-    }
-    let from = start.as_ref().filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    let log = match args.log.as_ref().filter(|_| lead) {
-        Some(path) => Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from))?),
-        None => None,
-    };
+    let log = if lead { outputs(&args, &cfg, start.as_ref())? } else { None };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
     if let Some(ck) = &start {
@@ -223,8 +220,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let val = splits.as_ref().map(|s| Arc::new(eval_subset(&s.val, eval_limit)));
     let mut batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before")?;
-    let stop = StopSignals::register()?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
+    halt(&stop, &args, "before training", None)?;
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(size, size)
@@ -242,21 +239,63 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         log,
         val,
         workers,
+        stop: &stop,
         losses: Vec::new(),
         waited: Duration::ZERO,
         busy: Duration::ZERO,
         last_scores: None,
     };
     while training.trainer.step < last {
-        training.step(&mut batches, &stop)?;
+        training.step(&mut batches)?;
     }
     training.bar.finish_and_clear();
     drop(batches);
-    training.finish(stop)?;
+    training.finish()?;
     if !lead {
         return Ok(());
     }
     training.report_accuracy(before, synthetic_eval)
+}
+
+/// Rank 0's outputs, checked before any work: the checkpoint, and the metrics log, opened. No
+/// output may be an input of the run (its data, `--init`, the other output; the log not
+/// `--resume` either, which the checkpoint may be: a run continued in place).
+fn outputs(
+    args: &TrainArgs,
+    cfg: &TrainConfig,
+    start: Option<&checkpoint::Checkpoint>,
+) -> Result<Option<MetricsLog>, Box<dyn std::error::Error>> {
+    let data = cfg.images.as_ref().and_then(|i| i.data.path());
+    let inputs: Vec<&Path> = [data, args.init.as_deref()].into_iter().flatten().collect();
+    if let Some(path) = &args.checkpoint {
+        let log = args.log.as_deref();
+        let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
+        syncstep::files::check_output("--checkpoint", path, &inputs)?;
+    }
+    let from = start.filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
+    Ok(match &args.log {
+        Some(path) => {
+            let others = [args.resume.as_deref(), args.checkpoint.as_deref()];
+            let inputs: Vec<&Path> =
+                inputs.iter().copied().chain(others.into_iter().flatten()).collect();
+            Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from), &inputs)?)
+        }
+        None => None,
+    })
+}
+
+/// Ends the run, saying so, when a signal came: `when` it stopped, and the step the checkpoint
+/// holds (None: nothing of this run was saved).
+fn halt(
+    stop: &StopSignals,
+    args: &TrainArgs,
+    when: &str,
+    saved: Option<u64>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match stop.received() {
+        0 => Ok(()),
+        signal => Err(stopped(signal, args, when, saved)),
+    }
 }
 
 /// The devices a run trains on, for its first line: one adapter, or the replicas, their shard
@@ -335,7 +374,7 @@ fn batches(
     let part = trainer.part()?;
     let plan = Plan::Train { epochs, augment: images.augment, part: (part.start, part.end) };
     let loader =
-        Loader::start(Arc::new(train), plan, cfg.image_size, images.norm, trainer.step, workers);
+        Loader::start(Arc::new(train), plan, cfg.image_size, images.norm, trainer.step, workers)?;
     Ok(Batches::Images(loader))
 }
 
@@ -369,6 +408,7 @@ struct Training<'a> {
     /// The validation images; None for the synthetic dataset.
     val: Option<Arc<Dataset>>,
     workers: usize,
+    stop: &'a StopSignals,
     bar: ProgressBar,
     losses: Vec<f32>,
     /// Time waiting for batches, and whole steps' time.
@@ -397,11 +437,7 @@ impl Training<'_> {
 
     /// One step: trained, reported, validated when it ends an epoch, and kept in the
     /// checkpoint when one is due or a signal stops the run after it.
-    fn step(
-        &mut self,
-        batches: &mut Batches,
-        stop: &StopSignals,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    fn step(&mut self, batches: &mut Batches) -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let (batch, wait) = batches.next(&self.trainer)?;
         let lr = self.trainer.lr();
@@ -411,7 +447,7 @@ impl Training<'_> {
         self.losses.push(loss);
         self.report_step(loss, lr, wait, elapsed)?;
         self.validate_at_epoch_end()?;
-        self.keep(stop)
+        self.keep()
     }
 
     /// The loss of a step on `batch`; an error saying so when the run diverged.
@@ -483,25 +519,29 @@ impl Training<'_> {
             return Ok(());
         };
         if self.at_epoch_end() {
-            self.last_scores = Some(self.score(&val)?);
+            self.last_scores = self.score(&val)?;
         }
         Ok(())
     }
 
-    /// The scores on `val`, printed and logged.
-    fn score(&mut self, val: &Arc<Dataset>) -> Result<Scores, Box<dyn std::error::Error>> {
-        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar)?;
+    /// The scores on `val`, printed and logged; None when a signal cut the evaluation short
+    /// (the part scored is no measure of anything).
+    fn score(&mut self, val: &Arc<Dataset>) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
+        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar, self.stop)?;
+        if self.stop.received() != 0 {
+            return Ok(None);
+        }
         let (epoch, step) = (self.epoch(), self.trainer.step);
         report_scores(&self.bar, &scores, epoch, step, self.log.as_mut())?;
-        Ok(scores)
+        Ok(Some(scores))
     }
 
     /// Writes the checkpoint when one is due or a signal came; stops the run after a signal.
-    fn keep(&mut self, stop: &StopSignals) -> Result<(), Box<dyn std::error::Error>> {
+    fn keep(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         // Under MPI every rank stops after the same step, if any rank was told to.
-        let signal = self.trainer.replicas.peers().max(stop.received() as u64)? as usize;
+        let signal = self.trainer.replicas.peers().max(self.stop.received() as u64)? as usize;
         let step = self.trainer.step;
-        let every = self.args.checkpoint_every;
+        let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
         let periodic = every > 0 && step.is_multiple_of(every);
         if signal != 0 || (periodic && step < self.last) {
             if let Some(path) = self.checkpoint {
@@ -513,7 +553,7 @@ impl Training<'_> {
         }
         if signal != 0 {
             self.bar.finish_and_clear();
-            return Err(stopped(signal, self.args, step));
+            return Err(stopped(signal, self.args, &format!("after step {step}"), Some(step)));
         }
         Ok(())
     }
@@ -526,16 +566,14 @@ impl Training<'_> {
     }
 
     /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
-    fn finish(&mut self, stop: StopSignals) -> Result<(), Box<dyn std::error::Error>> {
+    fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
         if let Some(path) = self.checkpoint {
             let saved = self.save(path)?;
             self.say(&saved);
         }
-        if stop.received() != 0 {
-            return Err(stopped(stop.received(), self.args, self.trainer.step));
-        }
-        drop(stop);
+        let step = self.trainer.step;
+        halt(self.stop, self.args, &format!("after step {step}"), Some(step))?;
         let losses = &self.losses;
         if !losses.is_empty() {
             // Single steps are noisy: compare the means of the first and last few.
@@ -571,9 +609,13 @@ impl Training<'_> {
         let classes = self.trainer.cfg.classes;
         if let Some(val) = self.val.clone().filter(|v| !v.is_empty()) {
             let scores = match self.last_scores.take().filter(|_| self.at_epoch_end()) {
-                Some(scores) => scores,
+                Some(scores) => Some(scores),
                 None => self.score(&val)?,
             };
+            let step = self.trainer.step;
+            let when = format!("during the final evaluation, after step {step}");
+            halt(self.stop, self.args, &when, Some(step))?;
+            let scores = scores.ok_or("the final evaluation was cut short")?;
             println!(
                 "validation ({} images, {classes} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
                 scores.examples,
@@ -587,7 +629,10 @@ impl Training<'_> {
             println!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after = evaluate(&mut self.trainer, synthetic_eval, "after")?;
+        let after = evaluate(&mut self.trainer, synthetic_eval, "after", self.stop)?;
+        let step = self.trainer.step;
+        let when = format!("during the final evaluation, after step {step}");
+        halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
             (Some(before), Some(after)) => println!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
@@ -618,12 +663,13 @@ fn score_images(
     val: &Arc<Dataset>,
     workers: usize,
     bar: &ProgressBar,
+    stop: &StopSignals,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let cfg = &trainer.cfg;
     let (size, norm) = (cfg.image_size, cfg.images.as_ref().map(|i| i.norm));
     let norm = norm.ok_or("no images to score")?;
     bar.set_message(format!("validating on {} images", val.len()));
-    super::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| {})
+    super::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| stop.received() == 0)
 }
 
 /// Prints and logs an evaluation after `step`.
@@ -656,22 +702,29 @@ fn report_scores(
     Ok(())
 }
 
-/// The exit of a run that `signal` stopped after `step`: 130 or 143, and where the run is kept.
-fn stopped(signal: usize, args: &TrainArgs, step: u64) -> Box<dyn std::error::Error> {
+/// The exit of a run that `signal` stopped `when`: 130 or 143, and what is kept (`saved`: the
+/// step the checkpoint holds; None when nothing of this run was written).
+fn stopped(
+    signal: usize,
+    args: &TrainArgs,
+    when: &str,
+    saved: Option<u64>,
+) -> Box<dyn std::error::Error> {
     let (name, code) = if signal == signal_hook::consts::SIGINT as usize {
         ("SIGINT", 130)
     } else {
         ("SIGTERM", 143)
     };
-    let kept = match &args.checkpoint {
-        Some(path) => format!(
+    let kept = match (&args.checkpoint, saved) {
+        (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
             path.display(),
             path.display()
         ),
-        None => "no --checkpoint was given, so nothing was saved".into(),
+        (Some(_), None) => "no step was trained, so no checkpoint was written".into(),
+        (None, _) => "no --checkpoint was given, so nothing was saved".into(),
     };
-    Box::new(Exit { code, message: format!("{name}: stopped after step {step}; {kept}") })
+    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
 }
 
 /// The error of a run that diverged at `step`: says why and which checkpoint is kept.
@@ -685,11 +738,13 @@ fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error
     format!("the run diverged at step {step}: {why}; lower --lr; {kept}").into()
 }
 
-/// Held-out accuracy on `examples` images, with progress on a terminal; None for 0.
+/// Held-out accuracy on `examples` images, with progress on a terminal; None for 0. A signal
+/// cuts it short (the caller then stops the run).
 fn evaluate(
     trainer: &mut Trainer,
     examples: usize,
     when: &str,
+    stop: &StopSignals,
 ) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
     if examples == 0 {
         return Ok(None);
@@ -700,8 +755,10 @@ fn evaluate(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(when.to_string());
-    let result =
-        pollster::block_on(trainer.evaluate(examples, &mut |done| bar.set_position(done as u64)));
+    let result = pollster::block_on(trainer.evaluate(examples, &mut |done| {
+        bar.set_position(done as u64);
+        stop.received() == 0
+    }));
     bar.finish_and_clear();
     Ok(Some(result?))
 }

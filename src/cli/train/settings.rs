@@ -40,18 +40,21 @@ pub struct Run {
 struct Saved {
     settings: BTreeMap<String, String>,
     notes: Vec<String>,
+    /// `--override` was given.
+    override_given: bool,
 }
 
 impl Saved {
     /// `cli` from the command line, else the checkpoint's `name`, else `default`. A
     /// command-line value that contradicts the checkpoint is an error (the run would not be a
-    /// continuation), unless `may_override`: then it wins, and the notes say so.
+    /// continuation), unless the setting is `overridable` and `--override` was given: then it
+    /// wins, and the notes say so.
     fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(
         &mut self,
         name: &str,
         cli: Option<T>,
         default: T,
-        may_override: bool,
+        overridable: bool,
     ) -> Result<T, String> {
         let flag = name.replace('_', "-");
         let saved = self
@@ -63,12 +66,15 @@ impl Saved {
             })
             .transpose()?;
         match (cli, saved) {
-            (Some(c), Some(s)) if c != s && may_override => {
+            (Some(c), Some(s)) if c != s && overridable && self.override_given => {
                 self.notes.push(format!("--{flag} {c} overrides the checkpoint's {s}"));
                 Ok(c)
             }
-            (Some(c), Some(s)) if c != s => Err(format!(
+            (Some(c), Some(s)) if c != s && overridable => Err(format!(
                 "the checkpoint was trained with --{flag} {s}; drop --{flag}, pass {s}, or add --override to change it"
+            )),
+            (Some(c), Some(s)) if c != s => Err(format!(
+                "the checkpoint was trained with --{flag} {s}, which a resume keeps (even with --override): drop --{flag} or pass {s}, or start a new run to change it"
             )),
             (c, s) => Ok(c.or(s).unwrap_or(default)),
         }
@@ -81,7 +87,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
         Some(p) => TensorFile::read(p)?.metadata,
         None => Default::default(),
     };
-    let mut saved = Saved { settings, notes: Vec::new() };
+    let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
     let data = saved.setting("data", args.data.clone(), DataSpec::Synthetic, false)?;
     let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
     let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
@@ -93,9 +99,8 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     };
     let classes = class_count(args, &mut saved, images.as_ref(), defaults.classes)?;
     let step = step_config(args, &mut saved)?;
-    let o = args.override_settings;
-    let kind = saved.setting("lr_schedule", args.lr_schedule, LrSchedule::Constant, o)?;
-    let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, o)?;
+    let kind = saved.setting("lr_schedule", args.lr_schedule, LrSchedule::Constant, true)?;
+    let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, true)?;
 
     let model = ResNet34::new(classes)?;
     let start = match &args.resume {
@@ -106,8 +111,14 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let epochs = epochs_over(splits.as_ref(), batch, seed)?;
     let last = last_step(args, epochs, from)?;
     // The schedule is laid over the run as first planned; a resume keeps it.
-    let planned = saved.settings.get("schedule_steps").filter(|_| !o).and_then(|s| s.parse().ok());
-    let schedule = Schedule { kind, warmup_steps, total_steps: planned.unwrap_or(last) };
+    let planned = saved.settings.get("schedule_steps").filter(|_| !args.override_settings);
+    let total_steps = planned.and_then(|s| s.parse().ok()).unwrap_or(last);
+    if warmup_steps > total_steps {
+        saved.notes.push(format!(
+            "note: the warm-up ({warmup_steps} steps) is longer than the run's {total_steps}: the rate never reaches --lr"
+        ));
+    }
+    let schedule = Schedule { kind, warmup_steps, total_steps };
     let cfg = TrainConfig { batch, image_size, classes, seed, step, schedule, images };
     let start = match &args.init {
         Some(path) => Some(init_weights(path, &model, &cfg, &mut saved.notes)?),
@@ -129,6 +140,18 @@ fn image_settings(
         if args.epochs.is_some() {
             return Err("the synthetic dataset has no epochs: use --steps".into());
         }
+        let images_only = [
+            ("--augment", args.augment.is_some()),
+            ("--val-split", args.val_split.is_some()),
+            ("--normalize", args.normalize.is_some()),
+            ("--workers", args.workers.is_some()),
+        ];
+        if let Some((flag, _)) = images_only.iter().find(|(_, given)| *given) {
+            return Err(format!(
+                "{flag} applies to images (--data DIR, cifar10:DIR, …); the synthetic dataset has no use for it: drop {flag}"
+            )
+            .into());
+        }
         return Ok(None);
     }
     let val_split = saved.setting("val_split", args.val_split, 0.1, false)?;
@@ -137,8 +160,7 @@ fn image_settings(
         DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
         _ => Augment::ResizedCropFlip,
     };
-    let augment =
-        saved.setting("augment", args.augment, default_augment, args.override_settings)?;
+    let augment = saved.setting("augment", args.augment, default_augment, true)?;
     let norm = normalization(args, &saved.settings, &splits, image_size, &mut saved.notes)?;
     let class_names = splits.train.class_names.clone();
     if let Some(names) = saved.settings.get("class_names") {
@@ -175,17 +197,22 @@ fn class_count(
 
 /// The SGD step's hyper-parameters.
 fn step_config(args: &TrainArgs, saved: &mut Saved) -> Result<StepConfig, Box<dyn Error>> {
-    let (defaults, o) = (StepConfig::default(), args.override_settings);
+    let defaults = StepConfig::default();
     let step = StepConfig {
         label_smoothing: saved.setting(
             "label_smoothing",
             args.label_smoothing,
             defaults.label_smoothing,
-            o,
+            true,
         )?,
-        lr: saved.setting("lr", args.lr, defaults.lr, o)?,
-        momentum: saved.setting("momentum", args.momentum, defaults.momentum, o)?,
-        weight_decay: saved.setting("weight_decay", args.weight_decay, defaults.weight_decay, o)?,
+        lr: saved.setting("lr", args.lr, defaults.lr, true)?,
+        momentum: saved.setting("momentum", args.momentum, defaults.momentum, true)?,
+        weight_decay: saved.setting(
+            "weight_decay",
+            args.weight_decay,
+            defaults.weight_decay,
+            true,
+        )?,
         bn_momentum: saved.setting("bn_momentum", None, defaults.bn_momentum, false)?,
     };
     step.validate()?;
@@ -225,8 +252,8 @@ fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64,
     Ok(last)
 }
 
-/// The state at step 0 from `--init` weights: a classifier of another class count is
-/// initialised afresh, and `notes` says so.
+/// The state at step 0 from `--init` weights. `notes` says what was not taken: a classifier of
+/// another class count (initialised afresh) and tensors ResNet-34 has no place for (ignored).
 fn init_weights(
     path: &Path,
     model: &ResNet34,
@@ -234,14 +261,25 @@ fn init_weights(
     notes: &mut Vec<String>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let file = TensorFile::read(path)?;
-    let (params, running, head_kept) =
+    let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
-    if head_kept {
+    if let Some(k) = other_classes {
         notes.push(format!(
-            "--init {}: its classifier has another class count than {}: fc is initialised afresh (seed {})",
+            "--init {}: its classifier is for {k} classes and this run's for {}: fc is initialised afresh (seed {}); every other tensor is taken",
             path.display(),
             cfg.classes,
             cfg.seed
+        ));
+    }
+    let known = |name: &str| model.params.iter().chain(&model.buffers).any(|t| t.name == name);
+    let ignored: Vec<&str> =
+        file.tensors.keys().map(String::as_str).filter(|name| !known(name)).collect();
+    if let Some(first) = ignored.first() {
+        notes.push(format!(
+            "--init {}: {} tensor(s) ResNet-34 has no place for are ignored ({first}{})",
+            path.display(),
+            ignored.len(),
+            if ignored.len() > 1 { ", …" } else { "" }
         ));
     }
     let velocity = vec![0.0; model.param_len];

@@ -1,11 +1,12 @@
-//! SIGINT and SIGTERM while training: stop after the step in flight, keeping the run.
+//! SIGINT and SIGTERM during a run: stop at the next point where what is kept can be said.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// SIGINT and SIGTERM while training: the first asks the run to stop after the step in flight,
-/// a second ends the process at once. Dropped, the default actions return (an evaluation or
-/// a save in progress is simply killed: nothing is lost that was not saved).
+/// SIGINT and SIGTERM during a run: the first asks it to stop at the next point where it can
+/// say what is kept (after the step in flight, or between an evaluation's batches), a second
+/// ends the process at once. Held for the whole run: unregistering leaves signal-hook's
+/// handler in place, so a signal after a drop would be ignored, not given its default action.
 pub struct StopSignals {
     /// Which signal asked the run to stop, or 0 while none has.
     stop: Arc<AtomicUsize>,
