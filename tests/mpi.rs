@@ -282,7 +282,8 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     }
     let dir = temp_dir("silent");
     let ck = dir.join("run.safetensors");
-    let train = [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
+    let train =
+        [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
     let train: Vec<String> = train
         .iter()
         .map(|s| s.to_string())
