@@ -39,8 +39,9 @@ hosts() {
     ip netns list | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" | sort -V || true
 }
 
-# A token bucket on the egress of `dev` in namespace `ns`: one direction of one link. The
-# burst (512 KiB) is at least one timer tick of data at 1gbit, so the bucket reaches its rate.
+# A token bucket on the egress of a device in a namespace: one direction of one link. The burst,
+# 512 KiB (4 ms at 1gbit), is enough for a timer tick's worth of packets, so the bucket keeps up
+# its rate, and small beside the gradient's tens of megabytes, so a transfer runs at the rate.
 shape() {
     ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst 512kb latency 100ms
 }
