@@ -92,10 +92,12 @@ bytes() {
 #   plm_rsh_agent        host-rsh runs each daemon inside its host's namespace, as ssh would;
 #   plm_rsh_no_tree_spawn  mpirun starts every daemon itself;
 #   routed direct, rtc ^hwloc  every daemon talks to mpirun directly, and none maps hwloc's
-#                        topology through shared memory: daemons sharing one kernel crash there;
+#                        topology through shared memory: daemons sharing one kernel can crash or
+#                        hang there;
 #   btl tcp,self, *_if_include  ranks talk over the hosts' links only (no shared memory, no
 #                        other interface);
-#   bind-to none         each daemon sees the whole machine and would bind its rank to core 0;
+#   bind-to none         the hosts share the machine's cores, so no rank may hold one (rtc ^hwloc
+#                        binds nothing already; this says so);
 #   mpi_yield_when_idle  MPI's waits yield the core: the hosts share the machine's cores.
 run() {
     local p="${1:?usage: hosts.sh run P -- PROGRAM ARGS...}"
