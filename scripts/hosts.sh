@@ -104,6 +104,7 @@ run() {
     shift
     [ "${1:-}" = "--" ] && shift
     [ $# -ge 1 ] || die "run: nothing to run"
+    command -v mpirun >/dev/null || die "run: mpirun is missing: scripts/setup-mpi.sh installs Open MPI"
     [ "$(hosts | wc -l)" -ge "$p" ] || die "run: $p ranks, but only $(hosts | wc -l) hosts are up"
     HOSTFILE="$(mktemp)"
     trap 'rm -f "$HOSTFILE"' EXIT
