@@ -86,12 +86,12 @@ impl Hosts {
     }
 
     /// `argv` as P ranks, one per host, through scripts/hosts.sh's mpirun recipe. One job at a
-    /// time: the hosts share this machine's cores. A hung job is ended after 10 minutes.
+    /// time: the hosts share this machine's cores. A hung job is ended after 5 minutes.
     fn mpirun(&self, p: usize, argv: &[String]) -> Output {
         static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
         Command::new("timeout")
-            .args(["-k", "10", "600", "bash", SCRIPT, "run", &p.to_string(), "--"])
+            .args(["-k", "10", "300", "bash", SCRIPT, "run", &p.to_string(), "--"])
             .args(argv)
             .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
             .output()
@@ -102,7 +102,8 @@ impl Hosts {
     fn traffic_of(&self, p: usize, argv: &[String]) -> Vec<(u64, u64)> {
         let before = self.bytes();
         let o = self.mpirun(p, argv);
-        assert!(o.status.success(), "P = {p}: {}", text(&o));
+        let hung = if o.status.code() == Some(124) { "no end within 5 minutes; " } else { "" };
+        assert!(o.status.success(), "P = {p}: {hung}{}", text(&o));
         let after = self.bytes();
         before.iter().zip(&after).map(|(b, a)| (a.0 - b.0, a.1 - b.1)).collect()
     }
