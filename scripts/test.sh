@@ -3,8 +3,10 @@
 # then:
 #   1. lint: rustfmt and clippy (warnings are errors), and `cargo check` of the library and the
 #      binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
-#   2. every test in release mode, built with the `mpi` feature (scripts/setup-mpi.sh installs
-#      Open MPI), so tests/mpi.rs runs ranks under mpirun (debug wgpu and the f64 references are too slow). GPU tests run
+#   2. every test in release mode (debug wgpu and the f64 references are too slow), built with
+#      the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and iproute2), so tests/mpi.rs
+#      runs ranks under mpirun, and tests/hosts.rs on test hosts over shaped links
+#      (scripts/hosts.sh, as root: without root it skips, or fails with CI set). GPU tests run
 #      on the first adapter (lavapipe on a CPU machine); with CI set, a test that finds no
 #      adapter fails instead of skipping;
 #   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on

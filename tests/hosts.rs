@@ -1,0 +1,238 @@
+//! Ranks on separate test hosts, over rate-limited links (scripts/hosts.sh: network namespaces
+//! on a bridge, 1 Gbit/s each way, `mpirun` starting each rank in its own host): `grad` and
+//! `train` at P = 2 and 4, one rank per host, give the single device's bits, and each host's link
+//! carries 2(P − 1)/P of the gradient a step each way. Needs root (namespaces); outside CI a
+//! test without it says why and passes, in CI it fails.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+use syncstep::checkpoint;
+use syncstep::model::ResNet34;
+use syncstep::tensorfile::TensorFile;
+
+const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/hosts.sh");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncstep-hosts-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Whether test hosts can be made here. When not (not root, or no `ip`/`tc`), says why, and in
+/// CI (`CI` set) fails: CI runs as root.
+fn can_make_hosts() -> bool {
+    let Some(why) = cannot_make_hosts() else { return true };
+    assert!(std::env::var_os("CI").is_none(), "tests/hosts.rs in CI: {why}");
+    eprintln!("\n!!!!!!!! SKIPPING MULTI-HOST TEST: {why} !!!!!!!!\n(run as root)\n");
+    false
+}
+
+/// Why these tests cannot make hosts here, if they cannot.
+fn cannot_make_hosts() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().expect("id");
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("test hosts are network namespaces, which need root".into());
+    }
+    let tools = Command::new("sh").args(["-c", "command -v ip && command -v tc"]).output();
+    match tools {
+        Ok(o) if o.status.success() => None,
+        _ => Some("`ip` and `tc` are missing: install iproute2 (scripts/setup-mpi.sh)".into()),
+    }
+}
+
+/// P test hosts under a prefix of this test's own (so tests and checkouts never share one), torn
+/// down when dropped, also when the test fails.
+struct Hosts {
+    prefix: String,
+}
+
+impl Hosts {
+    /// P hosts at 1 Gbit/s (the caller has checked `can_make_hosts`).
+    fn up(name: &str, p: usize) -> Hosts {
+        let hosts = Hosts { prefix: format!("ss{}-{name}", std::process::id()) };
+        let o = hosts.script(&["up", &p.to_string(), "1gbit"]);
+        assert!(o.status.success(), "hosts.sh up: {}", text(&o));
+        hosts
+    }
+
+    fn script(&self, args: &[&str]) -> Output {
+        Command::new("bash")
+            .arg(SCRIPT)
+            .args(args)
+            .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
+            .output()
+            .expect("bash")
+    }
+
+    /// Bytes each host's link has sent and received so far.
+    fn bytes(&self) -> Vec<(u64, u64)> {
+        let o = self.script(&["bytes"]);
+        assert!(o.status.success(), "hosts.sh bytes: {}", text(&o));
+        let line = |l: &str| {
+            let f: Vec<u64> = l.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+            (f[0], f[1])
+        };
+        String::from_utf8_lossy(&o.stdout).lines().map(line).collect()
+    }
+
+    /// `argv` as P ranks, one per host, through scripts/hosts.sh's mpirun recipe. One job at a
+    /// time: the hosts share this machine's cores. A hung job is ended after 5 minutes.
+    fn mpirun(&self, p: usize, argv: &[String]) -> Output {
+        static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+        Command::new("timeout")
+            .args(["-k", "10", "300", "bash", SCRIPT, "run", &p.to_string(), "--"])
+            .args(argv)
+            .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
+            .output()
+            .expect("timeout, bash")
+    }
+
+    /// `argv` over P hosts, which must succeed, and each host's (sent, received) bytes meanwhile.
+    fn traffic_of(&self, p: usize, argv: &[String]) -> Vec<(u64, u64)> {
+        let before = self.bytes();
+        let o = self.mpirun(p, argv);
+        let hung = if o.status.code() == Some(124) { "no end within 5 minutes; " } else { "" };
+        assert!(o.status.success(), "P = {p}: {hung}{}", text(&o));
+        let after = self.bytes();
+        before.iter().zip(&after).map(|(b, a)| (a.0 - b.0, a.1 - b.1)).collect()
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let o = self.script(&["down"]);
+        if !o.status.success() {
+            eprintln!("hosts.sh down ({}): {}", self.prefix, text(&o));
+        }
+    }
+}
+
+/// Each host sent and received, over `steps` steps, at least what its share of the exchange is,
+/// 2(P − 1)/P of the gradient a step (the reduce-scatter and the all-gather), and at most three
+/// times that (the BatchNorm rows, losses, logits and MPI's own messages are far less).
+fn assert_traffic(what: &str, p: usize, steps: u64, traffic: &[(u64, u64)]) {
+    let gradient = 4 * ResNet34::new(10).unwrap().param_count() as u64;
+    let share = steps * 2 * (p as u64 - 1) * gradient / p as u64;
+    assert_eq!(traffic.len(), p, "one rank per host");
+    for (host, &(sent, received)) in traffic.iter().enumerate() {
+        println!(
+            "{what}, P = {p}, host {host}: sent {:.1} MB, received {:.1} MB a step; 2(P − 1)/P of the \
+             {:.1} MB gradient is {:.1} MB",
+            sent as f64 / steps as f64 / 1e6,
+            received as f64 / steps as f64 / 1e6,
+            gradient as f64 / 1e6,
+            share as f64 / steps as f64 / 1e6
+        );
+        for (way, bytes) in [("sent", sent), ("received", received)] {
+            assert!(
+                bytes >= share && bytes <= 3 * share,
+                "{what}, P = {p}: host {host} {way} {bytes} bytes in {steps} steps, its share is {share}"
+            );
+        }
+    }
+}
+
+/// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images (as tests/mpi.rs).
+fn inputs(dir: &Path, m: usize) -> PathBuf {
+    let model = ResNet34::new(10).unwrap();
+    let mut params = model.init_params(4);
+    model.randomize_batchnorm(&mut params, 5);
+    let batch = syncstep::data::synthetic_batch(1, 0, m, 32, 32, 10).unwrap();
+    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
+    let raw = dir.join("raw.safetensors");
+    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &labels);
+    let path = dir.join("inputs.safetensors");
+    with_int64_labels(&raw, &path, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    path
+}
+
+/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
+fn same_bits(a: &Path, b: &Path) -> Result<(), String> {
+    let (a, b) = (TensorFile::read(a).unwrap(), TensorFile::read(b).unwrap());
+    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
+    for (name, t) in &a.tensors {
+        let u = b.get(name).ok_or(format!("{name} missing"))?;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&t.values) != bits(&u.values) {
+            return Err(format!("{name} differs"));
+        }
+    }
+    Ok(())
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// One step's gradients, loss, logits and BN statistics of a batch of 7 over 2 hosts (shards of
+/// 4 and 3) and 4 hosts (2, 2, 2, 1): the single device's, bit for bit.
+#[test]
+fn ranks_on_hosts_give_the_single_devices_gradients_bit_for_bit() {
+    if !can_make_hosts() || gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("grad");
+    let inputs = inputs(&dir, 7);
+    let grad = |out: &Path, mpi: &[&str]| {
+        let [i, o] = [&inputs, out].map(|p| p.to_str().unwrap());
+        let base = [BIN, "grad", "--weights", i, "--batch", i, "--out", o];
+        strings(&base.iter().chain(mpi).copied().collect::<Vec<_>>())
+    };
+    let single = dir.join("single.safetensors");
+    let (ok, log) =
+        syncstep(&grad(&single, &[])[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(ok, "{log}");
+    for p in [2, 4] {
+        let hosts = Hosts::up(&format!("g{p}"), p);
+        let out = dir.join(format!("hosts{p}.safetensors"));
+        let traffic = hosts.traffic_of(p, &grad(&out, &["--mpi"]));
+        same_bits(&single, &out).unwrap_or_else(|e| panic!("{p} hosts: {e}"));
+        assert_traffic("grad", p, 1, &traffic);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two SGD steps at a global batch of 6 over 2 hosts (3, 3) and 4 hosts (2, 2, 1, 1) end with the
+/// single device's parameters, momentum and BN statistics, bit for bit.
+#[test]
+fn ranks_on_hosts_train_as_the_single_device_does_bit_for_bit() {
+    if !can_make_hosts() || gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("train");
+    let train = |ck: &Path, mpi: &[&str]| {
+        let base = [BIN, "train", "--steps", "2", "--batch", "6", "--eval-examples", "0"];
+        let ck = ["--checkpoint", ck.to_str().unwrap()];
+        strings(&base.iter().chain(&ck).chain(mpi).copied().collect::<Vec<_>>())
+    };
+    let single = dir.join("single.safetensors");
+    let (ok, log) =
+        syncstep(&train(&single, &[])[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(ok, "{log}");
+    let model = ResNet34::new(10).unwrap();
+    let want = checkpoint::load(&single, &model).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for p in [2, 4] {
+        let hosts = Hosts::up(&format!("t{p}"), p);
+        let ck = dir.join(format!("hosts{p}.safetensors"));
+        let traffic = hosts.traffic_of(p, &train(&ck, &["--mpi"]));
+        let got = checkpoint::load(&ck, &model).unwrap();
+        assert_eq!(got.step, 2);
+        assert!(bits(&got.params) == bits(&want.params), "{p} hosts: parameters differ");
+        assert!(bits(&got.velocity) == bits(&want.velocity), "{p} hosts: momentum differs");
+        assert!(bits(&got.running) == bits(&want.running), "{p} hosts: BN statistics differ");
+        assert_traffic("train", p, 2, &traffic);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
