@@ -339,10 +339,12 @@ fn reduce(
     let mut recv = vec![0f32; recv_lens.iter().sum::<u64>() as usize];
     let (send_counts, send_displs) = partition(&send_lens)?;
     let (recv_counts, recv_displs) = partition(&recv_lens)?;
-    comm.all_to_all_varcount_into(
-        &Partition::new(&send[..], send_counts, send_displs),
-        &mut PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]),
-    );
+    let parts = Partition::new(&send[..], send_counts, send_displs);
+    let mut into = PartitionMut::new(&mut recv[..], recv_counts, &recv_displs[..]);
+    mpi::request::scope(|scope| {
+        wait_idle(comm.immediate_all_to_all_varcount_into(scope, &parts, &mut into));
+    });
+    drop(into);
     count::<f32>(received, recv.len() - recv_lens[me] as usize);
     // The plan's leaves of this chunk: replica h's piece j came from rank h / L, after the
     // pieces of that rank's replicas before h.
@@ -363,13 +365,27 @@ fn reduce(
     let chunk_lens: Vec<u64> = (0..ranks).map(|q| chunk(q).len() as u64).collect();
     let (chunk_counts, chunk_displs) = partition(&chunk_lens)?;
     let mut whole = vec![0f32; len];
-    comm.all_gather_varcount_into(
-        &reduced[..],
-        &mut PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs),
-    );
+    let mut into = PartitionMut::new(&mut whole[..], chunk_counts, chunk_displs);
+    mpi::request::scope(|scope| {
+        wait_idle(comm.immediate_all_gather_varcount_into(scope, &reduced[..], &mut into));
+    });
+    drop(into);
     count::<f32>(received, len - m);
     out(0, &whole);
     Ok(())
+}
+
+/// Waits for `request`, asking MPI to progress it every 100 µs and sleeping in between: MPI's
+/// own waits spin, which would take a core from the thread that records and submits the
+/// backward meanwhile (and, on a CPU adapter, from the kernels).
+fn wait_idle<'a, D: ?Sized, S: mpi::request::Scope<'a>>(mut request: Request<'a, D, S>) {
+    loop {
+        match request.test() {
+            Ok(_) => return,
+            Err(pending) => request = pending,
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
 }
 
 /// Counts the receipt of `values` values of type `T` from the other ranks in `received`.
