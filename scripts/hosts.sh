@@ -99,6 +99,8 @@ bytes() {
 #   bind-to none         the hosts share the machine's cores, so no rank may hold one (rtc ^hwloc
 #                        binds nothing already; this says so);
 #   mpi_yield_when_idle  MPI's waits yield the core: the hosts share the machine's cores.
+#   oob_tcp_keepalive_*  mpirun gives up a daemon whose link is cut after 5 + 3 × 2 s, naming
+#                        its host, rather than after Open MPI's default 300 + 9 × 20 s.
 run() {
     local p="${1:?usage: hosts.sh run P -- PROGRAM ARGS...}"
     shift
@@ -116,6 +118,8 @@ run() {
         --mca routed direct --mca rtc ^hwloc \
         --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET.0/24" \
         --mca oob_tcp_if_include "$SUBNET.0/24" --mca mpi_yield_when_idle 1 \
+        --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 \
+        --mca oob_tcp_keepalive_probes 3 \
         "$@"
 }
 

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use common::*;
 use syncstep::checkpoint;
@@ -247,5 +248,43 @@ fn ranks_on_hosts_train_as_the_single_device_does_bit_for_bit() {
         assert!(bits(&got.running) == bits(&want.running), "{p} hosts: BN statistics differ");
         assert_traffic("train", p, 2, &traffic);
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A host's link cut while the job trains (`ip link set eth0 down` in host 1, after the first
+/// checkpoint): every rank ends, non-zero, within 60 s, the loss named (mpirun's lost daemon on
+/// host 1's address, or rank 0's heartbeat naming rank 1), and the checkpoint is as it was.
+#[test]
+fn a_cut_link_ends_every_rank_within_a_minute() {
+    if !can_make_hosts() || gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("cut");
+    let ck = dir.join("run.safetensors");
+    let base = [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
+    let ck_args = ["--checkpoint-every", "1", "--checkpoint", ck.to_str().unwrap()];
+    let argv = strings(&base.iter().chain(&ck_args).copied().collect::<Vec<_>>());
+    let hosts = Hosts::up("cut", 2);
+    let (o, took, before) = std::thread::scope(|s| {
+        let job = s.spawn(|| hosts.mpirun(2, &argv));
+        let waited = Instant::now();
+        while !ck.exists() && !job.is_finished() && waited.elapsed() < Duration::from_secs(240) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let before = std::fs::read(&ck).ok();
+        let ns = format!("{}1", hosts.prefix);
+        let cut = Command::new("ip").args(["-n", &ns, "link", "set", "eth0", "down"]).status();
+        assert!(cut.expect("ip").success(), "cutting {ns}'s link");
+        let cut_at = Instant::now();
+        (job.join().unwrap(), cut_at.elapsed(), before)
+    });
+    let t = text(&o);
+    assert!(before.is_some(), "no checkpoint before the cut: {t}");
+    assert!(!o.status.success(), "{t}");
+    assert!(took < Duration::from_secs(60), "{took:?} after the cut: {t}");
+    let named = t.contains("lost communication with a remote daemon") && t.contains(".2\n")
+        || t.contains("no word from rank(s) [1]");
+    assert!(named, "the lost host or rank is named: {t}");
+    assert_eq!(std::fs::read(&ck).ok(), before, "the checkpoint is as it was before the cut");
     std::fs::remove_dir_all(&dir).unwrap();
 }
