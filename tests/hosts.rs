@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use syncstep::checkpoint;
 use syncstep::model::ResNet34;
-use syncstep::tensorfile::TensorFile;
 
 const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/hosts.sh");
@@ -155,34 +154,6 @@ fn assert_traffic(what: &str, p: usize, steps: u64, traffic: &[(u64, u64)]) {
             );
         }
     }
-}
-
-/// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images (as tests/mpi.rs).
-fn inputs(dir: &Path, m: usize) -> PathBuf {
-    let model = ResNet34::new(10).unwrap();
-    let mut params = model.init_params(4);
-    model.randomize_batchnorm(&mut params, 5);
-    let batch = syncstep::data::synthetic_batch(1, 0, m, 32, 32, 10).unwrap();
-    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
-    let raw = dir.join("raw.safetensors");
-    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &labels);
-    let path = dir.join("inputs.safetensors");
-    with_int64_labels(&raw, &path, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
-    path
-}
-
-/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
-fn same_bits(a: &Path, b: &Path) -> Result<(), String> {
-    let (a, b) = (TensorFile::read(a).unwrap(), TensorFile::read(b).unwrap());
-    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
-    for (name, t) in &a.tensors {
-        let u = b.get(name).ok_or(format!("{name} missing"))?;
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&t.values) != bits(&u.values) {
-            return Err(format!("{name} differs"));
-        }
-    }
-    Ok(())
 }
 
 fn strings(args: &[&str]) -> Vec<String> {

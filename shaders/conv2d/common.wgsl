@@ -55,8 +55,9 @@ struct Params {
     // kh × kw (and crop_y = crop_x = 0).
     dw_kh: u32,
     dw_kw: u32,
-    // Forward and input-VJP: summed channels per segment of an output's sum (see below), and
-    // the same in vec4s of an im2col row (*_im2col only).
+    // Forward and input-VJP: summed channels per segment of an output's sum (see below); and
+    // the same in vec4s of an im2col row, which the launcher hands on to the GEMM's uniform
+    // (no kernel here reads it).
     seg_channels: u32,
     seg4: u32,
 }

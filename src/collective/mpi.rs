@@ -149,7 +149,8 @@ fn end_job(code: i32) -> ! {
         std::thread::sleep(Duration::from_secs(5));
         std::process::exit(code)
     });
-    SimpleCommunicator::world().abort(code)
+    abort_job(code);
+    std::process::exit(code)
 }
 
 impl Ranks {

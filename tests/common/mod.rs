@@ -238,3 +238,35 @@ pub fn with_int64_labels(src: &std::path::Path, dst: &std::path::Path, labels: &
         .collect();
     std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
 }
+
+/// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images, for `grad`: the
+/// inputs of the multi-process tests.
+pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
+    let model = syncstep::model::ResNet34::new(10).unwrap();
+    let mut params = model.init_params(4);
+    model.randomize_batchnorm(&mut params, 5);
+    let batch = syncstep::data::synthetic_batch(1, 0, m, 32, 32, 10).unwrap();
+    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
+    let raw = dir.join("raw.safetensors");
+    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &labels);
+    let path = dir.join("inputs.safetensors");
+    with_int64_labels(&raw, &path, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    path
+}
+
+/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
+pub fn same_bits(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
+    let (a, b) = (
+        syncstep::tensorfile::TensorFile::read(a).unwrap(),
+        syncstep::tensorfile::TensorFile::read(b).unwrap(),
+    );
+    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
+    for (name, t) in &a.tensors {
+        let u = b.get(name).ok_or(format!("{name} missing"))?;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&t.values) != bits(&u.values) {
+            return Err(format!("{name} differs"));
+        }
+    }
+    Ok(())
+}
