@@ -212,6 +212,31 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
     Ok(write_f32(path, &all, &meta)?)
 }
 
+/// Writes what `syncstep grad` reads and PyTorch loads with torchvision's names, in one file:
+/// `model`'s weights from `seed` (with random BatchNorm γ and β, see
+/// [`ResNet34::randomize_batchnorm`]), initial running statistics, and `m` synthetic images of
+/// `size`² from the same seed as `input` [m, 3, size, size] with int64 `labels` [m]. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_seeded_inputs(
+    path: &Path,
+    model: &ResNet34,
+    seed: u64,
+    m: usize,
+    size: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut params = model.init_params(seed);
+    model.randomize_batchnorm(&mut params, seed + 1);
+    let running = model.init_buffers();
+    let batch = crate::data::synthetic_batch(seed, 0, m, size, size, model.classes)?;
+    let labels: Vec<i64> = batch.labels.iter().map(|&l| l.into()).collect();
+    let mut all = entries("", &model.params, &params);
+    all.extend(entries("", &model.buffers, &running));
+    let side = size as usize;
+    all.push(("input".into(), vec![m, 3, side, side], &batch.images));
+    let ints = [("labels".to_string(), vec![m], labels.as_slice())];
+    Ok(crate::tensorfile::write_f32_i64(path, &all, &ints, &BTreeMap::new())?)
+}
+
 /// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError> {

@@ -54,6 +54,16 @@ pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<Stri
     worst_of(model, &tensor_errors(model, a, b))
 }
 
+/// How far `values` is from a tensor known only by its L2 norm and its elements at
+/// [`sample_indices`]: the larger of the sample's norm-rel error and the norm's relative error
+/// (infinite where either is not a number).
+pub fn summary_error(values: &[f32], norm: f64, sample: &[f32]) -> f64 {
+    let got: Vec<f32> = sample_indices(values.len()).map(|i| values[i]).collect();
+    let l2 = l2(values);
+    let norm_err = if norm == 0.0 { l2 } else { (l2 - norm).abs() / norm };
+    norm_rel(&got, sample).max(if norm_err.is_nan() { f64::INFINITY } else { norm_err })
+}
+
 /// `min(len, SAMPLES_PER_TENSOR)` evenly spaced indices of a tensor of `len` elements: ⌊i·len/n⌋.
 pub fn sample_indices(len: usize) -> impl Iterator<Item = usize> {
     let n = len.min(SAMPLES_PER_TENSOR);

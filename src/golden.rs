@@ -21,7 +21,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::compare::{l2, norm_rel, sample_indices};
+use crate::compare::{l2, sample_indices, summary_error};
 use crate::model::{ActivationPattern, ResNet34};
 
 pub use crate::compare::SAMPLES_PER_TENSOR;
@@ -138,18 +138,7 @@ impl Golden {
             .params
             .iter()
             .zip(&self.tensors)
-            .map(|(spec, want)| {
-                let g = &grads[spec.range()];
-                let sample: Vec<f32> = sample_indices(g.len()).map(|i| g[i]).collect();
-                let norm = l2(g);
-                let norm_err =
-                    if want.norm == 0.0 { norm } else { (norm - want.norm).abs() / want.norm };
-                norm_rel(&sample, &want.sample).max(if norm_err.is_nan() {
-                    f64::INFINITY
-                } else {
-                    norm_err
-                })
-            })
+            .map(|(spec, want)| summary_error(&grads[spec.range()], want.norm, &want.sample))
             .collect()
     }
 

@@ -158,6 +158,9 @@ fn decode(view: &TensorView, out: &mut Vec<f64>) -> Option<bool> {
 /// f32 tensors to write: name, shape, values.
 pub type Entry<'a> = (String, Vec<usize>, &'a [f32]);
 
+/// i64 tensors to write (labels, as PyTorch keeps them): name, shape, values.
+pub type IntEntry<'a> = (String, Vec<usize>, &'a [i64]);
+
 /// Writes `entries` as f32 safetensors (with `metadata` in the header, and the data's SHA-256)
 /// to `path` atomically. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
@@ -166,16 +169,30 @@ pub fn write_f32(
     entries: &[Entry],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), TensorFileError> {
+    write_f32_i64(path, entries, &[], metadata)
+}
+
+/// [`write_f32`], and `ints` as i64 tensors.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_f32_i64(
+    path: &Path,
+    entries: &[Entry],
+    ints: &[IntEntry],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), TensorFileError> {
+    let floats = entries.iter().map(|(n, s, v)| (n, s, Dtype::F32, bytemuck::cast_slice(v)));
+    let ints = ints.iter().map(|(n, s, v)| (n, s, Dtype::I64, bytemuck::cast_slice(v)));
     let serialize = |metadata: &BTreeMap<String, String>| {
-        let views = entries
-            .iter()
-            .map(|(n, shape, v)| {
-                TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(v))
-                    .map(|view| (n.clone(), view))
-                    .map_err(|e| TensorFileError::Io {
+        let views = floats
+            .clone()
+            .chain(ints.clone())
+            .map(|(n, shape, dtype, bytes)| {
+                TensorView::new(dtype, shape.clone(), bytes).map(|view| (n.clone(), view)).map_err(
+                    |e| TensorFileError::Io {
                         path: path.into(),
                         message: format!("tensor `{n}`: {e}"),
-                    })
+                    },
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());

@@ -1,0 +1,95 @@
+//! The step held to PyTorch itself: `syncstep grad` on the seeded weights and batch that
+//! `checkpoint::write_seeded_inputs` writes, against the loss, logits, gradients and updated
+//! running statistics torchvision's model computed in float64 on the same file
+//! (tests/fixtures/pytorch, made by scripts/pytorch_fixtures.py; PyTorch is needed only to
+//! remake them). The fixtures' seeds are ones where PyTorch's own f32 step is within 1e-4 of its
+//! f64 step (no ReLU input within rounding of zero), so f32 rounding alone stays below the
+//! bounds: TIE's for the loss and logits; for a tensor known by its norm and 64 sampled
+//! elements, 3e-4 (a sample's norm-rel error is noisier than the whole tensor's: 8e-5 at worst
+//! on lavapipe where the norms are within 1e-5). A wrong step is far past them: without label
+//! smoothing a BatchNorm gradient is 0.12 off.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::syncstep;
+use serde_json::Value;
+use syncstep::checkpoint::write_seeded_inputs;
+use syncstep::compare::{norm_rel, summary_error};
+use syncstep::model::ResNet34;
+use syncstep::tensorfile::TensorFile;
+
+const LOSS_BOUND: f64 = 1e-5;
+const LOGITS_BOUND: f64 = 1e-4;
+const BOUND: f64 = 3e-4;
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn number(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("fixture: `{key}` is not a number"))
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Each summarised tensor of `list` (name, norm, sample) against `prefix`+name in `out`:
+/// the names of those past `BOUND`, with their errors.
+fn off_tensors(out: &TensorFile, prefix: &str, list: &Value) -> Vec<String> {
+    let mut off = Vec::new();
+    for t in list.as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let got = out.get(&format!("{prefix}{name}")).unwrap_or_else(|| panic!("no {name}"));
+        let values: Vec<f32> = got.values.iter().map(|&v| v as f32).collect();
+        assert_eq!(values.len() as u64, t["len"].as_u64().unwrap(), "{name}");
+        let e = summary_error(&values, number(t, "norm"), &floats(&t["sample"]));
+        if e > BOUND {
+            off.push(format!("{name} {e:.2e}"));
+        }
+    }
+    off
+}
+
+/// Runs `grad` on the fixture's inputs, written afresh into `dir`; the outputs' path.
+fn grad_on_fixture_inputs(f: &Value, dir: &Path) -> PathBuf {
+    let classes = number(f, "classes") as u32;
+    assert_eq!(f["arch"], "resnet34");
+    let model = ResNet34::new(classes).unwrap();
+    let inputs = dir.join("inputs.safetensors");
+    let (seed, images, size) =
+        (number(f, "seed") as u64, number(f, "images") as usize, number(f, "image_size") as u32);
+    write_seeded_inputs(&inputs, &model, seed, images, size).unwrap();
+    let out = dir.join("out.safetensors");
+    let smoothing = number(f, "label_smoothing").to_string();
+    let (i, o) = (inputs.to_str().unwrap(), out.to_str().unwrap());
+    let args = ["grad", "--weights", i, "--batch", i, "--out", o, "--label-smoothing", &smoothing];
+    let (ok, text) = syncstep(&args);
+    assert!(ok, "{text}");
+    out
+}
+
+#[test]
+fn the_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
+    let f = fixture("resnet34-seed0.json");
+    let dir = std::env::temp_dir().join(format!("syncstep-pytorch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = TensorFile::read(&grad_on_fixture_inputs(&f, &dir)).unwrap();
+
+    let loss = out.get("loss").unwrap().values[0];
+    let loss_err = (loss - number(&f, "loss")).abs() / number(&f, "loss");
+    assert!(loss_err <= LOSS_BOUND, "loss {loss} against PyTorch's {}", number(&f, "loss"));
+    let logits: Vec<f32> = out.get("logits").unwrap().values.iter().map(|&v| v as f32).collect();
+    let want: Vec<f32> = f["logits"].as_array().unwrap().iter().flat_map(floats).collect();
+    let logits_err = norm_rel(&logits, &want);
+    assert!(logits_err <= LOGITS_BOUND, "logits {logits_err:.2e} from PyTorch's");
+
+    let grads = off_tensors(&out, "grad/", &f["gradients"]);
+    assert!(grads.is_empty(), "gradients past {BOUND:e} from PyTorch's: {grads:?}");
+    let running = off_tensors(&out, "after/", &f["running_after"]);
+    assert!(running.is_empty(), "running statistics past {BOUND:e}: {running:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
