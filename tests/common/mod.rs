@@ -254,19 +254,32 @@ pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
     path
 }
 
-/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
+/// Every tensor of `a` and `b` bitwise equal, with the same names and shapes, and every
+/// metadata entry the same (compared as maps: the header's key order is the safetensors crate's
+/// hash order, which differs from file to file): the name of the first that is not.
 pub fn same_bits(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
     let (a, b) = (
         syncstep::tensorfile::TensorFile::read(a).unwrap(),
         syncstep::tensorfile::TensorFile::read(b).unwrap(),
     );
-    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
+    assert!(a.tensors.len() > 100, "a gradient file or checkpoint holds every parameter");
+    if let Some(name) = b.tensors.keys().find(|name| !a.tensors.contains_key(*name)) {
+        return Err(format!("{name} is only in the second file"));
+    }
     for (name, t) in &a.tensors {
         let u = b.get(name).ok_or(format!("{name} missing"))?;
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&t.values) != bits(&u.values) {
+        if t.shape != u.shape || t.integer != u.integer || bits(&t.values) != bits(&u.values) {
             return Err(format!("{name} differs"));
         }
     }
-    Ok(())
+    let keys = a.metadata.keys().chain(b.metadata.keys());
+    match keys.into_iter().find(|k| a.metadata.get(*k) != b.metadata.get(*k)) {
+        Some(key) => Err(format!(
+            "metadata `{key}` differs: {:?} against {:?}",
+            a.metadata.get(key),
+            b.metadata.get(key)
+        )),
+        None => Ok(()),
+    }
 }
