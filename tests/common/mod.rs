@@ -283,3 +283,30 @@ pub fn same_bits(a: &std::path::Path, b: &std::path::Path) -> Result<(), String>
         None => Ok(()),
     }
 }
+
+/// `bench`'s exchange wait in its printed report `text` and its `json`: a row per rank of
+/// `ranks`, each of its `steps` waits finite and non-negative (a time is never bounded).
+pub fn check_exchange_wait(text: &str, json: &serde_json::Value, ranks: usize, steps: usize) {
+    let table = text.lines().skip_while(|l| !l.starts_with("exchange wait, from the backward"));
+    let mut lines = table.skip(1);
+    assert!(lines.next().is_some_and(|l| l.starts_with("rank ")), "a table of waits: {text}");
+    let time = |x: f64| x.is_finite() && x >= 0.0;
+    for rank in 0..ranks {
+        let row: Vec<String> =
+            lines.next().unwrap_or_default().split_whitespace().map(String::from).collect();
+        let figures: Vec<f64> = row.iter().skip(1).take(3).filter_map(|f| f.parse().ok()).collect();
+        let ok = row.first() == Some(&rank.to_string()) && figures.len() == 3;
+        assert!(ok && figures.into_iter().all(time), "rank {rank}'s row: {text}");
+    }
+    let rows = json["exchange_wait"].as_array().expect("exchange_wait in the JSON");
+    assert_eq!(rows.len(), ranks, "{rows:?}");
+    for (rank, row) in rows.iter().enumerate() {
+        assert_eq!(row["rank"], rank, "{row}");
+        let steps_s = row["steps_s"].as_array().expect("steps_s");
+        assert_eq!(steps_s.len(), steps, "{row}");
+        let figures = ["median_s", "min_s", "max_s"].map(|k| &row[k]);
+        for x in figures.into_iter().chain(steps_s) {
+            assert!(x.as_f64().is_some_and(time), "rank {rank}: {row}");
+        }
+    }
+}
