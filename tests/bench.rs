@@ -146,9 +146,12 @@ fn one_device_report_with_profile_and_roofline() {
             && report.shard.is_none()
             && report.ratio().is_none()
             && report.exchange_ratio().is_none()
+            && report.exchange_wait.is_none()
     );
     let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
-    for key in ["ratio", "shard", "own_steps_s", "own_steps_ratio", "exchange_ratio"] {
+    let nothing_exchanged =
+        ["ratio", "shard", "own_steps_s", "own_steps_ratio", "exchange_ratio", "exchange_wait"];
+    for key in nothing_exchanged {
         assert_eq!(json.get(key), Some(&Value::Null), "{key}");
     }
 
@@ -278,6 +281,8 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert_eq!(json.get("exchange_ratio").and_then(Value::as_f64), report.exchange_ratio());
     assert_eq!(json.get("replicas_take_turns"), Some(&Value::Bool(report.replicas_take_turns)));
     assert!(report.text(5).contains("data-parallel / the replicas' own steps"));
+    // In-process, the replicas are one rank's.
+    check_exchange_wait(&report.text(5), &json, 1, cfg.steps);
 }
 
 /// Replicas of one image each: the data-parallel step and the single device at the global batch

@@ -1,8 +1,9 @@
 //! Ranks on separate test hosts, over rate-limited links (scripts/hosts.sh: network namespaces
 //! on a bridge, 1 Gbit/s each way, `mpirun` starting each rank in its own host): `grad` and
 //! `train` at P = 2 and 4, one rank per host, give the single device's bits, and each host's link
-//! carries 2(P − 1)/P of the gradient a step each way. Needs root (namespaces); outside CI a
-//! test without it says why and passes, in CI it fails.
+//! carries 2(P − 1)/P of the gradient a step each way; a checkpoint written at P = 4 resumes at
+//! P = 2 and on one device with the single device's bits; a cut link ends every rank. Needs root
+//! (namespaces); outside CI a test without it says why and passes, in CI it fails.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -111,12 +112,17 @@ impl Hosts {
         o
     }
 
-    /// `argv` over P hosts, which must succeed, and each host's (sent, received) bytes meanwhile.
-    fn traffic_of(&self, p: usize, argv: &[String]) -> Vec<(u64, u64)> {
-        let before = self.bytes();
+    /// `argv` over P hosts, which must succeed.
+    fn run(&self, p: usize, argv: &[String]) {
         let o = self.mpirun(p, argv);
         let hung = if o.status.code() == Some(124) { "no end within 4 minutes; " } else { "" };
         assert!(o.status.success(), "P = {p}: {hung}{}", text(&o));
+    }
+
+    /// [`run`](Self::run), and each host's (sent, received) bytes meanwhile.
+    fn traffic_of(&self, p: usize, argv: &[String]) -> Vec<(u64, u64)> {
+        let before = self.bytes();
+        self.run(p, argv);
         let after = self.bytes();
         before.iter().zip(&after).map(|(b, a)| (a.0 - b.0, a.1 - b.1)).collect()
     }
@@ -257,5 +263,41 @@ fn a_cut_link_ends_every_rank_within_a_minute() {
         || t.contains("no word from rank(s) [1]");
     assert!(named, "the lost host or rank is named: {t}");
     assert_eq!(std::fs::read(&ck).ok(), before, "the checkpoint is as it was before the cut");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run checkpointed at P = 4 resumes at P = 2, then on one device without MPI, a step each:
+/// the last checkpoint holds a single device's three one-step runs (the second and third
+/// resumed), every tensor and metadata entry bit for bit. A batch of 6 gives shards of 2, 2, 1, 1
+/// and then 3, 3 (two canonical pieces each), as in the training test above.
+#[test]
+fn a_checkpoint_resumes_from_four_hosts_to_two_to_one_device_bit_for_bit() {
+    if !can_make_hosts() || gpu().is_none() {
+        return;
+    }
+    let dir = temp_dir("resume");
+    // One step into `ck`, resumed from it when `resume`.
+    let train = |ck: &Path, resume: bool, mpi: &[&str]| {
+        let ck = ck.to_str().unwrap();
+        let base = [BIN, "train", "--steps", "1", "--batch", "6", "--eval-examples", "0"];
+        let (into, from) = (["--checkpoint", ck], ["--resume", ck]);
+        strings(&[&base[..], &into, if resume { &from } else { &[] }, mpi].concat())
+    };
+    let alone = |args: Vec<String>| {
+        let (ok, log) = syncstep(&args[1..].iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(ok, "{log}");
+        log
+    };
+    let single = dir.join("single.safetensors");
+    for resume in [false, true, true] {
+        alone(train(&single, resume, &[]));
+    }
+    let ck = dir.join("hosts.safetensors");
+    let hosts = Hosts::up("r", 4);
+    hosts.run(4, &train(&ck, false, &["--mpi"]));
+    hosts.run(2, &train(&ck, true, &["--mpi"]));
+    let log = alone(train(&ck, true, &[]));
+    assert!(log.contains("(step 3)"), "three steps in all: {log}");
+    same_bits(&single, &ck).unwrap_or_else(|e| panic!("4 hosts, 2 hosts, one device: {e}"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

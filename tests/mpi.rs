@@ -165,11 +165,11 @@ fn check_over_ranks_passes_every_gate() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, and
-/// the bytes it received a step: half the gradient in the reduce-scatter, half in the
-/// all-gather, plus the BatchNorm rows, losses and logits.
+/// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, the
+/// bytes it received a step (half the gradient in the reduce-scatter, half in the all-gather,
+/// plus the BatchNorm rows, losses and logits) and each rank's wait for the exchange.
 #[test]
-fn bench_over_ranks_reports_the_bytes_a_rank_receives() {
+fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
     if gpu().is_none() {
         return;
     }
@@ -180,7 +180,8 @@ fn bench_over_ranks_reports_the_bytes_a_rank_receives() {
         args.iter().map(|s| s.to_string()).chain([json.display().to_string()]).collect();
     let o = mpirun(&[(2, args)]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).matches("syncstep bench:").count(), 1);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.matches("syncstep bench:").count(), 1);
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["step"]["replicas"], 2, "{report}");
     assert_eq!(report["single"]["global_batch"], 4, "{report}");
@@ -190,6 +191,7 @@ fn bench_over_ranks_reports_the_bytes_a_rank_receives() {
         received >= gradient && received < gradient + gradient / 50,
         "received {received} a step, the gradient is {gradient} bytes"
     );
+    check_exchange_wait(&out, &report, 2, 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -33,7 +33,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::collective::Peers;
+use crate::collective::{CollectiveError, Peers};
 use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
@@ -49,7 +49,8 @@ mod report;
 mod width;
 
 pub use report::{
-    AllReduceBytes, BenchReport, ProbeTime, Profile, ProfileRow, ReplicaMemory, Roofline, StepBench,
+    AllReduceBytes, BenchReport, ExchangeWait, ProbeTime, Profile, ProfileRow, ReplicaMemory,
+    Roofline, StepBench,
 };
 pub use width::{is_narrow, NarrowGroup, Width};
 
@@ -72,6 +73,8 @@ pub enum BenchError {
     Gpu(#[from] GpuError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
 }
 
 pub type Result<T, E = BenchError> = std::result::Result<T, E>;
@@ -190,18 +193,35 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The least of `v`; infinity when empty.
+fn least(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The most of `v`; 0 when empty.
+fn most(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
 /// One training step (forward_backward + sgd_update) of `batch` over every replica, timed on
-/// the host until every replica's device is idle.
-fn timed_step(dp: &mut DataParallel, batch: &crate::data::Batch, cfg: &StepConfig) -> Result<f64> {
+/// the host until every replica's device is idle: its seconds, and those its update waited for
+/// the gradient exchange after the backward ([`DataParallel::exchange_wait`]) if it exchanged.
+fn timed_step(
+    dp: &mut DataParallel,
+    batch: &crate::data::Batch,
+    cfg: &StepConfig,
+) -> Result<(f64, Option<f64>)> {
     let start = Instant::now();
+    let opts = ParallelOptions { clock: Some(Instant::now), ..ParallelOptions::default() };
     pollster::block_on(async {
-        dp.forward_backward(batch, cfg, ParallelOptions::default()).await?;
+        dp.forward_backward(batch, cfg, opts).await?;
         dp.sgd_update(cfg).await
     })?;
     for r in dp.replicas() {
         r.gpu.wait()?;
     }
-    Ok(start.elapsed().as_secs_f64())
+    let wait = dp.exchange_wait().map(|w| w.as_secs_f64());
+    Ok((start.elapsed().as_secs_f64(), wait))
 }
 
 /// Runs the benchmark; `progress` hears what starts (warm-up steps compile for minutes on a
@@ -258,9 +278,8 @@ pub fn run_with_peers(
     };
     let mut runs: Vec<(&mut DataParallel, &crate::data::Batch)> =
         std::iter::once(&mut dp).chain(&mut singles).zip([&batch, &batch, &shard]).collect();
-    let (seconds, received) = time_steps(cfg, peers, &mut runs, &step_cfg, progress)?;
-    let rank_received_bytes = (peers.ranks() > 1).then(|| received / cfg.steps as u64);
-    let mut benches = runs.iter().zip(seconds).map(|((run, batch), seconds)| StepBench {
+    let timed = time_steps(cfg, peers, &mut runs, &step_cfg, progress)?;
+    let mut benches = runs.iter().zip(timed.seconds).map(|((run, batch), seconds)| StepBench {
         replicas: run.global_replicas(),
         global_batch: batch.len(),
         seconds,
@@ -288,7 +307,8 @@ pub fn run_with_peers(
         shard: shard_bench,
         replicas_take_turns,
         ranks: peers.ranks(),
-        rank_received_bytes,
+        rank_received_bytes: (peers.ranks() > 1).then(|| timed.received / cfg.steps as u64),
+        exchange_wait: timed.exchange_wait,
         roofline,
         profile,
     })
@@ -377,16 +397,25 @@ fn check_roofline_fits(m: u32, limits: &wgpu::Limits) -> Result<()> {
     })
 }
 
-/// The warm-up steps, then the timed steps of every run in turn: each run's step times, and
-/// the bytes this rank received during the timed steps. Memory statistics count from the
-/// first timed step.
+/// What [`time_steps`] measured.
+struct Timed {
+    /// Each run's step times.
+    seconds: Vec<Vec<f64>>,
+    /// Every rank's exchange waits in the data-parallel run; none if it is one replica.
+    exchange_wait: Option<ExchangeWait>,
+    /// Bytes this rank received during the timed steps.
+    received: u64,
+}
+
+/// The warm-up steps, then the timed steps of every run in turn. Memory statistics count from
+/// the first timed step.
 fn time_steps(
     cfg: &BenchConfig,
     peers: &Peers,
     runs: &mut [(&mut DataParallel, &crate::data::Batch)],
     step_cfg: &StepConfig,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Vec<Vec<f64>>, u64)> {
+) -> Result<Timed> {
     for w in 0..cfg.warmup {
         progress(&format!(
             "warm-up step {}/{} (compiles pipelines, autotunes convolutions)",
@@ -402,16 +431,26 @@ fn time_steps(
         .flat_map(|(run, _)| run.replicas())
         .for_each(|replica| replica.gpu.reset_memory_stats());
     let mut seconds = vec![Vec::new(); runs.len()];
+    let mut waits = Vec::new();
     let received = peers.received_bytes();
     for s in 0..cfg.steps {
         progress(&format!("timed step {}/{}", s + 1, cfg.steps));
         for ((run, batch), times) in runs.iter_mut().zip(&mut seconds) {
-            times.push(timed_step(run, batch, step_cfg)?);
+            let (step, wait) = timed_step(run, batch, step_cfg)?;
+            times.push(step);
+            // Only the first run, the data-parallel one, exchanges: the others are one device.
+            waits.extend(wait);
         }
         // The other ranks wait idle while rank 0 times the single device.
         peers.idle_barrier();
     }
-    Ok((seconds, peers.received_bytes() - received))
+    let received = peers.received_bytes() - received;
+    // Every rank's steps exchanged, or none did (one replica in all): all gather, or none.
+    let exchange_wait = match waits.is_empty() {
+        true => None,
+        false => Some(ExchangeWait::gather(peers, &waits)?),
+    };
+    Ok(Timed { seconds, exchange_wait, received })
 }
 
 /// The dispatches of one step at `cfg`'s shape on one device, recorded but not run

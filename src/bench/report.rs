@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::width::{is_narrow, Width};
-use super::{median, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
+use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
+use crate::collective::{CollectiveError, Peers};
 use crate::gpu::{KernelTime, MemoryStats};
 use crate::kernels::conv2d::KernelPlan;
 use crate::model::ResNet34;
@@ -30,10 +31,10 @@ impl StepBench {
         median(&self.seconds)
     }
     pub fn min(&self) -> f64 {
-        self.seconds.iter().copied().fold(f64::INFINITY, f64::min)
+        least(&self.seconds)
     }
     pub fn max(&self) -> f64 {
-        self.seconds.iter().copied().fold(0.0, f64::max)
+        most(&self.seconds)
     }
     pub fn images_per_second(&self) -> f64 {
         self.global_batch as f64 / self.median()
@@ -64,6 +65,49 @@ impl StepBench {
             "steps_s": self.seconds,
             "memory": self.memory.iter().map(|m| m.to_json()).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// How long each rank's update waited for the gradient exchange after the backward was done on
+/// its devices, a timed step each (`DataParallel::exchange_wait`): the part of the exchange
+/// that running it beside the backward did not hide.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExchangeWait {
+    /// Seconds, rank by rank (one rank in-process).
+    pub per_rank: Vec<Vec<f64>>,
+}
+
+impl ExchangeWait {
+    /// Every rank's `waits`, gathered from every rank (each calls it).
+    pub(super) fn gather(peers: &Peers, waits: &[f64]) -> Result<ExchangeWait, CollectiveError> {
+        let mine = waits.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let seconds = |bytes: &Vec<u8>| {
+            let value = |b: &[u8]| b.try_into().map_or(f64::NAN, f64::from_le_bytes);
+            bytes.chunks_exact(8).map(value).collect()
+        };
+        Ok(ExchangeWait { per_rank: peers.gather_bytes(vec![mine])?.iter().map(seconds).collect() })
+    }
+
+    /// A row per rank, its median also as a share of the data-parallel step's `step` seconds.
+    fn text(&self, step: f64) -> Vec<String> {
+        let mut lines = vec![
+            "exchange wait, from the backward done on the device to the last gradient bucket reduced for the update (what the overlap did not hide):".to_string(),
+            format!("{:<6} {:>9} {:>9} {:>9} {:>9}", "rank", "median s", "min s", "max s", "of step"),
+        ];
+        for (rank, w) in self.per_rank.iter().enumerate() {
+            let (med, min, max) = (median(w), least(w), most(w));
+            let share = 100.0 * med / step;
+            lines.push(format!("{rank:<6} {med:>9.4} {min:>9.4} {max:>9.4} {share:>8.1}%"));
+        }
+        lines
+    }
+
+    fn to_json(&self) -> Value {
+        let row = |(rank, w): (usize, &Vec<f64>)| {
+            json!({"rank": rank, "median_s": median(w), "min_s": least(w), "max_s": most(w),
+                   "steps_s": w})
+        };
+        Value::Array(self.per_rank.iter().enumerate().map(row).collect())
     }
 }
 
@@ -455,6 +499,8 @@ pub struct BenchReport {
     pub ranks: usize,
     /// Under MPI: bytes rank 0 received from the others a timed step.
     pub rank_received_bytes: Option<u64>,
+    /// Data-parallel (R > 1): how long each rank's update waited for the exchange.
+    pub exchange_wait: Option<ExchangeWait>,
     pub roofline: Option<Roofline>,
     /// The profile, or why there is none (`--profile` not given, or no timestamp queries).
     pub profile: std::result::Result<Profile, String>,
@@ -537,7 +583,8 @@ impl BenchReport {
     }
 
     /// Data-parallel (R > 1): the ratios to the single device and to the replicas' own steps,
-    /// what the all-reduce moves, and under MPI what rank 0 received.
+    /// how long each rank waited for the exchange, what the all-reduce moves, and under MPI
+    /// what rank 0 received.
     fn exchange_text(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if let Some(ratio) = self.ratio() {
@@ -564,6 +611,9 @@ impl BenchReport {
             lines.push(format!("data-parallel / the replicas' own steps: {exchange:.3} (what the BatchNorm trips and the gradient all-reduce add)"));
         } else if self.single.is_some() {
             lines.push("the replicas' own steps: not timed, one replica's shard is too small a batch for BatchNorm on a device of its own".into());
+        }
+        if let Some(wait) = &self.exchange_wait {
+            lines.extend(wait.text(self.step.median()));
         }
         if self.single.is_some() {
             lines.push(self.allreduce.text());
@@ -637,6 +687,7 @@ impl BenchReport {
             "own_steps_s": self.own_steps_seconds(),
             "own_steps_ratio": self.own_steps_ratio(),
             "exchange_ratio": self.exchange_ratio(),
+            "exchange_wait": self.exchange_wait.as_ref().map(ExchangeWait::to_json),
             "roofline": roofline,
             "profile": self.profile.as_ref().ok().map(Profile::to_json),
         });

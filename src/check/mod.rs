@@ -320,7 +320,12 @@ pub async fn run_check_on(
         dp,
         single: Single { replica, adapter },
         step_cfg: StepConfig::default(),
-        sync: ParallelOptions { bn: BnMode::Sync, capture_pattern: true, sabotage: cfg.sabotage },
+        sync: ParallelOptions {
+            bn: BnMode::Sync,
+            capture_pattern: true,
+            sabotage: cfg.sabotage,
+            clock: None,
+        },
         batch: gate_batch(cfg, 0)?,
         phases,
         rows: Vec::new(),

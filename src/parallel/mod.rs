@@ -36,6 +36,7 @@ mod sabotage;
 pub use sabotage::{Sabotage, Sabotaged};
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::canonical::{self, Plan};
 use crate::collective::{
@@ -89,6 +90,10 @@ pub struct ParallelOptions {
     /// Read each replica's activation pattern back (see [`StepOptions::capture_pattern`]).
     pub capture_pattern: bool,
     pub sabotage: Option<Sabotage>,
+    /// Read around each replica's gradient exchange after its backward, for
+    /// [`DataParallel::exchange_wait`] (`bench`); None reads no clock, as a browser has none
+    /// (`Instant::now` panics on wasm32). Reading it changes no bit.
+    pub clock: Option<fn() -> Instant>,
 }
 
 /// The rendezvous of one data-parallel step's BN sites and gradient buckets. Every replica
@@ -318,6 +323,8 @@ pub struct DataParallel {
     staging: Vec<BucketStaging>,
     /// The least a gradient bucket holds: [`DEFAULT_BUCKET_BYTES`] unless set.
     bucket_bytes: u64,
+    /// The last step's [`exchange_wait`](Self::exchange_wait).
+    exchange_wait: Option<Duration>,
 }
 
 /// The default gradient bucket, 4 MiB: about 15 buckets of ResNet-34's 81 MiB gradient, so all
@@ -363,7 +370,8 @@ impl DataParallel {
             .collect::<Result<Vec<_>>>()?;
         let staging = replicas.iter().map(|_| BucketStaging::default()).collect();
         let bucket_bytes = DEFAULT_BUCKET_BYTES;
-        Ok(DataParallel { replicas, staging, peers: Peers::InProcess, bucket_bytes })
+        let peers = Peers::InProcess;
+        Ok(DataParallel { replicas, staging, peers, bucket_bytes, exchange_wait: None })
     }
 
     /// The same replicas as this process's part of a data-parallel step whose other replicas
@@ -381,6 +389,14 @@ impl DataParallel {
     /// The least a gradient bucket holds.
     pub fn bucket_bytes(&self) -> u64 {
         self.bucket_bytes
+    }
+
+    /// How long the last step waited, after the backward was done on this process's devices,
+    /// for the last all-reduced gradient bucket its update needs: what the exchange beside the
+    /// backward did not hide. Only for a step whose options carried a clock and that exchanged
+    /// gradients (several replicas, synchronised BatchNorm).
+    pub fn exchange_wait(&self) -> Option<Duration> {
+        self.exchange_wait
     }
 
     /// This process's replicas.
@@ -551,7 +567,8 @@ impl DataParallel {
             }
         });
         let results = futures::future::join_all(steps).await;
-        let mut outputs = self.first_cause(results)?;
+        let (mut outputs, spans): (Vec<_>, Vec<_>) = self.first_cause(results)?.into_iter().unzip();
+        self.exchange_wait = exchange_wait(&spans);
         if bn == BnMode::Local && !alone {
             self.all_reduce_gradients(&plan, first).await?;
         }
@@ -657,9 +674,22 @@ impl DataParallel {
     }
 }
 
+/// When a replica's backward was done on its device, and when its gradient exchange was
+/// (every bucket reduced and its copy back submitted, ahead of the update).
+type ExchangeSpan = (Instant, Instant);
+
+/// From the last replica's backward done to the last replica's exchange done, of the `spans`
+/// taken: this process's update waits for every replica's gradient.
+fn exchange_wait(spans: &[Option<ExchangeSpan>]) -> Option<Duration> {
+    let done = spans.iter().flatten().map(|s| s.0).max()?;
+    let exchanged = spans.iter().flatten().map(|s| s.1).max()?;
+    Some(exchanged.saturating_duration_since(done))
+}
+
 /// One replica's forward/backward of `shard`, examples `at` of the global batch: exchanging
 /// through `link` (and broken as `opts` asks, for the gates that must fail), or through
-/// nothing, with its own BatchNorm statistics and a gradient of its own.
+/// nothing, with its own BatchNorm statistics and a gradient of its own. With `opts.clock`,
+/// the span of its exchange after the backward.
 async fn replica_step(
     replica: &mut Replica,
     shard: &Batch,
@@ -667,19 +697,24 @@ async fn replica_step(
     cfg: &StepConfig,
     link: Option<ReplicaLink<'_>>,
     opts: ParallelOptions,
-) -> step::Result<StepOutput> {
+) -> step::Result<(StepOutput, Option<ExchangeSpan>)> {
     let step_opts = StepOptions { impose: None, capture_pattern: opts.capture_pattern };
+    let clock = opts.clock;
     match (link, opts.sabotage) {
-        (None, _) => replica.forward_backward(shard, cfg, at, &OneDevice, step_opts).await,
-        (Some(link), None) => step_through(replica, shard, at, cfg, &link, step_opts).await,
+        (None, _) => {
+            let out = replica.forward_backward(shard, cfg, at, &OneDevice, step_opts).await?;
+            Ok((out, None))
+        }
+        (Some(link), None) => step_through(replica, shard, at, cfg, &link, step_opts, clock).await,
         (Some(link), Some(sabotage)) => {
             let broken = Sabotaged { link, sabotage };
-            step_through(replica, shard, at, cfg, &broken, step_opts).await
+            step_through(replica, shard, at, cfg, &broken, step_opts, clock).await
         }
     }
 }
 
-/// A replica's forward/backward with `comm`, its gradient exchange completed.
+/// A replica's forward/backward with `comm`, its gradient exchange completed, and with a
+/// `clock` the span of the exchange's part after the backward.
 async fn step_through(
     replica: &mut Replica,
     shard: &Batch,
@@ -687,8 +722,11 @@ async fn step_through(
     cfg: &StepConfig,
     comm: &impl Communicator,
     opts: StepOptions<'_>,
-) -> step::Result<StepOutput> {
+    clock: Option<fn() -> Instant>,
+) -> step::Result<(StepOutput, Option<ExchangeSpan>)> {
     let out = replica.forward_backward(shard, cfg, at, comm, opts).await?;
+    // The step has read its losses back, after the whole backward: the device is done with it.
+    let done = clock.map(|now| now());
     comm.finish_gradients(&replica.gpu, replica.gradient()).await?;
-    Ok(out)
+    Ok((out, done.zip(clock.map(|now| now()))))
 }

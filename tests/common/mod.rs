@@ -254,19 +254,59 @@ pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
     path
 }
 
-/// Every tensor of `a` and `b` bitwise equal: the name of the first that is not.
+/// Every tensor of `a` and `b` bitwise equal, with the same names and shapes, and every
+/// metadata entry the same (compared as maps: the header's key order is the safetensors crate's
+/// hash order, which differs from file to file): the name of the first that is not.
 pub fn same_bits(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
     let (a, b) = (
         syncstep::tensorfile::TensorFile::read(a).unwrap(),
         syncstep::tensorfile::TensorFile::read(b).unwrap(),
     );
-    assert!(a.tensors.len() > 100, "a gradient file holds every parameter");
+    assert!(a.tensors.len() > 100, "a gradient file or checkpoint holds every parameter");
+    if let Some(name) = b.tensors.keys().find(|name| !a.tensors.contains_key(*name)) {
+        return Err(format!("{name} is only in the second file"));
+    }
     for (name, t) in &a.tensors {
         let u = b.get(name).ok_or(format!("{name} missing"))?;
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&t.values) != bits(&u.values) {
+        if t.shape != u.shape || t.integer != u.integer || bits(&t.values) != bits(&u.values) {
             return Err(format!("{name} differs"));
         }
     }
-    Ok(())
+    let keys = a.metadata.keys().chain(b.metadata.keys());
+    match keys.into_iter().find(|k| a.metadata.get(*k) != b.metadata.get(*k)) {
+        Some(key) => Err(format!(
+            "metadata `{key}` differs: {:?} against {:?}",
+            a.metadata.get(key),
+            b.metadata.get(key)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `bench`'s exchange wait in its printed report `text` and its `json`: a row per rank of
+/// `ranks`, each of its `steps` waits finite and non-negative (a time is never bounded).
+pub fn check_exchange_wait(text: &str, json: &serde_json::Value, ranks: usize, steps: usize) {
+    let table = text.lines().skip_while(|l| !l.starts_with("exchange wait, from the backward"));
+    let mut lines = table.skip(1);
+    assert!(lines.next().is_some_and(|l| l.starts_with("rank ")), "a table of waits: {text}");
+    let time = |x: f64| x.is_finite() && x >= 0.0;
+    for rank in 0..ranks {
+        let row: Vec<String> =
+            lines.next().unwrap_or_default().split_whitespace().map(String::from).collect();
+        let figures: Vec<f64> = row.iter().skip(1).take(3).filter_map(|f| f.parse().ok()).collect();
+        let ok = row.first() == Some(&rank.to_string()) && figures.len() == 3;
+        assert!(ok && figures.into_iter().all(time), "rank {rank}'s row: {text}");
+    }
+    let rows = json["exchange_wait"].as_array().expect("exchange_wait in the JSON");
+    assert_eq!(rows.len(), ranks, "{rows:?}");
+    for (rank, row) in rows.iter().enumerate() {
+        assert_eq!(row["rank"], rank, "{row}");
+        let steps_s = row["steps_s"].as_array().expect("steps_s");
+        assert_eq!(steps_s.len(), steps, "{row}");
+        let figures = ["median_s", "min_s", "max_s"].map(|k| &row[k]);
+        for x in figures.into_iter().chain(steps_s) {
+            assert!(x.as_f64().is_some_and(time), "rank {rank}: {row}");
+        }
+    }
 }
