@@ -87,29 +87,16 @@ impl Hosts {
     }
 
     /// `argv` as P ranks, one per host, through scripts/hosts.sh's mpirun recipe. One job at a
-    /// time: the hosts share this machine's cores. A hung job is ended after 4 minutes. One that
-    /// hung without a word, before any rank started, is started once more: Open MPI 4.1's
-    /// daemons, started through the namespaces, now and then die as they start (about 1 launch
-    /// in 30 here), which says nothing about syncstep; a rank that started and then hung fails.
+    /// time: the hosts share this machine's cores. A hung job is ended after 4 minutes.
     fn mpirun(&self, p: usize, argv: &[String]) -> Output {
         static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
-        let launch = || {
-            Command::new("timeout")
-                .args(["-k", "10", "240", "bash", SCRIPT, "run", &p.to_string(), "--"])
-                .args(argv)
-                .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
-                .output()
-                .expect("timeout, bash")
-        };
-        let o = launch();
-        // A rank that ran says so, or mpirun does when it ends it ("process rank 1 …").
-        let started = |o: &Output| text(o).contains("syncstep") || text(o).contains("rank ");
-        if o.status.code() == Some(124) && !started(&o) {
-            eprintln!("P = {p}: mpirun hung before any rank started; starting it once more");
-            return launch();
-        }
-        o
+        Command::new("timeout")
+            .args(["-k", "10", "240", "bash", SCRIPT, "run", &p.to_string(), "--"])
+            .args(argv)
+            .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
+            .output()
+            .expect("timeout, bash")
     }
 
     /// `argv` over P hosts, which must succeed.
