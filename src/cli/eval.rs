@@ -10,7 +10,7 @@ use serde_json::json;
 use syncstep::checkpoint;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::source::{self, DataSpec, Dataset};
-use syncstep::data::transform::Normalization;
+use syncstep::data::transform::{Normalization, Preprocess};
 use syncstep::model::ResNet34;
 use syncstep::scores::Scores;
 use syncstep::tensorfile::TensorFile;
@@ -65,19 +65,20 @@ pub fn load_trained(
     Ok(Trainer::new(gpu, cfg, Some(ck))?)
 }
 
-/// Scores of `trainer` on every image of `data` (evaluation images: resized and center-cropped
-/// to `size`), decoded by `workers` threads; `progress` is told how many are done, and ends
-/// the scoring there by answering false.
+/// Scores of `trainer` on every image of `data` (evaluation images: brought to `size` by
+/// `preprocess`, normalised by `norm`), decoded by `workers` threads; `progress` is told how
+/// many are done, and ends the scoring there by answering false.
 pub fn score(
     trainer: &mut Trainer,
     data: Arc<Dataset>,
-    size: u32,
+    (size, preprocess): (u32, Preprocess),
     norm: Normalization,
     workers: usize,
     progress: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let mut scores = Scores::new(trainer.cfg.classes);
-    let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
+    let batch = trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len());
+    let plan = Plan::Eval { batch, preprocess };
     let mut loader = Loader::start(data, plan, size, norm, 0, workers)?;
     while let Some((batch, _)) = loader.next_batch() {
         pollster::block_on(trainer.score(&batch?, &mut scores))?;
@@ -128,7 +129,8 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
             let workers = args
                 .workers
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            score(&mut trainer, Arc::new(data), cfg.image_size, images.norm, workers, progress)?
+            let recipe = (cfg.image_size, Preprocess::Square);
+            score(&mut trainer, Arc::new(data), recipe, images.norm, workers, progress)?
         }
     };
     bar.finish_and_clear();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use syncstep::data::source::decode_file;
-use syncstep::data::transform::eval_image;
+use syncstep::data::transform::{eval_image, Preprocess};
 use syncstep::data::Batch;
 use syncstep::scores::{ranking, softmax};
 
@@ -38,7 +38,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Every image is decoded before any runs, so a bad one is reported before the work.
     let mut pixels = Vec::with_capacity(args.images.len());
     for path in &args.images {
-        pixels.push(eval_image(&decode_file(path)?, size, &images.norm));
+        pixels.push(eval_image(&decode_file(path)?, size, Preprocess::Square, &images.norm));
     }
     let k = cfg.classes as usize;
     let chunk = cfg.batch.max(1);
