@@ -261,6 +261,11 @@ fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
         (scores["top1"].as_f64().unwrap() - right as f64 / 6.0).abs() < 1e-9,
         "{scores} vs {top}"
     );
+    // An input size past the device is refused before any image is made at it.
+    let img = images[0].0.to_str().unwrap();
+    let (ok, out) = syncstep(&["predict", "--weights", w, "--image-size", "100000", img]);
+    assert!(!ok && out.contains("use a smaller --batch or --image-size"), "{out}");
+    assert!(!out.contains("panicked"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
