@@ -69,6 +69,22 @@ pub fn load_weights(
     Ok((params, running))
 }
 
+/// The class count of torchvision weights: the rows of `fc.weight` [K, 512].
+pub fn classes(file: &TensorFile) -> Result<u32, CheckpointError> {
+    let malformed = |problem: String| CheckpointError::Malformed {
+        path: file.path.display().to_string(),
+        problem,
+    };
+    let fc = file
+        .get("fc.weight")
+        .ok_or_else(|| malformed("missing tensor `fc.weight` [K, 512]".into()))?;
+    match fc.shape[..] {
+        [k, 512] => u32::try_from(k)
+            .map_err(|_| malformed(format!("`fc.weight` has {k} rows: too many classes"))),
+        _ => Err(malformed(format!("`fc.weight` has shape {:?}, expected [K, 512]", fc.shape))),
+    }
+}
+
 /// Weights to fine-tune from (`train --init`): every parameter and running statistic of
 /// `model` must be present with its shape, except a classifier for another class count — a
 /// whole one, `fc.weight` `[k, 512]` and `fc.bias` `[k]` — which keeps `init`'s values.

@@ -350,13 +350,13 @@ async fn predictions(
     class_names: &[String],
     shown: usize,
 ) -> Result<Vec<Value>, JsError> {
-    use crate::data::transform::eval_image;
+    use crate::data::transform::{eval_image, Preprocess};
     use crate::scores::{ranking, softmax};
 
     let size = trainer.cfg.image_size;
     let mut predictions = Vec::new();
     for i in 0..val.len().min(shown) {
-        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, norm);
+        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, Preprocess::Square, norm);
         let one = crate::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
         let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
         let p = softmax(&logits);

@@ -14,7 +14,7 @@ use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::schedule::Epochs;
 use syncstep::data::source::{self, DataSpec, Dataset};
 use syncstep::data::synthetic::{class_name, synthetic_image};
-use syncstep::data::transform::{eval_image, Augment, Normalization};
+use syncstep::data::transform::{eval_image, Augment, Normalization, Preprocess};
 use syncstep::model::ResNet34;
 use syncstep::scores::{ranking, softmax};
 use syncstep::tensorfile::TensorFile;
@@ -175,7 +175,7 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
     let mut near_ties = 0;
     let mut first_logits = Vec::new();
     for i in 0..val.len() {
-        let pixels = eval_image(&val.decode(i).unwrap(), 32, &norm);
+        let pixels = eval_image(&val.decode(i).unwrap(), 32, Preprocess::Square, &norm);
         let batch = syncstep::data::Batch { images: pixels, labels: vec![0], h: 32, w: 32 };
         let logits = syncstep::reference::step::predict(
             &model,

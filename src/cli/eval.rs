@@ -1,5 +1,6 @@
-//! `syncstep eval`: a checkpoint's accuracy on a dataset split (eval-mode BatchNorm): top-1,
-//! top-5, per class, and the confusion matrix, printed and (`--json`) written.
+//! `syncstep eval`: the accuracy of a checkpoint or of torchvision weights on a dataset split
+//! (eval-mode BatchNorm): top-1, top-5, per class, and the confusion matrix, printed and
+//! (`--json`) written.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,14 +8,13 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use syncstep::checkpoint;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::source::{self, DataSpec, Dataset};
-use syncstep::data::transform::Normalization;
-use syncstep::model::ResNet34;
+use syncstep::data::transform::{Normalization, Preprocess};
 use syncstep::scores::Scores;
-use syncstep::tensorfile::TensorFile;
-use syncstep::train::{ImageSettings, TrainConfig, Trainer};
+use syncstep::train::Trainer;
+
+use super::weights::{Model, ModelArgs};
 
 /// Classes up to which the confusion matrix is printed (the JSON always has it).
 const PRINTED_CONFUSION: usize = 20;
@@ -27,16 +27,17 @@ pub enum Split {
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// The checkpoint to evaluate (`train --checkpoint`).
-    #[arg(long)]
-    checkpoint: PathBuf,
-    /// The data: as `train --data` [default: the checkpoint's]. With a folder, the split is the
-    /// checkpoint's (DIR/val, or the same seeded --val-split fraction).
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The data: as `train --data` [default: the checkpoint's; --weights needs it]. With a
+    /// folder, a checkpoint's split is its run's (DIR/val, or the same seeded --val-split
+    /// fraction); torchvision weights hold nothing out.
     #[arg(long)]
     data: Option<DataSpec>,
-    /// Which split to score.
-    #[arg(long, value_enum, default_value_t = Split::Val)]
-    split: Split,
+    /// Which split to score [default: val; with --weights, val where the data has one
+    /// (DIR/val, CIFAR's test files), else every image, reported as the split `all`].
+    #[arg(long, value_enum)]
+    split: Option<Split>,
     /// Held-out images of the synthetic dataset to score, at most 100000 (with synthetic data
     /// only: a dataset's split is scored whole) [default: 1000].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
@@ -47,37 +48,22 @@ pub struct EvalArgs {
     /// Threads decoding images [default: the CPU's cores].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
-    /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
-    #[arg(long)]
-    adapter: Option<String>,
 }
 
-/// A checkpoint's run configuration and a trainer holding its weights, on one device.
-pub fn load_trained(
-    path: &Path,
-    adapter: Option<&str>,
-) -> Result<Trainer, Box<dyn std::error::Error>> {
-    let cfg = TrainConfig::from_settings(&TensorFile::read(path)?.metadata)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let ck = checkpoint::load(path, &ResNet34::new(cfg.classes)?)?;
-    let gpu =
-        super::ranks::devices(&Default::default(), adapter, &[], 1, &Default::default())?.remove(0);
-    Ok(Trainer::new(gpu, cfg, Some(ck))?)
-}
-
-/// Scores of `trainer` on every image of `data` (evaluation images: resized and center-cropped
-/// to `size`), decoded by `workers` threads; `progress` is told how many are done, and ends
-/// the scoring there by answering false.
+/// Scores of `trainer` on every image of `data` (evaluation images: brought to `size` by
+/// `preprocess`, normalised by `norm`), decoded by `workers` threads; `progress` is told how
+/// many are done, and ends the scoring there by answering false.
 pub fn score(
     trainer: &mut Trainer,
     data: Arc<Dataset>,
-    size: u32,
+    (size, preprocess): (u32, Preprocess),
     norm: Normalization,
     workers: usize,
     progress: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Scores, Box<dyn std::error::Error>> {
     let mut scores = Scores::new(trainer.cfg.classes);
-    let plan = Plan::Eval { batch: trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len()) };
+    let batch = trainer.cfg.batch.div_ceil(trainer.replicas.replicas().len());
+    let plan = Plan::Eval { batch, preprocess };
     let mut loader = Loader::start(data, plan, size, norm, 0, workers)?;
     while let Some((batch, _)) = loader.next_batch() {
         pollster::block_on(trainer.score(&batch?, &mut scores))?;
@@ -89,15 +75,18 @@ pub fn score(
 }
 
 pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut trainer = load_trained(&args.checkpoint, args.adapter.as_deref())?;
-    let cfg = trainer.cfg.clone();
+    let (file, torchvision) = args.model.file();
+    if torchvision && matches!(args.data, None | Some(DataSpec::Synthetic)) {
+        return Err("--weights needs --data with images to score (DIR, cifar10:DIR or cifar100:DIR), of as many classes as the weights' classifier (fc) has outputs".into());
+    }
+    let (model, weights) = args.model.read()?;
+    let cfg = &model.cfg;
     let spec = args
         .data
         .clone()
         .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
     if let Some(path) = &args.json {
-        let inputs: Vec<&Path> =
-            [Some(args.checkpoint.as_path()), spec.path()].into_iter().flatten().collect();
+        let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
         syncstep::files::check_output("--json", path, &inputs)?;
     }
     let bar = ProgressBar::new(0);
@@ -109,127 +98,167 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         bar.set_position(done as u64);
         true
     };
-    let scores = match (&spec, &cfg.images) {
+    let (scores, split, names, step) = match (&spec, model.norm()) {
         (DataSpec::Synthetic, _) => {
+            if args.model.preprocess.is_some() {
+                return Err("--preprocess applies to images; the synthetic dataset has no use for it: drop --preprocess".into());
+            }
             let examples = super::eval_count("--examples", args.examples.unwrap_or(1000))?;
+            let mut trainer = model.trainer(weights)?;
             bar.set_length(examples as u64);
-            pollster::block_on(trainer.evaluate(examples, progress))?
+            let scores = pollster::block_on(trainer.evaluate(examples, progress))?;
+            let split = split_name(args.split.unwrap_or(Split::Val));
+            (scores, split, cfg.class_names(), trainer.step)
         }
         (_, None) => {
             return Err(format!(
                 "{} was trained on the synthetic dataset: evaluate it with --data synthetic",
-                args.checkpoint.display()
+                file.display()
             )
             .into())
         }
-        (spec, Some(images)) => {
-            let data = split_of(&args, spec, images, cfg.seed)?;
+        (spec, Some(norm)) => {
+            let (split, data) = split_of(&args, &model, spec)?;
+            let mut trainer = model.trainer(weights)?;
             bar.set_length(data.len() as u64);
             let workers = args
                 .workers
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            score(&mut trainer, Arc::new(data), cfg.image_size, images.norm, workers, progress)?
+            let names = data.class_names.clone();
+            let recipe = (cfg.image_size, model.preprocess);
+            let scores = score(&mut trainer, Arc::new(data), recipe, norm, workers, progress)?;
+            (scores, split, names, trainer.step)
         }
     };
     bar.finish_and_clear();
-    let names = cfg.class_names();
-    print_scores(&args, &spec, &scores, &names);
+    let report = Report { model: &model, spec: &spec, split, step, scores: &scores, names: &names };
+    report.print();
     if let Some(path) = &args.json {
-        write_json(path, &args, &spec, trainer.step, &scores, &names)?;
+        report.write_json(path)?;
     }
     Ok(())
 }
 
-/// The split of `spec` that `args` asks to score, with the classes `images` were trained on.
+/// The split of `spec` that `args` asks to score, and its name ("all" where torchvision
+/// weights score a dataset with no validation split of its own: nothing is held out). A
+/// checkpoint's split is made as its run made it, and must have the classes it was trained
+/// on; torchvision weights take a dataset of as many classes as their classifier has outputs.
 fn split_of(
     args: &EvalArgs,
+    model: &Model,
     spec: &DataSpec,
-    images: &ImageSettings,
-    seed: u64,
-) -> Result<Dataset, Box<dyn std::error::Error>> {
+) -> Result<(&'static str, Dataset), Box<dyn std::error::Error>> {
     if args.examples.is_some() {
         return Err("--examples counts synthetic held-out images; a dataset's split is scored whole: drop --examples".into());
     }
-    let splits = source::open(spec, images.val_split, seed)?;
-    let data = match args.split {
-        Split::Train => splits.train,
-        Split::Val => splits.val,
+    let cfg = &model.cfg;
+    let run = cfg.images.as_ref().filter(|_| !model.torchvision);
+    let splits = source::open(spec, run.map_or(0.0, |i| i.val_split), cfg.seed)?;
+    let whole = run.is_none() && splits.val.is_empty();
+    let split = args.split.unwrap_or(if whole { Split::Train } else { Split::Val });
+    let (data, name) = match split {
+        Split::Train if whole => (splits.train, "all"),
+        Split::Train => (splits.train, "train"),
+        Split::Val => (splits.val, "val"),
     };
-    if data.class_names != images.class_names {
-        return Err(format!(
-            "{spec}'s classes are not the ones {} was trained on",
-            args.checkpoint.display()
-        )
-        .into());
+    match run {
+        Some(images) if data.class_names != images.class_names => {
+            return Err(format!(
+                "{spec}'s classes are not the ones {} was trained on",
+                model.path.display()
+            )
+            .into())
+        }
+        None if data.classes() != cfg.classes => {
+            return Err(format!(
+                "{spec} has {} classes, but {}'s classifier (fc) has {} outputs: give data with the classes the weights were trained on, in their order",
+                data.classes(),
+                model.path.display(),
+                cfg.classes
+            )
+            .into())
+        }
+        _ => {}
     }
     if data.is_empty() {
-        return Err(format!("{spec} has no {} images", split_name(args.split)).into());
+        return Err(format!("{spec} has no {name} images").into());
     }
-    Ok(data)
+    Ok((name, data))
 }
 
-/// The scores, per-class accuracy and confusion matrix of the checkpoint at `step`, as JSON.
-fn write_json(
-    path: &Path,
-    args: &EvalArgs,
-    spec: &DataSpec,
+/// What an evaluation found, to print and to write.
+struct Report<'a> {
+    model: &'a Model,
+    spec: &'a DataSpec,
+    split: &'static str,
+    /// The training step the weights are at (0 for torchvision's).
     step: u64,
-    scores: &Scores,
-    names: &[String],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let per_class: Vec<_> = scores
-        .per_class()
-        .iter()
-        .zip(names)
-        .map(|(&(examples, accuracy), name)| {
-            json!({"name": name, "examples": examples, "accuracy": accuracy})
-        })
-        .collect();
-    let confusion: Vec<&[u64]> = scores.confusion.chunks(scores.classes).collect();
-    let report = json!({
-        "checkpoint": args.checkpoint.display().to_string(),
-        "data": spec.to_string(),
-        "split": split_name(args.split),
-        "step": step,
-        "examples": scores.examples,
-        "top1": scores.top1(),
-        "top5": scores.top5(),
-        "classes": per_class,
-        "confusion": confusion,
-    });
-    let text = serde_json::to_string_pretty(&report)?;
-    syncstep::files::write_atomic(path, text.as_bytes())?;
-    println!("scores: {}", path.display());
-    Ok(())
+    scores: &'a Scores,
+    names: &'a [String],
+}
+
+impl Report<'_> {
+    /// The scores, per-class accuracy and confusion matrix, as JSON.
+    fn write_json(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        let scores = self.scores;
+        let per_class: Vec<_> = scores
+            .per_class()
+            .iter()
+            .zip(self.names)
+            .map(|(&(examples, accuracy), name)| {
+                json!({"name": name, "examples": examples, "accuracy": accuracy})
+            })
+            .collect();
+        let confusion: Vec<&[u64]> = scores.confusion.chunks(scores.classes).collect();
+        let report = json!({
+            self.model.flag(): self.model.path.display().to_string(),
+            "data": self.spec.to_string(),
+            "split": self.split,
+            "step": self.step,
+            "image_size": self.model.cfg.image_size,
+            "preprocess": self.model.preprocess.to_string(),
+            "examples": scores.examples,
+            "top1": scores.top1(),
+            "top5": scores.top5(),
+            "classes": per_class,
+            "confusion": confusion,
+        });
+        let text = serde_json::to_string_pretty(&report)?;
+        syncstep::files::write_atomic(path, text.as_bytes())?;
+        println!("scores: {}", path.display());
+        Ok(())
+    }
+
+    fn print(&self) {
+        let (scores, names) = (self.scores, self.names);
+        println!(
+            "{} on {} ({} split, {} images): top-1 {:.2}%, top-5 {:.2}%",
+            self.model.path.display(),
+            self.spec,
+            self.split,
+            scores.examples,
+            100.0 * scores.top1(),
+            100.0 * scores.top5()
+        );
+        let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(5).clamp(5, 24);
+        println!("{:<width$}  images  top-1", "class");
+        for ((examples, accuracy), name) in scores.per_class().into_iter().zip(names) {
+            let accuracy = accuracy.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+            println!("{name:<width$}  {examples:>6}  {accuracy:>5}");
+        }
+        if scores.classes <= PRINTED_CONFUSION {
+            println!("confusion (row: true class, column: predicted, in class order):");
+            for row in scores.confusion.chunks(scores.classes) {
+                let cells: Vec<String> = row.iter().map(|v| format!("{v:>5}")).collect();
+                println!("{}", cells.join(""));
+            }
+        }
+    }
 }
 
 fn split_name(split: Split) -> &'static str {
     match split {
         Split::Train => "train",
         Split::Val => "val",
-    }
-}
-
-fn print_scores(args: &EvalArgs, spec: &DataSpec, scores: &Scores, names: &[String]) {
-    println!(
-        "{} on {spec} ({} split, {} images): top-1 {:.2}%, top-5 {:.2}%",
-        args.checkpoint.display(),
-        split_name(args.split),
-        scores.examples,
-        100.0 * scores.top1(),
-        100.0 * scores.top5()
-    );
-    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(5).clamp(5, 24);
-    println!("{:<width$}  images  top-1", "class");
-    for ((examples, accuracy), name) in scores.per_class().into_iter().zip(names) {
-        let accuracy = accuracy.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
-        println!("{name:<width$}  {examples:>6}  {accuracy:>5}");
-    }
-    if scores.classes <= PRINTED_CONFUSION {
-        println!("confusion (row: true class, column: predicted, in class order):");
-        for row in scores.confusion.chunks(scores.classes) {
-            let cells: Vec<String> = row.iter().map(|v| format!("{v:>5}")).collect();
-            println!("{}", cells.join(""));
-        }
     }
 }

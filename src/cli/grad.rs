@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use syncstep::checkpoint::load_weights;
+use syncstep::checkpoint::{self, load_weights};
 use syncstep::data::Batch;
 use syncstep::model::ResNet34;
 use syncstep::parallel::{DataParallel, ParallelOptions};
@@ -91,7 +91,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
     }
     let weights = TensorFile::read(&args.weights)?;
-    let classes = class_count(&weights)?;
+    let classes = checkpoint::classes(&weights)?;
     let model = ResNet34::new(classes)?;
     let (params, running) = load_weights(&weights, &model, false)?;
     let batch = read_batch(
@@ -150,18 +150,6 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.out.display()
     );
     refuse_non_finite(&entries)
-}
-
-/// The class count of the weights: the rows of `fc.weight` [K, 512].
-fn class_count(weights: &TensorFile) -> Result<u32, String> {
-    let path = weights.path.display();
-    let fc = weights
-        .get("fc.weight")
-        .ok_or_else(|| format!("{path}: missing tensor `fc.weight` [K, 512]"))?;
-    match fc.shape[..] {
-        [k, 512] => Ok(k as u32),
-        _ => Err(format!("{path}: `fc.weight` has shape {:?}, expected [K, 512]", fc.shape)),
-    }
 }
 
 /// The outputs are written (to look at), but are not a result when any holds NaN or

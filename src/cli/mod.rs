@@ -14,6 +14,7 @@ mod plot;
 mod predict;
 mod ranks;
 mod train;
+mod weights;
 
 #[derive(Parser)]
 #[command(
@@ -38,9 +39,9 @@ enum Command {
     Check(check::CheckArgs),
     /// Benchmark the training step on this adapter: images/s, GFLOP/s, memory, a roofline probe and (--profile) a per-layer breakdown.
     Bench(bench::BenchArgs),
-    /// Accuracy of a checkpoint on a dataset: top-1, top-5, per class, and the confusion matrix.
+    /// Accuracy of a checkpoint or torchvision weights on a dataset: top-1, top-5, per class, and the confusion matrix.
     Eval(eval::EvalArgs),
-    /// The five likeliest classes of each image, by a checkpoint.
+    /// The five likeliest classes of each image, by a checkpoint or torchvision weights.
     Predict(predict::PredictArgs),
     /// Draw a training run's loss and accuracy curves from its --log file, as SVG or PNG.
     Plot(plot::PlotArgs),

@@ -1,60 +1,126 @@
-//! `syncstep predict`: the likeliest classes of each image by a checkpoint (eval-mode
-//! BatchNorm; the image resized and center-cropped as evaluation does).
+//! `syncstep predict`: the likeliest classes of each image by a checkpoint or torchvision
+//! weights (eval-mode BatchNorm; each image preprocessed as `--preprocess` says).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+use serde_json::{json, Value};
 use syncstep::data::source::decode_file;
 use syncstep::data::transform::eval_image;
 use syncstep::data::Batch;
 use syncstep::scores::{ranking, softmax};
 
+use super::weights::ModelArgs;
+
+/// ImageNet-1k's class names in the order of torchvision's classifiers, one a line, written by
+/// `scripts/imagenet_classes.py` from torchvision's own metadata.
+const IMAGENET_CLASSES: &str = include_str!("imagenet_classes.txt");
+
 #[derive(Args)]
 pub struct PredictArgs {
-    /// The checkpoint (`train --checkpoint`) of a run on images.
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Images (png, jpeg, bmp, webp; any size: resized and center-cropped).
     #[arg(required = true)]
     images: Vec<PathBuf>,
     /// Classes listed per image, likeliest first.
     #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::positive::<usize>)]
     top: usize,
-    /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
+    /// With --weights: the classes' names, one a line, as many as `fc` has outputs [default:
+    /// ImageNet-1k's for 1000 outputs, else the class indices].
+    #[arg(long, requires = "weights")]
+    class_names: Option<PathBuf>,
+    /// Also write each image's top classes (index, name, probability) here, as JSON.
     #[arg(long)]
-    adapter: Option<String>,
+    json: Option<PathBuf>,
 }
 
 pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut trainer = super::eval::load_trained(&args.checkpoint, args.adapter.as_deref())?;
-    let cfg = trainer.cfg.clone();
-    let images = cfg.images.as_ref().ok_or_else(|| {
-        format!(
-            "{} was trained on the synthetic dataset, not on images: predict needs a run with --data",
-            args.checkpoint.display()
-        )
-    })?;
-    let size = cfg.image_size;
+    let (file, _) = args.model.file();
+    if let Some(path) = &args.json {
+        let mut inputs: Vec<&Path> = args.images.iter().map(PathBuf::as_path).collect();
+        inputs.extend([Some(file), args.class_names.as_deref()].into_iter().flatten());
+        syncstep::files::check_output("--json", path, &inputs)?;
+    }
+    let (model, weights) = args.model.read()?;
+    let k = model.cfg.classes as usize;
+    let (names, norm) = match (&model.cfg.images, model.norm()) {
+        (_, Some(norm)) if model.torchvision => (class_names(args.class_names.as_deref(), k)?, norm),
+        (Some(images), _) => (images.class_names.clone(), images.norm),
+        _ => {
+            return Err(format!(
+                "{} was trained on the synthetic dataset, not on images: predict needs a run with --data",
+                file.display()
+            )
+            .into())
+        }
+    };
+    // The trainer checks the image size against the device before any image is made at it.
+    let mut trainer = model.trainer(weights)?;
+    let (size, preprocess) = (model.cfg.image_size, model.preprocess);
     // Every image is decoded before any runs, so a bad one is reported before the work.
     let mut pixels = Vec::with_capacity(args.images.len());
     for path in &args.images {
-        pixels.push(eval_image(&decode_file(path)?, size, &images.norm));
+        pixels.push(eval_image(&decode_file(path)?, size, preprocess, &norm));
     }
-    let k = cfg.classes as usize;
-    let chunk = cfg.batch.max(1);
+    let chunk = model.cfg.batch.max(1);
+    let mut report = Vec::new();
     for (paths, chunk) in args.images.chunks(chunk).zip(pixels.chunks(chunk)) {
         let batch =
             Batch { images: chunk.concat(), labels: vec![0; chunk.len()], h: size, w: size };
         let logits = pollster::block_on(trainer.replicas.predict(&batch))?;
         for (path, row) in paths.iter().zip(logits.chunks(k)) {
             let p = softmax(row);
-            let top: Vec<String> = ranking(row)
-                .into_iter()
-                .take(args.top)
-                .map(|c| format!("{} {:.1}%", images.class_names[c], 100.0 * p[c]))
+            let top: Vec<usize> = ranking(row).into_iter().take(args.top).collect();
+            let shown: Vec<String> =
+                top.iter().map(|&c| format!("{} {:.1}%", names[c], 100.0 * p[c])).collect();
+            println!("{}: {}", path.display(), shown.join(", "));
+            let top: Vec<Value> = top
+                .iter()
+                .map(|&c| json!({"index": c, "class": names[c], "probability": p[c]}))
                 .collect();
-            println!("{}: {}", path.display(), top.join(", "));
+            report.push(json!({"image": path.display().to_string(), "top": top}));
         }
     }
+    if let Some(path) = &args.json {
+        let report = json!({
+            model.flag(): file.display().to_string(),
+            "image_size": size,
+            "preprocess": preprocess.to_string(),
+            "images": report,
+        });
+        syncstep::files::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    }
     Ok(())
+}
+
+/// The names of torchvision weights' `k` classes: `file`'s lines, else ImageNet-1k's when
+/// there are 1000, else the indices.
+fn class_names(file: Option<&Path>, k: usize) -> Result<Vec<String>, String> {
+    let Some(file) = file else {
+        return Ok(match k {
+            1000 => IMAGENET_CLASSES.lines().map(str::to_string).collect(),
+            _ => (0..k).map(|c| c.to_string()).collect(),
+        });
+    };
+    let bytes = syncstep::files::read_input(file)
+        .map_err(|e| format!("--class-names {}: {e}", file.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("--class-names {}: not UTF-8 text", file.display()))?;
+    let names: Vec<String> = text.lines().map(|l| l.trim_end_matches('\r').to_string()).collect();
+    if names.len() != k {
+        return Err(format!(
+            "--class-names {} lists {} names, but the weights' classifier (fc) has {k} outputs: give one name a line, {k} lines",
+            file.display(),
+            names.len()
+        ));
+    }
+    if let Some(line) = names.iter().position(String::is_empty) {
+        return Err(format!(
+            "--class-names {}: line {} is empty: give every class a name",
+            file.display(),
+            line + 1
+        ));
+    }
+    Ok(names)
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::schedule::Epochs;
 use super::source::{Dataset, DatasetError};
-use super::transform::{eval_image, example_rng, train_image, Augment, Normalization};
+use super::transform::{eval_image, example_rng, train_image, Augment, Normalization, Preprocess};
 use super::Batch;
 
 /// Which examples a batch holds and how its images are made.
@@ -21,8 +21,9 @@ pub enum Plan {
     /// Step s trains on the s-th batch of the epochs' shuffles, augmented: its examples at
     /// positions `part.0 .. part.1` (a process's replicas' shards; `(0, batch)`: all of them).
     Train { epochs: Epochs, augment: Augment, part: (usize, usize) },
-    /// Batch s holds examples s·batch … in order (the last one shorter), evaluation images.
-    Eval { batch: usize },
+    /// Batch s holds examples s·batch … in order (the last one shorter), evaluation images
+    /// made by `preprocess`.
+    Eval { batch: usize, preprocess: Preprocess },
 }
 
 impl Plan {
@@ -30,7 +31,7 @@ impl Plan {
     pub fn batches(&self, examples: usize) -> u64 {
         match *self {
             Plan::Train { .. } => u64::MAX,
-            Plan::Eval { batch } => examples.div_ceil(batch.max(1)) as u64,
+            Plan::Eval { batch, .. } => examples.div_ceil(batch.max(1)) as u64,
         }
     }
 }
@@ -186,7 +187,7 @@ fn make_batch(
             })?;
             (part.to_vec(), epoch)
         }
-        Plan::Eval { batch } => {
+        Plan::Eval { batch, .. } => {
             let start = step as usize * batch;
             ((start..(start + batch).min(data.len())).collect(), 0)
         }
@@ -202,7 +203,7 @@ fn make_batch(
                 let mut rng = example_rng(epochs.seed, epoch, i as u64);
                 train_image(&img, size, augment, &mut rng, norm)
             }
-            Plan::Eval { .. } => eval_image(&img, size, norm),
+            Plan::Eval { preprocess, .. } => eval_image(&img, size, preprocess, norm),
         };
         images.extend(pixels);
         labels.push(data.label(i));
@@ -266,9 +267,9 @@ mod tests {
     #[test]
     fn an_evaluation_pass_covers_every_example_once_in_order() {
         let data = dataset(7);
+        let plan = Plan::Eval { batch: 3, preprocess: Preprocess::Torchvision };
         let mut loader =
-            Loader::start(data.clone(), Plan::Eval { batch: 3 }, 16, Normalization::IMAGENET, 0, 2)
-                .unwrap();
+            Loader::start(data.clone(), plan, 16, Normalization::IMAGENET, 0, 2).unwrap();
         let mut labels = Vec::new();
         while let Some((batch, _)) = loader.next_batch() {
             labels.extend(batch.unwrap().labels);

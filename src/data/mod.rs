@@ -8,6 +8,7 @@ pub mod cifar;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod folder;
 pub mod loader;
+pub mod resample;
 pub mod schedule;
 pub mod source;
 pub mod synthetic;

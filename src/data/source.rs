@@ -378,6 +378,8 @@ pub enum DatasetError {
     Spec { spec: String, problem: String },
     #[error("unknown augmentation {value:?}: use none, crop-flip or resized-crop-flip")]
     Augment { value: String },
+    #[error("unknown preprocessing {value:?}: use torchvision or square")]
+    Preprocess { value: String },
     #[error("the synthetic dataset is generated, not opened: make its batches with data::synthetic_batch")]
     Synthetic,
     #[error(

@@ -3,8 +3,10 @@
 //!
 //! Every random choice comes from a ChaCha8 stream keyed by (seed, epoch, example), and the
 //! geometry uses f32 with libm, so an example's image is the same bits however the batch is
-//! sharded, after a resume, and in the browser. Resampling is bilinear (image's Triangle
-//! filter, which widens its support when shrinking, like torchvision's antialiased resize).
+//! sharded, after a resume, and in the browser. Training and the `square` evaluation resample
+//! with image's Triangle filter (bilinear, its support widened when shrinking, like
+//! torchvision's antialiased resize, but not to PIL's rounding); the `torchvision` evaluation
+//! resamples as PIL does (`resample`), because pretrained weights are held to PyTorch's pixels.
 
 use std::fmt;
 use std::str::FromStr;
@@ -44,6 +46,46 @@ impl fmt::Display for Augment {
             Augment::None => "none",
             Augment::CropFlip => "crop-flip",
             Augment::ResizedCropFlip => "resized-crop-flip",
+        })
+    }
+}
+
+/// How an evaluation image (validation, `eval`, `predict`) is brought to size×size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preprocess {
+    /// torchvision's ImageNet evaluation recipe: the shorter side resized to ⌊size·256/224⌋
+    /// by PIL's bilinear resize, then a center crop of size×size.
+    Torchvision,
+    /// The image's central square resized to size×size: what training evaluates with.
+    Square,
+}
+
+impl Preprocess {
+    /// `img` brought to size×size, 8-bit RGB (before normalisation).
+    pub fn apply(self, img: &RgbImage, size: u32) -> RgbImage {
+        match self {
+            Preprocess::Torchvision => torchvision_crop(img, size),
+            Preprocess::Square => center_square(img, size),
+        }
+    }
+}
+
+impl FromStr for Preprocess {
+    type Err = DatasetError;
+    fn from_str(s: &str) -> Result<Preprocess, DatasetError> {
+        match s {
+            "torchvision" => Ok(Preprocess::Torchvision),
+            "square" => Ok(Preprocess::Square),
+            _ => Err(DatasetError::Preprocess { value: s.to_string() }),
+        }
+    }
+}
+
+impl fmt::Display for Preprocess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Preprocess::Torchvision => "torchvision",
+            Preprocess::Square => "square",
         })
     }
 }
@@ -102,9 +144,14 @@ pub fn train_image(
     normalise(&pixels, norm)
 }
 
-/// An evaluation image: shorter side resized to `size`, center crop size×size, normalised.
-pub fn eval_image(img: &RgbImage, size: u32, norm: &Normalization) -> Vec<f32> {
-    normalise(&center_square(img, size), norm)
+/// An evaluation image: brought to size×size by `preprocess`, normalised.
+pub fn eval_image(
+    img: &RgbImage,
+    size: u32,
+    preprocess: Preprocess,
+    norm: &Normalization,
+) -> Vec<f32> {
+    normalise(&preprocess.apply(img, size), norm)
 }
 
 /// Per-channel mean and std of a dataset's eval images at `size` (pixels in [0, 1]), over at
@@ -151,6 +198,24 @@ fn center_square(img: &RgbImage, size: u32) -> RgbImage {
     let (w, h) = img.dimensions();
     let side = w.min(h);
     resize(&*imageops::crop_imm(img, (w - side) / 2, (h - side) / 2, side, side), size, size)
+}
+
+/// torchvision's `Resize(⌊size·256/224⌋)` then `CenterCrop(size)` on a PIL image. The
+/// longer side is truncated from f64 as torchvision's `int(short_size * long / short)`, and
+/// the crop's offsets are rounded half to even, as Python's `round`. Only the crop is
+/// resampled.
+fn torchvision_crop(img: &RgbImage, size: u32) -> RgbImage {
+    let (w, h) = img.dimensions();
+    let short_size = (size as u64 * 256 / 224) as u32;
+    let (short, long) = (w.min(h).max(1) as u64, w.max(h) as u64);
+    let long_size = ((short_size as u64 * long) as f64 / short as f64) as u32;
+    let (width, height) = if w <= h { (short_size, long_size) } else { (long_size, short_size) };
+    let offset = |extent: u32| {
+        let (half, odd) = ((extent - size) / 2, (extent - size) % 2 == 1);
+        half + (odd && half % 2 == 1) as u32
+    };
+    let (left, top) = (offset(width), offset(height));
+    super::resample::resize_window(img, width, height, left..left + size, top..top + size)
 }
 
 /// Bilinear resampling; an image of no pixels becomes black.
@@ -239,9 +304,37 @@ mod tests {
     }
 
     #[test]
+    fn preprocess_names_round_trip() {
+        for p in [Preprocess::Torchvision, Preprocess::Square] {
+            assert_eq!(p.to_string().parse::<Preprocess>().unwrap(), p);
+        }
+        let e = "center".parse::<Preprocess>().unwrap_err().to_string();
+        assert!(e.contains("\"center\"") && e.contains("torchvision or square"), "{e}");
+    }
+
+    /// torchvision's sizes and offsets: the longer side truncated, the crop's offsets rounded
+    /// half to even (Python's round) — 59.5 to 60, 58.5 to 58 — and a square image.
+    #[test]
+    fn the_torchvision_crop_is_at_torchvisions_offsets() {
+        use super::super::resample::resize_window;
+        let wide = gradient(201, 150);
+        let want = resize_window(&wide, 343, 256, 60..284, 16..240);
+        assert_eq!(Preprocess::Torchvision.apply(&wide, 224), want);
+        let tall = gradient(150, 200);
+        let want = resize_window(&tall, 256, 341, 16..240, 58..282);
+        assert_eq!(Preprocess::Torchvision.apply(&tall, 224), want);
+        // 32: shorter side to ⌊32·256/224⌋ = 36, the crop 2 in.
+        let square = gradient(40, 40);
+        assert_eq!(
+            Preprocess::Torchvision.apply(&square, 32),
+            resize_window(&square, 36, 36, 2..34, 2..34)
+        );
+    }
+
+    #[test]
     fn normalisation_matches_a_hand_computation() {
         let img = RgbImage::from_pixel(1, 1, Rgb([255, 128, 0]));
-        let v = eval_image(&img, 1, &Normalization::IMAGENET);
+        let v = eval_image(&img, 1, Preprocess::Square, &Normalization::IMAGENET);
         let expected = [(1.0 - 0.485) / 0.229, (128.0 / 255.0 - 0.456) / 0.224, -0.406 / 0.225];
         for (got, want) in v.iter().zip(expected) {
             assert!((got - want).abs() < 1e-5, "{v:?}");
@@ -252,7 +345,7 @@ mod tests {
     fn eval_takes_the_central_square_of_a_non_square_image() {
         // 64×32 at size 32: columns 16..48 unchanged. 128×64 at size 32: shrunk by two.
         let wide = gradient(64, 32);
-        let v = eval_image(&wide, 32, &UNIT);
+        let v = eval_image(&wide, 32, Preprocess::Square, &UNIT);
         assert_eq!(v.len(), 3 * 32 * 32);
         assert_eq!(at(&v, 32, 0, 0, 0), (10.0 + 3.0 * 16.0) / 255.0);
         assert_eq!(at(&v, 32, 1, 3, 9), (20.0 + 3.0 * 9.0) / 255.0);
@@ -263,7 +356,7 @@ mod tests {
                 Rgb([250, 0, 0])
             }
         });
-        let v = eval_image(&tall, 32, &UNIT);
+        let v = eval_image(&tall, 32, Preprocess::Square, &UNIT);
         assert!(v[..1024].iter().all(|&r| r == 0.0) && v[1024..2048].iter().all(|&g| g > 0.97));
     }
 
@@ -288,7 +381,7 @@ mod tests {
             assert_ne!(a, run(0, 4), "{augment}");
         }
         let none = train_image(&img, 32, Augment::None, &mut example_rng(5, 0, 0), &UNIT);
-        assert_eq!(none, eval_image(&img, 32, &UNIT));
+        assert_eq!(none, eval_image(&img, 32, Preprocess::Square, &UNIT));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::data::source::Dataset;
+use syncstep::data::transform::Preprocess;
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::scores::Scores;
 use syncstep::train::Trainer;
@@ -34,7 +35,9 @@ pub(super) fn score_images(
     let (size, norm) = (cfg.image_size, cfg.images.as_ref().map(|i| i.norm));
     let norm = norm.ok_or("no images to score")?;
     bar.set_message(format!("validating on {} images", val.len()));
-    crate::cli::eval::score(trainer, val.clone(), size, norm, workers, &mut |_| {
+    // Validation makes its images as the run's `eval` and `predict` do by default.
+    let recipe = (size, Preprocess::Square);
+    crate::cli::eval::score(trainer, val.clone(), recipe, norm, workers, &mut |_| {
         stop.received() == 0
     })
 }

@@ -1,0 +1,146 @@
+//! What `eval` and `predict` run, on one device: a training checkpoint (`--checkpoint`: the
+//! run's classes, normalisation, image size and the `square` preprocessing its validation
+//! used) or torchvision's weights (`--weights`: a ResNet-34 `state_dict` as safetensors, with
+//! ImageNet's normalisation and torchvision's evaluation preprocessing, as PyTorch would run
+//! them). The flags that change how images are made apply to both.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use syncstep::checkpoint::{self, Checkpoint};
+use syncstep::data::transform::{Normalization, Preprocess};
+use syncstep::model::ResNet34;
+use syncstep::tensorfile::TensorFile;
+use syncstep::train::{TrainConfig, Trainer};
+
+/// Side of the input for torchvision weights unless `--image-size` says: their training's.
+const TORCHVISION_SIZE: u32 = 224;
+
+/// Exactly one of the two.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct Source {
+    /// The checkpoint of a run (`train --checkpoint`).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// torchvision ResNet-34 weights: its `state_dict` saved as safetensors (docs/data.md
+    /// shows how). The classes are `fc.weight`'s rows.
+    #[arg(long)]
+    weights: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    source: Source,
+    /// How an image is brought to the input size: torchvision (shorter side resized to
+    /// ⌊size·256/224⌋ as PIL's antialiased bilinear resize, then a center crop: torchvision's
+    /// ImageNet evaluation) or square (the central square resized to size: what training
+    /// validates with) [default: torchvision with --weights, square with --checkpoint].
+    #[arg(long)]
+    pub preprocess: Option<Preprocess>,
+    /// Side of the square input, at least 32 [default: the checkpoint's; 224 with --weights].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    image_size: Option<u32>,
+    /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// Weights read and checked, and how images are made for them; [`Model::trainer`] puts them
+/// on the device, once everything else has been checked.
+pub struct Model {
+    /// The run the weights are (or, for torchvision's, stand for): classes, image size, batch.
+    pub cfg: TrainConfig,
+    /// The file given, for messages.
+    pub path: PathBuf,
+    /// Whether they are torchvision's (`--weights`) rather than a checkpoint's.
+    pub torchvision: bool,
+    pub preprocess: Preprocess,
+    adapter: Option<String>,
+}
+
+impl Model {
+    /// The normalisation of images: ImageNet's for torchvision weights, else the run's; None
+    /// for a checkpoint of a run on the synthetic dataset (it never saw an image).
+    pub fn norm(&self) -> Option<Normalization> {
+        match &self.cfg.images {
+            _ if self.torchvision => Some(Normalization::IMAGENET),
+            images => images.as_ref().map(|i| i.norm),
+        }
+    }
+
+    /// The flag the weights came by, as JSON reports name it.
+    pub fn flag(&self) -> &'static str {
+        if self.torchvision {
+            "weights"
+        } else {
+            "checkpoint"
+        }
+    }
+
+    /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for.
+    pub fn trainer(&self, weights: Checkpoint) -> Result<Trainer, Box<dyn Error>> {
+        let (peers, tune) = (Default::default(), Default::default());
+        let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
+        let gpu = devices.into_iter().next().ok_or("no device")?;
+        Ok(Trainer::new(gpu, self.cfg.clone(), Some(weights))?)
+    }
+}
+
+impl ModelArgs {
+    /// The file given and whether it holds torchvision weights.
+    pub fn file(&self) -> (&Path, bool) {
+        match (&self.source.checkpoint, &self.source.weights) {
+            (Some(path), _) => (path, false),
+            (None, Some(path)) => (path, true),
+            // Unreachable: clap's group requires one of the two.
+            (None, None) => (Path::new(""), false),
+        }
+    }
+
+    /// The weights, read and checked (no device yet).
+    pub fn read(&self) -> Result<(Model, Checkpoint), Box<dyn Error>> {
+        let (path, torchvision) = self.file();
+        let (mut cfg, weights) = if torchvision {
+            torchvision_weights(path)?
+        } else {
+            let metadata = TensorFile::read(path)?.metadata;
+            let cfg = TrainConfig::from_settings(&metadata).map_err(|e| {
+                let other = !metadata.contains_key("format");
+                let hint = if other { " (torchvision weights go to --weights)" } else { "" };
+                format!("{}: {e}{hint}", path.display())
+            })?;
+            let weights = checkpoint::load(path, &ResNet34::new(cfg.classes)?)?;
+            (cfg, weights)
+        };
+        cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
+        ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;
+        let default = if torchvision { Preprocess::Torchvision } else { Preprocess::Square };
+        let model = Model {
+            cfg,
+            path: path.to_path_buf(),
+            torchvision,
+            preprocess: self.preprocess.unwrap_or(default),
+            adapter: self.adapter.clone(),
+        };
+        Ok((model, weights))
+    }
+}
+
+/// torchvision weights as a run at step 0 on 224×224 images: every parameter and running
+/// statistic required (read as `train --init` and `grad` read them), the classes `fc`'s rows.
+fn torchvision_weights(path: &Path) -> Result<(TrainConfig, Checkpoint), String> {
+    let hint = |e: &dyn Error| {
+        format!("{e}: --weights takes torchvision's ResNet-34 `state_dict` saved as safetensors (docs/data.md)")
+    };
+    let file = TensorFile::read(path).map_err(|e| hint(&e))?;
+    let classes = checkpoint::classes(&file).map_err(|e| hint(&e))?;
+    let model = ResNet34::new(classes).map_err(|e| hint(&e))?;
+    let (params, running) = checkpoint::load_weights(&file, &model, true).map_err(|e| hint(&e))?;
+    let cfg = TrainConfig { image_size: TORCHVISION_SIZE, classes, ..TrainConfig::default() };
+    let settings = cfg.settings();
+    let velocity = vec![0.0; model.param_len];
+    Ok((cfg, Checkpoint { params, running, velocity, step: 0, settings }))
+}
