@@ -228,10 +228,29 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
     Ok(write_f32(path, &all, &meta)?)
 }
 
-/// Writes what `syncstep grad` reads and PyTorch loads with torchvision's names, in one file:
-/// `model`'s weights from `seed` (with random BatchNorm γ and β, see
+/// Writes what `syncstep grad` reads and PyTorch loads, in one file with torchvision's names:
+/// `model`'s `params` and `running` statistics, `images` as `input` [m, 3, size, size] and
+/// `labels` [m] as int64, as PyTorch keeps them (any values: out-of-range ones too). Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_step_inputs(
+    path: &Path,
+    model: &ResNet34,
+    (params, running): (&[f32], &[f32]),
+    images: &[f32],
+    size: u32,
+    labels: &[i64],
+) -> Result<(), TensorFileError> {
+    let mut all = entries("", &model.params, params);
+    all.extend(entries("", &model.buffers, running));
+    let (m, side) = (labels.len(), size as usize);
+    all.push(("input".into(), vec![m, 3, side, side], images));
+    let ints = [("labels".to_string(), vec![m], labels)];
+    crate::tensorfile::write_f32_i64(path, &all, &ints, &BTreeMap::new())
+}
+
+/// [`write_step_inputs`] for `model`'s weights from `seed` (with random BatchNorm γ and β, see
 /// [`ResNet34::randomize_batchnorm`]), initial running statistics, and `m` synthetic images of
-/// `size`² from the same seed as `input` [m, 3, size, size] with int64 `labels` [m]. Native only.
+/// `size`² from the same seed. Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_seeded_inputs(
     path: &Path,
@@ -245,12 +264,7 @@ pub fn write_seeded_inputs(
     let running = model.init_buffers();
     let batch = crate::data::synthetic_batch(seed, 0, m, size, size, model.classes)?;
     let labels: Vec<i64> = batch.labels.iter().map(|&l| l.into()).collect();
-    let mut all = entries("", &model.params, &params);
-    all.extend(entries("", &model.buffers, &running));
-    let side = size as usize;
-    all.push(("input".into(), vec![m, 3, side, side], &batch.images));
-    let ints = [("labels".to_string(), vec![m], labels.as_slice())];
-    Ok(crate::tensorfile::write_f32_i64(path, &all, &ints, &BTreeMap::new())?)
+    Ok(write_step_inputs(path, model, (&params, &running), &batch.images, size, &labels)?)
 }
 
 /// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).

@@ -295,11 +295,10 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
         .collect();
     write_f32(&weights, &entries, &Default::default()).unwrap();
     let batch = syncstep::data::synthetic_batch(1, 0, 2, 32, 32, 10).unwrap();
-    let raw = dir.join("batch-raw.safetensors");
-    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
-    write_inputs(&raw, &model, &ck.params, &ck.running, &batch.images, &labels);
     let b = dir.join("batch.safetensors");
-    with_int64_labels(&raw, &b, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let state = (&ck.params[..], &ck.running[..]);
+    checkpoint::write_step_inputs(&b, &model, state, &batch.images, 32, &int64(&batch.labels))
+        .unwrap();
     let out = dir.join("g.safetensors");
     let o = run(
         &[

@@ -5,11 +5,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use syncstep::checkpoint;
+use syncstep::checkpoint::{self, write_step_inputs};
 use syncstep::data::synthetic_batch;
 use syncstep::model::ResNet34;
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
-use syncstep::tensorfile::{write_f32, TensorFile};
+use syncstep::tensorfile::{write_f32, write_f32_i64, TensorFile};
 use syncstep::train::{TrainConfig, Trainer};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -132,11 +132,9 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     model.randomize_batchnorm(&mut params, 5);
     let running = model.init_buffers();
     let batch = synthetic_batch(6, 0, 4, 32, 32, 10).unwrap();
-    let labels_f: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
-    let raw = dir.join("raw.safetensors");
-    write_inputs(&raw, &model, &params, &running, &batch.images, &labels_f);
     let wb = dir.join("wb.safetensors");
-    with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let weights = (&params[..], &running[..]);
+    write_step_inputs(&wb, &model, weights, &batch.images, 32, &int64(&batch.labels)).unwrap();
     let out = dir.join("g.safetensors");
     let (ok, log) = syncstep(&[
         "grad",
@@ -181,10 +179,8 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let case = |name: &str, labels: &[i64], edit: &dyn Fn(&mut Vec<f32>)| -> String {
         let mut images = batch.images.clone();
         edit(&mut images);
-        let f = dir.join(format!("{name}.raw"));
-        write_inputs(&f, &model, &params, &running, &images, &labels_f);
         let g = dir.join(format!("{name}.safetensors"));
-        with_int64_labels(&f, &g, labels);
+        write_step_inputs(&g, &model, weights, &images, 32, labels).unwrap();
         syncstep(&[
             "grad",
             "--weights",
@@ -242,7 +238,9 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
         &Default::default(),
     )
     .unwrap();
-    with_int64_labels(&small_raw, &small, &[0, 1]);
+    let ints = [("labels".to_string(), vec![2], &[0i64, 1][..])];
+    let input = [("input".to_string(), vec![2, 3, 16, 16], &tiny.images[..])];
+    write_f32_i64(&small, &input, &ints, &Default::default()).unwrap();
     let (ok, log) = syncstep(&[
         "grad",
         "--weights",
@@ -383,16 +381,9 @@ fn train_and_grad_take_replicas() {
     let mut params = model.init_params(8);
     model.randomize_batchnorm(&mut params, 9);
     let batch = synthetic_batch(10, 0, 4, 32, 32, 10).unwrap();
-    let (raw, wb) = (dir.join("raw.safetensors"), dir.join("wb.safetensors"));
-    write_inputs(
-        &raw,
-        &model,
-        &params,
-        &model.init_buffers(),
-        &batch.images,
-        &batch.labels.iter().map(|&l| l as f32).collect::<Vec<_>>(),
-    );
-    with_int64_labels(&raw, &wb, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    let wb = dir.join("wb.safetensors");
+    let weights = (&params[..], &model.init_buffers()[..]);
+    write_step_inputs(&wb, &model, weights, &batch.images, 32, &int64(&batch.labels)).unwrap();
     let grad = |replicas: &str, out: &Path| {
         syncstep(&[
             "grad",

@@ -185,73 +185,18 @@ pub fn outcome(cmd: &mut std::process::Command) -> (bool, String) {
     )
 }
 
-/// Weights (+ BN buffers) and a batch in one safetensors file, as a PyTorch user would write.
-pub fn write_inputs(
-    path: &std::path::Path,
-    model: &syncstep::model::ResNet34,
-    params: &[f32],
-    running: &[f32],
-    images: &[f32],
-    labels: &[f32],
-) {
-    let m = labels.len();
-    let hw = ((images.len() / (3 * m)) as f64).sqrt() as usize;
-    let mut entries: Vec<(String, Vec<usize>, &[f32])> = model
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.shape.clone(), &params[p.range()]))
-        .collect();
-    entries.extend(
-        model.buffers.iter().map(|b| (b.name.clone(), b.shape.clone(), &running[b.range()])),
-    );
-    entries.push(("input".into(), vec![m, 3, hw, hw], images));
-    entries.push(("labels".into(), vec![m], labels));
-    syncstep::tensorfile::write_f32(path, &entries, &Default::default()).unwrap();
-}
-
-/// Rewrites `labels` as int64, as `torch.save` of a LongTensor would.
-pub fn with_int64_labels(src: &std::path::Path, dst: &std::path::Path, labels: &[i64]) {
-    let file = syncstep::tensorfile::TensorFile::read(src).unwrap();
-    let mut names: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
-    for (name, t) in &file.tensors {
-        if name == "labels" {
-            names.push((
-                name.clone(),
-                t.shape.clone(),
-                labels.iter().flat_map(|l| l.to_le_bytes()).collect(),
-                safetensors::Dtype::I64,
-            ));
-        } else {
-            names.push((
-                name.clone(),
-                t.shape.clone(),
-                t.values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-                safetensors::Dtype::F32,
-            ));
-        }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = names
-        .iter()
-        .map(|(n, s, d, t)| {
-            (n.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), d).unwrap())
-        })
-        .collect();
-    std::fs::write(dst, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
-}
-
 /// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images, for `grad`: the
 /// inputs of the multi-process tests.
 pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
     let model = syncstep::model::ResNet34::new(10).unwrap();
-    let mut params = model.init_params(4);
-    model.randomize_batchnorm(&mut params, 5);
-    let batch = syncstep::data::synthetic_batch(1, 0, m, 32, 32, 10).unwrap();
-    let labels: Vec<f32> = batch.labels.iter().map(|&l| l as f32).collect();
-    let raw = dir.join("raw.safetensors");
-    write_inputs(&raw, &model, &params, &model.init_buffers(), &batch.images, &labels);
     let path = dir.join("inputs.safetensors");
-    with_int64_labels(&raw, &path, &batch.labels.iter().map(|&l| l as i64).collect::<Vec<_>>());
+    syncstep::checkpoint::write_seeded_inputs(&path, &model, 4, m, 32).unwrap();
     path
+}
+
+/// A batch's labels as `grad` takes them (int64, as PyTorch keeps them).
+pub fn int64(labels: &[u32]) -> Vec<i64> {
+    labels.iter().map(|&l| l.into()).collect()
 }
 
 /// Every tensor of `a` and `b` bitwise equal, with the same names and shapes, and every
