@@ -5,12 +5,13 @@
 //
 // What is subtle:
 // - Every reduction over the batch goes in two steps: first per example ("rows": one row of
-//   [C | C] floats per example, bn_example_stats and bn_example_sums, one invocation per
-//   (example, channel)), then over the rows of the batch (bn_merge_examples, bn_sum_examples,
-//   per channel). A row depends only on its example, and the second step only on the rows in
-//   order. So R replicas that gather each other's rows (in replica order) and run the second
-//   step get BITWISE what one device holding the whole batch gets: this is what makes the
-//   data-parallel step equal the single-device one exactly, not to f32 noise.
+//   [C | C] floats per example, bn_example_stats and bn_example_sums, one invocation or, on
+//   GPUs, one workgroup per (example, channel)), then over the rows of the batch
+//   (bn_merge_examples, bn_sum_examples, per channel). A row depends only on its example, and
+//   the second step only on the rows in order. So R replicas that gather each other's rows (in
+//   replica order) and run the second step get BITWISE what one device holding the whole batch
+//   gets: this is what makes the data-parallel step equal the single-device one exactly, not
+//   to f32 noise.
 // - bn_sum_examples also runs over one replica's own rows, for its dβ, dγ, which the
 //   gradient all-reduce then adds across replicas. It sums rows pairwise
 //   (common/pairwise.wgsl, which this file is compiled after), as every reduction over the
@@ -70,21 +71,27 @@ fn masked(dy: f32, gate: f32) -> f32 {
 }
 
 // bn_example_stats: rows[b] = [mean_b per channel | M2_b per channel] over example b's hw
-// positions. One invocation per (b, ch).
+// positions. One invocation per (b, ch); bn_example_stats_by_plane below gives the same bits.
 @group(0) @binding(1) var<storage, read> example_x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> example_rows: array<f32>;
 
-// Σ_j (x_j − shift) (or its square) over the hw values of one plane starting at `base`.
+// Σ_j (x_j − shift) (or its square) over the block of BLOCK values (fewer at the plane's end)
+// starting at `start` in the plane at `base`.
+fn block_sum(base: u32, start: u32, shift: f32, square: bool) -> f32 {
+    let end = min(start + BLOCK, p.hw);
+    var block = 0.0;
+    for (var j = start; j < end; j = j + 1u) {
+        let d = example_x[base + j] - shift;
+        block = block + select(d, d * d, square);
+    }
+    return block;
+}
+
+// The blocks' sums over the hw values of one plane, added in order.
 fn plane_sum(base: u32, shift: f32, square: bool) -> f32 {
     var total = 0.0;
     for (var start = 0u; start < p.hw; start = start + BLOCK) {
-        let end = min(start + BLOCK, p.hw);
-        var block = 0.0;
-        for (var j = start; j < end; j = j + 1u) {
-            let d = example_x[base + j] - shift;
-            block = block + select(d, d * d, square);
-        }
-        total = total + block;
+        total = total + block_sum(base, start, shift, square);
     }
     return total;
 }
@@ -100,6 +107,69 @@ fn bn_example_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     let mean = x0 + plane_sum(base, x0, false) / f32(p.hw);
     example_rows[2u * p.c * b + ch] = mean;
     example_rows[2u * p.c * b + p.c + ch] = plane_sum(base, mean, true);
+}
+
+// The per-example kernels for GPUs, where one invocation per (b, ch) leaves most of the device
+// idle: a workgroup per plane, whose invocations sum PLANE_WG blocks side by side and whose
+// first adds the blocks' sums in order, as the loops above do. The same additions in the same
+// order, so each variant gives the other's bits (the launcher picks one by the kernel policy).
+const PLANE_WG: u32 = 64u;
+var<workgroup> plane_blocks: array<vec2<f32>, PLANE_WG>;
+var<workgroup> plane_shift: f32;
+
+// `total` (invocation 0's) plus, in block order, the blocks' sums the invocations hold in
+// `mine` for the round of PLANE_WG blocks starting at position `round`.
+fn add_round(total: vec2<f32>, lane: u32, mine: vec2<f32>, round: u32) -> vec2<f32> {
+    plane_blocks[lane] = mine;
+    workgroupBarrier();
+    var sum = total;
+    if (lane == 0u) {
+        let blocks = min(PLANE_WG, (p.hw - round + BLOCK - 1u) / BLOCK);
+        for (var k = 0u; k < blocks; k++) {
+            sum = sum + plane_blocks[k];
+        }
+    }
+    workgroupBarrier();
+    return sum;
+}
+
+// plane_sum by a workgroup: the total in invocation 0.
+fn plane_sum_by_plane(base: u32, shift: f32, square: bool, lane: u32) -> f32 {
+    var total = vec2<f32>(0.0);
+    for (var round = 0u; round < p.hw; round = round + BLOCK * PLANE_WG) {
+        let start = round + lane * BLOCK;
+        var mine = vec2<f32>(0.0);
+        if (start < p.hw) {
+            mine.x = block_sum(base, start, shift, square);
+        }
+        total = add_round(total, lane, mine, round);
+    }
+    return total.x;
+}
+
+// The index of the workgroup's plane, (b, ch), in a grid of one workgroup per plane.
+fn plane_index(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.x + wg.y * nwg.x;
+}
+
+@compute @workgroup_size(PLANE_WG)
+fn bn_example_stats_by_plane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = plane_index(wg, nwg);
+    if (i >= p.n * p.c) { return; }
+    let b = i / p.c;
+    let ch = i % p.c;
+    let base = (b * p.c + ch) * p.hw;
+    let x0 = example_x[base];
+    let mean_sum = plane_sum_by_plane(base, x0, false, lane);
+    if (lane == 0u) {
+        plane_shift = x0 + mean_sum / f32(p.hw);
+    }
+    let mean = workgroupUniformLoad(&plane_shift);
+    let m2 = plane_sum_by_plane(base, mean, true, lane);
+    if (lane == 0u) {
+        example_rows[2u * p.c * b + ch] = mean;
+        example_rows[2u * p.c * b + p.c + ch] = m2;
+    }
 }
 
 // bn_merge_examples: stats = [mean | M2] per channel over n rows of bn_example_stats (n·hw
@@ -214,12 +284,28 @@ fn bn_apply_relu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 
 // bn_example_sums: rows[b] = [Σdy | Σdy·x̂] per channel over example b's positions, x̂ from the
 // given (global) stats: Σdy·(x − μ) scaled once by 1/σ at the end. dy is masked by `gate`
-// when p.gated is 1. One invocation per (b, ch).
+// when p.gated is 1. One invocation per (b, ch); bn_example_sums_by_plane gives the same bits.
 @group(0) @binding(1) var<storage, read> esums_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> esums_gate: array<f32>;
 @group(0) @binding(3) var<storage, read> esums_x: array<f32>;
 @group(0) @binding(4) var<storage, read> esums_stats: array<f32>;
 @group(0) @binding(5) var<storage, read_write> esums_rows: array<f32>;
+
+// [Σdy | Σdy·(x − mean)] over the block of BLOCK positions starting at `start`.
+fn sums_block(base: u32, start: u32, mean: f32) -> vec2<f32> {
+    let end = min(start + BLOCK, p.hw);
+    var block = vec2<f32>(0.0);
+    for (var j = start; j < end; j = j + 1u) {
+        let dy = masked(esums_dy[base + j], esums_gate[base + j]);
+        block = block + dy * vec2<f32>(1.0, esums_x[base + j] - mean);
+    }
+    return block;
+}
+
+fn write_sums(b: u32, ch: u32, total: vec2<f32>) {
+    esums_rows[2u * p.c * b + ch] = total.x;
+    esums_rows[2u * p.c * b + p.c + ch] = total.y * inv_std(esums_stats[p.c + ch]);
+}
 
 @compute @workgroup_size(WG)
 fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -228,19 +314,32 @@ fn bn_example_sums(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let b = i / p.c;
     let ch = i % p.c;
     let base = (b * p.c + ch) * p.hw;
-    let mean = esums_stats[ch];
     var total = vec2<f32>(0.0);
     for (var start = 0u; start < p.hw; start = start + BLOCK) {
-        let end = min(start + BLOCK, p.hw);
-        var block = vec2<f32>(0.0);
-        for (var j = start; j < end; j = j + 1u) {
-            let dy = masked(esums_dy[base + j], esums_gate[base + j]);
-            block = block + dy * vec2<f32>(1.0, esums_x[base + j] - mean);
-        }
-        total = total + block;
+        total = total + sums_block(base, start, esums_stats[ch]);
     }
-    esums_rows[2u * p.c * b + ch] = total.x;
-    esums_rows[2u * p.c * b + p.c + ch] = total.y * inv_std(esums_stats[p.c + ch]);
+    write_sums(b, ch, total);
+}
+
+@compute @workgroup_size(PLANE_WG)
+fn bn_example_sums_by_plane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = plane_index(wg, nwg);
+    if (i >= p.n * p.c) { return; }
+    let b = i / p.c;
+    let ch = i % p.c;
+    let base = (b * p.c + ch) * p.hw;
+    var total = vec2<f32>(0.0);
+    for (var round = 0u; round < p.hw; round = round + BLOCK * PLANE_WG) {
+        let start = round + lane * BLOCK;
+        var mine = vec2<f32>(0.0);
+        if (start < p.hw) {
+            mine = sums_block(base, start, esums_stats[ch]);
+        }
+        total = add_round(total, lane, mine, round);
+    }
+    if (lane == 0u) {
+        write_sums(b, ch, total);
+    }
 }
 
 // bn_sum_examples: sums = [Σdy | Σdy·x̂] per channel over n rows of bn_example_sums, summed

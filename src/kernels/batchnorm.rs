@@ -20,6 +20,7 @@
 //! an optional residual add and a ReLU in one pass, and the backward kernels take the ReLU's
 //! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
+use super::conv2d::runs_gpu_kernels;
 use super::{
     expect_len, expect_positive, launch, pairwise_shader, shader_source, KernelError, Result,
 };
@@ -85,6 +86,23 @@ impl BnShape {
         }
     }
 
+    /// The entry point and grid of a per-example kernel: `by_plane` (a workgroup per (b, ch)
+    /// plane) where the device takes the GPU's kernels, else `one` (an invocation per plane).
+    /// Both give the same bits.
+    fn per_example(
+        &self,
+        gpu: &Gpu,
+        one: &'static str,
+        by_plane: &'static str,
+    ) -> Result<(&'static str, [u32; 3])> {
+        let planes = self.n as u64 * self.c as u64;
+        Ok(if runs_gpu_kernels(gpu)? {
+            (by_plane, grid_1d(planes, 1))
+        } else {
+            (one, grid_1d(planes, WG))
+        })
+    }
+
     fn params(&self, count: u32, eps: f32) -> Params {
         Params { n: self.n, c: self.c, hw: self.hw, count, eps, residual: 0, gated: 0 }
     }
@@ -122,17 +140,8 @@ pub fn bn_example_stats(
     shape.check(OP)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
-    let threads = shape.n as u64 * shape.c as u64;
-    launch(
-        gpu,
-        enc,
-        OP,
-        &SHADER,
-        OP,
-        &shape.params(0, 0.0),
-        &[("x", x), ("rows", rows)],
-        grid_1d(threads, WG),
-    )
+    let (entry, grid) = shape.per_example(gpu, OP, "bn_example_stats_by_plane")?;
+    launch(gpu, enc, OP, &SHADER, entry, &shape.params(0, 0.0), &[("x", x), ("rows", rows)], grid)
 }
 
 /// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
@@ -281,8 +290,8 @@ pub fn bn_example_sums(
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [Σdy | Σdy·x̂] per example")?;
     let params = Params { gated, ..shape.params(count, eps) };
     let bindings = [("dy", dy), ("gate", gate), ("x", x), ("stats", stats), ("rows", rows)];
-    let threads = shape.n as u64 * shape.c as u64;
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(threads, WG))
+    let (entry, grid) = shape.per_example(gpu, OP, "bn_example_sums_by_plane")?;
+    launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }
 
 /// `sums` = [Σdy | Σdy·x̂] per channel over the n rows of `bn_example_sums`, summed pairwise

@@ -46,8 +46,8 @@ pub use crop::{conv2d_launch_cropped, conv2d_launch_kept, crop_weights, Crop};
 pub use forward::conv2d_forward_with;
 pub use shape::Conv2dShape;
 pub use tune::{
-    autotuned_algo, candidates, conv2d_algo, kernel_policy, parse_forced, set_kernel_policy,
-    Forced, KernelPlan, KernelPolicy,
+    autotuned_algo, candidates, conv2d_algo, kernel_policy, parse_forced, runs_gpu_kernels,
+    set_kernel_policy, Forced, KernelPlan, KernelPolicy,
 };
 use winograd::winograd_gemm_algo;
 pub use winograd::{conv2d_winograd_with, winograd_chunk_images};

@@ -153,6 +153,12 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
     }
 }
 
+/// Whether `gpu` takes the kernels shaped for GPUs where an op has variants but no timed choice
+/// (BatchNorm's per-example sums): under the GPU plan, or on a GPU adapter.
+pub fn runs_gpu_kernels(gpu: &Gpu) -> Result<bool> {
+    Ok(kernel_policy(gpu)?.plan == KernelPlan::Gpu || !is_cpu(&gpu.info))
+}
+
 /// [`conv2d_algo`]'s choice when nothing forces one: the fastest candidate, timed on first use
 /// (natively) or remembered (by the device, or in its policy's cache file), or the browser's
 /// guess.
