@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use syncstep::checkpoint::write_seeded_inputs;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if out.exists() {
         return Err(format!("{} exists: choose a new file", out.display()).into());
     }
-    write_seeded_inputs(&out, &ResNet34::new(classes)?, seed, images, size)?;
+    write_seeded_inputs(&out, &ResNet::new(Arch::ResNet34, classes)?, seed, images, size)?;
     println!("{}: seed {seed}, {images} images of {size}×{size}, {classes} classes", out.display());
     Ok(())
 }

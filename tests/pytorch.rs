@@ -17,7 +17,7 @@ use common::syncstep;
 use serde_json::Value;
 use syncstep::checkpoint::write_seeded_inputs;
 use syncstep::compare::{norm_rel, summary_error};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::TensorFile;
 
 const LOSS_BOUND: f64 = 1e-5;
@@ -58,7 +58,7 @@ fn off_tensors(out: &TensorFile, prefix: &str, list: &Value) -> Vec<String> {
 fn grad_on_fixture_inputs(f: &Value, dir: &Path) -> PathBuf {
     let classes = number(f, "classes") as u32;
     assert_eq!(f["arch"], "resnet34");
-    let model = ResNet34::new(classes).unwrap();
+    let model = ResNet::new(Arch::ResNet34, classes).unwrap();
     let inputs = dir.join("inputs.safetensors");
     let (seed, images, size) =
         (number(f, "seed") as u64, number(f, "images") as usize, number(f, "image_size") as u32);
