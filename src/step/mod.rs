@@ -15,7 +15,9 @@ use crate::collective::{CollectiveError, Pieces};
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
-use crate::model::{ActivationPattern, Conv, ModelError, ResNet, POOL_K, POOL_PAD, POOL_STRIDE};
+use crate::model::{
+    ActivationPattern, Conv, ModelError, ResNet, ALIGN_BYTES, POOL_K, POOL_PAD, POOL_STRIDE,
+};
 
 mod activations;
 mod backward;
@@ -329,16 +331,6 @@ impl Replica {
                 model.buffer_len
             )));
         }
-        let binding = gpu.limits.max_storage_buffer_binding_size;
-        if (model.param_len as u64) * 4 > binding {
-            return Err(GpuError::Limit {
-                what: "the flat parameter buffer".into(),
-                needed: model.param_len as u64 * 4,
-                allowed: binding,
-                limit: "max_storage_buffer_binding_size",
-            }
-            .into());
-        }
         let params_buf = gpu.upload("params", params)?;
         let grads = gpu.buffer("grads", model.param_len as u64)?;
         let velocity = gpu.buffer("velocity", model.param_len as u64)?;
@@ -513,20 +505,29 @@ impl Replica {
         Ok(self.gpu.read_f32(Slice::whole(&logits)).await?)
     }
 
-    /// SGD with momentum and weight decay over the whole flat parameter buffer.
+    /// SGD with momentum and weight decay over the whole flat parameter buffer, in parts that
+    /// one storage binding holds each (ResNet-101's buffer is past WebGPU's default 128 MiB).
+    /// The update is per element: the parts give the whole buffer's bits.
     pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
         cfg.validate()?;
         let mut enc = self.gpu.encoder();
         let p =
             sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
-        sgd::sgd_update(
-            &self.gpu,
-            &mut enc,
-            &p,
-            Slice::whole(&self.params),
-            self.gradient(),
-            Slice::whole(&self.velocity),
-        )?;
+        // Whole multiples of the layout's alignment: every part starts where a binding may.
+        let align = ALIGN_BYTES as u64 / 4;
+        let part = self.gpu.limits.max_storage_buffer_binding_size / 4 / align * align;
+        let (len, grad) = (self.model.param_len as u64, self.gradient());
+        for start in (0..len).step_by(part.max(align) as usize) {
+            let (at, n) = (start * 4, part.min(len - start));
+            sgd::sgd_update(
+                &self.gpu,
+                &mut enc,
+                &p,
+                Slice::new(&self.params, at, n),
+                Slice::new(grad.buffer, grad.offset + at, n),
+                Slice::new(&self.velocity, at, n),
+            )?;
+        }
         self.gpu.submit(enc).await?;
         Ok(())
     }
