@@ -1,7 +1,7 @@
 //! The `model` layer: torchvision's ResNets (18, 34, 50, 101) as data. Parameter and buffer
-//! specs carry torchvision's
-//! `state_dict` names and their place in ONE flat parameter buffer (and one flat buffer of
-//! BatchNorm running statistics). The step walks `stem` and `blocks`; nothing here knows wgpu.
+//! specs carry torchvision's `state_dict` names and their place in ONE flat parameter buffer
+//! (and one flat buffer of BatchNorm running statistics). The step walks `stem` and `blocks`;
+//! nothing here knows wgpu.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -361,7 +361,8 @@ impl ResNet {
         Some(largest)
     }
 
-    /// All BatchNorm sites in forward order (stem, then per block its main path's, then its downsample's).
+    /// All BatchNorm sites in forward order: the stem's, then per block its main path's and its
+    /// downsample's.
     pub fn batchnorms(&self) -> Vec<BatchNorm> {
         let mut v = vec![self.stem_bn];
         for b in &self.blocks {
@@ -580,7 +581,6 @@ mod tests {
         for (arch, scalars, tensors, bns, last, shape) in cases {
             let m = ResNet::new(arch, 1000).unwrap();
             assert_eq!(m.arch.to_string().parse::<Arch>(), Ok(arch));
-            assert_eq!(arch.title(), format!("ResNet-{}", &arch.name()[6..]));
             assert_eq!((m.param_count(), m.params.len()), (scalars, tensors), "{arch}");
             assert_eq!((m.batchnorms().len(), m.buffers.len()), (bns, 2 * bns), "{arch}");
             assert_eq!(m.param(last).unwrap().shape, shape, "{arch}");
@@ -602,6 +602,7 @@ mod tests {
             Some((64, 256, 1))
         );
         assert!(m.blocks[1].downsample.is_none());
+        assert_eq!(Arch::ResNet101.title(), "ResNet-101");
         let e = "resnet152".parse::<Arch>().unwrap_err();
         assert!(e.contains("resnet152") && e.contains("resnet101"), "{e}");
     }
@@ -630,6 +631,12 @@ mod tests {
         let m10 = ResNet::new(Arch::ResNet34, 10).unwrap();
         near(m10.forward_flops(32, 32), 0.150, 0.002);
         near(m10.forward_flops(64, 64), 0.598, 0.002);
+        // torchvision's figures for the others (its GFLOPS count multiply-adds: 1.81, 4.09, 7.80).
+        for (arch, giga) in
+            [(Arch::ResNet18, 3.63), (Arch::ResNet50, 8.18), (Arch::ResNet101, 15.6)]
+        {
+            near(ResNet::new(arch, 1000).unwrap().forward_flops(224, 224), giga, 0.03);
+        }
         // A training step counts 2.97 forwards: the forward, every weight gradient (as many
         // FLOPs again), every input gradient but the stem's (its input is the image).
         for (m, size) in [(&m10, 32), (&m10, 64), (&m, 224)] {
