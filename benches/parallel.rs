@@ -16,7 +16,7 @@ use syncstep::collective::{
 };
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu, Slice};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
@@ -50,7 +50,7 @@ fn parallel(c: &mut Criterion) {
         Ok(choice) => choice,
         Err(e) => return eprintln!("parallel benchmarks skipped: {e}"),
     };
-    let model = ResNet34::new(10).expect("model");
+    let model = ResNet::new(Arch::ResNet34, 10).expect("model");
     let params = model.init_params(0);
     let running = model.init_buffers();
     let (mut single, mut dp) = match pollster::block_on(async {

@@ -7,14 +7,14 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use syncstep::bench::STEP_FLOPS_PER_FORWARD;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn step_bench(c: &mut Criterion) {
     let gpu =
         pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).expect("a GPU adapter");
     eprintln!("adapter: {}", describe(&gpu.info));
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let params = model.init_params(0);
     let mut replica = Replica::new(gpu, model.clone(), &params, &model.init_buffers()).unwrap();
     let cfg = StepConfig::default();

@@ -7,13 +7,13 @@
 
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{AdapterChoice, Gpu};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let choice = AdapterChoice::from_env()?;
-    let model = ResNet34::new(10)?;
+    let model = ResNet::new(Arch::ResNet34, 10)?;
     let (params, running) = (model.init_params(0), model.init_buffers());
     let cfg = StepConfig::default();
     // 8 images of 32×32 from the embedded synthetic dataset (seed 0, from example 0).

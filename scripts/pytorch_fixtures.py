@@ -30,8 +30,13 @@ ROOT = os.path.normpath(os.path.join(HERE, ".."))
 OUT_DIR = os.path.join(ROOT, "tests", "fixtures", "pytorch")
 
 # (arch, seed, images, size, classes): small enough for the suite, large enough that every
-# BatchNorm site sees at least 8 values per channel (layer4 at 1×1 with 8 images).
-FIXTURES = [("resnet34", 0, 8, 32, 10)]
+# BatchNorm site sees at least 8 values per channel (layer4 at 1×1 with 8 images). No ResNet-50:
+# at 32² its f32 step parts from f64 by 2.5e-4 (past CALM) by rounding alone, and at 33² and 48²
+# (layer4 at 2×2) seeds 0-3 each put some of its many ReLU inputs within rounding of zero.
+FIXTURES = [
+    ("resnet18", 0, 8, 32, 10),
+    ("resnet34", 0, 8, 32, 10),
+]
 SAMPLES_PER_TENSOR = 64  # syncstep's compare::SAMPLES_PER_TENSOR
 LABEL_SMOOTHING = 0.1
 BN_MOMENTUM = 0.1
@@ -44,9 +49,9 @@ def sample_indices(n):
     return [i * n // k for i in range(k)]
 
 
-def write_inputs(path, seed, images, size, classes):
+def write_inputs(path, arch, seed, images, size, classes):
     cmd = ["cargo", "run", "--quiet", "--release", "--example", "step_inputs", "--",
-           path, str(seed), str(images), str(size), str(classes)]
+           path, str(seed), str(images), str(size), str(classes), arch]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -93,7 +98,7 @@ def make(torch, torchvision, versions, arch, seed, images, size, classes):
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "inputs.safetensors")
-        write_inputs(path, seed, images, size, classes)
+        write_inputs(path, arch, seed, images, size, classes)
         tensors = load_file(path)
     loss, logits, grads, buffers = step(torch, torchvision, arch, tensors, classes, torch.float64)
     _, _, grads32, _ = step(torch, torchvision, arch, tensors, classes, torch.float32)

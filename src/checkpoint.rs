@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 
-use crate::model::ResNet34;
+use crate::model::{Arch, ResNet};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensorfile::{write_f32, Entry};
 use crate::tensorfile::{TensorFile, TensorFileError};
@@ -29,6 +29,10 @@ pub enum CheckpointError {
     #[error("not saved: tensor `{name}` holds a non-finite value at element {index} (the run diverged); the last good checkpoint is kept")]
     NotFinite { name: String, index: usize },
 }
+
+/// The setting that names a checkpoint's architecture ([`Arch::name`]); a checkpoint without
+/// it is ResNet-34's, the only one there was.
+pub const ARCH_KEY: &str = "arch";
 
 /// The checkpoint format this build writes and reads.
 pub const FORMAT: &str = "syncstep-checkpoint-2";
@@ -57,7 +61,7 @@ pub const REQUIRED_SETTINGS: [&str; 13] = [
 /// (defaulting to mean 0, variance 1) unless `running_required`. Other keys are ignored.
 pub fn load_weights(
     file: &TensorFile,
-    model: &ResNet34,
+    model: &ResNet,
     running_required: bool,
 ) -> Result<(Vec<f32>, Vec<f32>), CheckpointError> {
     let mut params = vec![0.0f32; model.param_len];
@@ -69,28 +73,66 @@ pub fn load_weights(
     Ok((params, running))
 }
 
-/// The class count of torchvision weights: the rows of `fc.weight` [K, 512].
-pub fn classes(file: &TensorFile) -> Result<u32, CheckpointError> {
+/// The class count of torchvision weights of `arch`: the rows of `fc.weight` [K, features].
+pub fn classes(file: &TensorFile, arch: Arch) -> Result<u32, CheckpointError> {
     let malformed = |problem: String| CheckpointError::Malformed {
         path: file.path.display().to_string(),
         problem,
     };
+    let f = arch.features() as usize;
     let fc = file
         .get("fc.weight")
-        .ok_or_else(|| malformed("missing tensor `fc.weight` [K, 512]".into()))?;
+        .ok_or_else(|| malformed(format!("missing tensor `fc.weight` [K, {f}]")))?;
     match fc.shape[..] {
-        [k, 512] => u32::try_from(k)
+        [k, features] if features == f => u32::try_from(k)
             .map_err(|_| malformed(format!("`fc.weight` has {k} rows: too many classes"))),
-        _ => Err(malformed(format!("`fc.weight` has shape {:?}, expected [K, 512]", fc.shape))),
+        _ => Err(malformed(format!(
+            "`fc.weight` has shape {:?}, expected [K, {f}] ({arch})",
+            fc.shape
+        ))),
     }
+}
+
+/// The architecture of torchvision weights, told by their tensor names: the blocks of each
+/// stage (the last block named, `layer3.5.…`) and whether they are Bottlenecks (a `conv3`).
+/// `asked` (`--arch`) must agree. A file with no block at all is taken to be `asked`, else
+/// ResNet-34: reading its tensors names what it lacks, as it does a tensor missing in a block.
+pub fn weights_arch(file: &TensorFile, asked: Option<Arch>) -> Result<Arch, CheckpointError> {
+    let mut counts = [0usize; 4];
+    let mut bottleneck = false;
+    for name in file.tensors.keys() {
+        let mut parts = name.split('.');
+        let stage = parts.next().and_then(|p| p.strip_prefix("layer")?.parse::<usize>().ok());
+        let block = parts.next().and_then(|p| p.parse::<usize>().ok());
+        if let (Some(stage @ 1..=4), Some(block)) = (stage, block) {
+            counts[stage - 1] = counts[stage - 1].max(block + 1);
+            bottleneck |= parts.next() == Some("conv3");
+        }
+    }
+    if counts == [0; 4] {
+        return Ok(asked.unwrap_or_default());
+    }
+    let found =
+        Arch::ALL.into_iter().find(|a| a.blocks() == counts && a.bottleneck() == bottleneck);
+    let kind = if bottleneck { "Bottleneck" } else { "BasicBlock" };
+    let problem = match (found, asked) {
+        (Some(found), Some(asked)) if found != asked => format!(
+            "these are {found} weights ({kind}s {counts:?} per stage), but --arch is {asked}: drop --arch or pass --arch {found}"
+        ),
+        (Some(found), _) => return Ok(found),
+        (None, _) => format!(
+            "{kind}s {counts:?} per stage are none of torchvision's ResNets (resnet18: BasicBlocks [2, 2, 2, 2]; resnet34: BasicBlocks [3, 4, 6, 3]; resnet50: Bottlenecks [3, 4, 6, 3]; resnet101: Bottlenecks [3, 4, 23, 3])"
+        ),
+    };
+    Err(CheckpointError::Malformed { path: file.path.display().to_string(), problem })
 }
 
 /// Weights to fine-tune from (`train --init`): every parameter and running statistic of
 /// `model` must be present with its shape, except a classifier for another class count — a
-/// whole one, `fc.weight` `[k, 512]` and `fc.bias` `[k]` — which keeps `init`'s values.
+/// whole one, `fc.weight` `[k, features]` and `fc.bias` `[k]` — which keeps `init`'s values.
 pub fn load_for_fine_tuning(
     file: &TensorFile,
-    model: &ResNet34,
+    model: &ResNet,
     init: &[f32],
 ) -> Result<FineTuning, CheckpointError> {
     let other_classes = other_classifier(file, model)?;
@@ -117,7 +159,7 @@ pub struct FineTuning {
 /// The class count of `file`'s classifier when it is a whole one for another count than
 /// `model`'s; None when it is `model`'s own (or absent: the caller names what is missing). A
 /// classifier of another width, or whose bias does not match its rows, is malformed: an error.
-fn other_classifier(file: &TensorFile, model: &ResNet34) -> Result<Option<usize>, CheckpointError> {
+fn other_classifier(file: &TensorFile, model: &ResNet) -> Result<Option<usize>, CheckpointError> {
     let (Some(spec), Some(weight)) = (model.param("fc.weight"), file.get("fc.weight")) else {
         return Ok(None);
     };
@@ -130,8 +172,8 @@ fn other_classifier(file: &TensorFile, model: &ResNet34) -> Result<Option<usize>
         [k, f] if f == features && k > 0 => k,
         _ => {
             return Err(malformed(format!(
-                "`fc.weight` has shape {:?}, and ResNet-34's classifier is [classes, {features}]: these are not ResNet-34 weights",
-                weight.shape
+                "`fc.weight` has shape {:?}, and {}'s classifier is [classes, {features}]: these are not {} weights",
+                weight.shape, model.arch, model.arch
             )))
         }
     };
@@ -148,7 +190,7 @@ fn other_classifier(file: &TensorFile, model: &ResNet34) -> Result<Option<usize>
 /// The running statistics of `file`: each required, or else defaulting to mean 0, variance 1.
 fn load_running(
     file: &TensorFile,
-    model: &ResNet34,
+    model: &ResNet,
     running_required: bool,
 ) -> Result<Vec<f32>, CheckpointError> {
     let mut running = model.init_buffers();
@@ -213,7 +255,7 @@ fn entries<'a>(
 /// A checkpoint with a non-finite value is not written (the old one stays). Native only (a
 /// browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), CheckpointError> {
+pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), CheckpointError> {
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
     all.extend(entries("momentum/", &model.params, &ck.velocity));
@@ -223,6 +265,7 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
         }
     }
     let mut meta = ck.settings.clone();
+    meta.insert(ARCH_KEY.into(), model.arch.to_string());
     meta.insert("step".into(), ck.step.to_string());
     meta.insert("format".into(), FORMAT.into());
     Ok(write_f32(path, &all, &meta)?)
@@ -234,7 +277,7 @@ pub fn save(path: &Path, model: &ResNet34, ck: &Checkpoint) -> Result<(), Checkp
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_step_inputs(
     path: &Path,
-    model: &ResNet34,
+    model: &ResNet,
     (params, running): (&[f32], &[f32]),
     images: &[f32],
     size: u32,
@@ -249,12 +292,12 @@ pub fn write_step_inputs(
 }
 
 /// [`write_step_inputs`] for `model`'s weights from `seed` (with random BatchNorm γ and β, see
-/// [`ResNet34::randomize_batchnorm`]), initial running statistics, and `m` synthetic images of
+/// [`ResNet::randomize_batchnorm`]), initial running statistics, and `m` synthetic images of
 /// `size`² from the same seed. Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_seeded_inputs(
     path: &Path,
-    model: &ResNet34,
+    model: &ResNet,
     seed: u64,
     m: usize,
     size: u32,
@@ -269,7 +312,7 @@ pub fn write_seeded_inputs(
 
 /// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError> {
+pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
     let file = TensorFile::read(path)?;
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
         path: path.display().to_string(),
@@ -292,6 +335,16 @@ pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError
             return Err(meta(key, "is missing: a resume defaults nothing"));
         }
     }
+    let arch = match file.metadata.get(ARCH_KEY) {
+        Some(name) => name.parse::<Arch>().map_err(|e| meta(ARCH_KEY, &e))?,
+        None => Arch::default(),
+    };
+    if arch != model.arch {
+        return Err(meta(
+            ARCH_KEY,
+            &format!("is {arch}, but this run is {}: pass --arch {arch}", model.arch),
+        ));
+    }
     let (params, running) = load_weights(&file, model, true)?;
     let mut velocity = vec![0.0f32; model.param_len];
     for spec in &model.params {
@@ -308,6 +361,7 @@ pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError
     let mut settings = file.metadata.clone();
     settings.remove("step");
     settings.remove("format");
+    settings.remove(ARCH_KEY);
     settings.remove(crate::tensorfile::CHECKSUM_KEY);
     Ok(Checkpoint { params, running, velocity, step, settings })
 }
@@ -315,12 +369,13 @@ pub fn load(path: &Path, model: &ResNet34) -> Result<Checkpoint, CheckpointError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensorfile::Tensor;
 
     fn settings() -> BTreeMap<String, String> {
         REQUIRED_SETTINGS.iter().map(|k| (k.to_string(), "7".to_string())).collect()
     }
 
-    fn checkpoint(model: &ResNet34) -> Checkpoint {
+    fn checkpoint(model: &ResNet) -> Checkpoint {
         let params = model.init_params(5);
         let mut running = model.init_buffers();
         running[3] = 0.25;
@@ -336,22 +391,74 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_exactly() {
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let ck = checkpoint(&model);
         let dir = dir("round-trip");
         let path = dir.join("ck.safetensors");
         save(&path, &model, &ck).unwrap();
         assert_eq!(load(&path, &model).unwrap(), ck);
         // A file of another model (7 classes) is refused, naming the tensor.
-        let e = load(&path, &ResNet34::new(7).unwrap()).unwrap_err().to_string();
+        let e = load(&path, &ResNet::new(Arch::ResNet34, 7).unwrap()).unwrap_err().to_string();
         assert!(e.contains("fc.weight") && e.contains("[10, 512]"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A checkpoint records its model's arch, and one of another arch is refused naming both;
+    /// one without the record (made before there was a choice) is ResNet-34's.
+    #[test]
+    fn a_checkpoint_records_its_arch_and_another_is_refused() {
+        let dir = dir("arch");
+        let path = dir.join("ck.safetensors");
+        let resnet18 = ResNet::new(Arch::ResNet18, 10).unwrap();
+        let ck = checkpoint(&resnet18);
+        save(&path, &resnet18, &ck).unwrap();
+        let meta = TensorFile::read(&path).unwrap().metadata;
+        assert_eq!(meta.get(ARCH_KEY).map(String::as_str), Some("resnet18"));
+        assert_eq!(load(&path, &resnet18).unwrap(), ck);
+        let resnet34 = ResNet::new(Arch::ResNet34, 10).unwrap();
+        let e = load(&path, &resnet34).unwrap_err().to_string();
+        assert!(e.contains("is resnet18, but this run is resnet34: pass --arch resnet18"), "{e}");
+
+        let old = checkpoint(&resnet34);
+        let mut all = entries("", &resnet34.params, &old.params);
+        all.extend(entries("", &resnet34.buffers, &old.running));
+        all.extend(entries("momentum/", &resnet34.params, &old.velocity));
+        let mut meta = old.settings.clone();
+        meta.extend([("step".into(), "42".into()), ("format".into(), FORMAT.into())]);
+        write_f32(&path, &all, &meta).unwrap();
+        assert_eq!(load(&path, &resnet34).unwrap(), old);
+        let e = load(&path, &resnet18).unwrap_err().to_string();
+        assert!(e.contains("is resnet34, but this run is resnet18"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every arch's own tensor names (with torchvision's `num_batches_tracked`) tell that arch,
+    /// one tensor missing or not; `--arch` must agree.
+    #[test]
+    fn torchvision_weights_tell_their_arch() {
+        for arch in Arch::ALL {
+            let model = ResNet::new(arch, 1000).unwrap();
+            let tensor = Tensor { shape: vec![1], values: vec![0.0], integer: false };
+            let mut file = TensorFile::default();
+            for spec in model.params.iter().chain(&model.buffers) {
+                file.tensors.insert(spec.name.clone(), tensor.clone());
+            }
+            file.tensors.insert("layer1.0.bn1.num_batches_tracked".into(), tensor.clone());
+            assert_eq!(weights_arch(&file, None).unwrap(), arch);
+            file.tensors.remove("layer1.0.conv1.weight");
+            assert_eq!(weights_arch(&file, Some(arch)).unwrap(), arch);
+            let other = Arch::ALL.into_iter().find(|&a| a != arch).unwrap();
+            let e = weights_arch(&file, Some(other)).unwrap_err().to_string();
+            assert!(e.contains(&format!("these are {arch} weights")), "{e}");
+            assert!(e.contains(&format!("--arch is {other}: drop --arch or pass --arch {arch}")));
+        }
+        assert_eq!(weights_arch(&TensorFile::default(), None).unwrap(), Arch::ResNet34);
     }
 
     /// Nothing a resume needs is defaulted, and a diverged state is never saved.
     #[test]
     fn a_checkpoint_missing_anything_or_not_finite_is_refused() {
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let dir = dir("refused");
         let path = dir.join("ck.safetensors");
         let good = checkpoint(&model);

@@ -2,7 +2,7 @@
 //! parameter tensor and over a model, and the fixed sample of a tensor the PORTABLE golden
 //! keeps. One place, so that every gate measures alike.
 
-use crate::model::ResNet34;
+use crate::model::ResNet;
 
 /// Elements sampled per tensor by [`sample_indices`] (all of them in smaller tensors).
 pub const SAMPLES_PER_TENSOR: usize = 64;
@@ -33,13 +33,13 @@ pub fn l2(v: &[f32]) -> f64 {
 
 /// Each parameter tensor's norm-rel error between two flat buffers in the model's layout, in
 /// model order. `b` is the one held as right.
-pub fn tensor_errors(model: &ResNet34, a: &[f32], b: &[f32]) -> Vec<f64> {
+pub fn tensor_errors(model: &ResNet, a: &[f32], b: &[f32]) -> Vec<f64> {
     model.params.iter().map(|spec| norm_rel(&a[spec.range()], &b[spec.range()])).collect()
 }
 
 /// The largest of per-tensor errors (model order) and the tensor it occurs in (none when
 /// every error is 0).
-pub fn worst_of(model: &ResNet34, errors: &[f64]) -> (f64, Option<String>) {
+pub fn worst_of(model: &ResNet, errors: &[f64]) -> (f64, Option<String>) {
     let mut worst = (0.0, None);
     for (spec, &e) in model.params.iter().zip(errors) {
         if e > worst.0 {
@@ -50,7 +50,7 @@ pub fn worst_of(model: &ResNet34, errors: &[f64]) -> (f64, Option<String>) {
 }
 
 /// The largest per-tensor norm-rel error between two flat buffers and the tensor it occurs in.
-pub fn worst_tensor(model: &ResNet34, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
+pub fn worst_tensor(model: &ResNet, a: &[f32], b: &[f32]) -> (f64, Option<String>) {
     worst_of(model, &tensor_errors(model, a, b))
 }
 
@@ -73,6 +73,7 @@ pub fn sample_indices(len: usize) -> impl Iterator<Item = usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Arch;
 
     #[test]
     fn norm_rel_flags_nan_and_length_mismatch() {
@@ -87,7 +88,7 @@ mod tests {
         assert_eq!(norm_rel(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
         assert!((norm_rel(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
         assert_eq!(norm_rel(&[f32::NAN], &[1.0]), f64::INFINITY);
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let a = vec![1.0f32; model.param_len];
         let mut b = a.clone();
         b[model.param("layer3.1.bn2.bias").unwrap().offset] = 2.0;

@@ -22,7 +22,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{l2, sample_indices, summary_error};
-use crate::model::{ActivationPattern, ResNet34};
+use crate::model::{ActivationPattern, ResNet};
 
 pub use crate::compare::SAMPLES_PER_TENSOR;
 /// The format's version, written as `format`; a reader refuses others.
@@ -88,7 +88,7 @@ impl Golden {
     /// loss, its flat gradient and the pattern it ran on.
     pub fn of_step(
         settings: GoldenSettings,
-        model: &ResNet34,
+        model: &ResNet,
         adapter: &str,
         loss: f32,
         grads: &[f32],
@@ -111,7 +111,7 @@ impl Golden {
     }
 
     /// An error unless this golden was made at the `run`'s settings for `model`'s tensors.
-    pub fn check_fits(&self, run: &GoldenSettings, model: &ResNet34) -> Result<()> {
+    pub fn check_fits(&self, run: &GoldenSettings, model: &ResNet) -> Result<()> {
         if self.settings != *run {
             let (golden, run) = (self.settings.to_string(), run.to_string());
             return Err(GoldenError::Settings { golden, run });
@@ -133,7 +133,7 @@ impl Golden {
     /// Per parameter tensor (model order), how far `grads` (flat, model layout) is from this:
     /// the larger of the sample's norm-rel error and the relative error of the tensor's norm.
     /// Call [`Golden::check_fits`] first.
-    pub fn tensor_errors(&self, model: &ResNet34, grads: &[f32]) -> Vec<f64> {
+    pub fn tensor_errors(&self, model: &ResNet, grads: &[f32]) -> Vec<f64> {
         model
             .params
             .iter()
@@ -267,6 +267,7 @@ fn pack_bits(mask: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Arch;
 
     #[test]
     fn masks_pack_eight_units_a_byte_least_significant_first() {
@@ -286,8 +287,8 @@ mod tests {
         }
     }
 
-    fn golden() -> (ResNet34, Vec<f32>, Golden) {
-        let model = ResNet34::new(10).unwrap();
+    fn golden() -> (ResNet, Vec<f32>, Golden) {
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let grads: Vec<f32> =
             (0..model.param_len).map(|i| ((i % 97) as f32 - 48.0) * 1e-3).collect();
         let pattern = ActivationPattern {

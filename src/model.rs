@@ -1,6 +1,7 @@
-//! The `model` layer: ResNet-34 as data. Parameter and buffer specs carry torchvision's
-//! `state_dict` names and their place in ONE flat parameter buffer (and one flat buffer of
-//! BatchNorm running statistics). The step walks `stem` and `blocks`; nothing here knows wgpu.
+//! The `model` layer: torchvision's ResNets (18, 34, 50, 101) as data. Parameter and buffer
+//! specs carry torchvision's `state_dict` names and their place in ONE flat parameter buffer
+//! (and one flat buffer of BatchNorm running statistics). The step walks `stem` and `blocks`;
+//! nothing here knows wgpu.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,7 +17,7 @@ pub const MIN_IMAGE_SIZE: u32 = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("image size {h}×{w} is too small: ResNet-34 needs at least {MIN_IMAGE_SIZE}×{MIN_IMAGE_SIZE}")]
+    #[error("image size {h}×{w} is too small: a ResNet needs at least {MIN_IMAGE_SIZE}×{MIN_IMAGE_SIZE}")]
     ImageTooSmall { h: u32, w: u32 },
     #[error("{0} classes: the classifier needs at least 2")]
     TooFewClasses(u32),
@@ -61,7 +62,7 @@ impl Conv {
     }
 }
 
-/// A convolution and the side of its input for one image size (see [`ResNet34::conv_inputs`]).
+/// A convolution and the side of its input for one image size (see [`ResNet::conv_inputs`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvInput {
     pub conv: Conv,
@@ -88,14 +89,13 @@ pub struct BatchNorm {
     pub c: u32,
 }
 
-/// torchvision's BasicBlock: conv-bn-relu-conv-bn, plus the identity or a 1×1/s2 projection,
-/// then relu.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BasicBlock {
-    pub conv1: Conv,
-    pub bn1: BatchNorm,
-    pub conv2: Conv,
-    pub bn2: BatchNorm,
+/// torchvision's residual block: its main path of conv → BN units, a ReLU after each BN but
+/// the last, whose output is added to the shortcut (the identity, or a 1×1 projection and its
+/// BN) before the block's ReLU. BasicBlock: 3×3 (carrying the stride), 3×3. Bottleneck: 1×1,
+/// 3×3 (carrying the stride: torchvision's "ResNet V1.5"), 1×1 to four times the width.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub units: Vec<(Conv, BatchNorm)>,
     pub downsample: Option<(Conv, BatchNorm)>,
 }
 
@@ -104,14 +104,91 @@ pub const POOL_K: u32 = 3;
 pub const POOL_STRIDE: u32 = 2;
 pub const POOL_PAD: u32 = 1;
 
-/// ResNet-34 for `classes` outputs: stem (conv 7×7/s2/p3, bn, relu, max-pool 3×3/s2/p1),
-/// BasicBlocks [3, 4, 6, 3] at 64/128/256/512 channels, global average pool, fc.
+/// The stages' widths: each stage's first block halves the map (but layer1's: the max-pool did).
+pub const STAGE_WIDTHS: [u32; 4] = [64, 128, 256, 512];
+
+/// One of torchvision's ImageNet ResNets (`torchvision.models.resnet18` …).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Arch {
+    ResNet18,
+    #[default]
+    ResNet34,
+    ResNet50,
+    ResNet101,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 4] = [Arch::ResNet18, Arch::ResNet34, Arch::ResNet50, Arch::ResNet101];
+
+    /// The name as `--arch` takes it and a checkpoint records it: torchvision's function name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::ResNet18 => "resnet18",
+            Arch::ResNet34 => "resnet34",
+            Arch::ResNet50 => "resnet50",
+            Arch::ResNet101 => "resnet101",
+        }
+    }
+
+    /// The name as the papers write it: "ResNet-34".
+    pub fn title(self) -> String {
+        format!("ResNet-{}", self.name().trim_start_matches("resnet"))
+    }
+
+    /// Blocks per stage.
+    pub fn blocks(self) -> [usize; 4] {
+        match self {
+            Arch::ResNet18 => [2, 2, 2, 2],
+            Arch::ResNet34 | Arch::ResNet50 => [3, 4, 6, 3],
+            Arch::ResNet101 => [3, 4, 23, 3],
+        }
+    }
+
+    /// Whether its blocks are Bottlenecks (else BasicBlocks).
+    pub fn bottleneck(self) -> bool {
+        matches!(self, Arch::ResNet50 | Arch::ResNet101)
+    }
+
+    /// A block's output channels over its stage's width: torchvision's `expansion`.
+    pub fn expansion(self) -> u32 {
+        if self.bottleneck() {
+            4
+        } else {
+            1
+        }
+    }
+
+    /// The channels of the last block's output: fc's `in_features`.
+    pub fn features(self) -> u32 {
+        STAGE_WIDTHS[3] * self.expansion()
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Arch, String> {
+        Arch::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+            format!("unknown architecture {s:?}: one of {}", names.join(", "))
+        })
+    }
+}
+
+/// A ResNet of `arch` for `classes` outputs: stem (conv 7×7/s2/p3, bn, relu, max-pool
+/// 3×3/s2/p1), the arch's blocks in four stages, global average pool, fc.
 #[derive(Clone, Debug)]
-pub struct ResNet34 {
+pub struct ResNet {
+    pub arch: Arch,
     pub classes: u32,
     pub stem_conv: Conv,
     pub stem_bn: BatchNorm,
-    pub blocks: Vec<BasicBlock>,
+    pub blocks: Vec<Block>,
     pub fc_weight: usize,
     pub fc_bias: usize,
     /// Trainable tensors in `state_dict` order, laid out in one flat buffer of `param_len`.
@@ -121,8 +198,6 @@ pub struct ResNet34 {
     pub buffers: Vec<TensorSpec>,
     pub buffer_len: usize,
 }
-
-pub const STAGES: [(u32, usize); 4] = [(64, 3), (128, 4), (256, 6), (512, 3)];
 
 struct Builder {
     params: Vec<TensorSpec>,
@@ -166,10 +241,37 @@ impl Builder {
         );
         BatchNorm { weight, bias, running_mean, running_var, c }
     }
+
+    /// Block `p` (`layer2.0`, …) of `arch` from `c_in` channels at `width`, in torchvision's
+    /// `state_dict` order: conv1, bn1, conv2, bn2 (conv3, bn3), downsample.
+    fn block(&mut self, arch: Arch, p: &str, c_in: u32, width: u32, stride: u32) -> Block {
+        let c_out = width * arch.expansion();
+        // (c_in, c_out, k, stride, pad) of each conv of the main path.
+        let convs = if arch.bottleneck() {
+            vec![(c_in, width, 1, 1, 0), (width, width, 3, stride, 1), (width, c_out, 1, 1, 0)]
+        } else {
+            vec![(c_in, width, 3, stride, 1), (width, width, 3, 1, 1)]
+        };
+        let units = convs
+            .into_iter()
+            .enumerate()
+            .map(|(j, (ci, co, k, s, pad))| {
+                let conv = self.conv(&format!("{p}.conv{}", j + 1), ci, co, k, s, pad);
+                (conv, self.bn(&format!("{p}.bn{}", j + 1), co))
+            })
+            .collect();
+        let downsample = (stride != 1 || c_in != c_out).then(|| {
+            (
+                self.conv(&format!("{p}.downsample.0"), c_in, c_out, 1, stride, 0),
+                self.bn(&format!("{p}.downsample.1"), c_out),
+            )
+        });
+        Block { units, downsample }
+    }
 }
 
-impl ResNet34 {
-    pub fn new(classes: u32) -> Result<ResNet34, ModelError> {
+impl ResNet {
+    pub fn new(arch: Arch, classes: u32) -> Result<ResNet, ModelError> {
         if classes < 2 {
             return Err(ModelError::TooFewClasses(classes));
         }
@@ -179,27 +281,19 @@ impl ResNet34 {
         let stem_bn = b.bn("bn1", 64);
         let mut blocks = Vec::new();
         let mut c_in = 64;
-        for (stage, &(c, count)) in STAGES.iter().enumerate() {
+        for (stage, (&width, count)) in STAGE_WIDTHS.iter().zip(arch.blocks()).enumerate() {
             for i in 0..count {
                 let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let p = format!("layer{}.{i}", stage + 1);
-                let conv1 = b.conv(&format!("{p}.conv1"), c_in, c, 3, stride, 1);
-                let bn1 = b.bn(&format!("{p}.bn1"), c);
-                let conv2 = b.conv(&format!("{p}.conv2"), c, c, 3, 1, 1);
-                let bn2 = b.bn(&format!("{p}.bn2"), c);
-                let downsample = (stride != 1 || c_in != c).then(|| {
-                    (
-                        b.conv(&format!("{p}.downsample.0"), c_in, c, 1, stride, 0),
-                        b.bn(&format!("{p}.downsample.1"), c),
-                    )
-                });
-                blocks.push(BasicBlock { conv1, bn1, conv2, bn2, downsample });
-                c_in = c;
+                let block = b.block(arch, &format!("layer{}.{i}", stage + 1), c_in, width, stride);
+                c_in = width * arch.expansion();
+                blocks.push(block);
             }
         }
-        let fc_weight = b.param("fc.weight".into(), vec![classes as usize, 512]);
+        let features = arch.features() as usize;
+        let fc_weight = b.param("fc.weight".into(), vec![classes as usize, features]);
         let fc_bias = b.param("fc.bias".into(), vec![classes as usize]);
-        Ok(ResNet34 {
+        Ok(ResNet {
+            arch,
             classes,
             stem_conv,
             stem_bn,
@@ -211,6 +305,13 @@ impl ResNet34 {
             buffers: b.buffers,
             buffer_len: b.buffer_len,
         })
+    }
+
+    /// The ReLU sites of block `i` in forward order: one after each BN of its main path but
+    /// the last, then its output's. Site 0 is the stem's.
+    pub fn relu_sites(&self, i: usize) -> std::ops::Range<usize> {
+        let first = 1 + self.blocks[..i].iter().map(|b| b.units.len()).sum::<usize>();
+        first..first + self.blocks[i].units.len()
     }
 
     /// Fails when the network cannot take an input of this size.
@@ -260,11 +361,12 @@ impl ResNet34 {
         Some(largest)
     }
 
-    /// All BatchNorm sites in forward order (stem, then per block bn1, bn2, downsample).
+    /// All BatchNorm sites in forward order: the stem's, then per block its main path's and its
+    /// downsample's.
     pub fn batchnorms(&self) -> Vec<BatchNorm> {
         let mut v = vec![self.stem_bn];
         for b in &self.blocks {
-            v.extend([b.bn1, b.bn2]);
+            v.extend(b.units.iter().map(|&(_, bn)| bn));
             v.extend(b.downsample.map(|(_, bn)| bn));
         }
         v
@@ -274,7 +376,7 @@ impl ResNet34 {
     pub fn convs(&self) -> Vec<Conv> {
         let mut v = vec![self.stem_conv];
         for b in &self.blocks {
-            v.extend([b.conv1, b.conv2]);
+            v.extend(b.units.iter().map(|&(c, _)| c));
             v.extend(b.downsample.map(|(c, _)| c));
         }
         v
@@ -295,7 +397,7 @@ impl ResNet34 {
         weight.strip_suffix(".weight").unwrap_or(weight)
     }
 
-    /// Every convolution in forward order ([`ResNet34::convs`]) with the side of its input
+    /// Every convolution in forward order ([`ResNet::convs`]) with the side of its input
     /// for an `h`×`w` image.
     pub fn conv_inputs(&self, h: u32, w: u32) -> Vec<ConvInput> {
         let at = |conv: Conv, (h, w): (u32, u32)| ConvInput { conv, h, w };
@@ -304,10 +406,13 @@ impl ResNet34 {
         let mut x = (pool(self.stem_conv.out_size(h)), pool(self.stem_conv.out_size(w)));
         let mut v = vec![stem];
         for b in &self.blocks {
-            let x1 = (b.conv1.out_size(x.0), b.conv1.out_size(x.1));
-            v.extend([at(b.conv1, x), at(b.conv2, x1)]);
+            let mut y = x;
+            for &(c, _) in &b.units {
+                v.push(at(c, y));
+                y = (c.out_size(y.0), c.out_size(y.1));
+            }
             v.extend(b.downsample.map(|(c, _)| at(c, x)));
-            x = (b.conv2.out_size(x1.0), b.conv2.out_size(x1.1));
+            x = y;
         }
         v
     }
@@ -315,7 +420,7 @@ impl ResNet34 {
     /// Forward FLOPs of one image (multiply-add = 2): convs and fc.
     pub fn forward_flops(&self, h: u32, w: u32) -> f64 {
         let convs: f64 = self.conv_inputs(h, w).iter().map(|i| i.flops()).sum();
-        convs + 2.0 * 512.0 * self.classes as f64
+        convs + 2.0 * self.arch.features() as f64 * self.classes as f64
     }
 
     /// Seeded initialisation as torchvision's: convs Kaiming-normal (fan_out, relu gain),
@@ -334,7 +439,7 @@ impl ResNet34 {
         for bn in self.batchnorms() {
             flat[self.params[bn.weight].range()].fill(1.0);
         }
-        let bound = 1.0 / 512f64.sqrt();
+        let bound = 1.0 / (self.arch.features() as f64).sqrt();
         for idx in [self.fc_weight, self.fc_bias] {
             for v in &mut flat[self.params[idx].range()] {
                 *v = rng.random_range(-bound..bound) as f32;
@@ -449,7 +554,7 @@ mod tests {
 
     #[test]
     fn resnet34_has_torchvisions_parameters() {
-        let m = ResNet34::new(1000).unwrap();
+        let m = ResNet::new(Arch::ResNet34, 1000).unwrap();
         // torchvision.models.resnet34().parameters(): 21,797,672 scalars in 110 tensors.
         assert_eq!(m.param_count(), 21_797_672);
         assert_eq!(m.params.len(), 110);
@@ -464,8 +569,47 @@ mod tests {
     }
 
     #[test]
+    fn every_arch_has_torchvisions_parameters() {
+        // torchvision.models.<arch>(): its parameters' scalars and tensors, its BatchNorms,
+        // its blocks' last conv and the fc's in_features.
+        let cases = [
+            (Arch::ResNet18, 11_689_512, 62, 20, "layer4.1.conv2.weight", [512, 512, 3, 3]),
+            (Arch::ResNet34, 21_797_672, 110, 36, "layer4.2.conv2.weight", [512, 512, 3, 3]),
+            (Arch::ResNet50, 25_557_032, 161, 53, "layer4.2.conv3.weight", [2048, 512, 1, 1]),
+            (Arch::ResNet101, 44_549_160, 314, 104, "layer3.22.conv3.weight", [1024, 256, 1, 1]),
+        ];
+        for (arch, scalars, tensors, bns, last, shape) in cases {
+            let m = ResNet::new(arch, 1000).unwrap();
+            assert_eq!(m.arch.to_string().parse::<Arch>(), Ok(arch));
+            assert_eq!((m.param_count(), m.params.len()), (scalars, tensors), "{arch}");
+            assert_eq!((m.batchnorms().len(), m.buffers.len()), (bns, 2 * bns), "{arch}");
+            assert_eq!(m.param(last).unwrap().shape, shape, "{arch}");
+            let features = arch.features() as usize;
+            assert_eq!(m.param("fc.weight").unwrap().shape, [1000, features], "{arch}");
+            assert_eq!(m.conv_inputs(224, 224).len(), m.convs().len());
+            let sites: usize = (0..m.blocks.len()).map(|i| m.relu_sites(i).len()).sum();
+            assert_eq!(m.relu_sites(m.blocks.len() - 1).end, 1 + sites, "{arch}");
+        }
+        let m = ResNet::new(Arch::ResNet50, 10).unwrap();
+        // Bottleneck V1.5: the stride on the 3×3; layer1.0 projects 64 → 256 at stride 1.
+        let layer2 = &m.blocks[3];
+        assert_eq!(
+            layer2.units.iter().map(|(c, _)| (c.k, c.stride)).collect::<Vec<_>>(),
+            [(1, 1), (3, 2), (1, 1)]
+        );
+        assert_eq!(
+            m.blocks[0].downsample.map(|(c, _)| (c.c_in, c.c_out, c.stride)),
+            Some((64, 256, 1))
+        );
+        assert!(m.blocks[1].downsample.is_none());
+        assert_eq!(Arch::ResNet101.title(), "ResNet-101");
+        let e = "resnet152".parse::<Arch>().unwrap_err();
+        assert!(e.contains("resnet152") && e.contains("resnet101"), "{e}");
+    }
+
+    #[test]
     fn every_tensor_is_aligned_and_disjoint() {
-        let m = ResNet34::new(10).unwrap();
+        let m = ResNet::new(Arch::ResNet34, 10).unwrap();
         let mut end = 0;
         for p in &m.params {
             assert_eq!(p.offset * 4 % ALIGN_BYTES, 0, "{}", p.name);
@@ -482,11 +626,17 @@ mod tests {
         let near = |got: f64, giga: f64, within: f64| {
             assert!((got / 1e9 - giga).abs() < within, "{got} FLOPs, not {giga} G");
         };
-        let m = ResNet34::new(1000).unwrap();
+        let m = ResNet::new(Arch::ResNet34, 1000).unwrap();
         near(m.forward_flops(224, 224), 7.33, 0.01);
-        let m10 = ResNet34::new(10).unwrap();
+        let m10 = ResNet::new(Arch::ResNet34, 10).unwrap();
         near(m10.forward_flops(32, 32), 0.150, 0.002);
         near(m10.forward_flops(64, 64), 0.598, 0.002);
+        // torchvision's figures for the others (its GFLOPS count multiply-adds: 1.81, 4.09, 7.80).
+        for (arch, giga) in
+            [(Arch::ResNet18, 3.63), (Arch::ResNet50, 8.18), (Arch::ResNet101, 15.6)]
+        {
+            near(ResNet::new(arch, 1000).unwrap().forward_flops(224, 224), giga, 0.03);
+        }
         // A training step counts 2.97 forwards: the forward, every weight gradient (as many
         // FLOPs again), every input gradient but the stem's (its input is the image).
         for (m, size) in [(&m10, 32), (&m10, 64), (&m, 224)] {
@@ -499,7 +649,7 @@ mod tests {
 
     #[test]
     fn conv_inputs_follow_the_stages() {
-        let m = ResNet34::new(10).unwrap();
+        let m = ResNet::new(Arch::ResNet34, 10).unwrap();
         let inputs = m.conv_inputs(64, 64);
         assert_eq!(inputs.len(), m.convs().len());
         assert_eq!(inputs.iter().map(|i| i.conv).collect::<Vec<_>>(), m.convs());
@@ -514,7 +664,7 @@ mod tests {
 
     #[test]
     fn init_is_seeded_and_kaiming_scaled() {
-        let m = ResNet34::new(10).unwrap();
+        let m = ResNet::new(Arch::ResNet34, 10).unwrap();
         let a = m.init_params(7);
         assert_eq!(a, m.init_params(7));
         assert_ne!(a, m.init_params(8));
@@ -527,10 +677,10 @@ mod tests {
 
     #[test]
     fn bad_configurations_are_errors() {
-        assert!(ResNet34::new(1).is_err());
-        let e = ResNet34::check_image_size(16, 64).unwrap_err().to_string();
+        assert!(ResNet::new(Arch::ResNet34, 1).is_err());
+        let e = ResNet::check_image_size(16, 64).unwrap_err().to_string();
         assert!(e.contains("16×64") && e.contains("32"), "{e}");
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let e = model.check_training_batch(1, 32, 32).unwrap_err().to_string();
         assert!(e.contains("1 value(s) per channel") && e.contains("(1×1)"), "{e}");
         model.check_training_batch(2, 32, 32).unwrap();

@@ -6,13 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, ARCH_KEY};
 use crate::data::schedule::{LrSchedule, Schedule};
 use crate::data::source::DataSpec;
 use crate::data::transform::{Augment, Normalization};
 use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::Gpu;
-use crate::model::ResNet34;
+use crate::model::{Arch, ResNet};
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
 use crate::scores::Scores;
 use crate::step::{Shard, StepConfig, StepError};
@@ -23,6 +23,7 @@ const HELD_OUT_SEED: u64 = 0x00e7_a1d0_0075_eed5;
 /// What a run is: the data it sees and the step's hyper-parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainConfig {
+    pub arch: Arch,
     pub batch: usize,
     pub image_size: u32,
     pub classes: u32,
@@ -48,6 +49,7 @@ pub struct ImageSettings {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
+            arch: Arch::default(),
             batch: 16,
             image_size: 32,
             classes: 10,
@@ -62,7 +64,8 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// The settings a checkpoint records (`checkpoint::REQUIRED_SETTINGS`), so that a resume
     /// can insist on the same run: the data, and the step's hyper-parameters (f32s written so
-    /// that they read back exactly).
+    /// that they read back exactly). The arch is the model's, which `checkpoint::save` records
+    /// beside them, as it does the step.
     pub fn settings(&self) -> BTreeMap<String, String> {
         let s = &self.step;
         let mut settings = BTreeMap::from([
@@ -101,8 +104,8 @@ impl TrainConfig {
         settings
     }
 
-    /// The configuration `settings` records (a checkpoint's): every key required, none
-    /// defaulted.
+    /// The configuration a checkpoint's metadata records: every setting required, none
+    /// defaulted, but the arch: a checkpoint from before there was a choice is ResNet-34's.
     pub fn from_settings(settings: &BTreeMap<String, String>) -> Result<TrainConfig, String> {
         fn get<T: std::str::FromStr>(
             settings: &BTreeMap<String, String>,
@@ -129,6 +132,10 @@ impl TrainConfig {
             }),
         };
         Ok(TrainConfig {
+            arch: match settings.contains_key(ARCH_KEY) {
+                true => get(settings, ARCH_KEY)?,
+                false => Arch::default(),
+            },
             batch: get(settings, "batch")?,
             image_size: get(settings, "image_size")?,
             classes: get(settings, "classes")?,
@@ -195,8 +202,8 @@ impl Trainer {
         if cfg.batch < gpus.len() {
             return Err(DataError::TooFewExamples { batch: cfg.batch, replicas: gpus.len() }.into());
         }
-        ResNet34::check_image_size(cfg.image_size, cfg.image_size).map_err(invalid)?;
-        let model = ResNet34::new(cfg.classes).map_err(invalid)?;
+        ResNet::check_image_size(cfg.image_size, cfg.image_size).map_err(invalid)?;
+        let model = ResNet::new(cfg.arch, cfg.classes).map_err(invalid)?;
         model
             .check_training_batch(cfg.batch as u64, cfg.image_size, cfg.image_size)
             .map_err(invalid)?;
@@ -242,7 +249,7 @@ impl Trainer {
         Trainer { replicas: self.replicas.with_bucket_bytes(bytes), ..self }
     }
 
-    pub fn model(&self) -> &ResNet34 {
+    pub fn model(&self) -> &ResNet {
         &self.replicas.replicas()[0].model
     }
 

@@ -23,7 +23,7 @@ use wasm_bindgen_futures::JsFuture;
 use crate::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
 use crate::golden::Golden;
 use crate::gpu::{self, Gpu};
-use crate::model::ResNet34;
+use crate::model::{Arch, ResNet};
 use crate::selfcheck::{self, Progress};
 use crate::train::{TrainConfig, Trainer};
 
@@ -105,7 +105,7 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
             "minStorageBufferOffsetAlignment": l.min_storage_buffer_offset_alignment,
         },
         "features": features,
-        "parameterBytes": ResNet34::new(10).map_err(js_error)?.param_len as u64 * 4,
+        "parameterBytes": ResNet::new(Arch::ResNet34, 10).map_err(js_error)?.param_len as u64 * 4,
     });
     parse(&report.to_string())
 }
@@ -216,8 +216,8 @@ pub async fn train_demo(
         seed: seed.into(),
         ..TrainConfig::default()
     };
-    ResNet34::check_image_size(size, size).map_err(js_error)?;
-    let model = ResNet34::new(cfg.classes).map_err(js_error)?;
+    ResNet::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
     let gpus = browser_devices(replicas as usize, Some(&model)).await?;
     let mut trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
     let mut losses = Vec::with_capacity(steps as usize);
@@ -294,8 +294,8 @@ pub async fn train_images(
             cfg.batch
         )));
     }
-    ResNet34::check_image_size(size, size).map_err(js_error)?;
-    let model = ResNet34::new(cfg.classes).map_err(js_error)?;
+    ResNet::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
     let gpus = browser_devices(replicas as usize, Some(&model)).await?;
     let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), None).map_err(js_error)?;
     let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
@@ -381,7 +381,7 @@ async fn device() -> Result<Gpu, JsError> {
 /// with the adapter's own limits; refused up front, with the reason, when an adapter cannot
 /// hold `model`'s flat parameter buffer in one storage binding. wgpu leaves a browser
 /// adapter's name empty, so the devices are named by what the browser says of its adapter.
-async fn browser_devices(count: usize, model: Option<&ResNet34>) -> Result<Vec<Gpu>, JsError> {
+async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu>, JsError> {
     let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
     let name = browser_adapter_info(&gpu_js).await?.name();
     let instance = gpu::instance();

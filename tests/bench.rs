@@ -13,7 +13,7 @@ use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER
 use syncstep::gpu::{AdapterChoice, Encoder, Slice};
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::conv2d_shape;
 
 fn small(replicas: usize) -> BenchConfig {
@@ -33,7 +33,7 @@ fn positive(x: f64) -> bool {
 
 /// What every report must satisfy, whatever R.
 fn check_report(report: &BenchReport, cfg: &BenchConfig) {
-    let model = ResNet34::new(cfg.classes).unwrap();
+    let model = ResNet::new(Arch::ResNet34, cfg.classes).unwrap();
     let s = &report.step;
     assert_eq!(
         (s.replicas, s.global_batch, s.seconds.len()),
@@ -161,7 +161,7 @@ fn one_device_report_with_profile_and_roofline() {
     assert_eq!(roof.gflops(), roof.tiles.iter().map(|t| t.gflops()).fold(0.0, f64::max));
     // Every distinct convolution shape of the step (11 at 32×32) with its three launches, but
     // the stem's has no input-VJP.
-    let model = ResNet34::new(cfg.classes).unwrap();
+    let model = ResNet::new(Arch::ResNet34, cfg.classes).unwrap();
     let shapes: HashSet<_> =
         model.conv_inputs(32, 32).iter().map(|i| conv2d_shape(&i.conv, 2, i.h, i.w)).collect();
     assert_eq!(shapes.len(), 11);
@@ -260,7 +260,7 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     assert_eq!(json.get("roofline"), Some(&Value::Null));
     assert!(report.text(5).contains("data-parallel / single device at batch 5"));
     let allreduce = json.get("allreduce").unwrap();
-    let gradient = ResNet34::new(cfg.classes).unwrap().param_len as u64 * 4;
+    let gradient = ResNet::new(Arch::ResNet34, cfg.classes).unwrap().param_len as u64 * 4;
     assert_eq!(allreduce["pieces_per_replica"], serde_json::json!([2, 2]));
     assert_eq!(allreduce["extra_bytes_per_replica"], serde_json::json!([gradient, gradient]));
 

@@ -135,7 +135,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
-// ResNet-34's convolutions at small spatial sizes. No output count below is a multiple of the
+// The ResNets' convolutions at small spatial sizes. No output count below is a multiple of the
 // workgroup size (64) or of the 4×4 tiles everywhere, and odd spatial sizes leave ragged edges.
 
 #[test]
@@ -160,6 +160,13 @@ fn conv1x1_s2_p0_matches_reference() {
     // The downsample projections; odd input rows and columns are read by no tap.
     check_against_reference(shape(3, 64, 7, 7, 128, 1, 1, 2, 0), 40);
     check_against_reference(shape(2, 256, 3, 3, 512, 1, 1, 2, 0), 41);
+}
+
+#[test]
+fn conv1x1_s1_p0_matches_reference() {
+    // Bottleneck's 1×1 convolutions: reducing to the block's width, and expanding to 4× it.
+    check_against_reference(shape(3, 256, 5, 5, 64, 1, 1, 1, 0), 45);
+    check_against_reference(shape(2, 128, 3, 3, 512, 1, 1, 1, 0), 46);
 }
 
 #[test]

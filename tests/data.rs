@@ -15,7 +15,7 @@ use syncstep::data::schedule::Epochs;
 use syncstep::data::source::{self, DataSpec, Dataset};
 use syncstep::data::synthetic::{class_name, synthetic_image};
 use syncstep::data::transform::{eval_image, Augment, Normalization, Preprocess};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::scores::{ranking, softmax};
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{TrainConfig, Trainer};
@@ -87,7 +87,7 @@ fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     let parallel = run((0..3).map(|_| fresh_gpu().unwrap()).collect());
     assert_eq!(bits(&single.params), bits(&parallel.params), "parameters differ");
     assert_eq!(bits(&single.running), bits(&parallel.running), "running statistics differ");
-    assert_ne!(bits(&single.params), bits(&ResNet34::new(3).unwrap().init_params(0)));
+    assert_ne!(bits(&single.params), bits(&ResNet::new(Arch::ResNet34, 3).unwrap().init_params(0)));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -154,7 +154,12 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
     assert!(lines.map_while(Result::ok).any(|l| l == saved), "no {saved:?}");
     child.kill().unwrap();
     assert!(!child.wait().unwrap().success());
-    assert_eq!(checkpoint::load(Path::new(&stopped), &ResNet34::new(3).unwrap()).unwrap().step, 4);
+    assert_eq!(
+        checkpoint::load(Path::new(&stopped), &ResNet::new(Arch::ResNet34, 3).unwrap())
+            .unwrap()
+            .step,
+        4
+    );
     let out = syncstep(&["train", "--resume", &stopped, "--epochs", "2", "--checkpoint", &stopped]);
     assert!(out.0 && out.1.contains("steps 5 to 12"), "{}", out.1);
     same_tensors(Path::new(&straight), Path::new(&stopped));
@@ -167,7 +172,7 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let file = TensorFile::read(Path::new(&straight)).unwrap();
     let cfg = TrainConfig::from_settings(&file.metadata).unwrap();
-    let model = ResNet34::new(3).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 3).unwrap();
     let ck = checkpoint::load(Path::new(&straight), &model).unwrap();
     let norm = cfg.images.as_ref().unwrap().norm;
     let val: Dataset = source::open(&DataSpec::Folder(root.clone()), 0.1, 0).unwrap().val;
@@ -326,7 +331,7 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
     }
     let dir = temp_dir("init");
     // ImageNet-like weights: a 10-class model's, saved with torchvision names.
-    let ten = ResNet34::new(10).unwrap();
+    let ten = ResNet::new(Arch::ResNet34, 10).unwrap();
     let weights = dir.join("w.safetensors");
     let saved = checkpoint::Checkpoint {
         params: ten.init_params(5),
@@ -336,7 +341,7 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
         settings: TrainConfig::default().settings(),
     };
     checkpoint::save(&weights, &ten, &saved).unwrap();
-    let three = ResNet34::new(3).unwrap();
+    let three = ResNet::new(Arch::ResNet34, 3).unwrap();
     let init = three.init_params(9);
     let file = TensorFile::read(&weights).unwrap();
     let checkpoint::FineTuning { params, running, other_classes } =

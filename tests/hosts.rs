@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use syncstep::checkpoint;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/hosts.sh");
@@ -128,7 +128,7 @@ impl Drop for Hosts {
 /// 2(P − 1)/P of the gradient a step (the reduce-scatter and the all-gather), and at most three
 /// times that (the BatchNorm rows, losses, logits and MPI's own messages are far less).
 fn assert_traffic(what: &str, p: usize, steps: u64, traffic: &[(u64, u64)]) {
-    let gradient = 4 * ResNet34::new(10).unwrap().param_count() as u64;
+    let gradient = 4 * ResNet::new(Arch::ResNet34, 10).unwrap().param_count() as u64;
     let share = steps * 2 * (p as u64 - 1) * gradient / p as u64;
     assert_eq!(traffic.len(), p, "one rank per host");
     for (host, &(sent, received)) in traffic.iter().enumerate() {
@@ -198,7 +198,7 @@ fn ranks_on_hosts_train_as_the_single_device_does_bit_for_bit() {
     let (ok, log) =
         syncstep(&train(&single, &[])[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
     assert!(ok, "{log}");
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let want = checkpoint::load(&single, &model).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for p in [2, 4] {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use syncstep::checkpoint;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
 
@@ -105,7 +105,7 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     let args = train(&single, &[]);
     let (ok, log) = syncstep(&args[1..].iter().map(|s| s.as_str()).collect::<Vec<_>>());
     assert!(ok, "{log}");
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let want = checkpoint::load(&single, &model).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let ck = dir.join("ranks.safetensors");
@@ -272,7 +272,7 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     assert!(!o.status.success(), "{}", text(&o));
     assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
     assert!(text(&o).contains("rank 0: error: no word from rank(s) [1] for 5 s"), "{}", text(&o));
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -15,7 +15,7 @@ use syncstep::check::{
 use syncstep::data::synthetic_batch;
 use syncstep::golden::Golden;
 use syncstep::gpu::AdapterChoice;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions, Sabotage};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
@@ -96,6 +96,25 @@ fn gates_pass_bitwise_at_odd_and_uneven_shards() {
             ..Default::default()
         };
         assert_gates(cfg);
+    }
+}
+
+/// The other ResNets hold every gate at uneven shards: ResNet-18's BasicBlocks [2, 2, 2, 2] at
+/// 8 images as 3, 3, 2; ResNet-50's Bottlenecks (1×1 convolutions, the stride on the 3×3) at 16
+/// as 6, 5, 5, where its smallest maps (1×1) give BatchNorm 16 values per channel: at 8, f32's
+/// own rounding parts from f64 by more than TIE's bound (PyTorch's f32 step too, by 2.5e-4).
+#[test]
+fn resnet18_and_resnet50_pass_the_gates_at_uneven_shards() {
+    for (arch, global_batch) in [(Arch::ResNet18, 8), (Arch::ResNet50, 16)] {
+        assert_gates(CheckConfig {
+            arch,
+            replicas: 3,
+            global_batch: Some(global_batch),
+            steps: 1,
+            tie: true,
+            adapters: adapters(),
+            ..Default::default()
+        });
     }
 }
 
@@ -216,8 +235,8 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     );
 }
 
-fn model_and_state(seed: u64) -> (ResNet34, Vec<f32>, Vec<f32>) {
-    let model = ResNet34::new(10).unwrap();
+fn model_and_state(seed: u64) -> (ResNet, Vec<f32>, Vec<f32>) {
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut params = model.init_params(seed);
     model.randomize_batchnorm(&mut params, seed + 1);
     let running = model.init_buffers();

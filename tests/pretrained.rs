@@ -14,7 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use syncstep::data::source::decode_file;
 use syncstep::data::transform::Preprocess;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::write_f32;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torchvision");
@@ -55,7 +55,7 @@ fn uniform(name: &str, n: usize) -> Vec<f32> {
 
 /// The recipe's tensors of ResNet-34 with `classes` classes, by name.
 fn seeded_weights(classes: u32) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    let model = ResNet34::new(classes).unwrap();
+    let model = ResNet::new(Arch::ResNet34, classes).unwrap();
     let mut out = BTreeMap::new();
     for spec in model.params.iter().chain(&model.buffers) {
         let (name, shape) = (spec.name.as_str(), &spec.shape);
@@ -291,19 +291,44 @@ fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
         file("resnet50.safetensors", &[("fc.weight", vec![10, 2048]), ("fc.bias", vec![10])]);
     let headless =
         file("fc-only.safetensors", &[("fc.weight", vec![10, 512]), ("fc.bias", vec![10])]);
-    let cases: [(&[&str], &[&str]); 7] = [
+    // Tensors naming the blocks of `counts` per stage (BasicBlocks, or Bottlenecks with a conv3),
+    // and a classifier [10, 2048].
+    let blocks = |name: &str, counts: [usize; 4], bottleneck: bool| {
+        let mut names = vec!["fc.weight".to_string()];
+        for (stage, count) in counts.iter().enumerate() {
+            for i in 0..*count {
+                names.push(format!("layer{}.{i}.conv1.weight", stage + 1));
+                names.extend(bottleneck.then(|| format!("layer{}.{i}.conv3.weight", stage + 1)));
+            }
+        }
+        let entries: Vec<(&str, Vec<usize>)> = names
+            .iter()
+            .map(|n| (n.as_str(), if n == "fc.weight" { vec![10, 2048] } else { vec![1] }))
+            .collect();
+        file(name, &entries)
+    };
+    let resnet18 = blocks("resnet18.safetensors", [2, 2, 2, 2], false);
+    let odd = blocks("odd.safetensors", [2, 2, 2, 2], true);
+    let cases: [(&[&str], &[&str]); 10] = [
         (&["predict", img], &["required arguments were not provided", "--checkpoint", "--weights"]),
         (&["predict", "--checkpoint", &wide, "--weights", &wide, img], &["cannot be used with"]),
         (&["predict", "--checkpoint", &wide, "--class-names", &wide, img], &["--weights"]),
         (&["eval", "--weights", &wide], &["--weights needs --data"]),
         (
             &["predict", "--weights", &wide, img],
-            &[&wide, "[10, 2048], expected [K, 512]", "torchvision's ResNet-34"],
+            &[&wide, "[10, 2048], expected [K, 512]", "torchvision ResNet's"],
         ),
         (
             &["predict", "--weights", &headless, img],
-            &[&headless, "missing tensor `conv1.weight`", "torchvision's ResNet-34"],
+            &[&headless, "missing tensor `conv1.weight`", "torchvision ResNet's"],
         ),
+        // The arch is the one the tensor names are, and --arch must agree.
+        (&["predict", "--weights", &resnet18, img], &["expected [K, 512] (resnet18)"]),
+        (
+            &["predict", "--weights", &resnet18, "--arch", "resnet34", img],
+            &["resnet18 weights (BasicBlocks [2, 2, 2, 2] per stage), but --arch is resnet34: drop --arch or pass --arch resnet18"],
+        ),
+        (&["predict", "--weights", &odd, img], &["Bottlenecks [2, 2, 2, 2] per stage are none of torchvision's ResNets"]),
         (&["eval", "--checkpoint", &headless], &[&headless, "torchvision weights go to --weights"]),
     ];
     for (args, says) in cases {

@@ -17,7 +17,7 @@ use common::syncstep;
 use serde_json::Value;
 use syncstep::checkpoint::write_seeded_inputs;
 use syncstep::compare::{norm_rel, summary_error};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::TensorFile;
 
 const LOSS_BOUND: f64 = 1e-5;
@@ -57,8 +57,8 @@ fn off_tensors(out: &TensorFile, prefix: &str, list: &Value) -> Vec<String> {
 /// Runs `grad` on the fixture's inputs, written afresh into `dir`; the outputs' path.
 fn grad_on_fixture_inputs(f: &Value, dir: &Path) -> PathBuf {
     let classes = number(f, "classes") as u32;
-    assert_eq!(f["arch"], "resnet34");
-    let model = ResNet34::new(classes).unwrap();
+    let arch: Arch = f["arch"].as_str().unwrap().parse().unwrap();
+    let model = ResNet::new(arch, classes).unwrap();
     let inputs = dir.join("inputs.safetensors");
     let (seed, images, size) =
         (number(f, "seed") as u64, number(f, "images") as usize, number(f, "image_size") as u32);
@@ -74,8 +74,19 @@ fn grad_on_fixture_inputs(f: &Value, dir: &Path) -> PathBuf {
 
 #[test]
 fn the_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
-    let f = fixture("resnet34-seed0.json");
-    let dir = std::env::temp_dir().join(format!("syncstep-pytorch-{}", std::process::id()));
+    the_step_gives_pytorchs("resnet34-seed0.json");
+}
+
+#[test]
+fn the_resnet18_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
+    the_step_gives_pytorchs("resnet18-seed0.json");
+}
+
+/// `grad` on the inputs of fixture `name` against its loss, logits, gradients and running
+/// statistics.
+fn the_step_gives_pytorchs(name: &str) {
+    let f = fixture(name);
+    let dir = std::env::temp_dir().join(format!("syncstep-pytorch-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = TensorFile::read(&grad_on_fixture_inputs(&f, &dir)).unwrap();
 

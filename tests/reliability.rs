@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use syncstep::checkpoint::{self, Checkpoint};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::{write_f32, TensorFile};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -98,7 +98,7 @@ fn sizes_past_every_limit_are_errors_not_panics() {
     }
     // The same sizes through a checkpoint's metadata.
     let good = one_step_checkpoint(&dir);
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut ck = checkpoint::load(&good, &model).unwrap();
     ck.settings.insert("image_size".into(), "65536".into());
     let big = dir.join("big.safetensors");
@@ -175,7 +175,7 @@ fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
     }
     let dir = temp_dir("checkpoints");
     let good = one_step_checkpoint(&dir);
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let ck = checkpoint::load(&good, &model).unwrap();
     let resume = |path: &Path, extra: &[&str]| {
         let mut args = vec![
@@ -276,7 +276,7 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
     );
     refused(&o, "the run diverged at step");
     assert!(text(&o).contains("last good checkpoint"), "{}", text(&o));
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let kept = checkpoint::load(&good, &model).expect("the kept checkpoint loads");
     assert!(kept.params.iter().all(|v| v.is_finite()));
     if std::fs::read(&good).unwrap() != before {
@@ -365,7 +365,7 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
             err.contains(&format!("SIG{signal}: stopped after step")) && err.contains("--resume"),
             "{err}"
         );
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let saved = checkpoint::load(&ck, &model).unwrap();
         assert!(saved.step >= 1 && saved.step < 1000, "step {}", saved.step);
     }
@@ -524,7 +524,7 @@ fn no_output_lands_on_or_inside_an_input() {
     let o = run(&args, &[], &[]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     assert_eq!(checkpoint::load(&target, &model).unwrap().step, 1);
     eprintln!("{} cases", cases.len() + 2);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -544,7 +544,7 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     let on_images = images_checkpoint(&dir, &images);
     let m = on_images.to_str().unwrap();
     let before = snapshot(&[dir.as_path()]);
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
         (&["train", "--steps", "1", "--augment", "none"], "--augment applies to images"),
         (&["train", "--data", i, "--val-split", "-1"], "validation split -1 is not in [0, 1)"),
@@ -559,6 +559,14 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
         (&["eval", "--checkpoint", m, "--examples", "5"], "drop --examples"),
         (&["predict", "--checkpoint", g, "--top", "0", i], "'0' for '--top <TOP>'"),
         (&["train", "--resume", g, "--batch", "4", "--override"], "which a resume keeps"),
+        (
+            &["train", "--resume", g, "--arch", "resnet18", "--override"],
+            "--arch resnet18: the checkpoint was trained with --arch resnet34",
+        ),
+        (
+            &["eval", "--checkpoint", g, "--arch", "resnet50"],
+            "the checkpoint is a resnet34, not a resnet50 (--arch): drop --arch or pass --arch resnet34",
+        ),
     ];
     for (args, says) in cases {
         let o = run(args, &[], &[]);
@@ -638,7 +646,7 @@ fn a_signal_during_an_evaluation_is_honoured() {
     assert_eq!(code, Some(143), "{err}");
     assert!(err.contains("SIGTERM: stopped during the final evaluation, after step 1"), "{err}");
     assert!(err.contains(&format!("--resume {c}")), "{err}");
-    let model = ResNet34::new(2).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
     assert_eq!(checkpoint::load(&ck, &model).unwrap().step, 1);
     eprintln!("2 cases");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -725,7 +733,7 @@ type Reshaped = Option<Vec<usize>>;
 /// ResNet-34 weights of 10 classes at `path`, each tensor in the shape `shape_of` gives it
 /// (its values repeated to fill it).
 fn reshaped_weights(path: &Path, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped) {
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let (params, running) = (model.init_params(3), model.init_buffers());
     let tensors = model.params.iter().map(|t| (t, &params));
     let mut values = Vec::new();

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{Encoder, Gpu, Slice};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::reference::step as reference;
 use syncstep::step::{
     BnRows, Communicator, OneDevice, Replica, Shard, StepConfig, StepOptions, StepOutput,
@@ -14,15 +14,15 @@ use syncstep::step::{
 
 const BATCH: usize = 8;
 
-fn setup(classes: u32, seed: u64) -> (ResNet34, Vec<f32>, Vec<f32>) {
-    let model = ResNet34::new(classes).unwrap();
+fn setup(classes: u32, seed: u64) -> (ResNet, Vec<f32>, Vec<f32>) {
+    let model = ResNet::new(Arch::ResNet34, classes).unwrap();
     let mut params = model.init_params(seed);
     model.randomize_batchnorm(&mut params, seed + 1);
     let running = model.init_buffers();
     (model, params, running)
 }
 
-fn replica(model: &ResNet34, params: &[f32], running: &[f32]) -> Option<Replica> {
+fn replica(model: &ResNet, params: &[f32], running: &[f32]) -> Option<Replica> {
     let gpu = fresh_gpu()?;
     Some(Replica::new(gpu, model.clone(), params, running).unwrap())
 }
@@ -73,6 +73,29 @@ fn tie_gpu_step_matches_the_f64_reference() {
     assert!(worst.0 <= 1e-4, "gradient of {} off by {:e} norm-rel", worst.1, worst.0);
     for spec in &model.buffers {
         assert_close(&spec.name, &gpu_running[spec.range()], &want.running[spec.range()], 1e-5);
+    }
+}
+
+/// The optimizer updates a flat parameter buffer past one storage binding (ResNet-101's is past
+/// WebGPU's default 128 MiB) in parts: on a device that binds 16 MiB, ResNet-34's 87 MB
+/// buffer, in six parts, gets the bits of a device that binds it whole, every tensor moved.
+#[test]
+fn sgd_past_one_binding_updates_in_parts_to_the_same_bits() {
+    let (model, params, running) = setup(10, 3);
+    let Some(mut whole) = replica(&model, &params, &running) else { return };
+    let Some(small) = gpu_with_binding_limit(16 << 20) else { return };
+    let mut parts = Replica::new(small, model.clone(), &params, &running).unwrap();
+    let batch = synthetic_batch(2, 0, 2, 32, 32, 10).unwrap();
+    let mut after = Vec::new();
+    for r in [&mut whole, &mut parts] {
+        step(r, &batch, StepOptions::default());
+        pollster::block_on(r.sgd_update(&StepConfig::default())).unwrap();
+        after.push(pollster::block_on(r.read_params()).unwrap());
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&after[0]) == bits(&after[1]), "parts differ from the whole update");
+    for spec in &model.params {
+        assert_ne!(after[1][spec.range()], params[spec.range()], "{} not updated", spec.name);
     }
 }
 
@@ -214,8 +237,8 @@ impl Communicator for FinalGradients {
     }
 }
 
-/// The fewest trips the dependencies allow: a block's downsample travels with its conv1 in the
-/// forward (both read the block's input) and with its conv2 in the backward (both read the
+/// The fewest trips the dependencies allow: a block's downsample travels with its first conv in
+/// the forward (both read the block's input) and with its last in the backward (both read the
 /// block's output cotangent); every other BN site travels alone.
 #[test]
 fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
@@ -234,16 +257,18 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
     let (mut forward, mut backward) =
         (vec![vec![site(model.stem_bn)]], vec![vec![site(model.stem_bn)]]);
     for b in &model.blocks {
-        let (bn1, bn2) = (site(b.bn1), site(b.bn2));
-        match b.downsample {
-            Some((_, ds)) => {
-                forward.extend([vec![bn1, site(ds)], vec![bn2]]);
-                backward.extend([vec![bn1], vec![site(ds), bn2]]);
-            }
-            None => {
-                forward.extend([vec![bn1], vec![bn2]]);
-                backward.extend([vec![bn1], vec![bn2]]);
-            }
+        let ds = b.downsample.map(|(_, bn)| site(bn));
+        let last = b.units.len() - 1;
+        for (j, &(_, bn)) in b.units.iter().enumerate() {
+            let bn = site(bn);
+            forward.push(match ds {
+                Some(ds) if j == 0 => vec![bn, ds],
+                _ => vec![bn],
+            });
+            backward.push(match ds {
+                Some(ds) if j == last => vec![ds, bn],
+                _ => vec![bn],
+            });
         }
     }
     backward.reverse();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use syncstep::checkpoint::{self, write_step_inputs};
 use syncstep::data::synthetic_batch;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, write_f32_i64, TensorFile};
 use syncstep::train::{TrainConfig, Trainer};
@@ -40,7 +40,7 @@ fn resume_from_a_checkpoint_is_bit_exact() {
     run_steps(&mut first, 3);
     let ck = pollster::block_on(first.checkpoint()).unwrap();
     checkpoint::save(&path, first.model(), &ck).unwrap();
-    let loaded = checkpoint::load(&path, &ResNet34::new(10).unwrap()).unwrap();
+    let loaded = checkpoint::load(&path, &ResNet::new(Arch::ResNet34, 10).unwrap()).unwrap();
     assert_eq!(loaded, ck);
     let mut resumed = Trainer::new(fresh_gpu().unwrap(), small(), Some(loaded)).unwrap();
     assert_eq!(resumed.step, 3);
@@ -64,7 +64,7 @@ fn resume_from_a_checkpoint_is_bit_exact() {
 /// checkpoint it saves (and is killed saving).
 const KILLED_SAVE: &str = "SYNCSTEP_TEST_KILLED_SAVE";
 
-fn a_checkpoint(model: &ResNet34, step: u64) -> checkpoint::Checkpoint {
+fn a_checkpoint(model: &ResNet, step: u64) -> checkpoint::Checkpoint {
     checkpoint::Checkpoint {
         params: model.init_params(1),
         running: model.init_buffers(),
@@ -79,7 +79,7 @@ fn a_checkpoint(model: &ResNet34, step: u64) -> checkpoint::Checkpoint {
 /// there removes the temporary file the killed one left (a kill runs no clean-up).
 #[test]
 fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     if let Some(path) = std::env::var_os(KILLED_SAVE) {
         // The child: this save passes the file size limit and is killed (SIGXFSZ).
         checkpoint::save(Path::new(&path), &model, &a_checkpoint(&model, 2)).unwrap();
@@ -127,7 +127,7 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
 fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let Some(gpu) = fresh_gpu() else { return };
     let dir = temp_dir("grad");
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut params = model.init_params(4);
     model.randomize_batchnorm(&mut params, 5);
     let running = model.init_buffers();
@@ -377,7 +377,7 @@ fn train_and_grad_take_replicas() {
 
     // grad: the data-parallel gradients are the single device's, bit for bit, at any R.
     let dir = temp_dir("grad-replicas");
-    let model = ResNet34::new(10).unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut params = model.init_params(8);
     model.randomize_batchnorm(&mut params, 9);
     let batch = synthetic_batch(10, 0, 4, 32, 32, 10).unwrap();

@@ -41,7 +41,7 @@ use crate::gpu::{
 use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape, KernelPlan, KernelPolicy};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
-use crate::model::{ModelError, ResNet34};
+use crate::model::{Arch, ModelError, ResNet};
 use crate::parallel::{self, DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
 
@@ -82,6 +82,7 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
+    pub arch: Arch,
     pub replicas: usize,
     /// Images per replica N; the global batch is R·N unless `global_batch` says otherwise.
     pub batch: usize,
@@ -108,6 +109,7 @@ pub struct BenchConfig {
 impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
+            arch: Arch::default(),
             replicas: 1,
             batch: 8,
             global_batch: None,
@@ -161,10 +163,10 @@ impl BenchConfig {
         if self.warmup == 0 {
             return setting("warmup", "is 0: at least 1 untimed step compiles the pipelines and autotunes the convolutions");
         }
-        if let Err(e) = ResNet34::check_image_size(self.image_size, self.image_size) {
+        if let Err(e) = ResNet::check_image_size(self.image_size, self.image_size) {
             return setting("image-size", &format!("{}: {e}", self.image_size));
         }
-        if let Err(e) = ResNet34::new(self.classes) {
+        if let Err(e) = ResNet::new(self.arch, self.classes) {
             return setting("classes", &format!("is {}: {e}", self.classes));
         }
         if let Some(size) = self.roofline {
@@ -325,7 +327,7 @@ fn single_devices(cfg: &BenchConfig, devices: Devices, shard: usize) -> Result<V
 
 /// What devices of a benchmark are opened with: the model, its parameters and running
 /// statistics, and the kernel policy they share.
-type Devices<'a> = (&'a ResNet34, &'a [f32], &'a [f32], &'a Arc<KernelPolicy>);
+type Devices<'a> = (&'a ResNet, &'a [f32], &'a [f32], &'a Arc<KernelPolicy>);
 
 /// `replicas` replicas of `devices`' model on [`parallel::devices_with`] its policy.
 fn open_devices(
@@ -341,7 +343,7 @@ fn open_devices(
 /// runs a shard of `shard` images); else, or when it cannot be had, why there is none.
 fn profile(
     cfg: &BenchConfig,
-    model: &ResNet34,
+    model: &ResNet,
     dp: &mut DataParallel,
     batch: &crate::data::Batch,
     shard: usize,
@@ -356,13 +358,13 @@ fn profile(
 }
 
 /// The model `cfg` asks for.
-fn model_of(cfg: &BenchConfig) -> Result<ResNet34> {
-    ResNet34::new(cfg.classes)
+fn model_of(cfg: &BenchConfig) -> Result<ResNet> {
+    ResNet::new(cfg.arch, cfg.classes)
         .map_err(|e: ModelError| BenchError::Setting { flag: "classes", problem: e.to_string() })
 }
 
 /// Refuses a training batch of `batch` images of `size`² that leaves a BatchNorm no variance.
-fn check_training_batch(model: &ResNet34, batch: usize, size: u32) -> Result<()> {
+fn check_training_batch(model: &ResNet, batch: usize, size: u32) -> Result<()> {
     model
         .check_training_batch(batch as u64, size, size)
         .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
@@ -370,12 +372,7 @@ fn check_training_batch(model: &ResNet34, batch: usize, size: u32) -> Result<()>
 
 /// Refuses a step of `batch` images of `size`² whose buffers a device of these `limits` cannot
 /// bind.
-fn check_batch_fits(
-    model: &ResNet34,
-    batch: usize,
-    size: u32,
-    limits: &wgpu::Limits,
-) -> Result<()> {
+fn check_batch_fits(model: &ResNet, batch: usize, size: u32, limits: &wgpu::Limits) -> Result<()> {
     crate::step::check_batch_fits(model, batch as u64, size, size, limits)
         .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
 }
@@ -525,13 +522,7 @@ fn best_time(
 
 /// The matmul tiles at `size`³, then every distinct convolution of the step at `batch` images
 /// per device, through the plain (autotuned) launchers.
-fn roofline(
-    gpu: &Gpu,
-    model: &ResNet34,
-    batch: u32,
-    image_size: u32,
-    size: u32,
-) -> Result<Roofline> {
+fn roofline(gpu: &Gpu, model: &ResNet, batch: u32, image_size: u32, size: u32) -> Result<Roofline> {
     let tiles = matmul_probes(gpu, size)?;
     let mut convs = Vec::new();
     for (s, names, input_vjp) in conv_shapes(model, batch, image_size) {
@@ -578,11 +569,7 @@ fn matmul_probes(gpu: &Gpu, size: u32) -> Result<Vec<ProbeTime>> {
 
 /// The step's distinct convolution shapes at `batch` images, in forward order, each with the
 /// layers that share it and whether the step takes its input-VJP.
-fn conv_shapes(
-    model: &ResNet34,
-    batch: u32,
-    image_size: u32,
-) -> Vec<(Conv2dShape, Vec<&str>, bool)> {
+fn conv_shapes(model: &ResNet, batch: u32, image_size: u32) -> Vec<(Conv2dShape, Vec<&str>, bool)> {
     let mut shapes: Vec<(Conv2dShape, Vec<&str>, bool)> = Vec::new();
     for input in model.conv_inputs(image_size, image_size) {
         let s = conv2d_shape(&input.conv, batch, input.h, input.w);

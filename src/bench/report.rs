@@ -10,7 +10,7 @@ use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS
 use crate::collective::{CollectiveError, Peers};
 use crate::gpu::{KernelTime, MemoryStats};
 use crate::kernels::conv2d::KernelPlan;
-use crate::model::ResNet34;
+use crate::model::ResNet;
 use crate::step::Replica;
 
 /// Step times of one configuration, with its memory per replica.
@@ -381,7 +381,7 @@ impl Profile {
     }
 
     pub(super) fn new(
-        model: &ResNet34,
+        model: &ResNet,
         batch: u32,
         image_size: u32,
         step_seconds: f64,
@@ -554,7 +554,7 @@ impl BenchReport {
     /// What ran where and how it was timed, then each configuration's times.
     fn steps_text(&self) -> Vec<String> {
         let c = &self.config;
-        let mut lines = vec![format!("syncstep bench: ResNet-34 training step (forward, backward, SGD), {0}×{0} images, {1} classes", c.image_size, c.classes)];
+        let mut lines = vec![format!("syncstep bench: {2} training step (forward, backward, SGD), {0}×{0} images, {1} classes", c.image_size, c.classes, c.arch.title())];
         for (r, a) in self.adapters.iter().enumerate() {
             lines.push(format!("replica {r}: {a}"));
         }

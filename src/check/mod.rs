@@ -23,7 +23,7 @@ use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch};
 use crate::golden::{Golden, GoldenSettings};
 use crate::gpu::{AdapterChoice, Gpu};
-use crate::model::{ActivationPattern, ModelError, ResNet34};
+use crate::model::{ActivationPattern, Arch, ModelError, ResNet};
 use crate::parallel::{
     self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage,
 };
@@ -86,6 +86,7 @@ pub type Result<T, E = CheckError> = std::result::Result<T, E>;
 /// against one device at the global batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckConfig {
+    pub arch: Arch,
     pub replicas: usize,
     /// Images per replica, N: the global batch is R·N unless `global_batch` says otherwise.
     pub batch: usize,
@@ -109,6 +110,7 @@ pub struct CheckConfig {
 impl Default for CheckConfig {
     fn default() -> Self {
         CheckConfig {
+            arch: Arch::default(),
             replicas: 2,
             batch: 8,
             global_batch: None,
@@ -161,13 +163,13 @@ impl CheckConfig {
     }
 
     /// The model this configuration checks, or why it cannot be checked.
-    pub fn model(&self) -> Result<ResNet34> {
+    pub fn model(&self) -> Result<ResNet> {
         if self.global_batch.is_none() && self.batch == 0 {
             return Err(CheckError::Config("batch per replica must be at least 1".into()));
         }
         crate::data::shard_ranges(self.global(), self.replicas).map_err(ParallelError::from)?;
-        ResNet34::check_image_size(self.image_size, self.image_size)?;
-        let model = ResNet34::new(self.classes)?;
+        ResNet::check_image_size(self.image_size, self.image_size)?;
+        let model = ResNet::new(self.arch, self.classes)?;
         model.check_training_batch(self.global() as u64, self.image_size, self.image_size)?;
         Ok(model)
     }
@@ -175,7 +177,7 @@ impl CheckConfig {
     /// Why CONTROL does not apply here, if it does not: with one replica per-replica
     /// statistics are the global ones, and a replica of too few examples leaves its own
     /// BatchNorm one value per channel (no variance to differ in).
-    pub fn control_not_applicable(&self, model: &ResNet34) -> Option<String> {
+    pub fn control_not_applicable(&self, model: &ResNet) -> Option<String> {
         if self.replicas == 1 {
             return Some("n/a: one replica's own statistics are the global ones".into());
         }
@@ -353,7 +355,7 @@ pub async fn run_check_on(
 /// far.
 struct Gates<'c, 'p> {
     cfg: &'c CheckConfig,
-    model: ResNet34,
+    model: ResNet,
     dp: DataParallel,
     single: Single,
     step_cfg: StepConfig,
@@ -594,7 +596,7 @@ impl Gates<'_, '_> {
 /// from the same `params` and `running` statistics on the same pattern; flips are those of a
 /// free f64 run.
 fn tie(
-    model: &ResNet34,
+    model: &ResNet,
     params: &[f32],
     running: &[f32],
     batch: &Batch,
@@ -660,7 +662,7 @@ mod tests {
 
     #[test]
     fn the_report_renders_as_a_table_and_as_json() {
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let tensors = model
             .params
             .iter()

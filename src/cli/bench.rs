@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use syncstep::bench::{self, BenchConfig};
 use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::model::Arch;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PlanFor {
@@ -15,6 +16,9 @@ enum PlanFor {
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// The network: torchvision's resnet18, resnet34, resnet50 or resnet101.
+    #[arg(long, default_value_t = Arch::default())]
+    arch: Arch,
     /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
     /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
     /// measured too, in the same run, and the ratios printed.
@@ -84,6 +88,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     let global_replicas = local * peers.ranks();
     let cfg = BenchConfig {
+        arch: args.arch,
         replicas: local,
         // R = 0 is refused by `cfg.validate()`.
         batch: args.batch / global_replicas.max(1),
@@ -145,7 +150,8 @@ fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std
     }
     let profile = bench::dispatch_shapes(cfg, &mut |phase| eprintln!("{phase}"))?;
     println!(
-        "syncstep bench --shapes-only: one ResNet-34 training step at batch {}, {}×{} images, recorded and not run: {} dispatches",
+        "syncstep bench --shapes-only: one {} training step at batch {}, {}×{} images, recorded and not run: {} dispatches",
+        cfg.arch.title(),
         cfg.global(),
         cfg.image_size,
         cfg.image_size,
@@ -154,7 +160,7 @@ fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std
     profile.width.text(20).iter().for_each(|l| println!("{l}"));
     if let Some(path) = json {
         let report = serde_json::json!({
-            "config": {"batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
+            "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
                        "plan_for": format!("{:?}", cfg.plan).to_lowercase()},
             "profile": profile.to_json(),
         });

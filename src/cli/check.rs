@@ -9,11 +9,15 @@ use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Ch
 use syncstep::golden::Golden;
 use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::kernels::conv2d::set_kernel_policy;
+use syncstep::model::Arch;
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
 
 #[derive(Args)]
 pub struct CheckArgs {
+    /// The network: torchvision's resnet18, resnet34, resnet50 or resnet101.
+    #[arg(long, default_value_t = Arch::default())]
+    arch: Arch,
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
     #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     replicas: usize,
@@ -122,6 +126,7 @@ fn config(
     bucket_bytes: u64,
 ) -> CheckConfig {
     CheckConfig {
+        arch: args.arch,
         replicas,
         // R = 0 is refused by `cfg.model()`.
         batch: args.batch / replicas.max(1),

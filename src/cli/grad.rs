@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use syncstep::checkpoint::{self, load_weights};
 use syncstep::data::Batch;
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::{write_f32, TensorFile};
@@ -18,6 +18,10 @@ pub struct GradArgs {
     /// Weights with torchvision `state_dict` names (f32 or f64; BN buffers optional).
     #[arg(long)]
     weights: PathBuf,
+    /// The network, checked against the weights' tensors: resnet18, resnet34, resnet50 or
+    /// resnet101 [default: the one the weights are].
+    #[arg(long)]
+    arch: Option<Arch>,
     /// The batch: `input` [M,3,H,W] (NCHW) and `labels` [M] (integers). May be the weights file.
     #[arg(long)]
     batch: PathBuf,
@@ -58,7 +62,7 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
     };
     if c != 3 {
         return Err(
-            format!("{path}: `input` has {c} channels; ResNet-34's stem takes 3 (RGB)").into()
+            format!("{path}: `input` has {c} channels; a ResNet's stem takes 3 (RGB)").into()
         );
     }
     let labels = file.require("labels", &[m])?;
@@ -79,7 +83,7 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
         h: h as u32,
         w: w as u32,
     };
-    ResNet34::check_image_size(batch.h, batch.w)?;
+    ResNet::check_image_size(batch.h, batch.w)?;
     batch.validate(classes)?;
     Ok(batch)
 }
@@ -91,8 +95,9 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
     }
     let weights = TensorFile::read(&args.weights)?;
-    let classes = checkpoint::classes(&weights)?;
-    let model = ResNet34::new(classes)?;
+    let arch = checkpoint::weights_arch(&weights, args.arch)?;
+    let classes = checkpoint::classes(&weights, arch)?;
+    let model = ResNet::new(arch, classes)?;
     let (params, running) = load_weights(&weights, &model, false)?;
     let batch = read_batch(
         &if args.batch == args.weights { weights } else { TensorFile::read(&args.batch)? },

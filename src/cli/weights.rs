@@ -1,6 +1,6 @@
 //! What `eval` and `predict` run, on one device: a training checkpoint (`--checkpoint`: the
 //! run's classes, normalisation, image size and the `square` preprocessing its validation
-//! used) or torchvision's weights (`--weights`: a ResNet-34 `state_dict` as safetensors, with
+//! used) or torchvision's weights (`--weights`: a ResNet `state_dict` as safetensors, with
 //! ImageNet's normalisation and torchvision's evaluation preprocessing, as PyTorch would run
 //! them). The flags that change how images are made apply to both.
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::transform::{Normalization, Preprocess};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{TrainConfig, Trainer};
 
@@ -24,8 +24,8 @@ pub struct Source {
     /// The checkpoint of a run (`train --checkpoint`).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// torchvision ResNet-34 weights: its `state_dict` saved as safetensors (docs/data.md
-    /// shows how). The classes are `fc.weight`'s rows.
+    /// torchvision ResNet weights: its `state_dict` saved as safetensors (docs/data.md shows
+    /// how). The arch is the one their tensors are; the classes are `fc.weight`'s rows.
     #[arg(long)]
     weights: Option<PathBuf>,
 }
@@ -34,6 +34,10 @@ pub struct Source {
 pub struct ModelArgs {
     #[command(flatten)]
     source: Source,
+    /// The network, checked against the weights: resnet18, resnet34, resnet50 or resnet101
+    /// [default: the checkpoint's, or the one torchvision's weights are].
+    #[arg(long)]
+    arch: Option<Arch>,
     /// How an image is brought to the input size: torchvision (shorter side resized to
     /// ⌊size·256/224⌋ as PIL's antialiased bilinear resize, then a center crop: torchvision's
     /// ImageNet evaluation) or square (the central square resized to size: what training
@@ -104,7 +108,7 @@ impl ModelArgs {
     pub fn read(&self) -> Result<(Model, Checkpoint), Box<dyn Error>> {
         let (path, torchvision) = self.file();
         let (mut cfg, weights) = if torchvision {
-            torchvision_weights(path)?
+            torchvision_weights(path, self.arch)?
         } else {
             let metadata = TensorFile::read(path)?.metadata;
             let cfg = TrainConfig::from_settings(&metadata).map_err(|e| {
@@ -112,11 +116,14 @@ impl ModelArgs {
                 let hint = if other { " (torchvision weights go to --weights)" } else { "" };
                 format!("{}: {e}{hint}", path.display())
             })?;
-            let weights = checkpoint::load(path, &ResNet34::new(cfg.classes)?)?;
+            if let Some(arch) = self.arch.filter(|&a| a != cfg.arch) {
+                return Err(format!("{}: the checkpoint is a {}, not a {arch} (--arch): drop --arch or pass --arch {}", path.display(), cfg.arch, cfg.arch).into());
+            }
+            let weights = checkpoint::load(path, &ResNet::new(cfg.arch, cfg.classes)?)?;
             (cfg, weights)
         };
         cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
-        ResNet34::check_image_size(cfg.image_size, cfg.image_size)?;
+        ResNet::check_image_size(cfg.image_size, cfg.image_size)?;
         let default = if torchvision { Preprocess::Torchvision } else { Preprocess::Square };
         let model = Model {
             cfg,
@@ -131,15 +138,19 @@ impl ModelArgs {
 
 /// torchvision weights as a run at step 0 on 224×224 images: every parameter and running
 /// statistic required (read as `train --init` and `grad` read them), the classes `fc`'s rows.
-fn torchvision_weights(path: &Path) -> Result<(TrainConfig, Checkpoint), String> {
+fn torchvision_weights(
+    path: &Path,
+    asked: Option<Arch>,
+) -> Result<(TrainConfig, Checkpoint), String> {
     let hint = |e: &dyn Error| {
-        format!("{e}: --weights takes torchvision's ResNet-34 `state_dict` saved as safetensors (docs/data.md)")
+        format!("{e}: --weights takes a torchvision ResNet's `state_dict` (resnet18, resnet34, resnet50 or resnet101) saved as safetensors (docs/data.md)")
     };
     let file = TensorFile::read(path).map_err(|e| hint(&e))?;
-    let classes = checkpoint::classes(&file).map_err(|e| hint(&e))?;
-    let model = ResNet34::new(classes).map_err(|e| hint(&e))?;
+    let arch = checkpoint::weights_arch(&file, asked).map_err(|e| hint(&e))?;
+    let classes = checkpoint::classes(&file, arch).map_err(|e| hint(&e))?;
+    let model = ResNet::new(arch, classes).map_err(|e| hint(&e))?;
     let (params, running) = checkpoint::load_weights(&file, &model, true).map_err(|e| hint(&e))?;
-    let cfg = TrainConfig { image_size: TORCHVISION_SIZE, classes, ..TrainConfig::default() };
+    let cfg = TrainConfig { arch, image_size: TORCHVISION_SIZE, classes, ..TrainConfig::default() };
     let settings = cfg.settings();
     let velocity = vec![0.0; model.param_len];
     Ok((cfg, Checkpoint { params, running, velocity, step: 0, settings }))

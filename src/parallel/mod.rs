@@ -46,7 +46,7 @@ use crate::collective::{
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
 use crate::kernels::conv2d::{KernelPlan, KernelPolicy};
-use crate::model::{ActivationPattern, ResNet34};
+use crate::model::{ActivationPattern, ResNet};
 use crate::step::{
     self, BnRows, Communicator, OneDevice, Replica, Shard, StepConfig, StepError, StepOptions,
     StepOutput,
@@ -340,7 +340,7 @@ pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
 impl DataParallel {
     /// `replicas` replicas holding `params` and `running` (model layout), on [`devices`].
     pub async fn new(
-        model: &ResNet34,
+        model: &ResNet,
         params: &[f32],
         running: &[f32],
         replicas: usize,
@@ -352,7 +352,7 @@ impl DataParallel {
     /// Replicas on the given devices, replica r on `gpus[r]`.
     pub fn from_gpus(
         gpus: Vec<Gpu>,
-        model: &ResNet34,
+        model: &ResNet,
         params: &[f32],
         running: &[f32],
     ) -> Result<DataParallel> {

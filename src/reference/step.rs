@@ -1,4 +1,4 @@
-//! The certified gradient: ResNet-34's whole training step (forward, label-smoothed loss,
+//! The certified gradient: a ResNet's whole training step (forward, label-smoothed loss,
 //! backward to every parameter, BN running statistics) in f64, built from the reference ops.
 //! It walks the model's layer list itself and shares no code with the GPU step.
 
@@ -15,7 +15,7 @@ use super::dense::{
 use super::elementwise::{add, relu_backward, relu_forward};
 use super::maxpool::{maxpool_backward, maxpool_forward, maxpool_forward_with_argmax, Pool};
 use crate::data::Batch;
-use crate::model::{ActivationPattern, BatchNorm, Conv, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
+use crate::model::{ActivationPattern, BatchNorm, Conv, ResNet, POOL_K, POOL_PAD, POOL_STRIDE};
 
 /// The step's scalars: label smoothing ε, loss divisor D, BN momentum and eps.
 #[derive(Clone, Copy, Debug)]
@@ -39,7 +39,7 @@ pub struct StepResult {
 
 /// The loss alone, for finite differences.
 pub fn training_loss(
-    model: &ResNet34,
+    model: &ResNet,
     params: &[f64],
     batch: &Batch,
     cfg: &StepConfig,
@@ -56,7 +56,7 @@ pub fn training_loss(
 }
 
 /// Inference: the logits of `batch` with BatchNorm normalising by the running statistics.
-pub fn predict(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch) -> Vec<f64> {
+pub fn predict(model: &ResNet, params: &[f64], running: &[f64], batch: &Batch) -> Vec<f64> {
     let cfg = StepConfig { label_smoothing: 0.0, divisor: 1.0, bn_momentum: 0.0, bn_eps: 1e-5 };
     let mut s = State::new(model, params, running.to_vec(), None, &cfg);
     s.eval = true;
@@ -66,7 +66,7 @@ pub fn predict(model: &ResNet34, params: &[f64], running: &[f64], batch: &Batch)
 /// One step on `batch` (its f32 images widened to f64); `impose` fixes the ReLU and pool
 /// choices.
 pub fn training_step(
-    model: &ResNet34,
+    model: &ResNet,
     params: &[f64],
     running: &[f64],
     batch: &Batch,
@@ -91,7 +91,7 @@ struct Unit {
 }
 
 struct State<'a> {
-    model: &'a ResNet34,
+    model: &'a ResNet,
     params: &'a [f64],
     grads: Vec<f64>,
     running: Vec<f64>,
@@ -109,7 +109,7 @@ struct State<'a> {
 
 impl<'a> State<'a> {
     fn new(
-        model: &'a ResNet34,
+        model: &'a ResNet,
         params: &'a [f64],
         running: Vec<f64>,
         impose: Option<&'a ActivationPattern>,
@@ -231,21 +231,25 @@ impl<'a> State<'a> {
         self.pool = Some((pool, argmax));
         for b in &model.blocks {
             self.block_inputs.push(x.clone());
-            let (z1, s1) = self.conv_bn(b.conv1, b.bn1, &x, size);
-            let r1 = self.relu(&z1);
-            let (z2, s2) = self.conv_bn(b.conv2, b.bn2, &r1, s1);
+            // The main path: a ReLU after each BN but the last.
+            let (mut z, mut s) = self.conv_bn(b.units[0].0, b.units[0].1, &x, size);
+            for &(c, bn) in &b.units[1..] {
+                let r = self.relu(&z);
+                (z, s) = self.conv_bn(c, bn, &r, s);
+            }
             let shortcut = match b.downsample {
                 Some((c, bn)) => self.conv_bn(c, bn, &x, size).0,
                 None => x.clone(),
             };
-            x = self.relu(&add(&z2, &shortcut));
-            size = s2;
+            x = self.relu(&add(&z, &shortcut));
+            size = s;
         }
-        let feat = global_avgpool_forward(self.m, 512, size.0 * size.1, &x);
+        let features = model.arch.features() as usize;
+        let feat = global_avgpool_forward(self.m, features, size.0 * size.1, &x);
         let k = model.classes as usize;
         let logits = dense_forward(
             self.m,
-            512,
+            features,
             k,
             &feat,
             self.param(model.fc_weight),
@@ -301,29 +305,32 @@ impl<'a> State<'a> {
             logits,
             labels,
         );
-        self.set_grad(model.fc_weight, &dense_backward_weight(m, 512, k, &dlogits, feat));
+        let f = model.arch.features() as usize;
+        self.set_grad(model.fc_weight, &dense_backward_weight(m, f, k, &dlogits, feat));
         self.set_grad(model.fc_bias, &dense_backward_bias(m, k, &dlogits));
-        let dfeat = dense_backward_input(m, 512, k, &dlogits, self.param(model.fc_weight));
+        let dfeat = dense_backward_input(m, f, k, &dlogits, self.param(model.fc_weight));
         let last = self.block_inputs.last().map_or(0, |x| x.len());
-        let mut dx = global_avgpool_backward(m, 512, last / (m * 512), &dfeat);
-        // Units in forward order: stem, then per block conv1, conv2, (downsample).
+        let mut dx = global_avgpool_backward(m, f, last / (m * f), &dfeat);
+        // Units in forward order: stem, then per block its main path's, then its downsample.
         let mut unit_index = Vec::new();
         let mut next = 1;
         for b in &model.blocks {
             unit_index.push(next);
-            next += if b.downsample.is_some() { 3 } else { 2 };
+            next += b.units.len() + b.downsample.is_some() as usize;
         }
         for (i, b) in model.blocks.iter().enumerate().rev() {
-            let u = unit_index[i];
-            let ds = relu_backward(&dx, &self.gates[2 + 2 * i]);
-            let dr1 = self.conv_bn_backward(u + 1, &ds);
-            let dz1 = relu_backward(&dr1, &self.gates[1 + 2 * i]);
-            let dx1 = self.conv_bn_backward(u, &dz1);
+            let (u, sites, len) = (unit_index[i], model.relu_sites(i), b.units.len());
+            let ds = relu_backward(&dx, &self.gates[sites.end - 1]);
+            let mut dz = self.conv_bn_backward(u + len - 1, &ds);
+            for j in (0..len - 1).rev() {
+                let dr = relu_backward(&dz, &self.gates[sites.start + j]);
+                dz = self.conv_bn_backward(u + j, &dr);
+            }
             let dx2 = match b.downsample {
-                Some(_) => self.conv_bn_backward(u + 2, &ds),
+                Some(_) => self.conv_bn_backward(u + len, &ds),
                 None => ds,
             };
-            dx = add(&dx1, &dx2);
+            dx = add(&dz, &dx2);
         }
         let (pool, argmax) = self.pool.take().expect("forward ran");
         let dr = maxpool_backward(&dx, pool, &argmax);
@@ -347,6 +354,7 @@ fn split_two(
 mod tests {
     use super::*;
     use crate::data::synthetic_batch;
+    use crate::model::Arch;
     use rand::{Rng, SeedableRng};
 
     /// The whole step's gradient against central differences of the loss, at a few seeded
@@ -354,7 +362,7 @@ mod tests {
     /// loss is smooth in the parameters and f64 differences are exact to ~1e-7).
     #[test]
     fn step_gradient_matches_finite_differences() {
-        let model = ResNet34::new(10).unwrap();
+        let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let mut p32 = model.init_params(1);
         model.randomize_batchnorm(&mut p32, 2);
         let params: Vec<f64> = p32.iter().map(|&v| v as f64).collect();

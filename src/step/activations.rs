@@ -12,10 +12,8 @@ use crate::gpu::Gpu;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum UnitId {
     Stem,
-    /// Block `i`'s first conv and BN.
-    Conv1(usize),
-    /// Block `i`'s second conv and BN.
-    Conv2(usize),
+    /// Block `i`'s `j`-th conv and BN of its main path.
+    Main(usize, usize),
     /// Block `i`'s projection shortcut.
     Downsample(usize),
 }
@@ -41,8 +39,8 @@ pub(super) enum Act {
     StemRelu,
     Pool,
     PoolArgmax,
-    /// Block `i`'s ReLU after its first BN.
-    BlockRelu(usize),
+    /// Block `i`'s ReLU after its `j`-th BN (every one of its main path but the last).
+    BlockRelu(usize, usize),
     /// Block `i`'s output, after the residual add and its ReLU.
     BlockOut(usize),
     /// The globally average-pooled features.

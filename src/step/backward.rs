@@ -330,49 +330,74 @@ impl Replica {
         i: usize,
         dout: wgpu::Buffer,
     ) -> Result<wgpu::Buffer> {
-        let block_input = self.acts.saved(if i == 0 { Act::Pool } else { Act::BlockOut(i - 1) });
-        // ReLU sites: 0 is the stem's; block i has 1 + 2i (after bn1) and 2 + 2i (its output).
-        let (relu1, out) = (1 + 2 * i, 2 + 2 * i);
-        // The downsample (last in the layout) first: units go backward in reverse layout
-        // order, so the gradients final at each BN site are one suffix of the layout. It
-        // and conv2 read the same cotangent: their BN sums travel together.
-        let r1 = self.acts.saved(Act::BlockRelu(i));
-        let conv2 = UnitGrad {
-            unit: pass.unit(UnitId::Conv2(i)),
+        let block_input = self.unit_input(i, 0);
+        let sites = self.model.relu_sites(i);
+        let last = self.model.blocks[i].units.len() - 1;
+        let x_last = self.unit_input(i, last);
+        let main = UnitGrad {
+            unit: pass.unit(UnitId::Main(i, last)),
             dr: &dout,
-            relu_site: out,
-            x: &r1,
+            relu_site: sites.end - 1,
+            x: &x_last,
             input_grad: true,
         };
-        let (dx2, dr1) = match self.model.blocks[i].downsample {
+        // The downsample (last in the layout) first: units go backward in reverse layout
+        // order, so the gradients final at each BN site are one suffix of the layout. It
+        // and the last unit read the same cotangent: their BN sums travel together.
+        let (dx2, dr) = match self.model.blocks[i].downsample {
             Some(_) => {
                 let ds = UnitGrad {
                     unit: pass.unit(UnitId::Downsample(i)),
                     dr: &dout,
-                    relu_site: out,
+                    relu_site: sites.end - 1,
                     x: &block_input,
                     input_grad: true,
                 };
-                let [dx2, dr1] = self.units_backward(pass, [ds, conv2]).await?;
-                (dx2, dr1)
+                let [dx2, dr] = self.units_backward(pass, [ds, main]).await?;
+                (dx2, dr)
             }
             None => {
-                let [dr1] = self.units_backward(pass, [conv2]).await?;
-                (None, dr1)
+                let [dr] = self.units_backward(pass, [main]).await?;
+                (None, dr)
             }
         };
-        let dr1 = dr1.expect("conv2's input cotangent was asked for");
-        let conv1 = UnitGrad {
-            unit: pass.unit(UnitId::Conv1(i)),
-            dr: &dr1,
-            relu_site: relu1,
-            x: &block_input,
-            input_grad: true,
-        };
-        let [dx1] = self.units_backward(pass, [conv1]).await?;
-        let dx1 = dx1.expect("conv1's input cotangent was asked for");
-        self.scratch.give_back(&dr1);
-        // The block input's cotangent: the conv branch's dx1 plus the shortcut's.
+        let mut dr = dr.expect("the main path's input cotangents are asked for");
+        for j in (0..last).rev() {
+            let x = self.unit_input(i, j);
+            let unit = UnitGrad {
+                unit: pass.unit(UnitId::Main(i, j)),
+                dr: &dr,
+                relu_site: sites.start + j,
+                x: &x,
+                input_grad: true,
+            };
+            let [dx] = self.units_backward(pass, [unit]).await?;
+            self.scratch.give_back(&dr);
+            dr = dx.expect("the main path's input cotangents are asked for");
+        }
+        self.block_input_grad(pass, dr, dx2, dout, sites.end - 1)
+    }
+
+    /// The input of block `i`'s `j`-th unit: the block's, or the ReLU after the unit before it.
+    fn unit_input(&self, i: usize, j: usize) -> wgpu::Buffer {
+        self.acts.saved(match (i, j) {
+            (0, 0) => Act::Pool,
+            (i, 0) => Act::BlockOut(i - 1),
+            (i, j) => Act::BlockRelu(i, j - 1),
+        })
+    }
+
+    /// A block input's cotangent (scratch): the main path's `dx1` plus the shortcut's, which is
+    /// the downsample's `dx2` or the cotangent `dout` of the block's output masked by its ReLU
+    /// (site `out`). Gives back the three.
+    fn block_input_grad<S>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        dx1: wgpu::Buffer,
+        dx2: Option<wgpu::Buffer>,
+        dout: wgpu::Buffer,
+        out: usize,
+    ) -> Result<wgpu::Buffer> {
         let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
         let (dx1s, dxs) = (Slice::whole(&dx1), Slice::whole(&dx));

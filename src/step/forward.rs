@@ -10,7 +10,7 @@ use super::{
 use crate::gpu::Slice;
 use crate::kernels::conv2d::{self, Conv2dOp};
 use crate::kernels::{avgpool, batchnorm, dense, maxpool};
-use crate::model::{ActivationPattern, BatchNorm, Conv};
+use crate::model::{ActivationPattern, BatchNorm, Block, Conv};
 
 /// A Conv→BN unit of the forward; its saved tensors are [`Act::Conv`] (the conv output, BN's
 /// input) and [`Act::Stats`].
@@ -321,32 +321,48 @@ impl Replica {
         }
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
-            let conv1 = ConvBn::new(UnitId::Conv1(i), b.conv1, b.bn1, &x, d);
-            // The downsample reads the block's input too: its statistics travel with conv1's.
-            let (u1, ds) = match b.downsample {
-                Some((c, bn)) => {
-                    let [u1, ds] = self
-                        .conv_bn(pass, [conv1, ConvBn::new(UnitId::Downsample(i), c, bn, &x, d)])
-                        .await?;
-                    (u1, Some(ds))
-                }
-                None => (self.conv_bn(pass, [conv1]).await?[0], None),
-            };
-            let r1 = self.bn_relu(pass, u1, None, Act::BlockRelu(i))?;
-            let conv2 = ConvBn::new(UnitId::Conv2(i), b.conv2, b.bn2, &r1, pass.units[u1].out);
-            let [u2] = self.conv_bn(pass, [conv2]).await?;
-            let out = match ds {
-                Some(ds) => {
-                    let shortcut = self.bn_apply(pass, ds)?;
-                    let out = self.bn_relu(pass, u2, Some(&shortcut), Act::BlockOut(i))?;
-                    self.scratch.give_back(&shortcut);
-                    out
-                }
-                None => self.bn_relu(pass, u2, Some(&x), Act::BlockOut(i))?,
-            };
-            (x, d) = (out, pass.units[u2].out);
+            (x, d) = self.block_forward(pass, i, b, x, d).await?;
         }
         Ok((x, d))
+    }
+
+    /// Block `i` (`b`) from its input `x`: its main path's units, each BN but the last through a
+    /// ReLU, the last added to the shortcut before the block's ReLU. Returns its output.
+    async fn block_forward<S: Communicator>(
+        &mut self,
+        pass: &mut Pass<'_, S>,
+        i: usize,
+        b: &Block,
+        x: wgpu::Buffer,
+        d: Dims,
+    ) -> Result<(wgpu::Buffer, Dims)> {
+        let (conv, bn) = b.units[0];
+        let first = ConvBn::new(UnitId::Main(i, 0), conv, bn, &x, d);
+        // The downsample reads the block's input too: its statistics travel with the first unit's.
+        let (mut u, ds) = match b.downsample {
+            Some((c, bn)) => {
+                let [u, ds] = self
+                    .conv_bn(pass, [first, ConvBn::new(UnitId::Downsample(i), c, bn, &x, d)])
+                    .await?;
+                (u, Some(ds))
+            }
+            None => (self.conv_bn(pass, [first]).await?[0], None),
+        };
+        for (j, &(conv, bn)) in b.units.iter().enumerate().skip(1) {
+            let r = self.bn_relu(pass, u, None, Act::BlockRelu(i, j - 1))?;
+            let next = ConvBn::new(UnitId::Main(i, j), conv, bn, &r, pass.units[u].out);
+            [u] = self.conv_bn(pass, [next]).await?;
+        }
+        let out = match ds {
+            Some(ds) => {
+                let shortcut = self.bn_apply(pass, ds)?;
+                let out = self.bn_relu(pass, u, Some(&shortcut), Act::BlockOut(i))?;
+                self.scratch.give_back(&shortcut);
+                out
+            }
+            None => self.bn_relu(pass, u, Some(&x), Act::BlockOut(i))?,
+        };
+        Ok((out, pass.units[u].out))
     }
 
     /// Global average pool and fc: returns the pooled features and the logits.

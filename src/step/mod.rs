@@ -15,7 +15,9 @@ use crate::collective::{CollectiveError, Pieces};
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
-use crate::model::{ActivationPattern, Conv, ModelError, ResNet34, POOL_K, POOL_PAD, POOL_STRIDE};
+use crate::model::{
+    ActivationPattern, Conv, ModelError, ResNet, ALIGN_BYTES, POOL_K, POOL_PAD, POOL_STRIDE,
+};
 
 mod activations;
 mod backward;
@@ -132,7 +134,7 @@ pub trait Communicator {
 /// One BN site's rows in a [`Communicator`] call.
 #[derive(Clone, Copy)]
 pub struct BnRows<'a> {
-    /// The site's number in forward order (`ResNet34::batchnorms`).
+    /// The site's number in forward order (`ResNet::batchnorms`).
     pub site: usize,
     pub rows: &'a wgpu::Buffer,
     /// This device's examples: its rows come first in `rows`.
@@ -208,7 +210,7 @@ pub struct StepOutput {
 /// and a pool of scratch buffers shared by what lives only part of a pass.
 pub struct Replica {
     pub gpu: Gpu,
-    pub model: ResNet34,
+    pub model: ResNet,
     pub params: wgpu::Buffer,
     /// The gradient of each of this replica's [`Shard::pieces`], one flat gradient buffer (a
     /// slab) each, [`Replica::slab_stride`] bytes apart. The first holds the step's gradient once
@@ -319,7 +321,7 @@ impl<S> Pass<'_, S> {
 
 impl Replica {
     /// A replica holding `params` (model layout) and running statistics `running`.
-    pub fn new(gpu: Gpu, model: ResNet34, params: &[f32], running: &[f32]) -> Result<Replica> {
+    pub fn new(gpu: Gpu, model: ResNet, params: &[f32], running: &[f32]) -> Result<Replica> {
         if params.len() != model.param_len || running.len() != model.buffer_len {
             return Err(StepError::Invalid(format!(
                 "parameter/buffer vectors have {}/{} values, the model layout needs {}/{}",
@@ -328,16 +330,6 @@ impl Replica {
                 model.param_len,
                 model.buffer_len
             )));
-        }
-        let binding = gpu.limits.max_storage_buffer_binding_size;
-        if (model.param_len as u64) * 4 > binding {
-            return Err(GpuError::Limit {
-                what: "the flat parameter buffer".into(),
-                needed: model.param_len as u64 * 4,
-                allowed: binding,
-                limit: "max_storage_buffer_binding_size",
-            }
-            .into());
         }
         let params_buf = gpu.upload("params", params)?;
         let grads = gpu.buffer("grads", model.param_len as u64)?;
@@ -430,7 +422,7 @@ impl Replica {
     ) -> Result<StepOutput> {
         cfg.validate()?;
         batch.validate(self.model.classes)?;
-        ResNet34::check_image_size(batch.h, batch.w)?;
+        ResNet::check_image_size(batch.h, batch.w)?;
         if batch.is_empty() || shard.start + batch.len() as u64 > shard.global {
             let (n, Shard { start, global }) = (batch.len(), shard);
             return Err(StepError::Invalid(format!(
@@ -484,7 +476,7 @@ impl Replica {
     /// Changes no parameter, gradient or statistic.
     pub async fn predict(&mut self, batch: &Batch) -> Result<Vec<f32>> {
         batch.validate(self.model.classes)?;
-        ResNet34::check_image_size(batch.h, batch.w)?;
+        ResNet::check_image_size(batch.h, batch.w)?;
         if batch.is_empty() {
             return Err(StepError::Invalid("empty batch".into()));
         }
@@ -513,20 +505,29 @@ impl Replica {
         Ok(self.gpu.read_f32(Slice::whole(&logits)).await?)
     }
 
-    /// SGD with momentum and weight decay over the whole flat parameter buffer.
+    /// SGD with momentum and weight decay over the whole flat parameter buffer, in parts that
+    /// one storage binding holds each (ResNet-101's buffer is past WebGPU's default 128 MiB).
+    /// The update is per element: the parts give the whole buffer's bits.
     pub async fn sgd_update(&self, cfg: &StepConfig) -> Result<()> {
         cfg.validate()?;
         let mut enc = self.gpu.encoder();
         let p =
             sgd::SgdParams { lr: cfg.lr, momentum: cfg.momentum, weight_decay: cfg.weight_decay };
-        sgd::sgd_update(
-            &self.gpu,
-            &mut enc,
-            &p,
-            Slice::whole(&self.params),
-            self.gradient(),
-            Slice::whole(&self.velocity),
-        )?;
+        // Whole multiples of the layout's alignment: every part starts where a binding may.
+        let align = ALIGN_BYTES as u64 / 4;
+        let part = self.gpu.limits.max_storage_buffer_binding_size / 4 / align * align;
+        let (len, grad) = (self.model.param_len as u64, self.gradient());
+        for start in (0..len).step_by(part.max(align) as usize) {
+            let (at, n) = (start * 4, part.min(len - start));
+            sgd::sgd_update(
+                &self.gpu,
+                &mut enc,
+                &p,
+                Slice::new(&self.params, at, n),
+                Slice::new(grad.buffer, grad.offset + at, n),
+                Slice::new(&self.velocity, at, n),
+            )?;
+        }
         self.gpu.submit(enc).await?;
         Ok(())
     }
@@ -565,7 +566,7 @@ impl Replica {
 /// exist on a device with `limits`: every size in 64 bits, against one storage binding, one
 /// buffer, and the shaders' 32-bit indices.
 pub fn check_batch_fits(
-    model: &ResNet34,
+    model: &ResNet,
     batch: u64,
     h: u32,
     w: u32,

@@ -188,7 +188,7 @@ pub fn outcome(cmd: &mut std::process::Command) -> (bool, String) {
 /// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images, for `grad`: the
 /// inputs of the multi-process tests.
 pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
-    let model = syncstep::model::ResNet34::new(10).unwrap();
+    let model = syncstep::model::ResNet::new(syncstep::model::Arch::ResNet34, 10).unwrap();
     let path = dir.join("inputs.safetensors");
     syncstep::checkpoint::write_seeded_inputs(&path, &model, 4, m, 32).unwrap();
     path

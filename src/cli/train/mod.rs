@@ -17,7 +17,7 @@ use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::metrics::{MetricsLog, Record};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{adapter_label, ParallelError};
 use syncstep::scores::Scores;
 use syncstep::step::StepError;
@@ -48,6 +48,10 @@ pub enum Normalize {
 
 #[derive(Args)]
 pub struct TrainArgs {
+    /// The network: torchvision's resnet18, resnet34, resnet50 or resnet101 [default: resnet34,
+    /// or the checkpoint's with --resume].
+    #[arg(long)]
+    arch: Option<Arch>,
     /// What to train on: `synthetic` (the embedded dataset), a folder of class folders
     /// (`DIR/<class>/*.png|jpg|jpeg|bmp|webp`, with DIR/train and DIR/val when both exist),
     /// `cifar10:DIR` or `cifar100:DIR` (the binary files) [default: synthetic].
@@ -198,7 +202,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let lead = peers.rank() == 0;
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
     halt(&stop, &args, "before training", None)?;
-    let model = ResNet34::new(cfg.classes)?;
+    let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
     let log = if lead { outputs(&args, &cfg, start.as_ref())? } else { None };
@@ -346,7 +350,8 @@ fn announce(
         _ => "synthetic images".into(),
     };
     println!(
-        "syncstep train: ResNet-34 ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {devices}",
+        "syncstep train: {} ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {devices}",
+        cfg.arch.title(),
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, trainer.step + 1
     );
     if let Some(e) = epochs {
@@ -685,10 +690,7 @@ fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error
 }
 
 /// Refuses a run whose images and activations would not fit this host's available memory.
-fn check_host_memory(
-    model: &ResNet34,
-    cfg: &TrainConfig,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn std::error::Error>> {
     let Some(available) = super::available_memory() else { return Ok(()) };
     let (b, s) = (cfg.batch as u64, cfg.image_size);
     // The batch's images, and host copies of the largest activation (readback, staging).

@@ -10,7 +10,7 @@ use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
 use syncstep::data::source::{self, DataSpec, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
-use syncstep::model::ResNet34;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{ImageSettings, TrainConfig};
@@ -74,7 +74,7 @@ impl Saved {
                 "the checkpoint was trained with --{flag} {s}; drop --{flag}, pass {s}, or add --override to change it"
             )),
             (Some(c), Some(s)) if c != s => Err(format!(
-                "the checkpoint was trained with --{flag} {s}, which a resume keeps (even with --override): drop --{flag} or pass {s}, or start a new run to change it"
+                "--{flag} {c}: the checkpoint was trained with --{flag} {s}, which a resume keeps (even with --override): drop --{flag} or pass {s}, or start a new run to change it"
             )),
             (c, s) => Ok(c.or(s).unwrap_or(default)),
         }
@@ -88,11 +88,16 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
         None => Default::default(),
     };
     let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
+    if args.resume.is_some() {
+        // A checkpoint from before the choice of arch is ResNet-34's.
+        saved.settings.entry(checkpoint::ARCH_KEY.into()).or_insert(Arch::ResNet34.to_string());
+    }
+    let arch = saved.setting(checkpoint::ARCH_KEY, args.arch, Arch::default(), false)?;
     let data = saved.setting("data", args.data.clone(), DataSpec::Synthetic, false)?;
     let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
     let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
     let image_size = saved.setting("image_size", args.image_size, defaults.image_size, false)?;
-    ResNet34::check_image_size(image_size, image_size)?;
+    ResNet::check_image_size(image_size, image_size)?;
     let (splits, images) = match image_settings(args, &mut saved, &data, seed, image_size)? {
         Some((splits, images)) => (Some(splits), Some(images)),
         None => (None, None),
@@ -102,7 +107,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let kind = saved.setting("lr_schedule", args.lr_schedule, LrSchedule::Constant, true)?;
     let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, true)?;
 
-    let model = ResNet34::new(classes)?;
+    let model = ResNet::new(arch, classes)?;
     let start = match &args.resume {
         Some(p) => Some(checkpoint::load(p, &model)?),
         None => None,
@@ -119,7 +124,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
         ));
     }
     let schedule = Schedule { kind, warmup_steps, total_steps };
-    let cfg = TrainConfig { batch, image_size, classes, seed, step, schedule, images };
+    let cfg = TrainConfig { arch, batch, image_size, classes, seed, step, schedule, images };
     let start = match &args.init {
         Some(path) => Some(init_weights(path, &model, &cfg, &mut saved.notes)?),
         None => start,
@@ -253,14 +258,15 @@ fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64,
 }
 
 /// The state at step 0 from `--init` weights. `notes` says what was not taken: a classifier of
-/// another class count (initialised afresh) and tensors ResNet-34 has no place for (ignored).
+/// another class count (initialised afresh) and tensors the model has no place for (ignored).
 fn init_weights(
     path: &Path,
-    model: &ResNet34,
+    model: &ResNet,
     cfg: &TrainConfig,
     notes: &mut Vec<String>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let file = TensorFile::read(path)?;
+    checkpoint::weights_arch(&file, Some(model.arch))?;
     let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
     if let Some(k) = other_classes {
@@ -276,8 +282,9 @@ fn init_weights(
         file.tensors.keys().map(String::as_str).filter(|name| !known(name)).collect();
     if let Some(first) = ignored.first() {
         notes.push(format!(
-            "--init {}: {} tensor(s) ResNet-34 has no place for are ignored ({first}{})",
+            "--init {}: {} tensor(s) {} has no place for are ignored ({first}{})",
             path.display(),
+            model.arch.title(),
             ignored.len(),
             if ignored.len() > 1 { ", …" } else { "" }
         ));
