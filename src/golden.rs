@@ -22,7 +22,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{l2, sample_indices, summary_error};
-use crate::model::{ActivationPattern, ResNet};
+use crate::model::{ActivationPattern, Arch, ResNet};
 
 pub use crate::compare::SAMPLES_PER_TENSOR;
 /// The format's version, written as `format`; a reader refuses others.
@@ -54,6 +54,9 @@ pub struct GoldenTensor {
 /// The settings of a check a golden is made at, and a run must match to be held to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GoldenSettings {
+    /// Absent from files written before there was a choice: those are ResNet-34's.
+    #[serde(default)]
+    pub arch: Arch,
     pub replicas: usize,
     pub batch_per_replica: usize,
     pub global_batch: usize,
@@ -64,10 +67,12 @@ pub struct GoldenSettings {
 
 impl std::fmt::Display for GoldenSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let GoldenSettings { replicas, global_batch, image_size: size, classes, seed, .. } = self;
+        let GoldenSettings {
+            arch, replicas, global_batch, image_size: size, classes, seed, ..
+        } = self;
         write!(
             f,
-            "{replicas} replicas, {global_batch} images, {size}×{size}, {classes} classes, seed {seed}"
+            "{arch}, {replicas} replicas, {global_batch} images, {size}×{size}, {classes} classes, seed {seed}"
         )
     }
 }
@@ -267,7 +272,6 @@ fn pack_bits(mask: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Arch;
 
     #[test]
     fn masks_pack_eight_units_a_byte_least_significant_first() {
@@ -278,6 +282,7 @@ mod tests {
     fn settings(batch_per_replica: usize) -> GoldenSettings {
         let global_batch = 2 * batch_per_replica;
         GoldenSettings {
+            arch: Arch::ResNet34,
             replicas: 2,
             batch_per_replica,
             global_batch,
@@ -319,7 +324,14 @@ mod tests {
         let (model, _, g) = golden();
         let e = g.check_fits(&settings(8), &model).unwrap_err().to_string();
         assert!(e.contains("2 replicas, 8 images") && e.contains("2 replicas, 16 images"), "{e}");
+        let other = GoldenSettings { arch: Arch::ResNet18, ..settings(4) };
+        let e = g.check_fits(&other, &model).unwrap_err().to_string();
+        assert!(e.contains("made for resnet34,") && e.contains("this run is resnet18,"), "{e}");
         let text = g.to_json();
+        // A file from before there was a choice of network is ResNet-34's.
+        let old = Golden::from_json(&text.replace("\"arch\":\"resnet34\",", "")).unwrap();
+        assert!(!old.to_json().is_empty() && old.settings.arch == Arch::ResNet34);
+        assert_ne!(old.to_json(), text.replace("\"arch\":\"resnet34\",", ""));
         let e = Golden::from_json(&text.replace("\"format\":2", "\"format\":3"))
             .unwrap_err()
             .to_string();

@@ -170,6 +170,19 @@ impl std::fmt::Display for Arch {
     }
 }
 
+/// In files (golden summaries) by its name, as `--arch` takes it.
+impl serde::Serialize for Arch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Arch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Arch, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl std::str::FromStr for Arch {
     type Err = String;
     fn from_str(s: &str) -> Result<Arch, String> {

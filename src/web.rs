@@ -105,9 +105,20 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
             "minStorageBufferOffsetAlignment": l.min_storage_buffer_offset_alignment,
         },
         "features": features,
-        "parameterBytes": ResNet::new(Arch::ResNet34, 10).map_err(js_error)?.param_len as u64 * 4,
+        "parameterBytes": parameter_bytes()?,
     });
     parse(&report.to_string())
+}
+
+/// Each network's flat parameter buffer in bytes at 10 classes, by `--arch` name.
+fn parameter_bytes() -> Result<serde_json::Map<String, Value>, JsError> {
+    Arch::ALL
+        .iter()
+        .map(|&a| {
+            let bytes = ResNet::new(a, 10).map_err(js_error)?.param_len as u64 * 4;
+            Ok((a.name().to_string(), json!(bytes)))
+        })
+        .collect()
 }
 
 /// Runs the kernel self-check ([`crate::selfcheck`]) on this browser's GPU: a few real kernels
@@ -153,7 +164,9 @@ pub async fn kernel_selfcheck(
 /// called with `{phase, index, total, gates}` as each phase starts (`gates`: those decided so
 /// far, as in the report), and `index == total` when done.
 #[wasm_bindgen]
+#[allow(clippy::too_many_arguments)]
 pub async fn run_gates(
+    arch: String,
     replicas: u32,
     batch: u32,
     size: u32,
@@ -163,6 +176,7 @@ pub async fn run_gates(
     on_progress: Option<Function>,
 ) -> Result<JsValue, JsError> {
     let cfg = CheckConfig {
+        arch: parse_arch(&arch)?,
         replicas: replicas as usize,
         batch: batch as usize,
         image_size: size,
@@ -199,6 +213,7 @@ pub async fn run_gates(
 /// batch_per_replica, image_size, seed, adapters, losses}`.
 #[wasm_bindgen]
 pub async fn train_demo(
+    arch: String,
     replicas: u32,
     batch: u32,
     size: u32,
@@ -210,6 +225,7 @@ pub async fn train_demo(
         return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
     }
     let cfg = TrainConfig {
+        arch: parse_arch(&arch)?,
         batch: (replicas * batch) as usize,
         image_size: size,
         classes: 10,
@@ -229,6 +245,7 @@ pub async fn train_demo(
         }
     }
     let report = json!({
+        "arch": arch,
         "replicas": replicas,
         "batch_per_replica": batch,
         "image_size": size,
@@ -251,6 +268,7 @@ pub async fn train_demo(
 #[allow(clippy::too_many_arguments)]
 pub async fn train_images(
     files: js_sys::Array,
+    arch: String,
     replicas: u32,
     batch: u32,
     size: u32,
@@ -273,6 +291,7 @@ pub async fn train_images(
     let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
     let class_names = train.class_names.clone();
     let cfg = TrainConfig {
+        arch: parse_arch(&arch)?,
         batch: (replicas * batch) as usize,
         image_size: size,
         classes: class_names.len() as u32,
@@ -312,6 +331,7 @@ pub async fn train_images(
     }
     let predictions = predictions(&mut trainer, &val, &norm, &class_names, shown as usize).await?;
     let report = json!({
+        "arch": arch,
         "classes": class_names,
         "train_images": train.len(),
         "val_images": val.len(),
@@ -398,23 +418,17 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu
                 ))
             });
         };
-        let limits = adapter.limits();
-        for (limit, allowed) in [
-            ("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size),
-            ("maxBufferSize", limits.max_buffer_size),
-        ] {
-            let Some(model) = model else { break };
-            let need = model.param_len as u64 * 4;
-            if allowed < need {
-                return Err(JsError::new(&format!(
-                    "this GPU adapter allows buffers of at most {} ({limit}), but ResNet-34's flat parameter buffer ({} classes) \
-                     is {}, bound whole by the optimizer. WebGPU's default limit is 128 MiB, which is enough; this browser or \
-                     GPU offers less: try another browser or GPU",
-                    mib(allowed),
-                    model.classes,
-                    mib(need)
-                )));
-            }
+        // The optimizer binds the flat parameter buffer in parts; the buffer itself must fit.
+        let allowed = adapter.limits().max_buffer_size;
+        if let Some(model) = model.filter(|m| allowed < m.param_len as u64 * 4) {
+            return Err(JsError::new(&format!(
+                "this GPU adapter allows buffers of at most {} (maxBufferSize), but {}'s flat parameter buffer ({} \
+                 classes) is {}: choose a smaller network, or try another browser or GPU",
+                mib(allowed),
+                model.arch.title(),
+                model.classes,
+                mib(model.param_len as u64 * 4)
+            )));
         }
         let mut device = Gpu::from_adapter(&adapter).await.map_err(js_error)?;
         if device.info.name.is_empty() {
@@ -423,6 +437,11 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu
         devices.push(device);
     }
     Ok(devices)
+}
+
+/// `--arch`'s value from the page: `resnet18`, `resnet34`, `resnet50` or `resnet101`.
+fn parse_arch(arch: &str) -> Result<Arch, JsError> {
+    arch.parse().map_err(|e: String| JsError::new(&e))
 }
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.

@@ -39,7 +39,10 @@ const FIELDS = {
   trainSteps: { min: 1, max: 500, fallback: 20, param: "train_steps" },
 };
 
-/** Settings from the address: ?replicas=2&batch=4&size=32&seed=0&steps=5&run=1&train=1. */
+// The networks `syncstep --arch` builds, torchvision's names; the first is the default.
+const ARCHS = ["resnet34", "resnet18", "resnet50", "resnet101"];
+
+/** Settings from the address: ?arch=resnet34&replicas=2&batch=4&size=32&seed=0&steps=5&run=1&train=1. */
 function parseSettings(search) {
   const q = new URLSearchParams(search);
   const settings = {};
@@ -60,8 +63,11 @@ function parseSettings(search) {
     const raw = q.get(name);
     return raw !== null && !["0", "false", "no", "off"].includes(raw.trim().toLowerCase());
   };
+  const arch = (q.get("arch") ?? "").trim() || ARCHS[0];
+  if (!ARCHS.includes(arch)) throw new Error(`?arch=${arch}: expected one of ${ARCHS.join(", ")}`);
   return {
     ...settings,
+    arch,
     run: flag("run"),
     train: flag("train"),
     selfcheck: flag("selfcheck"),
@@ -72,7 +78,7 @@ function parseSettings(search) {
 
 /** The address that reproduces `s` (runs flags off: the link's reader adds run=1 or train=1). */
 function settingsQuery(s, extra = {}) {
-  const q = new URLSearchParams();
+  const q = new URLSearchParams({ arch: s.arch });
   for (const [name, f] of Object.entries(FIELDS)) q.set(f.param ?? name, String(s[name]));
   if (s.golden) q.set("golden", s.golden);
   for (const [k, v] of Object.entries(extra)) q.set(k, v);
@@ -162,15 +168,16 @@ function showAdapter(info) {
     false: "no: a hardware GPU",
     null: "unknown (the browser does not say)",
   }[String(info.isFallbackAdapter)];
-  const fits = l.maxStorageBufferBindingSize >= info.parameterBytes;
+  const fitting = ARCHS.filter((a) => l.maxBufferSize >= info.parameterBytes[a]);
+  const sizes = ARCHS.map((a) => `${a} ${mib(info.parameterBytes[a])}`).join(", ");
   const rows = [
     ["Adapter", info.description || info.name || named || "(the browser does not say)"],
     ["Vendor · architecture · device", [info.vendor, info.architecture, info.device].map((s) => s || "—").join(" · ")],
     ["Backend", info.backend === "BrowserWebGpu" ? "WebGPU (the browser's, through wgpu)" : info.backend],
     ["Software (fallback) adapter", fallback],
-    ["Max storage binding", `${mib(l.maxStorageBufferBindingSize)} (ResNet-34's parameters: ${mib(info.parameterBytes)}, ` +
-      `${fits ? "fits" : "does NOT fit"})`],
-    ["Max buffer", mib(l.maxBufferSize)],
+    ["Max storage binding", mib(l.maxStorageBufferBindingSize)],
+    ["Max buffer", `${mib(l.maxBufferSize)} (the networks' parameters: ${sizes}; ` +
+      `${fitting.length === ARCHS.length ? "all fit" : `fit: ${fitting.join(", ") || "none"}`})`],
     ["Storage buffers per stage", String(l.maxStorageBuffersPerShaderStage)],
     ["Workgroup storage", `${l.maxComputeWorkgroupStorageSize / 1024} KiB`],
     ["Invocations per workgroup", String(l.maxComputeInvocationsPerWorkgroup)],
@@ -181,13 +188,14 @@ function showAdapter(info) {
   );
   $("adapter-table").hidden = false;
   $("adapter-status").hidden = true;
-  if (!fits) {
+  if (!fitting.includes(ARCHS[0])) {
     showNotice({
-      title: "This GPU adapter cannot hold ResNet-34's parameters in one binding",
+      title: "This GPU adapter cannot hold ResNet-34's parameters in one buffer",
       lines: [
-        `Its largest storage buffer binding is ${mib(l.maxStorageBufferBindingSize)} (maxStorageBufferBindingSize), and ` +
-          `the flat parameter buffer is ${mib(info.parameterBytes)}. WebGPU's default limit is 128 MiB, which is enough; ` +
-          "this browser or GPU offers less. Try another browser or GPU; the kernel self-check below still runs.",
+        `Its largest buffer is ${mib(l.maxBufferSize)} (maxBufferSize), and the flat parameter buffer is ` +
+          `${mib(info.parameterBytes[ARCHS[0]])}. WebGPU's default limit is 256 MiB, which is enough; this browser or GPU ` +
+          `offers less. ${fitting.length ? `Choose ${fitting.join(" or ")}, or try` : "Try"} another browser or GPU; ` +
+          "the kernel self-check below still runs.",
       ],
     });
   }
@@ -233,14 +241,14 @@ async function loadGolden(settings) {
   } catch (e) {
     return { status: "unreadable", url, message: `${url} is not JSON: ${e.message}` };
   }
-  const made = { replicas: g.replicas, batch: g.batch_per_replica, size: g.image_size, seed: g.seed, classes: g.classes, adapter: g.adapter };
-  const same = made.replicas === settings.replicas && made.batch === settings.batch && made.size === settings.size &&
-    made.seed === settings.seed && made.classes === 10;
+  const made = { arch: g.arch ?? "resnet34", replicas: g.replicas, batch: g.batch_per_replica, size: g.image_size, seed: g.seed, classes: g.classes, adapter: g.adapter };
+  const same = made.arch === settings.arch && made.replicas === settings.replicas && made.batch === settings.batch &&
+    made.size === settings.size && made.seed === settings.seed && made.classes === 10;
   return { status: same ? "ready" : "other-settings", url, made, text };
 }
 
 function describeGolden(golden, settings) {
-  const make = `syncstep check --replicas ${settings.replicas} --batch ${settings.replicas * settings.batch} --image-size ${settings.size} ` +
+  const make = `syncstep check --arch ${settings.arch} --replicas ${settings.replicas} --batch ${settings.replicas * settings.batch} --image-size ${settings.size} ` +
     `--seed ${settings.seed} --golden web/golden.json`;
   switch (golden.status) {
     case "absent":
@@ -249,8 +257,8 @@ function describeGolden(golden, settings) {
       return `PORTABLE not run: ${golden.message}.`;
     case "other-settings": {
       const m = golden.made;
-      return `PORTABLE not run: ${golden.url} was made for R=${m.replicas}, N=${m.batch}, ${m.size}×${m.size}, seed ${m.seed}; ` +
-        `these settings differ (open ${settingsQuery({ ...settings, replicas: m.replicas, batch: m.batch, size: m.size, seed: m.seed }, { run: "1" })}, ` +
+      return `PORTABLE not run: ${golden.url} was made for ${m.arch}, R=${m.replicas}, N=${m.batch}, ${m.size}×${m.size}, seed ${m.seed}; ` +
+        `these settings differ (open ${settingsQuery({ ...settings, arch: m.arch, replicas: m.replicas, batch: m.batch, size: m.size, seed: m.seed }, { run: "1" })}, ` +
         `or write a golden for these: \`${make}\`).`;
     }
     default:
@@ -314,7 +322,7 @@ async function runGates(settings) {
     clock.set(`Requesting ${settings.replicas + 1} GPU adapters (one per replica, one for the single device)…`);
     // When each phase started, in ms from the start of the check: step times on this GPU.
     const phases = [];
-    const report = await syncstep.run_gates(settings.replicas, settings.batch, settings.size, settings.seed, settings.steps,
+    const report = await syncstep.run_gates(settings.arch, settings.replicas, settings.batch, settings.size, settings.seed, settings.steps,
       golden.status === "ready" ? golden.text : undefined, (ev) => {
         phases.push({ phase: ev.phase, ms: performance.now() - t0 });
         progress.max = ev.total;
@@ -360,7 +368,7 @@ async function runGates(settings) {
       });
     }
     result.gates = {
-      pass: report.pass, replicas: report.replicas, batch: report.batch_per_replica, size: report.image_size,
+      pass: report.pass, arch: report.arch, replicas: report.replicas, batch: report.batch_per_replica, size: report.image_size,
       seed: report.seed, steps: report.steps, replicaAdapters: report.replica_adapters, singleAdapter: report.single_adapter,
       gates: gateFigures(report.gates), tensors: report.tensors, phases,
     };
@@ -392,7 +400,7 @@ async function runTraining(settings) {
   const t0 = performance.now();
   let last = t0;
   try {
-    const report = await syncstep.train_demo(settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, (ev) => {
+    const report = await syncstep.train_demo(settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, (ev) => {
       const now = performance.now();
       stepMs.push(now - last);
       last = now;
@@ -434,7 +442,7 @@ async function runImageTraining(settings) {
   draw();
   try {
     clock.set(`Decoding ${files.length} images and requesting ${settings.replicas} GPU adapter${settings.replicas > 1 ? "s" : ""}…`);
-    const report = await syncstep.train_images(files, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, 8, (ev) => {
+    const report = await syncstep.train_images(files, settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, 8, (ev) => {
       losses.push(ev.loss);
       clock.set(`Step ${ev.step} of ${ev.steps}: loss ${ev.loss.toFixed(4)}, learning rate ${ev.lr.toPrecision(3)}`);
       draw();
@@ -537,7 +545,7 @@ async function job(run, ...args) {
 /** The settings in the form, checked as the address is. */
 function formSettings(base) {
   const form = $("settings-form");
-  const q = new URLSearchParams();
+  const q = new URLSearchParams({ arch: form.elements.arch.value });
   for (const [name, f] of Object.entries(FIELDS)) q.set(f.param ?? name, form.elements[name].value);
   if (base.golden) q.set("golden", base.golden);
   return { ...parseSettings(`?${q}`), log: base.log };
@@ -560,7 +568,7 @@ function updateForm() {
   $("gates-button").disabled = busy || one;
   $("settings-note").textContent = one
     ? "With R = 1 there is nothing to synchronise: the equivalence check needs R ≥ 2 (training runs on one device)."
-    : `${s.replicas} replicas × ${s.batch} images of ${s.size}×${s.size} against one device at ${s.replicas * s.batch}; ` +
+    : `${s.arch}: ${s.replicas} replicas × ${s.batch} images of ${s.size}×${s.size} against one device at ${s.replicas * s.batch}; ` +
       `the check uses ${s.replicas + 1} GPU adapters, one per device.`;
   const link = settingsQuery(s, { run: "1" });
   $("permalink").href = link;
@@ -571,6 +579,7 @@ function updateForm() {
 function fillForm(s) {
   const form = $("settings-form");
   for (const name of Object.keys(FIELDS)) form.elements[name].value = String(s[name]);
+  form.elements.arch.value = s.arch;
 }
 
 async function main() {

@@ -153,6 +153,7 @@ impl CheckConfig {
     /// What a PORTABLE golden made by this check is made at.
     pub fn golden_settings(&self) -> GoldenSettings {
         GoldenSettings {
+            arch: self.arch,
             replicas: self.replicas,
             batch_per_replica: self.batch,
             global_batch: self.global(),

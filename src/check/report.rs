@@ -168,6 +168,7 @@ impl CheckReport {
             .collect();
         json!({
             "check": "equivalence",
+            "arch": c.arch.name(),
             "replicas": c.replicas,
             "batch_per_replica": c.batch,
             "global_batch": c.global(),

@@ -25,10 +25,10 @@ export const NATIVE = join(process.env.CARGO_TARGET_DIR || join(REPO, "target"),
  * step) and writes its PORTABLE golden to web/golden.json, where the page looks for it.
  * Resolves to { path, ms, table }.
  */
-export async function writeGolden({ replicas, batch, size, seed }) {
+export async function writeGolden({ arch, replicas, batch, size, seed }) {
   if (!existsSync(NATIVE)) throw new Error(`no native binary at ${NATIVE}: run cargo build --release`);
   const path = join(REPO, "web", "golden.json");
-  const args = ["check", "--replicas", replicas, "--batch", replicas * batch, "--image-size", size, "--seed", seed, "--steps", 0, "--golden", path];
+  const args = ["check", "--arch", arch, "--replicas", replicas, "--batch", replicas * batch, "--image-size", size, "--seed", seed, "--steps", 0, "--golden", path];
   const t0 = Date.now();
   const { stdout } = await promisify(execFile)(NATIVE, args.map(String), { maxBuffer: 1 << 20 });
   return { path, ms: Date.now() - t0, table: stdout };

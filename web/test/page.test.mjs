@@ -23,7 +23,9 @@ test("kernel self-check passes in headless Chromium (WebGPU on SwiftShader)", { 
       `self-check ${Math.round(result.timings?.selfcheckMs)} ms); adapter ${result.adapter?.vendor}/${result.adapter?.architecture}; ${shot}`);
     assert.equal(result.status, "done", `page ended in "${result.status}": ${result.error ?? result.message ?? ""}`);
     assert.equal(result.adapter.backend, "BrowserWebGpu");
-    assert.ok(result.adapter.limits.maxStorageBufferBindingSize >= result.adapter.parameterBytes, "SwiftShader should bind the parameters");
+    const bytes = Object.values(result.adapter.parameterBytes);
+    assert.equal(bytes.length, 4);
+    assert.ok(bytes.every((b) => result.adapter.limits.maxBufferSize >= b), "SwiftShader should hold every network's parameters");
     const { kernels, pass } = result.selfcheck;
     assert.ok(kernels.length >= 7, `only ${kernels.length} kernels checked`);
     for (const k of kernels) {
@@ -72,6 +74,9 @@ test("a bad setting in the address is reported, not a blank page", { timeout: TI
     assert.equal(result.status, "error");
     assert.match(result.error, /\?batch=zero: expected a whole number/);
     assert.match(await page.textContent("#notice"), /\?batch=zero/);
+    const arch = await loadAndSettle(browser.context, `${browser.url}?arch=resnet9`);
+    assert.equal(arch.result.status, "error");
+    assert.match(arch.result.error, /\?arch=resnet9: expected one of resnet34, resnet18, resnet50, resnet101/);
     // Errors thrown by the wasm module arrive as readable messages.
     const bad = await loadAndSettle(browser.context, `${browser.url}?log=loud`);
     assert.equal(bad.result.status, "error");
