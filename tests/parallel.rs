@@ -230,7 +230,9 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("golden file was made for 2 replicas, 4 images, 32×32, 10 classes, seed 0"),
+        e.contains(
+            "golden file was made for resnet34, 2 replicas, 4 images, 32×32, 10 classes, seed 0"
+        ),
         "{e}"
     );
 }
