@@ -1,4 +1,5 @@
-//! Host memory: large allocations that come back as errors instead of aborting the process.
+//! Host memory: large allocations that come back as errors instead of aborting the process, and
+//! the address space a limit (`ulimit -v`) leaves.
 
 /// A host allocation that failed: what it was for and how many bytes it asked for.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -19,6 +20,24 @@ pub fn vec_with_capacity<T>(len: usize, what: &'static str) -> Result<Vec<T>, Ou
     Ok(v)
 }
 
+/// This process's soft limit on its address space (Linux's RLIMIT_AS), in bytes; None where
+/// there is none or the system does not say.
+pub fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The address space this process may still map under its limit, in bytes; None where there is
+/// no limit or the system does not say.
+pub fn address_space_left() -> Option<u64> {
+    let limit = address_space_limit()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
+    let used_kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(limit.saturating_sub(used_kib.saturating_mul(1024)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,5 +48,13 @@ mod tests {
         assert_eq!(e.bytes, u64::MAX);
         assert!(e.to_string().starts_with("a test needs"), "{e}");
         assert_eq!(vec_with_capacity::<f32>(10, "a test").unwrap().capacity(), 10);
+    }
+
+    #[test]
+    fn the_address_space_left_is_below_the_limit() {
+        match (address_space_limit(), address_space_left()) {
+            (Some(limit), Some(left)) => assert!(left < limit, "{left} of {limit}"),
+            (limit, left) => assert_eq!(left, None, "limit {limit:?}"),
+        }
     }
 }

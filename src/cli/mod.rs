@@ -103,7 +103,7 @@ const MIN_FREE_MEMORY: u64 = 512 << 20;
 /// Refuses, before the driver is asked for anything, an address-space limit (`ulimit -v`)
 /// under [`MIN_ADDRESS_SPACE`] or less available memory than [`MIN_FREE_MEMORY`].
 fn check_memory() -> Result<(), String> {
-    memory_shortfall(address_space_limit(), available_memory()).map_or(Ok(()), Err)
+    memory_shortfall(syncstep::host::address_space_limit(), available_memory()).map_or(Ok(()), Err)
 }
 
 /// What is short, given this process's address-space limit and the host's available memory
@@ -123,14 +123,6 @@ fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String
         )),
         _ => None,
     }
-}
-
-/// This process's soft limit on its address space (Linux's RLIMIT_AS), in bytes; None where
-/// there is none or the system does not say.
-fn address_space_limit() -> Option<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
-    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)

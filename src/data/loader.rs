@@ -38,6 +38,36 @@ impl Plan {
 
 type Made = (u64, Result<Batch, DatasetError>);
 
+/// Each loader thread's stack (std's default, named so the address space it takes is known).
+const THREAD_STACK: usize = 2 << 20;
+
+/// What a thread maps beyond its stack: guard pages and the signal stack std gives it.
+const THREAD_OVERHEAD: u64 = 64 << 10;
+
+/// Address space kept under a limit (`ulimit -v`) for all but the loader's threads: batches,
+/// image decoding, the driver's mappings.
+const ADDRESS_SPACE_KEPT: u64 = 512 << 20;
+
+/// Refuses `workers` threads whose stacks would not fit in the address space a limit leaves. The
+/// system may start a thread whose signal stack it then cannot map, and that aborts the process,
+/// so this is asked before any thread starts.
+fn threads_fit(workers: usize, address_space_left: Option<u64>) -> Result<(), DatasetError> {
+    let Some(left) = address_space_left else { return Ok(()) };
+    let need = (workers as u64).saturating_mul(THREAD_STACK as u64 + THREAD_OVERHEAD);
+    if need.saturating_add(ADDRESS_SPACE_KEPT) <= left {
+        return Ok(());
+    }
+    Err(DatasetError::Threads {
+        wanted: workers,
+        started: 0,
+        reason: format!(
+            "their stacks need {} MiB of the {} MiB the address-space limit (ulimit -v) leaves",
+            need >> 20,
+            left >> 20
+        ),
+    })
+}
+
 /// Batches in step order from `workers` threads, at most `prefetch` steps ahead.
 pub struct Loader {
     requests: Option<Sender<u64>>,
@@ -62,6 +92,7 @@ impl Loader {
         first: u64,
         workers: usize,
     ) -> Result<Loader, DatasetError> {
+        threads_fit(workers.max(1), crate::host::address_space_left())?;
         let (requests, jobs) = mpsc::channel::<u64>();
         let (done, made) = mpsc::channel::<Made>();
         let jobs = Arc::new(Mutex::new(jobs));
@@ -69,6 +100,7 @@ impl Loader {
             .map(|i| {
                 let (jobs, done, data) = (jobs.clone(), done.clone(), data.clone());
                 let thread = std::thread::Builder::new().name(format!("loader-{i}"));
+                let thread = thread.stack_size(THREAD_STACK);
                 let started = thread.spawn(move || {
                     let mut epoch_order: Option<(u64, Vec<usize>)> = None;
                     loop {
@@ -275,5 +307,14 @@ mod tests {
             labels.extend(batch.unwrap().labels);
         }
         assert_eq!(labels, (0..7).map(|i| i % 3).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn threads_past_the_address_space_left_are_refused_before_any_starts() {
+        assert!(threads_fit(1000, None).is_ok());
+        assert!(threads_fit(4, Some(1 << 30)).is_ok());
+        let e = threads_fit(1000, Some(2 << 30)).unwrap_err().to_string();
+        assert!(e.contains("1000 loader threads (0 started"), "{e}");
+        assert!(e.contains("ulimit -v") && e.ends_with("use a smaller --workers"), "{e}");
     }
 }
