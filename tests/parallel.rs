@@ -10,7 +10,8 @@ mod common;
 
 use common::*;
 use syncstep::check::{
-    run_check, run_check_on, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR, CONTROL_FLOOR,
+    run_check, run_check_on, Bound, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR,
+    CONTROL_FLOOR, TIE_DEEP_FACTOR, TIE_GRAD_BOUND,
 };
 use syncstep::data::synthetic_batch;
 use syncstep::golden::Golden;
@@ -36,8 +37,8 @@ fn measured(report: &CheckReport, gate: &str) -> f64 {
 
 /// Every gate passes, each held to its bound here too (not only through `pass`): TEST and
 /// DRIFT bitwise 0, CONTROL clearly off (or not applicable, saying why).
-fn assert_gates(cfg: CheckConfig) {
-    let Some(report) = check(cfg) else { return };
+fn assert_gates(cfg: CheckConfig) -> Option<CheckReport> {
+    let report = check(cfg)?;
     for gate in ["TEST", "TEST loss", "TEST logits", "REPEAT"] {
         assert_eq!(measured(&report, gate), 0.0, "{gate}:\n{}", report.table());
     }
@@ -55,6 +56,7 @@ fn assert_gates(cfg: CheckConfig) {
         drift.note
     );
     assert!(report.passed(), "{}", report.table());
+    Some(report)
 }
 
 #[test]
@@ -106,15 +108,28 @@ fn gates_pass_bitwise_at_odd_and_uneven_shards() {
 #[test]
 fn resnet18_and_resnet50_pass_the_gates_at_uneven_shards() {
     for (arch, global_batch) in [(Arch::ResNet18, 8), (Arch::ResNet50, 16)] {
-        assert_gates(CheckConfig {
-            arch,
-            replicas: 3,
-            global_batch: Some(global_batch),
-            steps: 1,
-            tie: true,
-            adapters: adapters(),
-            ..Default::default()
-        });
+        assert_gates(gates_at_uneven_shards(arch, global_batch));
+    }
+}
+
+/// ResNet-101 likewise at 16 as 6, 5, 5, with TIE's gradient bound for its depth: its f32 step,
+/// like PyTorch's, parts from f64 by a few 1e-4 through rounding alone.
+#[test]
+fn resnet101_passes_the_gates_at_uneven_shards() {
+    let Some(report) = assert_gates(gates_at_uneven_shards(Arch::ResNet101, 16)) else { return };
+    let tie = report.row("TIE").unwrap();
+    assert_eq!(tie.bound, Bound::AtMost(TIE_GRAD_BOUND * TIE_DEEP_FACTOR));
+}
+
+fn gates_at_uneven_shards(arch: Arch, global_batch: usize) -> CheckConfig {
+    CheckConfig {
+        arch,
+        replicas: 3,
+        global_batch: Some(global_batch),
+        steps: 1,
+        tie: true,
+        adapters: adapters(),
+        ..Default::default()
     }
 }
 
