@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if out.exists() {
         return Err(format!("{} exists: choose a new file", out.display()).into());
     }
-    write_seeded_inputs(&out, &ResNet::new(arch, classes)?, seed, images, size)?;
+    write_seeded_inputs(&out, &ResNet::new(arch, classes)?, seed, images, size, &[])?;
     println!(
         "{}: {arch}, seed {seed}, {images} images of {size}×{size}, {classes} classes",
         out.display()

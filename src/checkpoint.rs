@@ -292,7 +292,8 @@ pub fn write_step_inputs(
 }
 
 /// [`write_step_inputs`] for `model`'s weights from `seed` (with random BatchNorm γ and β, see
-/// [`ResNet::randomize_batchnorm`]), initial running statistics, and `m` synthetic images of
+/// [`ResNet::randomize_batchnorm`]) with the values `set` gives (tensor name, element, value:
+/// the PyTorch fixtures' nudges) put in, initial running statistics, and `m` synthetic images of
 /// `size`² from the same seed. Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_seeded_inputs(
@@ -301,9 +302,16 @@ pub fn write_seeded_inputs(
     seed: u64,
     m: usize,
     size: u32,
+    set: &[(&str, usize, f32)],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut params = model.init_params(seed);
     model.randomize_batchnorm(&mut params, seed + 1);
+    for &(name, index, value) in set {
+        let tensor = model.param(name).ok_or_else(|| format!("{name}: no such parameter"))?;
+        let at =
+            tensor.range().nth(index).ok_or_else(|| format!("{name}[{index}]: past its end"))?;
+        params[at] = value;
+    }
     let running = model.init_buffers();
     let batch = crate::data::synthetic_batch(seed, 0, m, size, size, model.classes)?;
     let labels: Vec<i64> = batch.labels.iter().map(|&l| l.into()).collect();

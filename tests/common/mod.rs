@@ -190,7 +190,7 @@ pub fn outcome(cmd: &mut std::process::Command) -> (bool, String) {
 pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
     let model = syncstep::model::ResNet::new(syncstep::model::Arch::ResNet34, 10).unwrap();
     let path = dir.join("inputs.safetensors");
-    syncstep::checkpoint::write_seeded_inputs(&path, &model, 4, m, 32).unwrap();
+    syncstep::checkpoint::write_seeded_inputs(&path, &model, 4, m, 32, &[]).unwrap();
     path
 }
 
