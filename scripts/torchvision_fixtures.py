@@ -8,23 +8,26 @@ under tests/fixtures/torchvision/:
 - preprocess.json: for each photo and input size, torchvision's evaluation preprocessing on
   the PIL image (Resize(floor(size*256/224)), CenterCrop(size)) as 8-bit HWC pixels: their
   SHA-256, per-channel sums, and every 4th row and column (base64).
-- predict.json: torchvision's resnet34 in eval mode, with seeded weights, on each photo at
-  224 (the full recipe: ToTensor and ImageNet's Normalize too): the top-5 classes and their
-  softmax probabilities, and the SHA-256 of the weights.
+- predict.json: torchvision's resnet18, resnet34 and resnet50 in eval mode, each with seeded
+  weights, on each photo at 224 (the full recipe: ToTensor and ImageNet's Normalize too): the
+  top-5 classes and their softmax probabilities, and the SHA-256 of the weights.
 
 The weights are not stored (85 MB): both sides make them from a recipe. For the tensor `name`
 with n elements, u_i = (splitmix64(fnv1a64(name) + i) >> 40) * 2^-23 - 1 in f32 (uniform in
 [-1, 1), exact), then: conv weights u * sqrt(6 / fan_in); BatchNorm weights 0.7 + 0.25 u;
 BatchNorm biases, running means and fc.bias 0.1 u; running variances 1 + 0.5 u; fc.weight
 0.1 u (every scale rounded to f32, every product and sum in f32). These keep the logits of a
-random network in a range where probabilities differ from photo to photo.
+random network in a range where probabilities differ from photo to photo (not ResNet-101's: its
+top class takes all but 1e-10 of the probability). The training step's fixtures
+(scripts/pytorch_fixtures.py) take syncstep's own seeded weights instead, whose running
+statistics (0 and 1) saturate every eval-mode network deeper than ResNet-18.
 
 Needs torch, torchvision, Pillow and NumPy; scikit-image only for the photos (kept if already
 there). Downloads nothing. Run from anywhere:
 
     python3 scripts/torchvision_fixtures.py [--weights-out W.safetensors]
 
---weights-out also saves the weights (needs the safetensors package), to run
+--weights-out also saves resnet34's weights (needs the safetensors package), to run
 `syncstep predict --weights W.safetensors tests/fixtures/torchvision/*.png` by hand.
 """
 
@@ -51,6 +54,7 @@ SIZES = [224, 160, 64, 32]
 STRIDE = 4
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 MASK = (1 << 64) - 1
+ARCHS = ["resnet18", "resnet34", "resnet50"]
 
 
 def fnv1a64(name):
@@ -71,9 +75,9 @@ def uniform(name, n):
     return (z >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-23) - np.float32(1.0)
 
 
-def seeded_state_dict():
-    """resnet34's state_dict made by the recipe (num_batches_tracked left as it is)."""
-    model = torchvision.models.resnet34()
+def seeded_state_dict(arch):
+    """`arch`'s state_dict made by the recipe (num_batches_tracked left as it is)."""
+    model = getattr(torchvision.models, arch)()
     f32 = np.float32
     state = {}
     for name, t in model.state_dict().items():
@@ -134,8 +138,8 @@ def preprocess_cases():
     return cases
 
 
-def predictions(state):
-    model = torchvision.models.resnet34()
+def predictions(arch, state):
+    model = getattr(torchvision.models, arch)()
     model.load_state_dict(state)
     model.eval()
     names = torchvision.models.ResNet34_Weights.IMAGENET1K_V1.meta["categories"]
@@ -171,13 +175,16 @@ def main():
     made_by = f"scripts/torchvision_fixtures.py: torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {PIL.__version__}"
     (OUT / "preprocess.json").write_text(
         json.dumps({"made_by": made_by, "cases": preprocess_cases()}, indent=1) + "\n")
-    state = seeded_state_dict()
-    report = {"made_by": made_by, "weights_sha256": weights_sha256(state),
-              "image_size": 224, "predictions": predictions(state)}
+    networks = []
+    for arch in ARCHS:
+        state = seeded_state_dict(arch)
+        networks.append({"arch": arch, "weights_sha256": weights_sha256(state),
+                         "predictions": predictions(arch, state)})
+        if args.weights_out and arch == "resnet34":
+            import safetensors.torch
+            safetensors.torch.save_file(state, str(args.weights_out))
+    report = {"made_by": made_by, "image_size": 224, "networks": networks}
     (OUT / "predict.json").write_text(json.dumps(report, indent=1) + "\n")
-    if args.weights_out:
-        import safetensors.torch
-        safetensors.torch.save_file(state, str(args.weights_out))
     for f in sorted(OUT.iterdir()):
         print(f"{f}: {f.stat().st_size} bytes")
 

@@ -1,7 +1,8 @@
 //! torchvision weights straight into `predict` and `eval` (`--weights`), held to PyTorch by the
 //! fixtures `scripts/torchvision_fixtures.py` wrote (tests/fixtures/torchvision: two photo
-//! crops, torchvision's preprocessing of them, and resnet34's top-5 on them for seeded weights
-//! that both sides make from one recipe); and the flags' errors, each naming the fix.
+//! crops, torchvision's preprocessing of them, and resnet18's, resnet34's and resnet50's top-5
+//! on them for seeded weights that both sides make from one recipe); and the flags' errors, each
+//! naming the fix.
 
 mod common;
 
@@ -53,9 +54,9 @@ fn uniform(name: &str, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The recipe's tensors of ResNet-34 with `classes` classes, by name.
-fn seeded_weights(classes: u32) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    let model = ResNet::new(Arch::ResNet34, classes).unwrap();
+/// The recipe's tensors of `arch` with `classes` classes, by name.
+fn seeded_weights(arch: Arch, classes: u32) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let model = ResNet::new(arch, classes).unwrap();
     let mut out = BTreeMap::new();
     for spec in model.params.iter().chain(&model.buffers) {
         let (name, shape) = (spec.name.as_str(), &spec.shape);
@@ -75,10 +76,10 @@ fn seeded_weights(classes: u32) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     out
 }
 
-/// Writes the recipe's weights for `classes` classes to `path`; their SHA-256 as the script
-/// takes it (every tensor's f32 bytes, in name order).
-fn write_seeded_weights(path: &Path, classes: u32) -> String {
-    let weights = seeded_weights(classes);
+/// Writes the recipe's weights of `arch` for `classes` classes to `path`; their SHA-256 as the
+/// script takes it (every tensor's f32 bytes, in name order).
+fn write_seeded_weights(path: &Path, arch: Arch, classes: u32) -> String {
+    let weights = seeded_weights(arch, classes);
     let mut hash = Sha256::new();
     for (_, values) in weights.values() {
         hash.update(bytemuck::cast_slice::<f32, u8>(values));
@@ -140,11 +141,26 @@ fn predict_with_torchvision_weights_gives_pytorchs_probabilities() {
         return;
     }
     let dir = temp_dir("predict");
-    let weights = dir.join("resnet34.safetensors");
-    let want = json(&fixture("predict.json"));
-    let hash = write_seeded_weights(&weights, 1000);
-    assert_eq!(hash, want["weights_sha256"].as_str().unwrap(), "the recipe's weights differ");
-    let out = dir.join("top.json");
+    let fixture_file = json(&fixture("predict.json"));
+    for want in fixture_file["networks"].as_array().unwrap() {
+        let arch: Arch = want["arch"].as_str().unwrap().parse().unwrap();
+        let worst = predict_gives_pytorchs_top5(&dir, arch, want);
+        eprintln!("predict --weights vs PyTorch, {arch}: largest top-5 probability difference {worst:.2e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `predict --weights` with the recipe's weights of `arch` on the photos of `want` (one
+/// network's entry of predict.json) against its top-5; the largest probability difference.
+fn predict_gives_pytorchs_top5(dir: &Path, arch: Arch, want: &Value) -> f64 {
+    let weights = dir.join(format!("{arch}.safetensors"));
+    let hash = write_seeded_weights(&weights, arch, 1000);
+    assert_eq!(
+        hash,
+        want["weights_sha256"].as_str().unwrap(),
+        "{arch}: the recipe's weights differ"
+    );
+    let out = dir.join(format!("{arch}-top.json"));
     let photos: Vec<PathBuf> = want["predictions"]
         .as_array()
         .unwrap()
@@ -166,13 +182,13 @@ fn predict_with_torchvision_weights_gives_pytorchs_probabilities() {
         for (rank, (g, w)) in
             g["top"].as_array().unwrap().iter().zip(w["top"].as_array().unwrap()).enumerate()
         {
-            assert_eq!(g["index"], w["index"], "{photo}: class ranked {rank}");
+            assert_eq!(g["index"], w["index"], "{arch}, {photo}: class ranked {rank}");
             // ImageNet's names: the 1000-output classifier's default.
-            assert_eq!(g["class"], w["class"], "{photo}");
+            assert_eq!(g["class"], w["class"], "{arch}, {photo}");
             let (p, q) = (g["probability"].as_f64().unwrap(), w["probability"].as_f64().unwrap());
             assert!(
                 (p - q).abs() <= PROBABILITY_TOLERANCE,
-                "{photo}: class {} at {p}, PyTorch's {q}",
+                "{arch}, {photo}: class {} at {p}, PyTorch's {q}",
                 w["index"]
             );
             worst = worst.max((p - q).abs());
@@ -181,8 +197,7 @@ fn predict_with_torchvision_weights_gives_pytorchs_probabilities() {
             format!("{}: {} ", fixture(photo).display(), w["top"][0]["class"].as_str().unwrap());
         assert!(text.contains(&line), "{text}");
     }
-    eprintln!("predict --weights vs PyTorch: largest top-5 probability difference {worst:.2e}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    worst
 }
 
 /// An image folder of 3 classes, 2 photos-like images each (gradients of several sizes).
@@ -211,7 +226,7 @@ fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
     }
     let dir = temp_dir("eval");
     let weights = dir.join("three.safetensors");
-    write_seeded_weights(&weights, 3);
+    write_seeded_weights(&weights, Arch::ResNet34, 3);
     let (root, images) = three_classes(&dir);
     let (w, data) = (weights.to_str().unwrap(), root.to_str().unwrap());
     let scores = dir.join("scores.json");
@@ -347,7 +362,7 @@ fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
 fn class_names_and_data_must_fit_the_classifier() {
     let dir = temp_dir("classes");
     let weights = dir.join("three.safetensors");
-    write_seeded_weights(&weights, 3);
+    write_seeded_weights(&weights, Arch::ResNet34, 3);
     let w = weights.to_str().unwrap();
     let (root, _) = three_classes(&dir);
     let two = dir.join("two.txt");
