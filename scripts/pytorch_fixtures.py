@@ -14,8 +14,8 @@ f64 step and its gradients part from f64 ones by far more than rounding (docs/de
 activation pattern"). A deep network has so many units that some always lie that close, so the
 script nudges the seeded weights first: site by site in the f64 forward, each BatchNorm β whose
 channel has a ReLU input within MARGIN of zero (relative to the site's RMS) moves by the least
-that clears it, and the fixture records the new values (`nudges`: a few dozen of ResNet-50's
-26,560 channels), which tests/pytorch.rs sets in the weights syncstep writes. The same step in
+that clears it, and the fixture records the new values (`nudges`: 276 of ResNet-50's 26,560
+channels at 16 images), which tests/pytorch.rs sets in the weights syncstep writes. The same step in
 float32 then decides every ReLU and max-pool unit as the f64 step does (the script checks), and
 its distance from f64 (loss, logits, worst gradient) is f32's rounding alone, recorded as
 `f32_against_f64`.

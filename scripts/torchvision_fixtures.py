@@ -12,7 +12,7 @@ under tests/fixtures/torchvision/:
   weights, on each photo at 224 (the full recipe: ToTensor and ImageNet's Normalize too): the
   top-5 classes and their softmax probabilities, and the SHA-256 of the weights.
 
-The weights are not stored (85 MB): both sides make them from a recipe. For the tensor `name`
+The weights are not stored (47 to 102 MB): both sides make them from a recipe. For the tensor `name`
 with n elements, u_i = (splitmix64(fnv1a64(name) + i) >> 40) * 2^-23 - 1 in f32 (uniform in
 [-1, 1), exact), then: conv weights u * sqrt(6 / fan_in); BatchNorm weights 0.7 + 0.25 u;
 BatchNorm biases, running means and fc.bias 0.1 u; running variances 1 + 0.5 u; fc.weight

@@ -8,8 +8,8 @@
 //! ResNet-50 step flipped a unit on each of 6 seeds tried, its gradients 1e-2 off). The bounds:
 //! TIE's for the loss and logits, and for a tensor known by its norm and 64 sampled elements
 //! 3e-4 (a sample's norm-rel error is noisier than the whole tensor's: 9.3e-5 at worst on
-//! lavapipe). A wrong step is far past them: without label smoothing a
-//! BatchNorm gradient is 0.12 off.
+//! lavapipe). A wrong step is far past them: without label smoothing a BatchNorm gradient is
+//! 0.12 off.
 
 mod common;
 
