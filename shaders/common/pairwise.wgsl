@@ -31,6 +31,15 @@ fn pairwise_count(count: u32, nwg: vec3<u32>) -> u32 {
     return select(count, 0u, nwg.x == 0u);
 }
 
+// Where a buffer that keeps only the open blocks of `count` terms, largest first, one level
+// each, keeps the block of 2^l terms: after the larger ones. The weight gradient's GEMMs keep
+// their blocks so, in as many levels as their counts have open blocks at once (the set bits of
+// a count), rather than one per bit of the batch.
+// (Two shifts, each under 32 bits.)
+fn pairwise_slot(l: u32, count: u32) -> u32 {
+    return countOneBits((count >> 1u) >> l);
+}
+
 fn pairwise_push(blocks: ptr<function, array<f32, PAIRWISE_LEVELS>>, t: u32, term: f32) {
     let closed = countTrailingZeros(~t);
     var v = term;

@@ -6,11 +6,11 @@
 //   dw[co, k] = Σ_q dy[n, co, oy, ox]·cols[q, k] over pixels q = (n, oy, ox), dy read in place,
 //   cols as vec4 along k (4 weights per load). Each invocation walks the pixels in order and
 //   keeps, per output, the direct kernel's row sum (over ox) and example sum (over oy); an
-//   example's total is pushed into the pairwise blocks, kept in a scratch buffer (one level per
-//   bit of n, one writer per element), and conv2d_backward_weight_total adds the open blocks
-//   as pairwise_total does. A chunk of pixels is whole output rows; when a chunk ends inside an
-//   example, its running sum waits in the scratch's first level (the carry) for the next chunk,
-//   so chunking does not change the order. Padding taps add dy·0 = ±0 to a row sum that starts
+//   example's total is pushed into the pairwise blocks, kept in a scratch buffer (the open
+//   blocks one level each, largest first: pairwise_slot; one writer per element), and
+//   conv2d_backward_weight_total adds the open blocks as pairwise_total does. A chunk of pixels
+//   is whole output rows; when a chunk ends inside an example, its running sum waits in the
+//   scratch's first level (the carry) for the next chunk, so chunking does not change the order. Padding taps add dy·0 = ±0 to a row sum that starts
 //   at +0 and never is −0, which leaves it unchanged: every variant gives the direct bits.
 
 // The GEMM: out = Σ_k a[i, k]·b[j, k] over rows of row4 vec4s. One of a, b is im2col rows
@@ -181,7 +181,8 @@ fn conv2d_gemm_segments(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
 // against dy in place, into the pairwise blocks of example sums; then the total into dw.
 @group(0) @binding(1) var<storage, read> wg_cols: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
-// [level][co][row4] vec4s: level 0 the carry, level 1 + l the pairwise block of 2^l examples.
+// [level][co][row4] vec4s: level 0 the carry, level 1 + pairwise_slot(l, count) the open block
+// of 2^l examples after `count` examples.
 @group(0) @binding(3) var<storage, read_write> wg_sums: array<vec4<f32>>;
 
 // Where (co, kv) lives in a level of wg_sums, or u32 max for a clamped row past the edge.
@@ -204,9 +205,20 @@ fn gemm_weight_push(n: u32, co: u32, kv: u32, total: vec4<f32>) {
     if (at == 0xffffffffu) { return; }
     let level = g.channels * g.row4;
     let closed = countTrailingZeros(~n);
+    // pairwise_slot's levels, worked out once: the new block goes after the `top` larger ones,
+    // where the largest of those it closes was; block l < closed is closed − 1 − l after it. The
+    // index steps down by a level per l: in that form llvmpipe unrolls the loop at every stack
+    // size (a loop it keeps counts toward its limit of 65535 iterations per invocation: the
+    // 32-level test in tests/conv2d.rs gets a wrong sum).
+    let top = countOneBits((n >> 1u) >> closed);
+    let smallest = (top + closed) * level + at;
     var v = total;
     for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (l < closed) { v = wg_sums[(l + 1u) * level + at] + v; } else if (l == closed) { wg_sums[(l + 1u) * level + at] = v; }
+        if (l < closed) {
+            v = wg_sums[smallest - l * level] + v;
+        } else if (l == closed) {
+            wg_sums[(1u + top) * level + at] = v;
+        }
     }
 }
 
@@ -282,7 +294,7 @@ fn conv2d_gemm_weight_split(@builtin(local_invocation_index) lid: u32, @builtin(
 // The split's second pass, one invocation per float of dw's rows: the chunk's units added in
 // order to the running example sum (the carry when the chunk starts inside an example), each
 // example's total pushed into the pairwise blocks as pairwise_push does, read as floats from
-// the levels of the blocks' scratch (level 0 the carry, level 1 + l the block of 2^l examples).
+// the levels of the blocks' scratch (level 0 the carry, then the open blocks: pairwise_slot).
 @group(0) @binding(1) var<storage, read> wu_units: array<f32>;
 @group(0) @binding(2) var<storage, read_write> wu_sums: array<f32>;
 
@@ -294,7 +306,7 @@ fn conv2d_backward_weight_units(@builtin(global_invocation_id) gid: vec3<u32>, @
     let done = g.pixel_begin / g.out_plane;   // examples whole before the chunk
     var blocks: array<f32, PAIRWISE_LEVELS>;
     for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (((done >> l) & 1u) == 1u) { blocks[l] = wu_sums[(l + 1u) * level + i]; }
+        if (((done >> l) & 1u) == 1u) { blocks[l] = wu_sums[(1u + pairwise_slot(l, done)) * level + i]; }
     }
     var e = 0.0;
     if (g.pixel_begin % g.out_plane != 0u) { e = wu_sums[i]; }
@@ -309,13 +321,14 @@ fn conv2d_backward_weight_units(@builtin(global_invocation_id) gid: vec3<u32>, @
     }
     let after = (g.pixel_begin + g.pixel_count) / g.out_plane;
     for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (((after >> l) & 1u) == 1u) { wu_sums[(l + 1u) * level + i] = blocks[l]; }
+        if (((after >> l) & 1u) == 1u) { wu_sums[(1u + pairwise_slot(l, after)) * level + i] = blocks[l]; }
     }
     if ((g.pixel_begin + g.pixel_count) % g.out_plane != 0u) { wu_sums[i] = e; }
 }
 
 // The GEMM variants' last step: dw[co, k] = pairwise_total of the blocks wg_sums holds for
-// (co, k) (read as floats: level 1 + l at (1 + l)·c_out·row4·4, then co·row4·4 + k).
+// (co, k) (read as floats: the block of 2^l examples at (1 + pairwise_slot(l, n))·c_out·row4·4,
+// then co·row4·4 + k).
 @group(0) @binding(1) var<storage, read> wt_sums: array<f32>;
 @group(0) @binding(2) var<storage, read_write> wt_dw: array<f32>;
 
@@ -328,7 +341,7 @@ fn conv2d_backward_weight_total(@builtin(global_invocation_id) gid: vec3<u32>, @
     let at = (i / k_len) * p.row4 * 4u + i % k_len;
     var blocks: array<f32, PAIRWISE_LEVELS>;
     for (var l = 0u; l < PAIRWISE_LEVELS; l++) {
-        if (((p.n >> l) & 1u) == 1u) { blocks[l] = wt_sums[(l + 1u) * level + at]; }
+        if (((p.n >> l) & 1u) == 1u) { blocks[l] = wt_sums[(1u + pairwise_slot(l, p.n)) * level + at]; }
     }
     wt_dw[i] = pairwise_total(&blocks, p.n);
 }

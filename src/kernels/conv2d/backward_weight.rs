@@ -3,7 +3,7 @@
 //! broadcasts), and the GEMM over the forward's im2col rows with the examples' pairwise blocks
 //! kept in scratch between chunks.
 
-use super::gemm::{im2col_chunks, Gemm};
+use super::gemm::{chunk_pixels, gemm_chunk_pixels, im2col_chunks, Gemm};
 use super::tiles::gemm_lanes_shader;
 use super::{
     checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, Params,
@@ -178,8 +178,8 @@ pub(super) fn expect_within_loop_limit(
 }
 
 /// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)
-/// against dy, into pairwise blocks of example sums (a scratch of 1 + bit length of n levels,
-/// the first the carry between chunks), then their total into dw.
+/// against dy, into pairwise blocks of example sums (a scratch of a level for the carry between
+/// chunks and one for each block open at once), then their total into dw.
 pub(super) fn backward_weight_gemm(
     gpu: &Gpu,
     enc: &mut Encoder,
@@ -198,8 +198,21 @@ pub(super) fn backward_weight_gemm(
     }
     let row4 = (s.c_in as u64 * s.kh as u64 * s.kw as u64).div_ceil(4);
     let params = Params { row4: row4 as u32, ..s.params() };
-    let levels = 1 + (u32::BITS - s.n.leading_zeros()) as u64;
     let level = s.c_out as u64 * row4 * 4;
+    let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
+    // The register tiles push every example's total (counts 1..=n); the split, a chunk's
+    // examples at its end.
+    let open = match algo {
+        Conv2dAlgo::GemmShared => {
+            let (unit, most) = split_units(gpu, s, row4);
+            let chunk = chunk_pixels(gpu, OP, row4, (pixels, unit, most))?;
+            let out_plane = s.out_h() as u64 * s.out_w() as u64;
+            let ends = (chunk..pixels + chunk).step_by(chunk as usize);
+            ends.map(|end| (end.min(pixels) / out_plane).count_ones()).max().unwrap_or(0)
+        }
+        _ => u32::BITS - (s.n + 1).leading_zeros() - 1,
+    };
+    let levels = 1 + open as u64;
     let sums_len = levels * level;
     let sums = gpu
         .scratch("conv2d weight sums", sums_len)
@@ -244,7 +257,7 @@ fn backward_weight_tiles(
         enc,
         OP,
         ("conv2d_forward_im2col", params),
-        (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS),
+        (pixels, out_w as u64, WEIGHT_CHUNK_PIXELS.min(gemm_chunk_pixels(row4))),
         x,
         |enc, begin, count, rows| {
             let (rows_a, rows_b) = match tile.lanes {
@@ -289,10 +302,23 @@ fn backward_weight_tiles(
     )
 }
 
+/// The GPU plan's split of `s`'s weight gradient into units: returns a unit's pixels and a
+/// chunk's most. Each chunk holds as many whole units as make its dispatch `gpu.wide_dispatch`
+/// workgroups wide: examples where that many fit one im2col chunk, else output rows.
+fn split_units(gpu: &Gpu, s: &Conv2dShape, row4: u64) -> (u64, u64) {
+    let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
+    let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
+    let units = gpu.wide_dispatch.div_ceil(tiles).max(1);
+    let chunk_bytes = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
+    let examples_fit = (s.n as u64).min(chunk_bytes / (row4.max(1) * 16 * out_plane));
+    // An example unit loops over its whole plane: kept under llvmpipe's loop limit, as chunks are.
+    let examples = examples_fit >= units && out_plane <= WEIGHT_CHUNK_PIXELS;
+    let unit = if examples { out_plane } else { out_w };
+    (unit, units * unit)
+}
+
 /// The GPU plan's weight gradient (GemmShared): the pixels split over workgroups as well as the
-/// outputs. Each chunk holds whole units, as many as make its dispatch `gpu.wide_dispatch`
-/// workgroups wide: examples where that many fit one im2col chunk, else output rows;
-/// conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
+/// outputs, each chunk whole units ([`split_units`]); conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
 /// conv2d_backward_weight_units adds them in order into the pairwise blocks in `sums`: the same
 /// additions as the kernels that walk every pixel in one invocation.
 fn backward_weight_split(
@@ -307,15 +333,10 @@ fn backward_weight_split(
     let row4 = params.row4 as u64;
     let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
     let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-    let units = gpu.wide_dispatch.div_ceil(tiles).max(1);
-    let chunk_bytes = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
-    let examples_fit = (s.n as u64).min(chunk_bytes / (row4.max(1) * 16 * out_plane));
-    // An example unit loops over its whole plane: kept under llvmpipe's loop limit, as chunks are.
-    let examples = examples_fit >= units && out_plane <= WEIGHT_CHUNK_PIXELS;
-    let unit = if examples { out_plane } else { out_w };
+    let (unit, most) = split_units(gpu, s, row4);
+    let units = most / unit;
     let level = s.c_out as u64 * row4 * 4;
     let pixels = s.n as u64 * out_plane;
-    let most = units * unit;
     let scratch = gpu
         .scratch("conv2d weight units", units.min(pixels / unit) * level)
         .map_err(|source| KernelError::Gpu { op: OP, source })?;

@@ -334,6 +334,17 @@ pub(super) fn im2col_chunks(
     Ok(())
 }
 
+/// The im2col chunks of the GEMMs that need no more hold at most this many bytes: the
+/// forward's, the input-VJP's and the register tiles' weight gradient. A chunk of thousands of
+/// pixels fills their GEMMs as the whole would; the GPU plan's weight gradient takes up to
+/// [`SCRATCH_BYTES`], whose split needs its chunks wide.
+const GEMM_CHUNK_BYTES: u64 = 16 << 20;
+
+/// Pixels of an im2col chunk within [`GEMM_CHUNK_BYTES`], at rows of `row4` vec4s.
+pub(super) fn gemm_chunk_pixels(row4: u64) -> u64 {
+    (GEMM_CHUNK_BYTES / (row4.max(1) * 16)).max(1)
+}
+
 /// im2col, chunk by chunk, each followed by the GEMM against `weights` into `out`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn im2col_gemm(
@@ -353,7 +364,7 @@ pub(super) fn im2col_gemm(
         enc,
         op,
         im2col,
-        (grid.pixels(), 1, u64::MAX),
+        (grid.pixels(), 1, gemm_chunk_pixels(row4)),
         source,
         |enc, begin, count, rows| {
             let operands = (rows, weights, out);
