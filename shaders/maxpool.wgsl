@@ -9,7 +9,9 @@
 //   PyTorch would propagate it. argmax always names a real cell of the window either way.
 // - The backward is a GATHER: for each input cell it visits the output windows containing the
 //   cell (rows, then columns, ascending) and sums the dy of those whose argmax names it. Fixed
-//   order, every dx element written once, by the invocation of its row.
+//   order, every dx element written once, by the invocation of its row. Gated (the pool after
+//   a ReLU), a window counts only where its output is > 0: its maximum is the ReLU's output at
+//   the cell it chose, so that cell's gate, and the ReLU's output need not be kept.
 // - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
 //   run's pooling choices (docs/design.md, "Same activation pattern").
 
@@ -23,6 +25,9 @@ struct Params {
     pad: u32,
     out_h: u32,
     out_w: u32,
+    // maxpool_backward: 1 when a window's dy counts only where its gate (the pool's output, the
+    // ReLU before the pool having made it) is > 0.
+    gated: u32,
 }
 
 const WG: u32 = 256u;
@@ -85,6 +90,7 @@ fn maxpool_forward_with_argmax(@builtin(global_invocation_id) gid: vec3<u32>, @b
 @group(0) @binding(1) var<storage, read> bwd_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> bwd_argmax: array<u32>;
 @group(0) @binding(3) var<storage, read_write> bwd_dx: array<f32>;
+@group(0) @binding(4) var<storage, read> bwd_gate: array<f32>;
 
 // The output rows (or columns) whose window covers input row i: o·stride ≤ i + pad < o·stride + k.
 fn covering(i: u32, out_len: u32) -> vec2<u32> {
@@ -111,7 +117,7 @@ fn maxpool_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
         for (var r = rows.x; r < rows.y; r = r + 1u) {
             for (var c = cols.x; c < cols.y; c = c + 1u) {
                 let o = out_base + r * p.out_w + c;
-                if (bwd_argmax[o] == cell) {
+                if (bwd_argmax[o] == cell && (p.gated == 0u || bwd_gate[o] > 0.0)) {
                     sum = sum + bwd_dy[o];
                 }
             }

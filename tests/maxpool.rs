@@ -85,6 +85,48 @@ fn forward_argmax_and_backward_match_reference() {
     }
 }
 
+/// The pool after a ReLU, its backward gated by the pool's output (what the step runs, keeping
+/// no ReLU output): bitwise the plain backward masked by the ReLU's output > 0, and the f64
+/// reference's. Half the ReLU's outputs are 0, so many windows hold only zeros (their maximum
+/// is 0, and the cell they name gets nothing) and many cells are named by several windows.
+#[test]
+fn relu_backward_through_the_pool_output_is_the_masked_backward() {
+    let Some(gpu) = gpu() else { return };
+    let shapes = [
+        resnet_pool(4, 16, 16, 16),
+        resnet_pool(2, 3, 7, 9),
+        MaxPoolShape { n: 1, c: 4, h: 6, w: 5, k: 3, stride: 1, pad: 1 },
+    ];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        let (in_len, out_len) = (shape.input_len() as usize, shape.output_len() as usize);
+        let r: Vec<f32> = uniform(30 + i as u64, in_len).iter().map(|v| v.max(0.0)).collect();
+        let dy = uniform(40 + i as u64, out_len);
+        let (br, bdy) = (gpu.upload("r", &r).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let (y, argmax) = (poisoned(gpu, "y", out_len), poisoned_u32(gpu, out_len));
+        let (plain, gated) = (poisoned(gpu, "plain", in_len), poisoned(gpu, "gated", in_len));
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        k::maxpool_forward(gpu, &mut enc, &shape, s(&br), s(&y), s(&argmax)).unwrap();
+        k::maxpool_backward(gpu, &mut enc, &shape, s(&bdy), s(&argmax), s(&plain)).unwrap();
+        k::maxpool_relu_backward(gpu, &mut enc, &shape, s(&bdy), s(&argmax), s(&y), s(&gated))
+            .unwrap();
+        submit(gpu, enc);
+
+        let gate = |v: &[f32]| -> Vec<f32> {
+            v.iter().zip(&r).map(|(&d, &r)| if r > 0.0 { d } else { 0.0 }).collect()
+        };
+        let gated = read(gpu, &gated);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&gated), bits(&gate(&read(gpu, &plain))), "{shape:?}");
+        assert!(gated.iter().any(|&d| d != 0.0), "{shape:?}: some cotangent passes");
+        let (_, rargmax) = r::maxpool_forward(&to_f64(&r), pool(&shape));
+        let want = r::maxpool_backward(&to_f64(&dy), pool(&shape), &rargmax);
+        let want: Vec<f64> =
+            want.iter().zip(&r).map(|(&d, &r)| if r > 0.0 { d } else { 0.0 }).collect();
+        assert_close(&format!("{shape:?} dx"), &gated, &want, 1e-5);
+    }
+}
+
 #[test]
 fn ties_choose_the_first_maximum_in_scan_order() {
     let Some(gpu) = gpu() else { return };

@@ -75,7 +75,8 @@ impl MaxPoolShape {
         }
         let (n, c, h, w, k, stride, pad) =
             (self.n, self.c, self.h, self.w, self.k, self.stride, self.pad);
-        Ok(Params { n, c, h, w, k, stride, pad, out_h: self.out_h(), out_w: self.out_w() })
+        let (out_h, out_w) = (self.out_h(), self.out_w());
+        Ok(Params { n, c, h, w, k, stride, pad, out_h, out_w, gated: 0 })
     }
 }
 
@@ -95,6 +96,8 @@ struct Params {
     pad: u32,
     out_h: u32,
     out_w: u32,
+    /// maxpool_backward: 1 when a window's dy counts only where its `gate` is > 0.
+    gated: u32,
 }
 
 /// y = the maximum of each window, and `argmax` (u32) the input cell it came from.
@@ -154,20 +157,54 @@ pub fn maxpool_backward(
     argmax: Slice,
     dx: Slice,
 ) -> Result<()> {
-    const OP: &str = "maxpool_backward";
-    let params = shape.check(OP)?;
-    expect_len(OP, "dy", &dy, shape.output_len(), "n·c·out_h·out_w")?;
-    expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
-    expect_len(OP, "dx", &dx, shape.input_len(), "n·c·h·w")?;
-    expect_row_within_loop_limit(gpu, OP, shape.w, shape)?;
-    let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx)];
+    backward(gpu, enc, "maxpool_backward", shape, dy, argmax, None, dx)
+}
+
+/// [`maxpool_backward`] of a pool whose input is a ReLU's output, with that ReLU's backward:
+/// a window's dy counts only where its output `y` is > 0. A window's maximum is the ReLU's
+/// output at the cell it chose, so this masks exactly the cells the ReLU zeroed: the bits of
+/// `elementwise::relu_backward` after [`maxpool_backward`], without the ReLU's output.
+pub fn maxpool_relu_backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &MaxPoolShape,
+    dy: Slice,
+    argmax: Slice,
+    y: Slice,
+    dx: Slice,
+) -> Result<()> {
+    backward(gpu, enc, "maxpool_relu_backward", shape, dy, argmax, Some(y), dx)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: &'static str,
+    shape: &MaxPoolShape,
+    dy: Slice,
+    argmax: Slice,
+    gate: Option<Slice>,
+    dx: Slice,
+) -> Result<()> {
+    let params = shape.check(op)?;
+    expect_len(op, "dy", &dy, shape.output_len(), "n·c·out_h·out_w")?;
+    expect_len(op, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
+    if let Some(y) = &gate {
+        expect_len(op, "y", y, shape.output_len(), "n·c·out_h·out_w")?;
+    }
+    expect_len(op, "dx", &dx, shape.input_len(), "n·c·h·w")?;
+    expect_row_within_loop_limit(gpu, op, shape.w, shape)?;
+    // Without a gate, dy stands in for it: a bind group fills every binding; the kernel ignores it.
+    let params = Params { gated: gate.is_some() as u32, ..params };
+    let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx), ("gate", gate.unwrap_or(dy))];
     // One invocation per input row (n, c, iy).
     launch(
         gpu,
         enc,
-        OP,
+        op,
         &SHADER,
-        OP,
+        "maxpool_backward",
         &params,
         &bindings,
         grid_1d(shape.input_len() / shape.w as u64, WG),
