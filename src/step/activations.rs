@@ -35,12 +35,8 @@ pub(super) enum Act {
     SumsRows(UnitId),
     /// `[Σdy | Σdy·x̂]` summed.
     Sums(UnitId),
-    /// The stem's ReLU output, the max-pool's input.
-    StemRelu,
     Pool,
     PoolArgmax,
-    /// Block `i`'s ReLU after its `j`-th BN (every one of its main path but the last).
-    BlockRelu(usize, usize),
     /// Block `i`'s output, after the residual add and its ReLU.
     BlockOut(usize),
     /// The globally average-pooled features.
@@ -51,6 +47,8 @@ pub(super) enum Act {
     GapGrad,
     /// ReLU site `i`'s imposed gate.
     ImposedRelu(usize),
+    /// ReLU site `i`'s output, copied for a captured pattern (the pass may not keep it).
+    CapturedRelu(usize),
     ImposedPool,
 }
 

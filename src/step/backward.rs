@@ -5,7 +5,8 @@ use std::ops::Range;
 
 use super::activations::{Act, UnitId};
 use super::{
-    bn_shape, conv_shape, pool_shape, BnRows, Communicator, Dims, Pass, Replica, Result, BN_EPS,
+    bn_shape, conv_shape, pool_shape, BnRows, Communicator, Dims, Pass, Replica, Result, Transient,
+    BN_EPS,
 };
 use crate::gpu::{Encoder, Slice};
 use crate::kernels::conv2d::{self, Conv2dOp};
@@ -14,9 +15,13 @@ use crate::kernels::{avgpool, batchnorm, cross_entropy, dense, elementwise, maxp
 /// A unit's backward, for [`Replica::units_backward`].
 pub(super) struct UnitGrad<'a> {
     pub(super) unit: usize,
-    /// The cotangent of the ReLU after the unit's BN, and that ReLU's site.
-    pub(super) dr: &'a wgpu::Buffer,
-    pub(super) relu_site: usize,
+    /// The cotangent of the ReLU after the unit's BN, and that ReLU's gate unless the cotangent
+    /// was masked already: its output (> 0 exactly where its input was), or an imposed mask.
+    pub(super) dr: &'a Transient,
+    pub(super) gate: Option<Slice<'a>>,
+    /// Whether the unit's BatchNorm is the last to read `dr`: it is given back once that is
+    /// recorded, so that the conv's input cotangent can take its place.
+    pub(super) dr_read_last: bool,
     /// The conv's input.
     pub(super) x: &'a wgpu::Buffer,
     /// Whether the cotangent of the conv's input is wanted (not for the stem: it is the image).
@@ -28,8 +33,8 @@ pub(super) struct Examples {
     buffer: wgpu::Buffer,
     offset: u64,
     len: u64,
-    /// Whether `buffer` is a scratch copy, given back by [`Replica::done_with`].
-    copied: bool,
+    /// The scratch copy `buffer` is, given back by [`Replica::done_with`].
+    copy: Option<Transient>,
 }
 
 impl Examples {
@@ -53,17 +58,17 @@ impl Replica {
             (range.start * per_example * 4, (range.end - range.start) * per_example);
         let align = self.gpu.limits.min_storage_buffer_offset_alignment as u64;
         if offset.is_multiple_of(align) {
-            return Ok(Examples { buffer: buffer.clone(), offset, len, copied: false });
+            return Ok(Examples { buffer: buffer.clone(), offset, len, copy: None });
         }
         let copy = self.scratch.take(&self.gpu, len)?;
-        enc.copy_buffer_to_buffer(buffer, offset, &copy, 0, len * 4);
-        Ok(Examples { buffer: copy, offset: 0, len, copied: true })
+        enc.copy_buffer_to_buffer(buffer, offset, &copy.buffer, 0, len * 4);
+        Ok(Examples { buffer: copy.buffer.clone(), offset: 0, len, copy: Some(copy) })
     }
 
     /// `examples` is no longer read by anything recorded later.
     pub(super) fn done_with(&mut self, examples: Examples) {
-        if examples.copied {
-            self.scratch.give_back(&examples.buffer);
+        if let Some(copy) = examples.copy {
+            self.scratch.give_back(&copy);
         }
     }
 
@@ -77,7 +82,7 @@ impl Replica {
         logits: &wgpu::Buffer,
         d: Dims,
         labels: &wgpu::Buffer,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+    ) -> Result<(wgpu::Buffer, Transient)> {
         let (n, c, k) = (d.n, d.c, self.model.classes);
         let cs = cross_entropy::CrossEntropyShape { m: n, k };
         let losses = self.act(Act::Losses, n as u64)?;
@@ -130,7 +135,7 @@ impl Replica {
             &mut pass.enc,
             &avgpool::AvgPoolShape { n, c, hw: d.hw() },
             Slice::whole(&dfeat),
-            Slice::whole(&dx),
+            dx.slice(),
         )?;
         Ok((losses, dx))
     }
@@ -144,7 +149,7 @@ impl Replica {
         &mut self,
         pass: &mut Pass<'_, S>,
         units: [UnitGrad<'_>; K],
-    ) -> Result<[Option<wgpu::Buffer>; K]> {
+    ) -> Result<[Option<Transient>; K]> {
         let mut rows = Vec::with_capacity(K);
         for g in &units {
             rows.push(self.example_sums(pass, g)?);
@@ -183,7 +188,6 @@ impl Replica {
         let (id, conv, bn, out, count) = (u.id, u.conv, u.bn, u.out, u.count);
         let (y, stats) = self.saved(u);
         self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-        let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.act(Act::SumsRows(id), global.rows_len())?;
@@ -193,8 +197,8 @@ impl Replica {
             &bs,
             count,
             BN_EPS,
-            Slice::whole(g.dr),
-            Some(Slice::whole(&gate)),
+            g.dr.slice(),
+            g.gate,
             Slice::whole(&y),
             Slice::whole(&stats),
             Slice::new(&rows, 0, bs.rows_len()),
@@ -221,12 +225,11 @@ impl Replica {
         pass: &mut Pass<'_, S>,
         g: &UnitGrad,
         rows: &wgpu::Buffer,
-    ) -> Result<Option<wgpu::Buffer>> {
+    ) -> Result<Option<Transient>> {
         let u = &pass.units[g.unit];
         let (id, conv, bn, input, out, count) = (u.id, u.conv, u.bn, u.input, u.out, u.count);
         let (y, stats) = self.saved(u);
         self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
-        let gate = self.acts.saved(pass.relu_gates[g.relu_site]);
         let sums = self.acts.saved(Act::Sums(id));
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
@@ -243,14 +246,17 @@ impl Replica {
             &bs,
             count,
             BN_EPS,
-            Slice::whole(g.dr),
-            Some(Slice::whole(&gate)),
+            g.dr.slice(),
+            g.gate,
             Slice::whole(&y),
             Slice::whole(&stats),
             self.param(bn.weight),
             Slice::whole(&sums),
-            Slice::whole(&dy),
+            dy.slice(),
         )?;
+        if g.dr_read_last {
+            self.scratch.give_back(g.dr);
+        }
         let shape = conv_shape(&conv, input);
         self.conv_weight_grads(pass, &shape, conv.weight, &dy, g.x)?;
         let dx = match g.input_grad {
@@ -268,12 +274,12 @@ impl Replica {
         pass: &mut Pass<'_, S>,
         shape: &conv2d::Conv2dShape,
         weight: usize,
-        dy: &wgpu::Buffer,
+        dy: &Transient,
         x: &wgpu::Buffer,
     ) -> Result<()> {
         let (dy_len, x_len) = (shape.y_len() / shape.n as u64, shape.x_len() / shape.n as u64);
         for (piece, range) in pass.pieces.clone().iter().enumerate() {
-            let dyp = self.examples(&mut pass.enc, dy, dy_len, range)?;
+            let dyp = self.examples(&mut pass.enc, &dy.buffer, dy_len, range)?;
             let xp = self.examples(&mut pass.enc, x, x_len, range)?;
             let shape = conv2d::Conv2dShape { n: (range.end - range.start) as u32, ..*shape };
             let (gpu, enc) = (&self.gpu, &mut pass.enc);
@@ -293,11 +299,11 @@ impl Replica {
         id: UnitId,
         weight: usize,
         shape: &conv2d::Conv2dShape,
-        dy: &wgpu::Buffer,
-    ) -> Result<wgpu::Buffer> {
+        dy: &Transient,
+    ) -> Result<Transient> {
         let dx = self.scratch.take(&self.gpu, shape.x_len())?;
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
-        let (dy, dxs) = (Slice::whole(dy), Slice::whole(&dx));
+        let (dy, dxs) = (dy.slice(), dx.slice());
         match shape.crop() {
             Some(crop) => {
                 let kept = self.acts.saved(Act::KeptWeights(id));
@@ -314,7 +320,7 @@ impl Replica {
     pub(super) async fn backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
-        mut dout: wgpu::Buffer,
+        mut dout: Transient,
     ) -> Result<()> {
         for i in (0..self.model.blocks.len()).rev() {
             dout = self.block_backward(pass, i, dout).await?;
@@ -328,17 +334,21 @@ impl Replica {
         &mut self,
         pass: &mut Pass<'_, S>,
         i: usize,
-        dout: wgpu::Buffer,
-    ) -> Result<wgpu::Buffer> {
-        let block_input = self.unit_input(i, 0);
+        dout: Transient,
+    ) -> Result<Transient> {
+        let block_input = self.block_input(i);
         let sites = self.model.relu_sites(i);
         let last = self.model.blocks[i].units.len() - 1;
-        let x_last = self.unit_input(i, last);
+        let out_gate = self.relu_gate(pass, sites.end - 1, Act::BlockOut(i));
+        // The ReLU outputs inside the block, each made again where the backward first reads it:
+        // the input of the unit after it, then the gate of its own unit.
+        let mut relu = self.relu_again(pass, i, last - 1)?;
         let main = UnitGrad {
             unit: pass.unit(UnitId::Main(i, last)),
             dr: &dout,
-            relu_site: sites.end - 1,
-            x: &x_last,
+            gate: Some(Slice::whole(&out_gate)),
+            dr_read_last: false,
+            x: &relu.buffer,
             input_grad: true,
         };
         // The downsample (last in the layout) first: units go backward in reverse layout
@@ -349,7 +359,8 @@ impl Replica {
                 let ds = UnitGrad {
                     unit: pass.unit(UnitId::Downsample(i)),
                     dr: &dout,
-                    relu_site: sites.end - 1,
+                    gate: Some(Slice::whole(&out_gate)),
+                    dr_read_last: false,
                     x: &block_input,
                     input_grad: true,
                 };
@@ -363,52 +374,80 @@ impl Replica {
         };
         let mut dr = dr.expect("the main path's input cotangents are asked for");
         for j in (0..last).rev() {
-            let x = self.unit_input(i, j);
+            let input = match j {
+                0 => None,
+                j => Some(self.relu_again(pass, i, j - 1)?),
+            };
+            let imposed = self.imposed_gate(pass, sites.start + j);
             let unit = UnitGrad {
                 unit: pass.unit(UnitId::Main(i, j)),
                 dr: &dr,
-                relu_site: sites.start + j,
-                x: &x,
+                gate: Some(imposed.as_ref().map_or(relu.slice(), Slice::whole)),
+                dr_read_last: true,
+                x: input.as_ref().map_or(&block_input, |r| &r.buffer),
                 input_grad: true,
             };
             let [dx] = self.units_backward(pass, [unit]).await?;
-            self.scratch.give_back(&dr);
             dr = dx.expect("the main path's input cotangents are asked for");
+            self.scratch.give_back(&relu);
+            match input {
+                Some(input) => relu = input,
+                None => break,
+            }
         }
-        self.block_input_grad(pass, dr, dx2, dout, sites.end - 1)
+        self.block_input_grad(pass, dr, dx2, dout, &out_gate)
     }
 
-    /// The input of block `i`'s `j`-th unit: the block's, or the ReLU after the unit before it.
-    fn unit_input(&self, i: usize, j: usize) -> wgpu::Buffer {
-        self.acts.saved(match (i, j) {
-            (0, 0) => Act::Pool,
-            (i, 0) => Act::BlockOut(i - 1),
-            (i, j) => Act::BlockRelu(i, j - 1),
+    /// Block `i`'s input: the pool's output or the block before it's.
+    fn block_input(&self, i: usize) -> wgpu::Buffer {
+        self.acts.saved(match i {
+            0 => Act::Pool,
+            i => Act::BlockOut(i - 1),
         })
     }
 
+    /// The output of the ReLU after block `i`'s `j`-th unit, which the forward did not keep,
+    /// made again into scratch by the forward's kernel from the same saved conv output,
+    /// statistics and parameters: the same bits.
+    fn relu_again<S>(&mut self, pass: &mut Pass<S>, i: usize, j: usize) -> Result<Transient> {
+        let unit = pass.unit(UnitId::Main(i, j));
+        let r = self.scratch.take(&self.gpu, pass.units[unit].out.len())?;
+        let site = self.model.relu_sites(i).start + j;
+        self.bn_relu_at(pass, unit, site, None, r.slice())?;
+        Ok(r)
+    }
+
+    /// ReLU site `site`'s imposed mask, where the pass imposes a pattern.
+    fn imposed_gate<S>(&self, pass: &Pass<S>, site: usize) -> Option<wgpu::Buffer> {
+        pass.impose.map(|_| self.acts.saved(Act::ImposedRelu(site)))
+    }
+
+    /// ReLU site `site`'s gate for the backward: its imposed mask, or its saved output `own`.
+    fn relu_gate<S>(&self, pass: &Pass<S>, site: usize, own: Act) -> wgpu::Buffer {
+        self.imposed_gate(pass, site).unwrap_or_else(|| self.acts.saved(own))
+    }
+
     /// A block input's cotangent (scratch): the main path's `dx1` plus the shortcut's, which is
-    /// the downsample's `dx2` or the cotangent `dout` of the block's output masked by its ReLU
-    /// (site `out`). Gives back the three.
+    /// the downsample's `dx2` or the cotangent `dout` of the block's output masked by its ReLU's
+    /// `gate`. Gives back the three.
     fn block_input_grad<S>(
         &mut self,
-        pass: &mut Pass<'_, S>,
-        dx1: wgpu::Buffer,
-        dx2: Option<wgpu::Buffer>,
-        dout: wgpu::Buffer,
-        out: usize,
-    ) -> Result<wgpu::Buffer> {
-        let dx = self.scratch.take(&self.gpu, dx1.size() / 4)?;
+        pass: &mut Pass<S>,
+        dx1: Transient,
+        dx2: Option<Transient>,
+        dout: Transient,
+        gate: &wgpu::Buffer,
+    ) -> Result<Transient> {
+        let dx = self.scratch.take(&self.gpu, dx1.len)?;
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
-        let (dx1s, dxs) = (Slice::whole(&dx1), Slice::whole(&dx));
+        let (dx1s, dxs) = (dx1.slice(), dx.slice());
         match dx2 {
             Some(dx2) => {
-                elementwise::add(gpu, enc, dx1s, Slice::whole(&dx2), dxs)?;
+                elementwise::add(gpu, enc, dx1s, dx2.slice(), dxs)?;
                 self.scratch.give_back(&dx2);
             }
             None => {
-                let gate = self.acts.saved(pass.relu_gates[out]);
-                let (dout, gate) = (Slice::whole(&dout), Slice::whole(&gate));
+                let (dout, gate) = (dout.slice(), Slice::whole(gate));
                 elementwise::add_relu_backward(gpu, enc, dx1s, dout, gate, dxs)?;
             }
         }
@@ -418,35 +457,37 @@ impl Replica {
     }
 
     /// The max-pool's and the stem's backward from `dout`, the cotangent of the pool's output
-    /// (given back). The stem's input is the image: no cotangent of it is taken.
+    /// (given back). The stem's ReLU output was not kept: the pool's backward masks with it
+    /// (a window's maximum is > 0 exactly where the ReLU passed the cell it chose), or, under an
+    /// imposed pattern, the stem's BatchNorm with the imposed mask. The stem's input is the
+    /// image: no cotangent of it is taken.
     async fn stem_backward<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
-        dout: wgpu::Buffer,
+        dout: Transient,
     ) -> Result<()> {
         let stem = &pass.units[pass.unit(UnitId::Stem)];
         let ps = pool_shape(stem.out);
         let dr = self.scratch.take(&self.gpu, stem.out.len())?;
-        let argmax = self.acts.saved(pass.pool_argmax);
-        maxpool::maxpool_backward(
-            &self.gpu,
-            &mut pass.enc,
-            &ps,
-            Slice::whole(&dout),
-            Slice::whole(&argmax),
-            Slice::whole(&dr),
-        )?;
+        let (argmax, pooled) = (self.acts.saved(pass.pool_argmax), self.acts.saved(Act::Pool));
+        let (argmax, y) = (Slice::whole(&argmax), Slice::whole(&pooled));
+        let imposed = self.imposed_gate(pass, 0);
+        let (gpu, enc, dy) = (&self.gpu, &mut pass.enc, dout.slice());
+        match imposed {
+            Some(_) => maxpool::maxpool_backward(gpu, enc, &ps, dy, argmax, dr.slice())?,
+            None => maxpool::maxpool_relu_backward(gpu, enc, &ps, dy, argmax, y, dr.slice())?,
+        }
         self.scratch.give_back(&dout);
         let input = self.acts.saved(Act::Input);
         let stem = UnitGrad {
             unit: pass.unit(UnitId::Stem),
             dr: &dr,
-            relu_site: 0,
+            gate: imposed.as_ref().map(Slice::whole),
+            dr_read_last: true,
             x: &input,
             input_grad: false,
         };
         self.units_backward(pass, [stem]).await?;
-        self.scratch.give_back(&dr);
         Ok(())
     }
 }

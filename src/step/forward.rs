@@ -5,7 +5,7 @@
 use super::activations::{Act, UnitId};
 use super::{
     bn_shape, conv_shape, pool_shape, BnRows, Communicator, Dims, Pass, Replica, Result, StepError,
-    BN_EPS,
+    Transient, BN_EPS,
 };
 use crate::gpu::Slice;
 use crate::kernels::conv2d::{self, Conv2dOp};
@@ -31,18 +31,12 @@ pub(super) struct ConvBn<'a> {
     pub(super) id: UnitId,
     pub(super) conv: Conv,
     pub(super) bn: BatchNorm,
-    pub(super) x: &'a wgpu::Buffer,
+    pub(super) x: Slice<'a>,
     pub(super) input: Dims,
 }
 
 impl<'a> ConvBn<'a> {
-    pub(super) fn new(
-        id: UnitId,
-        conv: Conv,
-        bn: BatchNorm,
-        x: &'a wgpu::Buffer,
-        input: Dims,
-    ) -> Self {
+    pub(super) fn new(id: UnitId, conv: Conv, bn: BatchNorm, x: Slice<'a>, input: Dims) -> Self {
         ConvBn { id, conv, bn, x, input }
     }
 }
@@ -59,9 +53,15 @@ impl Replica {
         Ok(())
     }
 
+    /// The pattern this pass ran on: every ReLU site's output (captured as the forward made
+    /// it) through `> 0`, or the imposed masks, and the pool's argmax.
     pub(super) async fn read_pattern<S>(&self, pass: &Pass<'_, S>) -> Result<ActivationPattern> {
         let mut relu = Vec::new();
-        for &gate in &pass.relu_gates {
+        for site in 0..pass.relu_sites {
+            let gate = match pass.impose {
+                Some(_) => Act::ImposedRelu(site),
+                None => Act::CapturedRelu(site),
+            };
             let v = self.gpu.read_f32(Slice::whole(&self.acts.saved(gate))).await?;
             relu.push(v.iter().map(|&x| (x > 0.0) as u8).collect());
         }
@@ -126,14 +126,14 @@ impl Replica {
                 let (gpu, enc) = (&self.gpu, &mut pass.enc);
                 let kept = Slice::whole(&kept);
                 conv2d::crop_weights(gpu, enc, &shape, &crop, self.param(conv.weight), kept)?;
-                let (x, y) = (Slice::whole(u.x), Slice::whole(&y));
+                let (x, y) = (u.x, Slice::whole(&y));
                 conv2d::conv2d_launch_kept(gpu, enc, Conv2dOp::Forward, &crop, x, kept, y)?;
             }
             None => conv2d::conv2d_forward(
                 &self.gpu,
                 &mut pass.enc,
                 &shape,
-                Slice::whole(u.x),
+                u.x,
                 self.param(conv.weight),
                 Slice::whole(&y),
             )?,
@@ -205,20 +205,39 @@ impl Replica {
         (self.acts.saved(Act::Conv(unit.id)), self.acts.saved(Act::Stats(unit.id)))
     }
 
-    /// The BN output of `unit`, plus `shortcut` when given, through a ReLU into the saved
-    /// activation `act`, in one fused kernel. The ReLU's gate is its own input, or the imposed
-    /// mask of this ReLU site.
+    /// The forward's next ReLU site: the BN output of `unit`, plus `shortcut` when given,
+    /// through the ReLU into `out` ([`Replica::bn_relu_at`]), copied where a captured pattern
+    /// reads it.
     pub(super) fn bn_relu<S>(
         &mut self,
         pass: &mut Pass<S>,
         unit: usize,
-        shortcut: Option<&wgpu::Buffer>,
-        act: Act,
-    ) -> Result<wgpu::Buffer> {
+        shortcut: Option<Slice<'_>>,
+        out: Slice<'_>,
+    ) -> Result<()> {
+        let site = pass.relu_sites;
+        self.bn_relu_at(pass, unit, site, shortcut, out)?;
+        if pass.capture && pass.impose.is_none() {
+            let kept = self.act(Act::CapturedRelu(site), out.len)?;
+            pass.enc.copy_buffer_to_buffer(out.buffer, out.offset, &kept, 0, out.bytes());
+        }
+        pass.relu_sites += 1;
+        Ok(())
+    }
+
+    /// The BN output of `unit`, plus `shortcut` when given, through ReLU site `site` into `out`,
+    /// in one fused kernel. The ReLU's gate is its own input, or the site's imposed mask. The
+    /// backward calls it again for the outputs the forward did not keep: the same bits.
+    pub(super) fn bn_relu_at<S>(
+        &mut self,
+        pass: &mut Pass<S>,
+        unit: usize,
+        site: usize,
+        shortcut: Option<Slice<'_>>,
+        out: Slice<'_>,
+    ) -> Result<()> {
         let u = &pass.units[unit];
         let (y, stats) = self.saved(u);
-        let r = self.act(act, u.out.len())?;
-        let site = pass.relu_gates.len();
         let imposed = match pass.impose {
             Some(p) => {
                 let expected = u.out.len();
@@ -242,20 +261,16 @@ impl Replica {
             Slice::whole(&stats),
             weight,
             bias,
-            shortcut.map(Slice::whole),
+            shortcut,
             imposed.as_ref().map(Slice::whole),
-            Slice::whole(&r),
+            out,
         )?;
-        // The backward masks with the output: r > 0 exactly where the ReLU's input was > 0;
-        // under an imposed pattern the gate itself decides, so keep it for the backward.
-        let gate = if pass.impose.is_some() { Act::ImposedRelu(site) } else { act };
-        pass.relu_gates.push(gate);
-        Ok(r)
+        Ok(())
     }
 
     /// The BN output of `unit` alone (a downsample shortcut, which the block's `bn_relu` adds)
     /// into a scratch buffer.
-    pub(super) fn bn_apply<S>(&mut self, pass: &mut Pass<S>, unit: usize) -> Result<wgpu::Buffer> {
+    pub(super) fn bn_apply<S>(&mut self, pass: &mut Pass<S>, unit: usize) -> Result<Transient> {
         let u = &pass.units[unit];
         let (y, stats) = self.saved(u);
         let z = self.scratch.take(&self.gpu, u.out.len())?;
@@ -270,7 +285,7 @@ impl Replica {
             Slice::whole(&stats),
             weight,
             bias,
-            Slice::whole(&z),
+            z.slice(),
         )?;
         Ok(z)
     }
@@ -282,10 +297,13 @@ impl Replica {
     ) -> Result<(wgpu::Buffer, Dims)> {
         let m = self.model.clone();
         let input = self.acts.saved(Act::Input);
-        let stem = ConvBn::new(UnitId::Stem, m.stem_conv, m.stem_bn, &input, x);
+        let stem = ConvBn::new(UnitId::Stem, m.stem_conv, m.stem_bn, Slice::whole(&input), x);
         let [stem] = self.conv_bn(pass, [stem]).await?;
-        let r = self.bn_relu(pass, stem, None, Act::StemRelu)?;
         let d = pass.units[stem].out;
+        // Only the pool reads the stem's ReLU output: the backward takes its gate from the
+        // pool's output (`maxpool_relu_backward`), or from an imposed mask.
+        let r = self.scratch.take(&self.gpu, d.len())?;
+        self.bn_relu(pass, stem, None, r.slice())?;
         let ps = pool_shape(d);
         let pooled = Dims { n: d.n, c: d.c, h: ps.out_h(), w: ps.out_w() };
         let y = self.act(Act::Pool, pooled.len())?;
@@ -302,7 +320,7 @@ impl Replica {
                     &self.gpu,
                     &mut pass.enc,
                     &ps,
-                    Slice::whole(&r),
+                    r.slice(),
                     Slice::whole(&given),
                     Slice::whole(&y),
                 )?;
@@ -313,12 +331,13 @@ impl Replica {
                     &self.gpu,
                     &mut pass.enc,
                     &ps,
-                    Slice::whole(&r),
+                    r.slice(),
                     Slice::whole(&y),
                     Slice::whole(&argmax),
                 )?;
             }
         }
+        self.scratch.give_back(&r);
         let (mut x, mut d) = (y, pooled);
         for (i, b) in m.blocks.iter().enumerate() {
             (x, d) = self.block_forward(pass, i, b, x, d).await?;
@@ -337,32 +356,40 @@ impl Replica {
         d: Dims,
     ) -> Result<(wgpu::Buffer, Dims)> {
         let (conv, bn) = b.units[0];
-        let first = ConvBn::new(UnitId::Main(i, 0), conv, bn, &x, d);
+        let first = ConvBn::new(UnitId::Main(i, 0), conv, bn, Slice::whole(&x), d);
         // The downsample reads the block's input too: its statistics travel with the first unit's.
         let (mut u, ds) = match b.downsample {
             Some((c, bn)) => {
                 let [u, ds] = self
-                    .conv_bn(pass, [first, ConvBn::new(UnitId::Downsample(i), c, bn, &x, d)])
+                    .conv_bn(
+                        pass,
+                        [first, ConvBn::new(UnitId::Downsample(i), c, bn, Slice::whole(&x), d)],
+                    )
                     .await?;
                 (u, Some(ds))
             }
             None => (self.conv_bn(pass, [first]).await?[0], None),
         };
+        // The ReLU outputs inside the block are the next conv's input only here: the backward
+        // makes them again (`bn_relu_at`) rather than keep them.
         for (j, &(conv, bn)) in b.units.iter().enumerate().skip(1) {
-            let r = self.bn_relu(pass, u, None, Act::BlockRelu(i, j - 1))?;
-            let next = ConvBn::new(UnitId::Main(i, j), conv, bn, &r, pass.units[u].out);
+            let r = self.scratch.take(&self.gpu, pass.units[u].out.len())?;
+            self.bn_relu(pass, u, None, r.slice())?;
+            let next = ConvBn::new(UnitId::Main(i, j), conv, bn, r.slice(), pass.units[u].out);
             [u] = self.conv_bn(pass, [next]).await?;
+            self.scratch.give_back(&r);
         }
-        let out = match ds {
+        let d = pass.units[u].out;
+        let out = self.act(Act::BlockOut(i), d.len())?;
+        match ds {
             Some(ds) => {
                 let shortcut = self.bn_apply(pass, ds)?;
-                let out = self.bn_relu(pass, u, Some(&shortcut), Act::BlockOut(i))?;
+                self.bn_relu(pass, u, Some(shortcut.slice()), Slice::whole(&out))?;
                 self.scratch.give_back(&shortcut);
-                out
             }
-            None => self.bn_relu(pass, u, Some(&x), Act::BlockOut(i))?,
-        };
-        Ok((out, pass.units[u].out))
+            None => self.bn_relu(pass, u, Some(Slice::whole(&x)), Slice::whole(&out))?,
+        }
+        Ok((out, d))
     }
 
     /// Global average pool and fc: returns the pooled features and the logits.

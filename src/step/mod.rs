@@ -223,16 +223,32 @@ pub struct Replica {
 }
 
 /// Activation buffers that live for part of a pass (the backward's cotangents, a downsample
-/// shortcut), shared by size: `take` hands out a free buffer of exactly `len` elements, making
-/// one when none is free, and `give_back` frees it once the last kernel reading it has been
-/// recorded. Reusing a buffer inside one encoder is safe: commands run in recording order, and
-/// wgpu orders one dispatch's reads of a buffer before a later dispatch's writes to it.
+/// shortcut): `take` hands out the first `len` elements of a free buffer, the smallest free one
+/// large enough, and `give_back` frees it once the last kernel reading it has been recorded.
+/// Buffers of every size share the pool, so it holds what the pass needs at once, not one set
+/// per layer size: where no free buffer is large enough, the largest free one too small is
+/// replaced by one of the size asked. Reusing a buffer inside one encoder is safe: commands run
+/// in recording order, and wgpu orders one dispatch's reads of a buffer before a later
+/// dispatch's writes to it (and keeps a replaced buffer until the work recorded on it is done).
 #[derive(Default)]
 struct Scratch {
     /// Every buffer, and whether it is taken now.
     buffers: Vec<(wgpu::Buffer, bool)>,
     /// The batch (n, h, w) the buffers were sized for.
     geometry: (u32, u32, u32),
+}
+
+/// An activation in [`Scratch`]: the first `len` elements of `buffer`, which may be larger.
+#[derive(Clone)]
+pub(super) struct Transient {
+    buffer: wgpu::Buffer,
+    len: u64,
+}
+
+impl Transient {
+    fn slice(&self) -> Slice<'_> {
+        Slice::new(&self.buffer, 0, self.len)
+    }
 }
 
 impl Scratch {
@@ -246,21 +262,25 @@ impl Scratch {
         self.buffers.iter_mut().for_each(|(_, taken)| *taken = false);
     }
 
-    fn take(&mut self, gpu: &Gpu, len: u64) -> Result<wgpu::Buffer> {
-        let bytes = len.max(1) * 4;
-        if let Some((b, taken)) =
-            self.buffers.iter_mut().find(|(b, taken)| !*taken && b.size() == bytes)
-        {
-            *taken = true;
-            return Ok(b.clone());
+    fn take(&mut self, gpu: &Gpu, len: u64) -> Result<Transient> {
+        let len = len.max(1);
+        let free =
+            |(i, (b, taken)): (usize, &(wgpu::Buffer, bool))| (!taken).then_some((b.size(), i));
+        let free: Vec<(u64, usize)> = self.buffers.iter().enumerate().filter_map(free).collect();
+        if let Some(&(_, i)) = free.iter().filter(|(size, _)| *size >= len * 4).min() {
+            self.buffers[i].1 = true;
+            return Ok(Transient { buffer: self.buffers[i].0.clone(), len });
         }
-        let b = gpu.buffer("scratch", len)?;
-        self.buffers.push((b.clone(), true));
-        Ok(b)
+        if let Some(&(_, i)) = free.iter().max() {
+            self.buffers.swap_remove(i);
+        }
+        let buffer = gpu.buffer("scratch", len)?;
+        self.buffers.push((buffer.clone(), true));
+        Ok(Transient { buffer, len })
     }
 
-    fn give_back(&mut self, buffer: &wgpu::Buffer) {
-        if let Some((_, taken)) = self.buffers.iter_mut().find(|(b, _)| b == buffer) {
+    fn give_back(&mut self, t: &Transient) {
+        if let Some((_, taken)) = self.buffers.iter_mut().find(|(b, _)| *b == t.buffer) {
             *taken = false;
         }
     }
@@ -294,9 +314,11 @@ struct Pass<'p, S> {
     comm: &'p S,
     cfg: &'p StepConfig,
     units: Vec<Unit>,
-    /// Each ReLU site's gate, in forward order: its output, or the imposed mask.
-    relu_gates: Vec<Act>,
+    /// The ReLU sites the forward has passed.
+    relu_sites: usize,
     impose: Option<&'p ActivationPattern>,
+    /// Whether the forward copies each ReLU site's output for [`Replica::read_pattern`].
+    capture: bool,
     /// The buffer holding the pool's argmax: its own, or the imposed one.
     pool_argmax: Act,
     /// Inference: BN normalises with these running statistics (the model's flat buffer
@@ -445,8 +467,9 @@ impl Replica {
             comm,
             cfg,
             units: Vec::new(),
-            relu_gates: Vec::new(),
+            relu_sites: 0,
             impose: opts.impose,
+            capture: opts.capture_pattern,
             pool_argmax: Act::PoolArgmax,
             eval: None,
             pieces,
@@ -490,8 +513,9 @@ impl Replica {
             comm: &OneDevice,
             cfg: &cfg,
             units: Vec::new(),
-            relu_gates: Vec::new(),
+            relu_sites: 0,
             impose: None,
+            capture: false,
             pool_argmax: Act::PoolArgmax,
             eval: Some(running),
             pieces: Vec::new(),
