@@ -408,10 +408,6 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
-}
-
 /// Shapes for the fused kernels: ResNet-like channel counts, and a tensor length that is not a
 /// multiple of the workgroup size; hw not a multiple of 4 (one element an invocation) and a
 /// multiple of 4 (four, in vec4s).
@@ -634,7 +630,6 @@ fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
             .unwrap();
         submit(gpu, enc);
         let want = pairwise_sum(rows.chunks(2 * c as usize).map(<[f32]>::to_vec).collect());
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&read(gpu, &sums)), bits(&want), "batch of {n}");
     }
 }

@@ -131,10 +131,6 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
-}
-
 // The ResNets' convolutions at small spatial sizes. No output count below is a multiple of the
 // workgroup size (64) or of the 4×4 tiles everywhere, and odd spatial sizes leave ragged edges.
 

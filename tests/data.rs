@@ -51,10 +51,6 @@ fn image_folder(dir: &Path, count: u64) -> PathBuf {
     root
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     let Some(gpu) = fresh_gpu() else { return };

@@ -116,7 +116,6 @@ fn relu_backward_through_the_pool_output_is_the_masked_backward() {
             v.iter().zip(&r).map(|(&d, &r)| if r > 0.0 { d } else { 0.0 }).collect()
         };
         let gated = read(gpu, &gated);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&gated), bits(&gate(&read(gpu, &plain))), "{shape:?}");
         assert!(gated.iter().any(|&d| d != 0.0), "{shape:?}: some cotangent passes");
         let (_, rargmax) = r::maxpool_forward(&to_f64(&r), pool(&shape));

@@ -74,6 +74,11 @@ pub fn uniform_in(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }
 
+/// Each value's bit pattern: what "bitwise" compares.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 pub fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }

@@ -202,15 +202,16 @@ pub(super) fn backward_weight_gemm(
     let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
     // The register tiles push every example's total (counts 1..=n); the split, a chunk's
     // examples at its end.
-    let open = match algo {
+    let (open, split) = match algo {
         Conv2dAlgo::GemmShared => {
             let (unit, most) = split_units(gpu, s, row4);
             let chunk = chunk_pixels(gpu, OP, row4, (pixels, unit, most))?;
             let out_plane = s.out_h() as u64 * s.out_w() as u64;
             let ends = (chunk..pixels + chunk).step_by(chunk as usize);
-            ends.map(|end| (end.min(pixels) / out_plane).count_ones()).max().unwrap_or(0)
+            let open = ends.map(|end| (end.min(pixels) / out_plane).count_ones()).max();
+            (open.unwrap_or(0), Some((unit, most)))
         }
-        _ => u32::BITS - (s.n + 1).leading_zeros() - 1,
+        _ => (u32::BITS - (s.n + 1).leading_zeros() - 1, None),
     };
     let levels = 1 + open as u64;
     let sums_len = levels * level;
@@ -218,10 +219,9 @@ pub(super) fn backward_weight_gemm(
         .scratch("conv2d weight sums", sums_len)
         .map_err(|source| KernelError::Gpu { op: OP, source })?;
     let sums = Slice::new(&sums, 0, sums_len);
-    if algo == Conv2dAlgo::GemmShared {
-        backward_weight_split(gpu, enc, s, params, (dy, x), sums)?;
-    } else {
-        backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?;
+    match split {
+        Some(units) => backward_weight_split(gpu, enc, s, params, units, (dy, x), sums)?,
+        None => backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?,
     }
     gpu.charge_flops((s.n as u64 * s.w_len()) as f64);
     launch(
@@ -318,7 +318,8 @@ fn split_units(gpu: &Gpu, s: &Conv2dShape, row4: u64) -> (u64, u64) {
 }
 
 /// The GPU plan's weight gradient (GemmShared): the pixels split over workgroups as well as the
-/// outputs, each chunk whole units ([`split_units`]); conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
+/// outputs, in chunks of at most `most` pixels of whole units of `unit` ([`split_units`]);
+/// conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
 /// conv2d_backward_weight_units adds them in order into the pairwise blocks in `sums`: the same
 /// additions as the kernels that walk every pixel in one invocation.
 fn backward_weight_split(
@@ -326,6 +327,7 @@ fn backward_weight_split(
     enc: &mut Encoder,
     s: &Conv2dShape,
     params: Params,
+    (unit, most): (u64, u64),
     (dy, x): (Slice, Slice),
     sums: Slice,
 ) -> Result<()> {
@@ -333,7 +335,6 @@ fn backward_weight_split(
     let row4 = params.row4 as u64;
     let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
     let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-    let (unit, most) = split_units(gpu, s, row4);
     let units = most / unit;
     let level = s.c_out as u64 * row4 * 4;
     let pixels = s.n as u64 * out_plane;
