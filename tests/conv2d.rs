@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
-use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile};
+use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile, WinogradTile};
 use syncstep::kernels::KernelError;
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
 
@@ -948,7 +948,7 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
     }
 }
 
-/// Winograd F(2×2, 3×3)'s forward and input-VJP into NaN-poisoned outputs, its GEMMs by `algo`.
+/// Winograd's forward and input-VJP into NaN-poisoned outputs, its GEMMs by `algo`.
 fn run_winograd(
     gpu: &Gpu,
     algo: Conv2dAlgo,
@@ -984,9 +984,15 @@ fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
         .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
         .filter(|a| a.has(Conv2dOp::Forward))
         .collect();
-    let cases =
-        [(shape(3, 8, 7, 5, 12, 3, 3, 1, 1), true), (shape(2, 64, 8, 8, 64, 3, 3, 1, 1), true)];
-    // 128 channels of 64×64: one image a chunk, whose products (8.4 MB) fill the cap alone.
+    // F(2×2, 3×3) on 7×5 (partial tiles) and 8×8 maps, F(4×4, 3×3) on 15×14 (partial tiles).
+    let cases = [
+        (shape(3, 8, 7, 5, 12, 3, 3, 1, 1), true),
+        (shape(2, 64, 8, 8, 64, 3, 3, 1, 1), true),
+        (shape(2, 32, 15, 14, 24, 3, 3, 1, 1), true),
+    ];
+    let tiles: Vec<_> = cases.iter().map(|(s, _)| s.winograd(Conv2dOp::Forward)).collect();
+    assert_eq!(tiles, [Some(WinogradTile::F2), Some(WinogradTile::F2), Some(WinogradTile::F4)]);
+    // 128 channels of 64×64: one image a chunk, whose products (4.7 MB) fill more than half the cap.
     let chunked = shape(3, 128, 64, 64, 128, 3, 3, 1, 1);
     assert_eq!(k::winograd_chunk_images(&chunked, Conv2dOp::Forward, 64 << 20), 1);
     for (s, with_reference) in cases.into_iter().chain([(chunked, false)]) {

@@ -1,15 +1,17 @@
-// Winograd F(2×2, 3×3) for the 3×3 convolutions of stride 1 and padding 1: the forward, and the
+// Winograd F(m×m, 3×3) for the 3×3 convolutions of stride 1 and padding 1: the forward, and the
 // input-VJP, which is the same convolution of dy with the weights rotated 180° and transposed.
-// Each 2×2 output tile is Aᵀ [Σ_c (G g_c Gᵀ) ⊙ (Bᵀ d_c B)] A over the 4×4 input patches d_c
-// around it: 16 products per tile and channel where the plain sum takes 36. The sum over
-// channels is one GEMM per position ξ of the 4×4 (the launcher runs conv2d's GEMMs on these
-// rows), summed over c in increasing order; the three kernels here are the transforms around it.
+// Each m×m output tile (m = TILE_OUT) is Aᵀ [Σ_c (G g_c Gᵀ) ⊙ (Bᵀ d_c B)] A over the
+// (m + 2)×(m + 2) input patches d_c around it (TILE_IN a side, PATCH positions): PATCH products
+// per tile and channel where the plain sum takes 9·m². winograd_f2.wgsl and winograd_f4.wgsl,
+// one of which comes first in the module, hold the matrices. The sum over channels is one GEMM
+// per position ξ of the patch (the launcher runs conv2d's GEMMs on these rows), summed over c in
+// increasing order; the three kernels here are the transforms around it.
 //
 // Every tile belongs to one example, so an example's outputs do not depend on the batch or on
 // how the launcher splits it into chunks of images. The transforms' additions are written out
 // in a fixed order. The result differs from the plain sum by rounding only (tests bound it).
 //
-// Layouts, each position ξ = 4·i + j a slab of its own, `slab_*` elements after the previous:
+// Layouts, each position ξ = TILE_IN·i + j a slab of its own, `slab_*` elements after the previous:
 //   v[ξ][tile][c]  the transformed input, c contiguous: the GEMM's im2col rows (c_gemm/4 vec4s);
 //   u[ξ][r][c]     the transformed weights, c contiguous: the GEMM's weight rows;
 //   m[ξ][n][r][tile] the GEMM's output as it writes it (NCHW over the grid of tiles).
@@ -45,30 +47,11 @@ fn winograd_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WINOGRAD_WG;
 }
 
-// Bᵀ d B of four channels at once: d[4·i + j] is row i, column j of the patch.
-fn input_transform(d: array<vec4<f32>, 16>) -> array<vec4<f32>, 16> {
-    var t: array<vec4<f32>, 16>;
-    for (var j = 0u; j < 4u; j++) {
-        t[j] = d[j] - d[8u + j];
-        t[4u + j] = d[4u + j] + d[8u + j];
-        t[8u + j] = d[8u + j] - d[4u + j];
-        t[12u + j] = d[4u + j] - d[12u + j];
-    }
-    var v: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i += 4u) {
-        v[i] = t[i] - t[i + 2u];
-        v[i + 1u] = t[i + 1u] + t[i + 2u];
-        v[i + 2u] = t[i + 2u] - t[i + 1u];
-        v[i + 3u] = t[i + 1u] - t[i + 3u];
-    }
-    return v;
-}
-
 // The input of the chunk's images (x forward, dy for the input-VJP), [n][c_gemm][h][w].
 @group(0) @binding(1) var<storage, read> map_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;
 
-// One invocation per (tile, 4 channels).
+// One invocation per (tile, 4 channels): Bᵀ d B, its columns first.
 @compute @workgroup_size(WINOGRAD_WG)
 fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let c4s = q.c_gemm / 4u;
@@ -80,23 +63,33 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let tx = tile % q.tiles_w;
     let ty = (tile / q.tiles_w) % q.tiles_h;
     let n = q.first_image + tile / (q.tiles_w * q.tiles_h);
-    var d: array<vec4<f32>, 16>;
-    for (var a = 0u; a < 4u; a++) {
-        let y = i32(2u * ty + a) - 1;
-        for (var b = 0u; b < 4u; b++) {
-            let x = i32(2u * tx + b) - 1;
+    let hw = q.h * q.w;
+    var t: array<vec4<f32>, PATCH>;
+    for (var b = 0u; b < TILE_IN; b++) {
+        let x = i32(TILE_OUT * tx + b) - 1;
+        var column: array<vec4<f32>, TILE_IN>;
+        for (var a = 0u; a < TILE_IN; a++) {
+            let y = i32(TILE_OUT * ty + a) - 1;
             let ok = y >= 0 && y < i32(q.h) && x >= 0 && x < i32(q.w);
-            let plane = select(0u, u32(y) * q.w + u32(x), ok);
-            let base = (n * q.c_gemm + 4u * c4) * q.h * q.w + plane;
-            let hw = q.h * q.w;
+            let base = (n * q.c_gemm + 4u * c4) * hw + select(0u, u32(y) * q.w + u32(x), ok);
             let e = vec4<f32>(map_in[base], map_in[base + hw], map_in[base + 2u * hw], map_in[base + 3u * hw]);
-            d[4u * a + b] = select(vec4<f32>(0.0), e, ok);
+            column[a] = select(vec4<f32>(0.0), e, ok);
+        }
+        let bt = input_1d(column);
+        for (var a = 0u; a < TILE_IN; a++) {
+            t[TILE_IN * a + b] = bt[a];
         }
     }
-    let t = input_transform(d);
     let row = tile * c4s + c4;
-    for (var xi = 0u; xi < 16u; xi++) {
-        v[xi * (q.slab_v / 4u) + row] = t[xi];
+    for (var a = 0u; a < TILE_IN; a++) {
+        var along: array<vec4<f32>, TILE_IN>;
+        for (var b = 0u; b < TILE_IN; b++) {
+            along[b] = t[TILE_IN * a + b];
+        }
+        let out = input_1d(along);
+        for (var b = 0u; b < TILE_IN; b++) {
+            v[(TILE_IN * a + b) * (q.slab_v / 4u) + row] = out[b];
+        }
     }
 }
 
@@ -111,7 +104,7 @@ fn tap(r: u32, c: u32, a: u32, b: u32) -> f32 {
     return weights[((c * q.r_out + r) * 3u + 2u - a) * 3u + 2u - b];
 }
 
-// One invocation per (r, 4 channels c): G g Gᵀ of the four kernels.
+// One invocation per (r, 4 channels c): G g Gᵀ of the four kernels, its columns first.
 @compute @workgroup_size(WINOGRAD_WG)
 fn winograd_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let c4s = q.c_gemm / 4u;
@@ -119,28 +112,22 @@ fn winograd_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     if (i >= q.r_out * c4s) { return; }
     let c = 4u * (i % c4s);
     let r = i / c4s;
-    var g: array<vec4<f32>, 9>;
-    for (var k = 0u; k < 9u; k++) {
-        let a = k / 3u;
-        let b = k % 3u;
-        g[k] = vec4<f32>(tap(r, c, a, b), tap(r, c + 1u, a, b), tap(r, c + 2u, a, b), tap(r, c + 3u, a, b));
-    }
-    // G g: rows g0, (g0 + g1 + g2)/2, (g0 − g1 + g2)/2, g2.
-    var t: array<vec4<f32>, 12>;
+    var t: array<vec4<f32>, 3u * TILE_IN>;
     for (var b = 0u; b < 3u; b++) {
-        t[b] = g[b];
-        t[3u + b] = 0.5 * (g[b] + g[3u + b] + g[6u + b]);
-        t[6u + b] = 0.5 * (g[b] - g[3u + b] + g[6u + b]);
-        t[9u + b] = g[6u + b];
+        var column: array<vec4<f32>, 3>;
+        for (var a = 0u; a < 3u; a++) {
+            column[a] = vec4<f32>(tap(r, c, a, b), tap(r, c + 1u, a, b), tap(r, c + 2u, a, b), tap(r, c + 3u, a, b));
+        }
+        let g = weights_1d(column);
+        for (var a = 0u; a < TILE_IN; a++) {
+            t[3u * a + b] = g[a];
+        }
     }
-    // (G g) Gᵀ, the same on the columns.
-    for (var a = 0u; a < 4u; a++) {
-        let s = 3u * a;
-        let row = (4u * a) * (q.slab_u / 4u) + i;
-        u[row] = t[s];
-        u[row + q.slab_u / 4u] = 0.5 * (t[s] + t[s + 1u] + t[s + 2u]);
-        u[row + 2u * (q.slab_u / 4u)] = 0.5 * (t[s] - t[s + 1u] + t[s + 2u]);
-        u[row + 3u * (q.slab_u / 4u)] = t[s + 2u];
+    for (var a = 0u; a < TILE_IN; a++) {
+        let out = weights_1d(array<vec4<f32>, 3>(t[3u * a], t[3u * a + 1u], t[3u * a + 2u]));
+        for (var b = 0u; b < TILE_IN; b++) {
+            u[(TILE_IN * a + b) * (q.slab_u / 4u) + i] = out[b];
+        }
     }
 }
 
@@ -148,32 +135,37 @@ fn winograd_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 // The output of the chunk's images (y forward, dx for the input-VJP), [n][r_out][h][w].
 @group(0) @binding(2) var<storage, read_write> map_out: array<f32>;
 
-// One invocation per (image, channel r, tile): Aᵀ m A, the 2×2 outputs inside the map.
+// One invocation per (image, channel r, tile): Aᵀ m A, its columns first, the outputs inside the
+// map.
 @compute @workgroup_size(WINOGRAD_WG)
 fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let plane = q.tiles_h * q.tiles_w;
     let i = winograd_index(gid, nwg);
     if (i >= q.images * q.r_out * plane) { return; }
-    var e: array<f32, 16>;
-    for (var xi = 0u; xi < 16u; xi++) {
-        e[xi] = m[xi * q.slab_m + i];
-    }
-    // Aᵀ e: rows e0 + e1 + e2 and e1 − e2 − e3 (of 4-element rows), then the same on columns.
-    var t: array<f32, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        t[j] = e[j] + e[4u + j] + e[8u + j];
-        t[4u + j] = e[4u + j] - e[8u + j] - e[12u + j];
+    var t: array<f32, TILE_OUT * TILE_IN>;
+    for (var b = 0u; b < TILE_IN; b++) {
+        var column: array<f32, TILE_IN>;
+        for (var a = 0u; a < TILE_IN; a++) {
+            column[a] = m[(TILE_IN * a + b) * q.slab_m + i];
+        }
+        let at = output_1d(column);
+        for (var a = 0u; a < TILE_OUT; a++) {
+            t[TILE_IN * a + b] = at[a];
+        }
     }
     let tx = i % q.tiles_w;
     let ty = (i / q.tiles_w) % q.tiles_h;
     let nr = i / plane; // n_local · r_out + r
     let base = (q.first_image * q.r_out + nr) * q.h * q.w;
-    for (var a = 0u; a < 2u; a++) {
-        let y = 2u * ty + a;
-        let s = 4u * a;
-        let out = array<f32, 2>(t[s] + t[s + 1u] + t[s + 2u], t[s + 1u] - t[s + 2u] - t[s + 3u]);
-        for (var b = 0u; b < 2u; b++) {
-            let x = 2u * tx + b;
+    for (var a = 0u; a < TILE_OUT; a++) {
+        var along: array<f32, TILE_IN>;
+        for (var b = 0u; b < TILE_IN; b++) {
+            along[b] = t[TILE_IN * a + b];
+        }
+        let out = output_1d(along);
+        let y = TILE_OUT * ty + a;
+        for (var b = 0u; b < TILE_OUT; b++) {
+            let x = TILE_OUT * tx + b;
             if (y < q.h && x < q.w) {
                 map_out[base + y * q.w + x] = out[b];
             }

@@ -50,11 +50,11 @@ pub use tune::{
     set_kernel_policy, Forced, KernelPlan, KernelPolicy,
 };
 use winograd::winograd_gemm_algo;
-pub use winograd::{conv2d_winograd_with, winograd_chunk_images};
+pub use winograd::{conv2d_winograd_with, winograd_chunk_images, WinogradTile};
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;
-pub(crate) use winograd::WINOGRAD;
+pub(crate) use winograd::{WINOGRAD_F2, WINOGRAD_F4};
 
 /// The base module: every kernel but the register-tiled GEMMs (`tiles` makes those).
 pub(crate) const SHADER: Shader = Shader {
@@ -313,7 +313,7 @@ pub fn conv2d_launch(
     out: Slice,
 ) -> Result<()> {
     checked(gpu, op, shape, [a, b, out])?;
-    if runs_winograd(gpu, op, shape)? {
+    if runs_winograd(gpu, op, shape)?.is_some() {
         let gemm_algo = winograd_gemm_algo(gpu, op, shape)?;
         return conv2d_winograd_with(gpu, enc, op, gemm_algo, shape, a, b, out);
     }
@@ -328,16 +328,17 @@ pub fn conv2d_launch(
     conv2d_launch_cropped(gpu, enc, op, algo, shape, crop.as_ref(), a, b, out)
 }
 
-/// Whether [`conv2d_launch`] runs `op` at `shape` as Winograd F(2×2, 3×3) on `gpu`.
-fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<bool> {
-    Ok(kernel_policy(gpu)?.winograd && shape.winograd(op))
+/// The Winograd tile [`conv2d_launch`] runs `op` at `shape` in on `gpu`, if it runs Winograd.
+fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Option<WinogradTile>> {
+    let on = kernel_policy(gpu)?.winograd;
+    Ok(shape.winograd(op).filter(|_| on))
 }
 
 /// How [`conv2d_launch`] runs `op` at `shape`, as `syncstep bench` names it: the variant, or
-/// `winograd` and its GEMMs' variant.
+/// its Winograd tile (`winograd-2x2`, `winograd-4x4`) and its GEMMs' variant.
 pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<String> {
-    if runs_winograd(gpu, op, shape)? {
-        return Ok(format!("winograd {}", winograd_gemm_algo(gpu, op, shape)?));
+    if let Some(tile) = runs_winograd(gpu, op, shape)? {
+        return Ok(format!("{tile} {}", winograd_gemm_algo(gpu, op, shape)?));
     }
     Ok(conv2d_choice(gpu, op, shape)?.0.to_string())
 }

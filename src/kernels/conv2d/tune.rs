@@ -46,8 +46,8 @@ pub enum Forced {
 pub struct KernelPolicy {
     pub plan: KernelPlan,
     pub forced: Option<Forced>,
-    /// Whether the forwards and input-VJPs of 3×3, stride-1 convolutions run as Winograd
-    /// F(2×2, 3×3) where [`Conv2dShape::winograd`] takes the shape (winograd.rs): fewer
+    /// Whether the forwards and input-VJPs of 3×3, stride-1 convolutions run as Winograd, in the
+    /// tile [`Conv2dShape::winograd`] gives the shape (winograd.rs): fewer
     /// multiplies, other roundings than the plain sum. On by default; `SYNCSTEP_WINOGRAD=off`
     /// turns it off. Every device of a run must agree, as the run's shared policy does.
     pub winograd: bool,

@@ -1,14 +1,16 @@
-//! Winograd F(2×2, 3×3) for the 3×3 convolutions of stride 1 and padding 1, forward and
+//! Winograd F(m×m, 3×3) for the 3×3 convolutions of stride 1 and padding 1, forward and
 //! input-VJP: the weights' transform, then, a chunk of images at a time, the input's transform,
-//! one GEMM per position of the 4×4 tiles (conv2d's GEMMs, register or shared tiles, summing
-//! over channels in order; the 16 in one dispatch) and the output's transform. shaders/conv2d/winograd.wgsl says what
-//! each kernel computes.
+//! one GEMM per position of the (m + 2)×(m + 2) transformed tiles (conv2d's GEMMs, register or
+//! shared tiles, summing over channels in order; all of them in one dispatch) and the output's
+//! transform. shaders/conv2d/winograd.wgsl says what each kernel computes.
 //!
-//! It multiplies 16 times per 2×2 outputs and channel where the plain sum multiplies 36, and
-//! rounds differently from it: the plain launchers take it where the device's kernel policy
-//! says so ([`KernelPolicy::winograd`](super::KernelPolicy)) and the shape is one of these
-//! ([`Conv2dShape::winograd`]), a rule that does not look at the batch, so every replica and
-//! the single device make the same choice for every layer.
+//! F(4×4, 3×3) multiplies 36 times per 4×4 outputs and channel, F(2×2, 3×3) 16 times per 2×2,
+//! where the plain sum multiplies 144 and 36 times. Both round differently from it, F(4×4) more
+//! (its transforms scale by up to 5 and 1/24), so it takes the large maps only
+//! ([`WinogradTile::for_map`]). The plain launchers take Winograd where the device's kernel
+//! policy says so ([`KernelPolicy::winograd`](super::KernelPolicy)) and the shape is one of
+//! these ([`Conv2dShape::winograd`]), a rule that does not look at the batch, so every replica
+//! and the single device make the same choice for every layer.
 
 use super::gemm::{gemm, GemmBatch, PixelGrid, Weights};
 use super::tune::guess_for;
@@ -18,16 +20,74 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
-pub(crate) const WINOGRAD: Shader =
-    Shader { name: "conv2d winograd", source: shader_source!("conv2d/winograd.wgsl") };
+pub(crate) const WINOGRAD_F2: Shader = Shader {
+    name: "conv2d winograd 2x2",
+    source: shader_source!("conv2d/winograd_f2.wgsl", "conv2d/winograd.wgsl"),
+};
+pub(crate) const WINOGRAD_F4: Shader = Shader {
+    name: "conv2d winograd 4x4",
+    source: shader_source!("conv2d/winograd_f4.wgsl", "conv2d/winograd.wgsl"),
+};
 const WINOGRAD_WG: u32 = 64;
-/// Positions of a transformed tile: one GEMM each.
-const POSITIONS: u64 = 16;
 /// The GEMMs' products take at most this many bytes: a chunk of images at a time.
 const PRODUCT_BYTES: u64 = 8 << 20;
 /// The smallest map (each side) taken: on 2×2 maps a tile is the whole map, and the transforms
 /// cost more than the multiplies they save.
 const WINOGRAD_MIN_SIDE: u32 = 4;
+/// The smallest map (each side) F(4×4, 3×3) takes. Below it, at small images, the BatchNorms
+/// downstream normalise over few values and amplify its rounding: at 32×32 (layer1's 8×8 maps,
+/// layer2's 4×4), batch 6, it put the step 1.8e-4 from the f64 reference, where F(2×2) puts it
+/// 5.0e-5 and the TIE gate allows 1e-4.
+const WINOGRAD_F4_MIN_SIDE: u32 = 14;
+
+/// Winograd's tile: F(2×2, 3×3) or F(4×4, 3×3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WinogradTile {
+    F2,
+    F4,
+}
+
+impl WinogradTile {
+    /// The tile for maps of `h`×`w`.
+    fn for_map(h: u32, w: u32) -> WinogradTile {
+        if h.min(w) >= WINOGRAD_F4_MIN_SIDE {
+            WinogradTile::F4
+        } else {
+            WinogradTile::F2
+        }
+    }
+
+    /// Outputs of a tile, each side.
+    fn out(self) -> u32 {
+        match self {
+            WinogradTile::F2 => 2,
+            WinogradTile::F4 => 4,
+        }
+    }
+
+    /// Positions of a transformed tile: one GEMM each.
+    fn positions(self) -> u64 {
+        (self.out() as u64 + 2).pow(2)
+    }
+
+    fn shader(self) -> &'static Shader {
+        match self {
+            WinogradTile::F2 => &WINOGRAD_F2,
+            WinogradTile::F4 => &WINOGRAD_F4,
+        }
+    }
+
+    /// Tiles of a map of `h`×`w`, each side.
+    fn tiles(self, h: u32, w: u32) -> (u32, u32) {
+        (h.div_ceil(self.out()), w.div_ceil(self.out()))
+    }
+}
+
+impl std::fmt::Display for WinogradTile {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "winograd-{0}x{0}", self.out())
+    }
+}
 
 /// `struct Winograd` of shaders/conv2d/winograd.wgsl.
 #[repr(C)]
@@ -48,15 +108,17 @@ struct Params {
 }
 
 impl Conv2dShape {
-    /// Whether Winograd F(2×2, 3×3) computes `op` at this shape: the forward or input-VJP of a
+    /// Winograd's tile for `op` at this shape, if it computes it: the forward or input-VJP of a
     /// 3×3 kernel, stride 1, padding 1, on maps of at least [`WINOGRAD_MIN_SIDE`] a side, with
-    /// channels in multiples of 4 (the GEMMs' rows are whole vec4s). The batch plays no part.
-    pub fn winograd(&self, op: Conv2dOp) -> bool {
-        op != Conv2dOp::BackwardWeight
+    /// channels in multiples of 4 (the GEMMs' rows are whole vec4s); F(4×4, 3×3) on maps of at
+    /// least [`WINOGRAD_F4_MIN_SIDE`]. The batch plays no part.
+    pub fn winograd(&self, op: Conv2dOp) -> Option<WinogradTile> {
+        let takes = op != Conv2dOp::BackwardWeight
             && (self.kh, self.kw, self.stride, self.pad) == (3, 3, 1, 1)
             && self.h.min(self.w) >= WINOGRAD_MIN_SIDE
             && self.c_in.is_multiple_of(4)
-            && self.c_out.is_multiple_of(4)
+            && self.c_out.is_multiple_of(4);
+        takes.then(|| WinogradTile::for_map(self.h, self.w))
     }
 }
 
@@ -65,7 +127,7 @@ impl Conv2dShape {
 /// GEMMs ([`winograd_gemm_shape`]).
 fn winograd_gemm_shape(s: &Conv2dShape, op: Conv2dOp, images: u32) -> Conv2dShape {
     let (c_gemm, r_out) = gemm_channels(s, op);
-    let (tiles_h, tiles_w) = (s.h.div_ceil(2), s.w.div_ceil(2));
+    let (tiles_h, tiles_w) = WinogradTile::for_map(s.h, s.w).tiles(s.h, s.w);
     Conv2dShape {
         n: images,
         c_in: c_gemm,
@@ -116,9 +178,12 @@ struct Scratch {
 impl Scratch {
     fn new(s: &Conv2dShape, op: Conv2dOp, images: u64) -> Scratch {
         let (c_gemm, r_out) = gemm_channels(s, op);
-        let tiles = images * s.h.div_ceil(2) as u64 * s.w.div_ceil(2) as u64;
-        let u = POSITIONS * r_out as u64 * c_gemm as u64;
-        let (v, m) = (POSITIONS * tiles * c_gemm as u64, POSITIONS * tiles * r_out as u64);
+        let tile = WinogradTile::for_map(s.h, s.w);
+        let (tiles_h, tiles_w) = tile.tiles(s.h, s.w);
+        let tiles = images * tiles_h as u64 * tiles_w as u64;
+        let positions = tile.positions();
+        let u = positions * r_out as u64 * c_gemm as u64;
+        let (v, m) = (positions * tiles * c_gemm as u64, positions * tiles * r_out as u64);
         Scratch { u, v_at: u.next_multiple_of(64), v, m }
     }
 
@@ -142,8 +207,8 @@ fn scratch_cap(gpu: &Gpu) -> u64 {
     SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size)
 }
 
-/// `op` (forward: x, w → y; input-VJP: dy, w → dx) as Winograd F(2×2, 3×3), its GEMMs run by
-/// `gemm_algo` (a register-tiled or shared-tile GEMM).
+/// `op` (forward: x, w → y; input-VJP: dy, w → dx) as Winograd, in the tile the shape takes, its
+/// GEMMs run by `gemm_algo` (a register-tiled or shared-tile GEMM).
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_winograd_with(
     gpu: &Gpu,
@@ -157,10 +222,10 @@ pub fn conv2d_winograd_with(
 ) -> Result<()> {
     let name = op.name();
     checked(gpu, op, s, [input, w, out])?;
-    if !s.winograd(op) {
+    let Some(tile) = s.winograd(op) else {
         let problem = format!("{s:?} is not a 3×3, stride 1, padding 1 {name} Winograd takes");
         return Err(KernelError::Arg { op: name, arg: "shape", problem });
-    }
+    };
     if !matches!(gemm_algo, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) || !gemm_algo.has(op) {
         let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
         return Err(KernelError::Arg { op: name, arg: "algo", problem });
@@ -172,6 +237,7 @@ pub fn conv2d_winograd_with(
     let products = gpu.scratch("conv2d weight sums", layout.m).map_err(gpu_err)?;
     let u = Slice::new(&scratch, 0, layout.u);
     let (c_gemm, r_out) = gemm_channels(s, op);
+    let (tiles_h, tiles_w) = tile.tiles(s.h, s.w);
     let base = Params {
         images: 0,
         first_image: 0,
@@ -179,8 +245,8 @@ pub fn conv2d_winograd_with(
         r_out,
         h: s.h,
         w: s.w,
-        tiles_h: s.h.div_ceil(2),
-        tiles_w: s.w.div_ceil(2),
+        tiles_h,
+        tiles_w,
         slab_v: 0,
         slab_u: r_out * c_gemm,
         slab_m: 0,
@@ -188,25 +254,24 @@ pub fn conv2d_winograd_with(
     };
     let grid = grid_1d(r_out as u64 * c_gemm as u64 / 4, WINOGRAD_WG);
     let bindings = [("w", w), ("winograd weights", u)];
-    launch(gpu, enc, name, &WINOGRAD, "winograd_weights", &base, &bindings, grid)?;
+    launch(gpu, enc, name, tile.shader(), "winograd_weights", &base, &bindings, grid)?;
     for first in (0..s.n).step_by(chunk as usize) {
         let images = chunk.min(s.n - first);
         let params = Params { images, first_image: first, ..base };
         let part = Scratch::new(s, op, images as u64);
         let v = Slice::new(&scratch, part.v_at * 4, part.v);
         let m = Slice::new(&products, 0, part.m);
-        chunk_of_images(gpu, enc, op, gemm_algo, params, [input, u, v, m, out])?;
+        chunk_of_images(gpu, enc, (op, tile, gemm_algo), params, [input, u, v, m, out])?;
     }
     Ok(())
 }
 
-/// One chunk of images: the input's transform into `v`, the 16 GEMMs against `u` into `m`, the
-/// output's transform.
+/// One chunk of images: the input's transform into `v`, a GEMM per position against `u` into
+/// `m`, the output's transform.
 fn chunk_of_images(
     gpu: &Gpu,
     enc: &mut Encoder,
-    op: Conv2dOp,
-    gemm_algo: Conv2dAlgo,
+    (op, tile, gemm_algo): (Conv2dOp, WinogradTile, Conv2dAlgo),
     params: Params,
     [input, u, v, m, out]: [Slice; 5],
 ) -> Result<()> {
@@ -217,7 +282,7 @@ fn chunk_of_images(
     let params = Params { slab_v: slab_v as u32, slab_m: slab_m as u32, ..params };
     let bindings = [("input", input), ("winograd input", v)];
     let grid = grid_1d(tiles * c_gemm / 4, WINOGRAD_WG);
-    launch(gpu, enc, name, &WINOGRAD, "winograd_input", &params, &bindings, grid)?;
+    launch(gpu, enc, name, tile.shader(), "winograd_input", &params, &bindings, grid)?;
     let pixels = PixelGrid {
         images: params.images,
         grid_h: params.tiles_h,
@@ -230,18 +295,18 @@ fn chunk_of_images(
         origin_x: 0,
     };
     let batch = GemmBatch {
-        count: POSITIONS as u32,
+        count: tile.positions() as u32,
         a: slab_v / 4,
         b: params.slab_u as u64 / 4,
         out: slab_m,
     };
     let operands = (v, Weights::Rows(u), m);
-    // Winograd's sums over channels are one segment: its 16 GEMMs fill a GPU side by side.
+    // Winograd's sums over channels are one segment: its GEMMs fill a GPU side by side.
     let k = (c_gemm / 4, c_gemm / 4);
     gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), k, operands, batch)?;
     let bindings = [("winograd products", m), ("output", out)];
     let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
-    launch(gpu, enc, name, &WINOGRAD, "winograd_output", &params, &bindings, grid)
+    launch(gpu, enc, name, tile.shader(), "winograd_output", &params, &bindings, grid)
 }
 
 #[cfg(test)]
@@ -250,7 +315,9 @@ mod tests {
 
     #[test]
     fn the_winograd_kernels_are_valid_wgsl() {
-        crate::kernels::assert_valid_wgsl(&WINOGRAD, naga::valid::Capabilities::empty());
+        for shader in [WINOGRAD_F2, WINOGRAD_F4] {
+            crate::kernels::assert_valid_wgsl(&shader, naga::valid::Capabilities::empty());
+        }
     }
 
     /// The rule looks at the kernel, stride, padding, map and channels, never at the batch.
@@ -259,9 +326,13 @@ mod tests {
         let layer1 =
             Conv2dShape { n: 8, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
         for n in [1, 3, 8, 256] {
-            let s = Conv2dShape { n, ..layer1 };
-            assert!(s.winograd(Conv2dOp::Forward) && s.winograd(Conv2dOp::BackwardInput));
-            assert!(!s.winograd(Conv2dOp::BackwardWeight));
+            for (side, tile) in [(4, WinogradTile::F2), (13, WinogradTile::F2), (14, WinogradTile::F4)]
+            {
+                let s = Conv2dShape { n, h: side, w: side + 3, ..layer1 };
+                assert_eq!(s.winograd(Conv2dOp::Forward), Some(tile), "{s:?}");
+                assert_eq!(s.winograd(Conv2dOp::BackwardInput), Some(tile), "{s:?}");
+                assert_eq!(s.winograd(Conv2dOp::BackwardWeight), None);
+            }
         }
         for other in [
             Conv2dShape { stride: 2, ..layer1 },
@@ -269,7 +340,7 @@ mod tests {
             Conv2dShape { kh: 1, kw: 1, pad: 0, ..layer1 },
             Conv2dShape { c_in: 3, ..layer1 },
         ] {
-            assert!(!other.winograd(Conv2dOp::Forward), "{other:?}");
+            assert_eq!(other.winograd(Conv2dOp::Forward), None, "{other:?}");
         }
     }
 
