@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
-use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile, WinogradTile};
+use syncstep::kernels::conv2d::{
+    self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile, WinogradTile,
+};
 use syncstep::kernels::KernelError;
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
 
@@ -1041,6 +1043,70 @@ fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
                 bits(&first[1][e * x1..][..x1]),
                 "input-VJP, example {e} of {s:?}"
             );
+        }
+    }
+}
+
+/// Winograd's weight gradient into a NaN-poisoned dw, its GEMMs by `algo`.
+fn run_winograd_weight(
+    gpu: &Gpu,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    x: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
+    let (bx, bdy) = (gpu.upload("x", x).unwrap(), gpu.upload("dy", dy).unwrap());
+    let dw = poisoned(gpu, "dw", s.w_len() as usize);
+    let whole = Slice::whole;
+    let mut enc = gpu.encoder();
+    k::conv2d_winograd_weight_with(gpu, &mut enc, algo, s, whole(&bdy), whole(&bx), whole(&dw))
+        .unwrap();
+    submit(gpu, enc);
+    read(gpu, &dw)
+}
+
+/// Winograd's weight gradient (F(4×4, 3×3), on maps of 28 and more a side) is held to the f64
+/// reference at the weight gradients' 1e-4 norm-rel; its GEMM variants give one set of bits; and
+/// since each example's gradient is its own and the examples are summed pairwise, the canonical
+/// all-reduce of any shards' pieces rebuilds the whole batch's bits, also where the launch takes
+/// the batch in several chunks.
+#[test]
+fn winograd_weight_gradient_matches_reference_and_sums_examples_canonically() {
+    let Some(gpu) = gpu() else { return };
+    let gemms: Vec<Conv2dAlgo> = Conv2dAlgo::all()
+        .into_iter()
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
+        .filter(|a| a.has(Conv2dOp::Forward))
+        .collect();
+    // 28×33: partial tiles, and 7×9 = 63 tiles an example, padded to 64. 128 channels: the
+    // products of 3 examples fill a chunk, so 5 take two.
+    let cases = [
+        (shape(6, 8, 28, 33, 12, 3, 3, 1, 1), true),
+        (shape(5, 128, 28, 28, 128, 3, 3, 1, 1), false),
+    ];
+    for (s, with_reference) in cases {
+        assert_eq!(s.winograd(Conv2dOp::BackwardWeight), Some(WinogradTile::F4), "{s:?}");
+        let x = uniform(41, s.x_len() as usize);
+        let dy = uniform(43, s.y_len() as usize);
+        let first = run_winograd_weight(gpu, gemms[0], &s, &x, &dy);
+        if with_reference {
+            let dw_ref = r::conv2d_backward_weight(&geometry(&s), &to_f64(&dy), &to_f64(&x));
+            println!("winograd weight gradient {s:?}: norm-rel {:.2e}", norm_rel(&first, &dw_ref));
+            assert_close(&format!("winograd weight gradient {s:?}"), &first, &dw_ref, 1e-4);
+            for &algo in &gemms[1..] {
+                let out = run_winograd_weight(gpu, algo, &s, &x, &dy);
+                assert_eq!(bits(&out), bits(&first), "winograd weight gradient {algo} {s:?}");
+            }
+        }
+        let (xl, yl) = ((s.x_len() / s.n as u64) as usize, (s.y_len() / s.n as u64) as usize);
+        let piece = |e: std::ops::Range<usize>| {
+            let p = Conv2dShape { n: e.len() as u32, ..s };
+            let (x, dy) = (&x[e.start * xl..e.end * xl], &dy[e.start * yl..e.end * yl]);
+            run_winograd_weight(gpu, gemms[0], &p, x, dy)
+        };
+        for replicas in [2, s.n as usize] {
+            let got = summed_in_pieces(s.n as usize, replicas, piece);
+            assert_eq!(bits(&got), bits(&first), "{s:?} over {replicas} replicas");
         }
     }
 }

@@ -37,6 +37,8 @@ struct Winograd {
     slab_m: u32,
     // 0: the forward's weights, g = w[r][c]; 1: the input-VJP's, g = w[c][r] rotated 180°.
     rotate: u32,
+    // The weight gradient's GEMMs' K: an image's tiles, padded to a multiple of 4.
+    tiles_k: u32,
 }
 
 @group(0) @binding(0) var<uniform> q: Winograd;
@@ -47,22 +49,13 @@ fn winograd_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WINOGRAD_WG;
 }
 
-// The input of the chunk's images (x forward, dy for the input-VJP), [n][c_gemm][h][w].
+// The input of the chunk's images (x forward and for the weight gradient, dy for the input-VJP),
+// [n][c_gemm][h][w]; the weight gradient's dy, [n][r_out][h][w].
 @group(0) @binding(1) var<storage, read> map_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;
 
-// One invocation per (tile, 4 channels): Bᵀ d B, its columns first.
-@compute @workgroup_size(WINOGRAD_WG)
-fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let c4s = q.c_gemm / 4u;
-    let tiles = q.images * q.tiles_h * q.tiles_w;
-    let i = winograd_index(gid, nwg);
-    if (i >= tiles * c4s) { return; }
-    let c4 = i % c4s;
-    let tile = i / c4s;
-    let tx = tile % q.tiles_w;
-    let ty = (tile / q.tiles_w) % q.tiles_h;
-    let n = q.first_image + tile / (q.tiles_w * q.tiles_h);
+// Bᵀ d B of channels 4·c4 … 4·c4 + 3 of image n's patch around tile (ty, tx), its columns first.
+fn input_patch(n: u32, ty: u32, tx: u32, c4: u32) -> array<vec4<f32>, PATCH> {
     let hw = q.h * q.w;
     var t: array<vec4<f32>, PATCH>;
     for (var b = 0u; b < TILE_IN; b++) {
@@ -80,7 +73,7 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
             t[TILE_IN * a + b] = bt[a];
         }
     }
-    let row = tile * c4s + c4;
+    var transformed: array<vec4<f32>, PATCH>;
     for (var a = 0u; a < TILE_IN; a++) {
         var along: array<vec4<f32>, TILE_IN>;
         for (var b = 0u; b < TILE_IN; b++) {
@@ -88,8 +81,28 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
         }
         let out = input_1d(along);
         for (var b = 0u; b < TILE_IN; b++) {
-            v[(TILE_IN * a + b) * (q.slab_v / 4u) + row] = out[b];
+            transformed[TILE_IN * a + b] = out[b];
         }
+    }
+    return transformed;
+}
+
+// One invocation per (tile, 4 channels).
+@compute @workgroup_size(WINOGRAD_WG)
+fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c4s = q.c_gemm / 4u;
+    let tiles = q.images * q.tiles_h * q.tiles_w;
+    let i = winograd_index(gid, nwg);
+    if (i >= tiles * c4s) { return; }
+    let c4 = i % c4s;
+    let tile = i / c4s;
+    let tx = tile % q.tiles_w;
+    let ty = (tile / q.tiles_w) % q.tiles_h;
+    let n = q.first_image + tile / (q.tiles_w * q.tiles_h);
+    let transformed = input_patch(n, ty, tx, c4);
+    let row = tile * c4s + c4;
+    for (var xi = 0u; xi < PATCH; xi++) {
+        v[xi * (q.slab_v / 4u) + row] = transformed[xi];
     }
 }
 
@@ -169,6 +182,118 @@ fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
             if (y < q.h && x < q.w) {
                 map_out[base + y * q.w + x] = out[b];
             }
+        }
+    }
+}
+
+// The weight gradient, per example: dg = Gᵀ [Σ_tiles (A dy A^T) ⊙ (Bᵀ d B)] G, the forward's
+// transforms differentiated. The sum over an example's tiles is one GEMM per position, its K the
+// example's tiles padded with zeros to tiles_k (a multiple of 4), so these layouts put the tiles
+// contiguous:
+//   vt[ξ][n][c][t]  the transformed input (winograd_input's, transposed), c over c_gemm = c_in;
+//   dt[ξ][n][r][t]  the transformed dy, r over r_out = c_out;
+//   m[ξ][n][r][c]   the GEMMs' output; each example's gradient then goes to
+//   units[n][r][9·c + 3·a + b], in dw's layout, for conv2d_backward_weight_units to sum pairwise.
+@group(0) @binding(2) var<storage, read_write> tiles_out: array<f32>;
+
+// Where position ξ, channel `ch` of `channels`, tile t of image n (in the chunk) goes in vt or dt.
+fn tiles_at(xi: u32, n: u32, ch: u32, channels: u32, t: u32) -> u32 {
+    return ((xi * q.images + n) * channels + ch) * q.tiles_k + t;
+}
+
+// One invocation per (image, tile t < tiles_k, 4 channels): vt, zeros past the image's tiles.
+@compute @workgroup_size(WINOGRAD_WG)
+fn winograd_input_tiles(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c4s = q.c_gemm / 4u;
+    let i = winograd_index(gid, nwg);
+    if (i >= q.images * q.tiles_k * c4s) { return; }
+    let c4 = i % c4s;
+    let t = (i / c4s) % q.tiles_k;
+    let n = i / (c4s * q.tiles_k);
+    var transformed: array<vec4<f32>, PATCH>;
+    if (t < q.tiles_h * q.tiles_w) {
+        transformed = input_patch(q.first_image + n, t / q.tiles_w, t % q.tiles_w, c4);
+    }
+    for (var xi = 0u; xi < PATCH; xi++) {
+        for (var k = 0u; k < 4u; k++) {
+            tiles_out[tiles_at(xi, n, 4u * c4 + k, q.c_gemm, t)] = transformed[xi][k];
+        }
+    }
+}
+
+// One invocation per (image, tile t < tiles_k, 4 channels r): dt = A dy Aᵀ of the tile, its
+// columns first, zeros outside the map and past the image's tiles.
+@compute @workgroup_size(WINOGRAD_WG)
+fn winograd_dy_tiles(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r4s = q.r_out / 4u;
+    let i = winograd_index(gid, nwg);
+    if (i >= q.images * q.tiles_k * r4s) { return; }
+    let r4 = i % r4s;
+    let t = (i / r4s) % q.tiles_k;
+    let n = i / (r4s * q.tiles_k);
+    let ty = t / q.tiles_w;
+    let tx = t % q.tiles_w;
+    let inside = t < q.tiles_h * q.tiles_w;
+    let hw = q.h * q.w;
+    var z: array<vec4<f32>, TILE_IN * TILE_OUT>;
+    for (var b = 0u; b < TILE_OUT; b++) {
+        let x = TILE_OUT * tx + b;
+        var column: array<vec4<f32>, TILE_OUT>;
+        for (var a = 0u; a < TILE_OUT; a++) {
+            let y = TILE_OUT * ty + a;
+            let ok = inside && y < q.h && x < q.w;
+            let base = ((q.first_image + n) * q.r_out + 4u * r4) * hw + select(0u, y * q.w + x, ok);
+            let e = vec4<f32>(map_in[base], map_in[base + hw], map_in[base + 2u * hw], map_in[base + 3u * hw]);
+            column[a] = select(vec4<f32>(0.0), e, ok);
+        }
+        let at = grad_output_1d(column);
+        for (var a = 0u; a < TILE_IN; a++) {
+            z[TILE_OUT * a + b] = at[a];
+        }
+    }
+    for (var a = 0u; a < TILE_IN; a++) {
+        var along: array<vec4<f32>, TILE_OUT>;
+        for (var b = 0u; b < TILE_OUT; b++) {
+            along[b] = z[TILE_OUT * a + b];
+        }
+        let out = grad_output_1d(along);
+        for (var b = 0u; b < TILE_IN; b++) {
+            for (var k = 0u; k < 4u; k++) {
+                tiles_out[tiles_at(TILE_IN * a + b, n, 4u * r4 + k, q.r_out, t)] = out[b][k];
+            }
+        }
+    }
+}
+
+@group(0) @binding(2) var<storage, read_write> units: array<f32>;
+
+// One invocation per (image, r, c): Gᵀ m G of the example's products, its columns first, into its
+// unit.
+@compute @workgroup_size(WINOGRAD_WG)
+fn winograd_weight_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = winograd_index(gid, nwg);
+    let per_image = q.r_out * q.c_gemm;
+    if (i >= q.images * per_image) { return; }
+    var t: array<f32, 3u * TILE_IN>;
+    for (var b = 0u; b < TILE_IN; b++) {
+        var column: array<f32, TILE_IN>;
+        for (var a = 0u; a < TILE_IN; a++) {
+            column[a] = m[(TILE_IN * a + b) * q.slab_m + i];
+        }
+        let g = grad_weights_1d(column);
+        for (var a = 0u; a < 3u; a++) {
+            t[TILE_IN * a + b] = g[a];
+        }
+    }
+    // i = (n·r_out + r)·c_gemm + c: its 9 taps are 9·i on.
+    for (var a = 0u; a < 3u; a++) {
+        var along: array<f32, TILE_IN>;
+        for (var b = 0u; b < TILE_IN; b++) {
+            along[b] = t[TILE_IN * a + b];
+        }
+        let out = grad_weights_1d(along);
+        for (var b = 0u; b < 3u; b++) {
+            units[9u * i + 3u * a + b] = out[b];
         }
     }
 }

@@ -45,3 +45,25 @@ fn output_1d(z: array<f32, 6>) -> array<f32, 4> {
         (diff12 + 8.0 * diff34) + z[5],
     );
 }
+
+// A z for four values z (a column or a row of a dy tile), four channels at once: the weight
+// gradient's transform of dy.
+fn grad_output_1d(z: array<vec4<f32>, 4>) -> array<vec4<f32>, 6> {
+    let even1 = z[0] + z[2];
+    let odd1 = z[1] + z[3];
+    let even2 = z[0] + 4.0 * z[2];
+    let odd2 = 2.0 * z[1] + 8.0 * z[3];
+    return array<vec4<f32>, 6>(z[0], even1 + odd1, even1 - odd1, even2 + odd2, even2 - odd2, z[3]);
+}
+
+// Gᵀ z for six values z (a column or a row of a position's gradient): the weight gradient's
+// transform back to the kernel's taps.
+fn grad_weights_1d(z: array<f32, 6>) -> array<f32, 3> {
+    let sum12 = z[1] + z[2];
+    let sum34 = z[3] + z[4];
+    return array<f32, 3>(
+        (0.25 * z[0] - sum12 / 6.0) + sum34 / 24.0,
+        (z[2] - z[1]) / 6.0 + (z[3] - z[4]) / 12.0,
+        (sum34 - sum12) / 6.0 + z[5],
+    );
+}

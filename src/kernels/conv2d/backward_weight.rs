@@ -223,16 +223,54 @@ pub(super) fn backward_weight_gemm(
         Some(units) => backward_weight_split(gpu, enc, s, params, units, (dy, x), sums)?,
         None => backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?,
     }
+    weight_total(gpu, enc, s, params, sums, dw)
+}
+
+/// dw from the pairwise blocks of example sums in `sums` (`params.row4` vec4s a row), as
+/// pairwise_total adds them.
+pub(super) fn weight_total(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &Conv2dShape,
+    params: Params,
+    sums: Slice,
+    dw: Slice,
+) -> Result<()> {
     gpu.charge_flops((s.n as u64 * s.w_len()) as f64);
     launch(
         gpu,
         enc,
-        OP,
+        "conv2d_backward_weight",
         &pairwise_shader(&SHADER, s.n),
         "conv2d_backward_weight_total",
         &params,
         &[("weight sums", sums), ("dw", dw)],
         grid_1d(s.w_len(), WG),
+    )
+}
+
+/// A chunk's units (`gemm.pixel_count / gemm.unit_pixels` of them, each a level of `sums`) added
+/// in order into its examples' running sums, each example's total pushed into the pairwise
+/// blocks in `sums`.
+pub(super) fn push_units(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    s: &Conv2dShape,
+    gemm: &Gemm,
+    units: Slice,
+    sums: Slice,
+) -> Result<()> {
+    let level = s.c_out as u64 * gemm.row4 as u64 * 4;
+    gpu.charge_flops((gemm.pixel_count / gemm.unit_pixels) as f64 * level as f64);
+    launch(
+        gpu,
+        enc,
+        "conv2d_backward_weight",
+        &pairwise_shader(&SHADER, s.n),
+        "conv2d_backward_weight_units",
+        gemm,
+        &[("weight units", units), ("weight sums", sums)],
+        grid_1d(level, WG),
     )
 }
 
@@ -372,17 +410,7 @@ fn backward_weight_split(
                 &[("im2col", rows), ("dy", dy), ("weight units", unit_sums)],
                 grid_1d(tiles * chunk_units * SHARED_WG as u64, SHARED_WG),
             )?;
-            gpu.charge_flops((chunk_units * level) as f64);
-            launch(
-                gpu,
-                enc,
-                OP,
-                &pairwise_shader(&SHADER, s.n),
-                "conv2d_backward_weight_units",
-                &gemm,
-                &[("weight units", unit_sums), ("weight sums", sums)],
-                grid_1d(level, WG),
-            )
+            push_units(gpu, enc, s, &gemm, unit_sums, sums)
         },
     )
 }

@@ -39,6 +39,7 @@ mod shape;
 mod tiles;
 mod tune;
 mod winograd;
+mod winograd_weight;
 
 pub use backward_data::conv2d_backward_input_with;
 pub use backward_weight::conv2d_backward_weight_with;
@@ -51,10 +52,12 @@ pub use tune::{
 };
 use winograd::winograd_gemm_algo;
 pub use winograd::{conv2d_winograd_with, winograd_chunk_images, WinogradTile};
+use winograd_weight::winograd_weight_gemm_algo;
 
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;
 pub(crate) use winograd::{WINOGRAD_F2, WINOGRAD_F4};
+pub use winograd_weight::conv2d_winograd_weight_with;
 
 /// The base module: every kernel but the register-tiled GEMMs (`tiles` makes those).
 pub(crate) const SHADER: Shader = Shader {
@@ -314,7 +317,10 @@ pub fn conv2d_launch(
 ) -> Result<()> {
     checked(gpu, op, shape, [a, b, out])?;
     if runs_winograd(gpu, op, shape)?.is_some() {
-        let gemm_algo = winograd_gemm_algo(gpu, op, shape)?;
+        let gemm_algo = winograd_algo(gpu, op, shape)?;
+        if op == Conv2dOp::BackwardWeight {
+            return conv2d_winograd_weight_with(gpu, enc, gemm_algo, shape, a, b, out);
+        }
         return conv2d_winograd_with(gpu, enc, op, gemm_algo, shape, a, b, out);
     }
     // The weight gradient's dropped taps are zeroed by a clear, which needs COPY_DST.
@@ -334,11 +340,19 @@ fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Option<
     Ok(shape.winograd(op).filter(|_| on))
 }
 
+/// The variant of the GEMMs of `op`'s Winograd at `shape`.
+fn winograd_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+    match op {
+        Conv2dOp::BackwardWeight => winograd_weight_gemm_algo(gpu, shape),
+        _ => winograd_gemm_algo(gpu, op, shape),
+    }
+}
+
 /// How [`conv2d_launch`] runs `op` at `shape`, as `syncstep bench` names it: the variant, or
 /// its Winograd tile (`winograd-2x2`, `winograd-4x4`) and its GEMMs' variant.
 pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<String> {
     if let Some(tile) = runs_winograd(gpu, op, shape)? {
-        return Ok(format!("{tile} {}", winograd_gemm_algo(gpu, op, shape)?));
+        return Ok(format!("{tile} {}", winograd_algo(gpu, op, shape)?));
     }
     Ok(conv2d_choice(gpu, op, shape)?.0.to_string())
 }

@@ -28,9 +28,9 @@ pub(crate) const WINOGRAD_F4: Shader = Shader {
     name: "conv2d winograd 4x4",
     source: shader_source!("conv2d/winograd_f4.wgsl", "conv2d/winograd.wgsl"),
 };
-const WINOGRAD_WG: u32 = 64;
+pub(super) const WINOGRAD_WG: u32 = 64;
 /// The GEMMs' products take at most this many bytes: a chunk of images at a time.
-const PRODUCT_BYTES: u64 = 8 << 20;
+pub(super) const PRODUCT_BYTES: u64 = 8 << 20;
 /// The smallest map (each side) taken: on 2×2 maps a tile is the whole map, and the transforms
 /// cost more than the multiplies they save.
 const WINOGRAD_MIN_SIDE: u32 = 4;
@@ -39,6 +39,10 @@ const WINOGRAD_MIN_SIDE: u32 = 4;
 /// layer2's 4×4), batch 6, it put the step 1.8e-4 from the f64 reference, where F(2×2) puts it
 /// 5.0e-5 and the TIE gate allows 1e-4.
 const WINOGRAD_F4_MIN_SIDE: u32 = 14;
+/// The smallest map (each side) whose weight gradient Winograd takes: each example's gradient is
+/// written out in Winograd's domain (36 values per weight where the plain sum keeps 9), and on
+/// smaller maps an example has too few tiles (16 at 14×14) to pay for that.
+const WINOGRAD_WEIGHT_MIN_SIDE: u32 = 28;
 
 /// Winograd's tile: F(2×2, 3×3) or F(4×4, 3×3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +53,7 @@ pub enum WinogradTile {
 
 impl WinogradTile {
     /// The tile for maps of `h`×`w`.
-    fn for_map(h: u32, w: u32) -> WinogradTile {
+    pub(super) fn for_map(h: u32, w: u32) -> WinogradTile {
         if h.min(w) >= WINOGRAD_F4_MIN_SIDE {
             WinogradTile::F4
         } else {
@@ -58,7 +62,7 @@ impl WinogradTile {
     }
 
     /// Outputs of a tile, each side.
-    fn out(self) -> u32 {
+    pub(super) fn out(self) -> u32 {
         match self {
             WinogradTile::F2 => 2,
             WinogradTile::F4 => 4,
@@ -66,11 +70,11 @@ impl WinogradTile {
     }
 
     /// Positions of a transformed tile: one GEMM each.
-    fn positions(self) -> u64 {
+    pub(super) fn positions(self) -> u64 {
         (self.out() as u64 + 2).pow(2)
     }
 
-    fn shader(self) -> &'static Shader {
+    pub(super) fn shader(self) -> &'static Shader {
         match self {
             WinogradTile::F2 => &WINOGRAD_F2,
             WinogradTile::F4 => &WINOGRAD_F4,
@@ -78,7 +82,7 @@ impl WinogradTile {
     }
 
     /// Tiles of a map of `h`×`w`, each side.
-    fn tiles(self, h: u32, w: u32) -> (u32, u32) {
+    pub(super) fn tiles(self, h: u32, w: u32) -> (u32, u32) {
         (h.div_ceil(self.out()), w.div_ceil(self.out()))
     }
 }
@@ -92,32 +96,35 @@ impl std::fmt::Display for WinogradTile {
 /// `struct Winograd` of shaders/conv2d/winograd.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    images: u32,
-    first_image: u32,
-    c_gemm: u32,
-    r_out: u32,
-    h: u32,
-    w: u32,
-    tiles_h: u32,
-    tiles_w: u32,
-    slab_v: u32,
-    slab_u: u32,
-    slab_m: u32,
-    rotate: u32,
+pub(super) struct Params {
+    pub(super) images: u32,
+    pub(super) first_image: u32,
+    pub(super) c_gemm: u32,
+    pub(super) r_out: u32,
+    pub(super) h: u32,
+    pub(super) w: u32,
+    pub(super) tiles_h: u32,
+    pub(super) tiles_w: u32,
+    pub(super) slab_v: u32,
+    pub(super) slab_u: u32,
+    pub(super) slab_m: u32,
+    pub(super) rotate: u32,
+    pub(super) tiles_k: u32,
 }
 
 impl Conv2dShape {
-    /// Winograd's tile for `op` at this shape, if it computes it: the forward or input-VJP of a
-    /// 3×3 kernel, stride 1, padding 1, on maps of at least [`WINOGRAD_MIN_SIDE`] a side, with
-    /// channels in multiples of 4 (the GEMMs' rows are whole vec4s); F(4×4, 3×3) on maps of at
-    /// least [`WINOGRAD_F4_MIN_SIDE`]. The batch plays no part.
+    /// Winograd's tile for `op` at this shape, if it computes it: a 3×3 kernel, stride 1,
+    /// padding 1, on maps of at least [`WINOGRAD_MIN_SIDE`] a side, with channels in multiples of
+    /// 4 (the GEMMs' rows are whole vec4s); F(4×4, 3×3) on maps of at least
+    /// [`WINOGRAD_F4_MIN_SIDE`]; the weight gradient on maps of at least
+    /// [`WINOGRAD_WEIGHT_MIN_SIDE`]. The batch plays no part.
     pub fn winograd(&self, op: Conv2dOp) -> Option<WinogradTile> {
-        let takes = op != Conv2dOp::BackwardWeight
-            && (self.kh, self.kw, self.stride, self.pad) == (3, 3, 1, 1)
-            && self.h.min(self.w) >= WINOGRAD_MIN_SIDE
+        let side = self.h.min(self.w);
+        let takes = (self.kh, self.kw, self.stride, self.pad) == (3, 3, 1, 1)
+            && side >= WINOGRAD_MIN_SIDE
             && self.c_in.is_multiple_of(4)
-            && self.c_out.is_multiple_of(4);
+            && self.c_out.is_multiple_of(4)
+            && (op != Conv2dOp::BackwardWeight || side >= WINOGRAD_WEIGHT_MIN_SIDE);
         takes.then(|| WinogradTile::for_map(self.h, self.w))
     }
 }
@@ -154,11 +161,28 @@ fn gemm_channels(s: &Conv2dShape, op: Conv2dOp) -> (u32, u32) {
 /// convolution of the GEMMs' size (timed, forced or planned like any other) where that is a
 /// GEMM, else the clockless guess for that convolution, which is one.
 pub(super) fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
-    let g = winograd_gemm_shape(s, op, winograd_chunk_images(s, op, scratch_cap(gpu)));
-    Ok(match conv2d_algo(gpu, Conv2dOp::Forward, &g)? {
+    gemm_algo_for(gpu, &winograd_gemm_shape(s, op, winograd_chunk_images(s, op, scratch_cap(gpu))))
+}
+
+/// The policy's variant for a Winograd GEMM of the 1×1 convolution `g`'s size: its choice where
+/// that is a GEMM, else the clockless guess, which is one.
+pub(super) fn gemm_algo_for(gpu: &Gpu, g: &Conv2dShape) -> Result<Conv2dAlgo> {
+    Ok(match conv2d_algo(gpu, Conv2dOp::Forward, g)? {
         algo @ (Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) => algo,
-        _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, &g),
+        _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, g),
     })
+}
+
+/// Whether Winograd's GEMMs can run as `gemm_algo` for `op`: a register-tiled or shared-tile
+/// GEMM that has the forward's kernel.
+pub(super) fn expect_gemm(op: Conv2dOp, gemm_algo: Conv2dAlgo) -> Result<()> {
+    if !matches!(gemm_algo, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared)
+        || !gemm_algo.has(Conv2dOp::Forward)
+    {
+        let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
+        return Err(KernelError::Arg { op: op.name(), arg: "algo", problem });
+    }
+    Ok(())
 }
 
 /// Where a launch keeps its temporaries, in scratch buffers of other launches, none of which
@@ -203,7 +227,7 @@ pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp, cap_bytes: u64) -> u
 }
 
 /// The most bytes a launch's scratch takes: the plain GEMMs' cap, within a storage binding.
-fn scratch_cap(gpu: &Gpu) -> u64 {
+pub(super) fn scratch_cap(gpu: &Gpu) -> u64 {
     SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size)
 }
 
@@ -222,14 +246,11 @@ pub fn conv2d_winograd_with(
 ) -> Result<()> {
     let name = op.name();
     checked(gpu, op, s, [input, w, out])?;
-    let Some(tile) = s.winograd(op) else {
+    let Some(tile) = s.winograd(op).filter(|_| op != Conv2dOp::BackwardWeight) else {
         let problem = format!("{s:?} is not a 3×3, stride 1, padding 1 {name} Winograd takes");
         return Err(KernelError::Arg { op: name, arg: "shape", problem });
     };
-    if !matches!(gemm_algo, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) || !gemm_algo.has(op) {
-        let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
-        return Err(KernelError::Arg { op: name, arg: "algo", problem });
-    }
+    expect_gemm(op, gemm_algo)?;
     let chunk = winograd_chunk_images(s, op, scratch_cap(gpu));
     let layout = Scratch::new(s, op, chunk as u64);
     let gpu_err = |source| KernelError::Gpu { op: name, source };
@@ -251,6 +272,7 @@ pub fn conv2d_winograd_with(
         slab_u: r_out * c_gemm,
         slab_m: 0,
         rotate: (op == Conv2dOp::BackwardInput) as u32,
+        tiles_k: 0,
     };
     let grid = grid_1d(r_out as u64 * c_gemm as u64 / 4, WINOGRAD_WG);
     let bindings = [("w", w), ("winograd weights", u)];
@@ -326,7 +348,8 @@ mod tests {
         let layer1 =
             Conv2dShape { n: 8, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
         for n in [1, 3, 8, 256] {
-            for (side, tile) in [(4, WinogradTile::F2), (13, WinogradTile::F2), (14, WinogradTile::F4)]
+            for (side, tile) in
+                [(4, WinogradTile::F2), (13, WinogradTile::F2), (14, WinogradTile::F4)]
             {
                 let s = Conv2dShape { n, h: side, w: side + 3, ..layer1 };
                 assert_eq!(s.winograd(Conv2dOp::Forward), Some(tile), "{s:?}");
