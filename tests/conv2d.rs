@@ -950,6 +950,15 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
     }
 }
 
+/// The GEMM variants Winograd's GEMMs run as.
+fn winograd_gemms() -> Vec<Conv2dAlgo> {
+    Conv2dAlgo::all()
+        .into_iter()
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
+        .filter(|a| a.has(Conv2dOp::Forward))
+        .collect()
+}
+
 /// Winograd's forward and input-VJP into NaN-poisoned outputs, its GEMMs by `algo`.
 fn run_winograd(
     gpu: &Gpu,
@@ -981,11 +990,7 @@ fn run_winograd(
 #[test]
 fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
     let Some(gpu) = gpu() else { return };
-    let gemms: Vec<Conv2dAlgo> = Conv2dAlgo::all()
-        .into_iter()
-        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
-        .filter(|a| a.has(Conv2dOp::Forward))
-        .collect();
+    let gemms = winograd_gemms();
     // F(2×2, 3×3) on 7×5 (partial tiles) and 8×8 maps, F(4×4, 3×3) on 15×14 (partial tiles).
     let cases = [
         (shape(3, 8, 7, 5, 12, 3, 3, 1, 1), true),
@@ -1073,11 +1078,7 @@ fn run_winograd_weight(
 #[test]
 fn winograd_weight_gradient_matches_reference_and_sums_examples_canonically() {
     let Some(gpu) = gpu() else { return };
-    let gemms: Vec<Conv2dAlgo> = Conv2dAlgo::all()
-        .into_iter()
-        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
-        .filter(|a| a.has(Conv2dOp::Forward))
-        .collect();
+    let gemms = winograd_gemms();
     // 28×33: partial tiles, and 7×9 = 63 tiles an example, padded to 64. 128 channels: the
     // products of 3 examples fill a chunk, so 5 take two.
     let cases = [
