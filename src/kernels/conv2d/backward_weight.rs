@@ -207,11 +207,9 @@ pub(super) fn backward_weight_gemm(
             let (unit, most) = split_units(gpu, s, row4);
             let chunk = chunk_pixels(gpu, OP, row4, (pixels, unit, most))?;
             let out_plane = s.out_h() as u64 * s.out_w() as u64;
-            let ends = (chunk..pixels + chunk).step_by(chunk as usize);
-            let open = ends.map(|end| (end.min(pixels) / out_plane).count_ones()).max();
-            (open.unwrap_or(0), Some((unit, most)))
+            (open_blocks(pixels, chunk, out_plane), Some((unit, most)))
         }
-        _ => (u32::BITS - (s.n + 1).leading_zeros() - 1, None),
+        _ => (open_blocks(s.n as u64, 1, 1), None),
     };
     let levels = 1 + open as u64;
     let sums_len = levels * level;
@@ -224,6 +222,14 @@ pub(super) fn backward_weight_gemm(
         None => backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?,
     }
     weight_total(gpu, enc, s, params, sums, dw)
+}
+
+/// The most pairwise blocks open at once after any chunk of `chunk` of `total` pixels (or
+/// examples), `per_example` to an example: the levels of weight sums a GEMM keeps besides the
+/// carry. The blocks open after `e` whole examples are the set bits of `e`.
+pub(super) fn open_blocks(total: u64, chunk: u64, per_example: u64) -> u32 {
+    let ends = (chunk..total + chunk).step_by(chunk as usize);
+    ends.map(|end| (end.min(total) / per_example).count_ones()).max().unwrap_or(0)
 }
 
 /// dw from the pairwise blocks of example sums in `sums` (`params.row4` vec4s a row), as

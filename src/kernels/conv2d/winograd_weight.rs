@@ -11,7 +11,7 @@
 //! never change a bit. F(4×4, 3×3) multiplies 36 times per tile and weight where the plain sum
 //! multiplies 144 times per 4×4 outputs and weight.
 
-use super::backward_weight::{push_units, weight_total};
+use super::backward_weight::{open_blocks, push_units, weight_total};
 use super::gemm::{gemm, Gemm, GemmBatch, PixelGrid, Weights};
 use super::winograd::{
     expect_gemm, gemm_algo_for, scratch_cap, Params, WinogradTile, PRODUCT_BYTES, WINOGRAD_WG,
@@ -61,9 +61,7 @@ fn chunk_images(s: &Conv2dShape, tile: WinogradTile, cap_bytes: u64) -> u32 {
         let l = Layout::new(s, tile, images);
         l.im2col() * 4 <= cap_bytes && l.m * 4 <= PRODUCT_BYTES.min(cap_bytes)
     };
-    let one = Layout::new(s, tile, 1);
-    let most = (cap_bytes / 4 / (one.vt + one.dt).max(1)).clamp(1, s.n as u64);
-    (1..=most).rev().find(|&images| fits(images)).unwrap_or(1) as u32
+    (1..=s.n as u64).rev().find(|&images| fits(images)).unwrap_or(1) as u32
 }
 
 /// The GEMM of one (position, example) as a 1×1 convolution: K the example's tiles, the input's
@@ -100,10 +98,8 @@ pub fn conv2d_winograd_weight_with(
     let products = gpu.scratch("conv2d weight units", layout.m).map_err(gpu_err)?;
     // The pairwise blocks: the carry's level (unused: chunks end on whole examples) and one per
     // block open at a chunk's end.
-    let level = s.w_len();
-    let ends = (chunk..s.n + chunk).step_by(chunk as usize);
-    let open = ends.map(|end| end.min(s.n).count_ones()).max().unwrap_or(0);
-    let sums_len = (1 + open as u64) * level;
+    let open = open_blocks(s.n as u64, chunk as u64, 1);
+    let sums_len = (1 + open as u64) * s.w_len();
     let sums = gpu.scratch("conv2d weight sums", sums_len).map_err(gpu_err)?;
     let sums = Slice::new(&sums, 0, sums_len);
     let (tiles_h, tiles_w) = tile.tiles(s.h, s.w);
@@ -122,6 +118,8 @@ pub fn conv2d_winograd_weight_with(
         rotate: 0,
         tiles_k: layout.tiles_k as u32,
     };
+    // dw's rows in vec4s, whole: c_in is a multiple of 4.
+    let row4 = s.c_in * 9 / 4;
     for first in (0..s.n).step_by(chunk as usize) {
         let images = chunk.min(s.n - first);
         let part = Layout::new(s, tile, images as u64);
@@ -131,9 +129,9 @@ pub fn conv2d_winograd_weight_with(
         let dt = Slice::new(&scratch, part.dt_at * 4, part.dt);
         let m = Slice::new(&products, 0, part.m);
         let units = Slice::new(&scratch, 0, part.units);
-        chunk_of_examples(gpu, enc, (s, tile, gemm_algo), params, [dy, x, vt, dt, m, units, sums])?;
+        let how = (s, tile, gemm_algo, row4);
+        chunk_of_examples(gpu, enc, how, params, [dy, x, vt, dt, m, units, sums])?;
     }
-    let row4 = (s.c_in as u64 * 9 / 4) as u32;
     weight_total(gpu, enc, s, super::Params { row4, ..s.params() }, sums, dw)
 }
 
@@ -142,7 +140,7 @@ pub fn conv2d_winograd_weight_with(
 fn chunk_of_examples(
     gpu: &Gpu,
     enc: &mut Encoder,
-    (s, tile, gemm_algo): (&Conv2dShape, WinogradTile, Conv2dAlgo),
+    (s, tile, gemm_algo, row4): (&Conv2dShape, WinogradTile, Conv2dAlgo, u32),
     params: Params,
     [dy, x, vt, dt, m, units, sums]: [Slice; 7],
 ) -> Result<()> {
@@ -179,7 +177,7 @@ fn chunk_of_examples(
     let bindings = [("winograd products", m), ("weight units", units)];
     launch(gpu, enc, OP, shader, "winograd_weight_grad", &params, &bindings, grid)?;
     let gemm = Gemm {
-        row4: (c_in * 9 / 4) as u32,
+        row4,
         pixel_begin: params.first_image,
         pixel_count: params.images,
         channels: s.c_out,
