@@ -388,11 +388,16 @@ fn input_grad(dy: f32, gate: f32, x: f32, f: InputFactors) -> f32 {
     return f.k.z * f.k.y * (masked(dy, gate) - f.k.w - xhat * f.sum_dy_xhat / f32(p.count));
 }
 
+// Element i's dx from its dy.
+fn input_grad_at(i: u32, dy: f32) -> f32 {
+    return input_grad(dy, input_gate[i], input_x[i], input_factors(channel_of(i)));
+}
+
 @compute @workgroup_size(WG)
 fn bn_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= p.n * p.c * p.hw) { return; }
-    input_dx[i] = input_grad(input_dy[i], input_gate[i], input_x[i], input_factors(channel_of(i)));
+    input_dx[i] = input_grad_at(i, input_dy[i]);
 }
 
 @group(0) @binding(1) var<storage, read> input4_dy: array<vec4<f32>>;
@@ -400,15 +405,38 @@ fn bn_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 @group(0) @binding(3) var<storage, read> input4_x: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> input4_dx: array<vec4<f32>>;
 
+// Elements 4t..4t+3's dx from their dy.
+fn input4_grad_at(t: u32, dy: vec4<f32>) -> vec4<f32> {
+    let f = input_factors(channel_of(4u * t));
+    let gate = input4_gate[t];
+    let x = input4_x[t];
+    return vec4<f32>(input_grad(dy.x, gate.x, x.x, f), input_grad(dy.y, gate.y, x.y, f), input_grad(dy.z, gate.z, x.z, f), input_grad(dy.w, gate.w, x.w, f));
+}
+
 @compute @workgroup_size(WG)
 fn bn_backward_input4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = gid.x + gid.y * nwg.x * WG;
     if (t >= p.n * p.c * p.hw / 4u) { return; }
-    let f = input_factors(channel_of(4u * t));
-    let dy = input4_dy[t];
-    let gate = input4_gate[t];
-    let x = input4_x[t];
-    input4_dx[t] = vec4<f32>(input_grad(dy.x, gate.x, x.x, f), input_grad(dy.y, gate.y, x.y, f), input_grad(dy.z, gate.z, x.z, f), input_grad(dy.w, gate.w, x.w, f));
+    input4_dx[t] = input4_grad_at(t, input4_dy[t]);
+}
+
+// bn_backward_input and bn_backward_input4 with dx written over dy, which each invocation reads
+// before it writes the same elements.
+@group(0) @binding(1) var<storage, read_write> over_dy: array<f32>;
+@group(0) @binding(1) var<storage, read_write> over4_dy: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn bn_backward_input_over_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= p.n * p.c * p.hw) { return; }
+    over_dy[i] = input_grad_at(i, over_dy[i]);
+}
+
+@compute @workgroup_size(WG)
+fn bn_backward_input4_over_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * WG;
+    if (t >= p.n * p.c * p.hw / 4u) { return; }
+    over4_dy[t] = input4_grad_at(t, over4_dy[t]);
 }
 
 // bn_update_running, in place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1).

@@ -614,6 +614,46 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
     }
 }
 
+/// bn_backward_input_over_dy writes over dy the bits bn_backward_input writes into dx, gated and
+/// not, four elements an invocation and one.
+#[test]
+fn backward_input_over_dy_gives_the_bits_of_a_separate_dx() {
+    let Some(gpu) = gpu() else { return };
+    for (i, shape) in FUSED_SHAPES.iter().enumerate() {
+        let seed = 700 + 10 * i as u64;
+        let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
+        let count = shape.positions() as u32;
+        let (x, dy, gate) =
+            (activations(seed, shape), uniform(seed + 1, len), uniform(seed + 2, len));
+        let gamma = uniform_in(seed + 3, c, 0.5, 1.5);
+        let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
+        let (bx, bdy, bgate, bgamma) =
+            (up("x", &x), up("dy", &dy), up("gate", &gate), up("gamma", &gamma));
+        let (stats, sums) = (poisoned(gpu, "stats", 2 * c), poisoned(gpu, "sums", 2 * c));
+        let s = Slice::whole;
+        let mut enc = gpu.encoder();
+        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
+        backward_sums(gpu, &mut enc, shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
+        submit(gpu, enc);
+        for gated in [false, true] {
+            let (dx, over) = (poisoned(gpu, "dx", len), up("dy, then dx", &dy));
+            let s = Slice::whole;
+            let gate = gated.then(|| s(&bgate));
+            let mut enc = gpu.encoder();
+            let e = &mut enc;
+            let (x, st, g, su) = (s(&bx), s(&stats), s(&bgamma), s(&sums));
+            k::bn_backward_input(gpu, e, shape, count, EPS, s(&bdy), gate, x, st, g, su, s(&dx))
+                .unwrap();
+            k::bn_backward_input_over_dy(gpu, e, shape, count, EPS, s(&over), gate, x, st, g, su)
+                .unwrap();
+            submit(gpu, enc);
+            let (want, got) = (read(gpu, &dx), read(gpu, &over));
+            assert!(want.iter().all(|v| v.is_finite()), "{shape:?} gated {gated}: dx unwritten");
+            assert_eq!(bits(&got), bits(&want), "{shape:?} gated {gated}");
+        }
+    }
+}
+
 /// At batch sizes that need each pairwise stack size, bn_sum_examples is the pairwise sum of
 /// its rows, which the host takes in the same order.
 #[test]

@@ -337,27 +337,68 @@ pub fn bn_backward_input(
     sums: Slice,
     dx: Slice,
 ) -> Result<()> {
+    let inputs = [x, stats, gamma, sums];
+    backward_input(gpu, enc, shape, (count, eps), dy, gate, inputs, Some(dx))
+}
+
+/// [`bn_backward_input`] with dx written over dy, where nothing later reads dy: the same bits,
+/// one buffer fewer.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_backward_input_over_dy(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    count: u32,
+    eps: f32,
+    dy: Slice,
+    gate: Option<Slice>,
+    x: Slice,
+    stats: Slice,
+    gamma: Slice,
+    sums: Slice,
+) -> Result<()> {
+    backward_input(gpu, enc, shape, (count, eps), dy, gate, [x, stats, gamma, sums], None)
+}
+
+/// bn_backward_input into `dx`, or over dy where it is none.
+#[allow(clippy::too_many_arguments)]
+fn backward_input(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    (count, eps): (u32, f32),
+    dy: Slice,
+    gate: Option<Slice>,
+    [x, stats, gamma, sums]: [Slice; 4],
+    dx: Option<Slice>,
+) -> Result<()> {
     const OP: &str = "bn_backward_input";
     shape.check(OP)?;
     shape.check_count(OP, count)?;
     expect_len(OP, "dy", &dy, shape.tensor_len(), "n·c·hw")?;
-    let (gate, gated) = optional(OP, "gate", shape, gate, dy)?;
+    // A buffer written may not be bound twice: without a gate, x stands in for it.
+    let (gate, gated) = optional(OP, "gate", shape, gate, x)?;
     expect_len(OP, "x", &x, shape.tensor_len(), "n·c·hw")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
     expect_len(OP, "gamma", &gamma, shape.c as u64, "c")?;
     expect_len(OP, "sums", &sums, shape.packed_len(), "2·c: [Σdy | Σdy·x̂]")?;
-    expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
     let params = Params { gated, ..shape.params(count, eps) };
-    let bindings = [
+    let mut bindings = vec![
         ("dy", dy),
         ("gate", gate),
         ("x", x),
         ("stats", stats),
         ("gamma", gamma),
         ("sums", sums),
-        ("dx", dx),
     ];
-    let (entry, grid) = shape.elementwise(OP, "bn_backward_input4");
+    let (entry, grid) = match dx {
+        Some(dx) => {
+            expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
+            bindings.push(("dx", dx));
+            shape.elementwise(OP, "bn_backward_input4")
+        }
+        None => shape.elementwise("bn_backward_input_over_dy", "bn_backward_input4_over_dy"),
+    };
     launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }
 

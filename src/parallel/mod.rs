@@ -181,10 +181,9 @@ impl ReplicaLink<'_> {
         sites: &[BnRows<'_>],
     ) -> step::Result<Vec<f32>> {
         let global = self.exchange.counts.iter().sum::<u32>() as u64;
-        let own: Vec<Slice> = sites
-            .iter()
-            .map(|s| Slice::new(s.rows, 0, s.rows.size() / 4 / global * s.local as u64))
-            .collect();
+        let own_len = |s: &BnRows| (s.width(global) * s.local as usize) as u64;
+        let own: Vec<Slice> =
+            sites.iter().map(|s| Slice::new(s.rows.buffer, s.rows.offset, own_len(s))).collect();
         let own_read = gpu.record_read(enc, &own);
         let recorded = std::mem::replace(enc, gpu.encoder());
         self.grads.submitted(gpu.submit(recorded).await?);
@@ -215,7 +214,7 @@ pub fn write_rows(
 ) -> step::Result<()> {
     // A site's row is as wide on every replica.
     let global = counts.iter().sum::<u32>() as u64;
-    let widths: Vec<usize> = sites.iter().map(|s| (s.rows.size() / 4 / global) as usize).collect();
+    let widths: Vec<usize> = sites.iter().map(|s| s.width(global)).collect();
     for (replica, rows) in all.iter().enumerate() {
         let expected: usize = widths.iter().map(|w| w * counts[replica] as usize).sum();
         if rows.len() != expected {
@@ -239,7 +238,7 @@ pub fn write_rows(
                 part.iter().copied()
             })
             .collect();
-        gpu.queue.write_buffer(site.rows, 0, bytemuck::cast_slice(&rows));
+        gpu.queue.write_buffer(site.rows.buffer, site.rows.offset, bytemuck::cast_slice(&rows));
     }
     Ok(())
 }

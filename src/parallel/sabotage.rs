@@ -36,7 +36,7 @@ impl Sabotaged<'_> {
         let counts = self.link.counts();
         let global = counts.iter().sum::<u32>() as u64;
         let own_of_site = |at: &mut usize, site: &BnRows| {
-            let width = (site.rows.size() / 4 / global) as usize;
+            let width = site.width(global);
             let own = &mine[*at..*at + width * site.local as usize];
             *at += own.len();
             (width, own)

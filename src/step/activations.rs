@@ -1,7 +1,8 @@
 //! The activation buffers a replica keeps from pass to pass, each named by a typed handle
-//! ([`Act`]): what the forward saves for the backward, the per-site BatchNorm rows and sums, and
-//! the imposed activation pattern. A handle is data the compiler checks; a buffer is made on
-//! first use and reused while the batch's geometry keeps its size.
+//! ([`Act`]): what the forward saves for the backward, the per-site BatchNorm statistics and
+//! sums, the BatchNorm rows each communicator trip merges, and the imposed activation pattern. A
+//! handle is data the compiler checks; a buffer is made on first use and reused while the batch's
+//! geometry keeps its size (the rows: while it is large enough).
 
 use std::collections::HashMap;
 
@@ -27,12 +28,14 @@ pub(super) enum Act {
     Conv(UnitId),
     /// The taps of a cropped conv's weights, copied once for its forward and input-VJP.
     KeptWeights(UnitId),
-    /// Per-example `[mean | M2]` rows of every replica's examples.
-    StatsRows(UnitId),
+    /// Per-example `[mean | M2]` rows of every replica's examples, for the `k`-th unit of a
+    /// communicator trip: merged within the trip, so the next trip reuses the buffer.
+    StatsRows(usize),
     /// The merged `[mean | M2]` statistics.
     Stats(UnitId),
-    /// Per-example `[Σdy | Σdy·x̂]` rows of every replica's examples.
-    SumsRows(UnitId),
+    /// Per-example `[Σdy | Σdy·x̂]` rows of every replica's examples, for the `k`-th unit of a
+    /// trip, as [`Act::StatsRows`].
+    SumsRows(usize),
     /// `[Σdy | Σdy·x̂]` summed.
     Sums(UnitId),
     Pool,
@@ -65,6 +68,17 @@ impl Activations {
             if b.size() == len.max(1) * 4 {
                 return Ok(b.clone());
             }
+        }
+        let b = gpu.buffer(&format!("{act:?}"), len)?;
+        self.buffers.insert(act, b.clone());
+        Ok(b)
+    }
+
+    /// The buffer `act` of at least `len` elements, replaced by a larger one when a use needs
+    /// more: for the buffers the units of a pass take in turn, each at its own size.
+    pub(super) fn at_least(&mut self, gpu: &Gpu, act: Act, len: u64) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.buffers.get(&act).filter(|b| b.size() >= len.max(1) * 4) {
+            return Ok(b.clone());
         }
         let b = gpu.buffer(&format!("{act:?}"), len)?;
         self.buffers.insert(act, b.clone());

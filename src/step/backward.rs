@@ -19,8 +19,8 @@ pub(super) struct UnitGrad<'a> {
     /// was masked already: its output (> 0 exactly where its input was), or an imposed mask.
     pub(super) dr: &'a Transient,
     pub(super) gate: Option<Slice<'a>>,
-    /// Whether the unit's BatchNorm is the last to read `dr`: it is given back once that is
-    /// recorded, so that the conv's input cotangent can take its place.
+    /// Whether the unit's BatchNorm is the last to read `dr`: the conv's output cotangent is
+    /// then written over it, and given back once the conv's gradients are recorded.
     pub(super) dr_read_last: bool,
     /// The conv's input.
     pub(super) x: &'a wgpu::Buffer,
@@ -152,7 +152,7 @@ impl Replica {
     ) -> Result<[Option<Transient>; K]> {
         let mut rows = Vec::with_capacity(K);
         for g in &units {
-            rows.push(self.example_sums(pass, g)?);
+            rows.push(self.example_sums(pass, rows.len(), g)?);
         }
         // Units go backward in reverse forward order, which is the layout's: every later unit's
         // gradients are final, and so are the first unit's dγ, dβ just copied. The rest is later.
@@ -164,7 +164,7 @@ impl Replica {
             .zip(&rows)
             .map(|(g, rows)| {
                 let u = &pass.units[g.unit];
-                BnRows { site: u.site, rows, local: u.out.n }
+                BnRows { site: u.site, rows: rows.slice(), local: u.out.n }
             })
             .collect();
         pass.comm.gradients_final(&self.gpu, &mut pass.enc, done)?;
@@ -176,21 +176,23 @@ impl Replica {
         Ok(dxs.try_into().unwrap_or_else(|_| unreachable!("one cotangent per unit")))
     }
 
-    /// Unit `g`'s per-example `[Σdy | Σdy·x̂]` rows, this device's first in room for every
-    /// replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this replica's own examples into
+    /// Unit `g`'s per-example `[Σdy | Σdy·x̂]` rows, the `slot`-th of its trip, this device's
+    /// first in room for every replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this replica's own examples into
     /// the piece's slab (docs/design.md: they stay local until the gradient all-reduce).
     fn example_sums<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
+        slot: usize,
         g: &UnitGrad,
-    ) -> Result<wgpu::Buffer> {
+    ) -> Result<Transient> {
         let u = &pass.units[g.unit];
         let (id, conv, bn, out, count) = (u.id, u.conv, u.bn, u.out, u.count);
         let (y, stats) = self.saved(u);
         self.gpu.profile_scope(&format!("{} backward", self.model.conv_name(&conv)));
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
-        let rows = self.act(Act::SumsRows(id), global.rows_len())?;
+        let rows = self.acts.at_least(&self.gpu, Act::SumsRows(slot), global.rows_len())?;
+        let rows = Transient { buffer: rows, len: global.rows_len() };
         batchnorm::bn_example_sums(
             &self.gpu,
             &mut pass.enc,
@@ -201,12 +203,12 @@ impl Replica {
             g.gate,
             Slice::whole(&y),
             Slice::whole(&stats),
-            Slice::new(&rows, 0, bs.rows_len()),
+            Slice::new(&rows.buffer, 0, bs.rows_len()),
         )?;
         let sums = self.act(Act::Sums(id), 2 * out.c as u64)?;
         let c4 = out.c as u64 * 4;
         for (piece, range) in pass.pieces.clone().iter().enumerate() {
-            let piece_rows = self.examples(&mut pass.enc, &rows, 2 * out.c as u64, range)?;
+            let piece_rows = self.examples(&mut pass.enc, &rows.buffer, 2 * out.c as u64, range)?;
             let shape = batchnorm::BnShape { n: (range.end - range.start) as u32, ..bs };
             let (gpu, enc) = (&self.gpu, &mut pass.enc);
             batchnorm::bn_sum_examples(gpu, enc, &shape, piece_rows.slice(), Slice::whole(&sums))?;
@@ -224,7 +226,7 @@ impl Replica {
         &mut self,
         pass: &mut Pass<'_, S>,
         g: &UnitGrad,
-        rows: &wgpu::Buffer,
+        rows: &Transient,
     ) -> Result<Option<Transient>> {
         let u = &pass.units[g.unit];
         let (id, conv, bn, input, out, count) = (u.id, u.conv, u.bn, u.input, u.out, u.count);
@@ -237,25 +239,22 @@ impl Replica {
         // device's one piece is the whole batch; else sum over every replica's rows.
         if global.n > bs.n || pass.pieces.len() != 1 {
             let (gpu, enc) = (&self.gpu, &mut pass.enc);
-            batchnorm::bn_sum_examples(gpu, enc, &global, Slice::whole(rows), Slice::whole(&sums))?;
+            batchnorm::bn_sum_examples(gpu, enc, &global, rows.slice(), Slice::whole(&sums))?;
         }
-        let dy = self.scratch.take(&self.gpu, out.len())?;
-        batchnorm::bn_backward_input(
-            &self.gpu,
-            &mut pass.enc,
-            &bs,
-            count,
-            BN_EPS,
-            g.dr.slice(),
-            g.gate,
-            Slice::whole(&y),
-            Slice::whole(&stats),
-            self.param(bn.weight),
-            Slice::whole(&sums),
-            dy.slice(),
-        )?;
+        // The conv's output cotangent goes over dr where nothing later reads dr.
+        let dy = match g.dr_read_last {
+            true => g.dr.clone(),
+            false => self.scratch.take(&self.gpu, out.len())?,
+        };
+        let (gpu, enc, gamma) = (&self.gpu, &mut pass.enc, self.param(bn.weight));
+        let (y, stats, sums) = (Slice::whole(&y), Slice::whole(&stats), Slice::whole(&sums));
+        let dr = g.dr.slice();
         if g.dr_read_last {
-            self.scratch.give_back(g.dr);
+            let over_dy = batchnorm::bn_backward_input_over_dy;
+            over_dy(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, gamma, sums)?;
+        } else {
+            let into = batchnorm::bn_backward_input;
+            into(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, gamma, sums, dy.slice())?;
         }
         let shape = conv_shape(&conv, input);
         self.conv_weight_grads(pass, &shape, conv.weight, &dy, g.x)?;

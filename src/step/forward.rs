@@ -83,7 +83,7 @@ impl Replica {
         for u in &units {
             let out = self.conv_forward(pass, u)?;
             if pass.eval.is_none() {
-                rows.push(self.example_stats(pass, u.id, out)?);
+                rows.push(self.example_stats(pass, rows.len(), u.id, out)?);
             }
             let site =
                 self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| {
@@ -97,7 +97,7 @@ impl Replica {
             let sites: Vec<BnRows> = pass.units[first..]
                 .iter()
                 .zip(&rows)
-                .map(|(u, rows)| BnRows { site: u.site, rows, local: u.out.n })
+                .map(|(u, rows)| BnRows { site: u.site, rows: rows.slice(), local: u.out.n })
                 .collect();
             pass.comm.bn_stats(&self.gpu, &mut pass.enc, &sites).await?;
         }
@@ -141,22 +141,24 @@ impl Replica {
         Ok(out)
     }
 
-    /// The per-example statistics rows of unit `id`'s conv output: this device's, first in room
-    /// for every replica's, which the communicator gathers; merged, they are the statistics of the
-    /// global batch.
+    /// The per-example statistics rows of unit `id`'s conv output, the `slot`-th of its trip:
+    /// this device's, first in room for every replica's, which the communicator gathers; merged,
+    /// they are the statistics of the global batch.
     fn example_stats<S: Communicator>(
         &mut self,
         pass: &mut Pass<S>,
+        slot: usize,
         id: UnitId,
         out: Dims,
-    ) -> Result<wgpu::Buffer> {
+    ) -> Result<Transient> {
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
-        let rows = self.act(Act::StatsRows(id), global.rows_len())?;
+        let len = global.rows_len();
+        let rows = self.acts.at_least(&self.gpu, Act::StatsRows(slot), len)?;
         let y = self.acts.saved(Act::Conv(id));
         let local_rows = Slice::new(&rows, 0, bs.rows_len());
         batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), local_rows)?;
-        Ok(rows)
+        Ok(Transient { buffer: rows, len })
     }
 
     /// Unit `unit`'s [`Act::Stats`]: merged from every replica's `rows`, with the running
@@ -166,7 +168,7 @@ impl Replica {
         &mut self,
         pass: &mut Pass<S>,
         unit: usize,
-        rows: Option<&wgpu::Buffer>,
+        rows: Option<&Transient>,
     ) -> Result<u32> {
         let u = &pass.units[unit];
         let (id, bn, out) = (u.id, u.bn, u.out);
@@ -185,7 +187,7 @@ impl Replica {
         };
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bn_shape(out) };
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
-        batchnorm::bn_merge_examples(gpu, enc, &global, Slice::whole(rows), Slice::whole(&stats))?;
+        batchnorm::bn_merge_examples(gpu, enc, &global, rows.slice(), Slice::whole(&stats))?;
         let count = global.n * global.hw;
         batchnorm::bn_update_running(
             gpu,

@@ -136,9 +136,17 @@ pub trait Communicator {
 pub struct BnRows<'a> {
     /// The site's number in forward order (`ResNet::batchnorms`).
     pub site: usize,
-    pub rows: &'a wgpu::Buffer,
+    /// Room for every replica's rows, exactly.
+    pub rows: Slice<'a>,
     /// This device's examples: its rows come first in `rows`.
     pub local: u32,
+}
+
+impl BnRows<'_> {
+    /// Values in one example's row, of a global batch of `global` examples.
+    pub fn width(&self, global: u64) -> usize {
+        (self.rows.len / global) as usize
+    }
 }
 
 /// One device exchanging nothing: plain training-mode BatchNorm, its gradient its own.
@@ -238,7 +246,8 @@ struct Scratch {
     geometry: (u32, u32, u32),
 }
 
-/// An activation in [`Scratch`]: the first `len` elements of `buffer`, which may be larger.
+/// The first `len` elements of `buffer`, which may be larger: an activation in [`Scratch`], or
+/// a trip's BatchNorm rows.
 #[derive(Clone)]
 pub(super) struct Transient {
     buffer: wgpu::Buffer,
