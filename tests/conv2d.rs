@@ -520,6 +520,29 @@ fn the_gpu_plan_gives_direct_bits_at_every_width() {
     }
 }
 
+/// The GPU plan's GEMMs over more chunks of pixels than one, each chunk's segments side by side
+/// in a scratch the size of the chunk's own outputs: Direct's bits.
+#[test]
+fn the_gpu_plans_segments_side_by_side_chunk_by_chunk_give_direct_bits() {
+    let Some(gpu) = gpu() else { return };
+    let Some(sized) = gpu_with_limits(|_| {}) else { return };
+    // 32 segments of 256 outputs a pixel forward, 16 of 512 backward: 256 pixels a chunk
+    // within the GPU plan's 8 MiB, of 320.
+    let s = shape(80, 512, 2, 2, 256, 3, 3, 1, 1);
+    let x = uniform(190, s.x_len() as usize);
+    let w = uniform(191, s.w_len() as usize);
+    let dy = uniform(192, s.y_len() as usize);
+    let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
+    sized.start_profile().unwrap();
+    let out = run(&sized, Conv2dAlgo::GemmShared, &s, &x, &w, &dy);
+    let kernels = pollster::block_on(sized.finish_profile()).unwrap();
+    let sums = kernels.iter().filter(|k| k.entry == "conv2d_gemm_segments").count();
+    assert_eq!(sums, 4, "two chunks forward, two backward");
+    assert_eq!(out.y.as_deref().map(bits), plain.y.as_deref().map(bits), "y");
+    assert_eq!(bits(&out.dx), bits(&plain.dx), "dx");
+    assert_eq!(out.dw.as_deref().map(bits), plain.dw.as_deref().map(bits), "dw");
+}
+
 #[test]
 fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
     let Some(gpu) = gpu() else { return };

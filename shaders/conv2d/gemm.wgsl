@@ -41,8 +41,8 @@ struct Gemm {
     batch_out: u32,
     // conv2d_gemm_lanes, _gather and _shared: vec4s of k per segment of the sums (see
     // common.wgsl); with `split` (conv2d_gemm_shared only), workgroup_id.z is a segment, whose
-    // sum goes to the outputs batch_out · z on (batch_a = batch_b = 0), and
-    // conv2d_gemm_segments adds them.
+    // sums go to a slab of rows_a · rows_b, (i, j) at i + j · rows_a, batch_out · z on
+    // (batch_a = batch_b = 0), and conv2d_gemm_segments adds them.
     seg4: u32,
     split: u32,
 }
@@ -155,7 +155,10 @@ fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgr
     }
     for (var i = 0u; i < SHARED_PA && a_base + ti + i < g.rows_a; i++) {
         for (var j = 0u; j < SHARED_PB && b_base + tj + j < g.rows_b; j++) {
-            gs_out[gemm_out_index(a_base + ti + i, b_base + tj + j) + batch.z] = total[i * SHARED_PB + j];
+            let row_a = a_base + ti + i;
+            let row_b = b_base + tj + j;
+            let at = select(gemm_out_index(row_a, row_b), row_a + row_b * g.rows_a, g.split == 1u);
+            gs_out[at + batch.z] = total[i * SHARED_PB + j];
         }
     }
 }
@@ -169,12 +172,11 @@ fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgr
 fn conv2d_gemm_segments(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let f = linear_index(gid, nwg);
     if (f >= g.rows_a * g.rows_b) { return; }
-    let at = gemm_out_index(f % g.rows_a, f / g.rows_a);
     var total = 0.0;
     for (var seg = 0u; seg < (g.row4 + g.seg4 - 1u) / g.seg4; seg++) {
-        total += gp_segments[seg * g.batch_out + at];
+        total += gp_segments[seg * g.batch_out + f];
     }
-    gp_out[at] = total;
+    gp_out[gemm_out_index(f % g.rows_a, f / g.rows_a)] = total;
 }
 
 // The weight gradient as a GEMM (see the top of this file): the forward's im2col rows of one chunk

@@ -3,11 +3,11 @@
 //! broadcasts), and the GEMM over the forward's im2col rows with the examples' pairwise blocks
 //! kept in scratch between chunks.
 
-use super::gemm::{chunk_pixels, gemm_chunk_pixels, im2col_chunks, Gemm};
+use super::gemm::{chunk_pixels, gemm_chunk_pixels, im2col_chunks, Gemm, GPU_CHUNK_BYTES};
 use super::tiles::gemm_lanes_shader;
 use super::{
     checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, Params,
-    GEMM_WG, SCRATCH_BYTES, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
+    GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
@@ -348,12 +348,13 @@ fn backward_weight_tiles(
 
 /// The GPU plan's split of `s`'s weight gradient into units: returns a unit's pixels and a
 /// chunk's most. Each chunk holds as many whole units as make its dispatch `gpu.wide_dispatch`
-/// workgroups wide: examples where that many fit one im2col chunk, else output rows.
+/// workgroups wide: examples where that many fit one im2col chunk of the GPU plan
+/// ([`GPU_CHUNK_BYTES`]), else output rows.
 fn split_units(gpu: &Gpu, s: &Conv2dShape, row4: u64) -> (u64, u64) {
     let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
     let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
     let units = gpu.wide_dispatch.div_ceil(tiles).max(1);
-    let chunk_bytes = SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
+    let chunk_bytes = GPU_CHUNK_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
     let examples_fit = (s.n as u64).min(chunk_bytes / (row4.max(1) * 16 * out_plane));
     // An example unit loops over its whole plane: kept under llvmpipe's loop limit, as chunks are.
     let examples = examples_fit >= units && out_plane <= WEIGHT_CHUNK_PIXELS;

@@ -124,7 +124,7 @@ pub(super) fn gemm(
     // K as the rows hold it, zero-padded to whole vec4s.
     gpu.charge_flops(2.0 * (batch.count as u64 * o.rows_a * o.rows_b * row4 * 4) as f64);
     if algo == Conv2dAlgo::GemmShared && batch.count == 1 {
-        if let Some(segments) = side_by_side(gpu, &o, row4, seg4, out.len) {
+        if let Some(segments) = side_by_side(gpu, &o, row4, seg4) {
             return gemm_segments(gpu, enc, op, params, segments, o.bindings);
         }
     }
@@ -152,12 +152,13 @@ pub(super) fn gemm(
 }
 
 /// The segments a shared-tile GEMM takes side by side, one a workgroup along z: all of them,
-/// where its outputs alone leave the GPU narrow and the segments' sums fit the scratch.
-fn side_by_side(gpu: &Gpu, o: &Operands, row4: u64, seg4: u64, out_len: u64) -> Option<u64> {
+/// where its outputs alone leave the GPU narrow and the segments' sums of the chunk's outputs
+/// fit the scratch (im2col_gemm keeps them within [`SEGMENT_SLABS_BYTES`]).
+fn side_by_side(gpu: &Gpu, o: &Operands, row4: u64, seg4: u64) -> Option<u64> {
     let segments = row4.div_ceil(seg4.max(1));
     let tile = shared_tile(o.rows_a, o.rows_b, gpu.wide_dispatch);
     let groups = o.rows_a.div_ceil(tile.0) * o.rows_b.div_ceil(tile.1);
-    let bytes = segments * out_len * 4;
+    let bytes = segments * o.rows_a * o.rows_b * 4;
     let fits = bytes <= SCRATCH_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
     (segments > 1 && groups < gpu.wide_dispatch && fits).then_some(segments)
 }
@@ -173,12 +174,13 @@ fn gemm_segments(
     bindings: Vec<(&'static str, Slice)>,
 ) -> Result<()> {
     let out = bindings[2].1;
-    let slabs = gpu
-        .scratch("conv2d weight sums", segments * out.len)
-        .map_err(|source| KernelError::Gpu { op, source })?;
-    let slabs = Slice::new(&slabs, 0, segments * out.len);
     let (rows_a, rows_b) = (params.rows_a as u64, params.rows_b as u64);
-    let params = Gemm { batch_a: 0, batch_b: 0, batch_out: out.len as u32, split: 1, ..params };
+    let slab = rows_a * rows_b;
+    let slabs = gpu
+        .scratch("conv2d weight sums", segments * slab)
+        .map_err(|source| KernelError::Gpu { op, source })?;
+    let slabs = Slice::new(&slabs, 0, segments * slab);
+    let params = Gemm { batch_a: 0, batch_b: 0, batch_out: slab as u32, split: 1, ..params };
     let tile = shared_tile(rows_a, rows_b, gpu.wide_dispatch.div_ceil(segments));
     let groups = rows_a.div_ceil(tile.0) * rows_b.div_ceil(tile.1);
     let [x, y, _] = grid_1d(groups * SHARED_WG as u64, SHARED_WG);
@@ -247,15 +249,17 @@ fn operands<'a>(
     Operands { pixels_are_a, rows_a, rows_b, a_stride, bindings }
 }
 
+/// The shared-tile GEMM's output tiles, largest first; the smallest is square.
+const SHARED_TILES: [(u64, u64); 7] =
+    [(64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)];
+
 /// The shared-tile GEMM's output tile (rows of a, rows of b) for `rows_a` × `rows_b` outputs:
 /// the largest whose dispatch launches `wide` workgroups, else the smallest, which launches the
 /// most that the GEMM has (where that is too few, [`side_by_side`] takes its sums' segments in
 /// separate workgroups as well).
 pub(super) fn shared_tile(rows_a: u64, rows_b: u64, wide: u64) -> (u64, u64) {
-    const TILES: [(u64, u64); 7] =
-        [(64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)];
     let fills = |&(a, b): &(u64, u64)| rows_a.div_ceil(a) * rows_b.div_ceil(b) >= wide;
-    TILES.into_iter().find(fills).unwrap_or((16, 16))
+    SHARED_TILES.into_iter().find(fills).unwrap_or(SHARED_TILES[SHARED_TILES.len() - 1])
 }
 
 /// The base module with conv2d_gemm_shared's tile set to `(a, b)`, 16 or 32 or 64 each.
@@ -345,6 +349,27 @@ pub(super) fn gemm_chunk_pixels(row4: u64) -> u64 {
     (GEMM_CHUNK_BYTES / (row4.max(1) * 16)).max(1)
 }
 
+/// The GPU plan's im2col chunks, and the sums of the segments its GEMMs take side by side, hold
+/// about this many bytes at most: a chunk of a few thousand pixels fills a GPU already.
+pub(super) const GPU_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Pixels of a chunk of `gpu`'s `algo` GEMM with `channels` outputs a pixel, summed over `row4`
+/// vec4s in segments of `seg4`: within [`GEMM_CHUNK_BYTES`] of im2col rows; for the GPU plan
+/// within [`GPU_CHUNK_BYTES`] of im2col rows, unless the chunk's smallest tiles would then leave
+/// the dispatch narrow, and of side-by-side segment sums (whose dispatch the segments widen).
+fn im2col_gemm_pixels(gpu: &Gpu, algo: Conv2dAlgo, channels: u64, (row4, seg4): (u64, u64)) -> u64 {
+    if algo != Conv2dAlgo::GemmShared {
+        return gemm_chunk_pixels(row4);
+    }
+    let segments = row4.div_ceil(seg4.max(1));
+    if segments > 1 {
+        return (GPU_CHUNK_BYTES / (segments * channels.max(1) * 4)).max(1);
+    }
+    let (edge, _) = SHARED_TILES[SHARED_TILES.len() - 1];
+    let wide = edge * gpu.wide_dispatch.div_ceil(channels.div_ceil(edge).max(1));
+    (GPU_CHUNK_BYTES / (row4.max(1) * 16)).max(wide).min(gemm_chunk_pixels(row4))
+}
+
 /// im2col, chunk by chunk, each followed by the GEMM against `weights` into `out`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn im2col_gemm(
@@ -364,7 +389,7 @@ pub(super) fn im2col_gemm(
         enc,
         op,
         im2col,
-        (grid.pixels(), 1, gemm_chunk_pixels(row4)),
+        (grid.pixels(), 1, im2col_gemm_pixels(gpu, algo, grid.channels as u64, (row4, seg4))),
         source,
         |enc, begin, count, rows| {
             let operands = (rows, weights, out);
