@@ -131,7 +131,7 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
         s(&stats),
         s(&bgamma),
         s(&sums),
-        s(&dx),
+        k::BnDx::Into(s(&dx)),
     )
     .unwrap();
     submit(gpu, enc);
@@ -295,7 +295,7 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
             s(&bstats),
             s(&bgamma),
             s(&bsums),
-            s(&dx),
+            k::BnDx::Into(s(&dx)),
         )
         .unwrap();
         submit(gpu, enc);
@@ -532,7 +532,8 @@ fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
 }
 
 /// bn_example_sums and bn_backward_input with a gate against relu_backward followed by the
-/// ungated kernels: the same bits (rows, sums, dx); and against the reference composition.
+/// ungated kernels: the same bits (rows, sums, dx); dx written over dy the bits of dx into a
+/// buffer of its own, gated and not; and against the reference composition.
 #[test]
 fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
     let Some(gpu) = gpu() else { return };
@@ -574,6 +575,9 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
             k::bn_example_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&rows))
                 .unwrap();
             k::bn_sum_examples(gpu, e, shape, s(&rows), s(&sums)).unwrap();
+            let over = p("dy, then dx");
+            e.copy_buffer_to_buffer(dy.buffer, 0, &over, 0, dy.bytes());
+            let (x, st, g, su) = (s(&bx), s(&stats), s(&bgamma), s(&sums));
             k::bn_backward_input(
                 gpu,
                 e,
@@ -582,15 +586,32 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
                 EPS,
                 dy,
                 gate,
-                s(&bx),
-                s(&stats),
-                s(&bgamma),
-                s(&sums),
-                s(&dx),
+                x,
+                st,
+                g,
+                su,
+                k::BnDx::Into(s(&dx)),
+            )
+            .unwrap();
+            k::bn_backward_input(
+                gpu,
+                e,
+                shape,
+                count,
+                EPS,
+                s(&over),
+                gate,
+                x,
+                st,
+                g,
+                su,
+                k::BnDx::OverDy,
             )
             .unwrap();
             submit(gpu, enc);
-            (read(gpu, &rows), read(gpu, &sums), read(gpu, &dx))
+            let dx = read(gpu, &dx);
+            assert_eq!(bits(&read(gpu, &over)), bits(&dx), "{shape:?} gated {gated}: over dy");
+            (read(gpu, &rows), read(gpu, &sums), dx)
         };
         let (fused, unfused) = (run(true), run(false));
         assert_eq!(bits(&fused.0), bits(&unfused.0), "{shape:?} rows");
@@ -611,46 +632,6 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
         let ref_dx =
             r::bn_backward_input(d, &dz64, &x64, &gpu_stats, eps, &gamma64, &unpack_sums(&fused.1));
         assert_close(&format!("{shape:?} gated dx"), &fused.2, &ref_dx, 1e-5);
-    }
-}
-
-/// bn_backward_input_over_dy writes over dy the bits bn_backward_input writes into dx, gated and
-/// not, four elements an invocation and one.
-#[test]
-fn backward_input_over_dy_gives_the_bits_of_a_separate_dx() {
-    let Some(gpu) = gpu() else { return };
-    for (i, shape) in FUSED_SHAPES.iter().enumerate() {
-        let seed = 700 + 10 * i as u64;
-        let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
-        let count = shape.positions() as u32;
-        let (x, dy, gate) =
-            (activations(seed, shape), uniform(seed + 1, len), uniform(seed + 2, len));
-        let gamma = uniform_in(seed + 3, c, 0.5, 1.5);
-        let up = |label, v: &[f32]| gpu.upload(label, v).unwrap();
-        let (bx, bdy, bgate, bgamma) =
-            (up("x", &x), up("dy", &dy), up("gate", &gate), up("gamma", &gamma));
-        let (stats, sums) = (poisoned(gpu, "stats", 2 * c), poisoned(gpu, "sums", 2 * c));
-        let s = Slice::whole;
-        let mut enc = gpu.encoder();
-        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
-        backward_sums(gpu, &mut enc, shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
-        submit(gpu, enc);
-        for gated in [false, true] {
-            let (dx, over) = (poisoned(gpu, "dx", len), up("dy, then dx", &dy));
-            let s = Slice::whole;
-            let gate = gated.then(|| s(&bgate));
-            let mut enc = gpu.encoder();
-            let e = &mut enc;
-            let (x, st, g, su) = (s(&bx), s(&stats), s(&bgamma), s(&sums));
-            k::bn_backward_input(gpu, e, shape, count, EPS, s(&bdy), gate, x, st, g, su, s(&dx))
-                .unwrap();
-            k::bn_backward_input_over_dy(gpu, e, shape, count, EPS, s(&over), gate, x, st, g, su)
-                .unwrap();
-            submit(gpu, enc);
-            let (want, got) = (read(gpu, &dx), read(gpu, &over));
-            assert!(want.iter().all(|v| v.is_finite()), "{shape:?} gated {gated}: dx unwritten");
-            assert_eq!(bits(&got), bits(&want), "{shape:?} gated {gated}");
-        }
     }
 }
 

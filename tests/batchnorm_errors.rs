@@ -55,7 +55,7 @@ fn fused_launchers_reject_wrong_lengths() {
             s(&stats),
             s(&gamma),
             s(&sums),
-            s(&dx),
+            k::BnDx::Into(s(&dx)),
         )
     };
     sums_of(e, Some(s(&out))).unwrap();
@@ -125,7 +125,7 @@ fn fused_kernels_fit_webgpus_default_storage_buffer_count() {
         s(&stats),
         s(&gamma),
         s(&sums),
-        s(&dx),
+        k::BnDx::Into(s(&dx)),
     )
     .unwrap();
     submit(&gpu, enc);
@@ -220,7 +220,7 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
             s(&stats),
             s(&gamma),
             sm,
-            s(&dx),
+            k::BnDx::Into(s(&dx)),
         )
     };
     input(e, &shape, 10, s(&sums)).unwrap();

@@ -319,6 +319,15 @@ pub fn bn_sum_examples(
     )
 }
 
+/// Where [`bn_backward_input`] writes dx.
+#[derive(Clone, Copy)]
+pub enum BnDx<'a> {
+    Into(Slice<'a>),
+    /// Over dy, where nothing later reads dy: the same bits, one buffer fewer (each invocation
+    /// reads its elements of dy before it writes them).
+    OverDy,
+}
+
 /// dx = γ/√(σ²+eps) · (dy − Σdy/count − x̂·Σdy·x̂/count), σ² = M2/count, with `sums` over all
 /// `count` positions (every replica's rows). With a `gate`, dy is masked as in
 /// `bn_example_sums`.
@@ -335,42 +344,7 @@ pub fn bn_backward_input(
     stats: Slice,
     gamma: Slice,
     sums: Slice,
-    dx: Slice,
-) -> Result<()> {
-    let inputs = [x, stats, gamma, sums];
-    backward_input(gpu, enc, shape, (count, eps), dy, gate, inputs, Some(dx))
-}
-
-/// [`bn_backward_input`] with dx written over dy, where nothing later reads dy: the same bits,
-/// one buffer fewer.
-#[allow(clippy::too_many_arguments)]
-pub fn bn_backward_input_over_dy(
-    gpu: &Gpu,
-    enc: &mut Encoder,
-    shape: &BnShape,
-    count: u32,
-    eps: f32,
-    dy: Slice,
-    gate: Option<Slice>,
-    x: Slice,
-    stats: Slice,
-    gamma: Slice,
-    sums: Slice,
-) -> Result<()> {
-    backward_input(gpu, enc, shape, (count, eps), dy, gate, [x, stats, gamma, sums], None)
-}
-
-/// bn_backward_input into `dx`, or over dy where it is none.
-#[allow(clippy::too_many_arguments)]
-fn backward_input(
-    gpu: &Gpu,
-    enc: &mut Encoder,
-    shape: &BnShape,
-    (count, eps): (u32, f32),
-    dy: Slice,
-    gate: Option<Slice>,
-    [x, stats, gamma, sums]: [Slice; 4],
-    dx: Option<Slice>,
+    dx: BnDx,
 ) -> Result<()> {
     const OP: &str = "bn_backward_input";
     shape.check(OP)?;
@@ -392,12 +366,14 @@ fn backward_input(
         ("sums", sums),
     ];
     let (entry, grid) = match dx {
-        Some(dx) => {
+        BnDx::Into(dx) => {
             expect_len(OP, "dx", &dx, shape.tensor_len(), "n·c·hw")?;
             bindings.push(("dx", dx));
             shape.elementwise(OP, "bn_backward_input4")
         }
-        None => shape.elementwise("bn_backward_input_over_dy", "bn_backward_input4_over_dy"),
+        BnDx::OverDy => {
+            shape.elementwise("bn_backward_input_over_dy", "bn_backward_input4_over_dy")
+        }
     };
     launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
 }

@@ -9,8 +9,9 @@ use super::{
     BN_EPS,
 };
 use crate::gpu::{Encoder, Slice};
+use crate::kernels::batchnorm::{self, BnDx};
 use crate::kernels::conv2d::{self, Conv2dOp};
-use crate::kernels::{avgpool, batchnorm, cross_entropy, dense, elementwise, maxpool};
+use crate::kernels::{avgpool, cross_entropy, dense, elementwise, maxpool};
 
 /// A unit's backward, for [`Replica::units_backward`].
 pub(super) struct UnitGrad<'a> {
@@ -248,14 +249,13 @@ impl Replica {
         };
         let (gpu, enc, gamma) = (&self.gpu, &mut pass.enc, self.param(bn.weight));
         let (y, stats, sums) = (Slice::whole(&y), Slice::whole(&stats), Slice::whole(&sums));
+        let dx = match g.dr_read_last {
+            true => BnDx::OverDy,
+            false => BnDx::Into(dy.slice()),
+        };
         let dr = g.dr.slice();
-        if g.dr_read_last {
-            let over_dy = batchnorm::bn_backward_input_over_dy;
-            over_dy(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, gamma, sums)?;
-        } else {
-            let into = batchnorm::bn_backward_input;
-            into(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, gamma, sums, dy.slice())?;
-        }
+        let backward = batchnorm::bn_backward_input;
+        backward(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, gamma, sums, dx)?;
         let shape = conv_shape(&conv, input);
         self.conv_weight_grads(pass, &shape, conv.weight, &dy, g.x)?;
         let dx = match g.input_grad {
