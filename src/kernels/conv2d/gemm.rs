@@ -153,7 +153,7 @@ pub(super) fn gemm(
 
 /// The segments a shared-tile GEMM takes side by side, one a workgroup along z: all of them,
 /// where its outputs alone leave the GPU narrow and the segments' sums of the chunk's outputs
-/// fit the scratch (im2col_gemm keeps them within [`SEGMENT_SLABS_BYTES`]).
+/// fit the scratch (the GPU plan's chunks keep them within [`GPU_CHUNK_BYTES`]).
 fn side_by_side(gpu: &Gpu, o: &Operands, row4: u64, seg4: u64) -> Option<u64> {
     let segments = row4.div_ceil(seg4.max(1));
     let tile = shared_tile(o.rows_a, o.rows_b, gpu.wide_dispatch);
@@ -358,16 +358,19 @@ pub(super) const GPU_CHUNK_BYTES: u64 = 8 << 20;
 /// within [`GPU_CHUNK_BYTES`] of im2col rows, unless the chunk's smallest tiles would then leave
 /// the dispatch narrow, and of side-by-side segment sums (whose dispatch the segments widen).
 fn im2col_gemm_pixels(gpu: &Gpu, algo: Conv2dAlgo, channels: u64, (row4, seg4): (u64, u64)) -> u64 {
+    let im2col = gemm_chunk_pixels(row4);
     if algo != Conv2dAlgo::GemmShared {
-        return gemm_chunk_pixels(row4);
+        return im2col;
     }
     let segments = row4.div_ceil(seg4.max(1));
-    if segments > 1 {
-        return (GPU_CHUNK_BYTES / (segments * channels.max(1) * 4)).max(1);
-    }
-    let (edge, _) = SHARED_TILES[SHARED_TILES.len() - 1];
-    let wide = edge * gpu.wide_dispatch.div_ceil(channels.div_ceil(edge).max(1));
-    (GPU_CHUNK_BYTES / (row4.max(1) * 16)).max(wide).min(gemm_chunk_pixels(row4))
+    let most = if segments > 1 {
+        GPU_CHUNK_BYTES / (segments * channels.max(1) * 4)
+    } else {
+        let (edge, _) = SHARED_TILES[SHARED_TILES.len() - 1];
+        let wide = edge * gpu.wide_dispatch.div_ceil(channels.div_ceil(edge).max(1));
+        (GPU_CHUNK_BYTES / (row4.max(1) * 16)).max(wide)
+    };
+    most.min(im2col).max(1)
 }
 
 /// im2col, chunk by chunk, each followed by the GEMM against `weights` into `out`.
