@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::Result;
+use super::{Result, Transient};
 use crate::gpu::Gpu;
 
 /// A conv → BatchNorm unit of the network, by its place.
@@ -64,20 +64,25 @@ pub(super) struct Activations {
 impl Activations {
     /// The buffer `act` of `len` elements, made on first use or when its size changes.
     pub(super) fn sized(&mut self, gpu: &Gpu, act: Act, len: u64) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.buffers.get(&act) {
-            if b.size() == len.max(1) * 4 {
-                return Ok(b.clone());
-            }
-        }
-        let b = gpu.buffer(&format!("{act:?}"), len)?;
-        self.buffers.insert(act, b.clone());
-        Ok(b)
+        self.kept_while(gpu, act, len, |bytes, wanted| bytes == wanted)
     }
 
-    /// The buffer `act` of at least `len` elements, replaced by a larger one when a use needs
-    /// more: for the buffers the units of a pass take in turn, each at its own size.
-    pub(super) fn at_least(&mut self, gpu: &Gpu, act: Act, len: u64) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.buffers.get(&act).filter(|b| b.size() >= len.max(1) * 4) {
+    /// The first `len` elements of buffer `act`, replaced by a larger one when a use needs more:
+    /// for the buffers the units of a pass take in turn, each at its own size.
+    pub(super) fn at_least(&mut self, gpu: &Gpu, act: Act, len: u64) -> Result<Transient> {
+        let buffer = self.kept_while(gpu, act, len, |bytes, wanted| bytes >= wanted)?;
+        Ok(Transient { buffer, len })
+    }
+
+    /// The buffer `act`, made anew for `len` elements unless `keeps(its bytes, the bytes wanted)`.
+    fn kept_while(
+        &mut self,
+        gpu: &Gpu,
+        act: Act,
+        len: u64,
+        keeps: impl Fn(u64, u64) -> bool,
+    ) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.buffers.get(&act).filter(|b| keeps(b.size(), len.max(1) * 4)) {
             return Ok(b.clone());
         }
         let b = gpu.buffer(&format!("{act:?}"), len)?;

@@ -178,8 +178,9 @@ impl Replica {
     }
 
     /// Unit `g`'s per-example `[Σdy | Σdy·x̂]` rows, the `slot`-th of its trip, this device's
-    /// first in room for every replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this replica's own examples into
-    /// the piece's slab (docs/design.md: they stay local until the gradient all-reduce).
+    /// first in room for every replica's; and dβ = Σdy, dγ = Σdy·x̂ over each piece of this
+    /// replica's own examples into the piece's slab (docs/design.md: they stay local until the
+    /// gradient all-reduce).
     fn example_sums<S: Communicator>(
         &mut self,
         pass: &mut Pass<'_, S>,
@@ -193,7 +194,6 @@ impl Replica {
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.acts.at_least(&self.gpu, Act::SumsRows(slot), global.rows_len())?;
-        let rows = Transient { buffer: rows, len: global.rows_len() };
         batchnorm::bn_example_sums(
             &self.gpu,
             &mut pass.enc,

@@ -153,12 +153,11 @@ impl Replica {
     ) -> Result<Transient> {
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
-        let len = global.rows_len();
-        let rows = self.acts.at_least(&self.gpu, Act::StatsRows(slot), len)?;
+        let rows = self.acts.at_least(&self.gpu, Act::StatsRows(slot), global.rows_len())?;
         let y = self.acts.saved(Act::Conv(id));
-        let local_rows = Slice::new(&rows, 0, bs.rows_len());
+        let local_rows = Slice::new(&rows.buffer, 0, bs.rows_len());
         batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), local_rows)?;
-        Ok(Transient { buffer: rows, len })
+        Ok(rows)
     }
 
     /// Unit `unit`'s [`Act::Stats`]: merged from every replica's `rows`, with the running

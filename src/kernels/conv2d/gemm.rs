@@ -249,9 +249,11 @@ fn operands<'a>(
     Operands { pixels_are_a, rows_a, rows_b, a_stride, bindings }
 }
 
-/// The shared-tile GEMM's output tiles, largest first; the smallest is square.
+/// The shared-tile GEMM's output tiles, largest first.
 const SHARED_TILES: [(u64, u64); 7] =
     [(64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)];
+/// The smallest of them: square.
+const SMALLEST_SHARED_TILE: (u64, u64) = SHARED_TILES[SHARED_TILES.len() - 1];
 
 /// The shared-tile GEMM's output tile (rows of a, rows of b) for `rows_a` × `rows_b` outputs:
 /// the largest whose dispatch launches `wide` workgroups, else the smallest, which launches the
@@ -259,7 +261,7 @@ const SHARED_TILES: [(u64, u64); 7] =
 /// separate workgroups as well).
 pub(super) fn shared_tile(rows_a: u64, rows_b: u64, wide: u64) -> (u64, u64) {
     let fills = |&(a, b): &(u64, u64)| rows_a.div_ceil(a) * rows_b.div_ceil(b) >= wide;
-    SHARED_TILES.into_iter().find(fills).unwrap_or(SHARED_TILES[SHARED_TILES.len() - 1])
+    SHARED_TILES.into_iter().find(fills).unwrap_or(SMALLEST_SHARED_TILE)
 }
 
 /// The base module with conv2d_gemm_shared's tile set to `(a, b)`, 16 or 32 or 64 each.
@@ -366,7 +368,7 @@ fn im2col_gemm_pixels(gpu: &Gpu, algo: Conv2dAlgo, channels: u64, (row4, seg4): 
     let most = if segments > 1 {
         GPU_CHUNK_BYTES / (segments * channels.max(1) * 4)
     } else {
-        let (edge, _) = SHARED_TILES[SHARED_TILES.len() - 1];
+        let (edge, _) = SMALLEST_SHARED_TILE;
         let wide = edge * gpu.wide_dispatch.div_ceil(channels.div_ceil(edge).max(1));
         (GPU_CHUNK_BYTES / (row4.max(1) * 16)).max(wide)
     };
