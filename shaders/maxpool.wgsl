@@ -7,11 +7,11 @@
 // - NaN: WGSL lets implementations assume there are none, so no NaN rule is promised. As
 //   written, a NaN wins only as a window's first real cell (comparisons with NaN are false);
 //   PyTorch would propagate it. argmax always names a real cell of the window either way.
-// - The backward is a GATHER: for each input cell it visits the output windows containing the
-//   cell (rows, then columns, ascending) and sums the dy of those whose argmax names it. Fixed
-//   order, every dx element written once, by the invocation of its row. Gated (the pool after
-//   a ReLU), a window counts only where its output is > 0: its maximum is the ReLU's output at
-//   the cell it chose, so that cell's gate, and the ReLU's output need not be kept.
+// - The backward is a GATHER: each input cell gets the sum of the dy of the output windows whose
+//   argmax names it, windows taken rows, then columns, ascending, onto +0. Fixed order, every dx
+//   element written once, by the invocation of its row. Gated (the pool after a ReLU), a window
+//   counts only where its output is > 0: its maximum is the ReLU's output at the cell it chose,
+//   so that cell's gate, and the ReLU's output need not be kept.
 // - maxpool_forward_with_argmax reads x at a given argmax, so a checking run can impose another
 //   run's pooling choices (docs/design.md, "Same activation pattern").
 
@@ -100,9 +100,14 @@ fn covering(i: u32, out_len: u32) -> vec2<u32> {
     return vec2<u32>(lo, hi);
 }
 
-// One invocation per input row: the column loop is the same for every invocation, so the
-// windows covering a column are worked out once for all of them (integer division is a scalar
-// loop per lane on CPU drivers; per cell it took most of the kernel's time).
+// One invocation per input row, in chunks of ROW_CHUNK cells: it reads each window covering the
+// chunk once (argmax, gate, dy) and adds its dy onto the cell it names, where that cell is in the
+// chunk. Windows come rows, then columns, ascending, so each cell gets its sum in that order. On
+// CPU drivers every storage load is a loop over the SIMD lanes: per window rather than per
+// (cell, covering window) it makes a fraction of the loads. The chunk's sums are a private array
+// of fixed size, whatever the row's width.
+const ROW_CHUNK: u32 = 32u;
+
 @compute @workgroup_size(WG)
 fn maxpool_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = linear_index(gid, nwg);
@@ -110,18 +115,24 @@ fn maxpool_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     let row = t % p.h;
     let out_base = (t / p.h) * p.out_h * p.out_w;
     let rows = covering(row, p.out_h);
-    for (var col = 0u; col < p.w; col = col + 1u) {
-        let cols = covering(col, p.out_w);
-        let cell = row * p.w + col;
-        var sum = 0.0;
-        for (var r = rows.x; r < rows.y; r = r + 1u) {
-            for (var c = cols.x; c < cols.y; c = c + 1u) {
+    for (var c0 = 0u; c0 < p.w; c0 += ROW_CHUNK) {
+        let cells = min(ROW_CHUNK, p.w - c0);
+        let cols = vec2<u32>(covering(c0, p.out_w).x, covering(c0 + cells - 1u, p.out_w).y);
+        // The argmax of the chunk's first cell: a window names cell j of the chunk by first + j
+        // (u32 wraps, so a cell before the chunk names a j past it).
+        let first = row * p.w + c0;
+        var sums: array<f32, ROW_CHUNK>;
+        for (var r = rows.x; r < rows.y; r++) {
+            for (var c = cols.x; c < cols.y; c++) {
                 let o = out_base + r * p.out_w + c;
-                if (bwd_argmax[o] == cell && (p.gated == 0u || bwd_gate[o] > 0.0)) {
-                    sum = sum + bwd_dy[o];
+                let j = bwd_argmax[o] - first;
+                if (j < cells && (p.gated == 0u || bwd_gate[o] > 0.0)) {
+                    sums[j] += bwd_dy[o];
                 }
             }
         }
-        bwd_dx[t * p.w + col] = sum;
+        for (var j = 0u; j < cells; j++) {
+            bwd_dx[t * p.w + c0 + j] = sums[j];
+        }
     }
 }

@@ -32,11 +32,29 @@ fn poisoned_u32(gpu: &Gpu, len: usize) -> wgpu::Buffer {
     gpu.upload("argmax", &vec![u32::MAX; len]).unwrap()
 }
 
+/// dx as the backward must sum it in f32: each window's dy onto the cell it names, the windows
+/// of a plane rows, then columns, ascending, onto +0.
+fn backward_in_window_order(shape: &MaxPoolShape, dy: &[f32], argmax: &[u32]) -> Vec<f32> {
+    let plane_in = shape.h as usize * shape.w as usize;
+    let plane_out = shape.out_h() as usize * shape.out_w() as usize;
+    let mut dx = vec![0.0f32; shape.input_len() as usize];
+    for (o, (&d, &at)) in dy.iter().zip(argmax).enumerate() {
+        dx[o / plane_out * plane_in + at as usize] += d;
+    }
+    dx
+}
+
 /// Runs forward, forward_with_argmax (with the saved argmax) and backward on `x`, and checks
-/// each against the reference: argmax exactly, y and dx to 1e-5, the replayed y bitwise.
+/// each against the reference: argmax exactly, y and dx to 1e-5, the replayed y bitwise, and
+/// dx bitwise the sums in window order.
 fn check_against_reference(gpu: &Gpu, shape: MaxPoolShape, x: &[f32], seed: u64) {
     let (in_len, out_len) = (shape.input_len() as usize, shape.output_len() as usize);
-    let dy = uniform(seed, out_len);
+    // Magnitudes over a range, so that sums of a few dy round, and their order shows in dx's bits.
+    let dy: Vec<f32> = uniform(seed, out_len)
+        .iter()
+        .zip(uniform_in(seed + 1, out_len, -6.0, 6.0))
+        .map(|(v, e)| v * e.exp2())
+        .collect();
     let (bx, bdy) = (gpu.upload("x", x).unwrap(), gpu.upload("dy", &dy).unwrap());
     let (y, argmax, replay, dx) = (
         poisoned(gpu, "y", out_len),
@@ -64,6 +82,11 @@ fn check_against_reference(gpu: &Gpu, shape: MaxPoolShape, x: &[f32], seed: u64)
         &r::maxpool_backward(&to_f64(&dy), pool(&shape), &rargmax),
         1e-5,
     );
+    assert_eq!(
+        bits(&read(gpu, &dx)),
+        bits(&backward_in_window_order(&shape, &dy, &gpu_argmax)),
+        "{shape:?}: dx is not summed in window order"
+    );
 }
 
 #[test]
@@ -71,11 +94,13 @@ fn forward_argmax_and_backward_match_reference() {
     let Some(gpu) = gpu() else { return };
     let shapes = [
         resnet_pool(8, 64, 16, 16), // ResNet-34's pool at 32×32 input
+        resnet_pool(1, 4, 70, 70),  // rows of three chunks, the last ragged
         resnet_pool(1, 64, 7, 7),
         resnet_pool(1, 3, 5, 9),
         resnet_pool(2, 5, 1, 1),
         // Other windows: overlapping (a cell in up to 9 windows), non-overlapping, wide padding.
         MaxPoolShape { n: 1, c: 4, h: 6, w: 5, k: 3, stride: 1, pad: 1 },
+        MaxPoolShape { n: 1, c: 2, h: 4, w: 65, k: 3, stride: 1, pad: 1 },
         MaxPoolShape { n: 2, c: 3, h: 7, w: 8, k: 2, stride: 2, pad: 0 },
         MaxPoolShape { n: 1, c: 2, h: 9, w: 7, k: 5, stride: 3, pad: 2 },
     ];
@@ -131,16 +156,49 @@ fn ties_choose_the_first_maximum_in_scan_order() {
     let Some(gpu) = gpu() else { return };
     // Integer values in {-2, …, 1}: most windows hold a tie, and all-negative windows next to
     // the padding check that padding is never chosen.
-    for (i, shape) in
-        [resnet_pool(2, 64, 9, 9), MaxPoolShape { n: 1, c: 8, h: 7, w: 6, k: 3, stride: 1, pad: 1 }]
-            .into_iter()
-            .enumerate()
+    for (i, shape) in [
+        resnet_pool(2, 64, 9, 9),
+        resnet_pool(1, 8, 40, 67),
+        MaxPoolShape { n: 1, c: 8, h: 7, w: 6, k: 3, stride: 1, pad: 1 },
+        MaxPoolShape { n: 1, c: 8, h: 5, w: 70, k: 3, stride: 1, pad: 1 },
+    ]
+    .into_iter()
+    .enumerate()
     {
         let x: Vec<f32> = uniform_in(20 + i as u64, shape.input_len() as usize, -2.0, 2.0)
             .iter()
             .map(|v| v.floor())
             .collect();
         check_against_reference(gpu, shape, &x, 200 + i as u64);
+    }
+}
+
+/// Peaks every third row and column, above noise: every window holds one peak and names it, so
+/// a peak gets the dy of up to k·k windows (4 of ResNet's, 9 at stride 1), and only the window
+/// order gives dx's bits.
+#[test]
+fn a_cell_named_by_many_windows_sums_them_in_window_order() {
+    let Some(gpu) = gpu() else { return };
+    let shapes = [
+        resnet_pool(2, 4, 40, 70),
+        MaxPoolShape { n: 1, c: 3, h: 10, w: 70, k: 3, stride: 1, pad: 1 },
+    ];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        let noise = uniform_in(50 + i as u64, shape.input_len() as usize, 0.0, 0.5);
+        let w = shape.w as usize;
+        let x: Vec<f32> = noise
+            .iter()
+            .enumerate()
+            .map(|(at, &v)| {
+                let (row, col) = (at / w % shape.h as usize, at % w);
+                if row % 3 == 1 && col % 3 == 1 {
+                    10.0 + v
+                } else {
+                    v
+                }
+            })
+            .collect();
+        check_against_reference(gpu, shape, &x, 300 + i as u64);
     }
 }
 

@@ -14,6 +14,8 @@ use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 pub(crate) const SHADER: Shader =
     Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
 const WG: u32 = 256;
+/// Cells of a row the backward sums at once (`ROW_CHUNK` in the shader).
+const ROW_CHUNK: u64 = 32;
 
 /// Input [n, c, h, w] and a k×k window moved by `stride` over the input padded by `pad`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +116,8 @@ pub fn maxpool_forward(
     expect_len(OP, "x", &x, shape.input_len(), "n·c·h·w")?;
     expect_len(OP, "y", &y, shape.output_len(), "n·c·out_h·out_w")?;
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
-    expect_row_within_loop_limit(gpu, OP, shape.out_w(), shape)?;
+    let iterations = shape.out_w() as u64 * (shape.k as u64 * shape.k as u64 + 1);
+    expect_row_within_loop_limit(gpu, OP, shape.out_w(), iterations)?;
     let bindings = [("x", x), ("y", y), ("argmax", argmax)];
     // One invocation per output row (n, c, oy).
     launch(
@@ -194,7 +197,7 @@ fn backward(
         expect_len(op, "y", y, shape.output_len(), "n·c·out_h·out_w")?;
     }
     expect_len(op, "dx", &dx, shape.input_len(), "n·c·h·w")?;
-    expect_row_within_loop_limit(gpu, op, shape.w, shape)?;
+    expect_row_within_loop_limit(gpu, op, shape.w, backward_iterations(shape))?;
     // Without a gate, dy stands in for it: a bind group fills every binding; the kernel ignores it.
     let params = Params { gated: gate.is_some() as u32, ..params };
     let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx), ("gate", gate.unwrap_or(dy))];
@@ -211,16 +214,15 @@ fn backward(
     )
 }
 
-/// An invocation loops over a row of `cells`, each visiting up to k·k window cells: refuse rows
-/// where llvmpipe would cut the loops short (rows of ~6500 cells and more at k = 3) rather than
-/// return a wrong result.
+/// An invocation loops over a row of `cells`: refuse rows where llvmpipe would cut its
+/// `iterations` short (at k = 3, forward rows of ~6500 cells and more) rather than return a
+/// wrong result.
 fn expect_row_within_loop_limit(
     gpu: &Gpu,
     op: &'static str,
     cells: u32,
-    shape: &MaxPoolShape,
+    iterations: u64,
 ) -> Result<()> {
-    let iterations = cells as u64 * (shape.k as u64 * shape.k as u64 + 1);
     expect_within_llvmpipe_loops(
         &gpu.info.name,
         op,
@@ -229,4 +231,12 @@ fn expect_row_within_loop_limit(
         || format!("has rows of {cells} cells"),
         "",
     )
+}
+
+/// At most how many times a backward invocation loops over its row: per chunk of
+/// [`ROW_CHUNK`] cells, the windows covering it, then its cells.
+fn backward_iterations(shape: &MaxPoolShape) -> u64 {
+    let (k, stride) = (shape.k as u64, shape.stride as u64);
+    let windows = k.div_ceil(stride) * ((ROW_CHUNK + k - 1).div_ceil(stride) + 1);
+    (shape.w as u64).div_ceil(ROW_CHUNK) * (windows + ROW_CHUNK + 1)
 }
