@@ -138,7 +138,6 @@ pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 8 },
-    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 12, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 4 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 8, per_workgroup: 8 },
@@ -150,6 +149,9 @@ pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 16 },
     GemmTile { lanes: GemmLanes::Channels, per_invocation: 4, per_workgroup: 16 },
     GemmTile { lanes: GemmLanes::ChannelsGather, per_invocation: 4, per_workgroup: 16 },
+    // 32 output channels shared: the weight gradient's widest tile, four loads and thirty-two
+    // broadcasts of dy per vec4 of k.
+    GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 32 },
 ];
 
 impl Conv2dAlgo {
