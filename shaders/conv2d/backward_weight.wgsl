@@ -37,14 +37,16 @@ fn conv2d_backward_weight_direct(@builtin(global_invocation_id) gid: vec3<u32>, 
     wd_dw[i] = pairwise_total(&blocks, examples);
 }
 
-// Tile: output channels co0..co0+15 × input channels ci0..ci0+3, one tap (ky, kx) after the
-// other, each in the direct kernel's summation order (four x loads serve 64 products). Rows and
-// columns of output pixels whose window puts the tap on padding only add +0 (see common.wgsl), so
-// the loops skip them: on ResNet-34's 2×2 maps a 3×3 kernel's taps read the input at 16 of 36
-// (pixel, tap) pairs. Every invocation is at the same tap at the same time, so those loop bounds
-// are the same across invocations; and an invocation writes whole kernels (kh·kw consecutive
-// weights), not one weight per cache line. The sums of 4 output channels are the columns of one
-// matrix: a, b, c, d hold channels co0..co0+3, +4..+7, +8..+11, +12..+15.
+// Tile: output channels co0..co0+WB_CO−1 × input channels ci0..ci0+3, one tap (ky, kx) after
+// the other, each in the direct kernel's summation order (four x loads serve 4·WB_CO products).
+// Rows and columns of output pixels whose window puts the tap on padding only add +0 (see
+// common.wgsl), so the loops skip them: on ResNet-34's 2×2 maps a 3×3 kernel's taps read the
+// input at 16 of 36 (pixel, tap) pairs. Every invocation is at the same tap at the same time, so
+// those loop bounds are the same across invocations; and an invocation writes whole kernels
+// (kh·kw consecutive weights), not one weight per cache line. The sums of 4 output channels are
+// the columns of one matrix, a group: a holds channels co0..co0+3, b +4..+7, and so on. The
+// launcher writes each `// EACH` line out once per group (blocked_weight_shader), @ the group's
+// letter and # its first channel's offset, and sets WB_CO, 4 per group.
 @group(0) @binding(1) var<storage, read> wb_dy: array<f32>;
 @group(0) @binding(2) var<storage, read> wb_x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> wb_dw: array<f32>;
@@ -62,9 +64,10 @@ fn outputs_inside(k: u32, size: u32, out: u32) -> vec2<u32> {
 
 // A workgroup holds one tile of output channels, its invocations consecutive tiles of input
 // channels: every invocation of a workgroup reads the same dy. Where the device has subgroups
-// of 8 or more, the launcher compiles the dy reads between BEGIN DY and END DY as two loads per
-// invocation, each of a different output channel, and subgroupBroadcast to the others (on
-// lavapipe a storage load is a loop over the SIMD lanes, a broadcast one instruction).
+// of 8 or more, the launcher compiles the dy reads between BEGIN DY and END DY as one load per
+// invocation for every 8 output channels, each of a different channel, and subgroupBroadcast to
+// the others (on lavapipe a storage load is a loop over the SIMD lanes, a broadcast one
+// instruction).
 const WB_LANES: u32 = 16u;
 const WB_CO: u32 = 16u;
 
@@ -84,10 +87,7 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
     let ci = min(vec4<u32>(ci0) + lanes, vec4<u32>(p.c_in - 1u));
     let last = vec4<u32>(p.c_out - 1u);
-    let co_a = min(vec4<u32>(co0) + lanes, last);
-    let co_b = min(vec4<u32>(co0 + 4u) + lanes, last);
-    let co_c = min(vec4<u32>(co0 + 8u) + lanes, last);
-    let co_d = min(vec4<u32>(co0 + 12u) + lanes, last);
+    // EACH let co_@ = min(vec4<u32>(co0 + #u) + lanes, last);
     let hw = p.h * p.w;
     let ohw = p.out_h * p.out_w;
     let khw = p.kh * p.kw;
@@ -97,47 +97,26 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
         let kx = tap % p.kw;
         let rows = outputs_inside(ky, p.h, p.out_h);
         let cols = outputs_inside(kx, p.w, p.out_w);
-        var blocks_a: array<mat4x4<f32>, PAIRWISE_LEVELS>;
-        var blocks_b: array<mat4x4<f32>, PAIRWISE_LEVELS>;
-        var blocks_c: array<mat4x4<f32>, PAIRWISE_LEVELS>;
-        var blocks_d: array<mat4x4<f32>, PAIRWISE_LEVELS>;
+        // EACH var blocks_@: array<mat4x4<f32>, PAIRWISE_LEVELS>;
         for (var n = 0u; n < examples; n++) {
-            var ea = mat4x4<f32>();
-            var eb = mat4x4<f32>();
-            var ec = mat4x4<f32>();
-            var ed = mat4x4<f32>();
+            // EACH var e@ = mat4x4<f32>();
             let x_n = (vec4<u32>(n * p.c_in) + ci) * hw;
             let dy_n = n * p.c_out * ohw;
             for (var oy = rows.x; oy < rows.y; oy++) {
                 let iy = oy * p.stride + ky - p.pad;
-                var ra = mat4x4<f32>();
-                var rb = mat4x4<f32>();
-                var rc = mat4x4<f32>();
-                var rd = mat4x4<f32>();
+                // EACH var r@ = mat4x4<f32>();
                 for (var ox = cols.x; ox < cols.y; ox++) {
                     let xi = x_n + vec4<u32>(iy * p.w + ox * p.stride + kx - p.pad);
                     let xv = vec4<f32>(wb_x[xi.x], wb_x[xi.y], wb_x[xi.z], wb_x[xi.w]);
                     let pix = dy_n + oy * p.out_w + ox;
                     // BEGIN DY conv2d_backward_weight_blocked
-                    let da = wb_dy4(co_a * ohw + vec4<u32>(pix));
-                    let db = wb_dy4(co_b * ohw + vec4<u32>(pix));
-                    let dc = wb_dy4(co_c * ohw + vec4<u32>(pix));
-                    let dd = wb_dy4(co_d * ohw + vec4<u32>(pix));
+                    // EACH let d@ = wb_dy4(co_@ * ohw + vec4<u32>(pix));
                     // END DY conv2d_backward_weight_blocked
-                    ra[0] += da.x * xv; ra[1] += da.y * xv; ra[2] += da.z * xv; ra[3] += da.w * xv;
-                    rb[0] += db.x * xv; rb[1] += db.y * xv; rb[2] += db.z * xv; rb[3] += db.w * xv;
-                    rc[0] += dc.x * xv; rc[1] += dc.y * xv; rc[2] += dc.z * xv; rc[3] += dc.w * xv;
-                    rd[0] += dd.x * xv; rd[1] += dd.y * xv; rd[2] += dd.z * xv; rd[3] += dd.w * xv;
+                    // EACH r@[0] += d@.x * xv; r@[1] += d@.y * xv; r@[2] += d@.z * xv; r@[3] += d@.w * xv;
                 }
-                ea += ra;
-                eb += rb;
-                ec += rc;
-                ed += rd;
+                // EACH e@ += r@;
             }
-            wb_push(&blocks_a, n, examples, ea);
-            wb_push(&blocks_b, n, examples, eb);
-            wb_push(&blocks_c, n, examples, ec);
-            wb_push(&blocks_d, n, examples, ed);
+            // EACH wb_push(&blocks_@, n, examples, e@);
         }
         if (live) {
             // dw[co, ci, ky, kx]: whole groups of 4 output channels as 16 plain stores each (on
@@ -145,10 +124,7 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
             // by element.
             let at = ((co0 * p.c_in + ci0) * p.dw_kh + p.crop_y + ky) * p.dw_kw + p.crop_x + kx;
             let co_step = p.c_in * p.dw_kh * p.dw_kw;
-            wb_store(at, co_step, co0, ci0, wb_total(&blocks_a, examples));
-            wb_store(at + 4u * co_step, co_step, co0 + 4u, ci0, wb_total(&blocks_b, examples));
-            wb_store(at + 8u * co_step, co_step, co0 + 8u, ci0, wb_total(&blocks_c, examples));
-            wb_store(at + 12u * co_step, co_step, co0 + 12u, ci0, wb_total(&blocks_d, examples));
+            // EACH wb_store(at + #u * co_step, co_step, co0 + #u, ci0, wb_total(&blocks_@, examples));
         }
     }
 }

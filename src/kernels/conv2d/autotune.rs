@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::backward_weight::broadcast_shader;
+use super::backward_weight::blocked_weight_shader;
 use super::tiles::gemm_lanes_shader;
 use super::tune::{ChoiceKey, Choices};
 use super::{conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape, GEMM_TILES, SHADER};
@@ -73,15 +73,16 @@ pub(super) struct Timing {
     pub(super) runs: usize,
 }
 
-/// A hash of the kernels' source as compiled (the base module, the broadcasting one, every
-/// tile's with and without broadcasts): a change to a kernel or to the tiles on offer, within a
-/// version too, changes which is fastest.
+/// A hash of the kernels' source as compiled (the base module, the Blocked weight gradient's
+/// broadcasting ones, every tile's with and without broadcasts): a change to a kernel or to the
+/// tiles on offer, within a version too, changes which is fastest.
 pub(super) fn kernels_hash() -> &'static str {
     static HASH: OnceLock<String> = OnceLock::new();
     HASH.get_or_init(|| {
         let tiles =
             GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
-        let sources = [SHADER.source, broadcast_shader().source].into_iter().chain(tiles);
+        let blocked = [4, 8].map(|groups| blocked_weight_shader(groups, true, false).source);
+        let sources = std::iter::once(SHADER.source).chain(blocked).chain(tiles);
         // SHA-256 (stable across builds and platforms, unlike std's hasher), its first 8 bytes
         // in hex: the cache only tells builds apart.
         use sha2::Digest;
