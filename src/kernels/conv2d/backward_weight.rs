@@ -149,7 +149,7 @@ fn each_group(source: &str, groups: u32) -> String {
     for line in source.lines() {
         match line.split_once("// EACH ") {
             Some((indent, each)) if indent.trim().is_empty() => {
-                for (g, letter) in ('a'..='z').take(groups as usize).enumerate() {
+                for (g, letter) in group_letters(groups) {
                     let written = each.replace('@', &letter.to_string());
                     out.push_str(&format!(
                         "{indent}{}\n",
@@ -161,6 +161,12 @@ fn each_group(source: &str, groups: u32) -> String {
         }
     }
     out
+}
+
+/// The Blocked kernel's groups of 4 output channels: each one's index and the letter its
+/// variables carry (`ra`, `da`, `blocks_a`, …), the same in every line written for it.
+fn group_letters(groups: u32) -> impl Iterator<Item = (usize, char)> {
+    ('a'..='z').take(groups as usize).enumerate()
 }
 
 /// The Blocked weight gradient's dy reads (BEGIN DY … END DY) for devices that broadcast
@@ -181,7 +187,7 @@ fn broadcast_dy(source: &str, groups: u32) -> String {
             8 * m
         ));
     }
-    for (g, letter) in ('a'..='z').take(groups as usize).enumerate() {
+    for (g, letter) in group_letters(groups) {
         let lanes: Vec<String> = (0..4)
             .map(|i| format!("subgroupBroadcast(m{}, {}u)", g / 2, 4 * (g % 2) + i))
             .collect();
