@@ -575,12 +575,14 @@ impl Training<'_> {
     /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
     fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
-        if let Some(path) = self.checkpoint {
-            let saved = self.save(path)?;
-            self.say(&saved);
-        }
+        let saved = self.checkpoint.map(|path| self.save(path)).transpose()?;
+        // A signal before here stops the run after its last step; once the checkpoint line is
+        // out, one stops the final evaluation (a log reader can tell which from that line).
         let step = self.trainer.step;
         halt(self.stop, self.args, &format!("after step {step}"), Some(step))?;
+        if let Some(saved) = saved {
+            self.say(&saved);
+        }
         let losses = &self.losses;
         if !losses.is_empty() {
             // Single steps are noisy: compare the means of the first and last few.
