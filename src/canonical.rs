@@ -122,7 +122,7 @@ impl Plan {
     }
 
     /// Runs the plan over `leaf(i)`, the value of leaf i, with `add(left, right)`.
-    pub fn run<T>(&self, leaf: impl Fn(usize) -> T, add: impl Fn(T, T) -> T) -> T {
+    pub fn run<T>(&self, mut leaf: impl FnMut(usize) -> T, mut add: impl FnMut(T, T) -> T) -> T {
         let mut stack: Vec<T> = Vec::with_capacity(64);
         for step in &self.steps {
             match *step {

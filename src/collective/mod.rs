@@ -183,21 +183,82 @@ pub fn reduce_chunks(
 ) {
     let len = leaves.iter().map(|p| p.len()).min().unwrap_or(0);
     let holders = plan.leaves.iter().map(|&(h, _)| h + 1).max().unwrap_or(1);
+    // Chunk buffers, reused from chunk to chunk: a plan of R leaves holds at most R − 1 sums.
+    let mut spare: Vec<Vec<f32>> = Vec::new();
     for start in (0..len).step_by(CHUNK) {
         let n = CHUNK.min(len - start);
-        // IEEE addition commutes exactly: only the tree's shape matters, and it is the plan's.
-        let mut sum = plan.run(
-            |i| leaves[i][start..start + n].to_vec(),
-            |mut left, right| {
-                left.iter_mut().zip(&right).for_each(|(l, r)| *l += r);
-                left
-            },
+        let sum = plan.run(
+            |i| Part::Leaf(&leaves[i][start..start + n]),
+            |left, right| left.add(right, &mut spare),
         );
+        let mut sum = match (sum, op) {
+            (Part::Leaf(values), ReduceOp::Sum) => {
+                out(start, values);
+                continue;
+            }
+            (sum, _) => sum.into_sum(&mut spare),
+        };
         if op == ReduceOp::Mean {
             let r = holders as f32;
             sum.iter_mut().for_each(|v| *v /= r);
         }
         out(start, &sum);
+        spare.push(sum);
+    }
+}
+
+/// A value on the plan's stack within one chunk of [`reduce_chunks`]: a leaf's values, read
+/// where they lie (copying them first would take as long as the sum itself), or a sum in a chunk
+/// buffer.
+enum Part<'a> {
+    Leaf(&'a [f32]),
+    Sum(Vec<f32>),
+}
+
+impl Part<'_> {
+    fn values(&self) -> &[f32] {
+        match self {
+            Part::Leaf(values) => values,
+            Part::Sum(values) => values,
+        }
+    }
+
+    /// `self + right`, element by element, into a chunk buffer: one of theirs where either is a
+    /// sum (IEEE addition commutes exactly, so which one holds it does not change a bit), else
+    /// one from `spare`; a buffer freed goes back there.
+    fn add(self, right: Part<'_>, spare: &mut Vec<Vec<f32>>) -> Part<'static> {
+        match (self, right) {
+            (Part::Sum(mut sum), right) => {
+                sum.iter_mut().zip(right.values()).for_each(|(l, r)| *l += r);
+                if let Part::Sum(freed) = right {
+                    spare.push(freed);
+                }
+                Part::Sum(sum)
+            }
+            (Part::Leaf(left), Part::Sum(mut sum)) => {
+                sum.iter_mut().zip(left).for_each(|(r, l)| *r += l);
+                Part::Sum(sum)
+            }
+            (Part::Leaf(left), Part::Leaf(right)) => {
+                let mut sum = spare.pop().unwrap_or_default();
+                sum.clear();
+                sum.extend(left.iter().zip(right).map(|(l, r)| l + r));
+                Part::Sum(sum)
+            }
+        }
+    }
+
+    /// The values in a chunk buffer of their own.
+    fn into_sum(self, spare: &mut Vec<Vec<f32>>) -> Vec<f32> {
+        match self {
+            Part::Sum(sum) => sum,
+            Part::Leaf(values) => {
+                let mut sum = spare.pop().unwrap_or_default();
+                sum.clear();
+                sum.extend_from_slice(values);
+                sum
+            }
+        }
     }
 }
 
@@ -439,6 +500,55 @@ mod tests {
             reduce(&pieces, &plan, ReduceOp::Sum)[0],
             ((e[0] + e[1]) + (e[2] + e[3])) + e[4]
         );
+    }
+
+    /// Every element of `reduce_chunks` is the plan's sum of that element's leaves added as
+    /// scalars, whichever of a leaf or a sum each addition takes on either side (the plans of
+    /// uneven shards have all four), with one leaf alone, and divided for the mean.
+    #[test]
+    fn reduce_chunks_adds_each_element_as_the_plan_adds_scalars() {
+        let len = CHUNK + 5;
+        // Magnitudes 2^-10 … 2^9 and both signs: sums that round, so an order change shows.
+        let value = |leaf: usize, i: usize| {
+            let mantissa = 1.0 + ((i * 31 + leaf * 17) % 97) as f32 / 97.0;
+            let sign = if (i + leaf).is_multiple_of(3) { -1.0 } else { 1.0 };
+            sign * mantissa * 2f32.powi(((i + 3 * leaf) % 20) as i32 - 10)
+        };
+        let mut additions = std::collections::BTreeSet::new();
+        for batch in 1..=13u64 {
+            for replicas in 1..=batch.min(5) {
+                let plan = Plan::new(&crate::canonical::shards(batch, replicas), batch);
+                let parts: Vec<Vec<f32>> = (0..plan.leaves.len())
+                    .map(|l| (0..len).map(|i| value(l, i)).collect())
+                    .collect();
+                let leaves: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+                // Which additions the plan makes: (left is a leaf, right is a leaf).
+                plan.run(
+                    |_| true,
+                    |left, right| {
+                        additions.insert((left, right));
+                        false
+                    },
+                );
+                for op in [ReduceOp::Sum, ReduceOp::Mean] {
+                    let mut got = vec![f32::NAN; len];
+                    reduce_chunks(&leaves, &plan, op, |start, chunk| {
+                        got[start..start + chunk.len()].copy_from_slice(chunk)
+                    });
+                    for (i, got) in got.iter().enumerate() {
+                        let sum = plan.run(|l| leaves[l][i], |a, b| a + b);
+                        let want = match op {
+                            ReduceOp::Sum => sum,
+                            ReduceOp::Mean => sum / replicas as f32,
+                        };
+                        let at = format!("batch {batch}, {replicas} replicas, {op:?}, element {i}");
+                        assert_eq!(got.to_bits(), want.to_bits(), "{at}");
+                    }
+                }
+            }
+        }
+        let all = [(false, false), (false, true), (true, false), (true, true)];
+        assert_eq!(additions.into_iter().collect::<Vec<_>>(), all);
     }
 
     #[test]
