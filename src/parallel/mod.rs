@@ -7,7 +7,8 @@
 //!
 //! - BatchNorm rows: every BN site's trip, shared with the sites whose rows are ready at the
 //!   same time, gathers the replicas' per-example rows (forward [mean | M2], backward
-//!   [Σdy | Σdy·x̂]), in the global batch's order, onto every replica, which then merges them on
+//!   [Σdy | Σdy·x̂]), in the global batch's order, onto every replica (before its next
+//!   submission: the step records on meanwhile), which then merges them on
 //!   its device by Chan's formula (forward) or sums them (backward) exactly as one device holding
 //!   the whole batch does. So the forward, and every cotangent, are bitwise those of the single
 //!   device, not merely close;
@@ -22,7 +23,8 @@
 //!   link which suffix of the gradient buffer is final after each unit (units go backward in
 //!   reverse layout order); once a bucket's worth more is final ([`DataParallel::bucket_bytes`],
 //!   whatever BatchNorm does) it is copied into staging in the submission that finishes it and
-//!   reduced at the next trip while the device computes on ([`collective::BucketAllReduce`]).
+//!   reduced after the next submission while the device computes on
+//!   ([`collective::BucketAllReduce`]).
 //!   After the backward the last bucket remains. Each part is reduced once, so the bytes are
 //!   the whole-buffer all-reduce's, whatever the bucket size.
 //!
@@ -35,6 +37,7 @@ mod sabotage;
 
 pub use sabotage::{Sabotage, Sabotaged};
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +47,7 @@ use crate::collective::{
     ReduceOp, Rendezvous,
 };
 use crate::data::{Batch, DataError};
-use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Slice};
+use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Readback, Slice};
 use crate::kernels::conv2d::{KernelPlan, KernelPolicy};
 use crate::model::{ActivationPattern, ResNet};
 use crate::step::{
@@ -134,7 +137,7 @@ impl StepExchange {
         staging: &'a BucketStaging,
     ) -> ReplicaLink<'a> {
         let grads = BucketAllReduce::new(replica, pieces, staging, &self.grads, self.bucket_bytes);
-        ReplicaLink { exchange: self, replica, grads }
+        ReplicaLink { exchange: self, replica, grads, pending: RefCell::default() }
     }
 
     /// Each replica's examples, in replica order.
@@ -151,18 +154,41 @@ impl StepExchange {
 }
 
 /// One replica's [`Communicator`] in a data-parallel step. At each BN site it submits what was
-/// recorded so far, reads its own rows back, meets the other replicas, and writes all replicas'
-/// rows (identical bytes on every replica) into its row buffer.
+/// recorded so far with a readback of its own rows, and returns: the step records on while the
+/// device runs. Before the next submission it reads those rows, meets the other replicas, and
+/// writes all replicas' rows (identical bytes on every replica) into the sites' row buffers,
+/// where the work recorded after the site reads them. The device sees the same writes in the
+/// same place between the same submissions as if the link had waited at the site; only the
+/// host's recording moves into the time the device computes.
 ///
 /// It all-reduces the gradients in buckets of at least the exchange's bucket size: once that
 /// much more of the gradient buffer is final, the part is copied into staging in the submission
-/// that finishes it and reduced at the next BN site's trip, while the device runs the next part
+/// that finishes it and reduced after the next submission, while the device runs the next part
 /// of the backward ([`BucketAllReduce`]); [`finish`](Self::finish) reduces the rest after the
 /// backward.
 pub struct ReplicaLink<'a> {
     exchange: &'a StepExchange,
     replica: usize,
     grads: BucketAllReduce<'a>,
+    /// The last trip's own rows, submitted and not yet exchanged.
+    pending: RefCell<Option<PendingRows>>,
+}
+
+/// A trip on its way: this replica's own rows, copied back by the submission that computed
+/// them, and where every replica's rows go.
+struct PendingRows {
+    own: Readback,
+    sites: Vec<(usize, wgpu::Buffer, u64, u64, u32)>,
+}
+
+impl PendingRows {
+    fn new(own: Readback, sites: &[BnRows<'_>]) -> Self {
+        let sites = sites
+            .iter()
+            .map(|s| (s.site, s.rows.buffer.clone(), s.rows.offset, s.rows.len, s.local))
+            .collect();
+        PendingRows { own, sites }
+    }
 }
 
 impl ReplicaLink<'_> {
@@ -172,35 +198,63 @@ impl ReplicaLink<'_> {
     }
 
     /// This replica's own rows of every site of `sites`, read back after submitting `enc`
-    /// (the part of the backward recorded so far), while the device runs: gradient buckets
-    /// filled by earlier submissions are reduced meanwhile.
+    /// (the part of the step recorded so far).
     pub async fn own_rows(
         &self,
         gpu: &Gpu,
         enc: &mut Encoder,
         sites: &[BnRows<'_>],
     ) -> step::Result<Vec<f32>> {
+        let own = self.record_own(gpu, enc, sites);
+        self.submit(gpu, enc).await?;
+        Ok(own.read(gpu).await?)
+    }
+
+    fn record_own(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Readback {
         let global = self.exchange.counts.iter().sum::<u32>() as u64;
         let own_len = |s: &BnRows| (s.width(global) * s.local as usize) as u64;
         let own: Vec<Slice> =
             sites.iter().map(|s| Slice::new(s.rows.buffer, s.rows.offset, own_len(s))).collect();
-        let own_read = gpu.record_read(enc, &own);
+        gpu.record_read(enc, &own)
+    }
+
+    /// Lands the last trip, then submits `enc`; gradient buckets filled by earlier submissions
+    /// are reduced while the device runs it.
+    async fn submit(&self, gpu: &Gpu, enc: &mut Encoder) -> step::Result<()> {
+        self.land(gpu).await?;
         let recorded = std::mem::replace(enc, gpu.encoder());
         self.grads.submitted(gpu.submit(recorded).await?);
         // Natively a readback blocks until this device is done: let the other replicas queue
         // their work first, so the devices run side by side instead of in turn.
         collective::yield_now().await;
-        // The device runs what was just submitted: meanwhile reduce what earlier ones filled.
         self.grads.reduce(gpu, Filled::AllButLatest).await?;
-        Ok(own_read.read(gpu).await?)
+        Ok(())
+    }
+
+    /// The last trip's rows of every replica, written into its sites: before anything recorded
+    /// after that trip is submitted.
+    async fn land(&self, gpu: &Gpu) -> step::Result<()> {
+        let Some(PendingRows { own, sites }) = self.pending.take() else { return Ok(()) };
+        let mine = own.read(gpu).await?;
+        let all = self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?;
+        let sites: Vec<BnRows> = sites
+            .iter()
+            .map(|(site, buffer, offset, len, local)| BnRows {
+                site: *site,
+                rows: Slice::new(buffer, *offset, *len),
+                local: *local,
+            })
+            .collect();
+        write_rows(gpu, &sites, self.exchange.counts(), &all)
     }
 
     /// One trip for every site of `sites`: their own rows go out together, and every replica's
-    /// come back into each site's `rows`.
+    /// come back into each site's `rows` before the next submission.
     async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
-        let mine = self.own_rows(gpu, enc, sites).await?;
-        let all = self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?;
-        write_rows(gpu, sites, self.exchange.counts(), &all)
+        let own = self.record_own(gpu, enc, sites);
+        self.submit(gpu, enc).await?;
+        *self.pending.borrow_mut() = Some(PendingRows::new(own, sites));
+        Ok(())
     }
 }
 
@@ -270,9 +324,14 @@ impl Communicator for ReplicaLink<'_> {
         Ok(self.grads.record(gpu, enc, done)?)
     }
 
+    async fn land_rows(&self, gpu: &Gpu) -> step::Result<()> {
+        self.land(gpu).await
+    }
+
     /// All-reduces the rest of the gradient buffer (its first piece `gradient`, and the others)
     /// and every bucket still pending, and submits the copies back.
     async fn finish_gradients(&self, gpu: &Gpu, gradient: Slice<'_>) -> step::Result<()> {
+        self.land(gpu).await?;
         Ok(self.grads.finish(gpu, gradient).await?)
     }
 }

@@ -88,6 +88,10 @@ impl Communicator for Sabotaged<'_> {
         self.link.gradients_final(gpu, enc, done)
     }
 
+    async fn land_rows(&self, gpu: &Gpu) -> step::Result<()> {
+        self.link.land_rows(gpu).await
+    }
+
     async fn finish_gradients(&self, gpu: &Gpu, gradient: Slice<'_>) -> step::Result<()> {
         self.link.finish_gradients(gpu, gradient).await?;
         if self.sabotage == Sabotage::LocalDivisor {

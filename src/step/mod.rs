@@ -110,10 +110,17 @@ pub trait Communicator {
     fn examples(&self, local: u32) -> u32;
     /// Each site's `rows` holds room for `examples(local)` rows, this device's `local` rows of
     /// per-example `[mean | M2]` first; fills it with every replica's rows in the global
-    /// batch's order, in place. Submits what `enc` recorded.
+    /// batch's order, in place, in time for what is recorded after this call: by the next
+    /// submission at the latest (see [`land_rows`](Self::land_rows)). Submits what `enc`
+    /// recorded.
     async fn bn_stats(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
     /// The same for the backward's per-example `[Σdy | Σdy·x̂]`.
     async fn bn_sums(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> Result<()>;
+    /// Before the step submits anything recorded after the last `bn_stats` or `bn_sums` itself:
+    /// that trip's rows are in place.
+    async fn land_rows(&self, _gpu: &Gpu) -> Result<()> {
+        Ok(())
+    }
     /// `done` is the part of the flat gradient buffer's first piece (and of its other pieces,
     /// `Pieces`) that is final once `enc` runs, written by nothing recorded later: from some
     /// offset to the end, growing from call to call. The exchange may record the copies of a
@@ -495,6 +502,7 @@ impl Replica {
 
         let mut enc = std::mem::replace(&mut pass.enc, self.gpu.encoder());
         let read = self.gpu.record_read(&mut enc, &[Slice::whole(&losses), Slice::whole(&logits)]);
+        comm.land_rows(&self.gpu).await?;
         self.gpu.submit(enc).await?;
         let mut logits = read.read::<f32>(&self.gpu).await?;
         let losses: Vec<f32> = logits.drain(..n as usize).collect();
