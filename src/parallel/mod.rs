@@ -164,8 +164,8 @@ impl StepExchange {
 /// It all-reduces the gradients in buckets of at least the exchange's bucket size: once that
 /// much more of the gradient buffer is final, the part is copied into staging in the submission
 /// that finishes it and reduced after the next submission, while the device runs the next part
-/// of the backward ([`BucketAllReduce`]); [`finish`](Self::finish) reduces the rest after the
-/// backward.
+/// of the backward ([`BucketAllReduce`]);
+/// [`finish_gradients`](Communicator::finish_gradients) reduces the rest after the backward.
 pub struct ReplicaLink<'a> {
     exchange: &'a StepExchange,
     replica: usize,
@@ -175,19 +175,30 @@ pub struct ReplicaLink<'a> {
 }
 
 /// A trip on its way: this replica's own rows, copied back by the submission that computed
-/// them, and where every replica's rows go.
+/// them, and the sites every replica's rows go to.
 struct PendingRows {
     own: Readback,
-    sites: Vec<(usize, wgpu::Buffer, u64, u64, u32)>,
+    sites: Vec<SiteRows>,
 }
 
-impl PendingRows {
-    fn new(own: Readback, sites: &[BnRows<'_>]) -> Self {
-        let sites = sites
-            .iter()
-            .map(|s| (s.site, s.rows.buffer.clone(), s.rows.offset, s.rows.len, s.local))
-            .collect();
-        PendingRows { own, sites }
+/// A [`BnRows`] that owns its buffer handle, kept until the trip lands.
+struct SiteRows {
+    site: usize,
+    buffer: wgpu::Buffer,
+    offset: u64,
+    len: u64,
+    local: u32,
+}
+
+impl SiteRows {
+    fn new(s: &BnRows<'_>) -> Self {
+        let (buffer, offset, len) = (s.rows.buffer.clone(), s.rows.offset, s.rows.len);
+        SiteRows { site: s.site, buffer, offset, len, local: s.local }
+    }
+
+    fn rows(&self) -> BnRows<'_> {
+        let rows = Slice::new(&self.buffer, self.offset, self.len);
+        BnRows { site: self.site, rows, local: self.local }
     }
 }
 
@@ -237,14 +248,7 @@ impl ReplicaLink<'_> {
         let Some(PendingRows { own, sites }) = self.pending.take() else { return Ok(()) };
         let mine = own.read(gpu).await?;
         let all = self.exchange.rows.exchange(self.replica, mine).await?.as_ref().clone()?;
-        let sites: Vec<BnRows> = sites
-            .iter()
-            .map(|(site, buffer, offset, len, local)| BnRows {
-                site: *site,
-                rows: Slice::new(buffer, *offset, *len),
-                local: *local,
-            })
-            .collect();
+        let sites: Vec<BnRows> = sites.iter().map(SiteRows::rows).collect();
         write_rows(gpu, &sites, self.exchange.counts(), &all)
     }
 
@@ -253,7 +257,8 @@ impl ReplicaLink<'_> {
     async fn gather(&self, gpu: &Gpu, enc: &mut Encoder, sites: &[BnRows<'_>]) -> step::Result<()> {
         let own = self.record_own(gpu, enc, sites);
         self.submit(gpu, enc).await?;
-        *self.pending.borrow_mut() = Some(PendingRows::new(own, sites));
+        let sites = sites.iter().map(SiteRows::new).collect();
+        *self.pending.borrow_mut() = Some(PendingRows { own, sites });
         Ok(())
     }
 }
