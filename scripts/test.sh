@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, what CI runs (.ci/run calls exactly this). It installs what is missing,
 # then:
-#   1. lint: rustfmt and clippy (warnings are errors), and `cargo check` of the library and the
-#      binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
+#   1. lint: rustfmt, clippy and rustdoc (warnings are errors), and `cargo check` of the library
+#      and the binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
 #   2. every test in release mode (debug wgpu and the f64 references are too slow), built with
 #      the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and iproute2), so tests/mpi.rs
 #      runs ranks under mpirun, and tests/hosts.rs on test hosts over shaped links
@@ -35,6 +35,7 @@ for target in "${cross_targets[@]}"; do
 done
 cargo fmt --check
 cargo clippy --release --all-targets --features mpi --quiet -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --features mpi --quiet
 for target in "${cross_targets[@]}"; do
     cargo check --release --target "$target" --lib --bins --quiet
 done

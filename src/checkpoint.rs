@@ -273,7 +273,7 @@ pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), Checkpoi
 
 /// Writes what `syncstep grad` reads and PyTorch loads, in one file with torchvision's names:
 /// `model`'s `params` and `running` statistics, `images` as `input` [m, 3, size, size] and
-/// `labels` [m] as int64, as PyTorch keeps them (any values: out-of-range ones too). Native only.
+/// `labels` \[m\] as int64, as PyTorch keeps them (any values: out-of-range ones too). Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_step_inputs(
     path: &Path,

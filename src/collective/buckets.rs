@@ -25,7 +25,7 @@ struct Bucket {
     write_used: Option<wgpu::SubmissionIndex>,
 }
 
-/// One replica's staging for bucketed all-reduces of one buffer: a [`Bucket`] per byte range,
+/// One replica's staging for bucketed all-reduces of one buffer: a `Bucket` per byte range,
 /// made on first use and kept, so that a step allocates nothing: fresh host memory (a staging
 /// buffer, a `Vec`, a `write_buffer` copy) is zero-filled page by page by the kernel on first
 /// touch, which costs more than reducing the same bytes in memory already touched. The buckets
@@ -149,7 +149,8 @@ pub enum Filled {
 /// the caller's encoder; after the caller submits, [`reduce`](Self::reduce) meets the other
 /// replicas in [`BucketRounds`] for the parts filled by earlier submissions, and the next
 /// `record` copies the reduced values back. [`finish`](Self::finish) does the rest. Every part
-/// is reduced exactly once, by [`reduce_chunks`], so the result is bitwise [`all_reduce`]'s.
+/// is reduced exactly once, by [`reduce_chunks`](super::reduce_chunks), so the result is bitwise
+/// [`all_reduce`](super::all_reduce)'s.
 pub struct BucketAllReduce<'a> {
     replica: usize,
     pieces: Pieces,

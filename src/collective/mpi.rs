@@ -2,15 +2,15 @@
 //! L replicas. Nothing here sums in an order MPI chooses (no `MPI_Allreduce`): ranks only move
 //! bytes, and every sum is the canonical plan's, taken on the host as in-process.
 //!
-//! - [`Ranks::gather`]: every rank's replicas' values to every rank (`MPI_Allgatherv`): the
+//! - `Ranks::gather`: every rank's replicas' values to every rank (`MPI_Allgatherv`): the
 //!   BatchNorm rows, the per-example losses, the logits.
-//! - [`Ranks::reduce`]: a reduce-scatter then an all-gather. Rank q owns the q-th of P
+//! - `Ranks::reduce`: a reduce-scatter then an all-gather. Rank q owns the q-th of P
 //!   contiguous chunks of the range; every rank sends each rank the pieces of its chunk
 //!   (`MPI_Alltoallv`), the owner adds all replicas' pieces along the plan, and the reduced
 //!   chunks go to every rank (`MPI_Allgatherv`). Each element is summed in the plan's order by
 //!   one rank, so the bits are in-process's; per rank, 2(P − 1)/P of the range moves each way
 //!   (times the pieces per replica in the first half), the bandwidth-optimal all-reduce.
-//! - [`Ranks::reduce_beside`]: the same reduce on a communication thread with a communicator of
+//! - `Ranks::reduce_beside`: the same reduce on a communication thread with a communicator of
 //!   its own, as PyTorch's DDP runs its buckets on a communication stream: the gradient buckets
 //!   cross the links while this thread records and submits the rest of the backward and the
 //!   BatchNorm rows go their own way. Each communicator's collectives are issued in the same

@@ -1,4 +1,4 @@
-//! CIFAR-10 and CIFAR-100 in their binary versions (https://www.cs.toronto.edu/~kriz/cifar.html):
+//! CIFAR-10 and CIFAR-100 in their binary versions (<https://www.cs.toronto.edu/~kriz/cifar.html>):
 //! files of fixed-size records, a label byte (CIFAR-100: a coarse then a fine label byte) and
 //! then 3072 pixel bytes, the 32×32 red plane, green plane and blue plane, each row-major.
 //! Files are read whole once and kept as bytes; an image is made from its record on demand.

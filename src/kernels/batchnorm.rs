@@ -5,9 +5,9 @@
 //! other's per-example rows and reduce them exactly as one device holding the whole batch:
 //! - `rows` [n, 2C]: one row per example, [mean_b | M2_b] (`bn_example_stats`) or
 //!   [Σdy | Σdy·x̂] (`bn_example_sums`), the unit a data-parallel step gathers;
-//! - `stats` [2C] = [mean | M2] over all rows' positions, M2 = Σ(x − mean)²
-//!   (`bn_merge_examples`, Chan's merge over examples, never E[x²]−μ²);
-//! - `sums` [2C] = [Σdy | Σdy·x̂] over all rows (`bn_sum_examples`). Its halves are also the
+//! - `stats` \[2C\] = \[mean | M2\] over all rows' positions, M2 = Σ(x − mean)²
+//!   (`bn_merge_examples`, Chan's merge over examples, never E\[x²\]−μ²);
+//! - `sums` \[2C\] = \[Σdy | Σdy·x̂\] over all rows (`bn_sum_examples`). Its halves are also the
 //!   parameter gradients dβ and dγ: summed over one replica's own rows they are that
 //!   replica's dβ, dγ; a caller copies them into its gradient buffer.
 //!
@@ -128,7 +128,7 @@ struct RunningParams {
     momentum: f32,
 }
 
-/// Per-example statistics: `rows`[b] = [mean | M2] over example b's hw positions.
+/// Per-example statistics: `rows[b]` = \[mean | M2\] over example b's hw positions.
 pub fn bn_example_stats(
     gpu: &Gpu,
     enc: &mut Encoder,
@@ -264,7 +264,7 @@ fn optional<'a>(
     }
 }
 
-/// Per-example backward sums: `rows`[b] = [Σdy | Σdy·x̂] over example b's positions, x̂ from
+/// Per-example backward sums: `rows[b]` = \[Σdy | Σdy·x̂\] over example b's positions, x̂ from
 /// the given (global) stats over `count` positions. With a `gate`, dy is first masked by the
 /// ReLU that followed BN (dy where gate > 0, else 0), bitwise as `elementwise::relu_backward`.
 #[allow(clippy::too_many_arguments)]

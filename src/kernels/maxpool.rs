@@ -151,7 +151,7 @@ pub fn maxpool_forward_with_argmax(
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(shape.output_len(), WG))
 }
 
-/// dx[cell] = Σ dy over the windows whose argmax names the cell (a gather; dx is overwritten).
+/// `dx[cell]` = Σ dy over the windows whose argmax names the cell (a gather; dx is overwritten).
 pub fn maxpool_backward(
     gpu: &Gpu,
     enc: &mut Encoder,

@@ -112,7 +112,7 @@ macro_rules! shader_source {
 pub(crate) use shader_source;
 
 /// The private stack sizes the pairwise sums over examples are compiled for (see
-/// [`pairwise_shader`]): few, so that few pipelines compile.
+/// `pairwise_shader`): few, so that few pipelines compile.
 pub const PAIRWISE_LEVELS: [u32; 4] = [4, 8, 16, 32];
 
 /// The prelude's line that sizes the pairwise stack.

@@ -221,7 +221,7 @@ pub struct StepOutput {
 
 /// One device's copy of the model: parameters, gradients, momentum and BN running statistics,
 /// each one flat buffer in the model's layout, plus activation buffers reused across steps:
-/// one per [`Act`] for what the forward saves for the backward (and the small per-site ones),
+/// one per `Act` for what the forward saves for the backward (and the small per-site ones),
 /// and a pool of scratch buffers shared by what lives only part of a pass.
 pub struct Replica {
     pub gpu: Gpu,

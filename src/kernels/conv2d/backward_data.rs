@@ -9,8 +9,8 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
-/// [`conv2d_backward_input`] with the kernel chosen by `algo`. All but Direct run once per
-/// phase (iy mod stride, ix mod stride).
+/// [`conv2d_backward_input`](super::conv2d_backward_input) with the kernel chosen by `algo`.
+/// All but Direct run once per phase (iy mod stride, ix mod stride).
 pub fn conv2d_backward_input_with(
     gpu: &Gpu,
     enc: &mut Encoder,

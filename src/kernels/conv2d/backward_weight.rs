@@ -21,7 +21,7 @@ use crate::kernels::{
 /// below that, with the pairwise pushes' loops unrolled (a constant bound).
 pub(super) const WEIGHT_CHUNK_PIXELS: u64 = 16384;
 
-/// [`conv2d_backward_weight`] with the kernel chosen by `algo`.
+/// [`conv2d_backward_weight`](super::conv2d_backward_weight) with the kernel chosen by `algo`.
 pub fn conv2d_backward_weight_with(
     gpu: &Gpu,
     enc: &mut Encoder,

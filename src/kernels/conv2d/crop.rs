@@ -53,7 +53,8 @@ impl Conv2dShape {
 }
 
 /// `op` with `algo` run on `crop` (from `shape.crop()`; None: the whole kernel), as
-/// [`conv2d_launch`] runs its choice. A cropped weight gradient needs `out` with COPY_DST.
+/// [`conv2d_launch`](super::conv2d_launch) runs its choice. A cropped weight gradient needs
+/// `out` with COPY_DST.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_launch_cropped(
     gpu: &Gpu,
@@ -133,8 +134,9 @@ pub fn crop_weights(
     )
 }
 
-/// The forward or input-VJP as [`conv2d_launch`] runs it on a cropped kernel, from the kept
-/// taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of the whole shape.
+/// The forward or input-VJP as [`conv2d_launch`](super::conv2d_launch) runs it on a cropped
+/// kernel, from the kept taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of
+/// the whole shape.
 pub fn conv2d_launch_kept(
     gpu: &Gpu,
     enc: &mut Encoder,

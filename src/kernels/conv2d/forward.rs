@@ -5,7 +5,7 @@ use super::{checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, S
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
-/// [`conv2d_forward`] with the kernel chosen by `algo`.
+/// [`conv2d_forward`](super::conv2d_forward) with the kernel chosen by `algo`.
 pub fn conv2d_forward_with(
     gpu: &Gpu,
     enc: &mut Encoder,

@@ -245,7 +245,7 @@ impl Conv2dOp {
     }
 }
 
-/// `y = conv(x, w)`: `x` [n,c_in,h,w], `w` [c_out,c_in,kh,kw], `y` [n,c_out,out_h,out_w]
+/// `y = conv(x, w)`: `x` \[n,c_in,h,w\], `w` \[c_out,c_in,kh,kw\], `y` \[n,c_out,out_h,out_w\]
 /// (overwritten). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_forward(
     gpu: &Gpu,
@@ -259,7 +259,7 @@ pub fn conv2d_forward(
 }
 
 /// The input-VJP `dx = convᵀ(dy, w)`, a gather over output positions: `dy`
-/// [n,c_out,out_h,out_w], `w` [c_out,c_in,kh,kw], `dx` [n,c_in,h,w] (overwritten). The
+/// \[n,c_out,out_h,out_w\], `w` \[c_out,c_in,kh,kw\], `dx` \[n,c_in,h,w\] (overwritten). The
 /// variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_input(
     gpu: &Gpu,
@@ -273,7 +273,7 @@ pub fn conv2d_backward_input(
 }
 
 /// The weight gradient `dw = Σ_{n,oy,ox} dy ⊗ x-window`, summed in a fixed order: `dy`
-/// [n,c_out,out_h,out_w], `x` [n,c_in,h,w], `dw` [c_out,c_in,kh,kw] (overwritten, not
+/// \[n,c_out,out_h,out_w\], `x` \[n,c_in,h,w\], `dw` \[c_out,c_in,kh,kw\] (overwritten, not
 /// accumulated). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_weight(
     gpu: &Gpu,

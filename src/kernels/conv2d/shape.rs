@@ -46,7 +46,8 @@ impl Conv2dShape {
     pub fn x_len(&self) -> u64 {
         [self.n, self.c_in, self.h, self.w].iter().map(|&d| d as u64).product()
     }
-    /// Elements of `op`'s two inputs and its output, in [`conv2d_launch_with`]'s order.
+    /// Elements of `op`'s two inputs and its output, in
+    /// [`conv2d_launch_with`](super::conv2d_launch_with)'s order.
     pub fn operand_lens(&self, op: Conv2dOp) -> [u64; 3] {
         match op {
             Conv2dOp::Forward => [self.x_len(), self.w_len(), self.y_len()],
@@ -113,8 +114,8 @@ impl Conv2dShape {
     }
 
     /// How many of an output's summed channels (c_in for the forward, c_out for the input-VJP)
-    /// each segment of its sum over k holds: [`SEGMENT_CHANNELS`] where the op's output map has
-    /// at most [`SEGMENTED_PLANE`] pixels, else all of them (one segment). Every variant sums
+    /// each segment of its sum over k holds: `SEGMENT_CHANNELS` where the op's output map has
+    /// at most `SEGMENTED_PLANE` pixels, else all of them (one segment). Every variant sums
     /// each segment from +0 in k's order and adds the segments' sums in order to a total from
     /// +0, so a GPU may take the segments in separate workgroups and still give every variant's
     /// bits. The rule reads the shape without the batch, so the order is the same at every batch

@@ -134,7 +134,7 @@ pub fn kernel_policy(gpu: &Gpu) -> Result<Arc<KernelPolicy>> {
 /// 2. the GPU plan ([`KernelPlan::Gpu`]) where the policy asks for it or the adapter is a GPU
 ///    and it asks for nothing else;
 /// 3. natively, the fastest of [`candidates`] timed on this adapter at this shape, on first use;
-///    in a browser, where there is no clock, [`guess`] by device type.
+///    in a browser, where there is no clock, `guess` by device type.
 ///
 /// Every variant gives the same bits, so this changes speed only.
 pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {

@@ -114,10 +114,10 @@ pub(super) struct Params {
 
 impl Conv2dShape {
     /// Winograd's tile for `op` at this shape, if it computes it: a 3×3 kernel, stride 1,
-    /// padding 1, on maps of at least [`WINOGRAD_MIN_SIDE`] a side, with channels in multiples of
+    /// padding 1, on maps of at least `WINOGRAD_MIN_SIDE` a side, with channels in multiples of
     /// 4 (the GEMMs' rows are whole vec4s); F(4×4, 3×3) on maps of at least
-    /// [`WINOGRAD_F4_MIN_SIDE`]; the weight gradient on maps of at least
-    /// [`WINOGRAD_WEIGHT_MIN_SIDE`]. The batch plays no part.
+    /// `WINOGRAD_F4_MIN_SIDE`; the weight gradient on maps of at least
+    /// `WINOGRAD_WEIGHT_MIN_SIDE`. The batch plays no part.
     pub fn winograd(&self, op: Conv2dOp) -> Option<WinogradTile> {
         let side = self.h.min(self.w);
         let takes = (self.kh, self.kw, self.stride, self.pad) == (3, 3, 1, 1)
@@ -217,8 +217,8 @@ impl Scratch {
     }
 }
 
-/// Images per chunk: as many as keep the weights and input of [`Scratch`] within `cap_bytes`
-/// and its products within [`PRODUCT_BYTES`], at least one.
+/// Images per chunk: as many as keep the weights and input of `Scratch` within `cap_bytes`
+/// and its products within `PRODUCT_BYTES`, at least one.
 pub fn winograd_chunk_images(s: &Conv2dShape, op: Conv2dOp, cap_bytes: u64) -> u32 {
     let one = Scratch::new(s, op, 1);
     let inputs = (cap_bytes / 4).saturating_sub(one.v_at) / one.v.max(1);
