@@ -207,6 +207,14 @@ pub fn reduce_chunks(
     }
 }
 
+/// `values` in a chunk buffer from `spare`, or a new one where none is spare.
+fn chunk_buffer(spare: &mut Vec<Vec<f32>>, values: impl Iterator<Item = f32>) -> Vec<f32> {
+    let mut buffer = spare.pop().unwrap_or_default();
+    buffer.clear();
+    buffer.extend(values);
+    buffer
+}
+
 /// A value on the plan's stack within one chunk of [`reduce_chunks`]: a leaf's values, read
 /// where they lie (copying them first would take as long as the sum itself), or a sum in a chunk
 /// buffer.
@@ -240,10 +248,7 @@ impl Part<'_> {
                 Part::Sum(sum)
             }
             (Part::Leaf(left), Part::Leaf(right)) => {
-                let mut sum = spare.pop().unwrap_or_default();
-                sum.clear();
-                sum.extend(left.iter().zip(right).map(|(l, r)| l + r));
-                Part::Sum(sum)
+                Part::Sum(chunk_buffer(spare, left.iter().zip(right).map(|(l, r)| l + r)))
             }
         }
     }
@@ -252,12 +257,7 @@ impl Part<'_> {
     fn into_sum(self, spare: &mut Vec<Vec<f32>>) -> Vec<f32> {
         match self {
             Part::Sum(sum) => sum,
-            Part::Leaf(values) => {
-                let mut sum = spare.pop().unwrap_or_default();
-                sum.clear();
-                sum.extend_from_slice(values);
-                sum
-            }
+            Part::Leaf(values) => chunk_buffer(spare, values.iter().copied()),
         }
     }
 }
