@@ -40,7 +40,7 @@ against() { # against SIZE: the PORTABLE gate's arguments where a golden file is
     fi
 }
 
-vs=(python3 scripts/vs_pytorch.py --syncstep "$bin")
+vs=(python3 scripts/vs_pytorch.py --syncstep "$(printf %q "$bin")") # a command line: quoted
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 part 30 info "$bin" info

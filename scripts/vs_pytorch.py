@@ -9,11 +9,13 @@ Ratios within a round are what to compare: these machines drift between rounds.
 
     python3 scripts/vs_pytorch.py --image-size 32 --batch 8
     python3 scripts/vs_pytorch.py --image-size 224 --batch 8 --rounds 2 --steps 3
+    python3 scripts/vs_pytorch.py --syncstep "scripts/mesa-sid.sh target/release/syncstep"
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -32,7 +34,9 @@ def parse_args():
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="PyTorch's device (auto: CUDA where PyTorch sees one)")
     p.add_argument("--syncstep", default=None,
-                   help="the syncstep binary (default: target/release/syncstep, else PATH)")
+                   help="the syncstep binary (default: target/release/syncstep, else PATH), "
+                   "or a command that runs it with the arguments that follow, as "
+                   "\"scripts/mesa-sid.sh target/release/syncstep\"")
     p.add_argument("--bench-args", default="",
                    help="more arguments for syncstep bench, e.g. \"--adapter vulkan:0\"")
     args = p.parse_args()
@@ -42,16 +46,17 @@ def parse_args():
     return args
 
 
-def syncstep_binary(given):
+def syncstep_command(given):
+    """The syncstep command as a list: the binary, or a launcher and its arguments before it."""
     if given:
-        return given
+        return shlex.split(given)
     built = os.path.join(HERE, "..", "target", "release", "syncstep")
     if os.path.exists(built):
-        return os.path.normpath(built)
+        return [os.path.normpath(built)]
     found = shutil.which("syncstep")
     if not found:
         sys.exit("no syncstep binary: cargo build --release, or give --syncstep PATH")
-    return found
+    return [found]
 
 
 def run(cmd, what):
@@ -62,8 +67,8 @@ def run(cmd, what):
     return done
 
 
-def bench(binary, args, out):
-    cmd = [binary, "bench", "--image-size", str(args.image_size), "--batch", str(args.batch),
+def bench(syncstep, args, out):
+    cmd = syncstep + ["bench", "--image-size", str(args.image_size), "--batch", str(args.batch),
            "--steps", str(args.steps), "--no-roofline", "--json", out] + args.bench_args.split()
     run(cmd, "syncstep bench")
     with open(out) as f:
@@ -101,7 +106,7 @@ def mib(n):
 
 def main():
     args = parse_args()
-    binary = syncstep_binary(args.syncstep)
+    syncstep = syncstep_command(args.syncstep)
     device = torch_device(args)
     kinds = [] if device is None else (["off", "on"] if device == "cuda" else ["off"])
     print(f"ResNet-34 training step, {args.image_size}×{args.image_size}, batch {args.batch}, "
@@ -109,7 +114,7 @@ def main():
     ratios = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(1, args.rounds + 1):
-            ours, our_peak = bench(binary, args, os.path.join(tmp, "bench.json"))
+            ours, our_peak = bench(syncstep, args, os.path.join(tmp, "bench.json"))
             line = f"round {r}: syncstep {ours:.4f} s (peak {mib(our_peak)})"
             for tf32 in kinds:
                 theirs = pytorch(args, device, tf32)
