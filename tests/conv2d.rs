@@ -973,6 +973,46 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
     }
 }
 
+/// wgpu's GL backend has no weight-gradient GEMM to fall back to (they are refused there), so a
+/// weight gradient past llvmpipe's loop limit on GL is refused with advice that can be followed
+/// there, another adapter, by the plain launcher as by the Blocked one.
+#[test]
+fn weight_gradient_past_the_loop_limit_on_gl_points_to_another_adapter() {
+    if gpu().is_none() {
+        return;
+    }
+    let choice = syncstep::gpu::AdapterChoice::parse("gl").unwrap();
+    let gl = match pollster::block_on(Gpu::new(&choice)) {
+        Ok(gl) if gl.info.name.contains("llvmpipe") => gl,
+        other => {
+            let found = other.map(|g| g.info.name.clone());
+            assert!(std::env::var_os("CI").is_none(), "CI has llvmpipe GL: {found:?}");
+            eprintln!("\n!!!!!!!! SKIPPING the GL loop-limit test: {found:?} !!!!!!!!\n");
+            return;
+        }
+    };
+    // One example, a 3×3 conv over 100×100: ~91,000 iterations for Blocked.
+    let s = shape(1, 2, 100, 100, 3, 3, 3, 1, 1);
+    let x = gl.upload("x", &uniform(150, s.x_len() as usize)).unwrap();
+    let dy = gl.upload("dy", &uniform(151, s.y_len() as usize)).unwrap();
+    let dw = poisoned(&gl, "dw", s.w_len() as usize);
+    let (dy, x, dw) = (Slice::whole(&dy), Slice::whole(&x), Slice::whole(&dw));
+    let mut enc = gl.encoder();
+    for out in [
+        k::conv2d_backward_weight_with(&gl, &mut enc, Conv2dAlgo::Blocked, &s, dy, x, dw),
+        k::conv2d_backward_weight(&gl, &mut enc, &s, dy, x, dw),
+    ] {
+        match out {
+            Err(KernelError::Arg { arg: "algo", problem, .. }) => assert!(
+                problem.contains("65535")
+                    && problem.contains("use a Vulkan adapter")
+                    && !problem.contains("gemm"),
+                "{problem}"
+            ),
+            other => panic!("{s:?} on {}: {other:?}", gl.info.name),
+        }
+    }
+}
 /// The GEMM variants Winograd's GEMMs run as.
 fn winograd_gemms() -> Vec<Conv2dAlgo> {
     Conv2dAlgo::all()

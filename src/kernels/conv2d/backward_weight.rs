@@ -35,7 +35,7 @@ pub fn conv2d_backward_weight_with(
     let s = shape;
     let bindings = checked(gpu, Conv2dOp::BackwardWeight, s, [dy, x, dw])?;
     if matches!(algo, Conv2dAlgo::Direct | Conv2dAlgo::Blocked) {
-        expect_within_loop_limit(&gpu.info.name, OP, algo, s)?;
+        expect_within_loop_limit(gpu, OP, algo, s)?;
     }
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
@@ -73,7 +73,7 @@ pub(super) fn backward_weight_blocked(
     const OP: &str = "conv2d_backward_weight";
     let bindings =
         checked(gpu, Conv2dOp::BackwardWeight, into.map_or(s, |(whole, _)| whole), [dy, x, dw])?;
-    expect_within_loop_limit(&gpu.info.name, OP, Conv2dAlgo::Blocked, s)?;
+    expect_within_loop_limit(gpu, OP, Conv2dAlgo::Blocked, s)?;
     let params = match into {
         Some((whole, crop)) => Params {
             crop_y: crop.ky,
@@ -201,12 +201,34 @@ fn broadcast_dy(source: &str, groups: u32) -> String {
 /// Direct and Blocked weight gradients loop over every output pixel of every example in one
 /// invocation, Blocked once per tap: refuse them where llvmpipe would cut those loops short (the
 /// stem at 224², N=8; Blocked at maps of ~90² and up) rather than return a wrong gradient. The
-/// autotune then takes a GEMM, whose chunks stay short.
+/// autotune then takes a GEMM, whose chunks stay short; wgpu's GL backend has none (see
+/// [`backward_weight_gemm`]), so there the refusal points to another adapter.
 pub(super) fn expect_within_loop_limit(
+    gpu: &Gpu,
+    op: &'static str,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+) -> Result<()> {
+    let advice = if gpu.info.backend == wgpu::Backend::Gl {
+        ": wgpu's GL backend has no other weight gradient; use a Vulkan adapter (on a CPU, Mesa's \
+         lavapipe; `syncstep info` lists the adapters) or a smaller batch or image"
+    } else {
+        ": use a gemm variant"
+    };
+    within_loop_limit(&gpu.info.name, op, algo, s, advice)
+}
+
+/// Whether `algo`'s weight gradient at `s` stays within llvmpipe's loop limit on `adapter`.
+pub(super) fn fits_loop_limit(adapter: &str, algo: Conv2dAlgo, s: &Conv2dShape) -> bool {
+    within_loop_limit(adapter, "conv2d_backward_weight", algo, s, "").is_ok()
+}
+
+fn within_loop_limit(
     adapter: &str,
     op: &'static str,
     algo: Conv2dAlgo,
     s: &Conv2dShape,
+    advice: &str,
 ) -> Result<()> {
     // Row loop, pixel loop and the pairwise stack's levels, per example (at most: Blocked
     // skips the rows and columns a tap reads only padding for).
@@ -216,14 +238,7 @@ pub(super) fn expect_within_loop_limit(
     } else {
         per_tap
     };
-    expect_within_llvmpipe_loops(
-        adapter,
-        op,
-        "algo",
-        iterations,
-        || format!("is {algo}"),
-        ": use a gemm variant",
-    )
+    expect_within_llvmpipe_loops(adapter, op, "algo", iterations, || format!("is {algo}"), advice)
 }
 
 /// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)

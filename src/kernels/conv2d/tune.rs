@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(not(target_arch = "wasm32"))]
 use super::autotune;
-use super::backward_weight::expect_within_loop_limit;
+use super::backward_weight::fits_loop_limit;
 use super::{Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
 use crate::gpu::Gpu;
 use crate::kernels::{KernelError, Result};
@@ -334,9 +334,7 @@ pub(super) fn guess_for(gpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape)
     if gpu {
         return Conv2dAlgo::GemmShared;
     }
-    if op == Conv2dOp::BackwardWeight
-        && expect_within_loop_limit(adapter, op.name(), Conv2dAlgo::Blocked, s).is_ok()
-    {
+    if op == Conv2dOp::BackwardWeight && fits_loop_limit(adapter, Conv2dAlgo::Blocked, s) {
         return Conv2dAlgo::Blocked;
     }
     let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
