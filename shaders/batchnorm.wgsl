@@ -42,12 +42,7 @@ struct Params {
     // bn_apply_relu: 1 when the ReLU's gate is the bound `gate`, not its own input; the
     // backward kernels: 1 when dy is masked by the bound `gate` (dy·[gate > 0]).
     gated: u32,
-}
-
-// bn_update_running's own uniform, at the same binding 0.
-struct RunningParams {
-    c: u32,
-    count: u32,
+    // bn_merge_examples_running: the running statistics' momentum.
     momentum: f32,
 }
 
@@ -55,7 +50,6 @@ const WG: u32 = 256u;
 const BLOCK: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(0) var<uniform> rp: RunningParams;
 
 // 1/√(M2/count + eps) of a channel.
 fn inv_std(m2: f32) -> f32 {
@@ -175,8 +169,12 @@ fn bn_example_stats_by_plane(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_
 // bn_merge_examples: stats = [mean | M2] per channel over n rows of bn_example_stats (n·hw
 // positions). One invocation per channel, the rows in order: no workgroup barriers, which CPU
 // drivers run as coroutine switches (a tree over a workgroup cost more than the whole merge).
+// bn_merge_examples_running also updates the running statistics in place from the same values,
+// in the same launch: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1).
 @group(0) @binding(1) var<storage, read> merge_rows: array<f32>;
 @group(0) @binding(2) var<storage, read_write> merge_stats: array<f32>;
+@group(0) @binding(3) var<storage, read_write> merge_running_mean: array<f32>;
+@group(0) @binding(4) var<storage, read_write> merge_running_var: array<f32>;
 
 // Σ_b over the rows, in blocks, of μ_b − shift, or (second pass) of M2_b + hw·(μ_b − shift)².
 fn rows_sum(ch: u32, shift: f32, second: bool) -> f32 {
@@ -193,14 +191,31 @@ fn rows_sum(ch: u32, shift: f32, second: bool) -> f32 {
     return total;
 }
 
+// Channel ch's merged [mean, M2], written to stats and returned.
+fn merge_channel(ch: u32) -> vec2<f32> {
+    let m0 = merge_rows[ch];
+    let mean = m0 + rows_sum(ch, m0, false) / f32(p.n);
+    let m2 = rows_sum(ch, mean, true);
+    merge_stats[ch] = mean;
+    merge_stats[p.c + ch] = m2;
+    return vec2<f32>(mean, m2);
+}
+
 @compute @workgroup_size(WG)
 fn bn_merge_examples(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let ch = gid.x + gid.y * nwg.x * WG;
     if (ch >= p.c) { return; }
-    let m0 = merge_rows[ch];
-    let mean = m0 + rows_sum(ch, m0, false) / f32(p.n);
-    merge_stats[ch] = mean;
-    merge_stats[p.c + ch] = rows_sum(ch, mean, true);
+    merge_channel(ch);
+}
+
+@compute @workgroup_size(WG)
+fn bn_merge_examples_running(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ch = gid.x + gid.y * nwg.x * WG;
+    if (ch >= p.c) { return; }
+    let stats = merge_channel(ch);
+    let m = p.momentum;
+    merge_running_mean[ch] = (1.0 - m) * merge_running_mean[ch] + m * stats.x;
+    merge_running_var[ch] = (1.0 - m) * merge_running_var[ch] + m * stats.y / f32(p.count - 1u);
 }
 
 // bn_forward_apply: y = γ (x − μ)/√(M2/count + eps) + β, one invocation per element.
@@ -437,18 +452,4 @@ fn bn_backward_input4_over_dy(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     let t = gid.x + gid.y * nwg.x * WG;
     if (t >= p.n * p.c * p.hw / 4u) { return; }
     over4_dy[t] = input4_grad_at(t, over4_dy[t]);
-}
-
-// bn_update_running, in place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1).
-@group(0) @binding(1) var<storage, read> running_stats: array<f32>;
-@group(0) @binding(2) var<storage, read_write> running_mean: array<f32>;
-@group(0) @binding(3) var<storage, read_write> running_var: array<f32>;
-
-@compute @workgroup_size(WG)
-fn bn_update_running(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let ch = gid.x + gid.y * nwg.x * WG;
-    if (ch >= rp.c) { return; }
-    let m = rp.momentum;
-    running_mean[ch] = (1.0 - m) * running_mean[ch] + m * running_stats[ch];
-    running_var[ch] = (1.0 - m) * running_var[ch] + m * running_stats[rp.c + ch] / f32(rp.count - 1u);
 }

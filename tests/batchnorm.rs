@@ -20,11 +20,19 @@ fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
     x.iter().enumerate().map(|(i, v)| v + offsets[(i / s.hw as usize) % s.c as usize]).collect()
 }
 
-/// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them.
-fn forward_stats(gpu: &Gpu, enc: &mut Encoder, shape: &BnShape, x: Slice, stats: Slice) {
+/// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them, and
+/// with `running` the running statistics updated.
+fn forward_stats(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    shape: &BnShape,
+    x: Slice,
+    stats: Slice,
+    running: Option<k::Running>,
+) {
     let rows = poisoned(gpu, "stats rows", shape.rows_len() as usize);
     k::bn_example_stats(gpu, enc, shape, x, Slice::whole(&rows)).unwrap();
-    k::bn_merge_examples(gpu, enc, shape, Slice::whole(&rows), stats).unwrap();
+    k::bn_merge_examples(gpu, enc, shape, Slice::whole(&rows), stats, running).unwrap();
 }
 
 /// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
@@ -91,7 +99,12 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
     );
     let s = Slice::whole;
     let mut enc = gpu.encoder();
-    forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
+    let running = (count >= 2).then(|| k::Running {
+        momentum: MOMENTUM,
+        mean: s(&brun_mean),
+        var: s(&brun_var),
+    });
+    forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats), running);
     k::bn_forward_apply(
         gpu,
         &mut enc,
@@ -105,19 +118,6 @@ fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
         s(&y),
     )
     .unwrap();
-    if count >= 2 {
-        k::bn_update_running(
-            gpu,
-            &mut enc,
-            shape.c,
-            count,
-            MOMENTUM,
-            s(&stats),
-            s(&brun_mean),
-            s(&brun_var),
-        )
-        .unwrap();
-    }
     backward_sums(gpu, &mut enc, &shape, count, s(&bdy), s(&bx), s(&stats), s(&sums));
     k::bn_backward_input(
         gpu,
@@ -315,7 +315,7 @@ fn reductions_are_bitwise_deterministic() {
         let (stats, sums) = (poisoned(gpu, "stats", 128), poisoned(gpu, "sums", 128));
         let s = Slice::whole;
         let mut enc = gpu.encoder();
-        forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats));
+        forward_stats(gpu, &mut enc, &shape, s(&bx), s(&stats), None);
         backward_sums(
             gpu,
             &mut enc,
@@ -359,7 +359,7 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         );
         let mut enc = gpu.encoder();
         k::bn_example_stats(gpu, &mut enc, &shape, s(&bx), s(&rows)).unwrap();
-        k::bn_merge_examples(gpu, &mut enc, &shape, s(&rows), s(&own_stats)).unwrap();
+        k::bn_merge_examples(gpu, &mut enc, &shape, s(&rows), s(&own_stats), None).unwrap();
         submit(gpu, enc);
         let stats = gpu.upload("given stats", stats.unwrap_or(&read(gpu, &own_stats))).unwrap();
         let mut enc = gpu.encoder();
@@ -394,6 +394,7 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
             &whole,
             Slice::whole(&gathered_buf),
             Slice::whole(&merged),
+            None,
         )
         .unwrap();
         submit(gpu, enc);
@@ -444,7 +445,7 @@ fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
         let stats = poisoned(gpu, "stats", 2 * c);
         let s = Slice::whole;
         let mut enc = gpu.encoder();
-        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
+        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats), None);
         submit(gpu, enc);
         let gpu_stats = unpack_stats(count as usize, &read(gpu, &stats));
         let (x64, gamma64, beta64, shortcut64, gate64) =
@@ -551,7 +552,7 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
         let stats = poisoned(gpu, "stats", 2 * c);
         let s = Slice::whole;
         let mut enc = gpu.encoder();
-        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats));
+        forward_stats(gpu, &mut enc, shape, s(&bx), s(&stats), None);
         submit(gpu, enc);
         // (rows, sums, dx) of dy through the gate: fused, or relu_backward first.
         let run = |gated: bool| {

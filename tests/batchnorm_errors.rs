@@ -166,9 +166,9 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
         "shape.hw",
         "is 0",
     );
-    k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats)).unwrap();
+    k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats), None).unwrap();
     expect_arg(
-        k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short)),
+        k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short), None),
         "bn_merge_examples",
         "stats",
         "expected 6 (2·c",
@@ -233,13 +233,27 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     expect_arg(input(e, &zero, 10, s(&sums)), "bn_backward_input", "shape.hw", "is 0");
     expect_arg(input(e, &shape, 0, s(&sums)), "bn_backward_input", "count", "expected at least");
 
-    let running = |e: &mut Encoder, c, count, var| {
-        k::bn_update_running(gpu, e, c, count, MOMENTUM, s(&stats), s(&run_mean), var)
+    // The merge with the running statistics: one position per channel has no unbiased variance.
+    let merge_running = |e: &mut Encoder, shape: &BnShape, rows, var| {
+        let running = k::Running { momentum: MOMENTUM, mean: s(&run_mean), var };
+        k::bn_merge_examples(gpu, e, shape, rows, s(&stats), Some(running))
     };
-    running(e, 3, 2, s(&run_var)).unwrap();
-    expect_arg(running(e, 3, 2, s(&short)), "bn_update_running", "running_var", "expected 3 (c)");
-    expect_arg(running(e, 0, 2, s(&run_var)), "bn_update_running", "c", "is 0");
-    expect_arg(running(e, 3, 1, s(&run_var)), "bn_update_running", "count", "expected at least 2");
+    merge_running(e, &shape, s(&rows), s(&run_var)).unwrap();
+    expect_arg(
+        merge_running(e, &shape, s(&rows), s(&short)),
+        "bn_merge_examples",
+        "running_var",
+        "expected 3 (c)",
+    );
+    let one = BnShape { n: 1, hw: 1, ..shape };
+    let one_row = b(6);
+    k::bn_merge_examples(gpu, e, &one, s(&one_row), s(&stats), None).unwrap();
+    expect_arg(
+        merge_running(e, &one, s(&one_row), s(&run_var)),
+        "bn_merge_examples",
+        "shape",
+        "n·hw is 1, expected 2",
+    );
 }
 
 #[test]

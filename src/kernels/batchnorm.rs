@@ -6,7 +6,8 @@
 //! - `rows` [n, 2C]: one row per example, [mean_b | M2_b] (`bn_example_stats`) or
 //!   [Σdy | Σdy·x̂] (`bn_example_sums`), the unit a data-parallel step gathers;
 //! - `stats` \[2C\] = \[mean | M2\] over all rows' positions, M2 = Σ(x − mean)²
-//!   (`bn_merge_examples`, Chan's merge over examples, never E\[x²\]−μ²);
+//!   (`bn_merge_examples`, Chan's merge over examples, never E\[x²\]−μ²), which in training
+//!   updates the running statistics in the same launch;
 //! - `sums` \[2C\] = \[Σdy | Σdy·x̂\] over all rows (`bn_sum_examples`). Its halves are also the
 //!   parameter gradients dβ and dγ: summed over one replica's own rows they are that
 //!   replica's dβ, dγ; a caller copies them into its gradient buffer.
@@ -104,7 +105,16 @@ impl BnShape {
     }
 
     fn params(&self, count: u32, eps: f32) -> Params {
-        Params { n: self.n, c: self.c, hw: self.hw, count, eps, residual: 0, gated: 0 }
+        Params {
+            n: self.n,
+            c: self.c,
+            hw: self.hw,
+            count,
+            eps,
+            residual: 0,
+            gated: 0,
+            momentum: 0.0,
+        }
     }
 }
 
@@ -118,13 +128,6 @@ struct Params {
     eps: f32,
     residual: u32,
     gated: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct RunningParams {
-    c: u32,
-    count: u32,
     momentum: f32,
 }
 
@@ -144,28 +147,47 @@ pub fn bn_example_stats(
     launch(gpu, enc, OP, &SHADER, entry, &shape.params(0, 0.0), &[("x", x), ("rows", rows)], grid)
 }
 
-/// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions).
+/// The running statistics a training-mode merge updates in place, from the merged values:
+/// mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance, as
+/// PyTorch's), with count = n·hw.
+pub struct Running<'a> {
+    pub momentum: f32,
+    pub mean: Slice<'a>,
+    pub var: Slice<'a>,
+}
+
+/// `stats` = [mean | M2] per channel over the n rows of `bn_example_stats` (n·hw positions),
+/// and, with `running`, the running statistics updated in the same launch. Refuses a running
+/// update at count < 2, where that variance is undefined (PyTorch raises too).
 pub fn bn_merge_examples(
     gpu: &Gpu,
     enc: &mut Encoder,
     shape: &BnShape,
     rows: Slice,
     stats: Slice,
+    running: Option<Running>,
 ) -> Result<()> {
     const OP: &str = "bn_merge_examples";
     shape.check(OP)?;
     expect_len(OP, "rows", &rows, shape.rows_len(), "n·2·c: [mean | M2] per example")?;
     expect_len(OP, "stats", &stats, shape.packed_len(), "2·c: [mean | M2]")?;
-    launch(
-        gpu,
-        enc,
-        OP,
-        &SHADER,
-        OP,
-        &shape.params(0, 0.0),
-        &[("rows", rows), ("stats", stats)],
-        grid_1d(shape.c as u64, WG),
-    )
+    let grid = grid_1d(shape.c as u64, WG);
+    let Some(Running { momentum, mean, var }) = running else {
+        let bindings = [("rows", rows), ("stats", stats)];
+        return launch(gpu, enc, OP, &SHADER, OP, &shape.params(0, 0.0), &bindings, grid);
+    };
+    let Some(count) = u32::try_from(shape.positions()).ok().filter(|&count| count >= 2) else {
+        return Err(KernelError::Arg {
+            op: OP,
+            arg: "shape",
+            problem: format!("n·hw is {}, expected 2 to 2³²−1 to update the running statistics: their unbiased variance divides by n·hw − 1", shape.positions()),
+        });
+    };
+    expect_len(OP, "running_mean", &mean, shape.c as u64, "c")?;
+    expect_len(OP, "running_var", &var, shape.c as u64, "c")?;
+    let params = Params { momentum, ..shape.params(count, 0.0) };
+    let bindings = [("rows", rows), ("stats", stats), ("running_mean", mean), ("running_var", var)];
+    launch(gpu, enc, OP, &SHADER, "bn_merge_examples_running", &params, &bindings, grid)
 }
 
 /// y = γ (x − μ)/√(M2/count + eps) + β, with `stats` local or merged over `count` positions.
@@ -376,34 +398,4 @@ pub fn bn_backward_input(
         }
     };
     launch(gpu, enc, OP, &SHADER, entry, &params, &bindings, grid)
-}
-
-/// In place: mean ← (1−m)·mean + m·μ; var ← (1−m)·var + m·M2/(count−1) (the unbiased variance,
-/// as PyTorch). Refuses count < 2, where that variance is undefined (PyTorch raises too).
-#[allow(clippy::too_many_arguments)]
-pub fn bn_update_running(
-    gpu: &Gpu,
-    enc: &mut Encoder,
-    c: u32,
-    count: u32,
-    momentum: f32,
-    stats: Slice,
-    running_mean: Slice,
-    running_var: Slice,
-) -> Result<()> {
-    const OP: &str = "bn_update_running";
-    expect_positive(OP, "c", c)?;
-    if count < 2 {
-        return Err(KernelError::Arg {
-            op: OP,
-            arg: "count",
-            problem: format!("is {count}, expected at least 2: the unbiased running variance divides by count − 1"),
-        });
-    }
-    expect_len(OP, "stats", &stats, 2 * c as u64, "2·c: [mean | M2]")?;
-    expect_len(OP, "running_mean", &running_mean, c as u64, "c")?;
-    expect_len(OP, "running_var", &running_var, c as u64, "c")?;
-    let params = RunningParams { c, count, momentum };
-    let bindings = [("stats", stats), ("running_mean", running_mean), ("running_var", running_var)];
-    launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d(c as u64, WG))
 }

@@ -186,19 +186,20 @@ impl Replica {
         };
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bn_shape(out) };
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
-        batchnorm::bn_merge_examples(gpu, enc, &global, rows.slice(), Slice::whole(&stats))?;
-        let count = global.n * global.hw;
-        batchnorm::bn_update_running(
+        let running = batchnorm::Running {
+            momentum: pass.cfg.bn_momentum,
+            mean: self.running_slice(bn.running_mean),
+            var: self.running_slice(bn.running_var),
+        };
+        batchnorm::bn_merge_examples(
             gpu,
             enc,
-            out.c,
-            count,
-            pass.cfg.bn_momentum,
+            &global,
+            rows.slice(),
             Slice::whole(&stats),
-            self.running_slice(bn.running_mean),
-            self.running_slice(bn.running_var),
+            Some(running),
         )?;
-        Ok(count)
+        Ok(global.n * global.hw)
     }
 
     /// The conv output and statistics `unit` saved.
