@@ -28,17 +28,11 @@ program="$(command -v "$1" || true)"
 if [ ! -f "$ICD" ] || [ ! -x "$LOADER" ]; then
     command -v apt-get >/dev/null || { say "needs apt-get (Debian or Ubuntu)"; exit 1; }
     [ "$(dpkg --print-architecture)" = amd64 ] || { say "only amd64 is handled"; exit 1; }
-    apt_dir="$DIR/apt"
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$DIR/deb"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
-        >"$apt_dir/sources.list"
-    apt_opts=(
-        -o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-        -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o Debug::NoLocking=1
-        -o "APT::Sandbox::User=$(id -un)" -o APT::Architecture=amd64 -qq
-    )
-    say "fetching unstable's package list into $apt_dir"
-    apt-get "${apt_opts[@]}" update >&2
+    mkdir -p "$DIR/deb"
+    say "fetching unstable's package list into $DIR/apt"
+    # shellcheck source=scripts/private-apt.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/private-apt.sh"
+    private_apt "$DIR/apt" "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main"
     # The driver, the Vulkan loader and everything they need, by name (virtual packages, shown
     # in angle brackets, are provided by real ones in the list).
     packages="$(apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests \

@@ -24,17 +24,11 @@ if [ ! -f "$ICD" ] || [ ! -f "$LIB" ]; then
     codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
     [ "$codename" = bookworm ] || say "warning: this is '$codename', not bookworm; backports' build may not load"
     [ "$(dpkg --print-architecture)" = amd64 ] || { say "only amd64 is handled"; exit 1; }
-    apt_dir="$DIR/apt"
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$DIR/deb"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" \
-        >"$apt_dir/sources.list"
-    apt_opts=(
-        -o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-        -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o Debug::NoLocking=1
-        -o "APT::Sandbox::User=$(id -un)" -qq
-    )
-    say "fetching bookworm-backports' package list into $apt_dir"
-    apt-get "${apt_opts[@]}" update >&2
+    mkdir -p "$DIR/deb"
+    say "fetching bookworm-backports' package list into $DIR/apt"
+    # shellcheck source=scripts/private-apt.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/private-apt.sh"
+    private_apt "$DIR/apt" "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main"
     version="$(apt-cache "${apt_opts[@]}" madison mesa-vulkan-drivers | awk '/bookworm-backports/ { print $3; exit }')"
     [ -n "$version" ] || { say "bookworm-backports lists no mesa-vulkan-drivers"; exit 1; }
     say "downloading mesa-vulkan-drivers $version"
