@@ -55,6 +55,11 @@ pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 /// loops together have run this many iterations, silently (gallivm's loop limiter).
 const LLVMPIPE_LOOP_ITERATIONS: u64 = 65535;
 
+/// Whether llvmpipe, if `adapter` is it, would cut short an invocation looping `iterations` times.
+pub(crate) fn llvmpipe_cuts(adapter: &str, iterations: u64) -> bool {
+    adapter.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS
+}
+
 /// Refuses, on llvmpipe, a launch whose invocations would loop `iterations` times, rather than
 /// return what the loop limiter cut short: for launchers whose loops run over a size the caller
 /// picks. The problem reads "`subject`, which would loop … after 65535`advice`".
@@ -66,7 +71,7 @@ pub(crate) fn expect_within_llvmpipe_loops(
     subject: impl FnOnce() -> String,
     advice: &str,
 ) -> Result<()> {
-    if adapter.contains("llvmpipe") && iterations > LLVMPIPE_LOOP_ITERATIONS {
+    if llvmpipe_cuts(adapter, iterations) {
         let problem = format!("{}, which would loop ~{iterations} times in one invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_ITERATIONS}{advice}", subject());
         return Err(KernelError::Arg { op, arg, problem });
     }

@@ -11,8 +11,8 @@ use super::{
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
-    expect_within_llvmpipe_loops, launch, pairwise_levels, pairwise_shader, replaced, specialise,
-    with_subgroup_index, KernelError, Result,
+    expect_within_llvmpipe_loops, launch, llvmpipe_cuts, pairwise_levels, pairwise_shader,
+    replaced, specialise, with_subgroup_index, KernelError, Result,
 };
 
 /// Pixels per chunk of the weight gradient's GEMM at most. Each invocation loops over a chunk's
@@ -215,30 +215,25 @@ pub(super) fn expect_within_loop_limit(
     } else {
         ": use a gemm variant"
     };
-    within_loop_limit(&gpu.info.name, op, algo, s, advice)
+    let loops = weight_gradient_loops(algo, s);
+    expect_within_llvmpipe_loops(&gpu.info.name, op, "algo", loops, || format!("is {algo}"), advice)
 }
 
 /// Whether `algo`'s weight gradient at `s` stays within llvmpipe's loop limit on `adapter`.
 pub(super) fn fits_loop_limit(adapter: &str, algo: Conv2dAlgo, s: &Conv2dShape) -> bool {
-    within_loop_limit(adapter, "conv2d_backward_weight", algo, s, "").is_ok()
+    !llvmpipe_cuts(adapter, weight_gradient_loops(algo, s))
 }
 
-fn within_loop_limit(
-    adapter: &str,
-    op: &'static str,
-    algo: Conv2dAlgo,
-    s: &Conv2dShape,
-    advice: &str,
-) -> Result<()> {
-    // Row loop, pixel loop and the pairwise stack's levels, per example (at most: Blocked
-    // skips the rows and columns a tap reads only padding for).
+/// The iterations of an invocation of the Direct or Blocked weight gradient at `s`: the row
+/// loop, the pixel loop and the pairwise stack's levels, per example (at most: Blocked skips the
+/// rows and columns a tap reads only padding for), Blocked's once per tap.
+fn weight_gradient_loops(algo: Conv2dAlgo, s: &Conv2dShape) -> u64 {
     let per_tap = s.n as u64 * (s.out_h() as u64 * (s.out_w() as u64 + 1) + 1 + 32);
-    let iterations = if algo == Conv2dAlgo::Blocked {
+    if algo == Conv2dAlgo::Blocked {
         s.kh as u64 * s.kw as u64 * (per_tap + 1)
     } else {
         per_tap
-    };
-    expect_within_llvmpipe_loops(adapter, op, "algo", iterations, || format!("is {algo}"), advice)
+    }
 }
 
 /// The weight gradient as a GEMM: the forward's im2col rows (whole output rows per chunk)
