@@ -107,6 +107,19 @@ impl Gpu {
             .sum()
     }
 
+    /// A storage buffer holding the bytes `make` returns, made once on this device for each `key`
+    /// (bytes that name what it holds: a launch's op and shape, say) and kept for its life: the
+    /// constant tables a kernel reads.
+    pub fn constants(&self, key: &[u8], make: impl FnOnce() -> Vec<u8>) -> Result<wgpu::Buffer> {
+        let mut constants = self.constants.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = constants.get(key) {
+            return Ok(b.clone());
+        }
+        let b = self.upload("constants", &make())?;
+        constants.insert(key.to_vec(), b.clone());
+        Ok(b)
+    }
+
     /// A storage buffer holding `data` (f32, u32, …).
     pub fn upload<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
         let bytes: &[u8] = bytemuck::cast_slice(data);

@@ -136,6 +136,8 @@ pub struct Gpu {
     memory: Mutex<MemoryCounter>,
     profiler: Mutex<Option<Profiler>>,
     scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    /// [`Gpu::constants`]' buffers, by their key.
+    constants: Mutex<HashMap<Vec<u8>, wgpu::Buffer>>,
     /// How the kernels layer chooses among a kernel's variants on this device, in that layer's
     /// own type: set once, before the device's first launch or by it, and dropped with the
     /// device. See [`Gpu::kernel_policy`].
@@ -221,6 +223,7 @@ impl Gpu {
             memory: Mutex::new(MemoryCounter::default()),
             profiler: Mutex::new(None),
             scratch: Mutex::new(HashMap::new()),
+            constants: Mutex::new(HashMap::new()),
             kernel_policy: OnceLock::new(),
         })
     }

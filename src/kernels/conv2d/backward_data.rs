@@ -3,8 +3,8 @@
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
 use super::{
-    checked, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, Params, ROW_RUN,
-    SHADER, WG,
+    checked, implicit, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, Params,
+    ROW_RUN, SHADER, WG,
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
@@ -23,6 +23,9 @@ pub fn conv2d_backward_input_with(
     const OP: &str = "conv2d_backward_input";
     let s = shape;
     let bindings = checked(gpu, Conv2dOp::BackwardInput, s, [dy, w, dx])?;
+    if algo == Conv2dAlgo::Implicit {
+        return implicit::gather_gemm(gpu, enc, Conv2dOp::BackwardInput, s, (dy, w, dx));
+    }
     if algo == Conv2dAlgo::Direct {
         gpu.charge_flops(s.flops() as f64);
         return launch(

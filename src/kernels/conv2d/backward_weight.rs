@@ -43,7 +43,9 @@ pub fn conv2d_backward_weight_with(
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared | Conv2dAlgo::Implicit => {
+            return Err(no_kernel(OP, algo))
+        }
     };
     gpu.charge_flops(s.flops() as f64);
     launch(

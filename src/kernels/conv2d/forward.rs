@@ -1,7 +1,9 @@
 //! The forward, `y = conv(x, w)`: Direct and Blocked kernels, and the im2col + GEMM path.
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
-use super::{checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, SHADER, WG};
+use super::{
+    checked, implicit, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, SHADER, WG,
+};
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
@@ -25,6 +27,9 @@ pub fn conv2d_forward_with(
             tile_count(s.c_out as u64)
                 * tile_count(s.n as u64 * s.out_h() as u64 * s.out_w() as u64),
         ),
+        Conv2dAlgo::Implicit => {
+            return implicit::gather_gemm(gpu, enc, Conv2dOp::Forward, s, (x, w, y))
+        }
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => {
             return forward_gemm(gpu, enc, algo, s, x, w, y)
         }

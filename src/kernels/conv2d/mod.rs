@@ -35,6 +35,7 @@ mod backward_weight;
 mod crop;
 mod forward;
 mod gemm;
+pub mod implicit;
 mod shape;
 mod tiles;
 mod tune;
@@ -101,6 +102,9 @@ pub enum Conv2dAlgo {
     /// im2col, then a GEMM with 64×64 tiles staged in workgroup memory between barriers
     /// (GPUs).
     GemmShared,
+    /// The implicit-GEMM family (implicit/): register-blocked tiles of up to 8×8 outputs per
+    /// invocation on operands staged in workgroup memory, gathered straight from NCHW (GPUs).
+    Implicit,
 }
 
 /// The register tile of [`Conv2dAlgo::Gemm`]: each invocation holds `per_invocation` rows of
@@ -160,6 +164,7 @@ impl Conv2dAlgo {
         let mut all = vec![Conv2dAlgo::Direct, Conv2dAlgo::Blocked];
         all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)));
         all.push(Conv2dAlgo::GemmShared);
+        all.push(Conv2dAlgo::Implicit);
         all
     }
 
@@ -172,6 +177,7 @@ impl Conv2dAlgo {
     /// input-VJP's only.
     pub fn has(&self, op: Conv2dOp) -> bool {
         match self {
+            Conv2dAlgo::Implicit => op != Conv2dOp::BackwardWeight,
             Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => {
                 op == Conv2dOp::BackwardInput
             }
@@ -207,6 +213,7 @@ impl fmt::Display for Conv2dAlgo {
                 write!(f, "gemm-{lanes}-{}x{}", t.per_invocation, t.per_workgroup)
             }
             Conv2dAlgo::GemmShared => write!(f, "gemm-shared"),
+            Conv2dAlgo::Implicit => write!(f, "implicit-gemm"),
         }
     }
 }

@@ -1,0 +1,142 @@
+// The implicit-GEMM family (src/kernels/conv2d/implicit/): the forward and the input-VJP as one
+// register-blocked GEMM that gathers its first operand straight from NCHW (no im2col in memory),
+// and the weight gradient as the same tile walking a node of examples. This file is the frame
+// every module of the family shares; src/kernels/conv2d/implicit/wgsl.rs writes each
+// configuration's entry point after it. What is subtle:
+//
+// - Each output's sum over k runs in increasing k from +0 in one accumulator, `c += a * b`, as
+//   every other variant sums it, so the family gives their bits. A zero the gather selects for
+//   padding, or past the last k of a tile, adds +0·w = ±0, which leaves a sum that starts at +0
+//   as it was (it is never −0): the same bits as a skipped tap.
+// - The table (ig_table) lists, per phase, where each k reads: the source offset and the rows and
+//   columns it moves from the pixel's origin, in k's order, with the taps that read only padding
+//   for every pixel left out (they would add +0). The forward has one phase; the input-VJP one per
+//   (iy mod stride, ix mod stride), all of them in one dispatch along z.
+// - Segments (common.wgsl): a workgroup sums all of its phase's k, adding the segments' sums in
+//   order to a total from +0 (entry points with a `t…` register set), or one segment whose sum
+//   goes to a slab, which conv2d_implicit_segments then adds in order.
+// - Workgroup memory is written before it is read, one barrier per K step: slice s+1 is loaded
+//   into registers while slice s is summed from one buffer, then stored into the other.
+
+struct Implicit {
+    // The GEMM's columns: c_out (forward) or c_in (input-VJP); vec4s of a laid-out weight row.
+    cols: u32,
+    cols4: u32,
+    images: u32,
+    // What the gather reads (x, or dy) and where the outputs land (y, or dx), NCHW.
+    src_c: u32,
+    src_h: u32,
+    src_w: u32,
+    out_c: u32,
+    out_h: u32,
+    out_w: u32,
+    // Source and output rows per grid row: (stride, 1) for the forward, (1, stride) for a phase.
+    a_step: u32,
+    o_step: u32,
+    phases: u32,
+    // Segments along z per phase: 1 where a workgroup sums all of its phase's k.
+    segments: u32,
+    // Workgroups along x·y per tile row: the largest phase's pixel tiles.
+    m_tiles: u32,
+    // Elements of the output: the stride of the segment slabs.
+    out_len: u32,
+    // The layout's rows (every phase's k) and the w elements between two columns.
+    k_rows: u32,
+    w_col_stride: u32,
+}
+
+@group(0) @binding(0) var<uniform> ig: Implicit;
+
+// Per phase three records, then the k entries of every phase, then one spare entry (where an
+// empty phase's first entry points):
+//   record 0: (grid_h, grid_w, k_count, first entry), record 1: (source row and column of grid
+//   point (0, 0), output row and column of it), record 2: (k per segment, 0, 0, 0);
+//   entry: (source offset, rows, columns, w offset).
+fn ig_record(phase: u32, r: u32) -> vec4<i32> {
+    return ig_table[3u * phase + r];
+}
+
+fn ig_entry(first: u32, k: u32, k_end: u32) -> vec4<i32> {
+    return ig_table[3u * ig.phases + first + select(0u, k, k < k_end)];
+}
+
+// Where a phase's pixel m reads its source from and writes its output to.
+struct IgPixel {
+    ok: bool,
+    base: i32,
+    y0: i32,
+    x0: i32,
+    out: u32,
+}
+
+fn ig_pixel(m: u32, grid_h: u32, grid_w: u32, r1: vec4<i32>) -> IgPixel {
+    let plane = grid_h * grid_w;
+    let pixels = ig.images * plane;
+    let mc = min(m, pixels - 1u);
+    let n = mc / plane;
+    let gy = (mc % plane) / grid_w;
+    let gx = mc % grid_w;
+    let y0 = i32(gy * ig.a_step) + r1.x;
+    let x0 = i32(gx * ig.a_step) + r1.y;
+    let base = i32(n * ig.src_c * ig.src_h * ig.src_w) + y0 * i32(ig.src_w) + x0;
+    let oy = gy * ig.o_step + u32(r1.z);
+    let ox = gx * ig.o_step + u32(r1.w);
+    let out = n * ig.out_c * ig.out_h * ig.out_w + oy * ig.out_w + ox;
+    return IgPixel(m < pixels, base, y0, x0, out);
+}
+
+// Element (k, pixel) of the first operand, +0 on padding and past the phase's k.
+fn ig_gather(p: IgPixel, first: u32, k: u32, k_end: u32) -> f32 {
+    let e = ig_entry(first, k, k_end);
+    let iy = p.y0 + e.y;
+    let ix = p.x0 + e.z;
+    let ok = p.ok && k < k_end && iy >= 0 && iy < i32(ig.src_h) && ix >= 0 && ix < i32(ig.src_w);
+    return select(0.0, ig_src[select(0, p.base + e.x, ok)], ok);
+}
+
+// Columns 4·col4 … 4·col4 + 3 of row k of the laid-out weights, +0 past the phase's k.
+fn ig_weight(first: u32, k: u32, k_end: u32, col4: u32) -> vec4<f32> {
+    let live = k < k_end && col4 < ig.cols4;
+    return select(vec4<f32>(0.0), ig_w[select(0u, (first + k) * ig.cols4 + col4, live)], live);
+}
+
+@group(0) @binding(1) var<storage, read> ig_src: array<f32>;
+@group(0) @binding(2) var<storage, read> ig_w: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> ig_table: array<vec4<i32>>;
+@group(0) @binding(4) var<storage, read_write> ig_out: array<f32>;
+
+// The weights as the GEMM reads them: row k (every phase's, in the table's order) holds the
+// column c's w at c·w_col_stride + the entry's w offset, +0 past the last column.
+@group(0) @binding(1) var<storage, read> il_w: array<f32>;
+@group(0) @binding(2) var<storage, read> il_table: array<vec4<i32>>;
+@group(0) @binding(3) var<storage, read_write> il_rows: array<vec4<f32>>;
+
+@compute @workgroup_size(64)
+fn conv2d_implicit_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * 64u;
+    if (t >= ig.k_rows * ig.cols4) { return; }
+    let k = t / ig.cols4;
+    let c0 = (t % ig.cols4) * 4u;
+    let at = u32(il_table[3u * ig.phases + k].w);
+    var quad = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let ok = c0 + i < ig.cols;
+        quad[i] = select(0.0, il_w[select(0u, (c0 + i) * ig.w_col_stride + at, ok)], ok);
+    }
+    il_rows[t] = quad;
+}
+
+// The segments' sums taken side by side, added in order onto +0, as every variant adds them.
+@group(0) @binding(1) var<storage, read> is_slabs: array<f32>;
+@group(0) @binding(2) var<storage, read_write> is_out: array<f32>;
+
+@compute @workgroup_size(64)
+fn conv2d_implicit_segments(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    if (i >= ig.out_len) { return; }
+    var total = 0.0;
+    for (var s = 0u; s < ig.segments; s++) {
+        total += is_slabs[s * ig.out_len + i];
+    }
+    is_out[i] = total;
+}
