@@ -1241,3 +1241,56 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
         }
     }
 }
+
+/// The implicit-GEMM weight gradient in every configuration, with nodes of 1 to 2^levels
+/// examples (one node for the batch, or several added as the tree above them, the last a tail):
+/// Direct's bits, on rows that end inside a slice, padding taps, dropped taps, and batches that
+/// are and are not powers of two.
+#[test]
+fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
+    use syncstep::kernels::conv2d::implicit::{self as ig, TileConfig, WeightPlan};
+    let Some(gpu) = gpu() else { return };
+    let shapes = [
+        shape(5, 5, 9, 7, 70, 3, 3, 1, 1),
+        shape(3, 3, 13, 11, 20, 7, 7, 2, 3),
+        shape(6, 12, 7, 7, 40, 1, 1, 2, 0),
+        shape(8, 36, 2, 2, 40, 3, 3, 1, 1),
+        shape(7, 20, 1, 1, 24, 3, 3, 1, 1),
+    ];
+    let configs: Vec<TileConfig> = ig::FAMILY
+        .iter()
+        .flat_map(|&c| [c, TileConfig { bk: 8, ..c }])
+        .filter(|&c| ig::weight_runs(gpu, c))
+        .collect();
+    for (i, s) in shapes.into_iter().enumerate() {
+        let seed = 400 + 3 * i as u64;
+        let x = uniform(seed, s.x_len() as usize);
+        let w = uniform(seed + 1, s.w_len() as usize);
+        let dy = uniform(seed + 2, s.y_len() as usize);
+        let want = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy).dw.unwrap();
+        let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+        for &config in &configs {
+            for levels in 0..=ig::most_levels(config, s.n) {
+                let dw = poisoned(gpu, "dw", s.w_len() as usize);
+                let mut enc = gpu.encoder();
+                let plan = WeightPlan { config, levels };
+                let whole = Slice::whole;
+                ig::weight_gradient_with(
+                    gpu,
+                    &mut enc,
+                    &s,
+                    plan,
+                    (whole(&bdy), whole(&bx), whole(&dw)),
+                )
+                .unwrap();
+                submit(gpu, enc);
+                assert_eq!(
+                    bits(&read(gpu, &dw)),
+                    bits(&want),
+                    "{s:?} {} levels {levels}: differs from Direct",
+                    config.name()
+                );
+            }
+        }
+    }
+}

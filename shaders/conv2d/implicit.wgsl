@@ -140,3 +140,101 @@ fn conv2d_implicit_segments(@builtin(global_invocation_id) gid: vec3<u32>, @buil
     }
     is_out[i] = total;
 }
+
+// The weight gradient (src/kernels/conv2d/implicit/weight.rs): dw[co, k] over the kept taps'
+// k = (ci, ky, kx) of the forward's table, summed as every variant sums it: each output row's
+// pixels in order from +0 (s), the rows of an example in order from +0 (e), the examples by the
+// canonical pairwise tree. A workgroup walks one node of the tree (an aligned block of
+// `node` examples, or the batch's tail) for one tile of (co, k), its pairwise blocks in
+// registers; where the batch has more nodes, conv2d_implicit_weight_nodes adds the nodes'
+// sums as a binary counter over them, which is the tree above the nodes.
+struct ImplicitWeight {
+    c_out: u32,
+    c_in: u32,
+    h: u32,
+    w: u32,
+    out_h: u32,
+    out_w: u32,
+    stride: u32,
+    pad: u32,
+    images: u32,
+    // Examples per node (a power of two) and the nodes of the batch.
+    node: u32,
+    nodes: u32,
+    // The kept taps' k (the GEMM's columns) and dw's row, c_in·kh·kw.
+    cols: u32,
+    w_len: u32,
+    m_tiles: u32,
+    // Whether the workgroups write dw itself (one node, every tap kept).
+    direct: u32,
+    // Taps of the whole kernel, and of them the kept ones.
+    taps: u32,
+    kept: u32,
+}
+
+@group(0) @binding(0) var<uniform> iw: ImplicitWeight;
+@group(0) @binding(1) var<storage, read> iw_dy: array<f32>;
+@group(0) @binding(2) var<storage, read> iw_x: array<f32>;
+// The forward's table: one phase's three records, its k entries, a spare entry, then one entry
+// per tap of the whole kernel whose x is its rank among the kept taps (−1: dropped).
+@group(0) @binding(3) var<storage, read> iw_table: array<vec4<i32>>;
+@group(0) @binding(4) var<storage, read_write> iw_out: array<f32>;
+
+// Where pixel q of the batch reads dy (channel 0) and x (tap offset 0), and its origin.
+struct IwPixel {
+    ok: bool,
+    dy: u32,
+    x: i32,
+    y0: i32,
+    x0: i32,
+}
+
+fn iw_pixel(q: u32, end: u32) -> IwPixel {
+    let plane = iw.out_h * iw.out_w;
+    let qc = min(q, end - 1u);
+    let n = qc / plane;
+    let pix = qc % plane;
+    let y0 = i32((pix / iw.out_w) * iw.stride) - i32(iw.pad);
+    let x0 = i32((pix % iw.out_w) * iw.stride) - i32(iw.pad);
+    let x = i32(n * iw.c_in * iw.h * iw.w) + y0 * i32(iw.w) + x0;
+    return IwPixel(q < end, n * iw.c_out * plane + pix, x, y0, x0);
+}
+
+fn iw_dy_at(p: IwPixel, co: u32) -> f32 {
+    let ok = p.ok && co < iw.c_out;
+    return select(0.0, iw_dy[select(0u, p.dy + co * iw.out_h * iw.out_w, ok)], ok);
+}
+
+fn iw_x_at(p: IwPixel, k: u32) -> f32 {
+    let e = iw_table[3u + select(0u, k, k < iw.cols)];
+    let iy = p.y0 + e.y;
+    let ix = p.x0 + e.z;
+    let ok = p.ok && k < iw.cols && iy >= 0 && iy < i32(iw.h) && ix >= 0 && ix < i32(iw.w);
+    return select(0.0, iw_x[select(0, p.x + e.x, ok)], ok);
+}
+
+// dw from the nodes' sums (node-major, then co, then the kept k): their pairwise total, and +0
+// for the dropped taps.
+@group(0) @binding(1) var<storage, read> in_nodes: array<f32>;
+@group(0) @binding(2) var<storage, read> in_table: array<vec4<i32>>;
+@group(0) @binding(3) var<storage, read_write> in_dw: array<f32>;
+
+@compute @workgroup_size(64)
+fn conv2d_implicit_weight_nodes(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    if (i >= iw.c_out * iw.w_len) { return; }
+    let co = i / iw.w_len;
+    let ci = (i % iw.w_len) / iw.taps;
+    let rank = in_table[3u + iw.cols + 1u + i % iw.taps].x;
+    if (rank < 0) {
+        in_dw[i] = 0.0;
+        return;
+    }
+    let at = co * iw.cols + ci * iw.kept + u32(rank);
+    var blocks: array<f32, PAIRWISE_LEVELS>;
+    let count = pairwise_count(iw.nodes, nwg);
+    for (var t = 0u; t < count; t++) {
+        pairwise_push(&blocks, t, in_nodes[t * iw.c_out * iw.cols + at]);
+    }
+    in_dw[i] = pairwise_total(&blocks, count);
+}

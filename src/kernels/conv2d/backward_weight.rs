@@ -6,8 +6,8 @@
 use super::gemm::{chunk_pixels, gemm_chunk_pixels, im2col_chunks, Gemm, GPU_CHUNK_BYTES};
 use super::tiles::gemm_lanes_shader;
 use super::{
-    checked, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes, Params,
-    GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
+    checked, implicit, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes,
+    Params, GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
@@ -43,9 +43,8 @@ pub fn conv2d_backward_weight_with(
         Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared | Conv2dAlgo::Implicit => {
-            return Err(no_kernel(OP, algo))
-        }
+        Conv2dAlgo::Implicit => return implicit::weight_gradient(gpu, enc, s, (dy, x, dw)),
+        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
     };
     gpu.charge_flops(s.flops() as f64);
     launch(

@@ -177,7 +177,6 @@ impl Conv2dAlgo {
     /// input-VJP's only.
     pub fn has(&self, op: Conv2dOp) -> bool {
         match self {
-            Conv2dAlgo::Implicit => op != Conv2dOp::BackwardWeight,
             Conv2dAlgo::Gemm(GemmTile { lanes: GemmLanes::ChannelsGather, .. }) => {
                 op == Conv2dOp::BackwardInput
             }

@@ -9,12 +9,17 @@
 //! shaders/conv2d/implicit.wgsl.
 
 mod table;
+mod weight;
 mod wgsl;
 
 use super::{Conv2dOp, Conv2dShape};
 use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
 use crate::kernels::{launch, KernelError, Result};
 pub use table::{Phase, Table};
+pub use weight::{
+    most_levels, runs as weight_runs, weight_gradient, weight_gradient_with, weight_plan,
+    WeightPlan,
+};
 pub use wgsl::Lanes;
 use wgsl::{gemm_shader, FRAME};
 

@@ -6,7 +6,7 @@
 
 use super::{Sum, TileConfig};
 use crate::gpu::Shader;
-use crate::kernels::{shader_source, specialise};
+use crate::kernels::{pairwise_shader, shader_source, specialise};
 
 /// The frame every module of the family starts from.
 pub(crate) const FRAME: Shader =
@@ -198,6 +198,195 @@ fn gemm_entry(c: TileConfig, sum: Sum) -> String {
                 w.push(format!(
                     "        if (o{h}_{i}.ok) {{ ig_out[at + o{h}_{i}.out] = {acc}{j}_{h}.{lane}; }}"
                 ));
+            }
+        }
+        w.push("    }".into());
+    }
+    w.push("}".into());
+    w.join("\n") + "\n"
+}
+
+/// The module of `config`'s weight gradient (`conv2d_implicit_weight`), its nodes' pairwise
+/// blocks `levels` deep, and the nodes' combine (`conv2d_implicit_weight_nodes`) with its stack
+/// sized for `nodes`.
+pub(crate) fn weight_shader(config: TileConfig, levels: u32, nodes: u32) -> Shader {
+    let frame = pairwise_shader(&FRAME, nodes);
+    let variant = format!("{}_l{levels}", config.name());
+    specialise(&frame, &variant, |frame| format!("{frame}\n{}", weight_entry(config, levels)))
+}
+
+/// Bytes of workgroup memory the weight gradient of `config` uses: two slices of both
+/// operands, pixel-major with rows padded by a vec4 (see [`weight_entry`]).
+pub(crate) fn weight_shared_bytes(config: TileConfig) -> u64 {
+    2 * config.bk as u64 * (config.bm() + 4 + config.bn() + 4) as u64 * 4
+}
+
+/// `conv2d_implicit_weight` for `c`: one BM (co) × BN (k) tile and one node of examples per
+/// workgroup, over slices of `bk` pixels. The slices are stored pixel-major, each row padded by
+/// a vec4: a warp stages 8 pixels × 4 columns, which then fall in 32 different banks.
+fn weight_entry(c: TileConfig, levels: u32) -> String {
+    let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
+    let (mq, nq) = (c.tm / 4, c.tn / 4);
+    let (row_a, row_b) = ((bm + 4) / 4, (bn + 4) / 4);
+    let lanes = c.lanes();
+    let (a_loads, b_loads) = (bk * bm / threads, bk * bn / threads);
+    // The warps that stage one slice's pixel block side by side; each invocation stages one
+    // pixel of a slice (see the launcher's check on threads and bk).
+    let blocks = bk / 8;
+    let mut w = Vec::new();
+    w.push(format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a));
+    w.push(format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b));
+    w.push(String::new());
+    w.push(format!("@compute @workgroup_size({threads})"));
+    w.push("fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into());
+    w.push("    let f = wid.x + wid.y * nwg.x;".into());
+    w.push(format!("    let m0 = (f % iw.m_tiles) * {bm}u;"));
+    w.push(format!("    let n0 = (f / iw.m_tiles) * {bn}u;"));
+    w.push("    // Whole workgroups only: the barriers stay uniform.".into());
+    w.push("    if (n0 >= iw.cols) { return; }".into());
+    w.push("    let plane = iw.out_h * iw.out_w;".into());
+    w.push("    let count = min(iw.node, iw.images - wid.z * iw.node);".into());
+    w.push("    let q_begin = wid.z * iw.node * plane;".into());
+    w.push("    let q_end = q_begin + count * plane;".into());
+    w.push(format!("    let steps = (count * plane + {}u) / {bk}u;", bk - 1));
+    w.push(format!("    let sq = ((lid / 32u) % {blocks}u) * 8u + lid % 8u;"));
+    w.push(format!("    let sc = ((lid / 32u) / {blocks}u) * 4u + (lid % 32u) / 8u;"));
+    // Column sc + r·(stride) of the slice for load r.
+    let col_step = threads / 32 / blocks * 4;
+    let loads = |w: &mut Vec<String>, indent: &str, q0: &str| {
+        w.push(format!("{indent}let sp = iw_pixel({q0} + sq, q_end);"));
+        for r in 0..a_loads {
+            w.push(format!("{indent}pa{r} = iw_dy_at(sp, m0 + sc + {}u);", r * col_step));
+        }
+        for r in 0..b_loads {
+            w.push(format!("{indent}pb{r} = iw_x_at(sp, n0 + sc + {}u);", r * col_step));
+        }
+    };
+    let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
+        for (name, loads, row) in [("a", a_loads, row_a), ("b", b_loads, row_b)] {
+            for r in 0..loads {
+                let col = format!("sc + {}u", r * col_step);
+                w.push(format!(
+                    "{indent}iw_{name}[{buffer} * {}u + sq * {row}u + ({col}) / 4u][({col}) % 4u] = p{name}{r};",
+                    bk * row
+                ));
+            }
+        }
+    };
+    for r in 0..a_loads {
+        w.push(format!("    var pa{r} = 0.0;"));
+    }
+    for r in 0..b_loads {
+        w.push(format!("    var pb{r} = 0.0;"));
+    }
+    w.push("    {".into());
+    loads(&mut w, "        ", "q_begin");
+    w.push("    }".into());
+    stores(&mut w, "    ", "0u");
+    w.push("    workgroupBarrier();".into());
+    // s{i}_{q}: output co i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the open
+    // pairwise blocks.
+    let each = |f: &dyn Fn(u32, u32) -> String| -> String {
+        (0..c.tm)
+            .flat_map(|i| (0..nq).map(move |q| (i, q)))
+            .map(|(i, q)| f(i, q))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    w.push(format!("    {}", each(&|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);"))));
+    w.push(format!("    {}", each(&|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);"))));
+    for l in 0..levels {
+        w.push(format!("    {}", each(&|i, q| format!("var b{l}_{i}_{q} = vec4<f32>(0.0);"))));
+    }
+    w.push(format!("    let am = {};", lanes.m_quad_wgsl()));
+    w.push(format!("    let an = {};", lanes.n_quad_wgsl()));
+    w.push("    var col = 0u;".into());
+    w.push("    var row = 0u;".into());
+    w.push("    var ex = 0u;".into());
+    w.push("    for (var step = 0u; step < steps; step++) {".into());
+    w.push("        let cur = step & 1u;".into());
+    w.push(format!("        let next = q_begin + (step + 1u) * {bk}u;"));
+    w.push("        let more = step + 1u < steps;".into());
+    w.push("        if (more) {".into());
+    loads(&mut w, "            ", "next");
+    w.push("        }".into());
+    w.push(format!("        let a_at = cur * {}u + am;", bk * row_a));
+    w.push(format!("        let b_at = cur * {}u + an;", bk * row_b));
+    w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
+    w.push("        for (var t = 0u; t < live; t++) {".into());
+    for h in 0..mq {
+        w.push(format!("            let a{h} = iw_a[a_at + t * {row_a}u + {}u];", h * bm / 8));
+    }
+    for q in 0..nq {
+        w.push(format!("            let b{q} = iw_b[b_at + t * {row_b}u + {}u];", q * bn / 8));
+    }
+    for i in 0..c.tm {
+        let a = format!("a{}.{}", i / 4, ['x', 'y', 'z', 'w'][i as usize % 4]);
+        let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
+        w.push(format!("            {}", line.join(" ")));
+    }
+    w.push("            col++;".into());
+    w.push("            if (col == iw.out_w) {".into());
+    w.push("                col = 0u;".into());
+    w.push("                row++;".into());
+    w.push(format!(
+        "                {}",
+        each(&|i, q| format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);"))
+    ));
+    w.push("                if (row == iw.out_h) {".into());
+    w.push("                    row = 0u;".into());
+    // The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it:
+    // the last example closes the node's sum, which stays in e.
+    w.push("                    let closed = countTrailingZeros(~ex);".into());
+    w.push("                    let last = ex + 1u == count;".into());
+    for l in 0..levels {
+        w.push(format!(
+            "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
+        ));
+        w.push(format!(
+            "                        {}",
+            each(&|i, q| format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};"))
+        ));
+        w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
+        w.push(format!(
+            "                        {}",
+            each(&|i, q| format!("b{l}_{i}_{q} = e{i}_{q};"))
+        ));
+        w.push("                    }".into());
+    }
+    w.push("                    if (!last) {".into());
+    w.push(format!(
+        "                        {}",
+        each(&|i, q| format!("e{i}_{q} = vec4<f32>(0.0);"))
+    ));
+    w.push("                    }".into());
+    w.push("                    ex++;".into());
+    w.push("                }".into());
+    w.push("            }".into());
+    w.push("        }".into());
+    w.push("        if (more) {".into());
+    stores(&mut w, "            ", "(1u - cur)");
+    w.push("        }".into());
+    w.push("        workgroupBarrier();".into());
+    w.push("    }".into());
+    // The node's sums: co m0 + (i/4)·BM/2 + 4·am + i%4, k n0 + q·BN/2 + 4·an + 0..3.
+    for q in 0..nq {
+        w.push(format!("    let k{q} = n0 + {}u + 4u * an;", q * bn / 2));
+    }
+    w.push("    let node_at = wid.z * iw.c_out * iw.cols;".into());
+    for i in 0..c.tm {
+        w.push(format!("    let co{i} = m0 + {}u + 4u * am + {}u;", (i / 4) * bm / 2, i % 4));
+        w.push(format!("    if (co{i} < iw.c_out) {{"));
+        for q in 0..nq {
+            for j in 0..4 {
+                let lane = ['x', 'y', 'z', 'w'][j as usize];
+                w.push(format!("        if (k{q} + {j}u < iw.cols) {{"));
+                w.push(format!("            var at = node_at + co{i} * iw.cols + k{q} + {j}u;"));
+                w.push(format!(
+                    "            if (iw.direct == 1u) {{ at = co{i} * iw.w_len + u32(iw_table[3u + k{q} + {j}u].w); }}"
+                ));
+                w.push(format!("            iw_out[at] = e{i}_{q}.{lane};"));
+                w.push("        }".into());
             }
         }
         w.push("    }".into());
