@@ -191,8 +191,8 @@ fn one_device_report_with_profile_and_roofline() {
 }
 
 /// A step recorded without running has the profiled step's dispatches, shape for shape, and no
-/// times; every convolution launch and the classifier carry FLOPs, the step's in all, and the
-/// width's shares add up; the JSON lists every dispatch's shape.
+/// times; every convolution launch and the classifier carry FLOPs, the step's in all; the JSON
+/// lists every dispatch's shape and the step's figures by construction.
 #[test]
 fn recorded_shapes_are_the_profiled_steps_with_their_flops() {
     if gpu().is_none() {
@@ -223,22 +223,18 @@ fn recorded_shapes_are_the_profiled_steps_with_their_flops() {
     }
     // Cropped kernels (layer4's 3×3 on 1×1 maps) are charged the taps they run: less than the
     // nominal step, never more (GEMMs pad K to whole vec4s: the stem's 147 to 148).
-    let width = &recorded.width;
+    let flops: f64 = recorded.kernels.iter().map(|k| k.shape.flops).sum();
     let nominal = report.step.flops;
-    assert!(
-        width.flops > 0.5 * nominal && width.flops < 1.01 * nominal,
-        "{} vs {nominal}",
-        width.flops
-    );
-    assert!(width.narrow_flops <= width.flops && width.narrow_bytes <= width.bytes);
-    assert!((0.0..=1.0).contains(&width.narrow_flops_share()));
+    assert!(flops > 0.5 * nominal && flops < 1.01 * nominal, "{flops} vs {nominal}");
     let json = serde_json::from_str::<Value>(&report.to_json()).unwrap();
     let first = &json["profile"]["in_order"][0];
-    for key in ["workgroups", "invocations", "flops", "bytes", "narrow"] {
+    for key in ["workgroups", "invocations", "flops", "bytes"] {
         assert!(first.get(key).is_some(), "{key} missing from {first}");
     }
-    let share = json["profile"]["width"]["narrow_flops_share"].as_f64().unwrap();
-    assert_eq!(share, profiled.width.narrow_flops_share());
+    let predicted = |p: &bench::Profile| p.on(&bench::H200).step_seconds();
+    let in_json = json["profile"]["predicted"]["H200"]["step_predicted_s"].as_f64().unwrap();
+    assert_eq!(in_json, predicted(profiled));
+    assert!(predicted(&recorded) > 0.0);
 }
 
 #[test]

@@ -426,7 +426,8 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
 /// The kernels that load what others broadcast (browsers, devices without subgroups) give
 /// Direct's bits, as the broadcasting ones do (`check_against_reference`): at ragged edges, a
 /// batch of 1, 1×1 and 7×7 kernels, and a batch of 16 that closes a pairwise stack level.
-/// Direct and GemmShared never broadcast: they are the same kernels on both devices.
+/// Direct and the implicit-GEMM family never broadcast: they are the same kernels on both
+/// devices.
 #[test]
 fn kernels_that_load_give_the_broadcasting_kernels_bits() {
     let Some(gpu) = gpu() else { return };
@@ -455,7 +456,7 @@ fn kernels_that_load_give_the_broadcasting_kernels_bits() {
         let w = uniform(seed + 1, s.w_len() as usize);
         let dy = uniform(seed + 2, s.y_len() as usize);
         let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
-        let loads = |a: &Conv2dAlgo| !matches!(a, Conv2dAlgo::Direct | Conv2dAlgo::GemmShared);
+        let loads = |a: &Conv2dAlgo| !matches!(a, Conv2dAlgo::Direct | Conv2dAlgo::Implicit);
         for algo in Conv2dAlgo::all().into_iter().filter(loads) {
             let out = run(&loading, algo, &s, &x, &w, &dy);
             let has = |op| algo.has(op);
@@ -473,74 +474,6 @@ fn kernels_that_load_give_the_broadcasting_kernels_bits() {
             );
         }
     }
-}
-
-/// The GPU plan's kernels sized for devices of every width give Direct's bits: shared tiles from
-/// 64×64 down to 16×16, the segments of the sums over k on small maps taken side by side, and
-/// the weight gradient split into whole examples (one a chunk, or several) or output rows
-/// (chunks that end inside an example, so the running sum waits in the carry). `wide_dispatch`
-/// is what the tile and split choices aim for.
-#[test]
-fn the_gpu_plan_gives_direct_bits_at_every_width() {
-    let Some(gpu) = gpu() else { return };
-    let Some(mut sized) = gpu_with_limits(|_| {}) else { return };
-    // The last two sum over k in segments, forward and input-VJP (stride 1, and 2 by phases),
-    // the last segment short.
-    for (i, s) in [
-        shape(4, 16, 6, 6, 24, 3, 3, 1, 1),
-        shape(5, 3, 13, 11, 20, 7, 7, 2, 3),
-        shape(3, 12, 7, 7, 40, 1, 1, 2, 0),
-        shape(3, 72, 4, 4, 40, 3, 3, 1, 1),
-        shape(2, 40, 3, 3, 48, 3, 3, 2, 1),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let segmented = s.sum_segment(Conv2dOp::Forward) < s.c_in;
-        let seed = 170 + 3 * i as u64;
-        let x = uniform(seed, s.x_len() as usize);
-        let w = uniform(seed + 1, s.w_len() as usize);
-        let dy = uniform(seed + 2, s.y_len() as usize);
-        let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
-        for wide in [1, 2, 5, 7, 16, syncstep::gpu::WIDE_DISPATCH] {
-            sized.wide_dispatch = wide;
-            sized.start_profile().unwrap();
-            let out = run(&sized, Conv2dAlgo::GemmShared, &s, &x, &w, &dy);
-            let kernels = pollster::block_on(sized.finish_profile()).unwrap();
-            let side_by_side = kernels.iter().any(|k| k.entry == "conv2d_gemm_segments");
-            if wide == syncstep::gpu::WIDE_DISPATCH {
-                assert_eq!(side_by_side, segmented, "{s:?}: segments side by side");
-            }
-            let plain_y = plain.y.as_deref().map(bits);
-            assert_eq!(out.y.as_deref().map(bits), plain_y, "wide {wide}, {s:?}: y");
-            assert_eq!(bits(&out.dx), bits(&plain.dx), "wide {wide}, {s:?}: dx");
-            let plain_dw = plain.dw.as_deref().map(bits);
-            assert_eq!(out.dw.as_deref().map(bits), plain_dw, "wide {wide}, {s:?}: dw");
-        }
-    }
-}
-
-/// The GPU plan's GEMMs over more chunks of pixels than one, each chunk's segments side by side
-/// in a scratch the size of the chunk's own outputs: Direct's bits.
-#[test]
-fn the_gpu_plans_segments_side_by_side_chunk_by_chunk_give_direct_bits() {
-    let Some(gpu) = gpu() else { return };
-    let Some(sized) = gpu_with_limits(|_| {}) else { return };
-    // 32 segments of 256 outputs a pixel forward, 16 of 512 backward: 256 pixels a chunk
-    // within the GPU plan's 8 MiB, of 320.
-    let s = shape(80, 512, 2, 2, 256, 3, 3, 1, 1);
-    let x = uniform(190, s.x_len() as usize);
-    let w = uniform(191, s.w_len() as usize);
-    let dy = uniform(192, s.y_len() as usize);
-    let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
-    sized.start_profile().unwrap();
-    let out = run(&sized, Conv2dAlgo::GemmShared, &s, &x, &w, &dy);
-    let kernels = pollster::block_on(sized.finish_profile()).unwrap();
-    let sums = kernels.iter().filter(|k| k.entry == "conv2d_gemm_segments").count();
-    assert_eq!(sums, 4, "two chunks forward, two backward");
-    assert_eq!(out.y.as_deref().map(bits), plain.y.as_deref().map(bits), "y");
-    assert_eq!(bits(&out.dx), bits(&plain.dx), "dx");
-    assert_eq!(out.dw.as_deref().map(bits), plain.dw.as_deref().map(bits), "dw");
 }
 
 #[test]
@@ -599,7 +532,7 @@ fn each_device_chooses_by_its_own_kernel_policy() {
     let s = shape(8, 64, 8, 8, 64, 3, 3, 1, 1);
     let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
     let policies = [
-        (k::KernelPolicy::new(k::KernelPlan::Gpu, None, None), Conv2dAlgo::GemmShared),
+        (k::KernelPolicy::new(k::KernelPlan::Gpu, None, None), Conv2dAlgo::Implicit),
         (
             k::KernelPolicy::new(
                 k::KernelPlan::Gpu,
@@ -624,10 +557,10 @@ fn each_device_chooses_by_its_own_kernel_policy() {
             let chosen = k::conv2d_algo(gpu, op, &s).unwrap();
             match expected {
                 Some(expected) => assert_eq!(chosen, *expected, "{op:?}"),
-                // The clockless guess: the shared tiles on a GPU and only there.
+                // The clockless guess: the implicit-GEMM family on a GPU and only there.
                 None => {
                     let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
-                    assert_eq!(chosen == Conv2dAlgo::GemmShared, !cpu, "{op:?}: {chosen}");
+                    assert_eq!(chosen == Conv2dAlgo::Implicit, !cpu, "{op:?}: {chosen}");
                 }
             }
         }
@@ -836,9 +769,8 @@ fn backward_weight_sums_examples_pairwise_at_every_stack_size() {
 /// The largest pairwise stack, 32 levels, with the GEMMs' pushes and
 /// conv2d_backward_weight_total: the register tiles split the batch into chunks of at most
 /// 16384 pixels, which keeps each invocation's loops under lavapipe's limit (see
-/// `pairwise_counts`); one loop over all 65537 examples would be cut short there. GemmShared's
-/// split sums an example a workgroup, in chunks of 1,056 examples whose pass carries the
-/// pairwise blocks from chunk to chunk. One register tile of each lane kind: every tile's
+/// `pairwise_counts`); one loop over all 65537 examples would be cut short there. The
+/// implicit-GEMM family sums nodes of examples a workgroup, then the nodes. One register tile of each lane kind: every tile's
 /// pushes are written by the same generator (and run at the smaller stacks in
 /// `backward_weight_sums_examples_pairwise_at_every_stack_size`), and LLVM takes 25 s to
 /// minutes to compile each tile at 32 levels.
@@ -855,7 +787,7 @@ fn backward_weight_gemms_sum_the_largest_batches_pairwise() {
     let small_tile = |t: &GemmTile| t.per_invocation == 4 && t.per_workgroup == 8;
     for algo in Conv2dAlgo::all().into_iter().filter(|a| match a {
         Conv2dAlgo::Gemm(t) => small_tile(t) && a.has(Conv2dOp::BackwardWeight),
-        _ => *a == Conv2dAlgo::GemmShared,
+        _ => *a == Conv2dAlgo::Implicit,
     }) {
         let dw = poisoned(gpu, "dw", 1);
         let mut enc = gpu.encoder();
@@ -892,10 +824,7 @@ fn chunked_gemms_give_the_unchunked_bits() {
     let w = uniform(81, s.w_len() as usize);
     let dy = uniform(82, s.y_len() as usize);
     let plain = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy);
-    for algo in Conv2dAlgo::all()
-        .into_iter()
-        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
-    {
+    for algo in Conv2dAlgo::all().into_iter().filter(|a| matches!(a, Conv2dAlgo::Gemm(_))) {
         let out = run(&small, algo, &s, &x, &w, &dy);
         assert_eq!(
             out.y.as_deref().map(bits),
@@ -1017,7 +946,7 @@ fn weight_gradient_past_the_loop_limit_on_gl_points_to_another_adapter() {
 fn winograd_gemms() -> Vec<Conv2dAlgo> {
     Conv2dAlgo::all()
         .into_iter()
-        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared))
+        .filter(|a| matches!(a, Conv2dAlgo::Gemm(_)))
         .filter(|a| a.has(Conv2dOp::Forward))
         .collect()
 }

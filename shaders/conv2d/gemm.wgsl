@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------------------------
-// The convolution as an explicit GEMM, part 2: the GEMM uniform and where outputs land, the
-// workgroup-shared tiles for GPUs, and the weight gradient's pairwise blocks.
+// The convolution as an explicit GEMM, part 2: the GEMM uniform and where outputs land, and the
+// weight gradient's pairwise blocks.
 //
 // - conv2d_gemm_weight_*: the weight gradient as a GEMM over the forward's im2col rows:
 //   dw[co, k] = Σ_q dy[n, co, oy, ox]·cols[q, k] over pixels q = (n, oy, ox), dy read in place,
@@ -33,18 +33,14 @@ struct Gemm {
     step: u32,
     origin_y: u32,
     origin_x: u32,
-    unit_pixels: u32,   // conv2d_gemm_weight_split and its pass: pixels per unit
-    // conv2d_gemm_lanes and conv2d_gemm_shared: GEMMs side by side, one per workgroup_id.z, the
-    // next one's a, b (in vec4s) and outputs this far on (0 for one GEMM).
+    unit_pixels: u32,   // conv2d_backward_weight_units: pixels per unit
+    // conv2d_gemm_lanes: GEMMs side by side, one per workgroup_id.z, the next one's a, b (in
+    // vec4s) and outputs this far on (0 for one GEMM).
     batch_a: u32,
     batch_b: u32,
     batch_out: u32,
-    // conv2d_gemm_lanes, _gather and _shared: vec4s of k per segment of the sums (see
-    // common.wgsl); with `split` (conv2d_gemm_shared only), workgroup_id.z is a segment, whose
-    // sums go to a slab of rows_a · rows_b, (i, j) at i + j · rows_a, batch_out · z on
-    // (batch_a = batch_b = 0), and conv2d_gemm_segments adds them.
+    // conv2d_gemm_lanes and _gather: vec4s of k per segment of the sums (see common.wgsl).
     seg4: u32,
-    split: u32,
 }
 
 // This workgroup's GEMM's offsets into a, b and the outputs (see batch_a).
@@ -90,93 +86,6 @@ fn gemm_out_next(r: OutRow, of_a: bool) -> OutRow {
 
 fn gemm_out_index(i: u32, j: u32) -> u32 {
     return gemm_out_first(i, true).at + gemm_out_first(j, false).at;
-}
-
-// conv2d_gemm_shared, for GPUs: a SHARED_A×SHARED_B output tile per workgroup of 256
-// invocations, 16×16 of them holding SHARED_A/16 × SHARED_B/16 outputs each; 16 k at a time
-// staged in workgroup memory between barriers. The tile (16, 32 or 64 a side) is specialised per
-// launch so that a dispatch has enough workgroups to fill a GPU (see shared_tile in gemm.rs).
-const SHARED_A: u32 = 64u;
-const SHARED_B: u32 = 64u;
-const SHARED_PA: u32 = 4u;   // SHARED_A / 16
-const SHARED_PB: u32 = 4u;   // SHARED_B / 16
-const SHARED_ACC: u32 = 16u; // SHARED_PA · SHARED_PB
-var<workgroup> gs_tile_a: array<vec4<f32>, 256>;   // up to 64 rows × 4 vec4
-var<workgroup> gs_tile_b: array<vec4<f32>, 256>;
-
-@group(0) @binding(1) var<storage, read> gs_a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> gs_b: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> gs_out: array<f32>;
-
-@compute @workgroup_size(256)
-fn conv2d_gemm_shared(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let a_tiles = (g.rows_a + SHARED_A - 1u) / SHARED_A;
-    let f = wid.x + wid.y * nwg.x;
-    let a_base = (f % a_tiles) * SHARED_A;
-    let b_base = (f / a_tiles) * SHARED_B;
-    if (b_base >= g.rows_b) { return; }   // whole workgroups only: the barriers stay uniform
-    // Staging: invocation lid copies vec4 (lid mod 4) of tile row lid / 4, for a and for b,
-    // where the tile has that row.
-    let stage_row = lid / 4u;
-    let batch = gemm_batch(wid);
-    let a_src = min(a_base + stage_row, g.rows_a - 1u) * g.row4 + batch.x;
-    let b_src = min(b_base + stage_row, g.rows_b - 1u) * g.row4 + batch.y;
-    let ti = (lid % 16u) * SHARED_PA;
-    let tj = (lid / 16u) * SHARED_PB;
-    // A segment is whole steps of 4 vec4s (SEGMENT_CHANNELS), but for the last.
-    var segments = vec2<u32>(0u, (g.row4 + g.seg4 - 1u) / g.seg4);
-    if (g.split == 1u) { segments = vec2<u32>(wid.z, wid.z + 1u); }
-    var total: array<f32, SHARED_ACC>;   // total[i · SHARED_PB + j]: a row ti + i, b row tj + j
-    for (var seg = segments.x; seg < segments.y; seg++) {
-        let end = min(g.row4, (seg + 1u) * g.seg4);
-        var acc: array<f32, SHARED_ACC>;
-        for (var v0 = seg * g.seg4; v0 < end; v0 += 4u) {
-            let v = min(v0 + lid % 4u, end - 1u);
-            if (stage_row < SHARED_A) { gs_tile_a[lid] = gs_a[a_src + v]; }
-            if (stage_row < SHARED_B) { gs_tile_b[lid] = gs_b[b_src + v]; }
-            workgroupBarrier();
-            for (var s = 0u; s < min(4u, end - v0); s++) {
-                for (var i = 0u; i < SHARED_PA; i++) {
-                    let av = gs_tile_a[(ti + i) * 4u + s];
-                    for (var j = 0u; j < SHARED_PB; j++) {
-                        let bv = gs_tile_b[(tj + j) * 4u + s];
-                        var x = acc[i * SHARED_PB + j];
-                        x += av.x * bv.x;
-                        x += av.y * bv.y;
-                        x += av.z * bv.z;
-                        x += av.w * bv.w;
-                        acc[i * SHARED_PB + j] = x;
-                    }
-                }
-            }
-            workgroupBarrier();
-        }
-        for (var i = 0u; i < SHARED_ACC; i++) { total[i] += acc[i]; }
-    }
-    for (var i = 0u; i < SHARED_PA && a_base + ti + i < g.rows_a; i++) {
-        for (var j = 0u; j < SHARED_PB && b_base + tj + j < g.rows_b; j++) {
-            let row_a = a_base + ti + i;
-            let row_b = b_base + tj + j;
-            let at = select(gemm_out_index(row_a, row_b), row_a + row_b * g.rows_a, g.split == 1u);
-            gs_out[at + batch.z] = total[i * SHARED_PB + j];
-        }
-    }
-}
-
-// conv2d_gemm_shared's segments, taken side by side (`split`), added: one invocation per output
-// (i, j), the segments' sums in order onto +0 as every variant adds them.
-@group(0) @binding(1) var<storage, read> gp_segments: array<f32>;
-@group(0) @binding(2) var<storage, read_write> gp_out: array<f32>;
-
-@compute @workgroup_size(WG)
-fn conv2d_gemm_segments(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let f = linear_index(gid, nwg);
-    if (f >= g.rows_a * g.rows_b) { return; }
-    var total = 0.0;
-    for (var seg = 0u; seg < (g.row4 + g.seg4 - 1u) / g.seg4; seg++) {
-        total += gp_segments[seg * g.batch_out + f];
-    }
-    gp_out[gemm_out_index(f % g.rows_a, f / g.rows_a)] = total;
 }
 
 // The weight gradient as a GEMM (see the top of this file): the forward's im2col rows of one chunk
@@ -235,66 +144,8 @@ fn gemm_weight_dy_row(q: u32) -> u32 {
     return (q / g.out_plane) * g.channels * g.out_plane + q % g.out_plane;
 }
 
-// conv2d_gemm_weight_split, for GPUs: the weight gradient's GEMM with the chunk's pixels split
-// over workgroups as well as its outputs, so that layers with few outputs still fill a GPU.
-// Workgroup (tile, u) sums unit u of the chunk, g.unit_pixels pixels: one output row, or whole
-// examples' worth when the tiles times the batch already fill the GPU, over 64 output channels
-// × 16 vec4s of k (256 invocations, 4 channels × 1 vec4 each; an output row's pixels staged 16
-// at a time in workgroup memory between barriers). A unit's sum is taken as every variant takes
-// it (a row's pixels in order from +0, an example's rows in order from +0) and goes to
-// ws_units[u][co][row4]; conv2d_backward_weight_units then adds the units in order into the
-// pairwise blocks, so the bits are those of the kernels that walk the pixels in one invocation.
-var<workgroup> ws_cols: array<vec4<f32>, 256>;   // 16 pixels × 16 vec4s of k
-var<workgroup> ws_dy: array<vec4<f32>, 256>;     // 16 pixels × 16 quads of channels
-@group(0) @binding(3) var<storage, read_write> ws_units: array<vec4<f32>>;
-
-@compute @workgroup_size(256)
-fn conv2d_gemm_weight_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let kv_tiles = (g.row4 + 15u) / 16u;
-    let tiles = kv_tiles * ((g.channels + 63u) / 64u);
-    let f = wid.x + wid.y * nwg.x;
-    let unit = f / tiles;
-    if (unit * g.unit_pixels >= g.pixel_count) { return; }   // whole workgroups only: the barriers stay uniform
-    let kv_base = (f % kv_tiles) * 16u;
-    let co_base = ((f % tiles) / kv_tiles) * 64u;
-    // Summing: vec4 lid / 16 of k, channel quad lid mod 16. Staging: pixel lid / 16 of the 16,
-    // vec4 (and channel quad) lid mod 16.
-    let kv = kv_base + lid / 16u;
-    let co = co_base + (lid % 16u) * 4u;
-    let stage_kv = min(kv_base + lid % 16u, g.row4 - 1u);
-    let stage_co = min(vec4<u32>(co) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(g.channels - 1u)) * g.out_plane;
-    let first = unit * g.unit_pixels;   // in the chunk
-    var e: array<vec4<f32>, 4>;
-    for (var q = g.pixel_begin + first; q < g.pixel_begin + first + g.unit_pixels; q += g.out_w) {
-        let dy_row = gemm_weight_dy_row(q);
-        let cols_row = (q - g.pixel_begin) * g.row4;
-        var s: array<vec4<f32>, 4>;
-        for (var x0 = 0u; x0 < g.out_w; x0 += 16u) {
-            let ox = min(x0 + lid / 16u, g.out_w - 1u);
-            ws_cols[lid] = wg_cols[cols_row + ox * g.row4 + stage_kv];
-            let d = dy_row + ox + stage_co;
-            ws_dy[lid] = vec4<f32>(wg_dy[d.x], wg_dy[d.y], wg_dy[d.z], wg_dy[d.w]);
-            workgroupBarrier();
-            for (var t = 0u; t < min(16u, g.out_w - x0); t++) {
-                let c = ws_cols[t * 16u + lid / 16u];
-                let dv = ws_dy[t * 16u + lid % 16u];
-                s[0] += dv.x * c;
-                s[1] += dv.y * c;
-                s[2] += dv.z * c;
-                s[3] += dv.w * c;
-            }
-            workgroupBarrier();
-        }
-        for (var i = 0u; i < 4u; i++) { e[i] += s[i]; }
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let at = gemm_weight_at(co + i, kv);
-        if (at != 0xffffffffu) { ws_units[unit * g.channels * g.row4 + at] = e[i]; }
-    }
-}
-
-// The split's second pass, one invocation per float of dw's rows: the chunk's units added in
-// order to the running example sum (the carry when the chunk starts inside an example), each
+// Winograd's weight gradient's second pass (winograd_weight.rs), one invocation per float of
+// dw's rows: the chunk's units (an example's sums each there) added in order to the running example sum (the carry when the chunk starts inside an example), each
 // example's total pushed into the pairwise blocks as pairwise_push does, read as floats from
 // the levels of the blocks' scratch (level 0 the carry, then the open blocks: pairwise_slot).
 @group(0) @binding(1) var<storage, read> wu_units: array<f32>;

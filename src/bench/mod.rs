@@ -45,14 +45,14 @@ use crate::model::{Arch, ModelError, ResNet};
 use crate::parallel::{self, DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
 
+mod predicted;
 mod report;
-mod width;
 
+pub use predicted::{DispatchFigures, Estimate, GpuModel, Predicted, Total, CONV_OPS, H100, H200};
 pub use report::{
     AllReduceBytes, BenchReport, ExchangeWait, ProbeTime, Profile, ProfileRow, ReplicaMemory,
     Roofline, StepBench,
 };
-pub use width::{is_narrow, NarrowGroup, Width};
 
 /// A training step's FLOPs as a multiple of the forward's (docs/performance.md says why 2.97).
 pub const STEP_FLOPS_PER_FORWARD: f64 = 2.97;
@@ -452,7 +452,7 @@ fn time_steps(
 
 /// The dispatches of one step at `cfg`'s shape on one device, recorded but not run
 /// ([`Gpu::set_record_only`]): each one's workgroups, invocations, FLOPs and bytes, and the
-/// step's width, for shapes a CPU adapter would take hours to run. Its times are 0.
+/// step's figures on a large GPU, for shapes a CPU adapter would take hours to run. Its times are 0.
 pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Profile> {
     cfg.validate()?;
     let model = model_of(cfg)?;

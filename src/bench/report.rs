@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::width::{is_narrow, Width};
+use super::predicted::{GpuModel, Predicted};
 use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
 use crate::collective::{CollectiveError, Peers};
 use crate::gpu::{KernelTime, MemoryStats};
@@ -322,8 +322,8 @@ pub struct Profile {
     pub by_op: Vec<ProfileRow>,
     /// By shader entry point over all layers, slowest first.
     pub by_entry: Vec<ProfileRow>,
-    /// The step's work by how wide its dispatches are.
-    pub width: Width,
+    /// The step's figures by construction on each of [`GpuModel::ALL`].
+    pub predicted: Vec<Predicted>,
 }
 
 impl Profile {
@@ -332,7 +332,7 @@ impl Profile {
         self.kernels.iter().map(|k| k.seconds).sum()
     }
 
-    /// The step's kernel time and width, then its time by layer (the first `rows` rows), by
+    /// The step's kernel time and its figures on an H200, then its time by layer (the first `rows` rows), by
     /// launcher and by shader entry point.
     fn text(&self, rows: usize) -> Vec<String> {
         let mut lines = vec![format!(
@@ -342,7 +342,7 @@ impl Profile {
             self.step_seconds * 1e3,
             100.0 * self.kernel_seconds() / self.step_seconds
         )];
-        lines.extend(self.width.text(rows.min(10)));
+        lines.extend(self.on(&super::H200).text());
         lines.extend(self.table("layer · launcher", &self.by_layer, rows));
         lines.push(String::new());
         lines.extend(self.table("launcher, all layers", &self.by_op, usize::MAX));
@@ -415,8 +415,13 @@ impl Profile {
         }
         sort_slowest_first(&mut by_op);
         let by_entry = group(&kernels, |k| (ALL_LAYERS.into(), k.entry.to_string()), |_, _| None);
-        let width = Width::of(&kernels);
-        Profile { step_seconds, kernels, by_layer, by_op, by_entry, width }
+        let predicted = GpuModel::ALL.iter().map(|&m| Predicted::of(&kernels, m)).collect();
+        Profile { step_seconds, kernels, by_layer, by_op, by_entry, predicted }
+    }
+
+    /// Its figures on `model`, one of [`GpuModel::ALL`].
+    pub fn on(&self, model: &GpuModel) -> &Predicted {
+        self.predicted.iter().find(|p| p.model == *model).expect("every model is predicted")
     }
 
     pub fn to_json(&self) -> Value {
@@ -430,7 +435,7 @@ impl Profile {
                 let s = &k.shape;
                 json!({"layer": k.scope, "kernel": k.op, "entry": k.entry, "seconds": k.seconds,
                        "workgroups": s.workgroups, "invocations": s.invocations,
-                       "flops": s.flops, "bytes": s.bytes, "narrow": is_narrow(s)})
+                       "flops": s.flops, "bytes": s.bytes})
             })
             .collect();
         json!({
@@ -441,7 +446,7 @@ impl Profile {
             "by_op": rows(&self.by_op),
             "by_entry": rows(&self.by_entry),
             "in_order": in_order,
-            "width": self.width.to_json(),
+            "predicted": self.predicted.iter().map(|p| (p.model.name.to_string(), p.to_json())).collect::<serde_json::Map<_, _>>(),
         })
     }
 }

@@ -142,8 +142,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `bench --shapes-only`: one step recorded, not run; its width printed and (--json) every
-/// dispatch written.
+/// `bench --shapes-only`: one step recorded, not run; its figures on an H200 printed and
+/// (--json) every dispatch's on an H100 and an H200 written.
 fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = json {
         syncstep::files::check_output("--json", path, &[])?;
@@ -157,7 +157,7 @@ fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std
         cfg.image_size,
         profile.kernels.len()
     );
-    profile.width.text(20).iter().for_each(|l| println!("{l}"));
+    profile.on(&bench::H200).text().iter().for_each(|l| println!("{l}"));
     if let Some(path) = json {
         let report = serde_json::json!({
             "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,

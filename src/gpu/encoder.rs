@@ -85,7 +85,7 @@ impl Gpu {
     ) -> Result<()> {
         self.check_dispatch_limits(entry, bindings.len(), workgroups)?;
         if workgroups.contains(&0) {
-            self.charge_flops(0.0); // nothing runs: a charge made for it ends here
+            self.drop_charge(); // nothing runs: what was charged for it ends here
             return Ok(());
         }
         if self.is_record_only() {

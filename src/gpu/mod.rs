@@ -22,7 +22,7 @@ mod readback;
 pub use adapter::{adapters, describe, instance, select_adapter, AdapterChoice};
 pub use encoder::{grid_1d, Encoder};
 pub use memory::MemoryStats;
-pub use profile::{launches_to_fill, DispatchShape, KernelTime};
+pub use profile::{launches_to_fill, Construction, DispatchShape, KernelTime};
 pub use readback::Readback;
 
 use memory::MemoryCounter;
@@ -124,10 +124,6 @@ pub struct Gpu {
     /// turns a submission at a time beats competing for them (docs/performance.md). GPUs (the
     /// default elsewhere) run at once.
     pub blocking_maps: bool,
-    /// Workgroups a dispatch should launch to fill this device: what the kernels sized for GPUs
-    /// (the shared-tile GEMMs, the split weight gradient) aim for. [`WIDE_DISPATCH`] unless a
-    /// test sets another.
-    pub wide_dispatch: u64,
     /// Whether dispatches are recorded for the profile but not run ([`Gpu::set_record_only`]).
     record_only: std::sync::atomic::AtomicBool,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
@@ -215,7 +211,6 @@ impl Gpu {
             features,
             broadcasts,
             blocking_maps,
-            wide_dispatch: WIDE_DISPATCH,
             record_only: Default::default(),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),

@@ -30,6 +30,42 @@ pub struct DispatchShape {
     pub flops: f64,
     /// Bytes of the storage buffers it binds: each is read or written at least once.
     pub bytes: u64,
+    /// How it does its arithmetic, where its launcher says ([`Gpu::describe_next`]).
+    pub construction: Option<Construction>,
+}
+
+/// How a dispatch does its arithmetic, by construction: what its launcher knows of the kernel
+/// (the outputs each invocation sums, how it reads and fills workgroup memory, what it stages
+/// from global memory, what scratch it hands on), from which `syncstep bench` derives a large
+/// GPU's figures without one. The convolutions' GEMMs carry one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Construction {
+    /// Outputs each invocation sums.
+    pub outputs_per_invocation: u32,
+    /// Multiply-adds per float an invocation reads from workgroup memory in its inner loop.
+    pub fma_per_shared_float: f64,
+    /// Workgroup-memory wavefronts (a bank of 32 serves one 4-byte word each) a warp's inner
+    /// loop reads take per k, and the fewest the same data could take: their ratio is the bank
+    /// conflicts' degree.
+    pub read_wavefronts: f64,
+    pub least_read_wavefronts: f64,
+    /// Wavefronts of a warp's stores of the staged slices, per k.
+    pub store_wavefronts: f64,
+    /// Multiply-adds an invocation does between two barriers.
+    pub fma_between_barriers: u64,
+    /// Bytes of workgroup memory per workgroup.
+    pub shared_bytes: u64,
+    /// Registers an invocation needs at least: its sums, operands and staged loads.
+    pub registers: u32,
+    /// Floating-point operations per byte a workgroup stages from global memory.
+    pub flop_per_staged_byte: f64,
+    /// Bytes of scratch the dispatch writes for a later pass to read (segment or node sums).
+    pub scratch_bytes: u64,
+    /// Instructions an invocation issues per multiply-add in its inner loop, multiply-adds
+    /// included (workgroup loads, staging, the sums' adds at rows and examples, the loop).
+    pub issue_per_fma: f64,
+    /// Dependent dispatches the op runs (a weight layout, this GEMM, a pass adding its sums).
+    pub passes: u32,
 }
 
 /// The profiler's state while profiling is on: query sets of `QUERY_SET_MAX_QUERIES` each,
@@ -38,8 +74,9 @@ pub(super) struct Profiler {
     sets: Vec<wgpu::QuerySet>,
     labels: Vec<(Arc<str>, &'static str, &'static str, DispatchShape)>,
     scope: Arc<str>,
-    /// FLOPs charged to the next dispatch.
+    /// FLOPs charged to the next dispatch, and how it does them.
     charge: f64,
+    construction: Option<Construction>,
 }
 
 /// Queries per set, two per dispatch.
@@ -57,6 +94,7 @@ impl Gpu {
             labels: Vec::new(),
             scope: "(no scope)".into(),
             charge: 0.0,
+            construction: None,
         });
         Ok(())
     }
@@ -73,6 +111,22 @@ impl Gpu {
     pub fn charge_flops(&self, flops: f64) {
         if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             p.charge = flops;
+        }
+    }
+
+    /// Forgets what was charged to the next dispatch: a dispatch of no workgroups.
+    pub(super) fn drop_charge(&self) {
+        if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            p.charge = 0.0;
+            p.construction = None;
+        }
+    }
+
+    /// Says how the next dispatch does its arithmetic, while profiling (the GEMM launchers call
+    /// it right before their dispatch, as [`Gpu::charge_flops`]).
+    pub fn describe_next(&self, construction: Construction) {
+        if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            p.construction = Some(construction);
         }
     }
 
@@ -145,6 +199,7 @@ impl Gpu {
             invocations: workgroup_invocations(shader, entry),
             flops: std::mem::take(&mut p.charge),
             bytes: bindings.iter().map(|s| s.bytes()).sum(),
+            construction: p.construction.take(),
         };
         let query = 2 * p.labels.len() as u32;
         let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);

@@ -13,6 +13,7 @@ pub mod conv2d;
 pub mod cross_entropy;
 pub mod dense;
 pub mod elementwise;
+pub mod gpu_model;
 pub mod matmul;
 pub mod maxpool;
 pub mod sgd;

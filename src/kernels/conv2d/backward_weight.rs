@@ -3,11 +3,11 @@
 //! broadcasts), and the GEMM over the forward's im2col rows with the examples' pairwise blocks
 //! kept in scratch between chunks.
 
-use super::gemm::{chunk_pixels, gemm_chunk_pixels, im2col_chunks, Gemm, GPU_CHUNK_BYTES};
+use super::gemm::{gemm_chunk_pixels, im2col_chunks, Gemm};
 use super::tiles::gemm_lanes_shader;
 use super::{
     checked, implicit, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop, GemmLanes,
-    Params, GEMM_WG, SHADER, SHARED_EDGE, SHARED_WG, TILE, WG,
+    Params, GEMM_WG, SHADER, TILE, WG,
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
@@ -40,11 +40,11 @@ pub fn conv2d_backward_weight_with(
     let (entry, threads) = match algo {
         Conv2dAlgo::Direct => ("conv2d_backward_weight_direct", s.w_len()),
         Conv2dAlgo::Blocked => return backward_weight_blocked(gpu, enc, s, dy, x, dw, None),
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::BackwardWeight) => {
+        Conv2dAlgo::Gemm(_) if algo.has(Conv2dOp::BackwardWeight) => {
             return backward_weight_gemm(gpu, enc, algo, s, dy, x, dw)
         }
         Conv2dAlgo::Implicit => return implicit::weight_gradient(gpu, enc, s, (dy, x, dw)),
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
+        Conv2dAlgo::Gemm(_) => return Err(no_kernel(OP, algo)),
     };
     gpu.charge_flops(s.flops() as f64);
     launch(
@@ -259,28 +259,14 @@ pub(super) fn backward_weight_gemm(
     let row4 = (s.c_in as u64 * s.kh as u64 * s.kw as u64).div_ceil(4);
     let params = Params { row4: row4 as u32, ..s.params() };
     let level = s.c_out as u64 * row4 * 4;
-    let pixels = s.n as u64 * s.out_h() as u64 * s.out_w() as u64;
-    // The register tiles push every example's total (counts 1..=n); the split, a chunk's
-    // examples at its end.
-    let (open, split) = match algo {
-        Conv2dAlgo::GemmShared => {
-            let (unit, most) = split_units(gpu, s, row4);
-            let chunk = chunk_pixels(gpu, OP, row4, (pixels, unit, most))?;
-            let out_plane = s.out_h() as u64 * s.out_w() as u64;
-            (open_blocks(pixels, chunk, out_plane), Some((unit, most)))
-        }
-        _ => (open_blocks(s.n as u64, 1, 1), None),
-    };
-    let levels = 1 + open as u64;
+    // The register tiles push every example's total (counts 1..=n).
+    let levels = 1 + open_blocks(s.n as u64, 1, 1) as u64;
     let sums_len = levels * level;
     let sums = gpu
         .scratch("conv2d weight sums", sums_len)
         .map_err(|source| KernelError::Gpu { op: OP, source })?;
     let sums = Slice::new(&sums, 0, sums_len);
-    match split {
-        Some(units) => backward_weight_split(gpu, enc, s, params, units, (dy, x), sums)?,
-        None => backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?,
-    }
+    backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?;
     weight_total(gpu, enc, s, params, sums, dw)
 }
 
@@ -402,82 +388,6 @@ fn backward_weight_tiles(
                 &bindings,
                 grid_1d(groups * GEMM_WG as u64, GEMM_WG),
             )
-        },
-    )
-}
-
-/// The GPU plan's split of `s`'s weight gradient into units: returns a unit's pixels and a
-/// chunk's most. Each chunk holds as many whole units as make its dispatch `gpu.wide_dispatch`
-/// workgroups wide: examples where that many fit one im2col chunk of the GPU plan
-/// ([`GPU_CHUNK_BYTES`]), else output rows.
-fn split_units(gpu: &Gpu, s: &Conv2dShape, row4: u64) -> (u64, u64) {
-    let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
-    let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-    let units = gpu.wide_dispatch.div_ceil(tiles).max(1);
-    let chunk_bytes = GPU_CHUNK_BYTES.min(gpu.limits.max_storage_buffer_binding_size);
-    let examples_fit = (s.n as u64).min(chunk_bytes / (row4.max(1) * 16 * out_plane));
-    // An example unit loops over its whole plane: kept under llvmpipe's loop limit, as chunks are.
-    let examples = examples_fit >= units && out_plane <= WEIGHT_CHUNK_PIXELS;
-    let unit = if examples { out_plane } else { out_w };
-    (unit, units * unit)
-}
-
-/// The GPU plan's weight gradient (GemmShared): the pixels split over workgroups as well as the
-/// outputs, in chunks of at most `most` pixels of whole units of `unit` ([`split_units`]);
-/// conv2d_gemm_weight_split sums each unit into scratch with a workgroup per (tile, unit), and
-/// conv2d_backward_weight_units adds them in order into the pairwise blocks in `sums`: the same
-/// additions as the kernels that walk every pixel in one invocation.
-fn backward_weight_split(
-    gpu: &Gpu,
-    enc: &mut Encoder,
-    s: &Conv2dShape,
-    params: Params,
-    (unit, most): (u64, u64),
-    (dy, x): (Slice, Slice),
-    sums: Slice,
-) -> Result<()> {
-    const OP: &str = "conv2d_backward_weight";
-    let row4 = params.row4 as u64;
-    let (out_w, out_plane) = (s.out_w() as u64, s.out_h() as u64 * s.out_w() as u64);
-    let tiles = row4.div_ceil(16) * (s.c_out as u64).div_ceil(SHARED_EDGE);
-    let units = most / unit;
-    let level = s.c_out as u64 * row4 * 4;
-    let pixels = s.n as u64 * out_plane;
-    let scratch = gpu
-        .scratch("conv2d weight units", units.min(pixels / unit) * level)
-        .map_err(|source| KernelError::Gpu { op: OP, source })?;
-    im2col_chunks(
-        gpu,
-        enc,
-        OP,
-        ("conv2d_forward_im2col", params),
-        (pixels, unit, most),
-        x,
-        |enc, begin, count, rows| {
-            let chunk_units = count / unit;
-            let unit_sums = Slice::new(&scratch, 0, chunk_units * level);
-            let gemm = Gemm {
-                row4: row4 as u32,
-                pixel_begin: begin as u32,
-                pixel_count: count as u32,
-                channels: s.c_out,
-                out_w: out_w as u32,
-                out_plane: out_plane as u32,
-                unit_pixels: unit as u32,
-                ..bytemuck::Zeroable::zeroed()
-            };
-            gpu.charge_flops(2.0 * (count * s.c_out as u64 * row4 * 4) as f64);
-            launch(
-                gpu,
-                enc,
-                OP,
-                &SHADER,
-                "conv2d_gemm_weight_split",
-                &gemm,
-                &[("im2col", rows), ("dy", dy), ("weight units", unit_sums)],
-                grid_1d(tiles * chunk_units * SHARED_WG as u64, SHARED_WG),
-            )?;
-            push_units(gpu, enc, s, &gemm, unit_sums, sums)
         },
     )
 }

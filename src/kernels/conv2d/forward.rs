@@ -30,10 +30,10 @@ pub fn conv2d_forward_with(
         Conv2dAlgo::Implicit => {
             return implicit::gather_gemm(gpu, enc, Conv2dOp::Forward, s, (x, w, y))
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared if algo.has(Conv2dOp::Forward) => {
+        Conv2dAlgo::Gemm(_) if algo.has(Conv2dOp::Forward) => {
             return forward_gemm(gpu, enc, algo, s, x, w, y)
         }
-        Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared => return Err(no_kernel(OP, algo)),
+        Conv2dAlgo::Gemm(_) => return Err(no_kernel(OP, algo)),
     };
     gpu.charge_flops(s.flops() as f64);
     let params = s.params_for(Conv2dOp::Forward);

@@ -3,11 +3,12 @@
 //!
 //! Each op has a plain kernel ([`Conv2dAlgo::Direct`], one output element per invocation) and a
 //! register-blocked one ([`Conv2dAlgo::Blocked`], a register tile per invocation). All three also
-//! run as an explicit GEMM over im2col rows: [`Conv2dAlgo::Gemm`] (register tiles, no workgroup
-//! memory: for CPU drivers, where barriers are slow) and [`Conv2dAlgo::GemmShared`]
-//! (workgroup-shared tiles: for GPUs); the weight gradient's GEMM reads the forward's im2col
-//! rows against dy in place. Every variant sums each output in the same order, so they agree
-//! bit for bit and the choice never changes a result.
+//! run as an explicit GEMM over im2col rows ([`Conv2dAlgo::Gemm`]: register tiles, no workgroup
+//! memory, for CPU drivers, where barriers are slow; the weight gradient's GEMM reads the
+//! forward's im2col rows against dy in place), and as the implicit-GEMM family
+//! ([`Conv2dAlgo::Implicit`]: tiles staged in workgroup memory, operands gathered in place, for
+//! GPUs). Every variant sums each output in the same order, so they agree bit for bit and the
+//! choice never changes a result.
 //!
 //! The plain launchers (`conv2d_forward`, …) run only the taps that read the input where
 //! some read nothing but padding ([`Conv2dShape::crop`]), and pick the variant with
@@ -19,7 +20,8 @@
 //!
 //! Files: `shape` (shapes, limits, the uniform), `crop`, one per direction (`forward`,
 //! `backward_data`, `backward_weight`), `gemm` (im2col and the GEMM launch), `tiles` (the
-//! register tiles' WGSL, written per tile shape), `tune` (choosing a variant).
+//! register tiles' WGSL, written per tile shape), `implicit` (the GPU family), `tune` (choosing
+//! a variant).
 
 use std::fmt;
 
@@ -79,10 +81,8 @@ pub(super) const WG: u32 = 64;
 pub(super) const TILE: u64 = 4;
 /// vec4s one im2col or weight-rows invocation writes (`ROW_RUN` in the shader).
 pub(super) const ROW_RUN: u64 = 48;
-/// conv2d_gemm_lanes' workgroup size and conv2d_gemm_shared's (with its tile edge).
+/// conv2d_gemm_lanes' workgroup size.
 pub(super) const GEMM_WG: u32 = 64;
-pub(super) const SHARED_WG: u32 = 256;
-pub(super) const SHARED_EDGE: u64 = 64;
 /// The im2col scratch buffer holds at most this many bytes (and no more than a storage binding
 /// may): larger problems run in chunks of pixels.
 pub(super) const SCRATCH_BYTES: u64 = 64 << 20;
@@ -99,9 +99,6 @@ pub enum Conv2dAlgo {
     /// im2col into a scratch buffer, then a GEMM with a register tile per invocation and no
     /// workgroup memory (CPU drivers).
     Gemm(GemmTile),
-    /// im2col, then a GEMM with 64×64 tiles staged in workgroup memory between barriers
-    /// (GPUs).
-    GemmShared,
     /// The implicit-GEMM family (implicit/): register-blocked tiles of up to 8×8 outputs per
     /// invocation on operands staged in workgroup memory, gathered straight from NCHW (GPUs).
     Implicit,
@@ -163,12 +160,11 @@ impl Conv2dAlgo {
     pub fn all() -> Vec<Conv2dAlgo> {
         let mut all = vec![Conv2dAlgo::Direct, Conv2dAlgo::Blocked];
         all.extend(GEMM_TILES.iter().map(|&t| Conv2dAlgo::Gemm(t)));
-        all.push(Conv2dAlgo::GemmShared);
         all.push(Conv2dAlgo::Implicit);
         all
     }
 
-    /// Parses the names `Display` writes: `direct`, `blocked`, `gemm-pixels-8x8`, `gemm-shared`.
+    /// Parses the names `Display` writes: `direct`, `blocked`, `gemm-pixels-8x8`, `implicit-gemm`.
     pub fn parse(name: &str) -> Option<Conv2dAlgo> {
         Conv2dAlgo::all().into_iter().find(|a| a.to_string() == name.trim().to_ascii_lowercase())
     }
@@ -211,7 +207,6 @@ impl fmt::Display for Conv2dAlgo {
                 };
                 write!(f, "gemm-{lanes}-{}x{}", t.per_invocation, t.per_workgroup)
             }
-            Conv2dAlgo::GemmShared => write!(f, "gemm-shared"),
             Conv2dAlgo::Implicit => write!(f, "implicit-gemm"),
         }
     }
@@ -344,7 +339,7 @@ pub fn conv2d_launch(
 
 /// The Winograd tile [`conv2d_launch`] runs `op` at `shape` in on `gpu`, if it runs Winograd.
 fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Option<WinogradTile>> {
-    let on = kernel_policy(gpu)?.winograd;
+    let on = kernel_policy(gpu)?.winograd_on(gpu);
     Ok(shape.winograd(op).filter(|_| on))
 }
 

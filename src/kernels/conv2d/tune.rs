@@ -6,12 +6,12 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 #[cfg(not(target_arch = "wasm32"))]
 use super::autotune;
 use super::backward_weight::fits_loop_limit;
-use super::{Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
+use super::{implicit, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile, GEMM_TILES};
 use crate::gpu::Gpu;
 use crate::kernels::{KernelError, Result};
 
@@ -22,8 +22,8 @@ pub enum KernelPlan {
     /// choice natively, the clockless guess in a browser.
     #[default]
     Auto,
-    /// The GPU plan on any adapter, without a clock: `GemmShared` for every op, its tiles and
-    /// the weight gradient's split sized to fill [`Gpu::wide_dispatch`] workgroups. What a GPU
+    /// The GPU plan on any adapter, without a clock: the implicit-GEMM family for every op, its
+    /// tiles and splits chosen by shape (`implicit::plan`, `implicit::weight_plan`). What a GPU
     /// runs; on a CPU adapter it gives the same bits, slowly, and the shape of a GPU's work.
     Gpu,
     /// The fastest candidate timed on the adapter (natively), on any adapter.
@@ -47,10 +47,15 @@ pub struct KernelPolicy {
     pub plan: KernelPlan,
     pub forced: Option<Forced>,
     /// Whether the forwards and input-VJPs of 3×3, stride-1 convolutions run as Winograd, in the
-    /// tile [`Conv2dShape::winograd`] gives the shape (winograd.rs): fewer
-    /// multiplies, other roundings than the plain sum. On by default; `SYNCSTEP_WINOGRAD=off`
-    /// turns it off. Every device of a run must agree, as the run's shared policy does.
-    pub winograd: bool,
+    /// tile [`Conv2dShape::winograd`] gives the shape (winograd.rs): fewer multiplies, other
+    /// roundings than the plain sum. `SYNCSTEP_WINOGRAD=on` or `off` forces it; by default it is
+    /// on where the run's first device to convolve is a CPU adapter without the GPU plan, whose
+    /// register tiles it outruns, and off under the GPU plan, whose direct GEMMs do more
+    /// arithmetic per byte than Winograd's transforms move (docs/performance.md). Every device of
+    /// a run takes the same answer, as the run's shared policy does.
+    pub winograd: Option<bool>,
+    /// The default's answer, once settled.
+    winograd_settled: OnceLock<bool>,
     /// Where the autotune's choices persist between processes (natively; see autotune.rs).
     /// None: they are this device's only.
     pub cache_file: Option<PathBuf>,
@@ -61,6 +66,8 @@ pub struct KernelPolicy {
 #[derive(Debug, Default)]
 struct Chosen {
     choices: Choices,
+    /// The implicit-GEMM family's plans ([`remembered_plan`]).
+    plans: HashMap<ChoiceKey, implicit::Plan>,
     /// Whether `cache_file`'s settled choices have been taken: once, not for each of a step's
     /// ~40 (op, shape) pairs; never when retuning ([`KernelPolicy::with_retune`]).
     file_read: bool,
@@ -68,12 +75,27 @@ struct Chosen {
 
 impl KernelPolicy {
     pub fn new(plan: KernelPlan, forced: Option<Forced>, cache_file: Option<PathBuf>) -> Self {
-        KernelPolicy { plan, forced, cache_file, winograd: true, chosen: Mutex::default() }
+        KernelPolicy {
+            plan,
+            forced,
+            cache_file,
+            winograd: None,
+            winograd_settled: OnceLock::new(),
+            chosen: Mutex::default(),
+        }
     }
 
-    /// This policy with Winograd on or off.
-    pub fn with_winograd(self, winograd: bool) -> Self {
+    /// This policy with Winograd forced on or off, or (None) by default.
+    pub fn with_winograd(self, winograd: Option<bool>) -> Self {
         KernelPolicy { winograd, ..self }
+    }
+
+    /// Whether `gpu`'s convolutions take Winograd where their shapes allow (see
+    /// [`KernelPolicy::winograd`]).
+    pub fn winograd_on(&self, gpu: &Gpu) -> bool {
+        self.winograd.unwrap_or_else(|| {
+            *self.winograd_settled.get_or_init(|| self.plan != KernelPlan::Gpu && is_cpu(&gpu.info))
+        })
     }
 
     /// `plan`, with what the environment asks: a forced variant (`SYNCSTEP_CONV_ALGO`) and,
@@ -88,8 +110,9 @@ impl KernelPolicy {
         #[cfg(target_arch = "wasm32")]
         let cache_file = None;
         let winograd = match std::env::var("SYNCSTEP_WINOGRAD").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "on") => true,
-            Ok("off") => false,
+            Err(_) | Ok("") => None,
+            Ok("on") => Some(true),
+            Ok("off") => Some(false),
             Ok(other) => {
                 return Err(KernelError::Arg {
                     op: "conv2d",
@@ -129,7 +152,7 @@ pub fn kernel_policy(gpu: &Gpu) -> Result<Arc<KernelPolicy>> {
 }
 
 /// The variant the plain launchers use for `op` at `shape` on `gpu`, by its [`KernelPolicy`]:
-/// 1. a forced variant (`direct`, `blocked`, `gemm-shared`, `gemm-pixels-8x8`, …; see
+/// 1. a forced variant (`direct`, `blocked`, `implicit-gemm`, `gemm-pixels-8x8`, …; see
 ///    [`Conv2dAlgo::all`]) where `op` has that kernel (else Blocked), or the browser's guess;
 /// 2. the GPU plan ([`KernelPlan::Gpu`]) where the policy asks for it or the adapter is a GPU
 ///    and it asks for nothing else;
@@ -151,6 +174,25 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
         KernelPlan::Auto if !is_cpu(&gpu.info) => Ok(guess(&gpu.info, op, shape, false)),
         KernelPlan::Auto | KernelPlan::Timed => autotuned_algo(gpu, op, shape),
     }
+}
+
+/// The implicit-GEMM family's plan for `op` at `shape` on `gpu`: `make`'s, made on first use
+/// and kept with the device's policy (a plan weighs dozens of configurations, a step launches
+/// each shape every time).
+pub(super) fn remembered_plan(
+    gpu: &Gpu,
+    op: Conv2dOp,
+    shape: &Conv2dShape,
+    make: impl FnOnce() -> Result<implicit::Plan>,
+) -> Result<implicit::Plan> {
+    let policy = kernel_policy(gpu)?;
+    let key = (adapter_key(&gpu.info), op, *shape);
+    if let Some(&plan) = policy.chosen().plans.get(&key) {
+        return Ok(plan);
+    }
+    let plan = make()?;
+    policy.chosen().plans.insert(key, plan);
+    Ok(plan)
 }
 
 /// Whether `gpu` takes the kernels shaped for GPUs where an op has variants but no timed choice
@@ -274,18 +316,17 @@ pub(super) fn is_cpu(info: &wgpu::AdapterInfo) -> bool {
     info.device_type == wgpu::DeviceType::Cpu
 }
 
-/// What the autotune times for `op` on `gpu`'s kind of adapter. CPU drivers (lavapipe,
-/// SwiftShader) run workgroups as loops over SIMD lanes, where a barrier is a coroutine switch:
-/// register tiles without workgroup memory. GPUs: workgroup-shared tiles, and the register
-/// tiles for the small GEMMs of the late stages. Direct is never a candidate.
+/// What the autotune times for `op` on `gpu`'s kind of adapter: Blocked, the register tiles
+/// (which CPU drivers such as lavapipe and SwiftShader favour: they run a workgroup as a loop
+/// over SIMD lanes, where a barrier is a coroutine switch) and the implicit-GEMM family. Direct
+/// is never a candidate.
 pub fn candidates(gpu: &Gpu, op: Conv2dOp) -> Vec<Conv2dAlgo> {
-    candidates_for(&gpu.info.name, gpu.info.backend, is_cpu(&gpu.info), op)
+    candidates_for(&gpu.info.name, gpu.info.backend, op)
 }
 
 pub(super) fn candidates_for(
     adapter: &str,
     backend: wgpu::Backend,
-    cpu: bool,
     op: Conv2dOp,
 ) -> Vec<Conv2dAlgo> {
     let mut all = vec![Conv2dAlgo::Blocked];
@@ -306,14 +347,12 @@ pub(super) fn candidates_for(
             .map(|&t| Conv2dAlgo::Gemm(t))
             .filter(|a| a.has(op)),
     );
-    if !cpu {
-        all.push(Conv2dAlgo::GemmShared);
-    }
+    all.push(Conv2dAlgo::Implicit);
     all
 }
 
-/// Without a clock (wasm32, and the GPU plan): shared tiles on GPUs, and on any adapter taken
-/// `as_gpu`. On CPU adapters the weight gradient's Blocked kernel (2–2.5× the GEMMs' speed at
+/// Without a clock (wasm32, and the GPU plan): the implicit-GEMM family on GPUs, and on any
+/// adapter taken `as_gpu`. On CPU adapters the weight gradient's Blocked kernel (2–2.5× the GEMMs' speed at
 /// layer1–3 on SwiftShader, as on lavapipe) where the adapter runs it, else register tiles with
 /// lanes over whichever of pixels and channels is larger. On wgpu's GL backend the weight
 /// gradient is Blocked, its only kernel there (see backward_weight_gemm).
@@ -332,7 +371,7 @@ pub(super) fn guess(
 /// [`guess`] for an adapter taken as a GPU (`gpu`) or as a CPU driver named `adapter`.
 pub(super) fn guess_for(gpu: bool, adapter: &str, op: Conv2dOp, s: &Conv2dShape) -> Conv2dAlgo {
     if gpu {
-        return Conv2dAlgo::GemmShared;
+        return Conv2dAlgo::Implicit;
     }
     if op == Conv2dOp::BackwardWeight && fits_loop_limit(adapter, Conv2dAlgo::Blocked, s) {
         return Conv2dAlgo::Blocked;
@@ -347,7 +386,7 @@ mod tests {
     use super::*;
 
     /// SwiftShader is not given the weight-gradient GEMMs whose compile takes it over 8 GB;
-    /// lavapipe and its other ops keep every tile; GPUs add the shared tiles.
+    /// lavapipe and its other ops keep every tile; every adapter has the implicit-GEMM family.
     #[test]
     fn candidates_per_adapter() {
         let big = |all: &[Conv2dAlgo]| {
@@ -357,26 +396,20 @@ mod tests {
         };
         let vulkan = wgpu::Backend::Vulkan;
         let swiftshader =
-            candidates_for("SwiftShader Device (Subzero)", vulkan, true, Conv2dOp::BackwardWeight);
+            candidates_for("SwiftShader Device (Subzero)", vulkan, Conv2dOp::BackwardWeight);
         assert!(!big(&swiftshader) && swiftshader.len() > 2, "{swiftshader:?}");
-        assert!(big(&candidates_for(
-            "SwiftShader Device (Subzero)",
-            vulkan,
-            true,
-            Conv2dOp::Forward
-        )));
+        assert!(big(&candidates_for("SwiftShader Device (Subzero)", vulkan, Conv2dOp::Forward)));
         assert!(big(&candidates_for(
             "llvmpipe (LLVM 15.0.6, 256 bits)",
             vulkan,
-            true,
             Conv2dOp::BackwardWeight
         )));
         assert_eq!(
-            candidates_for("llvmpipe", wgpu::Backend::Gl, true, Conv2dOp::BackwardWeight),
+            candidates_for("llvmpipe", wgpu::Backend::Gl, Conv2dOp::BackwardWeight),
             [Conv2dAlgo::Blocked]
         );
-        assert!(candidates_for("NVIDIA H200", vulkan, false, Conv2dOp::Forward)
-            .contains(&Conv2dAlgo::GemmShared));
+        assert!(candidates_for("NVIDIA H200", vulkan, Conv2dOp::Forward)
+            .contains(&Conv2dAlgo::Implicit));
     }
 
     #[test]
@@ -398,7 +431,7 @@ mod tests {
         );
     }
 
-    /// The browser's choice without a clock: GPUs the shared tiles; CPU adapters Blocked for
+    /// The browser's choice without a clock: GPUs the implicit-GEMM family; CPU adapters Blocked for
     /// the weight gradient unless llvmpipe's loop limit refuses it there, register tiles else.
     #[test]
     fn the_browsers_guess_by_device_type() {
@@ -430,7 +463,7 @@ mod tests {
         const CPU: bool = false;
         assert_eq!(
             guess_for(GPU, "NVIDIA H200", Conv2dOp::BackwardWeight, &small),
-            Conv2dAlgo::GemmShared
+            Conv2dAlgo::Implicit
         );
         assert_eq!(
             guess_for(CPU, swiftshader, Conv2dOp::BackwardWeight, &small),
@@ -474,9 +507,9 @@ mod tests {
         let layer1 =
             Conv2dShape { n: 8, c_in: 64, h: 8, w: 8, c_out: 64, kh: 3, kw: 3, stride: 1, pad: 1 };
         for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
-            assert_ne!(guess(&lavapipe, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
-            assert_eq!(guess(&lavapipe, op, &layer1, true), Conv2dAlgo::GemmShared, "{op:?}");
-            assert_eq!(guess(&gpu, op, &layer1, false), Conv2dAlgo::GemmShared, "{op:?}");
+            assert_ne!(guess(&lavapipe, op, &layer1, false), Conv2dAlgo::Implicit, "{op:?}");
+            assert_eq!(guess(&lavapipe, op, &layer1, true), Conv2dAlgo::Implicit, "{op:?}");
+            assert_eq!(guess(&gpu, op, &layer1, false), Conv2dAlgo::Implicit, "{op:?}");
         }
     }
 

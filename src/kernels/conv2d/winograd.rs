@@ -168,7 +168,7 @@ pub(super) fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Re
 /// that is a GEMM, else the clockless guess, which is one.
 pub(super) fn gemm_algo_for(gpu: &Gpu, g: &Conv2dShape) -> Result<Conv2dAlgo> {
     Ok(match conv2d_algo(gpu, Conv2dOp::Forward, g)? {
-        algo @ (Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared) => algo,
+        algo @ Conv2dAlgo::Gemm(_) => algo,
         _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, g),
     })
 }
@@ -176,10 +176,8 @@ pub(super) fn gemm_algo_for(gpu: &Gpu, g: &Conv2dShape) -> Result<Conv2dAlgo> {
 /// Whether Winograd's GEMMs can run as `gemm_algo` for `op`: a register-tiled or shared-tile
 /// GEMM that has the forward's kernel.
 pub(super) fn expect_gemm(op: Conv2dOp, gemm_algo: Conv2dAlgo) -> Result<()> {
-    if !matches!(gemm_algo, Conv2dAlgo::Gemm(_) | Conv2dAlgo::GemmShared)
-        || !gemm_algo.has(Conv2dOp::Forward)
-    {
-        let problem = format!("is {gemm_algo}; Winograd's GEMMs take gemm-shared or a GEMM tile");
+    if !matches!(gemm_algo, Conv2dAlgo::Gemm(_)) || !gemm_algo.has(Conv2dOp::Forward) {
+        let problem = format!("is {gemm_algo}; Winograd's GEMMs take a GEMM tile");
         return Err(KernelError::Arg { op: op.name(), arg: "algo", problem });
     }
     Ok(())

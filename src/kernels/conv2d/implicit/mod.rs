@@ -8,20 +8,20 @@
 //! only. The WGSL is written per configuration (wgsl.rs) on the frame
 //! shaders/conv2d/implicit.wgsl.
 
+pub mod construction;
+mod gather;
 mod table;
 mod weight;
 mod wgsl;
 
+use super::tune::remembered_plan;
 use super::{Conv2dOp, Conv2dShape};
-use crate::gpu::{grid_1d, Encoder, Gpu, Slice};
-use crate::kernels::{launch, KernelError, Result};
+use crate::gpu::{DispatchShape, Encoder, Gpu, Slice};
+use crate::kernels::gpu_model::{Estimate, GpuModel, H200};
+use crate::kernels::Result;
+pub use gather::{gather_gemm_with, GatherPlan};
 pub use table::{Phase, Table};
-pub use weight::{
-    most_levels, runs as weight_runs, weight_gradient, weight_gradient_with, weight_plan,
-    WeightPlan,
-};
-pub use wgsl::Lanes;
-use wgsl::{gemm_shader, FRAME};
+pub use weight::{most_levels, runs as weight_runs, weight_gradient_with, weight_plan, WeightPlan};
 
 /// One configuration of the family: a workgroup of `threads_m × threads_n` invocations, each
 /// summing `tm × tn` outputs (pixels × columns: 4 or 8 each) over slices of `bk` k staged in
@@ -51,12 +51,17 @@ impl TileConfig {
     pub const fn outputs(&self) -> u32 {
         self.tm * self.tn
     }
+    /// Floats of the first operand an invocation stages per slice (one pixel, several k).
+    pub const fn a_loads(&self) -> u32 {
+        self.bk * self.bm() / self.threads()
+    }
+    /// vec4s of the weights an invocation stages per slice.
+    pub const fn b_loads(&self) -> u32 {
+        self.bk * self.bn() / 4 / self.threads()
+    }
     /// Bytes of workgroup memory: two slices of both operands.
     pub const fn shared_bytes(&self) -> u64 {
         2 * self.bk as u64 * (self.bm() + self.bn()) as u64 * 4
-    }
-    pub fn lanes(&self) -> Lanes {
-        Lanes { threads_n: self.threads_n }
     }
     /// As shader names and reports give it: `256t-128x128-8x8-k16`.
     pub fn name(&self) -> String {
@@ -118,62 +123,32 @@ impl Sum {
     }
 }
 
-/// How a gather GEMM runs: its tile, and whether its segments go along z (into slabs).
+/// What [`plan`] chose for a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GatherPlan {
-    pub config: TileConfig,
-    pub split: bool,
+pub enum Plan {
+    Gather(GatherPlan),
+    Weight(WeightPlan),
 }
 
-/// Workgroups that keep a large GPU busy: two per compute unit of one with 132.
-pub const FILL: u64 = 264;
+/// The GPU the plans are made for: wgpu does not say how many compute units a device has, and
+/// a browser has no clock, so the tiles are chosen for a large GPU by construction (what fills
+/// it fills a smaller one too).
+pub const PLANNED_FOR: GpuModel = H200;
 
-/// The plan for `table`'s GEMM over `images` on `gpu`: the largest tile of the family whose
-/// dispatch has [`FILL`] workgroups (thicken first); where none has, the segments along z if
-/// the shape has several (fill at the order's fixed points), else the tile giving the most.
-pub fn plan(gpu: &Gpu, table: &Table, images: u32) -> GatherPlan {
-    let configs: Vec<TileConfig> = FAMILY.iter().filter_map(|&c| fitting(gpu, c)).collect();
-    let groups = |c: &TileConfig, split: bool| {
-        let z = table.phases.len() as u64 * if split { table.segments as u64 } else { 1 };
-        table.most_pixels(images).div_ceil(c.bm() as u64)
-            * (table.cols as u64).div_ceil(c.bn() as u64)
-            * z
-    };
-    let splits: &[bool] = if table.segments > 1 { &[false, true] } else { &[false] };
-    for &split in splits {
-        if let Some(&config) = configs.iter().find(|c| groups(c, split) >= FILL) {
-            return GatherPlan { config, split };
+/// The time `dispatches` would take on [`PLANNED_FOR`] by construction, launch gaps included.
+fn plan_cost<'a>(dispatches: impl Iterator<Item = &'a DispatchShape>) -> f64 {
+    let m = &PLANNED_FOR;
+    dispatches.map(|d| Estimate::of(m, d).seconds + m.launch_gap_s).sum()
+}
+
+/// The plan for `op` at `s` on `gpu`: made once for the device's kernel policy, and kept.
+pub fn plan(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Plan> {
+    remembered_plan(gpu, op, s, || match op {
+        Conv2dOp::BackwardWeight => {
+            Ok(Plan::Weight(weight_plan(gpu, s, &Table::of(Conv2dOp::Forward, s))?))
         }
-    }
-    let split = table.segments > 1;
-    let config = *configs
-        .iter()
-        .max_by_key(|c| groups(c, split))
-        .expect("64-invocation tiles fit every device");
-    GatherPlan { config, split }
-}
-
-/// The uniform of the family's kernels, mirrored by `struct Implicit` in the frame.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    cols: u32,
-    cols4: u32,
-    images: u32,
-    src_c: u32,
-    src_h: u32,
-    src_w: u32,
-    out_c: u32,
-    out_h: u32,
-    out_w: u32,
-    a_step: u32,
-    o_step: u32,
-    phases: u32,
-    segments: u32,
-    m_tiles: u32,
-    out_len: u32,
-    k_rows: u32,
-    w_col_stride: u32,
+        _ => Ok(Plan::Gather(gather::plan(gpu, op, s, &Table::of(op, s)))),
+    })
 }
 
 /// The forward (`a` = x, `out` = y) or the input-VJP (`a` = dy, `out` = dx) at `s` as a gather
@@ -183,99 +158,23 @@ pub fn gather_gemm(
     enc: &mut Encoder,
     op: Conv2dOp,
     s: &Conv2dShape,
-    (a, w, out): (Slice, Slice, Slice),
+    slices: (Slice, Slice, Slice),
 ) -> Result<()> {
-    let table = Table::of(op, s);
-    let plan = plan(gpu, &table, s.n);
-    gather_gemm_with(gpu, enc, op, s, &table, plan, (a, w, out))
+    let Plan::Gather(p) = plan(gpu, op, s)? else { unreachable!("{op:?} is a gather GEMM") };
+    gather_gemm_with(gpu, enc, op, s, (&Table::of(op, s), p), slices)
 }
 
-/// [`gather_gemm`] with `table` (`Table::of(op, s)`) and the plan given.
-pub fn gather_gemm_with(
+/// The weight gradient `dw` (overwritten) from `dy` and `x` at `s`, as [`plan`] runs it.
+pub fn weight_gradient(
     gpu: &Gpu,
     enc: &mut Encoder,
-    op: Conv2dOp,
     s: &Conv2dShape,
-    table: &Table,
-    plan: GatherPlan,
-    (a, w, out): (Slice, Slice, Slice),
+    slices: (Slice, Slice, Slice),
 ) -> Result<()> {
-    let name = op.name();
-    let gpu_err = |source| KernelError::Gpu { op: name, source };
-    let (src, dst) = match op {
-        Conv2dOp::Forward => ((s.c_in, s.h, s.w), (s.c_out, s.out_h(), s.out_w())),
-        _ => ((s.c_out, s.out_h(), s.out_w()), (s.c_in, s.h, s.w)),
+    let Plan::Weight(p) = plan(gpu, Conv2dOp::BackwardWeight, s)? else {
+        unreachable!("the weight gradient's plan")
     };
-    let cols4 = table.cols.div_ceil(4);
-    let segments = if plan.split { table.segments } else { 1 };
-    let config = plan.config;
-    let m_tiles = table.most_pixels(s.n).div_ceil(config.bm() as u64);
-    let params = Params {
-        cols: table.cols,
-        cols4,
-        images: s.n,
-        src_c: src.0,
-        src_h: src.1,
-        src_w: src.2,
-        out_c: dst.0,
-        out_h: dst.1,
-        out_w: dst.2,
-        a_step: table.source_step,
-        o_step: table.output_step,
-        phases: table.phases.len() as u32,
-        segments,
-        m_tiles: m_tiles as u32,
-        out_len: out.len as u32,
-        k_rows: table.k_rows() as u32,
-        w_col_stride: table.w_col_stride,
-    };
-    let key = table_key(op, s);
-    let words = gpu
-        .constants(bytemuck::bytes_of(&key), || bytemuck::cast_slice(&table.words()).to_vec())
-        .map_err(gpu_err)?;
-    let words = Slice::whole(&words);
-    // The weights as [k][column], every phase's rows one after another.
-    let rows_len = (table.k_rows() * cols4 as u64 * 4).max(4);
-    let rows = gpu.scratch("conv2d implicit weight rows", rows_len).map_err(gpu_err)?;
-    let rows = Slice::new(&rows, 0, rows_len);
-    launch(
-        gpu,
-        enc,
-        name,
-        &FRAME,
-        "conv2d_implicit_weights",
-        &params,
-        &[("w", w), ("table", words), ("weight rows", rows)],
-        grid_1d(table.k_rows() * cols4 as u64, 64),
-    )?;
-    let n_tiles = (table.cols as u64).div_ceil(config.bn() as u64);
-    let [x, y, _] = grid_1d(m_tiles * n_tiles, 1);
-    let z = params.phases * segments;
-    let sum = if table.segments > 1 && !plan.split { Sum::Segments } else { Sum::Whole };
-    let shader = gemm_shader(config, sum);
-    gpu.charge_flops(s.flops() as f64);
-    if !plan.split || table.segments == 1 {
-        let bindings = [("source", a), ("weight rows", rows), ("table", words), ("out", out)];
-        return launch(
-            gpu,
-            enc,
-            name,
-            &shader,
-            "conv2d_implicit_gemm",
-            &params,
-            &bindings,
-            [x, y, z],
-        );
-    }
-    let slabs_len = segments as u64 * out.len;
-    let slabs = gpu.scratch("conv2d implicit segment sums", slabs_len).map_err(gpu_err)?;
-    let slabs = Slice::new(&slabs, 0, slabs_len);
-    let bindings =
-        [("source", a), ("weight rows", rows), ("table", words), ("segment sums", slabs)];
-    launch(gpu, enc, name, &shader, "conv2d_implicit_gemm", &params, &bindings, [x, y, z])?;
-    let bindings = [("segment sums", slabs), ("out", out)];
-    let grid = grid_1d(out.len, 64);
-    launch(gpu, enc, name, &FRAME, "conv2d_implicit_segments", &params, &bindings, grid)
+    weight_gradient_with(gpu, enc, s, p, slices)
 }
 
 /// What names a launch's table among a device's constants: the op and the shape.

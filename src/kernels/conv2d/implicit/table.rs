@@ -73,6 +73,27 @@ impl Table {
         self.phases.iter().map(|p| p.entries.len() as u64).sum()
     }
 
+    /// Elements of the output over `images`: every phase's pixels, `cols` channels each.
+    pub fn out_len(&self, images: u32) -> u64 {
+        let pixels: u64 = self.phases.iter().map(|p| p.grid_h as u64 * p.grid_w as u64).sum();
+        pixels * images as u64 * self.cols as u64
+    }
+
+    /// FLOPs of the GEMM over `images`: a multiply-add for every kept k of every output.
+    pub fn flops(&self, images: u32) -> f64 {
+        let per_image: u64 = self
+            .phases
+            .iter()
+            .map(|p| p.grid_h as u64 * p.grid_w as u64 * p.entries.len() as u64)
+            .sum();
+        2.0 * (per_image * images as u64 * self.cols as u64) as f64
+    }
+
+    /// vec4s of the table as the kernels read it ([`Table::words`]).
+    pub fn words_len(&self) -> u64 {
+        3 * self.phases.len() as u64 + self.k_rows() + 1
+    }
+
     /// Pixels of the largest phase.
     pub fn most_pixels(&self, images: u32) -> u64 {
         self.phases.iter().map(|p| p.grid_h as u64 * p.grid_w as u64).max().unwrap_or(0)

@@ -1,8 +1,11 @@
 //! The WGSL of the implicit-GEMM family, written per configuration: the frame
 //! (shaders/conv2d/implicit.wgsl) and the configuration's entry point, its accumulators, loads
 //! and stores written out with a variable each (CPU drivers keep an array that a loop indexes in
-//! memory; GPUs keep either in registers). The lane expressions are [`Lanes`]' own, so that what
-//! `bench` reports of the shared-memory reads is computed from the code that makes them.
+//! memory; GPUs keep either in registers).
+//!
+//! Where a lane reads and writes workgroup memory is a [`LaneIndex`]: the same value writes the
+//! WGSL expression and evaluates it for lanes 0..32, so the bank conflicts `bench` reports are
+//! those of the code the GPU runs (construction.rs).
 
 use super::{Sum, TileConfig};
 use crate::gpu::Shader;
@@ -12,30 +15,123 @@ use crate::kernels::{pairwise_shader, shader_source, specialise};
 pub(crate) const FRAME: Shader =
     Shader { name: "conv2d_implicit", source: shader_source!("conv2d/implicit.wgsl") };
 
-/// Where lane `lid` of a workgroup reads the tile in workgroup memory: its pixels (rows of the
-/// first operand) are quads `m_quad(lid) + h·BM/8` for h < tm/4, its columns quads
-/// `n_quad(lid) + j·BN/8` for j < tn/4. Lanes next to each other take the next column quad, so a
-/// warp reads consecutive vec4s of a row of b and one or a few vec4s of a row of a: no two lanes
-/// of a quarter-warp meet in a bank unless they read the same address.
-pub struct Lanes {
-    pub threads_n: u32,
+/// `((lid / div) % modulo) · mul`, no `% modulo` where it is None.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Term {
+    div: u32,
+    modulo: Option<u32>,
+    mul: u32,
 }
 
-impl Lanes {
-    /// The first pixel quad of lane `lid`.
-    pub fn m_quad(&self, lid: u32) -> u32 {
-        lid / self.threads_n
+/// An index into workgroup memory as a function of the invocation's index `lid` in its
+/// workgroup: a sum of [`Term`]s and a constant. What every lane adds alike (the buffer, the k
+/// of the loop) stays out of it: it moves all lanes' addresses together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneIndex {
+    terms: Vec<Term>,
+    constant: u32,
+}
+
+impl LaneIndex {
+    fn new() -> LaneIndex {
+        LaneIndex { terms: Vec::new(), constant: 0 }
     }
-    /// The first column quad of lane `lid`.
-    pub fn n_quad(&self, lid: u32) -> u32 {
-        lid % self.threads_n
+    /// Plus `((lid / div) % modulo) · mul`.
+    fn term(mut self, div: u32, modulo: Option<u32>, mul: u32) -> LaneIndex {
+        self.terms.push(Term { div, modulo, mul });
+        self
     }
-    fn m_quad_wgsl(&self) -> String {
-        format!("lid / {}u", self.threads_n)
+    fn plus(mut self, constant: u32) -> LaneIndex {
+        self.constant += constant;
+        self
     }
-    fn n_quad_wgsl(&self) -> String {
-        format!("lid % {}u", self.threads_n)
+    /// Its value for lane `lid`.
+    pub fn at(&self, lid: u32) -> u32 {
+        let term = |t: &Term| (lid / t.div) % t.modulo.unwrap_or(u32::MAX) * t.mul;
+        self.terms.iter().map(term).sum::<u32>() + self.constant
     }
+    /// As WGSL.
+    fn wgsl(&self) -> String {
+        let term = |t: &Term| {
+            let mut e = if t.div == 1 { "lid".to_string() } else { format!("lid / {}u", t.div) };
+            if let Some(m) = t.modulo {
+                e = format!("({e}) % {m}u");
+            }
+            if t.mul != 1 {
+                e = format!("({e}) * {}u", t.mul);
+            }
+            e
+        };
+        let mut parts: Vec<String> = self.terms.iter().map(term).collect();
+        parts.push(format!("{}u", self.constant));
+        format!("({})", parts.join(" + "))
+    }
+}
+
+/// The gather GEMM's reads of its tiles in the inner loop, in vec4s from the k row's start: the
+/// pixel quads `m(lid) + h·BM/8` (h < tm/4) and column quads `n(lid) + q·BN/8` (q < tn/4). Lanes
+/// next to each other take the next column quad, so a warp reads consecutive vec4s of b and one
+/// or a few vec4s of a: conflict-free.
+pub fn gemm_a_read(c: TileConfig, h: u32) -> LaneIndex {
+    LaneIndex::new().term(c.threads_n, None, 1).plus(h * c.bm() / 8)
+}
+pub fn gemm_b_read(c: TileConfig, q: u32) -> LaneIndex {
+    LaneIndex::new().term(1, Some(c.threads_n), 1).plus(q * c.bn() / 8)
+}
+
+/// Where the gather GEMM's stager stores its r-th load of a, in floats from the slice's start:
+/// its pixel `lid mod BM` of k row `lid / BM + r·(threads / BM)` (consecutive lanes, consecutive
+/// banks); of b, in vec4s: column quad `lid mod (BN/4)` of k row `lid / (BN/4) + r·…`.
+pub fn gemm_a_store(c: TileConfig, r: u32) -> LaneIndex {
+    let bm = c.bm();
+    LaneIndex::new().term(bm, None, bm).term(1, Some(bm), 1).plus(r * c.threads())
+}
+pub fn gemm_b_store(c: TileConfig, r: u32) -> LaneIndex {
+    let quads = c.bn() / 4;
+    LaneIndex::new().term(quads, None, quads).term(1, Some(quads), 1).plus(r * c.threads())
+}
+
+/// The weight gradient's reads of a pixel's row of each slice, in vec4s: output-channel quads
+/// `m(lid) + h·BM/8` and k quads `n(lid) + q·BN/8`, as the gather GEMM's.
+pub fn weight_a_read(c: TileConfig, h: u32) -> LaneIndex {
+    gemm_a_read(c, h)
+}
+pub fn weight_b_read(c: TileConfig, q: u32) -> LaneIndex {
+    gemm_b_read(c, q)
+}
+
+/// Rows of a weight-gradient slice of `cols` columns, in floats: padded by a vec4, so that a
+/// warp's 8 pixels × 4 columns of a store fall in 32 different banks.
+pub fn weight_row(cols: u32) -> u32 {
+    cols + 4
+}
+
+/// Bytes of workgroup memory the weight gradient of `c` uses: two slices of both operands,
+/// pixel-major, their rows padded ([`weight_row`]).
+pub fn weight_shared_bytes(c: TileConfig) -> u64 {
+    2 * c.bk as u64 * (weight_row(c.bm()) + weight_row(c.bn())) as u64 * 4
+}
+
+/// The weight gradient's stager: the pixel of the slice it stages (`lid mod 8` within the
+/// block of 8 its warp takes) and its columns (`(lid mod 32) / 8` within the warp's 4, the next
+/// 4 for each next warp past the slice's blocks).
+pub fn weight_pixel(c: TileConfig) -> LaneIndex {
+    let blocks = c.bk / 8;
+    LaneIndex::new().term(32, Some(blocks), 8).term(1, Some(8), 1)
+}
+pub fn weight_column(c: TileConfig, r: u32) -> LaneIndex {
+    let blocks = c.bk / 8;
+    let step = c.threads() / 32 / blocks * 4;
+    LaneIndex::new().term(32 * blocks, None, 4).term(8, Some(4), 1).plus(r * step)
+}
+
+/// Where the weight gradient's stager stores its r-th load, in floats from the slice's start,
+/// in a slice of `cols` columns.
+pub fn weight_store(c: TileConfig, cols: u32, r: u32) -> LaneIndex {
+    let row = weight_row(cols);
+    let mut index = weight_column(c, r);
+    index.terms.extend(weight_pixel(c).terms.iter().map(|t| Term { mul: t.mul * row, ..*t }));
+    index
 }
 
 /// The module of `config`'s gather GEMM (`conv2d_implicit_gemm`) summing as `sum` says.
@@ -44,157 +140,140 @@ pub(crate) fn gemm_shader(config: TileConfig, sum: Sum) -> Shader {
     specialise(&FRAME, &variant, |frame| format!("{frame}\n{}", gemm_entry(config, sum)))
 }
 
+/// Lines `f(i, q)` for i < `rows`, q < `quads`, one per i, at `indent`.
+fn each(indent: &str, rows: u32, quads: u32, f: impl Fn(u32, u32) -> String) -> Vec<String> {
+    (0..rows)
+        .map(|i| (0..quads).map(|q| f(i, q)).collect::<Vec<_>>().join(" "))
+        .map(|l| format!("{indent}{l}"))
+        .collect()
+}
+
+const LANE: [char; 4] = ['x', 'y', 'z', 'w'];
+
 /// `conv2d_implicit_gemm` for `c`: one BM × BN output tile of one phase (and, split, one segment
 /// of its sums) per workgroup.
 fn gemm_entry(c: TileConfig, sum: Sum) -> String {
     let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
     let (mq, nq) = (c.tm / 4, c.tn / 4);
-    let lanes = c.lanes();
-    // The stager's rows: every `a_rows`-th k row for a (one pixel per invocation: threads ≥ BM),
-    // every `b_rows`-th for b's vec4s.
-    let (a_rows, b_rows) = (threads / bm, threads / (bn / 4));
-    let (a_loads, b_loads) = (bk * bm / threads, bk * bn / 4 / threads);
-    let mut w = Vec::new();
-    w.push(format!("var<workgroup> ig_a: array<vec4<f32>, {}>;", 2 * bk * bm / 4));
-    w.push(format!("var<workgroup> ig_b: array<vec4<f32>, {}>;", 2 * bk * bn / 4));
-    w.push(String::new());
-    w.push(format!("@compute @workgroup_size({threads})"));
-    w.push("fn conv2d_implicit_gemm(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into());
-    w.push("    let phase = wid.z / ig.segments;".into());
-    w.push("    let r0 = ig_record(phase, 0u);".into());
-    w.push("    let r1 = ig_record(phase, 1u);".into());
-    w.push("    let seg_len = u32(ig_record(phase, 2u).x);".into());
-    w.push("    let grid_h = u32(r0.x);".into());
-    w.push("    let grid_w = u32(r0.y);".into());
-    w.push("    let k_count = u32(r0.z);".into());
-    w.push("    let first = u32(r0.w);".into());
-    w.push("    let pixels = ig.images * grid_h * grid_w;".into());
-    w.push("    let f = wid.x + wid.y * nwg.x;".into());
-    w.push(format!("    let m0 = (f % ig.m_tiles) * {bm}u;"));
-    w.push(format!("    let n0 = (f / ig.m_tiles) * {bn}u;"));
-    w.push("    // Whole workgroups only: the barriers stay uniform.".into());
-    w.push("    if (m0 >= pixels || n0 >= ig.cols) { return; }".into());
-    w.push("    var k_begin = 0u;".into());
-    w.push("    var k_end = k_count;".into());
-    w.push("    if (ig.segments > 1u) {".into());
-    w.push("        k_begin = min((wid.z % ig.segments) * seg_len, k_count);".into());
-    w.push("        k_end = min(k_begin + seg_len, k_count);".into());
-    w.push("    }".into());
-    w.push(format!("    let steps = (k_end - k_begin + {}u) / {bk}u;", bk - 1));
-    // The stager's pixel and columns.
-    w.push(format!("    let sa = ig_pixel(m0 + lid % {bm}u, grid_h, grid_w, r1);"));
-    w.push(format!("    let sa_k = lid / {bm}u;"));
-    w.push(format!("    let sb_col4 = n0 / 4u + lid % {}u;", bn / 4));
-    w.push(format!("    let sb_k = lid / {}u;", bn / 4));
-    let stage_loads = |w: &mut Vec<String>, indent: &str, k0: &str| {
+    let (a_loads, b_loads) = (c.a_loads(), c.b_loads());
+    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    let mut w = vec![
+        format!("var<workgroup> ig_a: array<vec4<f32>, {}>;", 2 * a_slice),
+        format!("var<workgroup> ig_b: array<vec4<f32>, {}>;", 2 * b_slice),
+        String::new(),
+        format!("@compute @workgroup_size({threads})"),
+        "fn conv2d_implicit_gemm(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into(),
+        "    let phase = wid.z / ig.segments;".into(),
+        "    let r0 = ig_record(phase, 0u);".into(),
+        "    let r1 = ig_record(phase, 1u);".into(),
+        "    let seg_len = u32(ig_record(phase, 2u).x);".into(),
+        "    let grid_h = u32(r0.x);".into(),
+        "    let grid_w = u32(r0.y);".into(),
+        "    let k_count = u32(r0.z);".into(),
+        "    let first = u32(r0.w);".into(),
+        "    let pixels = ig.images * grid_h * grid_w;".into(),
+        "    let f = wid.x + wid.y * nwg.x;".into(),
+        format!("    let m0 = (f % ig.m_tiles) * {bm}u;"),
+        format!("    let n0 = (f / ig.m_tiles) * {bn}u;"),
+        "    // Whole workgroups only: the barriers stay uniform.".into(),
+        "    if (m0 >= pixels || n0 >= ig.cols) { return; }".into(),
+        "    var k_begin = 0u;".into(),
+        "    var k_end = k_count;".into(),
+        "    if (ig.segments > 1u) {".into(),
+        "        k_begin = min((wid.z % ig.segments) * seg_len, k_count);".into(),
+        "        k_end = min(k_begin + seg_len, k_count);".into(),
+        "    }".into(),
+        format!("    let steps = (k_end - k_begin + {}u) / {bk}u;", bk - 1),
+        // The stager's pixel (threads ≥ BM: one each) and column quad.
+        format!("    let sa = ig_pixel(m0 + lid % {bm}u, grid_h, grid_w, r1);"),
+        format!("    let sa_k = lid / {bm}u;"),
+        format!("    let sb_col4 = n0 / 4u + lid % {}u;", bn / 4),
+        format!("    let sb_k = lid / {}u;", bn / 4),
+    ];
+    let loads = |w: &mut Vec<String>, indent: &str, k0: &str| {
         for r in 0..a_loads {
-            w.push(format!(
-                "{indent}pa{r} = ig_gather(sa, first, {k0} + sa_k + {}u, k_end);",
-                r * a_rows
-            ));
+            let k = format!("{k0} + sa_k + {}u", r * threads / bm);
+            w.push(format!("{indent}pa{r} = ig_gather(sa, first, {k}, k_end);"));
         }
         for r in 0..b_loads {
-            w.push(format!(
-                "{indent}pb{r} = ig_weight(first, {k0} + sb_k + {}u, k_end, sb_col4);",
-                r * b_rows
-            ));
+            let k = format!("{k0} + sb_k + {}u", r * threads / (bn / 4));
+            w.push(format!("{indent}pb{r} = ig_weight(first, {k}, k_end, sb_col4);"));
         }
     };
-    let stage_stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
+    let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
         for r in 0..a_loads {
-            w.push(format!(
-                "{indent}ig_a[{buffer} * {}u + (sa_k + {}u) * {}u + (lid % {bm}u) / 4u][lid % 4u] = pa{r};",
-                bk * bm / 4,
-                r * a_rows,
-                bm / 4
-            ));
+            let at = gemm_a_store(c, r).wgsl();
+            w.push(format!("{indent}ig_a[{buffer} * {a_slice}u + {at} / 4u][{at} % 4u] = pa{r};"));
         }
         for r in 0..b_loads {
-            w.push(format!(
-                "{indent}ig_b[{buffer} * {}u + (sb_k + {}u) * {}u + lid % {}u] = pb{r};",
-                bk * bn / 4,
-                r * b_rows,
-                bn / 4,
-                bn / 4
-            ));
+            let at = gemm_b_store(c, r).wgsl();
+            w.push(format!("{indent}ig_b[{buffer} * {b_slice}u + {at}] = pb{r};"));
         }
     };
-    for r in 0..a_loads {
-        w.push(format!("    var pa{r} = 0.0;"));
-    }
-    for r in 0..b_loads {
-        w.push(format!("    var pb{r} = vec4<f32>(0.0);"));
-    }
-    stage_loads(&mut w, "    ", "k_begin");
-    stage_stores(&mut w, "    ", "0u");
+    w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
+    w.extend((0..b_loads).map(|r| format!("    var pb{r} = vec4<f32>(0.0);")));
+    loads(&mut w, "    ", "k_begin");
+    stores(&mut w, "    ", "0u");
     w.push("    workgroupBarrier();".into());
-    // Accumulators: c{j}_{h}, column j, pixel quad h (and the segments' total t{j}_{h}).
-    let each = |f: &dyn Fn(u32, u32) -> String| -> Vec<String> {
-        (0..c.tn)
-            .map(|j| (0..mq).map(|h| f(j, h)).collect::<Vec<_>>().join(" "))
-            .map(|l| format!("    {l}"))
-            .collect()
-    };
-    w.extend(each(&|j, h| format!("var c{j}_{h} = vec4<f32>(0.0);")));
+    // Accumulators c{j}_{h}: column j, pixel quad h; the segments' total t{j}_{h}.
+    w.extend(each("    ", c.tn, mq, |j, h| format!("var c{j}_{h} = vec4<f32>(0.0);")));
     if sum == Sum::Segments {
-        w.extend(each(&|j, h| format!("var t{j}_{h} = vec4<f32>(0.0);")));
+        w.extend(each("    ", c.tn, mq, |j, h| format!("var t{j}_{h} = vec4<f32>(0.0);")));
     }
-    w.push(format!("    let am = {};", lanes.m_quad_wgsl()));
-    w.push(format!("    let an = {};", lanes.n_quad_wgsl()));
     w.push("    for (var step = 0u; step < steps; step++) {".into());
     w.push("        let cur = step & 1u;".into());
     w.push(format!("        let next = k_begin + (step + 1u) * {bk}u;"));
     w.push("        let more = step + 1u < steps;".into());
     w.push("        if (more) {".into());
-    stage_loads(&mut w, "            ", "next");
+    loads(&mut w, "            ", "next");
     w.push("        }".into());
-    w.push(format!("        let a_at = cur * {}u + am;", bk * bm / 4));
-    w.push(format!("        let b_at = cur * {}u + an;", bk * bn / 4));
     w.push(format!("        for (var kk = 0u; kk < {bk}u; kk++) {{"));
     for h in 0..mq {
-        w.push(format!("            let a{h} = ig_a[a_at + kk * {}u + {}u];", bm / 4, h * bm / 8));
+        let at = gemm_a_read(c, h).wgsl();
+        w.push(format!("            let a{h} = ig_a[cur * {a_slice}u + kk * {}u + {at}];", bm / 4));
     }
     for q in 0..nq {
-        w.push(format!("            let b{q} = ig_b[b_at + kk * {}u + {}u];", bn / 4, q * bn / 8));
+        let at = gemm_b_read(c, q).wgsl();
+        w.push(format!("            let b{q} = ig_b[cur * {b_slice}u + kk * {}u + {at}];", bn / 4));
     }
     for j in 0..c.tn {
-        let b = format!("b{}.{}", j / 4, ['x', 'y', 'z', 'w'][j as usize % 4]);
+        let b = format!("b{}.{}", j / 4, LANE[j as usize % 4]);
         let line: Vec<String> = (0..mq).map(|h| format!("c{j}_{h} += {b} * a{h};")).collect();
         w.push(format!("            {}", line.join(" ")));
     }
     w.push("        }".into());
     if sum == Sum::Segments {
         w.push("        if ((next - k_begin) % seg_len == 0u || !more) {".into());
-        for line in each(&|j, h| format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")) {
-            w.push(format!("        {line}"));
-        }
+        w.extend(each("            ", c.tn, mq, |j, h| {
+            format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")
+        }));
         w.push("        }".into());
     }
     w.push("        if (more) {".into());
-    stage_stores(&mut w, "            ", "(1u - cur)");
+    stores(&mut w, "            ", "(1u - cur)");
     w.push("        }".into());
     w.push("        workgroupBarrier();".into());
     w.push("    }".into());
-    // The stores: pixel quads at m0 + h·BM/2 + 4·am + i, columns at n0 + (j/4)·BN/2 + 4·an + j%4.
+    // The stores: pixel quad h's pixels and column j as the reads above place them.
     w.push(
         "    let slab = select(0u, (wid.z % ig.segments) * ig.out_len, ig.segments > 1u);".into(),
     );
     let acc = if sum == Sum::Segments { 't' } else { 'c' };
     for h in 0..mq {
+        let quad = gemm_a_read(c, h).wgsl();
         for i in 0..4 {
             w.push(format!(
-                "    let o{h}_{i} = ig_pixel(m0 + {}u + 4u * am + {i}u, grid_h, grid_w, r1);",
-                h * bm / 2
+                "    let o{h}_{i} = ig_pixel(m0 + 4u * {quad} + {i}u, grid_h, grid_w, r1);"
             ));
         }
     }
     for j in 0..c.tn {
-        w.push(format!("    let col{j} = n0 + {}u + 4u * an + {}u;", (j / 4) * bn / 2, j % 4));
+        let quad = gemm_b_read(c, j / 4).wgsl();
+        w.push(format!("    let col{j} = n0 + 4u * {quad} + {}u;", j % 4));
         w.push(format!("    if (col{j} < ig.cols) {{"));
         w.push(format!("        let at = slab + col{j} * ig.out_h * ig.out_w;"));
         for h in 0..mq {
-            for i in 0..4 {
-                let lane = ['x', 'y', 'z', 'w'][i as usize];
+            for (i, lane) in LANE.iter().enumerate() {
                 w.push(format!(
                     "        if (o{h}_{i}.ok) {{ ig_out[at + o{h}_{i}.out] = {acc}{j}_{h}.{lane}; }}"
                 ));
@@ -215,91 +294,68 @@ pub(crate) fn weight_shader(config: TileConfig, levels: u32, nodes: u32) -> Shad
     specialise(&frame, &variant, |frame| format!("{frame}\n{}", weight_entry(config, levels)))
 }
 
-/// Bytes of workgroup memory the weight gradient of `config` uses: two slices of both
-/// operands, pixel-major with rows padded by a vec4 (see [`weight_entry`]).
-pub(crate) fn weight_shared_bytes(config: TileConfig) -> u64 {
-    2 * config.bk as u64 * (config.bm() + 4 + config.bn() + 4) as u64 * 4
-}
-
 /// `conv2d_implicit_weight` for `c`: one BM (co) × BN (k) tile and one node of examples per
-/// workgroup, over slices of `bk` pixels. The slices are stored pixel-major, each row padded by
-/// a vec4: a warp stages 8 pixels × 4 columns, which then fall in 32 different banks.
+/// workgroup, over slices of `bk` pixels stored pixel-major ([`weight_row`]).
 fn weight_entry(c: TileConfig, levels: u32) -> String {
     let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
     let (mq, nq) = (c.tm / 4, c.tn / 4);
-    let (row_a, row_b) = ((bm + 4) / 4, (bn + 4) / 4);
-    let lanes = c.lanes();
+    let (row_a, row_b) = (weight_row(bm) / 4, weight_row(bn) / 4);
     let (a_loads, b_loads) = (bk * bm / threads, bk * bn / threads);
-    // The warps that stage one slice's pixel block side by side; each invocation stages one
-    // pixel of a slice (see the launcher's check on threads and bk).
-    let blocks = bk / 8;
-    let mut w = Vec::new();
-    w.push(format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a));
-    w.push(format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b));
-    w.push(String::new());
-    w.push(format!("@compute @workgroup_size({threads})"));
-    w.push("fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into());
-    w.push("    let f = wid.x + wid.y * nwg.x;".into());
-    w.push(format!("    let m0 = (f % iw.m_tiles) * {bm}u;"));
-    w.push(format!("    let n0 = (f / iw.m_tiles) * {bn}u;"));
-    w.push("    // Whole workgroups only: the barriers stay uniform.".into());
-    w.push("    if (n0 >= iw.cols) { return; }".into());
-    w.push("    let plane = iw.out_h * iw.out_w;".into());
-    w.push("    let count = min(iw.node, iw.images - wid.z * iw.node);".into());
-    w.push("    let q_begin = wid.z * iw.node * plane;".into());
-    w.push("    let q_end = q_begin + count * plane;".into());
-    w.push(format!("    let steps = (count * plane + {}u) / {bk}u;", bk - 1));
-    w.push(format!("    let sq = ((lid / 32u) % {blocks}u) * 8u + lid % 8u;"));
-    w.push(format!("    let sc = ((lid / 32u) / {blocks}u) * 4u + (lid % 32u) / 8u;"));
-    // Column sc + r·(stride) of the slice for load r.
-    let col_step = threads / 32 / blocks * 4;
+    let mut w = vec![
+        format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a),
+        format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b),
+        String::new(),
+        format!("@compute @workgroup_size({threads})"),
+        "fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into(),
+        "    let f = wid.x + wid.y * nwg.x;".into(),
+        format!("    let m0 = (f % iw.m_tiles) * {bm}u;"),
+        format!("    let n0 = (f / iw.m_tiles) * {bn}u;"),
+        "    // Whole workgroups only: the barriers stay uniform.".into(),
+        "    if (n0 >= iw.cols) { return; }".into(),
+        "    let plane = iw.out_h * iw.out_w;".into(),
+        "    let count = min(iw.node, iw.images - wid.z * iw.node);".into(),
+        "    let q_begin = wid.z * iw.node * plane;".into(),
+        "    let q_end = q_begin + count * plane;".into(),
+        format!("    let steps = (count * plane + {}u) / {bk}u;", bk - 1),
+        format!("    let sq = {};", weight_pixel(c).wgsl()),
+    ];
     let loads = |w: &mut Vec<String>, indent: &str, q0: &str| {
         w.push(format!("{indent}let sp = iw_pixel({q0} + sq, q_end);"));
         for r in 0..a_loads {
-            w.push(format!("{indent}pa{r} = iw_dy_at(sp, m0 + sc + {}u);", r * col_step));
+            let col = weight_column(c, r).wgsl();
+            w.push(format!("{indent}pa{r} = iw_dy_at(sp, m0 + {col});"));
         }
         for r in 0..b_loads {
-            w.push(format!("{indent}pb{r} = iw_x_at(sp, n0 + sc + {}u);", r * col_step));
+            let col = weight_column(c, r).wgsl();
+            w.push(format!("{indent}pb{r} = iw_x_at(sp, n0 + {col});"));
         }
     };
     let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
-        for (name, loads, row) in [("a", a_loads, row_a), ("b", b_loads, row_b)] {
+        for (name, loads, cols) in [("a", a_loads, bm), ("b", b_loads, bn)] {
+            let slice = bk * weight_row(cols) / 4;
             for r in 0..loads {
-                let col = format!("sc + {}u", r * col_step);
+                let at = weight_store(c, cols, r).wgsl();
                 w.push(format!(
-                    "{indent}iw_{name}[{buffer} * {}u + sq * {row}u + ({col}) / 4u][({col}) % 4u] = p{name}{r};",
-                    bk * row
+                    "{indent}iw_{name}[{buffer} * {slice}u + {at} / 4u][{at} % 4u] = p{name}{r};"
                 ));
             }
         }
     };
-    for r in 0..a_loads {
-        w.push(format!("    var pa{r} = 0.0;"));
-    }
-    for r in 0..b_loads {
-        w.push(format!("    var pb{r} = 0.0;"));
-    }
+    w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
+    w.extend((0..b_loads).map(|r| format!("    var pb{r} = 0.0;")));
     w.push("    {".into());
     loads(&mut w, "        ", "q_begin");
     w.push("    }".into());
     stores(&mut w, "    ", "0u");
     w.push("    workgroupBarrier();".into());
-    // s{i}_{q}: output co i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the open
-    // pairwise blocks.
-    let each = |f: &dyn Fn(u32, u32) -> String| -> String {
-        (0..c.tm)
-            .flat_map(|i| (0..nq).map(move |q| (i, q)))
-            .map(|(i, q)| f(i, q))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    w.push(format!("    {}", each(&|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);"))));
-    w.push(format!("    {}", each(&|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);"))));
+    // s{i}_{q}: output channel i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the
+    // node's open pairwise blocks.
+    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each(indent, c.tm, nq, f).join(" ");
+    w.push(all("    ", &|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);")));
+    w.push(all("    ", &|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);")));
     for l in 0..levels {
-        w.push(format!("    {}", each(&|i, q| format!("var b{l}_{i}_{q} = vec4<f32>(0.0);"))));
+        w.push(all("    ", &|i, q| format!("var b{l}_{i}_{q} = vec4<f32>(0.0);")));
     }
-    w.push(format!("    let am = {};", lanes.m_quad_wgsl()));
-    w.push(format!("    let an = {};", lanes.n_quad_wgsl()));
     w.push("    var col = 0u;".into());
     w.push("    var row = 0u;".into());
     w.push("    var ex = 0u;".into());
@@ -310,18 +366,24 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.push("        if (more) {".into());
     loads(&mut w, "            ", "next");
     w.push("        }".into());
-    w.push(format!("        let a_at = cur * {}u + am;", bk * row_a));
-    w.push(format!("        let b_at = cur * {}u + an;", bk * row_b));
     w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
     w.push("        for (var t = 0u; t < live; t++) {".into());
     for h in 0..mq {
-        w.push(format!("            let a{h} = iw_a[a_at + t * {row_a}u + {}u];", h * bm / 8));
+        let at = weight_a_read(c, h).wgsl();
+        w.push(format!(
+            "            let a{h} = iw_a[cur * {}u + t * {row_a}u + {at}];",
+            bk * row_a
+        ));
     }
     for q in 0..nq {
-        w.push(format!("            let b{q} = iw_b[b_at + t * {row_b}u + {}u];", q * bn / 8));
+        let at = weight_b_read(c, q).wgsl();
+        w.push(format!(
+            "            let b{q} = iw_b[cur * {}u + t * {row_b}u + {at}];",
+            bk * row_b
+        ));
     }
     for i in 0..c.tm {
-        let a = format!("a{}.{}", i / 4, ['x', 'y', 'z', 'w'][i as usize % 4]);
+        let a = format!("a{}.{}", i / 4, LANE[i as usize % 4]);
         let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
         w.push(format!("            {}", line.join(" ")));
     }
@@ -329,10 +391,9 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.push("            if (col == iw.out_w) {".into());
     w.push("                col = 0u;".into());
     w.push("                row++;".into());
-    w.push(format!(
-        "                {}",
-        each(&|i, q| format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);"))
-    ));
+    w.push(all("                ", &|i, q| {
+        format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
+    }));
     w.push("                if (row == iw.out_h) {".into());
     w.push("                    row = 0u;".into());
     // The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it:
@@ -343,22 +404,15 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
         w.push(format!(
             "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
         ));
-        w.push(format!(
-            "                        {}",
-            each(&|i, q| format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};"))
-        ));
+        w.push(all("                        ", &|i, q| {
+            format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
+        }));
         w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
-        w.push(format!(
-            "                        {}",
-            each(&|i, q| format!("b{l}_{i}_{q} = e{i}_{q};"))
-        ));
+        w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
         w.push("                    }".into());
     }
     w.push("                    if (!last) {".into());
-    w.push(format!(
-        "                        {}",
-        each(&|i, q| format!("e{i}_{q} = vec4<f32>(0.0);"))
-    ));
+    w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
     w.push("                    }".into());
     w.push("                    ex++;".into());
     w.push("                }".into());
@@ -369,17 +423,17 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.push("        }".into());
     w.push("        workgroupBarrier();".into());
     w.push("    }".into());
-    // The node's sums: co m0 + (i/4)·BM/2 + 4·am + i%4, k n0 + q·BN/2 + 4·an + 0..3.
+    // The node's sums, where the reads above place them: channel quads and k quads.
     for q in 0..nq {
-        w.push(format!("    let k{q} = n0 + {}u + 4u * an;", q * bn / 2));
+        w.push(format!("    let k{q} = n0 + 4u * {};", weight_b_read(c, q).wgsl()));
     }
     w.push("    let node_at = wid.z * iw.c_out * iw.cols;".into());
     for i in 0..c.tm {
-        w.push(format!("    let co{i} = m0 + {}u + 4u * am + {}u;", (i / 4) * bm / 2, i % 4));
+        let quad = weight_a_read(c, i / 4).wgsl();
+        w.push(format!("    let co{i} = m0 + 4u * {quad} + {}u;", i % 4));
         w.push(format!("    if (co{i} < iw.c_out) {{"));
         for q in 0..nq {
-            for j in 0..4 {
-                let lane = ['x', 'y', 'z', 'w'][j as usize];
+            for (j, lane) in LANE.iter().enumerate() {
                 w.push(format!("        if (k{q} + {j}u < iw.cols) {{"));
                 w.push(format!("            var at = node_at + co{i} * iw.cols + k{q} + {j}u;"));
                 w.push(format!(
@@ -393,4 +447,17 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     }
     w.push("}".into());
     w.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lane index's WGSL and its value agree: the expression naga evaluates at lid is `at`.
+    #[test]
+    fn lane_indices_write_what_they_evaluate() {
+        let index = LaneIndex::new().term(32, Some(2), 8).term(1, Some(8), 1).term(64, None, 4);
+        assert_eq!(index.wgsl(), "(((lid / 32u) % 2u) * 8u + (lid) % 8u + (lid / 64u) * 4u + 0u)");
+        assert_eq!((index.at(0), index.at(9), index.at(33), index.at(70)), (0, 1, 9, 10));
+    }
 }
