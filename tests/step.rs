@@ -116,6 +116,40 @@ fn repeat_the_same_step_twice_is_bitwise_equal() {
     assert!(ga.iter().any(|&g| g != 0.0));
 }
 
+/// The GPU plan (the implicit-GEMM family for every convolution, its tiles, segments and nodes
+/// as a GPU's model chooses them) gives the clockless CPU plan's bits for the whole step, loss,
+/// logits, every gradient and running statistic, with Winograd off on both (its roundings are
+/// its own).
+#[test]
+fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
+    use std::sync::Arc;
+    use syncstep::kernels::conv2d::{set_kernel_policy, Forced, KernelPlan, KernelPolicy};
+    let (model, params, running) = setup(10, 21);
+    let batch = synthetic_batch(13, 0, 6, 32, 32, 10).unwrap();
+    let policies = [
+        KernelPolicy::new(KernelPlan::Gpu, None, None),
+        KernelPolicy::new(KernelPlan::Timed, Some(Forced::Guess), None).with_winograd(Some(false)),
+    ];
+    let mut runs = Vec::new();
+    for policy in policies {
+        let Some(gpu) = fresh_gpu() else { return };
+        set_kernel_policy(&gpu, Arc::new(policy)).unwrap();
+        let mut r = Replica::new(gpu, model.clone(), &params, &running).unwrap();
+        let out = step(&mut r, &batch, StepOptions::default());
+        let grads = pollster::block_on(r.read_grads()).unwrap();
+        let running = pollster::block_on(r.read_running()).unwrap();
+        runs.push((out.loss, bits(&out.logits), bits(&grads), bits(&running)));
+    }
+    let (gpu_plan, cpu_plan) = (&runs[0], &runs[1]);
+    assert_eq!(gpu_plan.0.to_bits(), cpu_plan.0.to_bits(), "loss");
+    assert!(gpu_plan.1 == cpu_plan.1, "logits differ");
+    for spec in &model.params {
+        let r = spec.range();
+        assert!(gpu_plan.2[r.clone()] == cpu_plan.2[r], "gradient of {} differs", spec.name);
+    }
+    assert!(gpu_plan.3 == cpu_plan.3, "running statistics differ");
+}
+
 #[test]
 fn bad_inputs_are_clear_errors() {
     let (model, params, running) = setup(10, 3);

@@ -74,7 +74,8 @@ impl DispatchFigures {
             d["latency"] = json!(e.latency);
             d["issue"] = json!(e.issue);
             d["shared"] = json!(e.shared);
-            d["ceiling"] = json!(self.ceiling(m));
+            d["predicted_share"] = json!(self.ceiling(m));
+            d["occupancy_ceiling"] = json!(e.occupancy);
         }
         d
     }
@@ -99,15 +100,23 @@ pub struct Predicted {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Total {
     pub dispatches: usize,
+    /// FLOPs of the dispatches with a construction (the GEMMs).
     pub flops: f64,
     pub seconds: f64,
+    /// The GEMMs' FLOPs over their occupancy ceilings' times at the peak.
+    pub occupancy_seconds: f64,
 }
 
 impl Total {
-    /// The FLOP-weighted share of the peak: the FLOPs over the peak's time for all the
+    /// The predicted share of the peak: the GEMMs' FLOPs over the peak's time for all the
     /// dispatches' predicted seconds.
     pub fn ceiling(&self, m: &GpuModel) -> f64 {
         self.flops / m.peak() / self.seconds.max(f64::MIN_POSITIVE)
+    }
+
+    /// The FLOP-weighted occupancy ceiling of the GEMMs.
+    pub fn occupancy(&self, m: &GpuModel) -> f64 {
+        self.flops / m.peak() / self.occupancy_seconds.max(f64::MIN_POSITIVE)
     }
 }
 
@@ -120,10 +129,16 @@ impl Predicted {
     }
 
     fn total(&self, keep: impl Fn(&DispatchFigures) -> bool) -> Total {
-        self.dispatches.iter().filter(|d| keep(d)).fold(Total::default(), |t, d| Total {
-            dispatches: t.dispatches + 1,
-            flops: t.flops + if d.construction.is_some() { d.flops } else { 0.0 },
-            seconds: t.seconds + d.estimate.seconds,
+        let m = &self.model;
+        self.dispatches.iter().filter(|d| keep(d)).fold(Total::default(), |t, d| {
+            let occupancy =
+                d.estimate.occupancy.map_or(0.0, |o| d.flops / (m.peak() * o.max(1e-3)));
+            Total {
+                dispatches: t.dispatches + 1,
+                flops: t.flops + if d.construction.is_some() { d.flops } else { 0.0 },
+                seconds: t.seconds + d.estimate.seconds,
+                occupancy_seconds: t.occupancy_seconds + occupancy,
+            }
         })
     }
 
@@ -153,27 +168,35 @@ impl Predicted {
         let m = &self.model;
         let conv = self.convolutions();
         let gaps = conv.dispatches as f64 * m.launch_gap_s;
-        let mut lines = vec![format!(
-            "by construction on an {} ({} SMs, {:.1} TFLOP/s f32, {:.1} TB/s): the convolutions' {} dispatches could run their {:.1} GFLOP at {:.0}% of the peak, {:.2} ms (+{:.2} ms of launch gaps at {:.1} µs each)",
-            m.name,
-            m.sms,
-            m.peak() / 1e12,
-            m.hbm_bytes_per_s / 1e12,
-            conv.dispatches,
-            conv.flops / 1e9,
-            100.0 * conv.ceiling(m),
-            conv.seconds * 1e3,
-            gaps * 1e3,
-            m.launch_gap_s * 1e6,
-        )];
+        let mut lines = vec![
+            format!(
+                "by construction on an {} ({} SMs, {:.1} TFLOP/s f32, {:.1} TB/s): the convolutions' {} dispatches, {:.1} GFLOP, {:.2} ms (+{:.2} ms of launch gaps at {:.1} µs each): {:.0}% of the peak, occupancy ceiling {:.0}%",
+                m.name,
+                m.sms,
+                m.peak() / 1e12,
+                m.hbm_bytes_per_s / 1e12,
+                conv.dispatches,
+                conv.flops / 1e9,
+                conv.seconds * 1e3,
+                gaps * 1e3,
+                m.launch_gap_s * 1e6,
+                100.0 * conv.ceiling(m),
+                100.0 * conv.occupancy(m),
+            ),
+            format!(
+                "  {:<24} {:>10} {:>8} {:>9} {:>7} {:>9}",
+                "", "dispatches", "GFLOP", "ms", "peak", "occupancy"
+            ),
+        ];
         for op in CONV_OPS {
             let t = self.op(op);
             lines.push(format!(
-                "  {op:<24} {:>4} dispatches {:>8.1} GFLOP {:>8.3} ms  {:>4.0}% of the peak",
+                "  {op:<24} {:>10} {:>8.1} {:>9.3} {:>6.0}% {:>8.0}%",
                 t.dispatches,
                 t.flops / 1e9,
                 t.seconds * 1e3,
-                100.0 * t.ceiling(m)
+                100.0 * t.ceiling(m),
+                100.0 * t.occupancy(m)
             ));
         }
         lines
@@ -183,7 +206,7 @@ impl Predicted {
         let m = &self.model;
         let total = |t: Total| {
             json!({"dispatches": t.dispatches, "flops": t.flops, "predicted_s": t.seconds,
-                   "ceiling": t.ceiling(m)})
+                   "predicted_share": t.ceiling(m), "occupancy_ceiling": t.occupancy(m)})
         };
         let ops: serde_json::Map<String, Value> =
             CONV_OPS.iter().map(|&op| (op.to_string(), total(self.op(op)))).collect();

@@ -19,6 +19,11 @@
 //! lesser of issue and workgroup memory) and its memory bounds. A dispatch without a
 //! construction (a layout, a pass adding sums, BatchNorm, …) takes its bytes at the HBM's rate.
 //! Launch gaps are not in it.
+//!
+//! Beside it, the occupancy ceiling: 0.9 × fill × the warps each of the SM's 4 schedulers has
+//! (at most 1) × 0.85 for tiles of fewer than 64 outputs an invocation, capped by the scratch
+//! the dispatch hands on at the HBM's rate. It is what the tiles' occupancy allows, and counts
+//! neither the instructions that stage operands nor the sums' extra adds, which the time does.
 
 use crate::gpu::DispatchShape;
 
@@ -90,6 +95,8 @@ pub struct Estimate {
     pub latency: f64,
     pub issue: f64,
     pub shared: f64,
+    /// The occupancy ceiling (None: no construction).
+    pub occupancy: Option<f64>,
 }
 
 impl Estimate {
@@ -103,6 +110,7 @@ impl Estimate {
             latency: 1.0,
             issue: 1.0,
             shared: 1.0,
+            occupancy: None,
         };
         let Some(c) = s.construction else { return e };
         let threads = s.invocations.max(1);
@@ -127,6 +135,10 @@ impl Estimate {
         e.shared = (c.outputs_per_invocation as f64 / 4.0 / wavefronts).min(1.0);
         e.resident = Some(resident);
         e.warps_per_sm = Some(warps);
+        let shape = if c.outputs_per_invocation >= 64 { 1.0 } else { 0.85 };
+        let occupancy = 0.9 * e.fill * (warps / 4.0).min(1.0) * shape;
+        let scratch = s.flops / (2.0 * c.scratch_bytes as f64) * m.hbm_bytes_per_s / m.peak();
+        e.occupancy = Some(if c.scratch_bytes > 0 { occupancy.min(scratch) } else { occupancy });
         let rate = m.peak() * e.fill * e.latency * e.issue.min(e.shared);
         let staged = s.flops / c.flop_per_staged_byte / m.l2_bytes_per_s;
         e.seconds = (s.flops / rate).max(hbm).max(staged);

@@ -22,12 +22,21 @@ pub struct Conv2dShape {
     pub pad: u32,
 }
 
-/// Summed channels per segment where an output's sum over k runs in segments: a multiple of 16,
-/// so a segment is whole steps of the shared-tile GEMM (16 k), whatever the taps.
-pub const SEGMENT_CHANNELS: u32 = 16;
-/// Output maps of at most this many pixels sum in segments: their layers have too few outputs
-/// at small batches to fill a GPU unless the segments run side by side.
-pub const SEGMENTED_PLANE: u64 = 16;
+/// How an output's sum over k runs in segments, by the size of the op's output map: maps of at
+/// most `plane` pixels sum `channels` summed channels a segment (the first rule that holds),
+/// larger ones all of them. Small maps give few outputs at small batches, too few to fill a GPU
+/// unless segments run side by side: a map of 196 pixels (14×14, ResNet's layer3 at 224²)
+/// gives 1,568 at a batch of 8. Multiples of 16 channels, so a segment is whole slices of the
+/// GPU family's tiles (8 or 16 k), whatever the taps.
+pub const SEGMENTS: [Segments; 2] =
+    [Segments { plane: 16, channels: 16 }, Segments { plane: 196, channels: 64 }];
+
+/// One rule of [`SEGMENTS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segments {
+    pub plane: u64,
+    pub channels: u32,
+}
 
 pub(super) fn out_size(size: u32, k: u32, stride: u32, pad: u32) -> u32 {
     ((size as u64 + 2 * pad as u64).saturating_sub(k as u64) / stride.max(1) as u64 + 1) as u32
@@ -114,8 +123,8 @@ impl Conv2dShape {
     }
 
     /// How many of an output's summed channels (c_in for the forward, c_out for the input-VJP)
-    /// each segment of its sum over k holds: `SEGMENT_CHANNELS` where the op's output map has
-    /// at most `SEGMENTED_PLANE` pixels, else all of them (one segment). Every variant sums
+    /// each segment of its sum over k holds: by [`SEGMENTS`]' first rule the op's output map
+    /// meets, else all of them (one segment). Every variant sums
     /// each segment from +0 in k's order and adds the segments' sums in order to a total from
     /// +0, so a GPU may take the segments in separate workgroups and still give every variant's
     /// bits. The rule reads the shape without the batch, so the order is the same at every batch
@@ -126,11 +135,8 @@ impl Conv2dShape {
             Conv2dOp::BackwardInput => (self.c_out, self.h as u64 * self.w as u64),
             Conv2dOp::BackwardWeight => return self.c_in.max(self.c_out),
         };
-        if plane <= SEGMENTED_PLANE {
-            SEGMENT_CHANNELS.min(channels)
-        } else {
-            channels
-        }
+        let rule = SEGMENTS.into_iter().find(|r| plane <= r.plane);
+        rule.map_or(channels, |r| r.channels.min(channels))
     }
 
     /// The uniform for `op`'s kernels, with its sums' segments (see [`Self::sum_segment`]).
@@ -207,7 +213,7 @@ impl Params {
     /// channels of `taps` taps each (k = (channel, tap)); one segment when there is one.
     pub(super) fn with_rows(self, row4: u64, channels: u32, taps: u64) -> Params {
         let seg4 = if self.seg_channels < channels {
-            // SEGMENT_CHANNELS is a multiple of 4, so every segment is whole vec4s.
+            // SEGMENTS' channels are multiples of 4, so every segment is whole vec4s.
             self.seg_channels as u64 * taps / 4
         } else {
             row4
@@ -244,7 +250,8 @@ mod tests {
     use super::*;
 
     /// Segments where the op's output map has at most 16 pixels, 16 summed channels each, at
-    /// every batch; one segment elsewhere and for the weight gradient.
+    /// every batch; 64 on maps of 17 to 196 pixels; one segment elsewhere and for the weight
+    /// gradient.
     #[test]
     fn sums_run_in_segments_on_small_maps_at_any_batch() {
         let layer3 = Conv2dShape {
@@ -259,16 +266,20 @@ mod tests {
             pad: 1,
         };
         let down = Conv2dShape { c_in: 128, h: 8, w: 8, c_out: 256, stride: 2, ..layer3 };
+        let at_224 = Conv2dShape { h: 14, w: 14, ..layer3 };
         for n in [1, 3, 8, 256] {
             let (layer3, down) = (Conv2dShape { n, ..layer3 }, Conv2dShape { n, ..down });
-            assert_eq!(layer3.sum_segment(Conv2dOp::Forward), SEGMENT_CHANNELS);
-            assert_eq!(layer3.sum_segment(Conv2dOp::BackwardInput), SEGMENT_CHANNELS);
-            // The forward's 4×4 output is segmented, the input-VJP's 8×8 map is not.
-            assert_eq!(down.sum_segment(Conv2dOp::Forward), SEGMENT_CHANNELS);
-            assert_eq!(down.sum_segment(Conv2dOp::BackwardInput), 256);
+            assert_eq!(layer3.sum_segment(Conv2dOp::Forward), 16);
+            assert_eq!(layer3.sum_segment(Conv2dOp::BackwardInput), 16);
+            // The forward's 4×4 output sums 16 channels a segment, the input-VJP's 8×8 map 64.
+            assert_eq!(down.sum_segment(Conv2dOp::Forward), 16);
+            assert_eq!(down.sum_segment(Conv2dOp::BackwardInput), 64);
+            assert_eq!(Conv2dShape { n, ..at_224 }.sum_segment(Conv2dOp::Forward), 64);
         }
+        let large = Conv2dShape { h: 15, w: 14, ..layer3 };
+        assert_eq!(large.sum_segment(Conv2dOp::Forward), 256, "a 15×14 map");
         let wide = Conv2dShape { h: 5, w: 4, ..layer3 };
-        assert_eq!(wide.sum_segment(Conv2dOp::Forward), 256, "a 5×4 map");
+        assert_eq!(wide.sum_segment(Conv2dOp::Forward), 64, "a 5×4 map");
         let few = Conv2dShape { c_in: 12, ..layer3 };
         assert_eq!(few.sum_segment(Conv2dOp::Forward), 12, "fewer channels than a segment");
         let params = layer3.params_for(Conv2dOp::Forward).with_rows(576, 256, 9);

@@ -54,9 +54,10 @@ pub fn gemm(c: TileConfig, sum: Sum, scratch_bytes: u64, passes: u32) -> Constru
     let b_stores: Vec<LaneIndex> = (0..c.b_loads()).map(|r| gemm_b_store(c, r)).collect();
     let stores = accesses(&a_stores, 4, 4).0 + accesses(&b_stores, 16, 16).0;
     let fma = c.outputs() as f64;
-    // Per k: the tile's loads, and a slice's staging shared by its k (a gathered float costs
-    // its table entry, bounds and load; a vec4 of weights its bounds and load), the loop.
-    let staging = (6 * c.a_loads() + 3 * c.b_loads() + 8) as f64 / c.bk as f64;
+    // Per k: the tile's loads; per slice, shared by its k: each gathered float and each vec4 of
+    // weights staged, and the loop's own work.
+    let staging = (c.a_loads() * GATHERED + c.b_loads() * WEIGHT_VEC4 + SLICE) as f64;
+    let issue = fma + (mq + nq) as f64 + staging / c.bk as f64;
     let totals = if sum == Sum::Segments { c.outputs() } else { 0 };
     Construction {
         outputs_per_invocation: c.outputs(),
@@ -69,10 +70,21 @@ pub fn gemm(c: TileConfig, sum: Sum, scratch_bytes: u64, passes: u32) -> Constru
         registers: c.outputs() + totals + c.tm + c.tn + c.a_loads() + 4 * c.b_loads() + 24,
         flop_per_staged_byte: flop_per_staged_byte(c),
         scratch_bytes,
-        issue_per_fma: (fma + (mq + nq) as f64 + 2.0 + staging) / fma,
+        issue_per_fma: issue / fma,
         passes,
     }
 }
+
+/// Instructions a staged element costs, as the kernels write them: a gathered float its table
+/// entry, the bounds of its row and column, the load, the select and the store; a vec4 of
+/// weights its bounds, load and store; a dy float of the weight gradient its channel's bound,
+/// address, load, select and store; an x float as a gathered one. A slice adds its loop, its
+/// barrier and its indices; the weight gradient's its pixel's two divisions.
+const GATHERED: u32 = 10;
+const WEIGHT_VEC4: u32 = 4;
+const DY: u32 = 6;
+const SLICE: u32 = 8;
+const PIXEL_SLICE: u32 = 24;
 
 /// The weight gradient of `c` with nodes `levels` deep, at output rows of `out_w` pixels and
 /// examples of `plane`; its dispatch writes `scratch_bytes` of node sums (0: dw itself).
@@ -92,11 +104,13 @@ pub fn weight(
     let b_stores: Vec<LaneIndex> = (0..loads(c.bn())).map(|r| weight_store(c, c.bn(), r)).collect();
     let stores = accesses(&a_stores, 4, 4).0 + accesses(&b_stores, 4, 4).0;
     let fma = c.outputs() as f64;
-    // Per pixel: the tile's loads, the row and example counters; per row the row sums' adds,
-    // per example the pairwise adds (one a push on average); a slice's staging (a pixel's
-    // divisions, then each float's bounds and load) shared by its pixels.
-    let staging = (24 + 5 * (loads(c.bm()) + loads(c.bn()))) as f64 / c.bk as f64;
-    let adds = fma * (1.0 / out_w.max(1) as f64 + 1.0 / plane.max(1) as f64);
+    // Per pixel: the tile's loads, the row and example counters; per row the row sums' adds
+    // into the example's and their reset; per example the pairwise adds (one a push on
+    // average); per slice, shared by its pixels, each staged float and the slice's own work.
+    let staging = (loads(c.bm()) * DY + loads(c.bn()) * GATHERED + PIXEL_SLICE) as f64;
+    let per_row = 2.0 * fma / out_w.max(1) as f64;
+    let per_example = fma / plane.max(1) as f64;
+    let issue = fma + (mq + nq) as f64 + 3.0 + per_row + per_example + staging / c.bk as f64;
     Construction {
         outputs_per_invocation: c.outputs(),
         fma_per_shared_float: fma / (c.tm + c.tn) as f64,
@@ -108,7 +122,7 @@ pub fn weight(
         registers: c.outputs() * (2 + levels) + c.tm + c.tn + loads(c.bm()) + loads(c.bn()) + 28,
         flop_per_staged_byte: flop_per_staged_byte(c),
         scratch_bytes,
-        issue_per_fma: (fma + adds + (mq + nq) as f64 + 3.0 + staging) / fma,
+        issue_per_fma: issue / fma,
         passes,
     }
 }

@@ -4,7 +4,7 @@
 //! pass adds in order.
 
 use super::wgsl::{gemm_shader, FRAME};
-use super::{construction, fitting, plan_cost, table_key, Sum, Table, TileConfig, FAMILY};
+use super::{construction, fitting, gathers, plan_cost, table_key, Sum, Table, TileConfig, FAMILY};
 use crate::gpu::{grid_1d, DispatchShape, Encoder, Gpu, Slice};
 use crate::kernels::conv2d::{Conv2dOp, Conv2dShape, SCRATCH_BYTES};
 use crate::kernels::{launch, KernelError, Result};
@@ -74,7 +74,12 @@ pub(super) fn dispatches(
         invocations: c.threads(),
         flops: table.flops(s.n),
         bytes: 4 * (source_len + rows + 4 * words + if plan.split { slabs } else { out_len }),
-        construction: Some(construction::gemm(c, plan.sum(table), 4 * slabs, 2 + plan.split as u32)),
+        construction: Some(construction::gemm(
+            c,
+            plan.sum(table),
+            4 * slabs,
+            2 + plan.split as u32,
+        )),
     };
     let combine = plan.split.then(|| DispatchShape {
         workgroups: out_len.div_ceil(64),
@@ -95,6 +100,7 @@ pub fn plan(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, table: &Table) -> GatherPl
     let splittable = table.segments > 1 && 4 * table.segments as u64 * table.out_len(s.n) <= cap;
     let candidates = FAMILY
         .iter()
+        .filter(|&&c| gathers(c))
         .filter_map(|&c| fitting(gpu, c))
         .flat_map(|config| [false, true].map(|split| GatherPlan { config, split }))
         .filter(|p| !p.split || splittable);

@@ -85,18 +85,29 @@ const fn config(threads_m: u32, threads_n: u32, tm: u32, tn: u32) -> TileConfig 
     TileConfig { threads_m, threads_n, tm, tn, bk: 16 }
 }
 
-/// The family, largest tile first; each also runs in slices of 8 k where 16 do not fit the
-/// device's workgroup memory ([`fitting`]). Every workgroup has at least as many invocations as
-/// its tile has pixels, so each stages one pixel of the first operand.
-pub const FAMILY: [TileConfig; 7] = [
+/// The family, largest tile first: 8×8 outputs an invocation in workgroups of 256 down to 32
+/// invocations, then 4×8 and 4×4 for the GEMMs too small to fill a GPU otherwise. The gather
+/// GEMM takes the ones that [`gathers`], the weight gradient those that run it
+/// (`weight::runs`); each in slices of 16 k, or of 8 where 16 do not fit the device's
+/// workgroup memory ([`fitting`]).
+pub const FAMILY: [TileConfig; 9] = [
     config(16, 16, 8, 8),
     config(16, 8, 8, 8),
     config(8, 16, 8, 8),
     config(8, 8, 8, 8),
+    config(4, 8, 8, 8),
+    config(8, 4, 8, 8),
     config(8, 8, 4, 8),
     config(8, 8, 8, 4),
     config(8, 8, 4, 4),
 ];
+
+/// Whether the gather GEMM takes `config`: at least 32 outputs an invocation (a thinner tile
+/// does more staging than arithmetic), and at least as many invocations as the tile has pixels,
+/// so that each stages one pixel of the first operand.
+pub const fn gathers(config: TileConfig) -> bool {
+    config.outputs() >= 32 && config.threads() >= config.bm()
+}
 
 /// `config` with the largest slice (16 or 8 k) whose workgroup memory fits `gpu`, if any.
 pub fn fitting(gpu: &Gpu, config: TileConfig) -> Option<TileConfig> {

@@ -52,7 +52,11 @@ pub fn runs(gpu: &Gpu, config: TileConfig) -> bool {
 
 /// The dispatches of `plan` at `s` (`phase` the forward's table's): the GEMM, and (several
 /// nodes, or taps left out) the pass adding the nodes into dw.
-fn dispatches(s: &Conv2dShape, phase: &Phase, plan: WeightPlan) -> (DispatchShape, Option<DispatchShape>) {
+fn dispatches(
+    s: &Conv2dShape,
+    phase: &Phase,
+    plan: WeightPlan,
+) -> (DispatchShape, Option<DispatchShape>) {
     let c = plan.config;
     let cols = phase.entries.len() as u64;
     let nodes = plan.nodes(s.n) as u64;
