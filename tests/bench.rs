@@ -9,7 +9,9 @@ use std::process::Command;
 
 use common::*;
 use serde_json::Value;
-use syncstep::bench::{self, BenchConfig, BenchReport, ALL_LAYERS, STEP_FLOPS_PER_FORWARD};
+use syncstep::bench::{
+    self, BenchConfig, BenchReport, ProbeSize, ALL_LAYERS, STEP_FLOPS_PER_FORWARD,
+};
 use syncstep::gpu::{AdapterChoice, Encoder, Slice};
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
@@ -138,7 +140,7 @@ fn one_device_report_with_profile_and_roofline() {
     if gpu().is_none() {
         return;
     }
-    let cfg = BenchConfig { roofline: Some(64), ..small(1) };
+    let cfg = BenchConfig { roofline: Some(ProbeSize::Cube(64)), ..small(1) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
     assert!(
@@ -157,8 +159,11 @@ fn one_device_report_with_profile_and_roofline() {
 
     let roof = report.roofline.as_ref().unwrap();
     assert_eq!(roof.tiles.len(), 4);
-    assert!(roof.tiles.iter().all(|t| positive(t.gflops()) && t.flops == 2.0 * 64f64.powi(3)));
-    assert_eq!(roof.gflops(), roof.tiles.iter().map(|t| t.gflops()).fold(0.0, f64::max));
+    let gemms = || roof.tiles.iter().chain([&roof.implicit.probe]);
+    assert!(gemms().all(|t| positive(t.gflops()) && t.flops == 2.0 * 64f64.powi(3)));
+    assert_eq!(roof.gflops(), gemms().map(|t| t.gflops()).fold(0.0, f64::max));
+    assert!(roof.implicit.probe.algo.starts_with("implicit-gemm "), "{:?}", roof.implicit);
+    assert!(roof.implicit.dispatch.construction.is_some());
     // Every distinct convolution shape of the step (11 at 32×32) with its three launches, but
     // the stem's has no input-VJP.
     let model = ResNet::new(Arch::ResNet34, cfg.classes).unwrap();
@@ -181,7 +186,8 @@ fn one_device_report_with_profile_and_roofline() {
     for needle in [
         "images/s",
         "GFLOP/s",
-        "roofline: matmul 64³",
+        "roofline: GEMMs 64³",
+        "warps an SM",
         "held",
         "layer · launcher",
         "conv2d_backward_weight",
@@ -308,7 +314,10 @@ fn bad_settings_are_errors_naming_the_flag() {
         (BenchConfig { replicas: 0, ..BenchConfig::default() }, "--replicas"),
         (BenchConfig { warmup: 0, ..BenchConfig::default() }, "--warmup"),
         (BenchConfig { image_size: 16, ..BenchConfig::default() }, "--image-size 16"),
-        (BenchConfig { roofline: Some(30), ..BenchConfig::default() }, "--roofline-size"),
+        (
+            BenchConfig { roofline: Some(ProbeSize::Cube(30)), ..BenchConfig::default() },
+            "--roofline-size",
+        ),
     ];
     for (cfg, flag) in cases {
         let e = cfg.validate().unwrap_err().to_string();

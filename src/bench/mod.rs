@@ -17,11 +17,13 @@
 //!   staging; see [`crate::gpu::MemoryStats`]), which wgpu keeps until that submission completes. wgpu's own
 //!   staging behind `queue.write_buffer` (the input batch, the BN rows and the all-reduced
 //!   gradient) is not counted.
-//! - **Roofline probe.** The best of the matmul tiles at size³ on the same adapter, then every
-//!   distinct convolution of the step (forward, input-VJP, weight gradient through the plain
-//!   launchers, i.e. with the autotuned kernel) timed the same way: best of 3 after one warm-up
-//!   run, each a submit measured to the device's idle. A convolution's GFLOP/s reads as a
-//!   fraction of the matmul's.
+//! - **Roofline probe.** A GEMM at size³ on the same adapter (4096³ on a GPU, 512³ on a CPU
+//!   adapter unless `--roofline-size` says): the implicit-GEMM family's, as a 1×1 convolution,
+//!   with its figures by construction, and the matmul's register tiles; then every distinct
+//!   convolution of the step (forward, input-VJP, weight gradient through the plain launchers,
+//!   i.e. with the chosen kernel) timed the same way: best of 3 after one warm-up run, each a
+//!   submit measured to the device's idle. A convolution's GFLOP/s reads as a fraction of the
+//!   best GEMM's.
 //! - **Profile** of one extra step on replica 0: every dispatch bracketed by timestamp queries
 //!   ([`Gpu::start_profile`]), grouped by layer and launcher, by launcher, and by entry point.
 //!   A layer's scope runs from its conv to the next layer's: the forward scope holds the conv,
@@ -38,7 +40,7 @@ use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
 };
-use crate::kernels::conv2d::{self, Conv2dOp, Conv2dShape, KernelPlan, KernelPolicy};
+use crate::kernels::conv2d::{self, Conv2dAlgo, Conv2dOp, Conv2dShape, KernelPlan, KernelPolicy};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
 use crate::model::{Arch, ModelError, ResNet};
@@ -50,8 +52,8 @@ mod report;
 
 pub use predicted::{DispatchFigures, Estimate, GpuModel, Predicted, Total, CONV_OPS, H100, H200};
 pub use report::{
-    AllReduceBytes, BenchReport, ExchangeWait, ProbeTime, Profile, ProfileRow, ReplicaMemory,
-    Roofline, StepBench,
+    AllReduceBytes, BenchReport, ExchangeWait, ImplicitProbe, ProbeTime, Profile, ProfileRow,
+    ReplicaMemory, Roofline, StepBench,
 };
 
 /// A training step's FLOPs as a multiple of the forward's (docs/performance.md says why 2.97).
@@ -95,8 +97,8 @@ pub struct BenchConfig {
     /// Replica r runs on `adapters[r % len]`; empty: the default adapter.
     pub adapters: Vec<AdapterChoice>,
     pub profile: bool,
-    /// The roofline matmul's size (m = k = n); None skips the probe.
-    pub roofline: Option<u32>,
+    /// The roofline probe's size; None skips the probe.
+    pub roofline: Option<ProbeSize>,
     /// How convolution kernels are chosen (`--plan-for`).
     pub plan: KernelPlan,
     /// Time the convolutions afresh rather than take the autotune cache's choices (`--retune`).
@@ -119,7 +121,7 @@ impl Default for BenchConfig {
             warmup: 1,
             adapters: Vec::new(),
             profile: false,
-            roofline: Some(512),
+            roofline: Some(ProbeSize::ForAdapter),
             plan: KernelPlan::Auto,
             retune: false,
             bucket_bytes: parallel::DEFAULT_BUCKET_BYTES,
@@ -169,7 +171,7 @@ impl BenchConfig {
         if let Err(e) = ResNet::new(self.arch, self.classes) {
             return setting("classes", &format!("is {}: {e}", self.classes));
         }
-        if let Some(size) = self.roofline {
+        if let Some(ProbeSize::Cube(size)) = self.roofline {
             if size == 0 || size % 4 != 0 {
                 return setting(
                     "roofline-size",
@@ -178,6 +180,29 @@ impl BenchConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The roofline probe's GEMM size, m = k = n.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeSize {
+    /// [`GPU_PROBE`] on a GPU adapter (a grid that fills a large GPU), [`CPU_PROBE`] on a CPU
+    /// adapter (where 4096³ would take a minute).
+    ForAdapter,
+    Cube(u32),
+}
+
+pub const GPU_PROBE: u32 = 4096;
+pub const CPU_PROBE: u32 = 512;
+
+impl ProbeSize {
+    /// The size on `gpu`'s adapter.
+    pub fn on(self, gpu: &Gpu) -> u32 {
+        match self {
+            ProbeSize::Cube(size) => size,
+            ProbeSize::ForAdapter if gpu.info.device_type == wgpu::DeviceType::Cpu => CPU_PROBE,
+            ProbeSize::ForAdapter => GPU_PROBE,
+        }
     }
 }
 
@@ -268,8 +293,8 @@ pub fn run_with_peers(
     // device's whole batch (each replica's shard is smaller), the roofline's matrices.
     let limits = &dp.replicas()[0].gpu.limits;
     check_batch_fits(&model, b, size, limits)?;
-    if let Some(m) = cfg.roofline {
-        check_roofline_fits(m, limits)?;
+    if let Some(probe) = cfg.roofline {
+        check_roofline_fits(probe.on(&dp.replicas()[0].gpu), limits)?;
     }
     // With R > 1, one device on replica 0's adapter at B and at replica 0's shard (a longest).
     let shard = batch.shards(r).map_err(ParallelError::from)?.swap_remove(0);
@@ -293,9 +318,10 @@ pub fn run_with_peers(
 
     let profile = profile(cfg, &model, &mut dp, &batch, n, progress);
     let roofline = match cfg.roofline.filter(|_| lead) {
-        Some(size) => {
-            progress(&format!("roofline probe: matmul {size}³ and the step's convolutions"));
-            Some(roofline(&dp.replicas()[0].gpu, &model, n as u32, cfg.image_size, size)?)
+        Some(probe) => {
+            let (gpu, size) = (&dp.replicas()[0].gpu, probe.on(&dp.replicas()[0].gpu));
+            progress(&format!("roofline probe: GEMMs {size}³ and the step's convolutions"));
+            Some(roofline(gpu, &model, n as u32, cfg.image_size, size)?)
         }
         None => None,
     };
@@ -520,9 +546,10 @@ fn best_time(
     Ok(best)
 }
 
-/// The matmul tiles at `size`³, then every distinct convolution of the step at `batch` images
-/// per device, through the plain (autotuned) launchers.
+/// The implicit-GEMM family and the matmul tiles at `size`³, then every distinct convolution of
+/// the step at `batch` images per device, through the plain (chosen) launchers.
 fn roofline(gpu: &Gpu, model: &ResNet, batch: u32, image_size: u32, size: u32) -> Result<Roofline> {
+    let implicit = implicit_probe(gpu, size)?;
     let tiles = matmul_probes(gpu, size)?;
     let mut convs = Vec::new();
     for (s, names, input_vjp) in conv_shapes(model, batch, image_size) {
@@ -531,7 +558,47 @@ fn roofline(gpu: &Gpu, model: &ResNet, batch: u32, image_size: u32, size: u32) -
             convs.push(conv_probe(gpu, op, &s, &names)?);
         }
     }
-    Ok(Roofline { size, tiles, convs })
+    Ok(Roofline { size, implicit, tiles, convs })
+}
+
+/// The implicit-GEMM family's GEMM at `size`³: the forward of a 1×1 convolution of `size`
+/// channels to `size` on one image of 1 × `size` pixels, as the family's plan runs it, with
+/// the dispatch's figures by construction.
+fn implicit_probe(gpu: &Gpu, size: u32) -> Result<ImplicitProbe> {
+    let s = Conv2dShape {
+        n: 1,
+        c_in: size,
+        h: 1,
+        w: size,
+        c_out: size,
+        kh: 1,
+        kw: 1,
+        stride: 1,
+        pad: 0,
+    };
+    let op = Conv2dOp::Forward;
+    let dispatch = conv2d::implicit::planned_gemm(gpu, op, &s)?;
+    let len = size as u64 * size as u64;
+    let (x, w, y) =
+        (filled(gpu, "probe a", len)?, filled(gpu, "probe b", len)?, gpu.buffer("probe c", len)?);
+    let seconds = best_time(gpu, |enc| {
+        let operands = (Slice::whole(&x), Slice::whole(&w), Slice::whole(&y));
+        conv2d::implicit::gather_gemm(gpu, enc, op, &s, operands)
+    })?;
+    let Some(conv2d::implicit::Plan::Gather(plan)) = conv2d::implicit::plan(gpu, op, &s).ok()
+    else {
+        unreachable!("a forward's plan is a gather GEMM")
+    };
+    let probe = ProbeTime {
+        name: format!("implicit GEMM {size}³"),
+        op: "conv2d_forward",
+        algo: format!("{} {}", Conv2dAlgo::Implicit, plan.config.name()),
+        kept_taps: None,
+        shape: format!("{size}x{size}x{size}"),
+        flops: 2.0 * (len * size as u64) as f64,
+        seconds,
+    };
+    Ok(ImplicitProbe { probe, dispatch })
 }
 
 /// Each matmul tile's best time at `size`³.

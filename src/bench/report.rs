@@ -5,10 +5,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::predicted::{GpuModel, Predicted};
+use super::predicted::{Estimate, GpuModel, Predicted, H200};
 use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
 use crate::collective::{CollectiveError, Peers};
-use crate::gpu::{KernelTime, MemoryStats};
+use crate::gpu::{DispatchShape, KernelTime, MemoryStats};
 use crate::kernels::conv2d::KernelPlan;
 use crate::model::ResNet;
 use crate::step::Replica;
@@ -238,27 +238,80 @@ impl ProbeTime {
     }
 }
 
+/// The implicit-GEMM family's probe: its time, and its dispatch as the family's plan records
+/// it (workgroups, invocations, and how it does its arithmetic).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImplicitProbe {
+    pub probe: ProbeTime,
+    pub dispatch: DispatchShape,
+}
+
+impl ImplicitProbe {
+    /// Its figures by construction on `model`.
+    fn estimate(&self, model: &GpuModel) -> Estimate {
+        Estimate::of(model, &self.dispatch)
+    }
+
+    fn text(&self, adapter: &str) -> String {
+        let c = self.dispatch.construction.unwrap_or_default();
+        let e = self.estimate(&H200);
+        let warps = e.warps_per_sm.unwrap_or(0.0);
+        let occupancy = 100.0 * e.occupancy.unwrap_or(0.0);
+        let mut line = format!(
+            "  {}: {:.2} GFLOP/s; {} workgroups of {}, {} outputs an invocation, {} B of workgroup memory; on an H200 by construction {warps:.0} warps an SM, occupancy ceiling {occupancy:.0}%",
+            self.probe.algo,
+            self.probe.gflops(),
+            self.dispatch.workgroups,
+            self.dispatch.invocations,
+            c.outputs_per_invocation,
+            c.shared_bytes
+        );
+        if let Some(m) = GpuModel::ALL.iter().find(|m| adapter.contains(m.name)) {
+            let share = 100.0 * self.probe.gflops() * 1e9 / m.peak();
+            line.push_str(&format!("; {share:.0}% of this {}'s f32 peak", m.name));
+        }
+        line
+    }
+
+    fn to_json(&self, roof: f64) -> Value {
+        let mut probe = self.probe.to_json(roof);
+        let e = self.estimate(&H200);
+        probe["workgroups"] = json!(self.dispatch.workgroups);
+        probe["invocations"] = json!(self.dispatch.invocations);
+        probe["h200_warps_per_sm"] = json!(e.warps_per_sm);
+        probe["h200_occupancy_ceiling"] = json!(e.occupancy);
+        probe
+    }
+}
+
 /// The roofline probe's results.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Roofline {
     pub size: u32,
+    pub implicit: ImplicitProbe,
     pub tiles: Vec<ProbeTime>,
     pub convs: Vec<ProbeTime>,
 }
 
 impl Roofline {
-    /// The best matmul tile's GFLOP/s: the roof.
+    /// The best GEMM's GFLOP/s (the implicit family's or a matmul tile's): the roof.
     pub fn gflops(&self) -> f64 {
-        self.tiles.iter().map(ProbeTime::gflops).fold(0.0, f64::max)
+        let tiles = self.tiles.iter().map(ProbeTime::gflops).fold(0.0, f64::max);
+        tiles.max(self.implicit.probe.gflops())
     }
 
-    /// The best tile, then each convolution as a fraction of it.
-    fn text(&self) -> Vec<String> {
+    /// The GEMMs, then each convolution as a fraction of the best.
+    fn text(&self, adapter: &str) -> Vec<String> {
         let best = self.gflops();
         let tiles: Vec<String> =
             self.tiles.iter().map(|t| format!("{} {:.2}", t.algo, t.gflops())).collect();
         let mut lines = vec![
-            format!("roofline: matmul {0}³, best of {PROBE_RUNS} runs per tile: {best:.2} GFLOP/s ({1})", self.size, tiles.join(", ")),
+            format!(
+                "roofline: GEMMs {0}³, best of {PROBE_RUNS} runs each: {best:.2} GFLOP/s",
+                self.size
+            ),
+            self.implicit.text(adapter),
+            format!("  matmul register tiles: {}", tiles.join(", ")),
             format!(
                 "{:<44} {:<24} {:<22} {:>9} {:>8} {:>6}",
                 "convolution (layers)", "launcher", "kernel", "ms", "GFLOP/s", "roof"
@@ -546,7 +599,7 @@ impl BenchReport {
         lines.extend(self.memory_text());
         if let Some(roof) = &self.roofline {
             lines.push(String::new());
-            lines.extend(roof.text());
+            lines.extend(roof.text(self.adapters.first().map_or("", String::as_str)));
         }
         lines.push(String::new());
         match &self.profile {
@@ -664,7 +717,8 @@ impl BenchReport {
         let roofline = self.roofline.as_ref().map(|r| {
             let roof = r.gflops();
             let probes = |v: &[ProbeTime]| v.iter().map(|p| p.to_json(roof)).collect::<Vec<_>>();
-            json!({"size": r.size, "gflops": roof, "tiles": probes(&r.tiles), "convs": probes(&r.convs)})
+            json!({"size": r.size, "gflops": roof, "implicit": r.implicit.to_json(roof),
+                   "tiles": probes(&r.tiles), "convs": probes(&r.convs)})
         });
         let mut report = json!({
             "config": {

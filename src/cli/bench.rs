@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use syncstep::bench::{self, BenchConfig};
+use syncstep::bench::{self, BenchConfig, ProbeSize};
 use syncstep::kernels::conv2d::KernelPlan;
 use syncstep::model::Arch;
 
@@ -51,12 +51,13 @@ pub struct BenchArgs {
     /// Rows of the profile's per-layer table to print (all of them go to --json).
     #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     profile_rows: usize,
-    /// Skip the roofline probe (the best matmul, then each convolution of the step).
+    /// Skip the roofline probe (the best GEMM, then each convolution of the step).
     #[arg(long)]
     no_roofline: bool,
-    /// Size of the roofline probe's square matmul.
-    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
-    roofline_size: u32,
+    /// Size of the roofline probe's square GEMMs (m = k = n) [default: 4096 on a GPU adapter,
+    /// 512 on a CPU adapter].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    roofline_size: Option<u32>,
     /// Write every figure as JSON to this file (with --profile: every dispatch's workgroups,
     /// invocations, FLOPs and bytes, and the share of FLOPs in dispatches too narrow for a GPU).
     #[arg(long)]
@@ -103,7 +104,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             local,
         )?,
         profile: args.profile,
-        roofline: (!args.no_roofline).then_some(args.roofline_size),
+        roofline: (!args.no_roofline)
+            .then_some(args.roofline_size.map_or(ProbeSize::ForAdapter, ProbeSize::Cube)),
         plan: match args.plan_for {
             PlanFor::Auto => KernelPlan::Auto,
             PlanFor::Gpu => KernelPlan::Gpu,

@@ -162,6 +162,15 @@ pub fn plan(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Plan> {
     })
 }
 
+/// The GEMM dispatch [`plan`] records for `op` at `s` on `gpu`: its workgroups, invocations,
+/// FLOPs, bytes and construction, for reports (`syncstep bench`'s probe).
+pub fn planned_gemm(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<DispatchShape> {
+    Ok(match plan(gpu, op, s)? {
+        Plan::Gather(p) => gather::dispatches(op, s, &Table::of(op, s), p).gemm,
+        Plan::Weight(p) => weight::dispatches(s, &Table::of(Conv2dOp::Forward, s).phases[0], p).0,
+    })
+}
+
 /// The forward (`a` = x, `out` = y) or the input-VJP (`a` = dy, `out` = dx) at `s` as a gather
 /// GEMM against `w`, as [`plan`] runs it.
 pub fn gather_gemm(

@@ -52,7 +52,7 @@ pub fn runs(gpu: &Gpu, config: TileConfig) -> bool {
 
 /// The dispatches of `plan` at `s` (`phase` the forward's table's): the GEMM, and (several
 /// nodes, or taps left out) the pass adding the nodes into dw.
-fn dispatches(
+pub(super) fn dispatches(
     s: &Conv2dShape,
     phase: &Phase,
     plan: WeightPlan,
