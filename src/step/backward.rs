@@ -303,7 +303,8 @@ impl Replica {
         let dx = self.scratch.take(&self.gpu, shape.x_len())?;
         let (gpu, enc) = (&self.gpu, &mut pass.enc);
         let (dy, dxs) = (dy.slice(), dx.slice());
-        match shape.crop() {
+        // Where the forward copied the kept taps' weights (conv_forward).
+        match conv2d::conv2d_choice(gpu, Conv2dOp::Forward, shape)?.1 {
             Some(crop) => {
                 let kept = self.acts.saved(Act::KeptWeights(id));
                 let op = Conv2dOp::BackwardInput;

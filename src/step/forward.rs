@@ -119,7 +119,7 @@ impl Replica {
         };
         let shape = conv_shape(&conv, input);
         let y = self.act(Act::Conv(u.id), out.len())?;
-        match shape.crop() {
+        match conv2d::conv2d_choice(&self.gpu, Conv2dOp::Forward, &shape)?.1 {
             // The kept taps' weights, copied once for this forward and the input-VJP.
             Some(crop) => {
                 let kept = self.act(Act::KeptWeights(u.id), crop.shape.w_len())?;

@@ -361,7 +361,9 @@ pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Resul
 }
 
 /// What [`conv2d_launch`] runs for `op` at `shape`: the variant, and the crop it runs it on
-/// (None: the whole kernel). A weight gradient into a buffer without COPY_DST is not cropped.
+/// (None: the whole kernel). The implicit-GEMM family leaves out the taps that read only
+/// padding itself, so it runs the whole kernel. A weight gradient into a buffer without
+/// COPY_DST is not cropped.
 pub fn conv2d_choice(
     gpu: &Gpu,
     op: Conv2dOp,
@@ -369,7 +371,8 @@ pub fn conv2d_choice(
 ) -> Result<(Conv2dAlgo, Option<Crop>)> {
     shape.validate(op.name())?;
     let crop = shape.crop();
-    Ok((conv2d_algo(gpu, op, crop.as_ref().map_or(shape, |c| &c.shape))?, crop))
+    let algo = conv2d_algo(gpu, op, crop.as_ref().map_or(shape, |c| &c.shape))?;
+    Ok((algo, crop.filter(|_| algo != Conv2dAlgo::Implicit)))
 }
 
 pub(super) fn no_kernel(op: &'static str, algo: Conv2dAlgo) -> KernelError {
