@@ -1216,3 +1216,30 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
         }
     }
 }
+
+/// The pipelines compiled without wgpu's bounds checks and loop counters (the default natively)
+/// give the bits of those compiled with them, for every op of the implicit-GEMM family and a
+/// register tile: a kernel that read past a binding would read something else than the checked
+/// one's clamped index.
+#[test]
+fn unchecked_pipelines_give_the_checked_ones_bits() {
+    let Some(gpu) = gpu() else { return };
+    let Some(mut checked) = gpu_with_limits(|_| {}) else { return };
+    assert!(!gpu.checked_shaders, "the project's own shaders are compiled unchecked natively");
+    checked.checked_shaders = true;
+    let s = shape(3, 24, 7, 5, 40, 3, 3, 2, 1);
+    let x = uniform(500, s.x_len() as usize);
+    let w = uniform(501, s.w_len() as usize);
+    let dy = uniform(502, s.y_len() as usize);
+    let tile = Conv2dAlgo::Gemm(GemmTile {
+        lanes: k::GemmLanes::Pixels,
+        per_invocation: 4,
+        per_workgroup: 8,
+    });
+    for algo in [Conv2dAlgo::Implicit, tile] {
+        let (a, b) = (run(gpu, algo, &s, &x, &w, &dy), run(&checked, algo, &s, &x, &w, &dy));
+        assert_eq!(a.y.as_deref().map(bits), b.y.as_deref().map(bits), "{algo}: y");
+        assert_eq!(bits(&a.dx), bits(&b.dx), "{algo}: dx");
+        assert_eq!(a.dw.as_deref().map(bits), b.dw.as_deref().map(bits), "{algo}: dw");
+    }
+}

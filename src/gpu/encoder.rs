@@ -43,29 +43,71 @@ impl Gpu {
     }
 
     /// The compute pipeline for `entry` in `shader`, compiled on first use and cached.
+    ///
+    /// The project's own modules are compiled without the bounds checks and loop counters wgpu
+    /// adds to a shader it does not trust (natively; a browser decides for itself): every
+    /// kernel selects its indices within its bindings, and tests hold each one's outputs, on
+    /// poisoned buffers, to the plain kernel's bits. Workgroup memory is not zeroed first: every
+    /// kernel writes what it reads of it before a barrier (implicit/wgsl.rs's tests evaluate
+    /// every index of the implicit-GEMM family against its arrays).
     pub fn pipeline(&self, shader: &Shader, entry: &'static str) -> wgpu::ComputePipeline {
         let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pipelines.get(&(shader.name, entry)) {
             return p.clone();
         }
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        let module = modules.entry(shader.name).or_insert_with(|| {
-            self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(shader.name),
-                source: wgpu::ShaderSource::Wgsl(shader.source.into()),
-            })
-        });
+        let module = modules.entry(shader.name).or_insert_with(|| self.shader_module(shader));
         log::debug!("compiling pipeline {}::{}", shader.name, entry);
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: None,
             module,
             entry_point: Some(entry),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: false,
+                ..Default::default()
+            },
             cache: None,
         });
         pipelines.insert((shader.name, entry), pipeline.clone());
         pipeline
+    }
+
+    fn shader_module(&self, shader: &Shader) -> wgpu::ShaderModule {
+        if let Some(dir) = &self.shader_dump {
+            let path = dir.join(format!("{}.wgsl", shader.name));
+            let written =
+                std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, shader.source));
+            if let Err(e) = written {
+                log::warn!("writing {}: {e}", path.display());
+            }
+        }
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+        };
+        if !self.checked_shaders {
+            // SAFETY: the project's own modules (`Shader` holds no user text), which keep their
+            // indices within their bindings and arrays and loop a bounded number of times (see
+            // above).
+            return unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            };
+        }
+        self.device.create_shader_module(desc)
+    }
+
+    /// What `entry` of `shader` declares, read by naga (as wgpu reads it) once per entry point:
+    /// its workgroup size, its uniform's bytes and the storage bindings it uses.
+    pub(super) fn entry_facts(&self, shader: &Shader, entry: &'static str) -> Result<EntryFacts> {
+        let mut facts = self.entry_facts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = facts.get(&(shader.name, entry)) {
+            return Ok(f.clone());
+        }
+        let f = EntryFacts::read(shader, entry)?;
+        facts.insert((shader.name, entry), f.clone());
+        Ok(f)
     }
 
     /// Records one dispatch of `entry` for the launcher `op`: `params` at binding 0 as a
@@ -84,6 +126,12 @@ impl Gpu {
         workgroups: [u32; 3],
     ) -> Result<()> {
         self.check_dispatch_limits(entry, bindings.len(), workgroups)?;
+        self.entry_facts(shader, entry)?.expect_launch(
+            shader,
+            entry,
+            size_of::<P>(),
+            bindings.len(),
+        )?;
         if workgroups.contains(&0) {
             self.drop_charge(); // nothing runs: what was charged for it ends here
             return Ok(());
@@ -188,6 +236,87 @@ impl Gpu {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         }))
+    }
+}
+
+/// What an entry point declares, as its launches must match it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct EntryFacts {
+    /// Invocations per workgroup (`@workgroup_size`).
+    pub invocations: u32,
+    /// Bytes of the uniform at binding 0, if it uses one.
+    uniform_bytes: Option<u64>,
+    /// The storage bindings it uses, in order.
+    storage: Vec<u32>,
+}
+
+impl EntryFacts {
+    fn read(shader: &Shader, entry: &str) -> Result<EntryFacts> {
+        let invalid =
+            |what: String| GpuError::Validation(format!("{}::{entry}: {what}", shader.name));
+        let module = naga::front::wgsl::parse_str(shader.source)
+            .map_err(|e| invalid(e.emit_to_string(shader.source)))?;
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::empty(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .map_err(|e| invalid(e.emit_to_string(shader.source)))?;
+        let index = module
+            .entry_points
+            .iter()
+            .position(|e| e.name == entry)
+            .ok_or_else(|| invalid("no such entry point".into()))?;
+        let uses = info.get_entry_point(index);
+        let mut facts = EntryFacts {
+            invocations: module.entry_points[index].workgroup_size.iter().product(),
+            uniform_bytes: None,
+            storage: Vec::new(),
+        };
+        for (handle, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else { continue };
+            if uses[handle].is_empty() {
+                continue;
+            }
+            match var.space {
+                naga::AddressSpace::Uniform if binding.binding == 0 => {
+                    facts.uniform_bytes =
+                        Some(module.types[var.ty].inner.size(module.to_ctx()) as u64)
+                }
+                naga::AddressSpace::Storage { .. } => facts.storage.push(binding.binding),
+                _ => {
+                    return Err(invalid(format!(
+                        "binding {} is neither the uniform nor storage",
+                        binding.binding
+                    )))
+                }
+            }
+        }
+        facts.storage.sort_unstable();
+        Ok(facts)
+    }
+
+    /// Refuses a launch whose uniform is not the entry point's (`uniform` bytes, 0 for none) or
+    /// whose `storage` bindings are not 1, 2, … as the entry point uses them: a launcher and its
+    /// WGSL that have drifted apart.
+    fn expect_launch(
+        &self,
+        shader: &Shader,
+        entry: &str,
+        uniform: usize,
+        storage: usize,
+    ) -> Result<()> {
+        let wanted: Vec<u32> = (1..=storage as u32).collect();
+        let uniform_ok = self.uniform_bytes.is_none_or(|b| b == uniform as u64);
+        if uniform_ok && self.storage == wanted {
+            return Ok(());
+        }
+        Err(GpuError::Validation(format!(
+            "{}::{entry} declares a {}-byte uniform and storage bindings {:?}; its launcher passes {uniform} bytes and bindings {wanted:?}",
+            shader.name,
+            self.uniform_bytes.unwrap_or(0),
+            self.storage
+        )))
     }
 }
 

@@ -128,6 +128,13 @@ pub struct Gpu {
     record_only: std::sync::atomic::AtomicBool,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    entry_facts: Mutex<HashMap<(&'static str, &'static str), encoder::EntryFacts>>,
+    /// Whether shader modules keep wgpu's bounds checks and loop counters (see
+    /// [`Gpu::pipeline`]): false natively, where the project's own modules are trusted.
+    pub checked_shaders: bool,
+    /// A folder every shader module is written to as it is compiled, for reading
+    /// (`SYNCSTEP_DUMP_SHADERS`).
+    pub shader_dump: Option<std::path::PathBuf>,
     sink: Arc<Mutex<ErrorSink>>,
     memory: Mutex<MemoryCounter>,
     profiler: Mutex<Option<Profiler>>,
@@ -170,6 +177,10 @@ impl Gpu {
         let features = adapter.features() & wanted;
         let broadcasts = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size >= 8;
         let blocking_maps = info.device_type == wgpu::DeviceType::Cpu;
+        #[cfg(not(target_arch = "wasm32"))]
+        let shader_dump = std::env::var_os("SYNCSTEP_DUMP_SHADERS").map(std::path::PathBuf::from);
+        #[cfg(target_arch = "wasm32")]
+        let shader_dump = None;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("syncstep"),
@@ -214,6 +225,9 @@ impl Gpu {
             record_only: Default::default(),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
+            entry_facts: Mutex::new(HashMap::new()),
+            checked_shaders: cfg!(target_arch = "wasm32"),
+            shader_dump,
             sink,
             memory: Mutex::new(MemoryCounter::default()),
             profiler: Mutex::new(None),

@@ -1,8 +1,7 @@
 //! Timing kernels: timestamp queries around every dispatch while a profile runs, and the
 //! host-clock timing of recorded launches that the autotune and the bench's roofline use.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{Gpu, GpuError, Result, Shader, Slice};
 
@@ -196,7 +195,8 @@ impl Gpu {
         let p = guard.as_mut()?;
         let shape = DispatchShape {
             workgroups: workgroups.iter().map(|&g| g as u64).product(),
-            invocations: workgroup_invocations(shader, entry),
+            // Every dispatch's entry point was read before it got here (Gpu::dispatch).
+            invocations: self.entry_facts(shader, entry).map_or(0, |f| f.invocations),
             flops: std::mem::take(&mut p.charge),
             bytes: bindings.iter().map(|s| s.bytes()).sum(),
             construction: p.construction.take(),
@@ -242,19 +242,4 @@ impl Gpu {
 /// submit and wait round trip, which would hide that one workgroup leaves a core idle.
 pub fn launches_to_fill(at_least: std::time::Duration, one: std::time::Duration) -> u32 {
     (at_least.as_secs_f64() / one.as_secs_f64().max(1e-9)).ceil().clamp(1.0, 64.0) as u32
-}
-
-/// Invocations per workgroup of `entry` in `shader`: its `@workgroup_size`, read by naga (as
-/// wgpu reads it) once per entry point.
-fn workgroup_invocations(shader: &Shader, entry: &'static str) -> u32 {
-    static SIZES: Mutex<Option<HashMap<(&'static str, &'static str), u32>>> = Mutex::new(None);
-    let mut sizes = SIZES.lock().unwrap_or_else(|p| p.into_inner());
-    *sizes.get_or_insert_with(HashMap::new).entry((shader.name, entry)).or_insert_with(|| {
-        // The shaders are this crate's own and validated by its tests; an entry point naga
-        // cannot read counts as 0 invocations, which the bench reports as narrow.
-        naga::front::wgsl::parse_str(shader.source)
-            .ok()
-            .and_then(|m| m.entry_points.into_iter().find(|e| e.name == entry))
-            .map_or(0, |e| e.workgroup_size.iter().product())
-    })
 }

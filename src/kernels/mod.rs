@@ -20,11 +20,12 @@ pub mod sgd;
 
 /// Every shader as the launchers compile it (prelude and files joined), before any variant is
 /// made from it: what the shader tests validate without a device.
-pub fn base_shaders() -> [Shader; 12] {
+pub fn base_shaders() -> [Shader; 13] {
     [
         avgpool::SHADER,
         batchnorm::SHADER,
         conv2d::SHADER,
+        conv2d::IMPLICIT,
         conv2d::TILES,
         conv2d::WINOGRAD_F2,
         conv2d::WINOGRAD_F4,

@@ -57,6 +57,7 @@ use winograd::winograd_gemm_algo;
 pub use winograd::{conv2d_winograd_with, winograd_chunk_images, WinogradTile};
 use winograd_weight::winograd_weight_gemm_algo;
 
+pub(crate) use implicit::FRAME as IMPLICIT;
 use shape::{checked, tile_count, Params};
 pub(crate) use tiles::TILES;
 pub(crate) use winograd::{WINOGRAD_F2, WINOGRAD_F4};

@@ -22,6 +22,7 @@ use crate::kernels::Result;
 pub use gather::{gather_gemm_with, GatherPlan};
 pub use table::{Phase, Table};
 pub use weight::{most_levels, runs as weight_runs, weight_gradient_with, weight_plan, WeightPlan};
+pub(crate) use wgsl::FRAME;
 
 /// One configuration of the family: a workgroup of `threads_m × threads_n` invocations, each
 /// summing `tm × tn` outputs (pixels × columns: 4 or 8 each) over slices of `bk` k staged in

@@ -452,6 +452,8 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::assert_valid_wgsl;
+    use crate::kernels::conv2d::implicit::FAMILY;
 
     /// A lane index's WGSL and its value agree: the expression naga evaluates at lid is `at`.
     #[test]
@@ -459,5 +461,91 @@ mod tests {
         let index = LaneIndex::new().term(32, Some(2), 8).term(1, Some(8), 1).term(64, None, 4);
         assert_eq!(index.wgsl(), "(((lid / 32u) % 2u) * 8u + (lid) % 8u + (lid / 64u) * 4u + 0u)");
         assert_eq!((index.at(0), index.at(9), index.at(33), index.at(70)), (0, 1, 9, 10));
+    }
+
+    fn every_config() -> impl Iterator<Item = TileConfig> {
+        FAMILY.into_iter().flat_map(|c| [c, TileConfig { bk: 8, ..c }])
+    }
+
+    /// Every module of the family is valid WGSL for a browser's core set: the gather GEMM
+    /// summing whole and by segments, the weight gradient at every node depth its registers
+    /// take.
+    #[test]
+    fn every_configuration_is_valid_wgsl() {
+        for c in every_config() {
+            if crate::kernels::conv2d::implicit::gathers(c) {
+                for sum in [Sum::Whole, Sum::Segments] {
+                    assert_valid_wgsl(&gemm_shader(c, sum), naga::valid::Capabilities::empty());
+                }
+            }
+            if c.bk % 8 == 0 && (c.threads() / 32) % (c.bk / 8) == 0 {
+                for levels in [0, 2] {
+                    let shader = weight_shader(c, levels, 33);
+                    assert_valid_wgsl(&shader, naga::valid::Capabilities::empty());
+                }
+            }
+        }
+    }
+
+    /// Every workgroup-memory index the kernels compute stays inside its array, at every lane
+    /// and every place the loops put it (what the pipelines, compiled without bounds checks,
+    /// rely on): the largest lane index plus the largest offset every lane adds alike.
+    #[test]
+    fn workgroup_memory_indices_stay_in_their_arrays() {
+        let most =
+            |index: LaneIndex, threads: u32| (0..threads).map(|l| index.at(l)).max().unwrap();
+        for c in every_config() {
+            let (bm, bn, bk, t) = (c.bm(), c.bn(), c.bk, c.threads());
+            if crate::kernels::conv2d::implicit::gathers(c) {
+                let (a_len, b_len) = (2 * bk * bm / 4, 2 * bk * bn / 4);
+                // Reads: buffer 1, the last k row.
+                let (a_last, b_last) =
+                    (bk * bm / 4 + (bk - 1) * bm / 4, bk * bn / 4 + (bk - 1) * bn / 4);
+                for h in 0..c.tm / 4 {
+                    assert!(a_last + most(gemm_a_read(c, h), t) < a_len, "{} a read", c.name());
+                }
+                for q in 0..c.tn / 4 {
+                    assert!(b_last + most(gemm_b_read(c, q), t) < b_len, "{} b read", c.name());
+                }
+                for r in 0..c.a_loads() {
+                    assert!(
+                        bk * bm + most(gemm_a_store(c, r), t) < 4 * a_len,
+                        "{} a store",
+                        c.name()
+                    );
+                }
+                for r in 0..c.b_loads() {
+                    assert!(
+                        bk * bn / 4 + most(gemm_b_store(c, r), t) < b_len,
+                        "{} b store",
+                        c.name()
+                    );
+                }
+            }
+            if c.bk % 8 != 0 || (t / 32) % (bk / 8) != 0 {
+                continue;
+            }
+            for (cols, read) in
+                [(bm, weight_a_read as fn(TileConfig, u32) -> LaneIndex), (bn, weight_b_read)]
+            {
+                let row = weight_row(cols);
+                let len = 2 * bk * row;
+                let quads = if cols == bm { c.tm / 4 } else { c.tn / 4 };
+                for q in 0..quads {
+                    let last =
+                        4 * (bk * row / 4 + (bk - 1) * row / 4) + 4 * most(read(c, q), t) + 3;
+                    assert!(last < len, "{} weight read", c.name());
+                }
+                for r in 0..bk * cols / t {
+                    assert!(
+                        bk * row + most(weight_store(c, cols, r), t) < len,
+                        "{} weight store",
+                        c.name()
+                    );
+                    // A store's column stays in the row's columns, not its padding.
+                    assert!(most(weight_column(c, r), t) < cols, "{} weight column", c.name());
+                }
+            }
+        }
     }
 }
