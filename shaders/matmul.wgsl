@@ -10,8 +10,9 @@
 //   such as lavapipe). A is read as vec4 along k and B as vec4 along n, so k and n must be
 //   multiples of 4. A workgroup's invocations share their rows (taken from the workgroup id), so
 //   they read the same A. A tile past the edge of C clamps its reads and skips its writes.
-// - The launcher compiles one module per tile, replacing TILE_M, TILE_N4 and the body between
-//   BEGIN TILE and END TILE (see matmul_tile in src/kernels/matmul.rs); the launcher also
+// - The launcher compiles one module per tile, setting TILE_M, TILE_N4 and TILE_BROADCAST
+//   (override constants) and writing the body between BEGIN TILE and END TILE (see matmul_tile
+//   in src/kernels/matmul.rs); the launcher also
 //   guarantees that m·k, k·n and m·n are below 2^31.
 
 struct Params {
@@ -41,10 +42,10 @@ fn matmul_simple(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     ms_c[i] = acc;
 }
 
-const TILE_M: u32 = 4u;
-const TILE_N4: u32 = 2u;
+override TILE_M: u32 = 4u;
+override TILE_N4: u32 = 2u;
 // Whether the tile broadcasts A's rows across a subgroup (set by the launcher with the body).
-const TILE_BROADCAST: bool = false;
+override TILE_BROADCAST: bool = false;
 
 @group(0) @binding(1) var<storage, read> mt_a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> mt_b: array<vec4<f32>>;

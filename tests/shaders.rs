@@ -10,10 +10,11 @@ use syncstep::kernels::base_shaders;
 fn every_shader_parses_and_validates() {
     let mut failures = Vec::new();
     for shader in base_shaders() {
-        let module = match naga::front::wgsl::parse_str(shader.source) {
+        let text = shader.text();
+        let module = match naga::front::wgsl::parse_str(&text) {
             Ok(m) => m,
             Err(e) => {
-                failures.push(e.emit_to_string_with_path(shader.source, shader.name));
+                failures.push(e.emit_to_string_with_path(&text, &shader.name));
                 continue;
             }
         };
@@ -23,7 +24,7 @@ fn every_shader_parses_and_validates() {
             naga::valid::Capabilities::empty(),
         );
         if let Err(e) = validator.validate(&module) {
-            failures.push(e.emit_to_string_with_path(shader.source, shader.name));
+            failures.push(e.emit_to_string_with_path(&text, &shader.name));
         }
         assert!(!module.entry_points.is_empty(), "{} has no entry point", shader.name);
     }
@@ -53,7 +54,7 @@ fn every_wgsl_file_is_in_a_shader() {
     for path in files {
         let source = std::fs::read_to_string(&path).unwrap();
         assert!(
-            shaders.iter().any(|s| s.source.contains(&source)),
+            shaders.iter().any(|s| s.text().contains(&source)),
             "{} is in no shader the launchers compile",
             path.display()
         );

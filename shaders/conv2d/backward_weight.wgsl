@@ -69,7 +69,7 @@ fn outputs_inside(k: u32, size: u32, out: u32) -> vec2<u32> {
 // the others (on lavapipe a storage load is a loop over the SIMD lanes, a broadcast one
 // instruction).
 const WB_LANES: u32 = 16u;
-const WB_CO: u32 = 16u;
+override WB_CO: u32 = 16u;
 
 @compute @workgroup_size(WB_LANES)
 fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -131,7 +131,7 @@ fn conv2d_backward_weight_blocked(@builtin(local_invocation_index) lid: u32, @bu
 
 // Whether the examples' pairwise sums close at the last (pairwise_push_or_close4): set by the
 // launcher where that saves a level of the stack.
-const WB_CLOSE: bool = false;
+override WB_CLOSE: bool = false;
 
 fn wb_push(blocks: ptr<function, array<mat4x4<f32>, PAIRWISE_LEVELS>>, n: u32, count: u32, e: mat4x4<f32>) {
     if (WB_CLOSE) { pairwise_push_or_close4(blocks, n, count, e); } else { pairwise_push4(blocks, n, e); }

@@ -1,12 +1,13 @@
 // ---------------------------------------------------------------------------------------------
 // The GEMMs with register tiles (for CPU drivers, where barriers are slow): one module per
-// tile shape. The launcher (src/kernels/conv2d/tiles.rs) sets GEMM_A and GEMM_B and writes
-// each kernel's body, unrolled with a variable per output, in place of its `// TILE` line.
+// tile shape. The launcher (src/kernels/conv2d/tiles.rs) sets GEMM_A, GEMM_B and
+// GEMM_BROADCAST (override constants) and writes each kernel's body, unrolled with a variable
+// per output, in place of its `// TILE` line.
 
 // conv2d_gemm_lanes: each invocation GEMM_A rows of a; the workgroup's invocations share
 // GEMM_B rows of b. No workgroup memory, no barriers.
-const GEMM_A: u32 = 4u;
-const GEMM_B: u32 = 4u;
+override GEMM_A: u32 = 4u;
+override GEMM_B: u32 = 4u;
 const GEMM_WG: u32 = 64u;
 
 @group(0) @binding(1) var<storage, read> gl_a: array<vec4<f32>>;
@@ -16,7 +17,7 @@ const GEMM_WG: u32 = 64u;
 // Whether conv2d_gemm_lanes, _gather and _weight_pixels broadcast their rows of b across a
 // subgroup (see gemm_tile_body and gemm_weight_tile_body in src/kernels/conv2d/tiles.rs; the
 // launcher sets it).
-const GEMM_BROADCAST: bool = false;
+override GEMM_BROADCAST: bool = false;
 
 // The first rows (i0, j0) of this invocation's tile, or none (u32 max) past the edge. With
 // `whole_subgroups`, invocations past the last rows of a go on with clamped loads and no stores,

@@ -2,6 +2,7 @@
 //! uniforms in shared pages, the pipeline cache, and `Gpu::dispatch`, which every kernel
 //! launcher goes through.
 
+use super::shader::Module;
 use super::{Gpu, GpuError, Result, Shader, Slice};
 
 impl Gpu {
@@ -42,7 +43,17 @@ impl Gpu {
         Ok((page.clone(), at))
     }
 
-    /// The compute pipeline for `entry` in `shader`, compiled on first use and cached.
+    /// Runs `f` on this device's record of `shader`, made (its text written) on first use.
+    fn with_module<T>(&self, shader: &Shader, f: impl FnOnce(&mut Module) -> T) -> T {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if !modules.contains_key(shader.name.as_ref()) {
+            modules.insert(shader.name.to_string(), Module::of(shader));
+        }
+        f(modules.get_mut(shader.name.as_ref()).expect("just made"))
+    }
+
+    /// The compute pipeline for `entry` in `shader`, compiled on first use and cached, with the
+    /// module's `override` constants.
     ///
     /// The project's own modules are compiled without the bounds checks and loop counters wgpu
     /// adds to a shader it does not trust (natively; a browser decides for itself): every
@@ -51,40 +62,40 @@ impl Gpu {
     /// kernel writes what it reads of it before a barrier (implicit/wgsl.rs's tests evaluate
     /// every index of the implicit-GEMM family against its arrays).
     pub fn pipeline(&self, shader: &Shader, entry: &'static str) -> wgpu::ComputePipeline {
-        let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = pipelines.get(&(shader.name, entry)) {
-            return p.clone();
-        }
-        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        let module = modules.entry(shader.name).or_insert_with(|| self.shader_module(shader));
-        log::debug!("compiling pipeline {}::{}", shader.name, entry);
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                zero_initialize_workgroup_memory: false,
-                ..Default::default()
-            },
-            cache: None,
-        });
-        pipelines.insert((shader.name, entry), pipeline.clone());
-        pipeline
+        self.with_module(shader, |m| {
+            if let Some(p) = m.pipelines.get(entry) {
+                return p.clone();
+            }
+            let text = m.text.clone();
+            let module = m.compiled.get_or_insert_with(|| self.shader_module(&shader.name, &text));
+            log::debug!("compiling pipeline {}::{}", shader.name, entry);
+            let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &shader.constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+            m.pipelines.insert(entry, pipeline.clone());
+            pipeline
+        })
     }
 
-    fn shader_module(&self, shader: &Shader) -> wgpu::ShaderModule {
+    fn shader_module(&self, name: &str, text: &str) -> wgpu::ShaderModule {
         if let Some(dir) = &self.shader_dump {
-            let path = dir.join(format!("{}.wgsl", shader.name));
-            let written =
-                std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, shader.source));
+            let path = dir.join(format!("{name}.wgsl"));
+            let written = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text));
             if let Err(e) = written {
                 log::warn!("writing {}: {e}", path.display());
             }
         }
         let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(text.into()),
         };
         if !self.checked_shaders {
             // SAFETY: the project's own modules (`Shader` holds no user text), which keep their
@@ -101,13 +112,14 @@ impl Gpu {
     /// What `entry` of `shader` declares, read by naga (as wgpu reads it) once per entry point:
     /// its workgroup size, its uniform's bytes and the storage bindings it uses.
     pub(super) fn entry_facts(&self, shader: &Shader, entry: &'static str) -> Result<EntryFacts> {
-        let mut facts = self.entry_facts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = facts.get(&(shader.name, entry)) {
-            return Ok(f.clone());
-        }
-        let f = EntryFacts::read(shader, entry)?;
-        facts.insert((shader.name, entry), f.clone());
-        Ok(f)
+        self.with_module(shader, |m| {
+            if let Some(f) = m.facts.get(entry) {
+                return Ok(f.clone());
+            }
+            let f = EntryFacts::read(&shader.name, &m.text, entry)?;
+            m.facts.insert(entry, f.clone());
+            Ok(f)
+        })
     }
 
     /// Records one dispatch of `entry` for the launcher `op`: `params` at binding 0 as a
@@ -251,17 +263,16 @@ pub(super) struct EntryFacts {
 }
 
 impl EntryFacts {
-    fn read(shader: &Shader, entry: &str) -> Result<EntryFacts> {
-        let invalid =
-            |what: String| GpuError::Validation(format!("{}::{entry}: {what}", shader.name));
-        let module = naga::front::wgsl::parse_str(shader.source)
-            .map_err(|e| invalid(e.emit_to_string(shader.source)))?;
+    fn read(name: &str, text: &str, entry: &str) -> Result<EntryFacts> {
+        let invalid = |what: String| GpuError::Validation(format!("{name}::{entry}: {what}"));
+        let module =
+            naga::front::wgsl::parse_str(text).map_err(|e| invalid(e.emit_to_string(text)))?;
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::empty(),
             naga::valid::Capabilities::all(),
         )
         .validate(&module)
-        .map_err(|e| invalid(e.emit_to_string(shader.source)))?;
+        .map_err(|e| invalid(e.emit_to_string(text)))?;
         let index = module
             .entry_points
             .iter()

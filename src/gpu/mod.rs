@@ -18,12 +18,14 @@ mod encoder;
 mod memory;
 mod profile;
 mod readback;
+mod shader;
 
 pub use adapter::{adapters, describe, instance, select_adapter, AdapterChoice};
 pub use encoder::{grid_1d, Encoder};
 pub use memory::MemoryStats;
 pub use profile::{launches_to_fill, Construction, DispatchShape, KernelTime};
 pub use readback::Readback;
+pub use shader::Shader;
 
 use memory::MemoryCounter;
 use profile::Profiler;
@@ -59,13 +61,6 @@ pub enum GpuError {
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
-
-/// A WGSL source file: one per op family, compiled once per device.
-#[derive(Clone, Copy, Debug)]
-pub struct Shader {
-    pub name: &'static str,
-    pub source: &'static str,
-}
 
 /// A range of f32/u32 elements inside a storage buffer, what a kernel binds.
 /// `offset` is in bytes so that its alignment (min_storage_buffer_offset_alignment) is visible.
@@ -126,9 +121,8 @@ pub struct Gpu {
     pub blocking_maps: bool,
     /// Whether dispatches are recorded for the profile but not run ([`Gpu::set_record_only`]).
     record_only: std::sync::atomic::AtomicBool,
-    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
-    pipelines: Mutex<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
-    entry_facts: Mutex<HashMap<(&'static str, &'static str), encoder::EntryFacts>>,
+    /// Every module this device has written, compiled or read, by name.
+    modules: Mutex<HashMap<String, shader::Module>>,
     /// Whether shader modules keep wgpu's bounds checks and loop counters (see
     /// [`Gpu::pipeline`]): false natively, where the project's own modules are trusted.
     pub checked_shaders: bool,
@@ -224,8 +218,6 @@ impl Gpu {
             blocking_maps,
             record_only: Default::default(),
             modules: Mutex::new(HashMap::new()),
-            pipelines: Mutex::new(HashMap::new()),
-            entry_facts: Mutex::new(HashMap::new()),
             checked_shaders: cfg!(target_arch = "wasm32"),
             shader_dump,
             sink,

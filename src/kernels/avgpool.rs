@@ -4,7 +4,7 @@ use super::{expect_len, expect_positive, launch, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 pub(crate) const SHADER: Shader =
-    Shader { name: "avgpool", source: include_str!("../../shaders/avgpool.wgsl") };
+    Shader::file("avgpool", include_str!("../../shaders/avgpool.wgsl"));
 const WG: u32 = 256;
 
 /// `x` is `[n, c, hw]` (NCHW with h·w flattened), `y` is `[n, c]`.

@@ -27,8 +27,7 @@ use super::{
 };
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-pub(crate) const SHADER: Shader =
-    Shader { name: "batchnorm", source: shader_source!("batchnorm.wgsl") };
+pub(crate) const SHADER: Shader = Shader::file("batchnorm", shader_source!("batchnorm.wgsl"));
 const WG: u32 = 256;
 
 /// x as [n, c, hw] with hw = H·W.

@@ -10,7 +10,7 @@ use super::{expect_len, expect_positive, launch, KernelError, Result};
 use crate::gpu::{Encoder, Gpu, Shader, Slice};
 
 pub(crate) const SHADER: Shader =
-    Shader { name: "cross_entropy", source: include_str!("../../shaders/cross_entropy.wgsl") };
+    Shader::file("cross_entropy", include_str!("../../shaders/cross_entropy.wgsl"));
 
 /// `m` examples over `k` classes: logits `[m, k]`, labels `[m]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

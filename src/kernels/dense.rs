@@ -4,7 +4,7 @@
 use super::{expect_len, expect_positive, launch, pairwise_shader, shader_source, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-pub(crate) const SHADER: Shader = Shader { name: "dense", source: shader_source!("dense.wgsl") };
+pub(crate) const SHADER: Shader = Shader::file("dense", shader_source!("dense.wgsl"));
 const WG: u32 = 256;
 
 /// `m` examples of `k_in` features mapped to `k_out`: x `[m, k_in]`, weight `[k_out, k_in]`,

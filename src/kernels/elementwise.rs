@@ -5,7 +5,7 @@ use super::{expect_len, launch, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 pub(crate) const SHADER: Shader =
-    Shader { name: "elementwise", source: include_str!("../../shaders/elementwise.wgsl") };
+    Shader::file("elementwise", include_str!("../../shaders/elementwise.wgsl"));
 const WG: u32 = 256;
 
 #[repr(C)]

@@ -6,14 +6,11 @@
 //! neighbour. [`MatmulAlgo::Tiled`] holds a register tile per invocation and reads vec4s; which
 //! tile is fastest depends on the driver, so the probe's figure is the best of [`MATMUL_TILES`].
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
 use super::{expect_len, expect_positive, launch, with_subgroup_index, KernelError, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
-pub(crate) const SHADER: Shader = Shader { name: "matmul", source: SOURCE };
+pub(crate) const SHADER: Shader = Shader::file("matmul", SOURCE);
 const WG: u32 = 64;
 
 /// `C [m, n] = A [m, k] · B [k, n]`.
@@ -111,39 +108,27 @@ pub fn matmul(
     }
 }
 
-/// The compiled tiles: (rows, vec4 columns, broadcast).
-type TileShaders = Mutex<HashMap<(u32, u32, bool), Shader>>;
-
-/// matmul.wgsl for one tile: its constants and the body between BEGIN TILE and END TILE
-/// replaced; compiled once per tile (the pipeline cache is keyed by the shader's name). With
-/// `broadcasts` (`Gpu::broadcasts`) the workgroup's rows of A are loaded once per 8
-/// invocations and subgroupBroadcast, as the convolutions' GEMMs do.
+/// matmul.wgsl for one tile: the body between BEGIN TILE and END TILE written for it, its
+/// override constants set. With `broadcasts` (`Gpu::broadcasts`) the workgroup's rows of A are
+/// loaded once per 8 invocations and subgroupBroadcast, as the convolutions' GEMMs do.
 fn tiled_shader(rows: u32, cols4: u32, broadcasts: bool) -> Shader {
-    static SHADERS: OnceLock<TileShaders> = OnceLock::new();
-    let mut shaders =
-        SHADERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    *shaders.entry((rows, cols4, broadcasts)).or_insert_with(|| {
-        let (begin, end) = tile_block(SOURCE);
-        let source = format!(
-            "{}{}{}",
-            &SOURCE[..begin],
-            matmul_tile(rows, cols4, broadcasts),
-            &SOURCE[end..]
-        )
-        .replace("const TILE_M: u32 = 4u;", &format!("const TILE_M: u32 = {rows}u;"))
-        .replace("const TILE_N4: u32 = 2u;", &format!("const TILE_N4: u32 = {cols4}u;"))
-        .replace(
-            "const TILE_BROADCAST: bool = false;",
-            &format!("const TILE_BROADCAST: bool = {broadcasts};"),
-        );
-        let source = if broadcasts { with_subgroup_index(&source, "matmul_tiled") } else { source };
-        let name =
-            format!("matmul_{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
-        Shader {
-            name: Box::leak(name.into_boxed_str()),
-            source: Box::leak(source.into_boxed_str()),
+    let variant = format!("{rows}x{}{}", 4 * cols4, if broadcasts { "_broadcast" } else { "" });
+    let written = SHADER.variant(&variant, move |source| {
+        let (begin, end) = tile_block(source);
+        let tile = matmul_tile(rows, cols4, broadcasts);
+        let source = format!("{}{tile}{}", &source[..begin], &source[end..]);
+        if broadcasts {
+            with_subgroup_index(&source, "matmul_tiled")
+        } else {
+            source
         }
-    })
+    });
+    let broadcast = if broadcasts { 1.0 } else { 0.0 };
+    written.with_constants(vec![
+        ("TILE_M", rows as f64),
+        ("TILE_N4", cols4 as f64),
+        ("TILE_BROADCAST", broadcast),
+    ])
 }
 
 /// Where matmul.wgsl's tile body starts and ends (the END TILE line included).
@@ -225,8 +210,9 @@ mod tests {
         for (algo, broadcasts) in MATMUL_TILES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
             let MatmulAlgo::Tiled { rows, cols } = algo else { unreachable!() };
             let shader = tiled_shader(rows, cols / 4, broadcasts);
-            let module = naga::front::wgsl::parse_str(shader.source)
-                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+            let text = shader.text();
+            let module = naga::front::wgsl::parse_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(&text)));
             let capabilities = if broadcasts {
                 naga::valid::Capabilities::SUBGROUP
             } else {
@@ -236,7 +222,7 @@ mod tests {
                 naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities);
             validator
                 .validate(&module)
-                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+                .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(&text)));
         }
     }
 }

@@ -12,7 +12,7 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
 pub(crate) const SHADER: Shader =
-    Shader { name: "maxpool", source: include_str!("../../shaders/maxpool.wgsl") };
+    Shader::file("maxpool", include_str!("../../shaders/maxpool.wgsl"));
 const WG: u32 = 256;
 /// Cells of a row the backward sums at once (`ROW_CHUNK` in the shader).
 const ROW_CHUNK: u64 = 32;

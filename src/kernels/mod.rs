@@ -2,9 +2,6 @@
 //! check shapes and device limits up front and record into the caller's `CommandEncoder`.
 //! Nothing here submits; nothing here knows the model.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
 use crate::gpu::{Encoder, Gpu, GpuError, Shader, Slice};
 
 pub mod avgpool;
@@ -135,34 +132,12 @@ pub fn pairwise_levels(count: u32) -> u32 {
 /// `shader` (which starts with the pairwise prelude) with its pairwise stack sized for sums over
 /// `count` terms. The prelude's loops run over every level with that constant bound, so the
 /// driver can unroll them and keep the blocks in registers. Only the size changes, not the
-/// order of additions.
+/// order of additions. (The size is an array's, which WGSL takes from a constant, not an
+/// `override`: the variant writes its declaration.)
 pub(crate) fn pairwise_shader(shader: &Shader, count: u32) -> Shader {
     let levels = pairwise_levels(count);
-    specialise(shader, &format!("pairwise{levels}"), |source| {
+    shader.variant(&format!("pairwise{levels}"), move |source| {
         replaced(source, PAIRWISE_LINE, &format!("const PAIRWISE_LEVELS: u32 = {levels}u;"))
-    })
-}
-
-/// `base` made into a variant: `edit` writes the variant's source from the base's, and the
-/// variant is named `{base.name}_{variant}`. Every variant of a shader (its pairwise stack
-/// size, a tile shape, loads turned into broadcasts) is made here, once per process; the
-/// pipeline cache is keyed by the name, so one name must stand for one source.
-pub(crate) fn specialise(
-    base: &Shader,
-    variant: &str,
-    edit: impl FnOnce(&str) -> String,
-) -> Shader {
-    static SHADERS: OnceLock<Mutex<HashMap<String, Shader>>> = OnceLock::new();
-    let name = format!("{}_{variant}", base.name);
-    let shaders = SHADERS.get_or_init(Default::default);
-    if let Some(&shader) = shaders.lock().unwrap_or_else(|p| p.into_inner()).get(&name) {
-        return shader;
-    }
-    let source = edit(base.source);
-    let mut shaders = shaders.lock().unwrap_or_else(|p| p.into_inner());
-    *shaders.entry(name).or_insert_with_key(|name| Shader {
-        name: Box::leak(name.clone().into_boxed_str()),
-        source: Box::leak(source.into_boxed_str()),
     })
 }
 
@@ -203,11 +178,12 @@ pub(crate) fn launch<P: bytemuck::Pod>(
 /// Fails the test unless `shader` parses and validates (naga, as wgpu does) with `capabilities`.
 #[cfg(test)]
 pub(crate) fn assert_valid_wgsl(shader: &Shader, capabilities: naga::valid::Capabilities) {
-    let module = naga::front::wgsl::parse_str(shader.source)
-        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+    let text = shader.text();
+    let module = naga::front::wgsl::parse_str(&text)
+        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(&text)));
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
         .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(shader.source)));
+        .unwrap_or_else(|e| panic!("{}: {}", shader.name, e.emit_to_string(&text)));
 }
 
 #[cfg(test)]
@@ -242,7 +218,7 @@ mod tests {
                 assert_eq!(specialised.name, format!("{}_pairwise{levels}", shader.name));
                 let declared = format!("const PAIRWISE_LEVELS: u32 = {levels}u;");
                 assert!(
-                    specialised.source.contains(&declared),
+                    specialised.text().contains(&declared),
                     "{}: the stack size was not substituted",
                     specialised.name
                 );

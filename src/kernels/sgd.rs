@@ -4,8 +4,7 @@
 use super::{expect_len, launch, KernelError, Result};
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 
-pub(crate) const SHADER: Shader =
-    Shader { name: "sgd", source: include_str!("../../shaders/sgd.wgsl") };
+pub(crate) const SHADER: Shader = Shader::file("sgd", include_str!("../../shaders/sgd.wgsl"));
 const WG: u32 = 256;
 /// vec4s per invocation (`RUN` in the shader).
 const RUN: u64 = 8;

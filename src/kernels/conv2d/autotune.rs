@@ -79,14 +79,16 @@ pub(super) struct Timing {
 pub(super) fn kernels_hash() -> &'static str {
     static HASH: OnceLock<String> = OnceLock::new();
     HASH.get_or_init(|| {
-        let tiles =
-            GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b).source));
-        let blocked = [4, 8].map(|groups| blocked_weight_shader(groups, true, false).source);
-        let sources = std::iter::once(SHADER.source).chain(blocked).chain(tiles);
+        let tiles = GEMM_TILES.iter().flat_map(|&t| [false, true].map(|b| gemm_lanes_shader(t, b)));
+        let blocked = [4, 8].map(|groups| blocked_weight_shader(groups, true, false));
+        let shaders = std::iter::once(SHADER).chain(blocked).chain(tiles);
         // SHA-256 (stable across builds and platforms, unlike std's hasher), its first 8 bytes
         // in hex: the cache only tells builds apart.
         use sha2::Digest;
-        let digest = sources.fold(sha2::Sha256::new(), |hash, source| hash.chain_update(source));
+        let digest = shaders.fold(sha2::Sha256::new(), |hash, shader| {
+            hash.chain_update(shader.text().as_bytes())
+                .chain_update(format!("{:?}", shader.constants))
+        });
         digest.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
     })
 }

@@ -12,7 +12,7 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{
     expect_within_llvmpipe_loops, launch, llvmpipe_cuts, pairwise_levels, pairwise_shader,
-    replaced, specialise, with_subgroup_index, KernelError, Result,
+    with_subgroup_index, KernelError, Result,
 };
 
 /// Pixels per chunk of the weight gradient's GEMM at most. Each invocation loops over a chunk's
@@ -130,17 +130,12 @@ pub(super) fn blocked_weight_shader(groups: u32, broadcasts: bool, close: bool) 
         if broadcasts { "_broadcast" } else { "" },
         if close { "_close" } else { "" }
     );
-    specialise(&SHADER, &variant, |source| {
+    let written = SHADER.variant(&variant, move |source| {
         let source = if broadcasts { broadcast_dy(source, groups) } else { source.to_string() };
-        let source = each_group(&source, groups);
-        let wb_co = format!("const WB_CO: u32 = {}u;", 4 * groups);
-        let source = replaced(&source, "const WB_CO: u32 = 16u;", &wb_co);
-        if close {
-            replaced(&source, "const WB_CLOSE: bool = false;", "const WB_CLOSE: bool = true;")
-        } else {
-            source
-        }
-    })
+        each_group(&source, groups)
+    });
+    let close = if close { 1.0 } else { 0.0 };
+    written.with_constants(vec![("WB_CO", (4 * groups) as f64), ("WB_CLOSE", close)])
 }
 
 /// `source` with each `// EACH <line>` written out as `groups` lines, the g-th with its `@` as
@@ -405,8 +400,8 @@ mod tests {
         for (groups, broadcasts) in [(4, false), (4, true), (8, false), (8, true)] {
             let shader = blocked_weight_shader(groups, broadcasts, false);
             assert_valid_wgsl(&shader, naga::valid::Capabilities::SUBGROUP);
-            let kernel =
-                &shader.source[shader.source.find("fn conv2d_backward_weight_blocked(").unwrap()..];
+            let text = shader.text();
+            let kernel = &text[text.find("fn conv2d_backward_weight_blocked(").unwrap()..];
             let kernel = &kernel[..kernel.find("\n}\n").unwrap()];
             assert!(!kernel.contains("EACH"), "{kernel}");
             let last = (b'a' + groups as u8 - 1) as char;

@@ -64,9 +64,9 @@ pub(crate) use winograd::{WINOGRAD_F2, WINOGRAD_F4};
 pub use winograd_weight::conv2d_winograd_weight_with;
 
 /// The base module: every kernel but the register-tiled GEMMs (`tiles` makes those).
-pub(crate) const SHADER: Shader = Shader {
-    name: "conv2d",
-    source: shader_source!(
+pub(crate) const SHADER: Shader = Shader::file(
+    "conv2d",
+    shader_source!(
         "conv2d/common.wgsl",
         "conv2d/forward.wgsl",
         "conv2d/backward_data.wgsl",
@@ -75,7 +75,7 @@ pub(crate) const SHADER: Shader = Shader {
         "conv2d/gemm.wgsl",
         "conv2d/crop.wgsl",
     ),
-};
+);
 pub(super) const WG: u32 = 64;
 /// The blocked kernels' tile edge: 4 channels × 4 pixels per invocation; the weight gradient's
 /// tile is 4·TILE output × TILE input channels (WB_CO in the shader).

@@ -6,22 +6,22 @@
 
 use super::GemmTile;
 use crate::gpu::Shader;
-use crate::kernels::{replaced, shader_source, specialise, with_subgroup_index};
+use crate::kernels::{replaced, shader_source, with_subgroup_index};
 
 /// The frame every tile's module is made from.
-pub(crate) const TILES: Shader = Shader {
-    name: "conv2d_tiles",
-    source: shader_source!("conv2d/common.wgsl", "conv2d/gemm.wgsl", "conv2d/gemm_tiles.wgsl"),
-};
+pub(crate) const TILES: Shader = Shader::file(
+    "conv2d_tiles",
+    shader_source!("conv2d/common.wgsl", "conv2d/gemm.wgsl", "conv2d/gemm_tiles.wgsl"),
+);
 
-/// The module of the register-tiled GEMMs for `tile`: its constants set and every kernel's body
-/// written, the forward's, input-VJP's and pixel-lane weight gradient's broadcasting their
-/// shared rows where `broadcasts`.
+/// The module of the register-tiled GEMMs for `tile`: every kernel's body written, the
+/// forward's, input-VJP's and pixel-lane weight gradient's broadcasting their shared rows where
+/// `broadcasts`, and its override constants set.
 pub(super) fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
     let (a, b) = (tile.per_invocation, tile.per_workgroup);
     let variant = format!("{a}x{b}{}", if broadcasts { "_broadcast" } else { "" });
-    specialise(&TILES, &variant, |frame| {
-        let source = TileKernel::ALL.into_iter().fold(frame.to_string(), |source, kernel| {
+    let written = TILES.variant(&variant, move |frame| {
+        TileKernel::ALL.into_iter().fold(frame.to_string(), |source, kernel| {
             let broadcast = broadcasts && kernel.broadcasts();
             let line = format!("    // TILE {}\n", kernel.entry());
             let source = replaced(&source, &line, &gemm_tile(kernel, a, b, broadcast));
@@ -30,17 +30,14 @@ pub(super) fn gemm_lanes_shader(tile: GemmTile, broadcasts: bool) -> Shader {
             } else {
                 source
             }
-        });
-        let source =
-            replaced(&source, "const GEMM_A: u32 = 4u;", &format!("const GEMM_A: u32 = {a}u;"));
-        let source =
-            replaced(&source, "const GEMM_B: u32 = 4u;", &format!("const GEMM_B: u32 = {b}u;"));
-        replaced(
-            &source,
-            "const GEMM_BROADCAST: bool = false;",
-            &format!("const GEMM_BROADCAST: bool = {broadcasts};"),
-        )
-    })
+        })
+    });
+    let broadcast = if broadcasts { 1.0 } else { 0.0 };
+    written.with_constants(vec![
+        ("GEMM_A", a as f64),
+        ("GEMM_B", b as f64),
+        ("GEMM_BROADCAST", broadcast),
+    ])
 }
 
 /// The kernels whose tile bodies are written out per tile.
@@ -269,10 +266,10 @@ mod tests {
     fn every_kernel_frame_has_one_body_line_and_every_module_fills_it() {
         for kernel in TileKernel::ALL {
             let line = format!("    // TILE {}\n", kernel.entry());
-            assert_eq!(TILES.source.matches(&line).count(), 1, "{}", kernel.entry());
+            assert_eq!(TILES.text().matches(&line).count(), 1, "{}", kernel.entry());
         }
         let shader = gemm_lanes_shader(GEMM_TILES[0], false);
-        assert!(!shader.source.contains("// TILE "), "{}", shader.source);
+        assert!(!shader.text().contains("// TILE "), "{}", shader.text());
     }
 
     #[test]
@@ -286,7 +283,7 @@ mod tests {
             };
             assert_valid_wgsl(&shader, capabilities);
             assert!(
-                shader.source.contains(&format!(
+                shader.text().contains(&format!(
                     "s{}_{} += ",
                     tile.per_invocation - 1,
                     tile.per_workgroup - 1

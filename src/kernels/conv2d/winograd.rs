@@ -20,14 +20,14 @@ use super::{
 use crate::gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
 use crate::kernels::{launch, KernelError, Result};
 
-pub(crate) const WINOGRAD_F2: Shader = Shader {
-    name: "conv2d winograd 2x2",
-    source: shader_source!("conv2d/winograd_f2.wgsl", "conv2d/winograd.wgsl"),
-};
-pub(crate) const WINOGRAD_F4: Shader = Shader {
-    name: "conv2d winograd 4x4",
-    source: shader_source!("conv2d/winograd_f4.wgsl", "conv2d/winograd.wgsl"),
-};
+pub(crate) const WINOGRAD_F2: Shader = Shader::file(
+    "conv2d winograd 2x2",
+    shader_source!("conv2d/winograd_f2.wgsl", "conv2d/winograd.wgsl"),
+);
+pub(crate) const WINOGRAD_F4: Shader = Shader::file(
+    "conv2d winograd 4x4",
+    shader_source!("conv2d/winograd_f4.wgsl", "conv2d/winograd.wgsl"),
+);
 pub(super) const WINOGRAD_WG: u32 = 64;
 /// The GEMMs' products take at most this many bytes: a chunk of images at a time.
 pub(super) const PRODUCT_BYTES: u64 = 8 << 20;
@@ -74,10 +74,10 @@ impl WinogradTile {
         (self.out() as u64 + 2).pow(2)
     }
 
-    pub(super) fn shader(self) -> &'static Shader {
+    pub(super) fn shader(self) -> Shader {
         match self {
-            WinogradTile::F2 => &WINOGRAD_F2,
-            WinogradTile::F4 => &WINOGRAD_F4,
+            WinogradTile::F2 => WINOGRAD_F2,
+            WinogradTile::F4 => WINOGRAD_F4,
         }
     }
 
@@ -274,7 +274,7 @@ pub fn conv2d_winograd_with(
     };
     let grid = grid_1d(r_out as u64 * c_gemm as u64 / 4, WINOGRAD_WG);
     let bindings = [("w", w), ("winograd weights", u)];
-    launch(gpu, enc, name, tile.shader(), "winograd_weights", &base, &bindings, grid)?;
+    launch(gpu, enc, name, &tile.shader(), "winograd_weights", &base, &bindings, grid)?;
     for first in (0..s.n).step_by(chunk as usize) {
         let images = chunk.min(s.n - first);
         let params = Params { images, first_image: first, ..base };
@@ -302,7 +302,7 @@ fn chunk_of_images(
     let params = Params { slab_v: slab_v as u32, slab_m: slab_m as u32, ..params };
     let bindings = [("input", input), ("winograd input", v)];
     let grid = grid_1d(tiles * c_gemm / 4, WINOGRAD_WG);
-    launch(gpu, enc, name, tile.shader(), "winograd_input", &params, &bindings, grid)?;
+    launch(gpu, enc, name, &tile.shader(), "winograd_input", &params, &bindings, grid)?;
     let pixels = PixelGrid {
         images: params.images,
         grid_h: params.tiles_h,
@@ -326,7 +326,7 @@ fn chunk_of_images(
     gemm(gpu, enc, name, gemm_algo, &pixels, (0, tiles), k, operands, batch)?;
     let bindings = [("winograd products", m), ("output", out)];
     let grid = grid_1d(tiles * r_out, WINOGRAD_WG);
-    launch(gpu, enc, name, tile.shader(), "winograd_output", &params, &bindings, grid)
+    launch(gpu, enc, name, &tile.shader(), "winograd_output", &params, &bindings, grid)
 }
 
 #[cfg(test)]

@@ -149,10 +149,10 @@ fn chunk_of_examples(
     let shader = tile.shader();
     let grid = grid_1d(images * tiles_k * c_in / 4, WINOGRAD_WG);
     let bindings = [("x", x), ("winograd input tiles", vt)];
-    launch(gpu, enc, OP, shader, "winograd_input_tiles", &params, &bindings, grid)?;
+    launch(gpu, enc, OP, &shader, "winograd_input_tiles", &params, &bindings, grid)?;
     let grid = grid_1d(images * tiles_k * c_out / 4, WINOGRAD_WG);
     let bindings = [("dy", dy), ("winograd dy tiles", dt)];
-    launch(gpu, enc, OP, shader, "winograd_dy_tiles", &params, &bindings, grid)?;
+    launch(gpu, enc, OP, &shader, "winograd_dy_tiles", &params, &bindings, grid)?;
     let pixels = PixelGrid {
         images: 1,
         grid_h: 1,
@@ -175,7 +175,7 @@ fn chunk_of_examples(
     gemm(gpu, enc, OP, gemm_algo, &pixels, (0, c_in), k, (vt, Weights::Rows(dt), m), batch)?;
     let grid = grid_1d(images * c_out * c_in, WINOGRAD_WG);
     let bindings = [("winograd products", m), ("weight units", units)];
-    launch(gpu, enc, OP, shader, "winograd_weight_grad", &params, &bindings, grid)?;
+    launch(gpu, enc, OP, &shader, "winograd_weight_grad", &params, &bindings, grid)?;
     let gemm = Gemm {
         row4,
         pixel_begin: params.first_image,

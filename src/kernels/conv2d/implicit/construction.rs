@@ -48,7 +48,6 @@ pub fn gemm(c: TileConfig, sum: Sum, scratch_bytes: u64, passes: u32) -> Constru
     let (mq, nq) = (c.tm / 4, c.tn / 4);
     let reads: Vec<LaneIndex> =
         (0..mq).map(|h| gemm_a_read(c, h)).chain((0..nq).map(|q| gemm_b_read(c, q))).collect();
-    let (read, least) = accesses(&reads, 16, 16);
     // A slice's stores, per k: a's one float each, b's a vec4 each.
     let a_stores: Vec<LaneIndex> = (0..c.a_loads()).map(|r| gemm_a_store(c, r)).collect();
     let b_stores: Vec<LaneIndex> = (0..c.b_loads()).map(|r| gemm_b_store(c, r)).collect();
@@ -60,18 +59,12 @@ pub fn gemm(c: TileConfig, sum: Sum, scratch_bytes: u64, passes: u32) -> Constru
     let issue = fma + (mq + nq) as f64 + staging / c.bk as f64;
     let totals = if sum == Sum::Segments { c.outputs() } else { 0 };
     Construction {
-        outputs_per_invocation: c.outputs(),
-        fma_per_shared_float: fma / (c.tm + c.tn) as f64,
-        read_wavefronts: read,
-        least_read_wavefronts: least,
-        store_wavefronts: stores / c.bk as f64,
-        fma_between_barriers: c.outputs() as u64 * c.bk as u64,
         shared_bytes: c.shared_bytes(),
         registers: c.outputs() + totals + c.tm + c.tn + c.a_loads() + 4 * c.b_loads() + 24,
-        flop_per_staged_byte: flop_per_staged_byte(c),
         scratch_bytes,
         issue_per_fma: issue / fma,
         passes,
+        ..tile(c, &reads, stores)
     }
 }
 
@@ -98,7 +91,6 @@ pub fn weight(
     let (mq, nq) = (c.tm / 4, c.tn / 4);
     let reads: Vec<LaneIndex> =
         (0..mq).map(|h| weight_a_read(c, h)).chain((0..nq).map(|q| weight_b_read(c, q))).collect();
-    let (read, least) = accesses(&reads, 16, 16);
     let loads = |cols: u32| c.bk * cols / c.threads();
     let a_stores: Vec<LaneIndex> = (0..loads(c.bm())).map(|r| weight_store(c, c.bm(), r)).collect();
     let b_stores: Vec<LaneIndex> = (0..loads(c.bn())).map(|r| weight_store(c, c.bn(), r)).collect();
@@ -112,18 +104,28 @@ pub fn weight(
     let per_example = fma / plane.max(1) as f64;
     let issue = fma + (mq + nq) as f64 + 3.0 + per_row + per_example + staging / c.bk as f64;
     Construction {
+        shared_bytes: weight_shared_bytes(c),
+        registers: c.outputs() * (2 + levels) + c.tm + c.tn + loads(c.bm()) + loads(c.bn()) + 28,
+        scratch_bytes,
+        issue_per_fma: issue / fma,
+        passes,
+        ..tile(c, &reads, stores)
+    }
+}
+
+/// What both kernels' constructions share, from `c`, the lane indices of its inner loop's reads
+/// (vec4s) and the wavefronts of a slice's stores.
+fn tile(c: TileConfig, reads: &[LaneIndex], stores: f64) -> Construction {
+    let (read, least) = accesses(reads, 16, 16);
+    Construction {
         outputs_per_invocation: c.outputs(),
-        fma_per_shared_float: fma / (c.tm + c.tn) as f64,
+        fma_per_shared_float: c.outputs() as f64 / (c.tm + c.tn) as f64,
         read_wavefronts: read,
         least_read_wavefronts: least,
         store_wavefronts: stores / c.bk as f64,
         fma_between_barriers: c.outputs() as u64 * c.bk as u64,
-        shared_bytes: weight_shared_bytes(c),
-        registers: c.outputs() * (2 + levels) + c.tm + c.tn + loads(c.bm()) + loads(c.bn()) + 28,
         flop_per_staged_byte: flop_per_staged_byte(c),
-        scratch_bytes,
-        issue_per_fma: issue / fma,
-        passes,
+        ..Construction::default()
     }
 }
 

@@ -9,11 +9,11 @@
 
 use super::{Sum, TileConfig};
 use crate::gpu::Shader;
-use crate::kernels::{pairwise_shader, shader_source, specialise};
+use crate::kernels::{pairwise_shader, shader_source};
 
 /// The frame every module of the family starts from.
 pub(crate) const FRAME: Shader =
-    Shader { name: "conv2d_implicit", source: shader_source!("conv2d/implicit.wgsl") };
+    Shader::file("conv2d_implicit", shader_source!("conv2d/implicit.wgsl"));
 
 /// `((lid / div) % modulo) · mul`, no `% modulo` where it is None.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,7 +137,7 @@ pub fn weight_store(c: TileConfig, cols: u32, r: u32) -> LaneIndex {
 /// The module of `config`'s gather GEMM (`conv2d_implicit_gemm`) summing as `sum` says.
 pub(crate) fn gemm_shader(config: TileConfig, sum: Sum) -> Shader {
     let variant = format!("{}_{}", config.name(), sum.name());
-    specialise(&FRAME, &variant, |frame| format!("{frame}\n{}", gemm_entry(config, sum)))
+    FRAME.variant(&variant, move |frame| format!("{frame}\n{}", gemm_entry(config, sum)))
 }
 
 /// Lines `f(i, q)` for i < `rows`, q < `quads`, one per i, at `indent`.
@@ -149,6 +149,41 @@ fn each(indent: &str, rows: u32, quads: u32, f: impl Fn(u32, u32) -> String) -> 
 }
 
 const LANE: [char; 4] = ['x', 'y', 'z', 'w'];
+
+/// Writes a staging step at an indent: loads of the slice from a first k (or pixel), or stores
+/// into a buffer.
+type Stage<'a> = &'a dyn Fn(&mut Vec<String>, &str, &str);
+
+/// The loop over slices both kernels run, after their accumulators: the first slice (from
+/// `first`) loaded and stored into buffer 0, then per slice `body` sums the one in buffer
+/// `cur` while the next (from `next`) is loaded into registers, then stored into the other
+/// buffer: one barrier a slice.
+fn slices(
+    w: &mut Vec<String>,
+    first: &str,
+    bk: u32,
+    (loads, stores): (Stage, Stage),
+    body: &dyn Fn(&mut Vec<String>),
+) {
+    w.push("    {".into());
+    loads(w, "        ", first);
+    w.push("    }".into());
+    stores(w, "    ", "0u");
+    w.push("    workgroupBarrier();".into());
+    w.push("    for (var step = 0u; step < steps; step++) {".into());
+    w.push("        let cur = step & 1u;".into());
+    w.push(format!("        let next = {first} + (step + 1u) * {bk}u;"));
+    w.push("        let more = step + 1u < steps;".into());
+    w.push("        if (more) {".into());
+    loads(w, "            ", "next");
+    w.push("        }".into());
+    body(w);
+    w.push("        if (more) {".into());
+    stores(w, "            ", "(1u - cur)");
+    w.push("        }".into());
+    w.push("        workgroupBarrier();".into());
+    w.push("    }".into());
+}
 
 /// `conv2d_implicit_gemm` for `c`: one BM × BN output tile of one phase (and, split, one segment
 /// of its sums) per workgroup.
@@ -212,48 +247,42 @@ fn gemm_entry(c: TileConfig, sum: Sum) -> String {
     };
     w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
     w.extend((0..b_loads).map(|r| format!("    var pb{r} = vec4<f32>(0.0);")));
-    loads(&mut w, "    ", "k_begin");
-    stores(&mut w, "    ", "0u");
-    w.push("    workgroupBarrier();".into());
     // Accumulators c{j}_{h}: column j, pixel quad h; the segments' total t{j}_{h}.
     w.extend(each("    ", c.tn, mq, |j, h| format!("var c{j}_{h} = vec4<f32>(0.0);")));
     if sum == Sum::Segments {
         w.extend(each("    ", c.tn, mq, |j, h| format!("var t{j}_{h} = vec4<f32>(0.0);")));
     }
-    w.push("    for (var step = 0u; step < steps; step++) {".into());
-    w.push("        let cur = step & 1u;".into());
-    w.push(format!("        let next = k_begin + (step + 1u) * {bk}u;"));
-    w.push("        let more = step + 1u < steps;".into());
-    w.push("        if (more) {".into());
-    loads(&mut w, "            ", "next");
-    w.push("        }".into());
-    w.push(format!("        for (var kk = 0u; kk < {bk}u; kk++) {{"));
-    for h in 0..mq {
-        let at = gemm_a_read(c, h).wgsl();
-        w.push(format!("            let a{h} = ig_a[cur * {a_slice}u + kk * {}u + {at}];", bm / 4));
-    }
-    for q in 0..nq {
-        let at = gemm_b_read(c, q).wgsl();
-        w.push(format!("            let b{q} = ig_b[cur * {b_slice}u + kk * {}u + {at}];", bn / 4));
-    }
-    for j in 0..c.tn {
-        let b = format!("b{}.{}", j / 4, LANE[j as usize % 4]);
-        let line: Vec<String> = (0..mq).map(|h| format!("c{j}_{h} += {b} * a{h};")).collect();
-        w.push(format!("            {}", line.join(" ")));
-    }
-    w.push("        }".into());
-    if sum == Sum::Segments {
-        w.push("        if ((next - k_begin) % seg_len == 0u || !more) {".into());
-        w.extend(each("            ", c.tn, mq, |j, h| {
-            format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")
-        }));
+    let body = |w: &mut Vec<String>| {
+        w.push(format!("        for (var kk = 0u; kk < {bk}u; kk++) {{"));
+        for h in 0..mq {
+            let at = gemm_a_read(c, h).wgsl();
+            w.push(format!(
+                "            let a{h} = ig_a[cur * {a_slice}u + kk * {}u + {at}];",
+                bm / 4
+            ));
+        }
+        for q in 0..nq {
+            let at = gemm_b_read(c, q).wgsl();
+            w.push(format!(
+                "            let b{q} = ig_b[cur * {b_slice}u + kk * {}u + {at}];",
+                bn / 4
+            ));
+        }
+        for j in 0..c.tn {
+            let b = format!("b{}.{}", j / 4, LANE[j as usize % 4]);
+            let line: Vec<String> = (0..mq).map(|h| format!("c{j}_{h} += {b} * a{h};")).collect();
+            w.push(format!("            {}", line.join(" ")));
+        }
         w.push("        }".into());
-    }
-    w.push("        if (more) {".into());
-    stores(&mut w, "            ", "(1u - cur)");
-    w.push("        }".into());
-    w.push("        workgroupBarrier();".into());
-    w.push("    }".into());
+        if sum == Sum::Segments {
+            w.push("        if ((next - k_begin) % seg_len == 0u || !more) {".into());
+            w.extend(each("            ", c.tn, mq, |j, h| {
+                format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")
+            }));
+            w.push("        }".into());
+        }
+    };
+    slices(&mut w, "k_begin", bk, (&loads, &stores), &body);
     // The stores: pixel quad h's pixels and column j as the reads above place them.
     w.push(
         "    let slab = select(0u, (wid.z % ig.segments) * ig.out_len, ig.segments > 1u);".into(),
@@ -291,7 +320,7 @@ fn gemm_entry(c: TileConfig, sum: Sum) -> String {
 pub(crate) fn weight_shader(config: TileConfig, levels: u32, nodes: u32) -> Shader {
     let frame = pairwise_shader(&FRAME, nodes);
     let variant = format!("{}_l{levels}", config.name());
-    specialise(&frame, &variant, |frame| format!("{frame}\n{}", weight_entry(config, levels)))
+    frame.variant(&variant, move |frame| format!("{frame}\n{}", weight_entry(config, levels)))
 }
 
 /// `conv2d_implicit_weight` for `c`: one BM (co) × BN (k) tile and one node of examples per
@@ -343,11 +372,6 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     };
     w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
     w.extend((0..b_loads).map(|r| format!("    var pb{r} = 0.0;")));
-    w.push("    {".into());
-    loads(&mut w, "        ", "q_begin");
-    w.push("    }".into());
-    stores(&mut w, "    ", "0u");
-    w.push("    workgroupBarrier();".into());
     // s{i}_{q}: output channel i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the
     // node's open pairwise blocks.
     let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each(indent, c.tm, nq, f).join(" ");
@@ -359,70 +383,61 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.push("    var col = 0u;".into());
     w.push("    var row = 0u;".into());
     w.push("    var ex = 0u;".into());
-    w.push("    for (var step = 0u; step < steps; step++) {".into());
-    w.push("        let cur = step & 1u;".into());
-    w.push(format!("        let next = q_begin + (step + 1u) * {bk}u;"));
-    w.push("        let more = step + 1u < steps;".into());
-    w.push("        if (more) {".into());
-    loads(&mut w, "            ", "next");
-    w.push("        }".into());
-    w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
-    w.push("        for (var t = 0u; t < live; t++) {".into());
-    for h in 0..mq {
-        let at = weight_a_read(c, h).wgsl();
-        w.push(format!(
-            "            let a{h} = iw_a[cur * {}u + t * {row_a}u + {at}];",
-            bk * row_a
-        ));
-    }
-    for q in 0..nq {
-        let at = weight_b_read(c, q).wgsl();
-        w.push(format!(
-            "            let b{q} = iw_b[cur * {}u + t * {row_b}u + {at}];",
-            bk * row_b
-        ));
-    }
-    for i in 0..c.tm {
-        let a = format!("a{}.{}", i / 4, LANE[i as usize % 4]);
-        let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
-        w.push(format!("            {}", line.join(" ")));
-    }
-    w.push("            col++;".into());
-    w.push("            if (col == iw.out_w) {".into());
-    w.push("                col = 0u;".into());
-    w.push("                row++;".into());
-    w.push(all("                ", &|i, q| {
-        format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
-    }));
-    w.push("                if (row == iw.out_h) {".into());
-    w.push("                    row = 0u;".into());
-    // The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it:
-    // the last example closes the node's sum, which stays in e.
-    w.push("                    let closed = countTrailingZeros(~ex);".into());
-    w.push("                    let last = ex + 1u == count;".into());
-    for l in 0..levels {
-        w.push(format!(
-            "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
-        ));
-        w.push(all("                        ", &|i, q| {
-            format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
+    let body = |w: &mut Vec<String>| {
+        w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
+        w.push("        for (var t = 0u; t < live; t++) {".into());
+        for h in 0..mq {
+            let at = weight_a_read(c, h).wgsl();
+            w.push(format!(
+                "            let a{h} = iw_a[cur * {}u + t * {row_a}u + {at}];",
+                bk * row_a
+            ));
+        }
+        for q in 0..nq {
+            let at = weight_b_read(c, q).wgsl();
+            w.push(format!(
+                "            let b{q} = iw_b[cur * {}u + t * {row_b}u + {at}];",
+                bk * row_b
+            ));
+        }
+        for i in 0..c.tm {
+            let a = format!("a{}.{}", i / 4, LANE[i as usize % 4]);
+            let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
+            w.push(format!("            {}", line.join(" ")));
+        }
+        w.push("            col++;".into());
+        w.push("            if (col == iw.out_w) {".into());
+        w.push("                col = 0u;".into());
+        w.push("                row++;".into());
+        w.push(all("                ", &|i, q| {
+            format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
         }));
-        w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
-        w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
+        w.push("                if (row == iw.out_h) {".into());
+        w.push("                    row = 0u;".into());
+        // The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it:
+        // the last example closes the node's sum, which stays in e.
+        w.push("                    let closed = countTrailingZeros(~ex);".into());
+        w.push("                    let last = ex + 1u == count;".into());
+        for l in 0..levels {
+            w.push(format!(
+                "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
+            ));
+            w.push(all("                        ", &|i, q| {
+                format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
+            }));
+            w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
+            w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
+            w.push("                    }".into());
+        }
+        w.push("                    if (!last) {".into());
+        w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
         w.push("                    }".into());
-    }
-    w.push("                    if (!last) {".into());
-    w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
-    w.push("                    }".into());
-    w.push("                    ex++;".into());
-    w.push("                }".into());
-    w.push("            }".into());
-    w.push("        }".into());
-    w.push("        if (more) {".into());
-    stores(&mut w, "            ", "(1u - cur)");
-    w.push("        }".into());
-    w.push("        workgroupBarrier();".into());
-    w.push("    }".into());
+        w.push("                    ex++;".into());
+        w.push("                }".into());
+        w.push("            }".into());
+        w.push("        }".into());
+    };
+    slices(&mut w, "q_begin", bk, (&loads, &stores), &body);
     // The node's sums, where the reads above place them: channel quads and k quads.
     for q in 0..nq {
         w.push(format!("    let k{q} = n0 + 4u * {};", weight_b_read(c, q).wgsl()));
