@@ -51,21 +51,23 @@ pub struct BenchArgs {
     /// Rows of the profile's per-layer table to print (all of them go to --json).
     #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
     profile_rows: usize,
-    /// Skip the roofline probe (the best GEMM, then each convolution of the step).
+    /// Skip the roofline probe (the implicit-GEMM kernel and the matmul at size³, then each
+    /// convolution of the step).
     #[arg(long)]
     no_roofline: bool,
     /// Size of the roofline probe's square GEMMs (m = k = n) [default: 4096 on a GPU adapter,
     /// 512 on a CPU adapter].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     roofline_size: Option<u32>,
-    /// Write every figure as JSON to this file (with --profile: every dispatch's workgroups,
-    /// invocations, FLOPs and bytes, and the share of FLOPs in dispatches too narrow for a GPU).
+    /// Write every figure as JSON to this file (with --profile or --shapes-only: every
+    /// dispatch's workgroups, invocations, FLOPs and bytes, and each convolution's construction
+    /// and predicted time on an H100 and an H200).
     #[arg(long)]
     json: Option<PathBuf>,
     /// How convolution kernels are chosen. `gpu`: what a GPU runs, chosen without a clock from
-    /// the shapes alone (shared-tile GEMMs whose tiles, and the weight gradient's split over
-    /// examples or output rows, are sized so each dispatch launches at least 1,056 workgroups
-    /// where the problem has that many), so a CPU adapter shows a GPU's figures; `timed`: the
+    /// the shapes alone (the implicit-GEMM family's tile, split and node depth that an H200's
+    /// model gives the least time, launch gaps included), so a CPU adapter shows a GPU's
+    /// figures; `timed`: the
     /// fastest candidate timed on this adapter; `auto`: `gpu` on GPU adapters, `timed` on CPU
     /// adapters. Every choice gives the same bits.
     #[arg(long, value_enum, default_value_t = PlanFor::Auto)]

@@ -36,7 +36,7 @@ pub(super) struct Gemm {
     pub(super) seg4: u32,
 }
 
-/// GEMMs of one size side by side in one dispatch (conv2d_gemm_lanes and _shared): `count` of
+/// GEMMs of one size side by side in one dispatch (conv2d_gemm_lanes): `count` of
 /// them, each one's a rows `a` vec4s, b rows `b` vec4s and outputs `out` elements after the
 /// previous one's.
 #[derive(Clone, Copy)]
