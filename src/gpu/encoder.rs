@@ -56,7 +56,8 @@ impl Gpu {
     /// module's `override` constants.
     ///
     /// The project's own modules are compiled without the bounds checks and loop counters wgpu
-    /// adds to a shader it does not trust (natively; a browser decides for itself): every
+    /// adds to a shader it does not trust (on native GPU adapters: `Gpu::checked_shaders`; a
+    /// browser decides for itself): every
     /// kernel selects its indices within its bindings, and tests hold each one's outputs, on
     /// poisoned buffers, to the plain kernel's bits. Workgroup memory is not zeroed first: every
     /// kernel writes what it reads of it before a barrier (implicit/wgsl.rs's tests evaluate

@@ -124,7 +124,9 @@ pub struct Gpu {
     /// Every module this device has written, compiled or read, by name.
     modules: Mutex<HashMap<String, shader::Module>>,
     /// Whether shader modules keep wgpu's bounds checks and loop counters (see
-    /// [`Gpu::pipeline`]): false natively, where the project's own modules are trusted.
+    /// [`Gpu::pipeline`]): false on native GPU adapters, where the project's own modules are
+    /// trusted; true in a browser, and on CPU adapters, where lavapipe runs the checked modules
+    /// faster (docs/performance.md).
     pub checked_shaders: bool,
     /// A folder every shader module is written to as it is compiled, for reading
     /// (`SYNCSTEP_DUMP_SHADERS`).
@@ -218,7 +220,7 @@ impl Gpu {
             blocking_maps,
             record_only: Default::default(),
             modules: Mutex::new(HashMap::new()),
-            checked_shaders: cfg!(target_arch = "wasm32"),
+            checked_shaders: cfg!(target_arch = "wasm32") || blocking_maps,
             shader_dump,
             sink,
             memory: Mutex::new(MemoryCounter::default()),
