@@ -131,7 +131,7 @@ impl TrainConfig {
                     .map_err(|e| format!("setting `class_names` is not a list of names: {e}"))?,
             }),
         };
-        Ok(TrainConfig {
+        let cfg = TrainConfig {
             arch: match settings.contains_key(ARCH_KEY) {
                 true => get(settings, ARCH_KEY)?,
                 false => Arch::default(),
@@ -153,7 +153,45 @@ impl TrainConfig {
                 total_steps: get(settings, "schedule_steps")?,
             },
             images,
-        })
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Refuses recorded settings no run has, naming the setting: a checkpoint's settings are
+    /// read back as they were written, and one that was edited or damaged must not be run.
+    fn check(&self) -> Result<(), String> {
+        let bad = |key: &str, why: String| Err(format!("setting `{key}` {why}"));
+        if self.batch == 0 {
+            return bad("batch", "is 0: a batch holds at least one image".into());
+        }
+        if let Err(e) = ResNet::check_image_size(self.image_size, self.image_size) {
+            return bad("image_size", format!("is not valid: {e}"));
+        }
+        if !(2..=crate::model::MAX_CLASSES).contains(&self.classes) {
+            let most = crate::model::MAX_CLASSES;
+            return bad("classes", format!("is {}: a classifier has 2 to {most}", self.classes));
+        }
+        self.step.validate().map_err(|e| format!("settings of the step: {e}"))?;
+        let Some(images) = &self.images else { return Ok(()) };
+        let Normalization { mean, std } = images.norm;
+        if !(0.0..1.0).contains(&images.val_split) {
+            return bad("val_split", format!("is {}: a fraction in [0, 1)", images.val_split));
+        }
+        if images.class_names.len() != self.classes as usize {
+            let names = images.class_names.len();
+            return bad(
+                "class_names",
+                format!("lists {names} names, and `classes` is {}", self.classes),
+            );
+        }
+        if !mean.iter().all(|m| m.is_finite()) {
+            return bad("mean", format!("is {mean:?}: a mean is finite"));
+        }
+        if !std.iter().all(|s| s.is_finite() && *s > 0.0) {
+            return bad("std", format!("is {std:?}: a standard deviation is finite and above 0"));
+        }
+        Ok(())
     }
 
     /// The names of the classes: the images' folders (or CIFAR's names), or the synthetic

@@ -123,11 +123,10 @@ fn no_file_of_the_users_is_ever_overwritten() {
     std::os::unix::fs::symlink(&good, &link).unwrap();
     let l = link.to_str().unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["grad", "--weights", g, "--batch", g, "--out", g], "same file as the input"),
         (&["grad", "--weights", g, "--batch", g, "--out", l], "same file as the input"),
-        (&["grad", "--weights", g, "--batch", g, "--out", "/dev/null"], "not a regular file"),
-        (&["grad", "--weights", g, "--batch", g, "--out", d], "not a regular file"),
+        (&["grad", "--weights", g, "--batch", g, "--out", d], "is a folder, not a regular file"),
         (&["check", "--against", g, "--golden", g], "same file as the input"),
         (
             &["train", "--steps", "1", "--checkpoint", "/nonexistent/dir/ck.safetensors"],
@@ -584,27 +583,41 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
-/// status and standard error.
-fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+/// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
+/// with `at` (the handshake: it has got that far): the child, and its lines still to read.
+fn started_at(args: &[&str], at: &str) -> (std::process::Child, impl Iterator<Item = String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
         .args(args)
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-    while let Some(Ok(line)) = lines.next() {
-        if line.starts_with(at) {
-            break;
-        }
-    }
-    Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
-    // Read to the end: a closed pipe would fail the child's next line.
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok);
+    assert!(lines.by_ref().any(|line| line.starts_with(at)), "{args:?} never printed {at:?}");
+    (child, lines)
+}
+
+/// Sends SIG`signal` to `child` and waits for it, reading the rest of its output (a closed pipe
+/// would fail its next line): its exit status and standard error.
+fn stop(
+    child: std::process::Child,
+    lines: impl Iterator<Item = String>,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
     lines.for_each(drop);
     let out = child.wait_with_output().unwrap();
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
+/// status and standard error.
+fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+    let (child, lines) = started_at(args, at);
+    stop(child, lines, signal)
 }
 
 /// A signal during an evaluation — the one before training, the final one — is honoured: the
@@ -822,4 +835,112 @@ fn tie_at_an_ill_conditioned_shape_says_so() {
         assert!(o.status.success() && t.contains(says), "{t}");
     }
     eprintln!("2 cases");
+}
+
+/// A file of the user's at an output path — text, a photo, other weights, another command's
+/// output, a write-protected file, one reached through a link, another user's — is refused
+/// unless it is syncstep's own of that kind (or `--overwrite` says so), and never when its mode
+/// protects it; a second run on a checkpoint in use is refused; a run that fails early leaves
+/// no log; an output to the command's own standard output goes after what it printed.
+#[test]
+fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
+    use std::os::unix::fs::PermissionsExt;
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let file = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (notes, photo) =
+        (file("notes.txt", b"my notes\n"), file("photo.png", b"\x89PNG not really"));
+    let log = file("run.jsonl", b"{\"step\":1,\"epoch\":0,\"loss\":2.0}\n");
+    let (notes, photo, log) = (notes.as_str(), photo.as_str(), log.as_str());
+    let weights = dir.join("other.safetensors");
+    write_f32(&weights, &[("w".into(), vec![2], &[1.0, 2.0])], &Default::default()).unwrap();
+    let protected = file("protected.safetensors", &std::fs::read(&good).unwrap());
+    std::fs::set_permissions(&protected, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let protected = protected.as_str();
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(notes, &link).unwrap();
+    let (g, w, l) = (good.to_str().unwrap(), weights.to_str().unwrap(), link.to_str().unwrap());
+    let train = ["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"];
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&train[..], &["--checkpoint", notes]].concat(),
+            "exists and is not a syncstep checkpoint",
+        ),
+        ([&train[..], &["--checkpoint", l]].concat(), "exists and is not a syncstep checkpoint"),
+        ([&train[..], &["--checkpoint", w]].concat(), "add --overwrite to replace it"),
+        ([&train[..], &["--log", notes]].concat(), "is not a syncstep metrics log"),
+        ([&train[..], &["--checkpoint", protected, "--overwrite"]].concat(), "mode 0444"),
+        (
+            vec!["grad", "--weights", g, "--batch", g, "--out", photo],
+            "is not syncstep grad's output",
+        ),
+        (vec!["eval", "--checkpoint", g, "--json", w], "is not syncstep eval's scores"),
+        (vec!["predict", "--checkpoint", g, "--json", notes, photo], "is not syncstep predict's"),
+        (vec!["check", "--json", notes], "is not syncstep check's figures"),
+        (vec!["check", "--golden", g], "is not a syncstep golden file"),
+        (vec!["bench", "--json", notes], "is not syncstep bench's figures"),
+        (vec!["plot", log, "-o", photo], "is not a picture syncstep plot drew"),
+        (
+            vec!["eval", "--checkpoint", g, "--overwrite"],
+            "--overwrite has no effect without an output",
+        ),
+    ];
+    // Another user's file, in a folder anyone may write in: its mode is for others.
+    let theirs = file("theirs.safetensors", &std::fs::read(&good).unwrap());
+    if std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).is_ok() {
+        cases.push(([&train[..], &["--checkpoint", theirs.as_str()]].concat(), "owner uid 4242"));
+    }
+    let before = snapshot(&[dir]);
+    for (args, says) in &cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    // A second run on a checkpoint in use is refused while the first holds it.
+    let busy = dir.join("busy.safetensors");
+    let b = busy.to_str().unwrap();
+    let first = ["train", "--steps", "1000", "--batch", "2", "--eval-examples", "0"];
+    let (child, lines) = started_at(&[&first[..], &["--checkpoint", b]].concat(), "step 1 ");
+    let second = run(&[&train[..], &["--checkpoint", b]].concat(), &[], &[]);
+    refused(&second, &format!("is being written by another syncstep run (process {})", child.id()));
+    assert_eq!(stop(child, lines, "TERM").0, Some(143));
+    // A run that fails after its outputs were checked leaves no log, and the next one runs.
+    let fresh = dir.join("fresh.jsonl");
+    let f = fresh.to_str().unwrap();
+    refused(
+        &run(&[&train[..], &["--log", f, "--adapter", "7"]].concat(), &[], &[]),
+        "no adapter 7",
+    );
+    assert!(!fresh.exists(), "a failed run left its log");
+    let o = run(&[&train[..], &["--log", f]].concat(), &[], &[]);
+    assert!(o.status.success() && fresh.exists(), "{}", text(&o));
+    // A checkpoint of the user's mode keeps it; --overwrite replaces a file of another kind.
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(
+        &["train", "--resume", g, "--checkpoint", g, "--steps", "1", "--eval-examples", "0"],
+        &[],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::metadata(&good).unwrap().permissions().mode() & 0o777, 0o600);
+    let o = run(&[&train[..], &["--checkpoint", w, "--overwrite"]].concat(), &[], &[]);
+    assert!(o.status.success() && checkpoint::is_checkpoint(&weights), "{}", text(&o));
+    // The command's own standard output: the JSON goes after what was printed there.
+    let printed = std::fs::File::create(dir.join("printed.txt")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args(["eval", "--checkpoint", g, "--examples", "2", "--json", "/dev/stdout"])
+        .stdout(printed)
+        .output()
+        .unwrap();
+    let printed = std::fs::read_to_string(dir.join("printed.txt")).unwrap();
+    assert!(o.status.success() && printed.starts_with(&format!("{g} on synthetic")), "{printed}");
+    assert!(printed.contains("\"top1\""), "{printed}");
+    eprintln!("{} cases", cases.len() + 6);
 }

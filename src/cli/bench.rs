@@ -4,8 +4,21 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use syncstep::bench::{self, BenchConfig};
+use syncstep::files::Kind;
 use syncstep::kernels::conv2d::KernelPlan;
 use syncstep::model::Arch;
+
+/// bench's figures (`--json`), told by their `config.plan_for`.
+const FIGURES: Kind = Kind {
+    what: "syncstep bench's figures (a bench --json file)",
+    ours: |path| super::json_with(path, &["/config/plan_for"]),
+};
+
+/// Rows the profile's per-layer table prints unless `--profile-rows` says.
+const PROFILE_ROWS: usize = 15;
+
+/// The roofline probe's matmul side unless `--roofline-size` says.
+const ROOFLINE_SIZE: u32 = 512;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PlanFor {
@@ -31,11 +44,12 @@ pub struct BenchArgs {
     /// Side of the square input images, at least 32.
     #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
-    /// Timed steps; the median counts.
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// Timed steps (at most 10000); the median counts.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::at_most::<10000>)]
     steps: usize,
-    /// Untimed steps first (at least 1: the first compiles the pipelines and autotunes).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// Untimed steps first (at least 1: the first compiles the pipelines and autotunes; at most
+    /// 1000).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::cli::at_most::<1000>)]
     warmup: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
@@ -48,15 +62,16 @@ pub struct BenchArgs {
     /// Time every dispatch of one more step with timestamp queries: a per-layer breakdown.
     #[arg(long)]
     profile: bool,
-    /// Rows of the profile's per-layer table to print (all of them go to --json).
-    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
-    profile_rows: usize,
+    /// Rows of the profile's per-layer table to print (all of them go to --json), with
+    /// --profile [default: 15].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    profile_rows: Option<usize>,
     /// Skip the roofline probe (the best matmul, then each convolution of the step).
     #[arg(long)]
     no_roofline: bool,
-    /// Size of the roofline probe's square matmul.
-    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
-    roofline_size: u32,
+    /// Size of the roofline probe's square matmul [default: 512].
+    #[arg(long, conflicts_with = "no_roofline", allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    roofline_size: Option<u32>,
     /// Write every figure as JSON to this file (with --profile: every dispatch's workgroups,
     /// invocations, FLOPs and bytes, and the share of FLOPs in dispatches too narrow for a GPU).
     #[arg(long)]
@@ -75,6 +90,8 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile"])]
     shapes_only: bool,
     #[command(flatten)]
+    overwrite: super::Overwrite,
+    #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
     tune: super::ranks::TuneArgs,
@@ -83,6 +100,10 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.profile_rows.is_some() && !args.profile {
+        return Err("--profile-rows sets the rows of --profile's table: add --profile, or drop --profile-rows".into());
+    }
+    let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
     let peers = super::ranks::peers(&args.ranks)?;
     let lead = peers.rank() == 0;
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
@@ -103,7 +124,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             local,
         )?,
         profile: args.profile,
-        roofline: (!args.no_roofline).then_some(args.roofline_size),
+        roofline: (!args.no_roofline).then_some(args.roofline_size.unwrap_or(ROOFLINE_SIZE)),
         plan: match args.plan_for {
             PlanFor::Auto => KernelPlan::Auto,
             PlanFor::Gpu => KernelPlan::Gpu,
@@ -115,16 +136,16 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     cfg.validate()?;
     if args.shapes_only {
-        return shapes_only(&cfg, args.json.as_deref());
+        return shapes_only(&cfg, args.json.as_deref(), overwrite);
     }
     // Each rank's adapters are its own.
     let shared = BenchConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
     let json = args.json.as_ref().filter(|_| lead);
-    if let Some(path) = json {
-        // Fail now rather than after minutes of measuring.
-        syncstep::files::check_output("--json", path, &[])?;
-    }
+    // Fail now rather than after minutes of measuring.
+    let _claim = json
+        .map(|path| syncstep::files::check_output("--json", path, &[], FIGURES, overwrite))
+        .transpose()?;
     let started = std::time::Instant::now();
     let report = bench::run_with_peers(&cfg, &peers, &mut |phase| {
         if lead {
@@ -134,7 +155,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
-    print!("{}", report.text(args.profile_rows));
+    print!("{}", report.text(args.profile_rows.unwrap_or(PROFILE_ROWS)));
     if let Some(path) = json {
         syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
         println!("figures written to {}", path.display());
@@ -144,10 +165,14 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 /// `bench --shapes-only`: one step recorded, not run; its width printed and (--json) every
 /// dispatch written.
-fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = json {
-        syncstep::files::check_output("--json", path, &[])?;
-    }
+fn shapes_only(
+    cfg: &BenchConfig,
+    json: Option<&Path>,
+    overwrite: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let _claim = json
+        .map(|path| syncstep::files::check_output("--json", path, &[], FIGURES, overwrite))
+        .transpose()?;
     let profile = bench::dispatch_shapes(cfg, &mut |phase| eprintln!("{phase}"))?;
     println!(
         "syncstep bench --shapes-only: one {} training step at batch {}, {}×{} images, recorded and not run: {} dispatches",

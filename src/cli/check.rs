@@ -6,12 +6,25 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, CheckReport};
+use syncstep::files::Kind;
 use syncstep::golden::Golden;
 use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::kernels::conv2d::set_kernel_policy;
 use syncstep::model::Arch;
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
+
+/// check's figures (`--json`), told by their `check` and `global_batch`.
+const FIGURES: Kind = Kind {
+    what: "syncstep check's figures (a check --json file)",
+    ours: |path| super::json_with(path, &["/check", "/global_batch"]),
+};
+
+/// A golden file (`--golden`), told by its `golden`, `format` and `settings`.
+const GOLDEN: Kind = Kind {
+    what: "a syncstep golden file (a check --golden file)",
+    ours: |path| super::json_with(path, &["/golden", "/format", "/settings"]),
+};
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -29,10 +42,10 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
     /// Number of classes K.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::classes)]
     classes: u32,
-    /// SGD steps of the DRIFT gate (0 skips it).
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// SGD steps of the DRIFT gate (0 skips it; at most 1000).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::at_most::<1000>)]
     steps: usize,
     /// Seed of the weights and the synthetic data.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
@@ -61,6 +74,8 @@ pub struct CheckArgs {
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
     #[command(flatten)]
+    overwrite: super::Overwrite,
+    #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
     tune: super::ranks::TuneArgs,
@@ -75,6 +90,8 @@ enum SabotageArg {
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let outputs = args.json.is_some() || args.golden.is_some();
+    let overwrite = args.overwrite.check(outputs, "--json, --golden")?;
     let peers = super::ranks::peers(&args.ranks)?;
     let lead = peers.rank() == 0;
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
@@ -88,9 +105,10 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
     let (json, golden_out) =
         (args.json.as_ref().filter(|_| lead), args.golden.as_ref().filter(|_| lead));
-    for (flag, path) in [("--json", json), ("--golden", golden_out)] {
+    let mut claims = Vec::new();
+    for (flag, path, kind) in [("--json", json, FIGURES), ("--golden", golden_out, GOLDEN)] {
         if let Some(path) = path {
-            syncstep::files::check_output(flag, path, &inputs)?;
+            claims.push(syncstep::files::check_output(flag, path, &inputs, kind, overwrite)?);
         }
     }
     let golden = args.against.as_deref().map(read_golden).transpose()?;

@@ -11,6 +11,7 @@ use serde_json::json;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::source::{self, DataSpec, Dataset};
 use syncstep::data::transform::{Normalization, Preprocess};
+use syncstep::files::Kind;
 use syncstep::scores::Scores;
 use syncstep::train::Trainer;
 
@@ -18,6 +19,12 @@ use super::weights::{Model, ModelArgs};
 
 /// Classes up to which the confusion matrix is printed (the JSON always has it).
 const PRINTED_CONFUSION: usize = 20;
+
+/// eval's scores (`--json`), told by their `split`, `top1` and `confusion`.
+const SCORES: Kind = Kind {
+    what: "syncstep eval's scores (an eval --json file)",
+    ours: |path| super::json_with(path, &["/split", "/top1", "/confusion"]),
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Split {
@@ -48,6 +55,8 @@ pub struct EvalArgs {
     /// Threads decoding images [default: the CPU's cores].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
 }
 
 /// Scores of `trainer` on every image of `data` (evaluation images: brought to `size` by
@@ -85,10 +94,13 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         .data
         .clone()
         .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
-    if let Some(path) = &args.json {
-        let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
-        syncstep::files::check_output("--json", path, &inputs)?;
-    }
+    let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
+    let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
+    let _claim = args
+        .json
+        .as_ref()
+        .map(|path| syncstep::files::check_output("--json", path, &inputs, SCORES, overwrite))
+        .transpose()?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} images")

@@ -202,6 +202,60 @@ pub fn eval_count(flag: &str, n: usize) -> Result<usize, String> {
     Ok(n)
 }
 
+/// A count flag's value bounded by `MAX`: a whole number from 0 to `MAX`, checked before
+/// anything is allocated or run for it.
+pub fn at_most<const MAX: usize>(value: &str) -> Result<usize, String> {
+    match whole::<usize>(value)? {
+        n if n > MAX => Err(format!("at most {MAX}")),
+        n => Ok(n),
+    }
+}
+
+/// `--classes`'s value: 2 to [`syncstep::model::MAX_CLASSES`], checked before the classifier
+/// is allocated.
+pub fn classes(value: &str) -> Result<u32, String> {
+    let most = syncstep::model::MAX_CLASSES;
+    match whole::<u32>(value) {
+        Ok(n) if (2..=most).contains(&n) => Ok(n),
+        _ => Err(format!("a classifier has 2 to {most} classes")),
+    }
+}
+
+/// `--overwrite`, on the commands that write files.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Overwrite {
+    /// Replace an existing output file that is not syncstep's own of that kind (an output
+    /// replaces a file syncstep wrote as that output without this flag). A file whose mode does
+    /// not let you write it, or one of the command's inputs, is never replaced.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl Overwrite {
+    /// Refuses `--overwrite` when the command was given none of its outputs (`flags`).
+    pub fn check(&self, any_output: bool, flags: &str) -> Result<bool, String> {
+        if self.overwrite && !any_output {
+            return Err(format!(
+                "--overwrite has no effect without an output ({flags}): drop --overwrite"
+            ));
+        }
+        Ok(self.overwrite)
+    }
+}
+
+/// Whether the file at `path` is a JSON document with a value at each of `pointers` (JSON
+/// pointers, `/config/plan_for`): how syncstep's JSON reports are told from other files.
+pub fn json_with(path: &std::path::Path, pointers: &[&str]) -> bool {
+    // Reports are small; a large file is not one, and is not read.
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() < 256 << 20) {
+        return false;
+    }
+    syncstep::files::read_input(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|doc| pointers.iter().all(|p| doc.pointer(p).is_some()))
+}
+
 /// Loader threads `--workers` starts at most: more only wait on one another for the device.
 const MAX_WORKERS: usize = 1024;
 

@@ -15,6 +15,7 @@ use syncstep::data::schedule::{Epochs, LrSchedule};
 use syncstep::data::source::{DataSpec, Dataset, Splits};
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
+use syncstep::files::{self, Claim};
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::{Arch, ResNet};
@@ -157,6 +158,8 @@ pub struct TrainArgs {
     #[arg(long = "override", requires = "resume")]
     override_settings: bool,
     #[command(flatten)]
+    overwrite: super::Overwrite,
+    #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
     tune: super::ranks::TuneArgs,
@@ -205,7 +208,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    let log = if lead { outputs(&args, &cfg, start.as_ref())? } else { None };
+    let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
     if let Some(ck) = &start {
@@ -263,31 +266,38 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     training.report_accuracy(before, synthetic_eval)
 }
 
-/// Rank 0's outputs, checked before any work: the checkpoint, and the metrics log, opened. No
-/// output may be an input of the run (its data, `--init`, the other output; the log not
-/// `--resume` either, which the checkpoint may be: a run continued in place).
+/// Rank 0's outputs, checked before any work: the checkpoint, claimed for the run, and the
+/// metrics log. No output may be an input of the run (its data, `--init`, the other output;
+/// the log not `--resume` either, which the checkpoint may be: a run continued in place).
 fn outputs(
     args: &TrainArgs,
     cfg: &TrainConfig,
     start: Option<&checkpoint::Checkpoint>,
-) -> Result<Option<MetricsLog>, Box<dyn std::error::Error>> {
+) -> Result<(Option<Claim>, Option<MetricsLog>), Box<dyn std::error::Error>> {
+    let any = args.checkpoint.is_some() || args.log.is_some();
+    let overwrite = args.overwrite.check(any, "--checkpoint, --log")?;
     let data = cfg.images.as_ref().and_then(|i| i.data.path());
     let inputs: Vec<&Path> = [data, args.init.as_deref()].into_iter().flatten().collect();
-    if let Some(path) = &args.checkpoint {
-        let log = args.log.as_deref();
-        let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
-        syncstep::files::check_output("--checkpoint", path, &inputs)?;
-    }
+    let claim = match &args.checkpoint {
+        Some(path) => {
+            let log = args.log.as_deref();
+            let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
+            Some(files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?)
+        }
+        None => None,
+    };
     let from = start.filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    Ok(match &args.log {
+    let log = match &args.log {
         Some(path) => {
             let others = [args.resume.as_deref(), args.checkpoint.as_deref()];
             let inputs: Vec<&Path> =
                 inputs.iter().copied().chain(others.into_iter().flatten()).collect();
-            Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from), &inputs)?)
+            let resumed = args.resume.as_ref().map(|_| from);
+            Some(MetricsLog::open(path, resumed, &inputs, overwrite)?)
         }
         None => None,
-    })
+    };
+    Ok((claim, log))
 }
 
 /// Ends the run, saying so, when a signal came: `when` it stopped, and the step the checkpoint
