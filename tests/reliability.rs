@@ -944,3 +944,43 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     assert!(printed.contains("\"top1\""), "{printed}");
     eprintln!("{} cases", cases.len() + 6);
 }
+
+/// A closed standard output (`train | head -n 1`) ends the printing, not the run: it trains to
+/// its end and writes its checkpoint. SIGHUP (a closed terminal, a dropped ssh) is SIGTERM's
+/// twin: the step in flight finishes, the checkpoint is written, the exit is 129.
+#[test]
+fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
+    use std::io::BufRead;
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
+    let (piped, hung) = (tmp.path().join("piped.safetensors"), tmp.path().join("hung.safetensors"));
+    let train = ["train", "--batch", "2", "--eval-examples", "0", "--checkpoint"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args([&train[..], &[piped.to_str().unwrap(), "--steps", "2"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with("syncstep train:"), "{first}");
+    // The reader is gone: every later line meets a closed pipe.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("panicked"), "{err}");
+    assert_eq!(checkpoint::load(&piped, &model).unwrap().step, 2);
+    let args = [&train[..], &[hung.to_str().unwrap(), "--steps", "1000"]].concat();
+    let (child, lines) = started_at(&args, "step 1 ");
+    let (code, err) = stop(child, lines, "HUP");
+    assert_eq!(code, Some(129), "{err}");
+    let step = checkpoint::load(&hung, &model).unwrap().step;
+    let said = format!(
+        "SIGHUP: stopped after step {step}; the checkpoint {} holds step {step}",
+        hung.display()
+    );
+    assert!(err.contains(&said), "{err}");
+    eprintln!("2 cases");
+}

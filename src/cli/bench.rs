@@ -149,16 +149,16 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     let report = bench::run_with_peers(&cfg, &peers, &mut |phase| {
         if lead {
-            eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
+            say_err!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
         }
     })?;
     if !lead {
         return Ok(());
     }
-    print!("{}", report.text(args.profile_rows.unwrap_or(PROFILE_ROWS)));
+    say_text!("{}", report.text(args.profile_rows.unwrap_or(PROFILE_ROWS)));
     if let Some(path) = json {
         syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
-        println!("figures written to {}", path.display());
+        say!("figures written to {}", path.display());
     }
     Ok(())
 }
@@ -173,8 +173,8 @@ fn shapes_only(
     let _claim = json
         .map(|path| syncstep::files::check_output("--json", path, &[], FIGURES, overwrite))
         .transpose()?;
-    let profile = bench::dispatch_shapes(cfg, &mut |phase| eprintln!("{phase}"))?;
-    println!(
+    let profile = bench::dispatch_shapes(cfg, &mut |phase| say_err!("{phase}"))?;
+    say!(
         "syncstep bench --shapes-only: one {} training step at batch {}, {}×{} images, recorded and not run: {} dispatches",
         cfg.arch.title(),
         cfg.global(),
@@ -182,7 +182,7 @@ fn shapes_only(
         cfg.image_size,
         profile.kernels.len()
     );
-    profile.width.text(20).iter().for_each(|l| println!("{l}"));
+    profile.width.text(20).iter().for_each(|l| say!("{l}"));
     if let Some(path) = json {
         let report = serde_json::json!({
             "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
@@ -190,7 +190,7 @@ fn shapes_only(
             "profile": profile.to_json(),
         });
         syncstep::files::write_atomic(path, report.to_string().as_bytes())?;
-        println!("figures written to {}", path.display());
+        say!("figures written to {}", path.display());
     }
     Ok(())
 }

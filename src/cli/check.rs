@@ -132,7 +132,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
-    print!("{}", report.table());
+    say_text!("{}", report.table());
     write_outputs(&report, json, golden_out)
 }
 
@@ -174,9 +174,9 @@ fn read_golden(path: &Path) -> Result<Golden, String> {
 /// A phase that starts, `at` seconds into the check (or the end, with the verdict).
 fn print_phase(at: f64, p: &CheckProgress) {
     if p.index < p.total {
-        eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
+        say_err!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
     } else {
-        eprintln!("[{at:.1} s] {}", p.phase);
+        say_err!("[{at:.1} s] {}", p.phase);
     }
 }
 
@@ -189,7 +189,7 @@ fn write_outputs(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
         syncstep::files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
-        println!("{what} written to {}", path.display());
+        say!("{what} written to {}", path.display());
         Ok(())
     };
     if let Some(path) = json {
@@ -201,7 +201,7 @@ fn write_outputs(
         if failed.is_empty() {
             write(path, report.golden.to_json(), "golden (PORTABLE)")?;
         } else {
-            println!(
+            say!(
                 "golden not written: this run failed gates, and {} is left as it was",
                 path.display()
             );

@@ -237,13 +237,13 @@ impl Report<'_> {
         });
         let text = serde_json::to_string_pretty(&report)?;
         syncstep::files::write_atomic(path, text.as_bytes())?;
-        println!("scores: {}", path.display());
+        say!("scores: {}", path.display());
         Ok(())
     }
 
     fn print(&self) {
         let (scores, names) = (self.scores, self.names);
-        println!(
+        say!(
             "{} on {} ({} split, {} images): top-1 {:.2}%, top-5 {:.2}%",
             self.model.path.display(),
             self.spec,
@@ -253,16 +253,16 @@ impl Report<'_> {
             100.0 * scores.top5()
         );
         let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(5).clamp(5, 24);
-        println!("{:<width$}  images  top-1", "class");
+        say!("{:<width$}  images  top-1", "class");
         for ((examples, accuracy), name) in scores.per_class().into_iter().zip(names) {
             let accuracy = accuracy.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
-            println!("{name:<width$}  {examples:>6}  {accuracy:>5}");
+            say!("{name:<width$}  {examples:>6}  {accuracy:>5}");
         }
         if scores.classes <= PRINTED_CONFUSION {
-            println!("confusion (row: true class, column: predicted, in class order):");
+            say!("confusion (row: true class, column: predicted, in class order):");
             for row in scores.confusion.chunks(scores.classes) {
                 let cells: Vec<String> = row.iter().map(|v| format!("{v:>5}")).collect();
-                println!("{}", cells.join(""));
+                say!("{}", cells.join(""));
             }
         }
     }

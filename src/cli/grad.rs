@@ -163,12 +163,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])),
     );
     write_f32(&args.out, &entries, &Default::default())?;
-    println!(
-        "loss {:.6}; {} gradients written to {}",
-        loss[0],
-        model.params.len(),
-        args.out.display()
-    );
+    say!("loss {:.6}; {} gradients written to {}", loss[0], model.params.len(), args.out.display());
     refuse_non_finite(&entries)
 }
 

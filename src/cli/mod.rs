@@ -5,6 +5,31 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `print!` that never panics: a closed standard output (`| head`) or a terminal gone away
+/// (SIGHUP) ends the printing, not the command, which goes on to keep its files.
+macro_rules! say_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics, as `say_text!`.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics, as `say_text!`.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod check;
 mod eval;
@@ -60,12 +85,12 @@ pub fn main() -> ExitCode {
     match e.downcast_ref::<Exit>() {
         // A stop every rank agreed on: each ends on its own.
         Some(exit) => {
-            eprintln!("{prefix}{}", exit.message);
+            say_err!("{prefix}{}", exit.message);
             ranks::finish();
             ExitCode::from(exit.code)
         }
         None => {
-            eprintln!("{prefix}error: {e}");
+            say_err!("{prefix}error: {e}");
             ranks::abort_job();
             ExitCode::FAILURE
         }

@@ -144,7 +144,7 @@ pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
         0 => String::new(),
         n => format!(", accuracy at {n} evaluations"),
     };
-    println!(
+    say!(
         "{}: loss over {steps} steps{evaluations} ({}×{})",
         args.out.display(),
         args.width,

@@ -89,7 +89,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
             let top: Vec<usize> = ranking(row).into_iter().take(args.top).collect();
             let shown: Vec<String> =
                 top.iter().map(|&c| format!("{} {:.1}%", names[c], 100.0 * p[c])).collect();
-            println!("{}: {}", path.display(), shown.join(", "));
+            say!("{}: {}", path.display(), shown.join(", "));
             let top: Vec<Value> = top
                 .iter()
                 .map(|&c| json!({"index": c, "class": names[c], "probability": p[c]}))

@@ -1,7 +1,7 @@
 //! `syncstep train`: ResNet-34 on the embedded synthetic dataset or on images (`--data`), with
-//! checkpoints that keep a run: written every `--checkpoint-every` steps and on SIGINT/SIGTERM
-//! (after the step in flight), never with a non-finite value, and a resume that changes a
-//! setting says so.
+//! checkpoints that keep a run: written every `--checkpoint-every` steps and on SIGINT, SIGTERM
+//! or SIGHUP (after the step in flight), never with a non-finite value, and a resume that
+//! changes a setting says so. A closed standard output ends the printing, not the run.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -140,9 +140,10 @@ pub struct TrainArgs {
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
-    /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT or
-    /// SIGTERM (after the step in flight) and at the end, atomically, and never with a
-    /// non-finite value (the last good one stays). Checked for writability before training.
+    /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT,
+    /// SIGTERM or SIGHUP (after the step in flight) and at the end, atomically, and never with
+    /// a non-finite value (the last good one stays). Checked for writability before training,
+    /// and locked for the run: a second run on it is refused.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Steps between checkpoints (0: only at the end and on a signal) [default: 10].
@@ -211,6 +212,9 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
+    // Rank 0 writes them: a rank given other paths would expect its own.
+    let outputs = format!("{:?} {:?}", args.checkpoint, args.log);
+    super::ranks::agree(&peers, "--checkpoint and --log (rank 0 writes them)", outputs.as_bytes())?;
     if let Some(ck) = &start {
         super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
     }
@@ -359,7 +363,7 @@ fn announce(
         ),
         _ => "synthetic images".into(),
     };
-    println!(
+    say!(
         "syncstep train: {} ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {devices}",
         cfg.arch.title(),
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, trainer.step + 1
@@ -369,9 +373,9 @@ fn announce(
             0 => String::new(),
             d => format!("; {d} images of each epoch's shuffle are left out (a partial batch)"),
         };
-        println!("{} steps per epoch{dropped}", e.steps_per_epoch());
+        say!("{} steps per epoch{dropped}", e.steps_per_epoch());
     }
-    notes.iter().for_each(|n| println!("{n}"));
+    notes.iter().for_each(|n| say!("{n}"));
 }
 
 /// Where the batches come from: the loader's threads for images (the `train` split), else the
@@ -438,7 +442,7 @@ struct Training<'a> {
 impl Training<'_> {
     fn say(&self, line: &str) {
         if self.lead {
-            println!("{line}");
+            say!("{line}");
         }
     }
 
@@ -619,7 +623,7 @@ impl Training<'_> {
     ) -> Result<(), Box<dyn std::error::Error>> {
         let peers = self.trainer.replicas.peers();
         if peers.ranks() > 1 && !self.losses.is_empty() {
-            println!(
+            say!(
                 "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
                 peers.ranks(),
                 peers.received_bytes() as f64 / self.losses.len() as f64 / 1e6
@@ -635,7 +639,7 @@ impl Training<'_> {
             let when = format!("during the final evaluation, after step {step}");
             halt(self.stop, self.args, &when, Some(step))?;
             let scores = scores.ok_or("the final evaluation was cut short")?;
-            println!(
+            say!(
                 "validation ({} images, {classes} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
                 scores.examples,
                 100.0 / classes as f64,
@@ -645,7 +649,7 @@ impl Training<'_> {
             return Ok(());
         }
         if self.val.is_some() {
-            println!("validation: not measured (no validation images)");
+            say!("validation: not measured (no validation images)");
             return Ok(());
         }
         let after = evaluate(&mut self.trainer, synthetic_eval, "after", self.stop)?;
@@ -653,19 +657,19 @@ impl Training<'_> {
         let when = format!("during the final evaluation, after step {step}");
         halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
-            (Some(before), Some(after)) => println!(
+            (Some(before), Some(after)) => say!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
                 100.0 / classes as f64,
                 100.0 * before.top1(),
                 100.0 * after.top1()
             ),
-            _ => println!("held-out accuracy: not measured (--eval-examples 0)"),
+            _ => say!("held-out accuracy: not measured (--eval-examples 0)"),
         }
         Ok(())
     }
 }
 
-/// The exit of a run that `signal` stopped `when`: 130 or 143, and what is kept (`saved`: the
+/// The exit of a run that `signal` stopped `when`: 130, 143 or 129, and what is kept (`saved`: the
 /// step the checkpoint holds; None when nothing of this run was written).
 fn stopped(
     signal: usize,
@@ -673,11 +677,8 @@ fn stopped(
     when: &str,
     saved: Option<u64>,
 ) -> Box<dyn std::error::Error> {
-    let (name, code) = if signal == signal_hook::consts::SIGINT as usize {
-        ("SIGINT", 130)
-    } else {
-        ("SIGTERM", 143)
-    };
+    // The shell's status of a process the signal ended: 128 + its number.
+    let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
     let kept = match (&args.checkpoint, saved) {
         (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
