@@ -268,6 +268,20 @@ pub struct Checkpoint {
     pub settings: BTreeMap<String, String>,
 }
 
+/// The first tensor of `ck` (its name, the element, the value) that a healthy run never holds
+/// ([`healthy`]): what a run that diverged leaves.
+pub fn unhealthy(model: &ResNet, ck: &Checkpoint) -> Option<(String, usize, f32)> {
+    let tensors = [("", &model.params, &ck.params), ("", &model.buffers, &ck.running)];
+    let momentum = ("momentum/", &model.params, &ck.velocity);
+    tensors.into_iter().chain([momentum]).find_map(|(prefix, specs, flat)| {
+        specs.iter().find_map(|spec| {
+            let values = &flat[spec.range()];
+            let index = values.iter().position(|&v| !healthy(v))?;
+            Some((format!("{prefix}{}", spec.name), index, values[index]))
+        })
+    })
+}
+
 /// The named tensors of `flat` in the layout `specs` describes.
 #[cfg(not(target_arch = "wasm32"))]
 fn entries<'a>(
@@ -286,15 +300,12 @@ fn entries<'a>(
 /// browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), CheckpointError> {
+    if let Some((name, index, value)) = unhealthy(model, ck) {
+        return Err(CheckpointError::NotFinite { name, index, value });
+    }
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
     all.extend(entries("momentum/", &model.params, &ck.velocity));
-    for (name, _, values) in &all {
-        if let Some(index) = values.iter().position(|&v| !healthy(v)) {
-            let value = values[index];
-            return Err(CheckpointError::NotFinite { name: name.clone(), index, value });
-        }
-    }
     let mut meta = ck.settings.clone();
     meta.insert(ARCH_KEY.into(), model.arch.to_string());
     meta.insert("step".into(), ck.step.to_string());
@@ -395,11 +406,16 @@ pub fn is_checkpoint(path: &Path) -> bool {
 /// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
+    from_file(&TensorFile::read(path)?, model)
+}
+
+/// The checkpoint in `file`, read as [`load`] reads it (for a caller that has read the file
+/// already, to see what it is).
+pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
     use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
-    let file = TensorFile::read(path)?;
-    check_checkpoint(&file)?;
+    check_checkpoint(file)?;
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
-        path: path.display().to_string(),
+        path: file.path.display().to_string(),
         key: key.into(),
         problem: problem.into(),
     };
@@ -413,12 +429,12 @@ pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> 
             &format!("is {arch}, but this run is {}: pass --arch {arch}", model.arch),
         ));
     }
-    let (params, running) = load_weights(&file, model, true)?;
+    let (params, running) = load_weights(file, model, true)?;
     let mut velocity = vec![0.0f32; model.param_len];
     for spec in &model.params {
         let name = format!("momentum/{}", spec.name);
         let t = file.require(&name, &spec.shape)?;
-        take(&file, &name, t, &mut velocity[spec.range()])?;
+        take(file, &name, t, &mut velocity[spec.range()])?;
     }
     let step = file
         .metadata

@@ -337,6 +337,12 @@ impl Trainer {
     /// on the batching) to `scores`.
     pub async fn score(&mut self, batch: &Batch, scores: &mut Scores) -> Result<()> {
         let logits = self.replicas.predict(batch).await?;
+        if let Some((row, value)) = crate::scores::non_finite_row(&logits, scores.classes) {
+            return Err(invalid(StepError::Invalid(format!(
+                "the model's outputs for image {} of the evaluation are not finite ({value}): its weights overflow, as a run that diverged leaves them; score another checkpoint",
+                scores.examples + row + 1
+            ))));
+        }
         scores.add(&logits, &batch.labels);
         Ok(())
     }

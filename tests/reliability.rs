@@ -281,11 +281,10 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
     if std::fs::read(&good).unwrap() != before {
         assert!(kept.step > 1, "a later good step may have been saved");
     }
-    // grad: a BatchNorm scale at f32::MAX overflows the activations to infinity; the output is
-    // written, the exit is not 0.
+    // grad: every parameter at 1e18 (each one below the bound a load holds weights to)
+    // overflows the activations to infinity; the output is written, the exit is not 0.
     let mut ck = checkpoint::load(&good, &model).unwrap();
-    let scale = model.param("bn1.weight").unwrap().range();
-    ck.params[scale].iter_mut().for_each(|w| *w = f32::MAX);
+    ck.params.fill(1e18);
     let weights = dir.join("huge.safetensors");
     let entries: Vec<(String, Vec<usize>, &[f32])> = model
         .params
@@ -983,4 +982,183 @@ fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
     );
     assert!(err.contains(&said), "{err}");
     eprintln!("2 cases");
+}
+
+/// `path`'s bytes with the first `from` replaced by `to` (of the same length), written to
+/// `dir/name`: an edit no checksum was recomputed for.
+fn edited(path: &Path, from: &[u8], to: &[u8], dir: &Path, name: &str) -> PathBuf {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("the text to edit");
+    bytes[at..at + to.len()].copy_from_slice(to);
+    let out = dir.join(name);
+    std::fs::write(&out, bytes).unwrap();
+    out
+}
+
+/// The checkpoint at `path` (of `model`) saved again to `dir/name` after `change`: with a
+/// checksum that holds, so that only the checks of what it says can refuse it.
+fn resaved(
+    path: &Path,
+    model: &ResNet,
+    dir: &Path,
+    name: &str,
+    change: impl FnOnce(&mut Checkpoint),
+) -> String {
+    let mut ck = checkpoint::load(path, model).unwrap();
+    change(&mut ck);
+    let out = dir.join(name);
+    checkpoint::save(&out, model, &ck).unwrap();
+    out.to_str().unwrap().to_string()
+}
+
+/// Every byte of a checkpoint that a load reads is covered by its hash, and everything it says
+/// is checked: an edited setting, a standard deviation of 0, a NaN mean, class names that are
+/// not the class count, a negative running variance, integer weights; a checkpoint given as
+/// --weights or weights as --checkpoint is pointed to its flag; --class-names with a
+/// checkpoint is refused. Each refused by resume, eval and predict alike, naming the file and
+/// the setting, with every file unchanged.
+#[test]
+fn every_setting_and_value_a_checkpoint_holds_is_checked() {
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let images = image_folder(dir, 4);
+    let on_images = images_checkpoint(dir, &images);
+    let png = images.join("ant/0.png");
+    let (m, png) = (on_images.to_str().unwrap(), png.to_str().unwrap());
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let setting = |name: &str, key: &str, value: &str| {
+        resaved(&on_images, &model, dir, name, |ck| {
+            drop(ck.settings.insert(key.into(), value.into()))
+        })
+    };
+    let lr = edited(&on_images, b"\"lr\":\"0.01\"", b"\"lr\":\"0.02\"", dir, "lr.safetensors");
+    let checked: Vec<(String, String)> = vec![
+        (lr.to_str().unwrap().into(), "header or tensor data does not match the SHA-256".into()),
+        (setting("std.safetensors", "std", "0,0.2,0.2"), "setting `std` is [0.0, 0.2, 0.2]".into()),
+        (setting("mean.safetensors", "mean", "NaN,0.4,0.4"), "setting `mean` is [NaN".into()),
+        (
+            setting("names.safetensors", "class_names", "[\"ant\",\"bee\",\"cat\"]"),
+            "setting `class_names` lists 3 names, and `classes` is 2".into(),
+        ),
+        (
+            resaved(&on_images, &model, dir, "var.safetensors", |ck| {
+                ck.running
+                    [model.buffers.iter().find(|t| t.name == "bn1.running_var").unwrap().range()]
+                    [3] = -1.0
+            }),
+            "`bn1.running_var` element 3 is -1e0: a negative running variance".into(),
+        ),
+    ];
+    let before = snapshot(&[dir]);
+    let mut cases = 0;
+    for (path, says) in &checked {
+        for args in [
+            vec!["train", "--resume", path, "--steps", "1"],
+            vec!["eval", "--checkpoint", path],
+            vec!["predict", "--checkpoint", path, png],
+        ] {
+            let o = run(&args, &[], &[]);
+            refused(&o, says);
+            assert!(text(&o).contains(path.as_str()), "the file is named: {}", text(&o));
+            assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+            cases += 1;
+        }
+    }
+    // Integer weights, and files given to the other flag.
+    let ints = dir.join("ints.safetensors");
+    let resnet = ResNet::new(Arch::ResNet34, 10).unwrap();
+    let params = resnet.init_params(1);
+    let mut floats: Vec<(String, Vec<usize>, &[f32])> = resnet
+        .params
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone(), &params[t.range()]))
+        .collect();
+    let conv1 = floats.remove(0);
+    let labels = vec![1i64; conv1.2.len()];
+    let int = [(conv1.0.clone(), conv1.1.clone(), &labels[..])];
+    syncstep::tensorfile::write_f32_i64(&ints, &floats, &int, &Default::default()).unwrap();
+    let weights = dir.join("weights.safetensors");
+    reshaped_weights(&weights, &|_, s| Some(s));
+    let (i, w) = (ints.to_str().unwrap(), weights.to_str().unwrap());
+    let names = dir.join("names.txt");
+    std::fs::write(&names, "ant\nbee\n").unwrap();
+    let n = names.to_str().unwrap();
+    let before = snapshot(&[dir]);
+    let flags: [(&[&str], &str); 4] = [
+        (&["predict", "--weights", i, png], "tensor `conv1.weight` holds integers"),
+        (&["predict", "--weights", m, png], "this is a syncstep checkpoint (a `train --checkpoint` file), not torchvision weights: give it as --checkpoint"),
+        (&["eval", "--checkpoint", w], "this is not a syncstep checkpoint (a `train --checkpoint` file); torchvision weights go to --weights"),
+        (&["predict", "--checkpoint", m, "--class-names", n, png], "drop --class-names"),
+    ];
+    for (args, says) in flags {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases + flags.len());
+}
+
+/// A learning rate or weight decay that blows the parameters up in one step is a divergence:
+/// exit non-zero, the last good checkpoint kept; weights that overflow give no NaN
+/// probability, an error instead; counts past their bound are refused before any work.
+#[test]
+fn runaway_numbers_are_refused_and_no_nan_is_printed() {
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let images = image_folder(dir, 4);
+    let on_images = images_checkpoint(dir, &images);
+    // Every parameter at 1e18: healthy alone, the activations overflow.
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let huge = resaved(&on_images, &model, dir, "huge.safetensors", |ck| ck.params.fill(1e18));
+    let (g, png) = (good.to_str().unwrap(), images.join("ant/0.png"));
+    let png = png.to_str().unwrap();
+    let before = snapshot(&[dir]);
+    let resume = ["train", "--resume", g, "--checkpoint", g, "--override", "--steps", "1"];
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &[&resume[..], &["--lr", "1e30"]].concat(),
+            "the run diverged at step 2: `conv1.weight` element",
+        ),
+        (
+            &[
+                "train",
+                "--steps",
+                "1",
+                "--batch",
+                "2",
+                "--eval-examples",
+                "0",
+                "--weight-decay",
+                "1e30",
+            ],
+            "the run diverged at step 1",
+        ),
+        (&["predict", "--checkpoint", &huge, png], "ant/0.png: the model's outputs are not finite"),
+        (
+            &["eval", "--checkpoint", &huge],
+            "the model's outputs for image 1 of the evaluation are not finite",
+        ),
+        (
+            &["train", "--classes", "100000000", "--steps", "1"],
+            "'100000000' for '--classes <CLASSES>': a classifier has 2 to 100000 classes",
+        ),
+        (
+            &["check", "--steps", "18446744073709551615"],
+            "'18446744073709551615' for '--steps <STEPS>': at most 1000",
+        ),
+        (&["bench", "--steps", "1000000"], "'1000000' for '--steps <STEPS>': at most 10000"),
+    ];
+    for (args, says) in cases {
+        let o = run(args, &[], &[]);
+        refused(&o, says);
+        assert!(!text(&o).contains("NaN%"), "{}", text(&o));
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len());
 }

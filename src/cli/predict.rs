@@ -84,6 +84,13 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
         let batch =
             Batch { images: chunk.concat(), labels: vec![0; chunk.len()], h: size, w: size };
         let logits = pollster::block_on(trainer.replicas.predict(&batch))?;
+        if let Some((row, value)) = syncstep::scores::non_finite_row(&logits, k) {
+            return Err(format!(
+                "{}: the model's outputs are not finite ({value}): its weights overflow, as a run that diverged leaves them; use another checkpoint",
+                paths[row].display()
+            )
+            .into());
+        }
         for (path, row) in paths.iter().zip(logits.chunks(k)) {
             let p = softmax(row);
             let top: Vec<usize> = ranking(row).into_iter().take(args.top).collect();

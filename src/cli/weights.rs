@@ -110,16 +110,14 @@ impl ModelArgs {
         let (mut cfg, weights) = if torchvision {
             torchvision_weights(path, self.arch)?
         } else {
-            let metadata = TensorFile::read(path)?.metadata;
-            let cfg = TrainConfig::from_settings(&metadata).map_err(|e| {
-                let other = !metadata.contains_key("format");
-                let hint = if other { " (torchvision weights go to --weights)" } else { "" };
-                format!("{}: {e}{hint}", path.display())
-            })?;
+            let file = TensorFile::read(path)?;
+            checkpoint::check_checkpoint(&file)?;
+            let cfg = TrainConfig::from_settings(&file.metadata)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             if let Some(arch) = self.arch.filter(|&a| a != cfg.arch) {
                 return Err(format!("{}: the checkpoint is a {}, not a {arch} (--arch): drop --arch or pass --arch {}", path.display(), cfg.arch, cfg.arch).into());
             }
-            let weights = checkpoint::load(path, &ResNet::new(cfg.arch, cfg.classes)?)?;
+            let weights = checkpoint::from_file(&file, &ResNet::new(cfg.arch, cfg.classes)?)?;
             (cfg, weights)
         };
         cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
@@ -146,6 +144,12 @@ fn torchvision_weights(
         format!("{e}: --weights takes a torchvision ResNet's `state_dict` (resnet18, resnet34, resnet50 or resnet101) saved as safetensors (docs/data.md)")
     };
     let file = TensorFile::read(path).map_err(|e| hint(&e))?;
+    if file.metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint")) {
+        return Err(format!(
+            "{}: this is a syncstep checkpoint (a `train --checkpoint` file), not torchvision weights: give it as --checkpoint, which runs it with its run's classes, image size and normalisation",
+            path.display()
+        ));
+    }
     let arch = checkpoint::weights_arch(&file, asked).map_err(|e| hint(&e))?;
     let classes = checkpoint::classes(&file, arch).map_err(|e| hint(&e))?;
     let model = ResNet::new(arch, classes).map_err(|e| hint(&e))?;

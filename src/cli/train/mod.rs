@@ -89,7 +89,7 @@ pub struct TrainArgs {
     image_size: Option<u32>,
     /// Number of classes of the synthetic dataset and the classifier [default: 10; with
     /// --data, the dataset's].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::classes)]
     classes: Option<u32>,
     /// Seed of the initialisation, the dataset's split, shuffles and augmentation [default: 0].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
@@ -564,12 +564,11 @@ impl Training<'_> {
         let step = self.trainer.step;
         let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
         let periodic = every > 0 && step.is_multiple_of(every);
-        if signal != 0 || (periodic && step < self.last) {
-            if let Some(path) = self.checkpoint {
-                let saved = self.save(path)?;
-                if self.bar.is_hidden() {
-                    self.say(&saved);
-                }
+        let due = signal != 0 || (periodic && step < self.last);
+        if let (true, Some(path)) = (due, self.checkpoint) {
+            let saved = self.save(Some(path))?.unwrap_or_default();
+            if self.bar.is_hidden() {
+                self.say(&saved);
             }
         }
         if signal != 0 {
@@ -580,16 +579,27 @@ impl Training<'_> {
     }
 
     /// Writes the run's state to `path`; says what was written.
-    fn save(&self, path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    /// The run's state, written to `path` when given (said what was written): refused, the
+    /// run diverged, when a tensor holds what a healthy run never does. A step's loss shows
+    /// the update before it; this check shows the last.
+    fn save(&self, path: Option<&Path>) -> Result<Option<String>, Box<dyn std::error::Error>> {
         let ck = pollster::block_on(self.trainer.checkpoint())?;
+        if let Some((name, index, value)) = checkpoint::unhealthy(self.trainer.model(), &ck) {
+            let why = format!(
+                "`{name}` element {index} became {value:e}, not finite or past ±{:e} (where its square overflows f32)",
+                f32::MAX.sqrt()
+            );
+            return Err(diverged(self.args, ck.step, &why));
+        }
+        let Some(path) = path else { return Ok(None) };
         checkpoint::save(path, self.trainer.model(), &ck)?;
-        Ok(format!("checkpoint: {} (step {})", path.display(), ck.step))
+        Ok(Some(format!("checkpoint: {} (step {})", path.display(), ck.step)))
     }
 
     /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
     fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
-        let saved = self.checkpoint.map(|path| self.save(path)).transpose()?;
+        let saved = self.save(self.checkpoint.map(PathBuf::as_path))?;
         // A signal before here stops the run after its last step; once the checkpoint line is
         // out, one stops the final evaluation (a log reader can tell which from that line).
         let step = self.trainer.step;
@@ -699,7 +709,7 @@ fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error
         }
         _ => "no checkpoint was written".into(),
     };
-    format!("the run diverged at step {step}: {why}; lower --lr; {kept}").into()
+    format!("the run diverged at step {step}: {why}; lower --lr (or --weight-decay); {kept}").into()
 }
 
 /// Refuses a run whose images and activations would not fit this host's available memory.

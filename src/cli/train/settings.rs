@@ -83,10 +83,12 @@ impl Saved {
 
 pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let defaults = TrainConfig::default();
-    let settings = match &args.resume {
-        Some(p) => TensorFile::read(p)?.metadata,
-        None => Default::default(),
-    };
+    // Read once, and checked whole before any of it is used.
+    let resumed = args.resume.as_deref().map(TensorFile::read).transpose()?;
+    if let Some(file) = &resumed {
+        checkpoint::check_checkpoint(file)?;
+    }
+    let settings = resumed.as_ref().map(|file| file.metadata.clone()).unwrap_or_default();
     let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
     if args.resume.is_some() {
         // A checkpoint from before the choice of arch is ResNet-34's.
@@ -108,10 +110,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, true)?;
 
     let model = ResNet::new(arch, classes)?;
-    let start = match &args.resume {
-        Some(p) => Some(checkpoint::load(p, &model)?),
-        None => None,
-    };
+    let start = resumed.map(|file| checkpoint::from_file(&file, &model)).transpose()?;
     let from = start.as_ref().map_or(0, |ck| ck.step);
     let epochs = epochs_over(splits.as_ref(), batch, seed)?;
     let last = last_step(args, epochs, from)?;
