@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::checkpoint::{Checkpoint, ARCH_KEY};
 use crate::data::schedule::{LrSchedule, Schedule};
-use crate::data::source::DataSpec;
+use crate::data::source::{DataSpec, Fingerprint};
 use crate::data::transform::{Augment, Normalization};
 use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::Gpu;
@@ -40,6 +40,9 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageSettings {
     pub data: DataSpec,
+    /// What the data is, wherever it is (None in checkpoints of earlier builds, and in the
+    /// browser).
+    pub fingerprint: Option<Fingerprint>,
     pub val_split: f64,
     pub augment: Augment,
     pub norm: Normalization,
@@ -99,6 +102,10 @@ impl TrainConfig {
                         serde_json::to_string(&i.class_names).unwrap_or_default(),
                     ),
                 ]);
+                if let Some(f) = &i.fingerprint {
+                    settings.insert("data_sha256".into(), f.sha256.clone());
+                    settings.insert("data_examples".into(), f.examples.to_string());
+                }
             }
         }
         settings
@@ -124,6 +131,13 @@ impl TrainConfig {
             DataSpec::Synthetic => None,
             data => Some(ImageSettings {
                 data,
+                fingerprint: match settings.get("data_sha256") {
+                    Some(sha256) => Some(Fingerprint {
+                        sha256: sha256.clone(),
+                        examples: get(settings, "data_examples")?,
+                    }),
+                    None => None,
+                },
                 val_split: get(settings, "val_split")?,
                 augment: get(settings, "augment")?,
                 norm: Normalization { mean: three("mean")?, std: three("std")? },

@@ -298,6 +298,7 @@ pub async fn train_images(
         seed: seed.into(),
         images: Some(ImageSettings {
             data: DataSpec::Folder("browser".into()),
+            fingerprint: None,
             val_split: 0.2,
             augment: Augment::ResizedCropFlip,
             norm,

@@ -213,8 +213,8 @@ fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A rank with other settings (here its label smoothing, or its own --checkpoint) is refused
-/// before any step, naming them.
+/// A rank with other settings (here its label smoothing, its own --checkpoint, or other data)
+/// is refused before any step, naming them.
 #[test]
 fn ranks_that_disagree_are_refused_at_start() {
     if gpu().is_none() {
@@ -240,6 +240,23 @@ fn ranks_that_disagree_are_refused_at_start() {
     let says = "rank(s) [1] differ from rank 0 in --checkpoint and --log (rank 0 writes them)";
     assert!(!o.status.success() && text(&o).contains(says), "{}", text(&o));
     assert!(!a.exists() && !b.exists(), "nothing is written");
+    // A rank whose --data holds other images (here one more of each class) than rank 0's.
+    let folder = |name: &str, per_class: u32| {
+        for class in ["ant", "bee"] {
+            std::fs::create_dir_all(dir.join(name).join(class)).unwrap();
+            for i in 0..per_class {
+                let img = image::RgbImage::from_pixel(32, 32, image::Rgb([i as u8 * 40, 9, 9]));
+                img.save(dir.join(name).join(class).join(format!("{i}.png"))).unwrap();
+            }
+        }
+        let args = [BIN, "train", "--mpi", "--batch", "2", "--steps", "1", "--val-split", "0"];
+        let root = dir.join(name);
+        let data = ["--normalize", "imagenet", "--data", root.to_str().unwrap()];
+        args.iter().chain(&data).map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let o = mpirun(&[(1, folder("a", 2)), (1, folder("b", 3))]);
+    let says = "rank(s) [1] differ from rank 0 in the data (its files, sizes and labels)";
+    assert!(!o.status.success() && text(&o).contains(says), "{}", text(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

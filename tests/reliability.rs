@@ -1162,3 +1162,109 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
     }
     eprintln!("{} cases", cases.len());
 }
+
+/// The data is recorded by what it is: its absolute path and a fingerprint of its files. A
+/// relative --data is recorded absolute, so `eval` from another folder scores the same images;
+/// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
+/// refused by a resume and by `eval`, with every file unchanged.
+#[test]
+fn the_data_is_an_identity_not_a_path() {
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().canonicalize().unwrap();
+    let images = image_folder(&dir, 4);
+    let ck = dir.join("ck.safetensors");
+    let c = ck.to_str().unwrap();
+    let in_dir = |cwd: &Path, args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+        cmd.args(args).current_dir(cwd).stdin(Stdio::null()).output().unwrap()
+    };
+    let train = ["train", "--steps", "1", "--batch", "2", "--normalize", "imagenet"];
+    let o = in_dir(&dir, &[&train[..], &["--data", "images", "--checkpoint", c]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let recorded = TensorFile::read(&ck).unwrap().metadata["data"].clone();
+    assert_eq!(recorded, images.to_str().unwrap(), "recorded absolute");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let o = in_dir(&elsewhere, &["eval", "--checkpoint", c]);
+    assert!(
+        o.status.success() && text(&o).contains(&format!("on {recorded} (val split")),
+        "{}",
+        text(&o)
+    );
+    let resume = ["train", "--resume", c, "--steps", "1", "--eval-examples", "0"];
+    let respelt = format!("{}/../images/", images.display());
+    let o = run(&[&resume[..], &["--data", &respelt]].concat(), &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let copy = dir.join("copy");
+    assert!(Command::new("cp").arg("-r").arg(&images).arg(&copy).status().unwrap().success());
+    let o = run(&[&resume[..], &["--data", copy.to_str().unwrap()]].concat(), &[], &[]);
+    let says =
+        format!("{} holds the files the checkpoint was trained on at {recorded}", copy.display());
+    assert!(o.status.success() && text(&o).contains(&says), "{}", text(&o));
+    std::fs::copy(images.join("ant/0.png"), images.join("ant/extra.png")).unwrap();
+    let before = snapshot(&[&dir]);
+    let other = "is not the data the checkpoint was trained on: 9 images, SHA-256";
+    refused(&run(&resume, &[], &[]), other);
+    let o = run(&["eval", "--checkpoint", c], &[], &[]);
+    refused(&o, "is not the data");
+    assert!(
+        text(&o).contains("8 images, SHA-256") && text(&o).contains("give --data"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(snapshot(&[&dir]), before, "a refusal changed a file");
+    eprintln!("6 cases");
+}
+
+/// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's
+/// decoder would fill the rest with grey), in training and in `predict`; an image of more
+/// pixels than PIL takes is refused before it is decoded.
+#[test]
+fn a_truncated_or_enormous_image_is_an_error_naming_it() {
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let images = image_folder(dir, 2);
+    let on_images = images_checkpoint(dir, &images);
+    let mut jpeg = std::io::Cursor::new(Vec::new());
+    let photo = image::RgbImage::from_fn(40, 40, |x, y| image::Rgb([x as u8 * 6, y as u8 * 6, 7]));
+    photo.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+    let jpeg = jpeg.into_inner();
+    let cut = images.join("ant/cut.jpg");
+    std::fs::write(&cut, &jpeg[..jpeg.len() - 2]).unwrap();
+    // A BMP whose header says 20000×20000.
+    let mut bomb = std::io::Cursor::new(Vec::new());
+    photo.write_to(&mut bomb, image::ImageFormat::Bmp).unwrap();
+    let mut bomb = bomb.into_inner();
+    bomb[18..22].copy_from_slice(&20000i32.to_le_bytes());
+    bomb[22..26].copy_from_slice(&20000i32.to_le_bytes());
+    let big = dir.join("big.bmp");
+    std::fs::write(&big, bomb).unwrap();
+    let (m, i) = (on_images.to_str().unwrap(), images.to_str().unwrap());
+    let ck = dir.join("never.safetensors");
+    let before = snapshot(&[dir]);
+    let cut_short = format!("{}: not a decodable image (the file is cut short", cut.display());
+    let train = ["train", "--data", i, "--val-split", "0", "--batch", "5", "--steps", "1"];
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[&train[..], &["--normalize", "imagenet", "--checkpoint", ck.to_str().unwrap()]]
+                .concat(),
+            &cut_short,
+        ),
+        (&["predict", "--checkpoint", m, cut.to_str().unwrap()], &cut_short),
+        (
+            &["predict", "--checkpoint", m, big.to_str().unwrap()],
+            "20000×20000 is 400000000 pixels, past the 178956970 PIL takes",
+        ),
+    ];
+    for (args, says) in cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len());
+}

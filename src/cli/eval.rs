@@ -93,7 +93,14 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let spec = args
         .data
         .clone()
-        .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
+        .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()))
+        .canonical()
+        .map_err(|e| match args.data {
+            Some(_) => format!("--data: {e}"),
+            None => format!(
+                "the checkpoint's data is not there ({e}): give --data with the place it is now"
+            ),
+        })?;
     let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
     let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
     let _claim = args
@@ -166,6 +173,18 @@ fn split_of(
     let cfg = &model.cfg;
     let run = cfg.images.as_ref().filter(|_| !model.torchvision);
     let splits = source::open(spec, run.map_or(0.0, |i| i.val_split), cfg.seed)?;
+    // The checkpoint's own data must still be what its run trained on (--data names other data).
+    let then = run.and_then(|i| i.fingerprint.as_ref()).filter(|_| args.data.is_none());
+    if let Some(then) = then {
+        let now = splits.fingerprint(spec.path().unwrap_or(Path::new(".")))?;
+        if now != *then {
+            return Err(format!(
+                "{spec} is not the data {} was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): give --data to score other data",
+                model.path.display()
+            )
+            .into());
+        }
+    }
     let whole = run.is_none() && splits.val.is_empty();
     let split = args.split.unwrap_or(if whole { Split::Train } else { Split::Val });
     let (data, name) = match split {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::checkpoint;
+use syncstep::collective::Peers;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::schedule::{Epochs, LrSchedule};
 use syncstep::data::source::{DataSpec, Dataset, Splits};
@@ -211,13 +212,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
     let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
-    super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
-    // Rank 0 writes them: a rank given other paths would expect its own.
-    let outputs = format!("{:?} {:?}", args.checkpoint, args.log);
-    super::ranks::agree(&peers, "--checkpoint and --log (rank 0 writes them)", outputs.as_bytes())?;
-    if let Some(ck) = &start {
-        super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
-    }
+    agree_with_ranks(&peers, &args, &cfg, local, start.as_ref())?;
     let gpus =
         super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let replicas = gpus.len() * peers.ranks();
@@ -302,6 +297,30 @@ fn outputs(
         None => None,
     };
     Ok((claim, log))
+}
+
+/// Checks that every rank runs the same training: the data by what it is (not by the path each
+/// rank reaches it by), every other setting, the outputs rank 0 writes (a rank given others
+/// would expect its own), and the state it starts from.
+fn agree_with_ranks(
+    peers: &Peers,
+    args: &TrainArgs,
+    cfg: &TrainConfig,
+    local: usize,
+    start: Option<&checkpoint::Checkpoint>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use super::ranks::agree;
+    let data = cfg.images.as_ref().and_then(|i| i.fingerprint.as_ref()).map(|f| f.to_string());
+    agree(peers, "the data (its files, sizes and labels)", format!("{data:?}").as_bytes())?;
+    let mut settings = cfg.settings();
+    settings.remove("data");
+    agree(peers, "the settings", format!("{} {settings:?} {local}", cfg.arch).as_bytes())?;
+    let outputs = format!("{:?} {:?}", args.checkpoint, args.log);
+    agree(peers, "--checkpoint and --log (rank 0 writes them)", outputs.as_bytes())?;
+    if let Some(ck) = start {
+        agree(peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
+    }
+    Ok(())
 }
 
 /// Ends the run, saying so, when a signal came: `when` it stopped, and the step the checkpoint
