@@ -353,7 +353,7 @@ impl Trainer {
         let logits = self.replicas.predict(batch).await?;
         if let Some((row, value)) = crate::scores::non_finite_row(&logits, scores.classes) {
             return Err(invalid(StepError::Invalid(format!(
-                "the model's outputs for image {} of the evaluation are not finite ({value}): its weights overflow, as a run that diverged leaves them; score another checkpoint",
+                "the model's outputs for image {} of the evaluation are not finite ({value}), so it has no score: the forward pass overflowed (the weights of a run that diverged, or inputs far from what they were trained on, do that)",
                 scores.examples + row + 1
             ))));
         }

@@ -1268,3 +1268,83 @@ fn a_truncated_or_enormous_image_is_an_error_naming_it() {
     }
     eprintln!("{} cases", cases.len());
 }
+
+/// A command, the variables it runs with, and what its refusal says.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
+/// Messages name the cause in the user's words: `predict` and `eval` at an input size where
+/// the run's batch does not fit take fewer images at a time (and one image that does not fit
+/// names --image-size, not a --batch they do not have); a flag with no effect, a variable's
+/// value with none, a flag checked before any device is made: each named.
+#[test]
+fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let images = image_folder(dir, 9);
+    let ck = dir.join("b16.safetensors");
+    let sixteen = ck.to_str().unwrap();
+    let (i, png) = (images.to_str().unwrap(), images.join("ant/0.png"));
+    let png = png.to_str().unwrap();
+    let train = ["train", "--data", i, "--val-split", "0.1", "--normalize", "imagenet"];
+    let o = run(
+        &[&train[..], &["--batch", "16", "--steps", "1", "--checkpoint", sixteen]].concat(),
+        &[],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // A batch of 16 at 512² or 400² is past lavapipe's 128 MiB storage binding.
+    let o = run(&["predict", "--checkpoint", sixteen, "--image-size", "512", png], &[], &[]);
+    assert!(o.status.success() && text(&o).contains(&format!("{png}: ")), "{}", text(&o));
+    let o = run(&["eval", "--checkpoint", sixteen, "--image-size", "400"], &[], &[]);
+    assert!(o.status.success() && text(&o).contains("(val split, 2 images)"), "{}", text(&o));
+    let before = snapshot(&[dir]);
+    let cases: [Case; 7] = [
+        (
+            &["predict", "--checkpoint", sixteen, "--image-size", "100000", png],
+            &[],
+            "--image-size 100000: one image does not fit",
+        ),
+        (
+            &["bench", "--profile-rows", "5"],
+            &[],
+            "--profile-rows sets the rows of --profile's table",
+        ),
+        (&["bench", "--roofline-size", "64", "--no-roofline"], &[], "cannot be used with"),
+        (&["check", "--image-size", "16"], &[], "--image-size 16: image size 16×16 is too small"),
+        (
+            &["info"],
+            &[("SYNCSTEP_SUBGROUPS", "garbage")],
+            "SYNCSTEP_SUBGROUPS=\"garbage\": give off",
+        ),
+        (&["info"], &[("SYNCSTEP_MPI_SILENCE", "soon")], "SYNCSTEP_MPI_SILENCE=\"soon\""),
+        (
+            &[
+                "grad",
+                "--weights",
+                sixteen,
+                "--batch",
+                sixteen,
+                "--out",
+                "g.safetensors",
+                "--label-smoothing",
+                "2",
+            ],
+            &[],
+            "--label-smoothing 2: label smoothing must be in [0, 1)",
+        ),
+    ];
+    for (args, set, says) in cases {
+        let o = run(args, set, &[]);
+        refused(&o, says);
+        assert!(
+            !text(&o).contains("--batch or") && !text(&o).contains("replica 0"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len() + 2);
+}

@@ -10,7 +10,7 @@ use syncstep::files::Kind;
 use syncstep::golden::Golden;
 use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::kernels::conv2d::set_kernel_policy;
-use syncstep::model::Arch;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
 
@@ -90,6 +90,8 @@ enum SabotageArg {
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let size = args.image_size;
+    ResNet::check_image_size(size, size).map_err(|e| format!("--image-size {size}: {e}"))?;
     let outputs = args.json.is_some() || args.golden.is_some();
     let overwrite = args.overwrite.check(outputs, "--json, --golden")?;
     let peers = super::ranks::peers(&args.ranks)?;

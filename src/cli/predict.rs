@@ -78,7 +78,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
     for path in &args.images {
         pixels.push(eval_image(&decode_file(path)?, size, preprocess, &norm));
     }
-    let chunk = model.cfg.batch.max(1);
+    let chunk = trainer.cfg.batch.max(1);
     let mut report = Vec::new();
     for (paths, chunk) in args.images.chunks(chunk).zip(pixels.chunks(chunk)) {
         let batch =
@@ -86,7 +86,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
         let logits = pollster::block_on(trainer.replicas.predict(&batch))?;
         if let Some((row, value)) = syncstep::scores::non_finite_row(&logits, k) {
             return Err(format!(
-                "{}: the model's outputs are not finite ({value}): its weights overflow, as a run that diverged leaves them; use another checkpoint",
+                "{}: the model's outputs are not finite ({value}), so it has no prediction for it: the forward pass overflowed (the weights of a run that diverged, or an input far from what they were trained on, do that)",
                 paths[row].display()
             )
             .into());

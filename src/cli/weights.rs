@@ -84,12 +84,14 @@ impl Model {
         }
     }
 
-    /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for.
+    /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for,
+    /// its batch the run's, or as many images as fit the device at the input size asked for.
     pub fn trainer(&self, weights: Checkpoint) -> Result<Trainer, Box<dyn Error>> {
         let (peers, tune) = (Default::default(), Default::default());
         let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
         let gpu = devices.into_iter().next().ok_or("no device")?;
-        Ok(Trainer::new(gpu, self.cfg.clone(), Some(weights))?)
+        let batch = fitting_batch(&self.cfg, &gpu.limits)?;
+        Ok(Trainer::new(gpu, TrainConfig { batch, ..self.cfg.clone() }, Some(weights))?)
     }
 }
 
@@ -131,6 +133,25 @@ impl ModelArgs {
             adapter: self.adapter.clone(),
         };
         Ok((model, weights))
+    }
+}
+
+/// The largest batch, of the run's (halved until it fits), that a device with `limits` holds at
+/// `cfg`'s input size: evaluation scores each image alone, so a smaller batch gives the same
+/// scores. An error, in `eval`'s and `predict`'s words, when one image does not fit.
+fn fitting_batch(cfg: &TrainConfig, limits: &wgpu::Limits) -> Result<usize, Box<dyn Error>> {
+    let model = ResNet::new(cfg.arch, cfg.classes)?;
+    let size = cfg.image_size;
+    let mut batch = cfg.batch.max(1);
+    loop {
+        match syncstep::step::check_batch_fits(&model, batch as u64, size, size, limits) {
+            Ok(()) => return Ok(batch),
+            Err(_) if batch > 1 => batch /= 2,
+            Err(e) => {
+                let e = e.to_string().replace("--batch or --image-size", "--image-size");
+                return Err(format!("--image-size {size}: one image does not fit: {e}").into());
+            }
+        }
     }
 }
 

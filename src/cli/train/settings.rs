@@ -99,7 +99,8 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
     let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
     let image_size = saved.setting("image_size", args.image_size, defaults.image_size, false)?;
-    ResNet::check_image_size(image_size, image_size)?;
+    ResNet::check_image_size(image_size, image_size)
+        .map_err(|e| format!("--image-size {image_size}: {e}"))?;
     let (splits, images) = match image_settings(args, &mut saved, &data, seed, image_size)? {
         Some((splits, images)) => (Some(splits), Some(images)),
         None => (None, None),
