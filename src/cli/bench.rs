@@ -130,7 +130,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             PlanFor::Gpu => KernelPlan::Gpu,
             PlanFor::Timed => KernelPlan::Timed,
         },
-        bucket_bytes: args.buckets.bytes(),
+        bucket_bytes: args.buckets.bytes(global_replicas)?,
         retune: args.tune.retune,
         ..BenchConfig::default()
     };

@@ -99,7 +99,8 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     // This process's replicas' adapters; the single device on the first.
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
-    let cfg = config(&args, local * peers.ranks(), adapters, args.buckets.bytes());
+    let replicas = local * peers.ranks();
+    let cfg = config(&args, replicas, adapters, args.buckets.bytes(replicas)?);
     let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
     // Outputs (rank 0's) are checked before any work; neither may be the golden read for

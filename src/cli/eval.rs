@@ -119,14 +119,19 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (scores, split, names, step) = match (&spec, model.norm()) {
         (DataSpec::Synthetic, _) => {
-            if args.model.preprocess.is_some() {
-                return Err("--preprocess applies to images; the synthetic dataset has no use for it: drop --preprocess".into());
+            let images_only = [
+                ("--preprocess", args.model.preprocess.is_some()),
+                ("--workers", args.workers.is_some()),
+                ("--split", args.split.is_some()),
+            ];
+            if let Some((flag, _)) = images_only.iter().find(|(_, given)| *given) {
+                return Err(format!("{flag} applies to a dataset of images; the synthetic dataset's held-out images are one set made in place: drop {flag}").into());
             }
             let examples = super::eval_count("--examples", args.examples.unwrap_or(1000))?;
             let mut trainer = model.trainer(weights)?;
             bar.set_length(examples as u64);
             let scores = pollster::block_on(trainer.evaluate(examples, progress))?;
-            let split = split_name(args.split.unwrap_or(Split::Val));
+            let split = "val";
             (scores, split, cfg.class_names(), trainer.step)
         }
         (_, None) => {
@@ -284,12 +289,5 @@ impl Report<'_> {
                 say!("{}", cells.join(""));
             }
         }
-    }
-}
-
-fn split_name(split: Split) -> &'static str {
-    match split {
-        Split::Train => "train",
-        Split::Val => "val",
     }
 }

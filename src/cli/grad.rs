@@ -121,6 +121,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
     let settings = format!("label smoothing {}, {local} replicas per rank", args.label_smoothing);
     super::ranks::agree(&peers, "the settings", settings.as_bytes())?;
     super::ranks::agree(&peers, "the weights", bytemuck::cast_slice(&params))?;
@@ -131,7 +132,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?
         .with_peers(peers)
-        .with_bucket_bytes(args.buckets.bytes());
+        .with_bucket_bytes(bucket_bytes);
     let m = batch.len();
     let out = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;
     let logits = dp.logits(&out)?;

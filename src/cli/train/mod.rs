@@ -212,14 +212,14 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
     let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
     agree_with_ranks(&peers, &args, &cfg, local, start.as_ref())?;
     let gpus =
         super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let replicas = gpus.len() * peers.ranks();
     let devices = devices_text(&gpus, cfg.batch, peers.ranks(), local)?;
-    let mut trainer = Trainer::data_parallel(gpus, cfg, start)?
-        .with_peers(peers)
-        .with_bucket_bytes(args.buckets.bytes());
+    let mut trainer =
+        Trainer::data_parallel(gpus, cfg, start)?.with_peers(peers).with_bucket_bytes(bucket_bytes);
     if lead {
         announce(&trainer, splits.as_ref(), epochs, last, &devices, &notes);
     }
