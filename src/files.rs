@@ -236,11 +236,13 @@ fn is_descriptor(path: &Path) -> bool {
 /// Whether the file `meta` describes is where this process's standard output or error goes.
 #[cfg(unix)]
 fn is_standard_stream(meta: &std::fs::Metadata) -> bool {
+    use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
-    let same = |stat: rustix::io::Result<rustix::fs::Stat>| {
-        stat.is_ok_and(|s| s.st_dev == meta.dev() && s.st_ino == meta.ino())
+    let same = |fd: std::os::fd::BorrowedFd| {
+        let stream = fd.try_clone_to_owned().map(File::from).and_then(|f| f.metadata());
+        stream.is_ok_and(|s| s.dev() == meta.dev() && s.ino() == meta.ino())
     };
-    same(rustix::fs::fstat(std::io::stdout())) || same(rustix::fs::fstat(std::io::stderr()))
+    same(std::io::stdout().as_fd()) || same(std::io::stderr().as_fd())
 }
 
 #[cfg(not(unix))]

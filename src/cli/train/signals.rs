@@ -4,6 +4,14 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The signals that stop a run: SIGHUP too where there is one (not on Windows).
+#[cfg(unix)]
+const HANDLED: [i32; 3] = [SIGINT, SIGTERM, signal_hook::consts::SIGHUP];
+#[cfg(not(unix))]
+const HANDLED: [i32; 2] = [SIGINT, SIGTERM];
+
 /// SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) during a run: the first asks it
 /// to stop at the next point where it can say what is kept (after the step in flight, or
 /// between an evaluation's batches), a second ends the process at once. Held for the whole run: unregistering leaves signal-hook's
@@ -16,11 +24,10 @@ pub struct StopSignals {
 
 impl StopSignals {
     pub fn register() -> Result<StopSignals, std::io::Error> {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
         let stop = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(AtomicBool::new(false));
         let mut handlers = Vec::new();
-        for signal in [SIGINT, SIGTERM, SIGHUP] {
+        for signal in HANDLED {
             // Handlers run in the order registered: a second signal, while the step in flight
             // finishes, finds `seen` set and ends the process at once.
             handlers.push(signal_hook::flag::register_conditional_shutdown(
@@ -44,11 +51,12 @@ impl StopSignals {
 
     /// The name of `signal`, one of those handled.
     pub fn name(signal: usize) -> &'static str {
-        use signal_hook::consts::{SIGHUP, SIGINT};
-        match signal as i32 {
-            SIGINT => "SIGINT",
-            SIGHUP => "SIGHUP",
-            _ => "SIGTERM",
+        if signal == SIGINT as usize {
+            "SIGINT"
+        } else if signal == SIGTERM as usize {
+            "SIGTERM"
+        } else {
+            "SIGHUP"
         }
     }
 }
