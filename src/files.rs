@@ -51,10 +51,11 @@ pub struct Claim {
 }
 
 /// Checks, before any work, that `path` can take the output `flag` names (`--out`, a flag or a
-/// variable), and claims it. A regular file is checked as [`check_replaceable`] says; it must
-/// not be any of `inputs` nor lie inside one (every file and folder the same command reads: a
-/// dataset's folder, `--init`, `--log`, …), its folder must exist and let a file be created,
-/// and no other syncstep run may be writing it. A symbolic link is judged by its target, the
+/// variable), and claims it. An existing regular file there is replaced only if its mode lets
+/// this user write it and it is of `kind` (or `overwrite`); it must not be any of `inputs` nor
+/// lie inside one (every file and folder the same command reads: a dataset's folder, `--init`,
+/// `--log`, …), its folder must exist and let a file be created, and no other syncstep run may
+/// be writing it. A symbolic link is judged by its target, the
 /// file it writes. A pipe, a terminal or a character device is written in place; a folder or a
 /// block device is refused.
 pub fn check_output(
