@@ -1223,8 +1223,9 @@ fn the_data_is_an_identity_not_a_path() {
 }
 
 /// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's
-/// decoder would fill the rest with grey), in training and in `predict`; an image of more
-/// pixels than PIL takes is refused before it is decoded.
+/// decoder would decode it without a word), in training and in `predict`; an image of more
+/// pixels than PIL takes is refused before it is decoded; one whose pixels do not fit the
+/// memory left is an error naming it.
 #[test]
 fn a_truncated_or_enormous_image_is_an_error_naming_it() {
     if gpu().is_none() {
@@ -1269,7 +1270,21 @@ fn a_truncated_or_enormous_image_is_an_error_naming_it() {
         refused(&run(args, &[], &[]), says);
         assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
     }
-    eprintln!("{} cases", cases.len());
+    // A JPEG whose frame header says 13000×13000 (1 GB to decode and convert), under an
+    // address-space limit that leaves less: an error naming it, not an abort.
+    let at = jpeg.windows(2).position(|w| w == [0xFF, 0xC0]).expect("a baseline frame");
+    let mut large = jpeg.clone();
+    large[at + 5..at + 9].copy_from_slice(&[0x32, 0xC8, 0x32, 0xC8]);
+    let large_path = dir.join("large.jpg");
+    std::fs::write(&large_path, large).unwrap();
+    let bin = env!("CARGO_BIN_EXE_syncstep");
+    let script = format!(
+        "ulimit -v 2100000 && exec {bin} predict --checkpoint {m} {}",
+        large_path.display()
+    );
+    let o = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap();
+    refused(&o, "large.jpg: its 13000×13000 pixels need 1014000000 bytes of host memory, which could not be allocated");
+    eprintln!("{} cases", cases.len() + 1);
 }
 
 /// A command, the variables it runs with, and what its refusal says.

@@ -204,11 +204,13 @@ fn decode_bytes(bytes: &[u8], name: impl Fn() -> String) -> Result<RgbImage, Dat
     }
     // The decoded pixels and their 8-bit RGB copy.
     let need = image::ImageDecoder::total_bytes(&decoder).saturating_add(3 * pixels);
-    let room = usize::try_from(need).map_err(|_| too_large(format!("{need} bytes")))?;
-    drop(
-        crate::host::vec_with_capacity::<u8>(room, "the pixels of an image")
-            .map_err(|e| too_large(format!("{e}; or give fewer --workers, or shrink the image")))?,
-    );
+    let no_room = || {
+        too_large(format!(
+            "its {w}×{h} pixels need {need} bytes of host memory, which could not be allocated: shrink the image or free memory (a run decodes --workers images at once)"
+        ))
+    };
+    let room = usize::try_from(need).map_err(|_| no_room())?;
+    drop(crate::host::vec_with_capacity::<u8>(room, "an image").map_err(|_| no_room())?);
     let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(e.to_string()))?;
     with_pixels(img.into_rgb8(), name)
 }
