@@ -1123,7 +1123,7 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
     let png = png.to_str().unwrap();
     let before = snapshot(&[dir]);
     let resume = ["train", "--resume", g, "--checkpoint", g, "--override", "--steps", "1"];
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &[&resume[..], &["--lr", "1e30"]].concat(),
             "the run diverged at step 2: `conv1.weight` element",
@@ -1156,6 +1156,10 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
             "'18446744073709551615' for '--steps <STEPS>': at most 1000",
         ),
         (&["bench", "--steps", "1000000"], "'1000000' for '--steps <STEPS>': at most 10000"),
+        (
+            &["train", "--replicas", "18446744073709551615"],
+            "'18446744073709551615' for '--replicas <REPLICAS>': at most 1024",
+        ),
     ];
     for (args, says) in cases {
         let o = run(args, &[], &[]);

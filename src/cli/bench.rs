@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
     /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
     /// measured too, in the same run, and the ratios printed.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// The global batch B, over all replicas (with --mpi, all ranks' replicas). The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.

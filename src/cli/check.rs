@@ -32,7 +32,7 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = Arch::default())]
     arch: Arch,
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
-    #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// The global batch B, over all replicas; the single device runs all of it. The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.

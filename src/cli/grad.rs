@@ -46,7 +46,7 @@ pub struct GradArgs {
     /// Data-parallel over this many devices: the batch in R contiguous shards (any R ≤ M; the
     /// first M mod R take one example more), BatchNorm synchronised, gradients all-reduced:
     /// the same bits as one device.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th.

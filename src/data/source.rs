@@ -612,7 +612,12 @@ mod tests {
     fn an_image_cut_short_or_too_large_is_an_error_naming_it() {
         let img = RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 4, y as u8 * 5, 90]));
         let name = || "cat.jpg".to_string();
-        for format in [image::ImageFormat::Jpeg, image::ImageFormat::Png, image::ImageFormat::Bmp] {
+        for format in [
+            image::ImageFormat::Jpeg,
+            image::ImageFormat::Png,
+            image::ImageFormat::Bmp,
+            image::ImageFormat::WebP,
+        ] {
             let bytes = encoded(&img, format);
             assert_eq!(decode_bytes(&bytes, name).unwrap().dimensions(), (64, 48));
             let e = decode_bytes(&bytes[..bytes.len() / 2], name).unwrap_err().to_string();

@@ -135,7 +135,7 @@ pub struct TrainArgs {
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
     /// BatchNorm: the same training as on one device, bit for bit.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
