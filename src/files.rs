@@ -369,7 +369,7 @@ fn write_in_place(
 
 /// Opens `target` to append to it. A pipe no process reads is an error, not a wait for one.
 #[cfg(unix)]
-fn open_in_place(target: &Path) -> std::io::Result<File> {
+pub fn open_in_place(target: &Path) -> std::io::Result<File> {
     use rustix::fs::OFlags;
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
@@ -388,8 +388,9 @@ fn open_in_place(target: &Path) -> std::io::Result<File> {
     Ok(file)
 }
 
+/// Opens `target` to append to it.
 #[cfg(not(unix))]
-fn open_in_place(target: &Path) -> std::io::Result<File> {
+pub fn open_in_place(target: &Path) -> std::io::Result<File> {
     OpenOptions::new().append(true).open(target)
 }
 

@@ -104,6 +104,8 @@ pub struct MetricsLog {
 enum Start {
     /// Made anew; `replace`: emptied, the file there being replaced (`--overwrite`).
     Fresh { replace: bool },
+    /// A pipe, a terminal or the run's own output (`/dev/stdout`): written to where it is.
+    InPlace,
     /// Appended to (made if there is none). A last line that a killed run cut short is cut
     /// off (`cut`: the length of the whole lines), and a whole last line without its newline
     /// gets one (`newline`), so that the next line starts whole.
@@ -123,13 +125,14 @@ impl MetricsLog {
         overwrite: bool,
     ) -> Result<MetricsLog> {
         let claim = files::check_output("--log", path, inputs, KIND, overwrite)?;
-        let exists = std::fs::metadata(path).is_ok();
-        let start = match resume_step {
-            None if exists && !overwrite => {
+        let regular = std::fs::metadata(path).map(|meta| meta.is_file());
+        let start = match (resume_step, regular) {
+            (_, Ok(false)) => Start::InPlace,
+            (None, Ok(true)) if !overwrite => {
                 return Err(MetricsError::Exists { path: path.to_path_buf() })
             }
-            None => Start::Fresh { replace: exists },
-            Some(step) => appending(path, step)?,
+            (None, exists) => Start::Fresh { replace: exists.is_ok() },
+            (Some(step), _) => appending(path, step)?,
         };
         Ok(MetricsLog { path: path.to_path_buf(), file: None, start, _claim: claim })
     }
@@ -152,6 +155,7 @@ impl MetricsLog {
     fn open_file(&self) -> Result<File> {
         let io = |e: std::io::Error| io_error(&self.path, e);
         match self.start {
+            Start::InPlace => files::open_in_place(&self.path).map_err(io),
             Start::Fresh { replace } => {
                 let mut options = OpenOptions::new();
                 match replace {

@@ -944,7 +944,14 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     let printed = std::fs::read_to_string(dir.join("printed.txt")).unwrap();
     assert!(o.status.success() && printed.starts_with(&format!("{g} on synthetic")), "{printed}");
     assert!(printed.contains("\"top1\""), "{printed}");
-    eprintln!("{} cases", cases.len() + 6);
+    // A log to the run's own standard output: its records among the lines printed.
+    let o = run(&[&train[..], &["--log", "/dev/stdout"]].concat(), &[], &[]);
+    assert!(
+        o.status.success() && text(&o).contains("{\"step\":1,\"epoch\":0,\"loss\":"),
+        "{}",
+        text(&o)
+    );
+    eprintln!("{} cases", cases.len() + 7);
 }
 
 /// A closed standard output (`train | head -n 1`) ends the printing, not the run: it trains to
