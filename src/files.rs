@@ -505,27 +505,40 @@ mod lock {
                 }
                 // Its last holder may have removed the file between the open and the lock: then
                 // this lock guards nothing, and the file there now is the one to take.
-                if super::same_file_as_open(&path, &file) {
-                    file.set_len(0).map_err(io)?;
-                    write!(file, "{}", std::process::id()).map_err(io)?;
-                    return Ok(Lock { path, _file: file });
+                if !super::same_file_as_open(&path, &file) {
+                    continue;
                 }
+                if holder(&mut file).is_err() {
+                    return Err(format!("{} is there and is not a syncstep lock (a process id): it is left alone; move it, or write elsewhere", path.display()));
+                }
+                file.set_len(0).map_err(io)?;
+                write!(file, "{}", std::process::id()).map_err(io)?;
+                return Ok(Lock { path, _file: file });
             }
+        }
+    }
+
+    /// The process id a lock file holds: None for an empty one (made, not yet written), an
+    /// error for anything else (a file of the user's by that name).
+    fn holder(file: &mut File) -> Result<Option<u32>, ()> {
+        let mut text = String::new();
+        file.take(64).read_to_string(&mut text).map_err(drop)?;
+        match text.trim() {
+            "" => Ok(None),
+            pid => pid.parse().map(Some).map_err(drop),
         }
     }
 
     /// Why a lock held by another is refused, naming its holder.
     fn held(file: &mut File) -> String {
-        let mut pid = String::new();
-        let _ = file.read_to_string(&mut pid);
-        match pid.trim().parse::<u32>() {
-            Ok(pid) if pid == std::process::id() => {
+        match holder(file) {
+            Ok(Some(pid)) if pid == std::process::id() => {
                 "is named for two outputs of this command: give each its own path".into()
             }
-            Ok(pid) => format!(
+            Ok(Some(pid)) => format!(
                 "is being written by another syncstep run (process {pid}): wait for it to end, or write elsewhere"
             ),
-            Err(_) => "is being written by another syncstep run: wait for it to end, or write elsewhere".into(),
+            _ => "is being written by another syncstep run: wait for it to end, or write elsewhere".into(),
         }
     }
 
@@ -740,6 +753,12 @@ mod tests {
         drop(claim);
         assert!(names(tmp.path()).is_empty());
         drop(check_output("--log", &out, &[], ANY, false).unwrap());
+        // A file of the user's by the lock's name is neither taken nor removed.
+        let theirs = tmp.path().join(".ck.safetensors.lock");
+        std::fs::write(&theirs, b"my notes").unwrap();
+        let e = check_output("--log", &out, &[], ANY, false).err().unwrap().to_string();
+        assert!(e.contains("is not a syncstep lock"), "{e}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"my notes");
     }
 
     #[test]
