@@ -119,8 +119,8 @@ impl Dataset {
     }
 
     /// Feeds `hasher` what this split is: each example's label and its image file's path below
-    /// `root` and size, a CIFAR record's bytes, or a decoded image's name. The image files are
-    /// not read (a folder may hold a million).
+    /// `root` and size, a CIFAR record's bytes, or a decoded image's name below `root`. The
+    /// image files are not read (a folder may hold a million).
     fn hash_into(&self, root: &Path, hasher: &mut sha2::Sha256) -> Result<(), DatasetError> {
         use sha2::Digest;
         let mut field = |text: &[u8]| {
@@ -140,7 +140,9 @@ impl Dataset {
             Items::Cifar(records) => records.hash_into(hasher),
             Items::Memory { .. } => {
                 for i in 0..self.len() {
-                    field(format!("{} {}", self.name(i), self.label(i)).as_bytes());
+                    let name = self.name(i);
+                    let name = Path::new(&name).strip_prefix(root).unwrap_or(Path::new(&name));
+                    field(format!("{} {}", name.display(), self.label(i)).as_bytes());
                 }
             }
         }
