@@ -542,8 +542,9 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     let on_images = images_checkpoint(&dir, &images);
     let m = on_images.to_str().unwrap();
     let before = snapshot(&[dir.as_path()]);
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
+        (&["bench", "--shapes-only", "--steps", "3"], "'--shapes-only' cannot be used with '--steps"),
         (&["train", "--steps", "1", "--bucket-mb", "8"], "--bucket-mb sizes the gradient buckets"),
         (&["eval", "--checkpoint", g, "--workers", "2"], "--workers applies to a dataset of images"),
         (&["eval", "--checkpoint", g, "--split", "train"], "--split applies to a dataset of images"),

@@ -87,7 +87,7 @@ pub struct BenchArgs {
     /// Record one step's dispatches without running them, and print how wide they are (their
     /// workgroups, invocations, FLOPs and bytes go to --json): the shape of a step too large to
     /// run on this adapter, e.g. `--plan-for gpu --image-size 224 --batch 32` on a CPU.
-    #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile"])]
+    #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile", "steps", "warmup", "no_roofline", "roofline_size", "bucket_mb"])]
     shapes_only: bool,
     #[command(flatten)]
     overwrite: super::Overwrite,
