@@ -22,6 +22,13 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A fresh folder for a test, removed when dropped however the test ends; None (the test then
+/// passes by) where there is no GPU adapter, which `gpu()` says loudly (in CI it fails instead).
+fn gpu_test_dir() -> Option<tempfile::TempDir> {
+    gpu()?;
+    Some(tempfile::tempdir().unwrap())
+}
+
 /// The binary with `args`, `set` variables set and `unset` ones removed.
 fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_syncstep"));
@@ -848,10 +855,7 @@ fn tie_at_an_ill_conditioned_shape_says_so() {
 #[test]
 fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     use std::os::unix::fs::PermissionsExt;
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
     let file = |name: &str, bytes: &[u8]| {
@@ -961,10 +965,7 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
 #[test]
 fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
     use std::io::BufRead;
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let (piped, hung) = (tmp.path().join("piped.safetensors"), tmp.path().join("hung.safetensors"));
     let train = ["train", "--batch", "2", "--eval-examples", "0", "--checkpoint"];
@@ -1030,10 +1031,7 @@ fn resaved(
 /// three), naming the file and the setting, with every file unchanged.
 #[test]
 fn every_setting_and_value_a_checkpoint_holds_is_checked() {
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path();
     let images = image_folder(dir, 4);
     let on_images = images_checkpoint(dir, &images);
@@ -1119,10 +1117,7 @@ fn every_setting_and_value_a_checkpoint_holds_is_checked() {
 /// probability, an error instead; counts past their bound are refused before any work.
 #[test]
 fn runaway_numbers_are_refused_and_no_nan_is_printed() {
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
     let images = image_folder(dir, 4);
@@ -1187,10 +1182,7 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
 /// refused by a resume and by `eval`, with every file unchanged.
 #[test]
 fn the_data_is_an_identity_not_a_path() {
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path().canonicalize().unwrap();
     let images = image_folder(&dir, 4);
     let ck = dir.join("ck.safetensors");
@@ -1243,10 +1235,7 @@ fn the_data_is_an_identity_not_a_path() {
 /// memory left is an error naming it.
 #[test]
 fn a_truncated_or_enormous_image_is_an_error_naming_it() {
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path();
     let images = image_folder(dir, 2);
     let on_images = images_checkpoint(dir, &images);
@@ -1311,10 +1300,7 @@ type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 /// value with none, a flag checked before any device is made: each named.
 #[test]
 fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
-    if gpu().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    let Some(tmp) = gpu_test_dir() else { return };
     let dir = tmp.path();
     let images = image_folder(dir, 9);
     let ck = dir.join("b16.safetensors");
