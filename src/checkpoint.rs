@@ -3,9 +3,11 @@
 //! the run's settings and position in the string metadata. Converts between files and the
 //! model's flat layout; nothing here touches a GPU.
 //!
-//! A checkpoint is self-checking: its header holds the SHA-256 of its tensors (see
-//! `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`]: none is defaulted), and
-//! its format; only finite values are ever saved.
+//! A checkpoint is self-checking: its header holds the SHA-256 of every byte a load reads, its
+//! settings included (see `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`]:
+//! none is defaulted), and its format. Only values a healthy run reaches are saved or loaded
+//! ([`healthy`]): finite, and small enough to square in f32; running variances are never
+//! negative, and weights are never integers.
 
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
@@ -20,22 +22,36 @@ use crate::tensorfile::{TensorFile, TensorFileError};
 pub enum CheckpointError {
     #[error(transparent)]
     File(#[from] TensorFileError),
-    #[error("{path}: tensor `{name}` holds a non-finite value at element {index}")]
-    NonFinite { path: String, name: String, index: usize },
+    #[error("{path}: tensor `{name}` element {index} is {value:e}: {problem}")]
+    BadValue { path: String, name: String, index: usize, value: f64, problem: &'static str },
+    #[error("{path}: tensor `{name}` holds integers, and weights are floating point (f32, f64, f16 or bf16): this is not a weights file (a batch's labels?), or it is damaged")]
+    Integers { path: String, name: String },
     #[error("{path}: {problem}")]
     Malformed { path: String, problem: String },
     #[error("{path}: metadata `{key}` {problem}")]
     Metadata { path: String, key: String, problem: String },
-    #[error("not saved: tensor `{name}` holds a non-finite value at element {index} (the run diverged); the last good checkpoint is kept")]
-    NotFinite { name: String, index: usize },
+    #[error("not saved: tensor `{name}` element {index} is {value:e}, non-finite or past ±{:e} (the run diverged)", f32::MAX.sqrt())]
+    NotFinite { name: String, index: usize, value: f32 },
+}
+
+/// Whether a parameter, momentum or running statistic is one a healthy run reaches: finite, and
+/// below `f32::MAX.sqrt()` in magnitude. Past that its square overflows f32 (as BatchNorm's
+/// variance squares what a weight multiplies), so the model can only give infinities and NaN.
+pub fn healthy(value: f32) -> bool {
+    value.abs() < f32::MAX.sqrt()
 }
 
 /// The setting that names a checkpoint's architecture ([`Arch::name`]); a checkpoint without
 /// it is ResNet-34's, the only one there was.
 pub const ARCH_KEY: &str = "arch";
 
-/// The checkpoint format this build writes and reads.
-pub const FORMAT: &str = "syncstep-checkpoint-2";
+/// The checkpoint format this build writes: its hash covers its settings too
+/// (`tensorfile::CHECKSUM_KEY`).
+pub const FORMAT: &str = "syncstep-checkpoint-3";
+
+/// The format of earlier builds, still read: its hash covers the tensor data alone
+/// (`tensorfile::DATA_CHECKSUM_KEY`), and its settings are checked as any others are.
+const EARLIER_FORMAT: &str = "syncstep-checkpoint-2";
 
 /// The settings every checkpoint records and a resume reads back, none defaulted: the data
 /// (what it is, batch, image size, classes, seed), the step's hyper-parameters and the
@@ -67,7 +83,7 @@ pub fn load_weights(
     let mut params = vec![0.0f32; model.param_len];
     for spec in &model.params {
         let t = file.require(&spec.name, &spec.shape)?;
-        copy_finite(file, &spec.name, &t.values, &mut params[spec.range()])?;
+        take(file, &spec.name, t, &mut params[spec.range()])?;
     }
     let running = load_running(file, model, running_required)?;
     Ok((params, running))
@@ -142,7 +158,7 @@ pub fn load_for_fine_tuning(
             continue;
         }
         let t = file.require(&spec.name, &spec.shape)?;
-        copy_finite(file, &spec.name, &t.values, &mut params[spec.range()])?;
+        take(file, &spec.name, t, &mut params[spec.range()])?;
     }
     let running = load_running(file, model, true)?;
     Ok(FineTuning { params, running, other_classes })
@@ -201,27 +217,41 @@ fn load_running(
             file.optional(&spec.name, &spec.shape)?
         };
         if let Some(t) = t {
-            copy_finite(file, &spec.name, &t.values, &mut running[spec.range()])?;
+            take(file, &spec.name, t, &mut running[spec.range()])?;
         }
     }
     Ok(running)
 }
 
-fn copy_finite(
+/// Copies the tensor `name` of `file` into `dst`, refusing integers and values a healthy run
+/// never holds ([`healthy`]; a running variance below 0).
+fn take(
     file: &TensorFile,
     name: &str,
-    src: &[f64],
+    t: &crate::tensorfile::Tensor,
     dst: &mut [f32],
 ) -> Result<(), CheckpointError> {
-    for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
-        if !s.is_finite() {
-            return Err(CheckpointError::NonFinite {
-                path: file.path.display().to_string(),
-                name: name.into(),
-                index: i,
-            });
-        }
-        *d = s as f32;
+    let path = || file.path.display().to_string();
+    if t.integer {
+        return Err(CheckpointError::Integers { path: path(), name: name.into() });
+    }
+    let variance = name.ends_with("running_var");
+    for (index, (d, &value)) in dst.iter_mut().zip(&t.values).enumerate() {
+        *d = value as f32;
+        let problem = if !healthy(*d) {
+            "not finite, or past where its square overflows f32: the run that made it diverged"
+        } else if variance && value < 0.0 {
+            "a negative running variance, which no batch gives: the file is damaged"
+        } else {
+            continue;
+        };
+        return Err(CheckpointError::BadValue {
+            path: path(),
+            name: name.into(),
+            index,
+            value,
+            problem,
+        });
     }
     Ok(())
 }
@@ -236,6 +266,20 @@ pub struct Checkpoint {
     pub step: u64,
     /// Free-form settings of the run (seed, batch, image size, …), as strings.
     pub settings: BTreeMap<String, String>,
+}
+
+/// The first tensor of `ck` (its name, the element, the value) that a healthy run never holds
+/// ([`healthy`]): what a run that diverged leaves.
+pub fn unhealthy(model: &ResNet, ck: &Checkpoint) -> Option<(String, usize, f32)> {
+    let tensors = [("", &model.params, &ck.params), ("", &model.buffers, &ck.running)];
+    let momentum = ("momentum/", &model.params, &ck.velocity);
+    tensors.into_iter().chain([momentum]).find_map(|(prefix, specs, flat)| {
+        specs.iter().find_map(|spec| {
+            let values = &flat[spec.range()];
+            let index = values.iter().position(|&v| !healthy(v))?;
+            Some((format!("{prefix}{}", spec.name), index, values[index]))
+        })
+    })
 }
 
 /// The named tensors of `flat` in the layout `specs` describes.
@@ -256,14 +300,12 @@ fn entries<'a>(
 /// browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), CheckpointError> {
+    if let Some((name, index, value)) = unhealthy(model, ck) {
+        return Err(CheckpointError::NotFinite { name, index, value });
+    }
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
     all.extend(entries("momentum/", &model.params, &ck.velocity));
-    for (name, _, values) in &all {
-        if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-            return Err(CheckpointError::NotFinite { name: name.clone(), index });
-        }
-    }
     let mut meta = ck.settings.clone();
     meta.insert(ARCH_KEY.into(), model.arch.to_string());
     meta.insert("step".into(), ck.step.to_string());
@@ -318,31 +360,65 @@ pub fn write_seeded_inputs(
     Ok(write_step_inputs(path, model, (&params, &running), &batch.images, size, &labels)?)
 }
 
-/// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
-    let file = TensorFile::read(path)?;
+/// Checks that `file` is a syncstep checkpoint this build reads, with its checksum and every
+/// setting a resume needs, each valid; the errors name the file and the setting.
+pub fn check_checkpoint(file: &TensorFile) -> Result<(), CheckpointError> {
+    use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
+    let path = file.path.display().to_string();
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
-        path: path.display().to_string(),
+        path: path.clone(),
         key: key.into(),
         problem: problem.into(),
     };
-    match file.metadata.get("format").map(String::as_str) {
-        Some(FORMAT) => {}
-        Some(other) => return Err(meta("format", &format!("is {other:?}; this build resumes {FORMAT:?} (write a new checkpoint with this build)"))),
-        None => return Err(meta("format", "is missing: this is not a syncstep checkpoint")),
-    }
-    if !file.metadata.contains_key(crate::tensorfile::CHECKSUM_KEY) {
-        return Err(meta(
-            crate::tensorfile::CHECKSUM_KEY,
-            "is missing: the file cannot be checked",
-        ));
+    let checksum = match file.metadata.get("format").map(String::as_str) {
+        Some(FORMAT) => CHECKSUM_KEY,
+        Some(EARLIER_FORMAT) if !file.metadata.contains_key(CHECKSUM_KEY) => DATA_CHECKSUM_KEY,
+        Some(EARLIER_FORMAT) => CHECKSUM_KEY,
+        Some(other) => return Err(meta("format", &format!("is {other:?}; this build reads {FORMAT:?} and {EARLIER_FORMAT:?}"))),
+        None => return Err(meta("format", "is missing: this is not a syncstep checkpoint (a `train --checkpoint` file); torchvision weights go to --weights (or --init)")),
+    };
+    if !file.metadata.contains_key(checksum) {
+        return Err(meta(checksum, "is missing: the file cannot be checked"));
     }
     for key in REQUIRED_SETTINGS {
         if !file.metadata.contains_key(key) {
             return Err(meta(key, "is missing: a resume defaults nothing"));
         }
     }
+    crate::train::TrainConfig::from_settings(&file.metadata)
+        .map(drop)
+        .map_err(|problem| CheckpointError::Malformed { path, problem })
+}
+
+/// A checkpoint as an output (`train --checkpoint`): what it may replace. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub const KIND: crate::files::Kind =
+    crate::files::Kind { what: "a syncstep checkpoint", ours: is_checkpoint };
+
+/// Whether the file at `path` is a syncstep checkpoint, told by its header alone. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn is_checkpoint(path: &Path) -> bool {
+    crate::tensorfile::read_header(path).is_ok_and(|header| {
+        header.metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint"))
+    })
+}
+
+/// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
+    from_file(&TensorFile::read(path)?, model)
+}
+
+/// The checkpoint in `file`, read as [`load`] reads it (for a caller that has read the file
+/// already, to see what it is).
+pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
+    use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
+    check_checkpoint(file)?;
+    let meta = |key: &str, problem: &str| CheckpointError::Metadata {
+        path: file.path.display().to_string(),
+        key: key.into(),
+        problem: problem.into(),
+    };
     let arch = match file.metadata.get(ARCH_KEY) {
         Some(name) => name.parse::<Arch>().map_err(|e| meta(ARCH_KEY, &e))?,
         None => Arch::default(),
@@ -353,12 +429,12 @@ pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> 
             &format!("is {arch}, but this run is {}: pass --arch {arch}", model.arch),
         ));
     }
-    let (params, running) = load_weights(&file, model, true)?;
+    let (params, running) = load_weights(file, model, true)?;
     let mut velocity = vec![0.0f32; model.param_len];
     for spec in &model.params {
         let name = format!("momentum/{}", spec.name);
         let t = file.require(&name, &spec.shape)?;
-        copy_finite(&file, &name, &t.values, &mut velocity[spec.range()])?;
+        take(file, &name, t, &mut velocity[spec.range()])?;
     }
     let step = file
         .metadata
@@ -370,7 +446,8 @@ pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> 
     settings.remove("step");
     settings.remove("format");
     settings.remove(ARCH_KEY);
-    settings.remove(crate::tensorfile::CHECKSUM_KEY);
+    settings.remove(CHECKSUM_KEY);
+    settings.remove(DATA_CHECKSUM_KEY);
     Ok(Checkpoint { params, running, velocity, step, settings })
 }
 
@@ -380,7 +457,7 @@ mod tests {
     use crate::tensorfile::Tensor;
 
     fn settings() -> BTreeMap<String, String> {
-        REQUIRED_SETTINGS.iter().map(|k| (k.to_string(), "7".to_string())).collect()
+        crate::train::TrainConfig::default().settings()
     }
 
     fn checkpoint(model: &ResNet) -> Checkpoint {

@@ -2,7 +2,9 @@
 //! flushed as it comes, so that a killed run keeps every line it wrote (the last one perhaps cut
 //! short, which the reader skips).
 //!
-//! A run resumed from a checkpoint appends to the same log and drops nothing. The log may then
+//! The file is made (or, resumed, opened) at the first record, so a run that fails before one
+//! leaves no log behind, and an existing one as it was. A run resumed from a checkpoint appends
+//! to the same log and drops nothing. The log may then
 //! hold a step twice: once from the run that got further before it was stopped, once from the
 //! run resumed from an earlier checkpoint. The reader keeps the later: a training record of step
 //! s replaces everything read so far of step s or later. An evaluation record follows the
@@ -13,7 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::files::{self, FileError};
+use crate::files::{self, Claim, FileError, Kind};
 
 /// One line of the log: a training step (`loss` set) or an evaluation after a step (`val_top1`
 /// set, `loss` not), or both at once. Fields not measured are left out of the line.
@@ -78,54 +80,61 @@ pub enum MetricsError {
 
 pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
 
-/// A metrics log open for writing.
+/// What a metrics log is to an output check: a file whose first line is a [`Record`].
+pub const KIND: Kind = Kind { what: "a syncstep metrics log (a train --log file)", ours: is_log };
+
+fn is_log(path: &Path) -> bool {
+    use std::io::{BufRead, Read};
+    let Ok(file) = files::open_input(path) else { return false };
+    // A line's worth is enough to tell; a large file of another kind is not read whole.
+    let mut first = String::new();
+    let read = std::io::BufReader::new(file.take(1 << 16)).read_line(&mut first);
+    read.is_ok() && serde_json::from_str::<Record>(&first).is_ok()
+}
+
+/// A metrics log for a run: its file is opened at the first record.
 pub struct MetricsLog {
     path: PathBuf,
-    file: File,
+    file: Option<File>,
+    start: Start,
+    _claim: Claim,
+}
+
+/// How a log's file is opened at its first record.
+enum Start {
+    /// Made anew; `replace`: emptied, the file there being replaced (`--overwrite`).
+    Fresh { replace: bool },
+    /// A pipe, a terminal or the run's own output (`/dev/stdout`): written to where it is.
+    InPlace,
+    /// Appended to (made if there is none). A last line that a killed run cut short is cut
+    /// off (`cut`: the length of the whole lines), and a whole last line without its newline
+    /// gets one (`newline`), so that the next line starts whole.
+    Append { cut: Option<u64>, newline: bool },
 }
 
 impl MetricsLog {
-    /// Opens `path` for a run. A fresh run (`resume_step` None) refuses a file that exists: it
-    /// is another run's log. A run resumed from the checkpoint of `resume_step` appends to it
-    /// (or starts it, if there is none); the existing lines must be a metrics log, and a last
-    /// line a killed run cut short is removed so that the next line starts whole. `inputs` are
-    /// the run's other files (its data, weights, checkpoint), none of which the log may be.
-    pub fn open(path: &Path, resume_step: Option<u64>, inputs: &[&Path]) -> Result<MetricsLog> {
-        files::check_output("--log", path, inputs)?;
-        let io = |e: std::io::Error| io_error(path, e);
-        let file = match resume_step {
-            None => OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    MetricsError::Exists { path: path.to_path_buf() }
-                } else {
-                    io(e)
-                }
-            })?,
-            Some(step) => {
-                let text = match read_text(path) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                    read => read.map_err(io)?,
-                };
-                if parse(path, &text)?.iter().any(|r| r.step > step) {
-                    log::info!(
-                        "{} holds records past step {step}: the resumed run's records of those steps replace them",
-                        path.display()
-                    );
-                }
-                let file = OpenOptions::new().append(true).create(true).open(path).map_err(io)?;
-                let whole = text.rfind('\n').map_or(0, |i| i + 1);
-                let tail = &text[whole..];
-                if serde_json::from_str::<Record>(tail).is_ok() {
-                    // The last line is whole but for its newline.
-                    (&file).write_all(b"\n").map_err(io)?;
-                } else if !tail.is_empty() {
-                    // The last line was cut short: it holds no record.
-                    file.set_len(whole as u64).map_err(io)?;
-                }
-                file
+    /// A log at `path` for a run. A fresh run (`resume_step` None) refuses a file that exists
+    /// (another run's log) unless `overwrite`. A run resumed from the checkpoint of
+    /// `resume_step` appends to it; its lines must be a metrics log. `inputs` are the run's
+    /// other files (its data, weights, checkpoint), none of which the log may be. Nothing is
+    /// written until the first record.
+    pub fn open(
+        path: &Path,
+        resume_step: Option<u64>,
+        inputs: &[&Path],
+        overwrite: bool,
+    ) -> Result<MetricsLog> {
+        let claim = files::check_output("--log", path, inputs, KIND, overwrite)?;
+        let regular = std::fs::metadata(path).map(|meta| meta.is_file());
+        let start = match (resume_step, regular) {
+            (_, Ok(false)) => Start::InPlace,
+            (None, Ok(true)) if !overwrite => {
+                return Err(MetricsError::Exists { path: path.to_path_buf() })
             }
+            (None, exists) => Start::Fresh { replace: exists.is_ok() },
+            (Some(step), _) => appending(path, step)?,
         };
-        Ok(MetricsLog { path: path.to_path_buf(), file })
+        Ok(MetricsLog { path: path.to_path_buf(), file: None, start, _claim: claim })
     }
 
     /// Appends `record` as one line, in one write to the file (unbuffered: nothing waits in
@@ -134,8 +143,71 @@ impl MetricsLog {
         let mut line = serde_json::to_string(record)
             .map_err(|e| MetricsError::Io { path: self.path.clone(), message: e.to_string() })?;
         line.push('\n');
-        self.file.write_all(line.as_bytes()).map_err(|e| io_error(&self.path, e))
+        let file = match self.file.take() {
+            Some(file) => file,
+            None => self.open_file()?,
+        };
+        let file = self.file.insert(file);
+        file.write_all(line.as_bytes()).map_err(|e| io_error(&self.path, e))
     }
+
+    /// The log's file, opened as `start` says.
+    fn open_file(&self) -> Result<File> {
+        let io = |e: std::io::Error| io_error(&self.path, e);
+        match self.start {
+            Start::InPlace => files::open_in_place(&self.path).map_err(io),
+            Start::Fresh { replace } => {
+                let mut options = OpenOptions::new();
+                match replace {
+                    true => options.write(true).create(true).truncate(true),
+                    false => options.write(true).create_new(true),
+                };
+                options.open(&self.path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => {
+                        MetricsError::Exists { path: self.path.clone() }
+                    }
+                    _ => io(e),
+                })
+            }
+            Start::Append { cut, newline } => {
+                let file =
+                    OpenOptions::new().append(true).create(true).open(&self.path).map_err(io)?;
+                if let Some(len) = cut {
+                    file.set_len(len).map_err(io)?;
+                }
+                if newline {
+                    (&file).write_all(b"\n").map_err(io)?;
+                }
+                Ok(file)
+            }
+        }
+    }
+}
+
+/// How a run resumed from the checkpoint of `step` appends to the log at `path` (if any): its
+/// lines must be a metrics log.
+fn appending(path: &Path, step: u64) -> Result<Start> {
+    let text = match read_text(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        read => read.map_err(|e| io_error(path, e))?,
+    };
+    if parse(path, &text)?.iter().any(|r| r.step > step) {
+        log::info!(
+            "{} holds records past step {step}: the resumed run's records of those steps replace them",
+            path.display()
+        );
+    }
+    let whole = text.rfind('\n').map_or(0, |i| i + 1);
+    let tail = &text[whole..];
+    Ok(match tail {
+        "" => Start::Append { cut: None, newline: false },
+        // The last line is whole but for its newline.
+        _ if serde_json::from_str::<Record>(tail).is_ok() => {
+            Start::Append { cut: None, newline: true }
+        }
+        // The last line was cut short: it holds no record.
+        _ => Start::Append { cut: Some(whole as u64), newline: false },
+    })
 }
 
 /// The log at `path` as text (refused, not opened, when it is not a regular file).
@@ -231,7 +303,7 @@ mod tests {
     fn records_read_back_as_written() {
         let d = dir("round-trip");
         let path = d.join("metrics.jsonl");
-        let mut log = MetricsLog::open(&path, None, &[]).unwrap();
+        let mut log = MetricsLog::open(&path, None, &[], false).unwrap();
         let mut both = training(2, 1.5);
         both.val_top1 = Some(0.25);
         both.val_top5 = Some(0.75);
@@ -277,7 +349,7 @@ mod tests {
     fn a_resumed_run_supersedes_the_steps_it_repeats_and_evaluations_merge() {
         let d = dir("resume");
         let path = d.join("metrics.jsonl");
-        let mut log = MetricsLog::open(&path, None, &[]).unwrap();
+        let mut log = MetricsLog::open(&path, None, &[], false).unwrap();
         for step in 1..=4 {
             log.write(&training(step, 3.0)).unwrap();
         }
@@ -285,7 +357,7 @@ mod tests {
         log.write(&evaluation(4, 0.9)).unwrap();
         drop(log);
         // Resumed from the checkpoint of step 2: steps 3 and 4 run again.
-        let mut log = MetricsLog::open(&path, Some(2), &[]).unwrap();
+        let mut log = MetricsLog::open(&path, Some(2), &[], false).unwrap();
         log.write(&training(3, 1.0)).unwrap();
         log.write(&training(4, 0.5)).unwrap();
         log.write(&evaluation(4, 0.6)).unwrap();
@@ -303,15 +375,29 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_run_refuses_an_existing_log() {
+    fn a_fresh_run_refuses_an_existing_log_and_makes_its_own_at_its_first_record() {
         let d = dir("exists");
         let path = d.join("metrics.jsonl");
-        std::fs::write(&path, "precious").unwrap();
-        let e = MetricsLog::open(&path, None, &[]).err().unwrap().to_string();
+        let line = "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n";
+        std::fs::write(&path, line).unwrap();
+        let e = MetricsLog::open(&path, None, &[], false).err().unwrap().to_string();
         assert!(e.contains("exists; choose another --log or remove it"), "{e}");
-        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
-        let e = MetricsLog::open(&d, None, &[]).err().unwrap().to_string();
+        let notes = d.join("notes.txt");
+        std::fs::write(&notes, "precious").unwrap();
+        let e = MetricsLog::open(&notes, None, &[], false).err().unwrap().to_string();
+        assert!(e.contains("is not a syncstep metrics log") && e.contains("--overwrite"), "{e}");
+        assert_eq!(std::fs::read(&notes).unwrap(), b"precious");
+        let e = MetricsLog::open(&d, None, &[], false).err().unwrap().to_string();
         assert!(e.contains("not a regular file"), "{e}");
+        // Replaced, with --overwrite, only at the first record; made only then.
+        drop(MetricsLog::open(&path, None, &[], true).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), line);
+        let mut log = MetricsLog::open(&path, None, &[], true).unwrap();
+        log.write(&training(7, 1.0)).unwrap();
+        assert_eq!(read(&path).unwrap(), [training(7, 1.0)]);
+        let never = d.join("never.jsonl");
+        drop(MetricsLog::open(&never, None, &[], false).unwrap());
+        assert!(!never.exists());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -320,24 +406,24 @@ mod tests {
         let d = dir("append");
         let path = d.join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
-        let mut log = MetricsLog::open(&path, Some(1), &[]).unwrap();
+        let mut log = MetricsLog::open(&path, Some(1), &[], false).unwrap();
         log.write(&training(2, 2.0)).unwrap();
         drop(log);
         let steps: Vec<u64> = read(&path).unwrap().iter().map(|r| r.step).collect();
         assert_eq!(steps, [1, 2]);
         // A whole last line without its newline is kept, and the next line starts after it.
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}").unwrap();
-        MetricsLog::open(&path, Some(1), &[]).unwrap().write(&training(2, 2.0)).unwrap();
+        MetricsLog::open(&path, Some(1), &[], false).unwrap().write(&training(2, 2.0)).unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
         // A resumed run starts a log that is not there yet.
         let fresh = d.join("new.jsonl");
-        MetricsLog::open(&fresh, Some(5), &[]).unwrap().write(&training(6, 1.0)).unwrap();
+        MetricsLog::open(&fresh, Some(5), &[], false).unwrap().write(&training(6, 1.0)).unwrap();
         assert_eq!(read(&fresh).unwrap(), [training(6, 1.0)]);
         // Another file is never appended to.
         let other = d.join("notes.txt");
         std::fs::write(&other, "my notes\nmore").unwrap();
-        let e = MetricsLog::open(&other, Some(1), &[]).err().unwrap().to_string();
-        assert!(e.contains("notes.txt, line 1:"), "{e}");
+        let e = MetricsLog::open(&other, Some(1), &[], false).err().unwrap().to_string();
+        assert!(e.contains("notes.txt: exists and is not a syncstep metrics log"), "{e}");
         assert_eq!(std::fs::read(&other).unwrap(), b"my notes\nmore");
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -15,12 +15,18 @@ const ALIGN: usize = ALIGN_BYTES / 4;
 /// The smallest input side the network takes: five stride-2 stages leave at least 1×1.
 pub const MIN_IMAGE_SIZE: u32 = 32;
 
+/// The most classes a classifier may have: past ImageNet-21k's 21,843 with room to spare, and
+/// checked before its weights (classes × 2048 for a Bottleneck ResNet) are allocated.
+pub const MAX_CLASSES: u32 = 100_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("image size {h}×{w} is too small: a ResNet needs at least {MIN_IMAGE_SIZE}×{MIN_IMAGE_SIZE}")]
     ImageTooSmall { h: u32, w: u32 },
     #[error("{0} classes: the classifier needs at least 2")]
     TooFewClasses(u32),
+    #[error("{0} classes: a classifier has at most {MAX_CLASSES}")]
+    TooManyClasses(u32),
     #[error("a training batch of {batch} image(s) of {h}×{w} leaves BatchNorm {values} value(s) per channel at its smallest maps ({map}×{map}), and a variance needs more than 1 (PyTorch: \"Expected more than 1 value per channel when training\"): use a global batch of at least 2, or larger images")]
     DegenerateBatchNorm { batch: u64, h: u32, w: u32, values: u64, map: u32 },
 }
@@ -287,6 +293,9 @@ impl ResNet {
     pub fn new(arch: Arch, classes: u32) -> Result<ResNet, ModelError> {
         if classes < 2 {
             return Err(ModelError::TooFewClasses(classes));
+        }
+        if classes > MAX_CLASSES {
+            return Err(ModelError::TooManyClasses(classes));
         }
         let mut b =
             Builder { params: Vec::new(), param_len: 0, buffers: Vec::new(), buffer_len: 0 };

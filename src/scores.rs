@@ -67,6 +67,15 @@ pub fn ranking(logits: &[f32]) -> Vec<usize> {
 }
 
 /// The probabilities of `logits` (a softmax in f64).
+/// The first row of `logits` (rows of `classes`) holding a value that is not finite, and that
+/// value: a model whose weights overflow gives no ranking and no probability.
+pub fn non_finite_row(logits: &[f32], classes: usize) -> Option<(usize, f32)> {
+    logits
+        .chunks(classes.max(1))
+        .enumerate()
+        .find_map(|(row, values)| values.iter().find(|v| !v.is_finite()).map(|&value| (row, value)))
+}
+
 pub fn softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
     let exps: Vec<f64> = logits.iter().map(|&v| (v as f64 - max).exp()).collect();

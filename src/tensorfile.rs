@@ -1,8 +1,9 @@
 //! safetensors files: reading weights, batches and checkpoints (any float or integer dtype,
 //! converted on the way in) and writing f32 tensors atomically (`files::write_atomic`: a failed
 //! write never leaves a half-written file where a good one was). Files syncstep writes carry
-//! the SHA-256 of their tensor data in the header (`sha256`); a reader checks it, so a flipped
-//! bit is an error, not a different model.
+//! in their header the SHA-256 of every byte a reader reads (`sha256_header_and_data`: the
+//! header's tensors and metadata, then the data); a reader checks it, so a flipped bit, in a
+//! tensor or in a recorded setting, is an error, not a different model or run.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,19 +22,74 @@ pub enum TensorFileError {
     Missing { path: PathBuf, name: String },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
     Shape { path: PathBuf, name: String, got: Vec<usize>, expected: Vec<usize> },
-    #[error("{path}: its tensor data does not match the SHA-256 its header records: the file is corrupt (a flipped bit, a bad copy); use another copy")]
-    Checksum { path: PathBuf },
+    #[error("{path}: its {what} does not match the SHA-256 its header records: the file is corrupt or was edited (a flipped bit, a bad copy, a changed setting); use another copy")]
+    Checksum { path: PathBuf, what: &'static str },
 }
 
-/// The header key of the tensor data's SHA-256 (hex).
-pub const CHECKSUM_KEY: &str = "sha256";
+/// The header key of the SHA-256 (hex) of every byte a reader reads: the header's tensors
+/// (name, dtype, shape, place) and metadata (but this key), in a canonical order, then the
+/// tensor data. Files this build writes carry it.
+pub const CHECKSUM_KEY: &str = "sha256_header_and_data";
+
+/// The header key of earlier builds' SHA-256 (hex) of the tensor data alone, checked where a
+/// file has it and not [`CHECKSUM_KEY`].
+pub const DATA_CHECKSUM_KEY: &str = "sha256";
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The SHA-256 of a safetensors file's tensor data (what follows the header), in hex.
 fn data_checksum(bytes: &[u8]) -> Option<String> {
     use sha2::Digest;
     let header = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let data = bytes.get(8usize.checked_add(usize::try_from(header).ok()?)?..)?;
-    Some(sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect())
+    Some(hex(&sha2::Sha256::digest(data)))
+}
+
+/// The SHA-256 [`CHECKSUM_KEY`] records, in hex: each tensor's name, dtype, shape and offsets
+/// by name, each metadata entry but that key's by key (every text preceded by its length, so
+/// that no two headers hash alike), then the data. Independent of the header's layout.
+fn checksum(bytes: &[u8]) -> Option<String> {
+    use sha2::Digest;
+    let (header_len, header) = SafeTensors::read_metadata(bytes).ok()?;
+    let data = bytes.get(8usize.checked_add(header_len)?..)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut field = |text: &str| {
+        hasher.update((text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    };
+    let mut tensors: Vec<_> = header.tensors().into_iter().collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, info) in tensors {
+        let (start, end) = info.data_offsets;
+        field(&format!("{name} {:?} {:?} {start} {end}", info.dtype, info.shape));
+    }
+    let mut metadata: Vec<_> = header.metadata().iter().flatten().collect();
+    metadata.sort();
+    for (key, value) in metadata.into_iter().filter(|(key, _)| *key != CHECKSUM_KEY) {
+        field(key);
+        field(value);
+    }
+    hasher.update(data);
+    Some(hex(&hasher.finalize()))
+}
+
+/// Checks the SHA-256 the header records ([`CHECKSUM_KEY`], else [`DATA_CHECKSUM_KEY`]), if any.
+fn verify(
+    path: &Path,
+    bytes: &[u8],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), TensorFileError> {
+    let (want, got, what) = match (metadata.get(CHECKSUM_KEY), metadata.get(DATA_CHECKSUM_KEY)) {
+        (Some(want), _) => (want, checksum(bytes), "header or tensor data"),
+        (None, Some(want)) => (want, data_checksum(bytes), "tensor data"),
+        (None, None) => return Ok(()),
+    };
+    if got.as_deref() != Some(want.as_str()) {
+        return Err(TensorFileError::Checksum { path: path.into(), what });
+    }
+    Ok(())
 }
 
 /// One tensor as read: its shape, its values widened to f64 (exact for f32 and for integers
@@ -70,11 +126,7 @@ impl TensorFile {
             .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
         let metadata: BTreeMap<String, String> =
             header.metadata().clone().unwrap_or_default().into_iter().collect();
-        if let Some(want) = metadata.get(CHECKSUM_KEY) {
-            if data_checksum(bytes).as_deref() != Some(want.as_str()) {
-                return Err(TensorFileError::Checksum { path: path.into() });
-            }
-        }
+        verify(path, bytes, &metadata)?;
         let mut tensors = BTreeMap::new();
         for (name, view) in st.iter() {
             let len = view.shape().iter().product();
@@ -128,6 +180,42 @@ impl TensorFile {
         }
         Ok(())
     }
+}
+
+/// The header of a safetensors file: its tensors' names and its metadata.
+#[derive(Debug, Default)]
+pub struct Header {
+    pub tensors: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The header of the safetensors file at `path`, read alone (a checkpoint's data is hundreds
+/// of megabytes): enough to tell what a file is. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read_header(path: &Path) -> Result<Header, TensorFileError> {
+    use std::io::Read;
+    let corrupt = |message: String| TensorFileError::Corrupt { path: path.into(), message };
+    let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
+    let mut file = crate::files::open_input(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| corrupt(e.to_string()))?;
+    // safetensors' own bound on a header.
+    let len = u64::from_le_bytes(len).min(100_000_000);
+    let mut text = Vec::new();
+    file.take(len).read_to_end(&mut text).map_err(io)?;
+    let header: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+    let mut out = Header::default();
+    for (name, value) in header {
+        match (name.as_str(), value) {
+            ("__metadata__", serde_json::Value::Object(entries)) => {
+                let text = entries.into_iter().filter_map(|(k, v)| Some((k, v.as_str()?.into())));
+                out.metadata = text.collect();
+            }
+            _ => out.tensors.push(name),
+        }
+    }
+    Ok(out)
 }
 
 /// Appends the tensor's values, widened to f64, to `out`; whether it is an integer type, or
@@ -199,9 +287,13 @@ pub fn write_f32_i64(
         safetensors::tensor::serialize(views, info)
             .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
     };
-    // The data does not depend on the header: serialise once to hash it, once with the hash.
+    // The hash leaves out its own entry: serialise once to hash, once with the hash.
     let mut metadata = metadata.clone();
-    let checksum = data_checksum(&serialize(&metadata)?).expect("a serialised file has a header");
+    metadata.remove(DATA_CHECKSUM_KEY);
+    let checksum = checksum(&serialize(&metadata)?).ok_or_else(|| TensorFileError::Io {
+        path: path.into(),
+        message: "the serialised file has no header to hash".into(),
+    })?;
     metadata.insert(CHECKSUM_KEY.into(), checksum);
     let bytes = serialize(&metadata)?;
     crate::files::write_atomic(path, &bytes)
@@ -235,6 +327,18 @@ mod tests {
         *flipped.last_mut().unwrap() ^= 0x10;
         let e = TensorFile::from_bytes(&path, &flipped).unwrap_err().to_string();
         assert!(e.contains("does not match the SHA-256"), "{e}");
+        // One changed byte in a recorded setting, the header's length kept: the same.
+        let setting = b"\"step\":\"3\"";
+        let at = bytes.windows(setting.len()).position(|w| w == setting).unwrap();
+        let mut edited = bytes.clone();
+        edited[at + setting.len() - 2] = b'4';
+        let e = TensorFile::from_bytes(&path, &edited).unwrap_err().to_string();
+        assert!(e.contains("header or tensor data does not match the SHA-256"), "{e}");
+        let header = read_header(&path).unwrap();
+        assert_eq!(
+            (header.tensors, header.metadata.get("step")),
+            (vec!["w".into()], meta.get("step"))
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

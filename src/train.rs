@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::checkpoint::{Checkpoint, ARCH_KEY};
 use crate::data::schedule::{LrSchedule, Schedule};
-use crate::data::source::DataSpec;
+use crate::data::source::{DataSpec, Fingerprint};
 use crate::data::transform::{Augment, Normalization};
 use crate::data::{synthetic_batch, Batch, DataError};
 use crate::gpu::Gpu;
@@ -40,6 +40,9 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageSettings {
     pub data: DataSpec,
+    /// What the data is, wherever it is (None in checkpoints of earlier builds, and in the
+    /// browser).
+    pub fingerprint: Option<Fingerprint>,
     pub val_split: f64,
     pub augment: Augment,
     pub norm: Normalization,
@@ -99,6 +102,10 @@ impl TrainConfig {
                         serde_json::to_string(&i.class_names).unwrap_or_default(),
                     ),
                 ]);
+                if let Some(f) = &i.fingerprint {
+                    settings.insert("data_sha256".into(), f.sha256.clone());
+                    settings.insert("data_examples".into(), f.examples.to_string());
+                }
             }
         }
         settings
@@ -124,6 +131,13 @@ impl TrainConfig {
             DataSpec::Synthetic => None,
             data => Some(ImageSettings {
                 data,
+                fingerprint: match settings.get("data_sha256") {
+                    Some(sha256) => Some(Fingerprint {
+                        sha256: sha256.clone(),
+                        examples: get(settings, "data_examples")?,
+                    }),
+                    None => None,
+                },
                 val_split: get(settings, "val_split")?,
                 augment: get(settings, "augment")?,
                 norm: Normalization { mean: three("mean")?, std: three("std")? },
@@ -131,7 +145,7 @@ impl TrainConfig {
                     .map_err(|e| format!("setting `class_names` is not a list of names: {e}"))?,
             }),
         };
-        Ok(TrainConfig {
+        let cfg = TrainConfig {
             arch: match settings.contains_key(ARCH_KEY) {
                 true => get(settings, ARCH_KEY)?,
                 false => Arch::default(),
@@ -153,7 +167,45 @@ impl TrainConfig {
                 total_steps: get(settings, "schedule_steps")?,
             },
             images,
-        })
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Refuses recorded settings no run has, naming the setting: a checkpoint's settings are
+    /// read back as they were written, and one that was edited or damaged must not be run.
+    fn check(&self) -> Result<(), String> {
+        let bad = |key: &str, why: String| Err(format!("setting `{key}` {why}"));
+        if self.batch == 0 {
+            return bad("batch", "is 0: a batch holds at least one image".into());
+        }
+        if let Err(e) = ResNet::check_image_size(self.image_size, self.image_size) {
+            return bad("image_size", format!("is not valid: {e}"));
+        }
+        if !(2..=crate::model::MAX_CLASSES).contains(&self.classes) {
+            let most = crate::model::MAX_CLASSES;
+            return bad("classes", format!("is {}: a classifier has 2 to {most}", self.classes));
+        }
+        self.step.validate().map_err(|e| format!("settings of the step: {e}"))?;
+        let Some(images) = &self.images else { return Ok(()) };
+        let Normalization { mean, std } = images.norm;
+        if !(0.0..1.0).contains(&images.val_split) {
+            return bad("val_split", format!("is {}: a fraction in [0, 1)", images.val_split));
+        }
+        if images.class_names.len() != self.classes as usize {
+            let names = images.class_names.len();
+            return bad(
+                "class_names",
+                format!("lists {names} names, and `classes` is {}", self.classes),
+            );
+        }
+        if !mean.iter().all(|m| m.is_finite()) {
+            return bad("mean", format!("is {mean:?}: a mean is finite"));
+        }
+        if !std.iter().all(|s| s.is_finite() && *s > 0.0) {
+            return bad("std", format!("is {std:?}: a standard deviation is finite and above 0"));
+        }
+        Ok(())
     }
 
     /// The names of the classes: the images' folders (or CIFAR's names), or the synthetic
@@ -299,6 +351,12 @@ impl Trainer {
     /// on the batching) to `scores`.
     pub async fn score(&mut self, batch: &Batch, scores: &mut Scores) -> Result<()> {
         let logits = self.replicas.predict(batch).await?;
+        if let Some((row, value)) = crate::scores::non_finite_row(&logits, scores.classes) {
+            return Err(invalid(StepError::Invalid(format!(
+                "the model's outputs for image {} of the evaluation are not finite ({value}), so it has no score: the forward pass overflowed (the weights of a run that diverged, or inputs far from what they were trained on, do that)",
+                scores.examples + row + 1
+            ))));
+        }
         scores.add(&logits, &batch.labels);
         Ok(())
     }

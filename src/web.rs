@@ -282,7 +282,6 @@ pub async fn train_images(
     use crate::data::source::{folder_in_memory, DataSpec};
     use crate::data::transform::{channel_stats, Augment};
     use crate::train::ImageSettings;
-
     if replicas == 0 || batch == 0 {
         return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
     }
@@ -298,6 +297,7 @@ pub async fn train_images(
         seed: seed.into(),
         images: Some(ImageSettings {
             data: DataSpec::Folder("browser".into()),
+            fingerprint: None,
             val_split: 0.2,
             augment: Augment::ResizedCropFlip,
             norm,

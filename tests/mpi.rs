@@ -30,11 +30,29 @@ fn mpirun(programs: &[(usize, Vec<String>)]) -> Output {
 
 /// [`mpirun`] with environment variables for every rank.
 fn mpirun_with(programs: &[(usize, Vec<String>)], env: &[(&str, &str)]) -> Output {
+    let _turn = one_job();
+    mpirun_command(programs, env, &[])
+        .output()
+        .expect("mpirun (Open MPI) must be installed: scripts/setup.sh")
+}
+
+/// One job at a time: held while a job runs.
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
     static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
+    ONE_JOB.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The `mpirun` command over TCP with `programs`, `env` for every rank and `options` for
+/// mpirun itself.
+fn mpirun_command(
+    programs: &[(usize, Vec<String>)],
+    env: &[(&str, &str)],
+    options: &[&str],
+) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.envs(env.iter().copied());
     cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self", "--mca", "mpi_yield_when_idle", "1"])
+        .args(options)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for (i, (ranks, argv)) in programs.iter().enumerate() {
@@ -43,7 +61,7 @@ fn mpirun_with(programs: &[(usize, Vec<String>)], env: &[(&str, &str)]) -> Outpu
         }
         cmd.args(["-np", &ranks.to_string()]).args(argv);
     }
-    cmd.output().expect("mpirun (Open MPI) must be installed: scripts/setup.sh")
+    cmd
 }
 
 fn text(o: &Output) -> String {
@@ -195,7 +213,8 @@ fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A rank with other settings (here its label smoothing) is refused before any step, naming it.
+/// A rank with other settings (here its label smoothing, its own --checkpoint, or other data)
+/// is refused before any step, naming them.
 #[test]
 fn ranks_that_disagree_are_refused_at_start() {
     if gpu().is_none() {
@@ -211,6 +230,33 @@ fn ranks_that_disagree_are_refused_at_start() {
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("rank(s) [1] differ from rank 0 in the settings"), "{}", text(&o));
     assert!(!out.exists(), "nothing is written");
+    // A rank's own --checkpoint, which rank 0 alone would write.
+    let train = |ck: &str| -> Vec<String> {
+        let args = [BIN, "train", "--mpi", "--batch", "2", "--steps", "1", "--checkpoint", ck];
+        args.iter().map(|s| s.to_string()).collect()
+    };
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    let o = mpirun(&[(1, train(a.to_str().unwrap())), (1, train(b.to_str().unwrap()))]);
+    let says = "rank(s) [1] differ from rank 0 in --checkpoint and --log (rank 0 writes them)";
+    assert!(!o.status.success() && text(&o).contains(says), "{}", text(&o));
+    assert!(!a.exists() && !b.exists(), "nothing is written");
+    // A rank whose --data holds other images (here one more of each class) than rank 0's.
+    let folder = |name: &str, per_class: u32| {
+        for class in ["ant", "bee"] {
+            std::fs::create_dir_all(dir.join(name).join(class)).unwrap();
+            for i in 0..per_class {
+                let img = image::RgbImage::from_pixel(32, 32, image::Rgb([i as u8 * 40, 9, 9]));
+                img.save(dir.join(name).join(class).join(format!("{i}.png"))).unwrap();
+            }
+        }
+        let args = [BIN, "train", "--mpi", "--batch", "2", "--steps", "1", "--val-split", "0"];
+        let root = dir.join(name);
+        let data = ["--normalize", "imagenet", "--data", root.to_str().unwrap()];
+        args.iter().chain(&data).map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let o = mpirun(&[(1, folder("a", 2)), (1, folder("b", 3))]);
+    let says = "rank(s) [1] differ from rank 0 in the data (its files, sizes and labels)";
+    assert!(!o.status.success() && text(&o).contains(says), "{}", text(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -275,4 +321,51 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SIGTERM to mpirun (a batch system's end, a `kill`): Open MPI passes it on to the ranks
+/// after `odls_base_sigkill_timeout` seconds (here 5, as README's recipe sets it) and kills them
+/// as long after; in that time they finish the step in flight, rank 0 writes the checkpoint of
+/// that step, and every rank says so. The checkpoint holds that step.
+#[test]
+fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
+    use std::io::BufRead;
+    if gpu().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("run.safetensors");
+    let c = ck.to_str().unwrap();
+    let train =
+        [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
+    let train: Vec<String> = train
+        .iter()
+        .chain(&["--checkpoint-every", "0", "--checkpoint", c])
+        .map(|s| s.to_string())
+        .collect();
+    let _turn = one_job();
+    let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "5"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun (Open MPI) must be installed: scripts/setup.sh");
+    let mut lines =
+        std::io::BufReader::new(job.stdout.take().unwrap()).lines().map_while(Result::ok);
+    assert!(lines.by_ref().any(|line| line.starts_with("step 1 ")), "the job never trained");
+    let pid = job.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let printed: Vec<String> = lines.collect();
+    let o = job.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
+    let step = checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {err}")).step;
+    assert!(printed.contains(&format!("checkpoint: {c} (step {step})")), "{printed:?}");
+    for rank in 0..2 {
+        let said = format!(
+            "rank {rank}: SIGTERM: stopped after step {step}; the checkpoint {c} holds step {step}"
+        );
+        assert!(err.contains(&said), "{err}");
+    }
 }

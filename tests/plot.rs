@@ -16,7 +16,7 @@ fn dir(test: &str) -> PathBuf {
 
 /// A log of 50 training steps with evaluations after steps 10, 30 and 50.
 fn write_log(path: &Path) {
-    let mut log = MetricsLog::open(path, None, &[]).unwrap();
+    let mut log = MetricsLog::open(path, None, &[], false).unwrap();
     for step in 1..=50u64 {
         let noise = if step % 2 == 0 { 0.2 } else { -0.2 };
         log.write(&Record {
@@ -149,7 +149,7 @@ fn an_unknown_extension_is_refused() {
 fn a_log_without_training_records_is_refused() {
     let d = dir("no-loss");
     let log = d.join("metrics.jsonl");
-    let mut writer = MetricsLog::open(&log, None, &[]).unwrap();
+    let mut writer = MetricsLog::open(&log, None, &[], false).unwrap();
     writer.write(&Record { step: 0, val_top1: Some(0.1), ..Record::default() }).unwrap();
     drop(writer);
     let out = d.join("curves.svg");

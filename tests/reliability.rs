@@ -22,6 +22,13 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A fresh folder for a test, removed when dropped however the test ends; None (the test then
+/// passes by) where there is no GPU adapter, which `gpu()` says loudly (in CI it fails instead).
+fn gpu_test_dir() -> Option<tempfile::TempDir> {
+    gpu()?;
+    Some(tempfile::tempdir().unwrap())
+}
+
 /// The binary with `args`, `set` variables set and `unset` ones removed.
 fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_syncstep"));
@@ -123,11 +130,10 @@ fn no_file_of_the_users_is_ever_overwritten() {
     std::os::unix::fs::symlink(&good, &link).unwrap();
     let l = link.to_str().unwrap();
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["grad", "--weights", g, "--batch", g, "--out", g], "same file as the input"),
         (&["grad", "--weights", g, "--batch", g, "--out", l], "same file as the input"),
-        (&["grad", "--weights", g, "--batch", g, "--out", "/dev/null"], "not a regular file"),
-        (&["grad", "--weights", g, "--batch", g, "--out", d], "not a regular file"),
+        (&["grad", "--weights", g, "--batch", g, "--out", d], "is a folder, not a regular file"),
         (&["check", "--against", g, "--golden", g], "same file as the input"),
         (
             &["train", "--steps", "1", "--checkpoint", "/nonexistent/dir/ck.safetensors"],
@@ -282,11 +288,10 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
     if std::fs::read(&good).unwrap() != before {
         assert!(kept.step > 1, "a later good step may have been saved");
     }
-    // grad: a BatchNorm scale at f32::MAX overflows the activations to infinity; the output is
-    // written, the exit is not 0.
+    // grad: every parameter at 1e18 (each one below the bound a load holds weights to)
+    // overflows the activations to infinity; the output is written, the exit is not 0.
     let mut ck = checkpoint::load(&good, &model).unwrap();
-    let scale = model.param("bn1.weight").unwrap().range();
-    ck.params[scale].iter_mut().for_each(|w| *w = f32::MAX);
+    ck.params.fill(1e18);
     let weights = dir.join("huge.safetensors");
     let entries: Vec<(String, Vec<usize>, &[f32])> = model
         .params
@@ -544,8 +549,12 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     let on_images = images_checkpoint(&dir, &images);
     let m = on_images.to_str().unwrap();
     let before = snapshot(&[dir.as_path()]);
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
+        (&["bench", "--shapes-only", "--steps", "3"], "'--shapes-only' cannot be used with '--steps"),
+        (&["train", "--steps", "1", "--bucket-mb", "8"], "--bucket-mb sizes the gradient buckets"),
+        (&["eval", "--checkpoint", g, "--workers", "2"], "--workers applies to a dataset of images"),
+        (&["eval", "--checkpoint", g, "--split", "train"], "--split applies to a dataset of images"),
         (&["train", "--steps", "1", "--augment", "none"], "--augment applies to images"),
         (&["train", "--data", i, "--val-split", "-1"], "validation split -1 is not in [0, 1)"),
         (
@@ -584,27 +593,41 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
-/// status and standard error.
-fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+/// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
+/// with `at` (the handshake: it has got that far): the child, and its lines still to read.
+fn started_at(args: &[&str], at: &str) -> (std::process::Child, impl Iterator<Item = String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
         .args(args)
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-    while let Some(Ok(line)) = lines.next() {
-        if line.starts_with(at) {
-            break;
-        }
-    }
-    Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
-    // Read to the end: a closed pipe would fail the child's next line.
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok);
+    assert!(lines.by_ref().any(|line| line.starts_with(at)), "{args:?} never printed {at:?}");
+    (child, lines)
+}
+
+/// Sends SIG`signal` to `child` and waits for it, reading the rest of its output (a closed pipe
+/// would fail its next line): its exit status and standard error.
+fn stop(
+    child: std::process::Child,
+    lines: impl Iterator<Item = String>,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
     lines.for_each(drop);
     let out = child.wait_with_output().unwrap();
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Runs `args` and sends SIG`signal` once a line of its output starts with `at`: its exit
+/// status and standard error.
+fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
+    let (child, lines) = started_at(args, at);
+    stop(child, lines, signal)
 }
 
 /// A signal during an evaluation — the one before training, the final one — is honoured: the
@@ -822,4 +845,525 @@ fn tie_at_an_ill_conditioned_shape_says_so() {
         assert!(o.status.success() && t.contains(says), "{t}");
     }
     eprintln!("2 cases");
+}
+
+/// A file of the user's at an output path — text, a photo, other weights, another command's
+/// output, a write-protected file, one reached through a link, another user's — is refused
+/// unless it is syncstep's own of that kind (or `--overwrite` says so), and never when its mode
+/// protects it; a second run on a checkpoint in use is refused; a run that fails early leaves
+/// no log; an output to the command's own standard output goes after what it printed.
+#[test]
+fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let file = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (notes, photo) =
+        (file("notes.txt", b"my notes\n"), file("photo.png", b"\x89PNG not really"));
+    let log = file("run.jsonl", b"{\"step\":1,\"epoch\":0,\"loss\":2.0}\n");
+    let (notes, photo, log) = (notes.as_str(), photo.as_str(), log.as_str());
+    let weights = dir.join("other.safetensors");
+    write_f32(&weights, &[("w".into(), vec![2], &[1.0, 2.0])], &Default::default()).unwrap();
+    let protected = file("protected.safetensors", &std::fs::read(&good).unwrap());
+    std::fs::set_permissions(&protected, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let protected = protected.as_str();
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(notes, &link).unwrap();
+    let (g, w, l) = (good.to_str().unwrap(), weights.to_str().unwrap(), link.to_str().unwrap());
+    let train = ["train", "--steps", "1", "--batch", "2", "--eval-examples", "0"];
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&train[..], &["--checkpoint", notes]].concat(),
+            "exists and is not a syncstep checkpoint",
+        ),
+        ([&train[..], &["--checkpoint", l]].concat(), "exists and is not a syncstep checkpoint"),
+        ([&train[..], &["--checkpoint", w]].concat(), "add --overwrite to replace it"),
+        ([&train[..], &["--log", notes]].concat(), "is not a syncstep metrics log"),
+        ([&train[..], &["--checkpoint", protected, "--overwrite"]].concat(), "mode 0444"),
+        (
+            vec!["grad", "--weights", g, "--batch", g, "--out", photo],
+            "is not syncstep grad's output",
+        ),
+        (vec!["eval", "--checkpoint", g, "--json", w], "is not syncstep eval's scores"),
+        (vec!["predict", "--checkpoint", g, "--json", notes, photo], "is not syncstep predict's"),
+        (vec!["check", "--json", notes], "is not syncstep check's figures"),
+        (vec!["check", "--golden", g], "is not a syncstep golden file"),
+        (vec!["bench", "--json", notes], "is not syncstep bench's figures"),
+        (vec!["plot", log, "-o", photo], "is not a picture syncstep plot drew"),
+        (
+            vec!["eval", "--checkpoint", g, "--overwrite"],
+            "--overwrite has no effect without an output",
+        ),
+    ];
+    // Another user's file, in a folder anyone may write in: its mode is for others.
+    let theirs = file("theirs.safetensors", &std::fs::read(&good).unwrap());
+    if std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).is_ok() {
+        cases.push(([&train[..], &["--checkpoint", theirs.as_str()]].concat(), "owner uid 4242"));
+    }
+    let before = snapshot(&[dir]);
+    for (args, says) in &cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    // A second run on a checkpoint in use is refused while the first holds it.
+    let busy = dir.join("busy.safetensors");
+    let b = busy.to_str().unwrap();
+    let first = ["train", "--steps", "1000", "--batch", "2", "--eval-examples", "0"];
+    let (child, lines) = started_at(&[&first[..], &["--checkpoint", b]].concat(), "step 1 ");
+    let second = run(&[&train[..], &["--checkpoint", b]].concat(), &[], &[]);
+    refused(&second, &format!("is being written by another syncstep run (process {})", child.id()));
+    assert_eq!(stop(child, lines, "TERM").0, Some(143));
+    // A run that fails after its outputs were checked leaves no log, and the next one runs.
+    let fresh = dir.join("fresh.jsonl");
+    let f = fresh.to_str().unwrap();
+    refused(
+        &run(&[&train[..], &["--log", f, "--adapter", "7"]].concat(), &[], &[]),
+        "no adapter 7",
+    );
+    assert!(!fresh.exists(), "a failed run left its log");
+    let o = run(&[&train[..], &["--log", f]].concat(), &[], &[]);
+    assert!(o.status.success() && fresh.exists(), "{}", text(&o));
+    // A checkpoint of the user's mode keeps it; --overwrite replaces a file of another kind.
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(
+        &["train", "--resume", g, "--checkpoint", g, "--steps", "1", "--eval-examples", "0"],
+        &[],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::metadata(&good).unwrap().permissions().mode() & 0o777, 0o600);
+    let o = run(&[&train[..], &["--checkpoint", w, "--overwrite"]].concat(), &[], &[]);
+    assert!(o.status.success() && checkpoint::is_checkpoint(&weights), "{}", text(&o));
+    // The command's own standard output: the JSON goes after what was printed there.
+    let printed = std::fs::File::create(dir.join("printed.txt")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args(["eval", "--checkpoint", g, "--examples", "2", "--json", "/dev/stdout"])
+        .stdout(printed)
+        .output()
+        .unwrap();
+    let printed = std::fs::read_to_string(dir.join("printed.txt")).unwrap();
+    assert!(o.status.success() && printed.starts_with(&format!("{g} on synthetic")), "{printed}");
+    assert!(printed.contains("\"top1\""), "{printed}");
+    // A log to the run's own standard output: its records among the lines printed.
+    let o = run(&[&train[..], &["--log", "/dev/stdout"]].concat(), &[], &[]);
+    assert!(
+        o.status.success() && text(&o).contains("{\"step\":1,\"epoch\":0,\"loss\":"),
+        "{}",
+        text(&o)
+    );
+    eprintln!("{} cases", cases.len() + 7);
+}
+
+/// A closed standard output (`train | head -n 1`) ends the printing, not the run: it trains to
+/// its end and writes its checkpoint. SIGHUP (a closed terminal, a dropped ssh) is SIGTERM's
+/// twin: the step in flight finishes, the checkpoint is written, the exit is 129.
+#[test]
+fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
+    use std::io::BufRead;
+    let Some(tmp) = gpu_test_dir() else { return };
+    let model = ResNet::new(Arch::ResNet34, 10).unwrap();
+    let (piped, hung) = (tmp.path().join("piped.safetensors"), tmp.path().join("hung.safetensors"));
+    let train = ["train", "--batch", "2", "--eval-examples", "0", "--checkpoint"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        .args([&train[..], &[piped.to_str().unwrap(), "--steps", "2"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with("syncstep train:"), "{first}");
+    // The reader is gone: every later line meets a closed pipe.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("panicked"), "{err}");
+    assert_eq!(checkpoint::load(&piped, &model).unwrap().step, 2);
+    let args = [&train[..], &[hung.to_str().unwrap(), "--steps", "1000"]].concat();
+    let (child, lines) = started_at(&args, "step 1 ");
+    let (code, err) = stop(child, lines, "HUP");
+    assert_eq!(code, Some(129), "{err}");
+    let step = checkpoint::load(&hung, &model).unwrap().step;
+    let said = format!(
+        "SIGHUP: stopped after step {step}; the checkpoint {} holds step {step}",
+        hung.display()
+    );
+    assert!(err.contains(&said), "{err}");
+    eprintln!("2 cases");
+}
+
+/// `path`'s bytes with the first `from` replaced by `to` (of the same length), written to
+/// `dir/name`: an edit no checksum was recomputed for.
+fn edited(path: &Path, from: &[u8], to: &[u8], dir: &Path, name: &str) -> PathBuf {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("the text to edit");
+    bytes[at..at + to.len()].copy_from_slice(to);
+    let out = dir.join(name);
+    std::fs::write(&out, bytes).unwrap();
+    out
+}
+
+/// The checkpoint at `path` (of `model`) saved again to `dir/name` after `change`: with a
+/// checksum that holds, so that only the checks of what it says can refuse it.
+fn resaved(
+    path: &Path,
+    model: &ResNet,
+    dir: &Path,
+    name: &str,
+    change: impl FnOnce(&mut Checkpoint),
+) -> String {
+    let mut ck = checkpoint::load(path, model).unwrap();
+    change(&mut ck);
+    let out = dir.join(name);
+    checkpoint::save(&out, model, &ck).unwrap();
+    out.to_str().unwrap().to_string()
+}
+
+/// Every byte of a checkpoint that a load reads is covered by its hash, and everything it says
+/// is checked: an edited setting, a standard deviation of 0, a NaN mean, class names that are
+/// not the class count, a negative running variance, integer weights; a checkpoint given as
+/// --weights or weights as --checkpoint is pointed to its flag; --class-names with a
+/// checkpoint is refused. Each refused by resume, eval or predict (the edited setting by all
+/// three), naming the file and the setting, with every file unchanged.
+#[test]
+fn every_setting_and_value_a_checkpoint_holds_is_checked() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path();
+    let images = image_folder(dir, 4);
+    let on_images = images_checkpoint(dir, &images);
+    let png = images.join("ant/0.png");
+    let (m, png) = (on_images.to_str().unwrap(), png.to_str().unwrap());
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let setting = |name: &str, key: &str, value: &str| {
+        resaved(&on_images, &model, dir, name, |ck| {
+            drop(ck.settings.insert(key.into(), value.into()))
+        })
+    };
+    let lr = edited(&on_images, b"\"lr\":\"0.01\"", b"\"lr\":\"0.02\"", dir, "lr.safetensors");
+    let checked: Vec<(String, String)> = vec![
+        (lr.to_str().unwrap().into(), "header or tensor data does not match the SHA-256".into()),
+        (setting("std.safetensors", "std", "0,0.2,0.2"), "setting `std` is [0.0, 0.2, 0.2]".into()),
+        (setting("mean.safetensors", "mean", "NaN,0.4,0.4"), "setting `mean` is [NaN".into()),
+        (
+            setting("names.safetensors", "class_names", "[\"ant\",\"bee\",\"cat\"]"),
+            "setting `class_names` lists 3 names, and `classes` is 2".into(),
+        ),
+        (
+            resaved(&on_images, &model, dir, "var.safetensors", |ck| {
+                ck.running
+                    [model.buffers.iter().find(|t| t.name == "bn1.running_var").unwrap().range()]
+                    [3] = -1.0
+            }),
+            "`bn1.running_var` element 3 is -1e0: a negative running variance".into(),
+        ),
+    ];
+    let before = snapshot(&[dir]);
+    // The three loads share one check: the edited file goes to each, the others in turn.
+    let mut cases = 0;
+    for (i, (path, says)) in checked.iter().enumerate() {
+        let loads = [
+            vec!["train", "--resume", path, "--steps", "1"],
+            vec!["eval", "--checkpoint", path],
+            vec!["predict", "--checkpoint", path, png],
+        ];
+        let taken = if i == 0 { 3 } else { 1 };
+        for args in loads.iter().cycle().skip(i).take(taken) {
+            let o = run(args, &[], &[]);
+            refused(&o, says);
+            assert!(text(&o).contains(path.as_str()), "the file is named: {}", text(&o));
+            assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+            cases += 1;
+        }
+    }
+    // Integer weights, and files given to the other flag.
+    let ints = dir.join("ints.safetensors");
+    let resnet = ResNet::new(Arch::ResNet34, 10).unwrap();
+    let params = resnet.init_params(1);
+    let mut floats: Vec<(String, Vec<usize>, &[f32])> = resnet
+        .params
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone(), &params[t.range()]))
+        .collect();
+    let conv1 = floats.remove(0);
+    let labels = vec![1i64; conv1.2.len()];
+    let int = [(conv1.0.clone(), conv1.1.clone(), &labels[..])];
+    syncstep::tensorfile::write_f32_i64(&ints, &floats, &int, &Default::default()).unwrap();
+    let weights = dir.join("weights.safetensors");
+    reshaped_weights(&weights, &|_, s| Some(s));
+    let (i, w) = (ints.to_str().unwrap(), weights.to_str().unwrap());
+    let names = dir.join("names.txt");
+    std::fs::write(&names, "ant\nbee\n").unwrap();
+    let n = names.to_str().unwrap();
+    let before = snapshot(&[dir]);
+    let flags: [(&[&str], &str); 4] = [
+        (&["predict", "--weights", i, png], "tensor `conv1.weight` holds integers"),
+        (&["predict", "--weights", m, png], "this is a syncstep checkpoint (a `train --checkpoint` file), not torchvision weights: give it as --checkpoint"),
+        (&["eval", "--checkpoint", w], "this is not a syncstep checkpoint (a `train --checkpoint` file); torchvision weights go to --weights"),
+        (&["predict", "--checkpoint", m, "--class-names", n, png], "drop --class-names"),
+    ];
+    for (args, says) in flags {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases + flags.len());
+}
+
+/// A learning rate or weight decay that blows the parameters up in one step is a divergence:
+/// exit non-zero, the last good checkpoint kept; weights that overflow give no NaN
+/// probability, an error instead; counts past their bound are refused before any work.
+#[test]
+fn runaway_numbers_are_refused_and_no_nan_is_printed() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let images = image_folder(dir, 4);
+    let on_images = images_checkpoint(dir, &images);
+    // Every parameter at 1e18: healthy alone, the activations overflow.
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let huge = resaved(&on_images, &model, dir, "huge.safetensors", |ck| ck.params.fill(1e18));
+    let (g, png) = (good.to_str().unwrap(), images.join("ant/0.png"));
+    let png = png.to_str().unwrap();
+    let before = snapshot(&[dir]);
+    let resume = ["train", "--resume", g, "--checkpoint", g, "--override", "--steps", "1"];
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &[&resume[..], &["--lr", "1e30"]].concat(),
+            "the run diverged at step 2: `conv1.weight` element",
+        ),
+        (
+            &[
+                "train",
+                "--steps",
+                "1",
+                "--batch",
+                "2",
+                "--eval-examples",
+                "0",
+                "--weight-decay",
+                "1e30",
+            ],
+            "the run diverged at step 1",
+        ),
+        (&["predict", "--checkpoint", &huge, png], "ant/0.png: the model's outputs are not finite"),
+        (
+            &["eval", "--checkpoint", &huge],
+            "the model's outputs for image 1 of the evaluation are not finite",
+        ),
+        (
+            &["train", "--classes", "100000000", "--steps", "1"],
+            "'100000000' for '--classes <CLASSES>': a classifier has 2 to 100000 classes",
+        ),
+        (
+            &["check", "--steps", "18446744073709551615"],
+            "'18446744073709551615' for '--steps <STEPS>': at most 1000",
+        ),
+        (&["bench", "--steps", "1000000"], "'1000000' for '--steps <STEPS>': at most 10000"),
+        (
+            &["train", "--replicas", "18446744073709551615"],
+            "'18446744073709551615' for '--replicas <REPLICAS>': at most 1024",
+        ),
+    ];
+    for (args, says) in cases {
+        let o = run(args, &[], &[]);
+        refused(&o, says);
+        assert!(!text(&o).contains("NaN%"), "{}", text(&o));
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len());
+}
+
+/// The data is recorded by what it is: its absolute path and a fingerprint of its files. A
+/// relative --data is recorded absolute, so `eval` from another folder scores the same images;
+/// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
+/// refused by a resume and by `eval`, with every file unchanged.
+#[test]
+fn the_data_is_an_identity_not_a_path() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path().canonicalize().unwrap();
+    let images = image_folder(&dir, 4);
+    let ck = dir.join("ck.safetensors");
+    let c = ck.to_str().unwrap();
+    let in_dir = |cwd: &Path, args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+        cmd.args(args).current_dir(cwd).stdin(Stdio::null()).output().unwrap()
+    };
+    let train = ["train", "--steps", "1", "--batch", "2", "--normalize", "imagenet"];
+    let o = in_dir(&dir, &[&train[..], &["--data", "images", "--checkpoint", c]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let recorded = TensorFile::read(&ck).unwrap().metadata["data"].clone();
+    assert_eq!(recorded, images.to_str().unwrap(), "recorded absolute");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let o = in_dir(&elsewhere, &["eval", "--checkpoint", c]);
+    assert!(
+        o.status.success() && text(&o).contains(&format!("on {recorded} (val split")),
+        "{}",
+        text(&o)
+    );
+    let resume = ["train", "--resume", c, "--steps", "1", "--eval-examples", "0"];
+    let respelt = format!("{}/../images/", images.display());
+    let o = run(&[&resume[..], &["--data", &respelt]].concat(), &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let copy = dir.join("copy");
+    assert!(Command::new("cp").arg("-r").arg(&images).arg(&copy).status().unwrap().success());
+    let o = run(&[&resume[..], &["--data", copy.to_str().unwrap()]].concat(), &[], &[]);
+    let says =
+        format!("{} holds the files the checkpoint was trained on at {recorded}", copy.display());
+    assert!(o.status.success() && text(&o).contains(&says), "{}", text(&o));
+    std::fs::copy(images.join("ant/0.png"), images.join("ant/extra.png")).unwrap();
+    let before = snapshot(&[&dir]);
+    let other = "is not the data the checkpoint was trained on: 9 images, SHA-256";
+    refused(&run(&resume, &[], &[]), other);
+    let o = run(&["eval", "--checkpoint", c], &[], &[]);
+    refused(&o, "is not the data");
+    assert!(
+        text(&o).contains("8 images, SHA-256") && text(&o).contains("give --data"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(snapshot(&[&dir]), before, "a refusal changed a file");
+    eprintln!("6 cases");
+}
+
+/// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's
+/// decoder would decode it without a word), in training and in `predict`; an image of more
+/// pixels than PIL takes is refused before it is decoded; one whose pixels do not fit the
+/// memory left is an error naming it.
+#[test]
+fn a_truncated_or_enormous_image_is_an_error_naming_it() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path();
+    let images = image_folder(dir, 2);
+    let on_images = images_checkpoint(dir, &images);
+    let mut jpeg = std::io::Cursor::new(Vec::new());
+    let photo = image::RgbImage::from_fn(40, 40, |x, y| image::Rgb([x as u8 * 6, y as u8 * 6, 7]));
+    photo.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+    let jpeg = jpeg.into_inner();
+    let cut = images.join("ant/cut.jpg");
+    std::fs::write(&cut, &jpeg[..jpeg.len() - 2]).unwrap();
+    // A BMP whose header says 20000×20000.
+    let mut bomb = std::io::Cursor::new(Vec::new());
+    photo.write_to(&mut bomb, image::ImageFormat::Bmp).unwrap();
+    let mut bomb = bomb.into_inner();
+    bomb[18..22].copy_from_slice(&20000i32.to_le_bytes());
+    bomb[22..26].copy_from_slice(&20000i32.to_le_bytes());
+    let big = dir.join("big.bmp");
+    std::fs::write(&big, bomb).unwrap();
+    let (m, i) = (on_images.to_str().unwrap(), images.to_str().unwrap());
+    let ck = dir.join("never.safetensors");
+    let before = snapshot(&[dir]);
+    let cut_short = format!("{}: not a decodable image (the file is cut short", cut.display());
+    let train = ["train", "--data", i, "--val-split", "0", "--batch", "5", "--steps", "1"];
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[&train[..], &["--normalize", "imagenet", "--checkpoint", ck.to_str().unwrap()]]
+                .concat(),
+            &cut_short,
+        ),
+        (&["predict", "--checkpoint", m, cut.to_str().unwrap()], &cut_short),
+        (
+            &["predict", "--checkpoint", m, big.to_str().unwrap()],
+            "20000×20000 is 400000000 pixels, past the 178956970 PIL takes",
+        ),
+    ];
+    for (args, says) in cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    // A JPEG whose frame header says 13000×13000 (1 GB to decode and convert), under an
+    // address-space limit that leaves less: an error naming it, not an abort.
+    let at = jpeg.windows(2).position(|w| w == [0xFF, 0xC0]).expect("a baseline frame");
+    let mut large = jpeg.clone();
+    large[at + 5..at + 9].copy_from_slice(&[0x32, 0xC8, 0x32, 0xC8]);
+    let large_path = dir.join("large.jpg");
+    std::fs::write(&large_path, large).unwrap();
+    let bin = env!("CARGO_BIN_EXE_syncstep");
+    let script = format!(
+        "ulimit -v 2100000 && exec {bin} predict --checkpoint {m} {}",
+        large_path.display()
+    );
+    let o = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap();
+    refused(&o, "large.jpg: its 13000×13000 pixels need 1014000000 bytes of host memory, which could not be allocated");
+    eprintln!("{} cases", cases.len() + 1);
+}
+
+/// A command, the variables it runs with, and what its refusal says.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
+/// Messages name the cause in the user's words: `predict` and `eval` at an input size where
+/// the run's batch does not fit take fewer images at a time (and one image that does not fit
+/// names --image-size, not a --batch they do not have); a flag with no effect, a variable's
+/// value with none, a flag checked before any device is made: each named.
+#[test]
+fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let dir = tmp.path();
+    let images = image_folder(dir, 9);
+    let ck = dir.join("b16.safetensors");
+    let sixteen = ck.to_str().unwrap();
+    let (i, png) = (images.to_str().unwrap(), images.join("ant/0.png"));
+    let png = png.to_str().unwrap();
+    let train = ["train", "--data", i, "--val-split", "0.1", "--normalize", "imagenet"];
+    let o = run(
+        &[&train[..], &["--batch", "16", "--steps", "1", "--checkpoint", sixteen]].concat(),
+        &[],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // A batch of 16 at 512² or 400² is past lavapipe's 128 MiB storage binding.
+    let o = run(&["predict", "--checkpoint", sixteen, "--image-size", "512", png], &[], &[]);
+    assert!(o.status.success() && text(&o).contains(&format!("{png}: ")), "{}", text(&o));
+    let o = run(&["eval", "--checkpoint", sixteen, "--image-size", "400"], &[], &[]);
+    assert!(o.status.success() && text(&o).contains("(val split, 2 images)"), "{}", text(&o));
+    let before = snapshot(&[dir]);
+    let cases: [Case; 7] = [
+        (
+            &["predict", "--checkpoint", sixteen, "--image-size", "100000", png],
+            &[],
+            "--image-size 100000: one image does not fit",
+        ),
+        (
+            &["bench", "--profile-rows", "5"],
+            &[],
+            "--profile-rows sets the rows of --profile's table",
+        ),
+        (&["bench", "--roofline-size", "64", "--no-roofline"], &[], "cannot be used with"),
+        (&["check", "--image-size", "16"], &[], "--image-size 16: image size 16×16 is too small"),
+        (
+            &["info"],
+            &[("SYNCSTEP_SUBGROUPS", "garbage")],
+            "SYNCSTEP_SUBGROUPS=\"garbage\": give off",
+        ),
+        (&["info"], &[("SYNCSTEP_MPI_SILENCE", "soon")], "SYNCSTEP_MPI_SILENCE=\"soon\""),
+        (
+            &[
+                "grad",
+                "--weights",
+                sixteen,
+                "--batch",
+                sixteen,
+                "--out",
+                "g.safetensors",
+                "--label-smoothing",
+                "2",
+            ],
+            &[],
+            "--label-smoothing 2: label smoothing must be in [0, 1)",
+        ),
+    ];
+    for (args, set, says) in cases {
+        let o = run(args, set, &[]);
+        refused(&o, says);
+        assert!(
+            !text(&o).contains("--batch or") && !text(&o).contains("replica 0"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len() + 2);
 }

@@ -4,8 +4,18 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use syncstep::bench::{self, BenchConfig, ProbeSize};
+use syncstep::files::Kind;
 use syncstep::kernels::conv2d::KernelPlan;
 use syncstep::model::Arch;
+
+/// bench's figures (`--json`), told by their `config.plan_for`.
+const FIGURES: Kind = Kind {
+    what: "syncstep bench's figures (a bench --json file)",
+    ours: |path| super::json_with(path, &["/config/plan_for"]),
+};
+
+/// Rows the profile's per-layer table prints unless `--profile-rows` says.
+const PROFILE_ROWS: usize = 15;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PlanFor {
@@ -22,7 +32,7 @@ pub struct BenchArgs {
     /// Data-parallel over this many devices (any R); with R > 1 the single device at the global
     /// batch and at one replica's shard (the replicas' own steps, without the exchange) are
     /// measured too, in the same run, and the ratios printed.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// The global batch B, over all replicas (with --mpi, all ranks' replicas). The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
@@ -31,11 +41,12 @@ pub struct BenchArgs {
     /// Side of the square input images, at least 32.
     #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
-    /// Timed steps; the median counts.
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// Timed steps (at most 10000); the median counts.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::at_most::<10000>)]
     steps: usize,
-    /// Untimed steps first (at least 1: the first compiles the pipelines and autotunes).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// Untimed steps first (at least 1: the first compiles the pipelines and autotunes; at most
+    /// 1000).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::cli::at_most::<1000>)]
     warmup: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
@@ -48,16 +59,17 @@ pub struct BenchArgs {
     /// Time every dispatch of one more step with timestamp queries: a per-layer breakdown.
     #[arg(long)]
     profile: bool,
-    /// Rows of the profile's per-layer table to print (all of them go to --json).
-    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
-    profile_rows: usize,
+    /// Rows of the profile's per-layer table to print (all of them go to --json), with
+    /// --profile [default: 15].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    profile_rows: Option<usize>,
     /// Skip the roofline probe (the implicit-GEMM kernel and the matmul at size³, then each
     /// convolution of the step).
     #[arg(long)]
     no_roofline: bool,
     /// Size of the roofline probe's square GEMMs (m = k = n) [default: 4096 on a GPU adapter,
     /// 512 on a CPU adapter].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    #[arg(long, conflicts_with = "no_roofline", allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     roofline_size: Option<u32>,
     /// Write every figure as JSON to this file (with --profile or --shapes-only: every
     /// dispatch's workgroups, invocations, FLOPs and bytes, and each convolution's construction
@@ -75,8 +87,10 @@ pub struct BenchArgs {
     /// Record one step's dispatches without running them, and print how wide they are (their
     /// workgroups, invocations, FLOPs and bytes go to --json): the shape of a step too large to
     /// run on this adapter, e.g. `--plan-for gpu --image-size 224 --batch 32` on a CPU.
-    #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile"])]
+    #[arg(long, conflicts_with_all = ["mpi", "replicas", "profile", "steps", "warmup", "no_roofline", "roofline_size", "bucket_mb"])]
     shapes_only: bool,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
@@ -86,6 +100,10 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.profile_rows.is_some() && !args.profile {
+        return Err("--profile-rows sets the rows of --profile's table: add --profile, or drop --profile-rows".into());
+    }
+    let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
     let peers = super::ranks::peers(&args.ranks)?;
     let lead = peers.rank() == 0;
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
@@ -113,47 +131,51 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             PlanFor::Gpu => KernelPlan::Gpu,
             PlanFor::Timed => KernelPlan::Timed,
         },
-        bucket_bytes: args.buckets.bytes(),
+        bucket_bytes: args.buckets.bytes(global_replicas)?,
         retune: args.tune.retune,
         ..BenchConfig::default()
     };
     cfg.validate()?;
     if args.shapes_only {
-        return shapes_only(&cfg, args.json.as_deref());
+        return shapes_only(&cfg, args.json.as_deref(), overwrite);
     }
     // Each rank's adapters are its own.
     let shared = BenchConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
     let json = args.json.as_ref().filter(|_| lead);
-    if let Some(path) = json {
-        // Fail now rather than after minutes of measuring.
-        syncstep::files::check_output("--json", path, &[])?;
-    }
+    // Fail now rather than after minutes of measuring.
+    let _claim = json
+        .map(|path| syncstep::files::check_output("--json", path, &[], FIGURES, overwrite))
+        .transpose()?;
     let started = std::time::Instant::now();
     let report = bench::run_with_peers(&cfg, &peers, &mut |phase| {
         if lead {
-            eprintln!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
+            say_err!("[{:.1} s] {phase}", started.elapsed().as_secs_f64())
         }
     })?;
     if !lead {
         return Ok(());
     }
-    print!("{}", report.text(args.profile_rows));
+    say_text!("{}", report.text(args.profile_rows.unwrap_or(PROFILE_ROWS)));
     if let Some(path) = json {
         syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
-        println!("figures written to {}", path.display());
+        say!("figures written to {}", path.display());
     }
     Ok(())
 }
 
 /// `bench --shapes-only`: one step recorded, not run; its figures on an H200 printed and
 /// (--json) every dispatch's on an H100 and an H200 written.
-fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = json {
-        syncstep::files::check_output("--json", path, &[])?;
-    }
-    let profile = bench::dispatch_shapes(cfg, &mut |phase| eprintln!("{phase}"))?;
-    println!(
+fn shapes_only(
+    cfg: &BenchConfig,
+    json: Option<&Path>,
+    overwrite: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let _claim = json
+        .map(|path| syncstep::files::check_output("--json", path, &[], FIGURES, overwrite))
+        .transpose()?;
+    let profile = bench::dispatch_shapes(cfg, &mut |phase| say_err!("{phase}"))?;
+    say!(
         "syncstep bench --shapes-only: one {} training step at batch {}, {}×{} images, recorded and not run: {} dispatches",
         cfg.arch.title(),
         cfg.global(),
@@ -161,7 +183,7 @@ fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std
         cfg.image_size,
         profile.kernels.len()
     );
-    profile.on(&bench::H200).text().iter().for_each(|l| println!("{l}"));
+    profile.on(&bench::H200).text().iter().for_each(|l| say!("{l}"));
     if let Some(path) = json {
         let report = serde_json::json!({
             "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
@@ -169,7 +191,7 @@ fn shapes_only(cfg: &BenchConfig, json: Option<&Path>) -> Result<(), Box<dyn std
             "profile": profile.to_json(),
         });
         syncstep::files::write_atomic(path, report.to_string().as_bytes())?;
-        println!("figures written to {}", path.display());
+        say!("figures written to {}", path.display());
     }
     Ok(())
 }

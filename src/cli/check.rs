@@ -6,12 +6,25 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, CheckReport};
+use syncstep::files::Kind;
 use syncstep::golden::Golden;
 use syncstep::gpu::{AdapterChoice, Gpu};
 use syncstep::kernels::conv2d::set_kernel_policy;
-use syncstep::model::Arch;
+use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
+
+/// check's figures (`--json`), told by their `check` and `global_batch`.
+const FIGURES: Kind = Kind {
+    what: "syncstep check's figures (a check --json file)",
+    ours: |path| super::json_with(path, &["/check", "/global_batch"]),
+};
+
+/// A golden file (`--golden`), told by its `golden`, `format` and `settings`.
+const GOLDEN: Kind = Kind {
+    what: "a syncstep golden file (a check --golden file)",
+    ours: |path| super::json_with(path, &["/golden", "/format", "/settings"]),
+};
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -19,7 +32,7 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = Arch::default())]
     arch: Arch,
     /// Number of replicas R (devices), each running a shard of the global batch: any R from 1.
-    #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 2, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// The global batch B, over all replicas; the single device runs all of it. The replicas'
     /// shards are derived: B/R images each, the first B mod R one image more. B ≥ R.
@@ -29,10 +42,10 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
     image_size: u32,
     /// Number of classes K.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::cli::classes)]
     classes: u32,
-    /// SGD steps of the DRIFT gate (0 skips it).
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    /// SGD steps of the DRIFT gate (0 skips it; at most 1000).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::cli::at_most::<1000>)]
     steps: usize,
     /// Seed of the weights and the synthetic data.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
@@ -61,6 +74,8 @@ pub struct CheckArgs {
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
     #[command(flatten)]
+    overwrite: super::Overwrite,
+    #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
     tune: super::ranks::TuneArgs,
@@ -75,12 +90,17 @@ enum SabotageArg {
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let size = args.image_size;
+    ResNet::check_image_size(size, size).map_err(|e| format!("--image-size {size}: {e}"))?;
+    let outputs = args.json.is_some() || args.golden.is_some();
+    let overwrite = args.overwrite.check(outputs, "--json, --golden")?;
     let peers = super::ranks::peers(&args.ranks)?;
     let lead = peers.rank() == 0;
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     // This process's replicas' adapters; the single device on the first.
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
-    let cfg = config(&args, local * peers.ranks(), adapters, args.buckets.bytes());
+    let replicas = local * peers.ranks();
+    let cfg = config(&args, replicas, adapters, args.buckets.bytes(replicas)?);
     let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
     super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
     // Outputs (rank 0's) are checked before any work; neither may be the golden read for
@@ -88,9 +108,10 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();
     let (json, golden_out) =
         (args.json.as_ref().filter(|_| lead), args.golden.as_ref().filter(|_| lead));
-    for (flag, path) in [("--json", json), ("--golden", golden_out)] {
+    let mut claims = Vec::new();
+    for (flag, path, kind) in [("--json", json, FIGURES), ("--golden", golden_out, GOLDEN)] {
         if let Some(path) = path {
-            syncstep::files::check_output(flag, path, &inputs)?;
+            claims.push(syncstep::files::check_output(flag, path, &inputs, kind, overwrite)?);
         }
     }
     let golden = args.against.as_deref().map(read_golden).transpose()?;
@@ -114,7 +135,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
-    print!("{}", report.table());
+    say_text!("{}", report.table());
     write_outputs(&report, json, golden_out)
 }
 
@@ -156,9 +177,9 @@ fn read_golden(path: &Path) -> Result<Golden, String> {
 /// A phase that starts, `at` seconds into the check (or the end, with the verdict).
 fn print_phase(at: f64, p: &CheckProgress) {
     if p.index < p.total {
-        eprintln!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
+        say_err!("[{}/{} at {at:.1} s] {}", p.index + 1, p.total, p.phase);
     } else {
-        eprintln!("[{at:.1} s] {}", p.phase);
+        say_err!("[{at:.1} s] {}", p.phase);
     }
 }
 
@@ -171,7 +192,7 @@ fn write_outputs(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let write = |path: &PathBuf, text: String, what: &str| -> Result<(), String> {
         syncstep::files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
-        println!("{what} written to {}", path.display());
+        say!("{what} written to {}", path.display());
         Ok(())
     };
     if let Some(path) = json {
@@ -183,7 +204,7 @@ fn write_outputs(
         if failed.is_empty() {
             write(path, report.golden.to_json(), "golden (PORTABLE)")?;
         } else {
-            println!(
+            say!(
                 "golden not written: this run failed gates, and {} is left as it was",
                 path.display()
             );

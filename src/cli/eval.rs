@@ -11,6 +11,7 @@ use serde_json::json;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::source::{self, DataSpec, Dataset};
 use syncstep::data::transform::{Normalization, Preprocess};
+use syncstep::files::Kind;
 use syncstep::scores::Scores;
 use syncstep::train::Trainer;
 
@@ -18,6 +19,12 @@ use super::weights::{Model, ModelArgs};
 
 /// Classes up to which the confusion matrix is printed (the JSON always has it).
 const PRINTED_CONFUSION: usize = 20;
+
+/// eval's scores (`--json`), told by their `split`, `top1` and `confusion`.
+const SCORES: Kind = Kind {
+    what: "syncstep eval's scores (an eval --json file)",
+    ours: |path| super::json_with(path, &["/split", "/top1", "/confusion"]),
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Split {
@@ -48,6 +55,8 @@ pub struct EvalArgs {
     /// Threads decoding images [default: the CPU's cores].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::workers)]
     workers: Option<usize>,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
 }
 
 /// Scores of `trainer` on every image of `data` (evaluation images: brought to `size` by
@@ -84,11 +93,21 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let spec = args
         .data
         .clone()
-        .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()));
-    if let Some(path) = &args.json {
-        let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
-        syncstep::files::check_output("--json", path, &inputs)?;
-    }
+        .unwrap_or_else(|| cfg.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone()))
+        .canonical()
+        .map_err(|e| match args.data {
+            Some(_) => format!("--data: {e}"),
+            None => format!(
+                "the checkpoint's data is not there ({e}): give --data with the place it is now"
+            ),
+        })?;
+    let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
+    let inputs: Vec<&Path> = [Some(file), spec.path()].into_iter().flatten().collect();
+    let _claim = args
+        .json
+        .as_ref()
+        .map(|path| syncstep::files::check_output("--json", path, &inputs, SCORES, overwrite))
+        .transpose()?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} images")
@@ -100,14 +119,19 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (scores, split, names, step) = match (&spec, model.norm()) {
         (DataSpec::Synthetic, _) => {
-            if args.model.preprocess.is_some() {
-                return Err("--preprocess applies to images; the synthetic dataset has no use for it: drop --preprocess".into());
+            let images_only = [
+                ("--preprocess", args.model.preprocess.is_some()),
+                ("--workers", args.workers.is_some()),
+                ("--split", args.split.is_some()),
+            ];
+            if let Some((flag, _)) = images_only.iter().find(|(_, given)| *given) {
+                return Err(format!("{flag} applies to a dataset of images; the synthetic dataset's held-out images are one set made in place: drop {flag}").into());
             }
             let examples = super::eval_count("--examples", args.examples.unwrap_or(1000))?;
             let mut trainer = model.trainer(weights)?;
             bar.set_length(examples as u64);
             let scores = pollster::block_on(trainer.evaluate(examples, progress))?;
-            let split = split_name(args.split.unwrap_or(Split::Val));
+            let split = "val";
             (scores, split, cfg.class_names(), trainer.step)
         }
         (_, None) => {
@@ -154,6 +178,18 @@ fn split_of(
     let cfg = &model.cfg;
     let run = cfg.images.as_ref().filter(|_| !model.torchvision);
     let splits = source::open(spec, run.map_or(0.0, |i| i.val_split), cfg.seed)?;
+    // The checkpoint's own data must still be what its run trained on (--data names other data).
+    let then = run.and_then(|i| i.fingerprint.as_ref()).filter(|_| args.data.is_none());
+    if let Some(then) = then {
+        let now = splits.fingerprint(spec.path().unwrap_or(Path::new(".")))?;
+        if now != *then {
+            return Err(format!(
+                "{spec} is not the data {} was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): give --data to score other data",
+                model.path.display()
+            )
+            .into());
+        }
+    }
     let whole = run.is_none() && splits.val.is_empty();
     let split = args.split.unwrap_or(if whole { Split::Train } else { Split::Val });
     let (data, name) = match split {
@@ -225,13 +261,13 @@ impl Report<'_> {
         });
         let text = serde_json::to_string_pretty(&report)?;
         syncstep::files::write_atomic(path, text.as_bytes())?;
-        println!("scores: {}", path.display());
+        say!("scores: {}", path.display());
         Ok(())
     }
 
     fn print(&self) {
         let (scores, names) = (self.scores, self.names);
-        println!(
+        say!(
             "{} on {} ({} split, {} images): top-1 {:.2}%, top-5 {:.2}%",
             self.model.path.display(),
             self.spec,
@@ -241,24 +277,17 @@ impl Report<'_> {
             100.0 * scores.top5()
         );
         let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(5).clamp(5, 24);
-        println!("{:<width$}  images  top-1", "class");
+        say!("{:<width$}  images  top-1", "class");
         for ((examples, accuracy), name) in scores.per_class().into_iter().zip(names) {
             let accuracy = accuracy.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
-            println!("{name:<width$}  {examples:>6}  {accuracy:>5}");
+            say!("{name:<width$}  {examples:>6}  {accuracy:>5}");
         }
         if scores.classes <= PRINTED_CONFUSION {
-            println!("confusion (row: true class, column: predicted, in class order):");
+            say!("confusion (row: true class, column: predicted, in class order):");
             for row in scores.confusion.chunks(scores.classes) {
                 let cells: Vec<String> = row.iter().map(|v| format!("{v:>5}")).collect();
-                println!("{}", cells.join(""));
+                say!("{}", cells.join(""));
             }
         }
-    }
-}
-
-fn split_name(split: Split) -> &'static str {
-    match split {
-        Split::Train => "train",
-        Split::Val => "val",
     }
 }

@@ -8,10 +8,20 @@ use std::path::PathBuf;
 use clap::Args;
 use syncstep::checkpoint::{self, load_weights};
 use syncstep::data::Batch;
+use syncstep::files::Kind;
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::{write_f32, TensorFile};
+
+/// grad's output (`--out`), told by its `loss` and `logits` tensors.
+const GRADIENTS: Kind = Kind {
+    what: "syncstep grad's output (a grad --out file)",
+    ours: |path| {
+        let header = syncstep::tensorfile::read_header(path).unwrap_or_default();
+        ["loss", "logits"].iter().all(|name| header.tensors.iter().any(|t| t == name))
+    },
+};
 
 #[derive(Args)]
 pub struct GradArgs {
@@ -36,12 +46,14 @@ pub struct GradArgs {
     /// Data-parallel over this many devices: the batch in R contiguous shards (any R ≤ M; the
     /// first M mod R take one example more), BatchNorm synchronised, gradients all-reduced:
     /// the same bits as one device.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
@@ -89,11 +101,15 @@ pub fn read_batch(file: &TensorFile, classes: u32) -> Result<Batch, Box<dyn std:
 }
 
 pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
+    cfg.validate().map_err(|e| format!("--label-smoothing {}: {e}", args.label_smoothing))?;
     let peers = super::ranks::peers(&args.ranks)?;
     let lead = peers.rank() == 0;
-    if lead {
-        syncstep::files::check_output("--out", &args.out, &[&args.weights, &args.batch])?;
-    }
+    let inputs = [args.weights.as_path(), args.batch.as_path()];
+    let overwrite = args.overwrite.overwrite;
+    let _claim = lead
+        .then(|| syncstep::files::check_output("--out", &args.out, &inputs, GRADIENTS, overwrite))
+        .transpose()?;
     let weights = TensorFile::read(&args.weights)?;
     let arch = checkpoint::weights_arch(&weights, args.arch)?;
     let classes = checkpoint::classes(&weights, arch)?;
@@ -105,6 +121,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
+    let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
     let settings = format!("label smoothing {}, {local} replicas per rank", args.label_smoothing);
     super::ranks::agree(&peers, "the settings", settings.as_bytes())?;
     super::ranks::agree(&peers, "the weights", bytemuck::cast_slice(&params))?;
@@ -115,8 +132,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
         super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running)?
         .with_peers(peers)
-        .with_bucket_bytes(args.buckets.bytes());
-    let cfg = StepConfig { label_smoothing: args.label_smoothing, ..StepConfig::default() };
+        .with_bucket_bytes(bucket_bytes);
     let m = batch.len();
     let out = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;
     let logits = dp.logits(&out)?;
@@ -148,12 +164,7 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|b| (format!("after/{}", b.name), b.shape.clone(), &after[b.range()])),
     );
     write_f32(&args.out, &entries, &Default::default())?;
-    println!(
-        "loss {:.6}; {} gradients written to {}",
-        loss[0],
-        model.params.len(),
-        args.out.display()
-    );
+    say!("loss {:.6}; {} gradients written to {}", loss[0], model.params.len(), args.out.display());
     refuse_non_finite(&entries)
 }
 

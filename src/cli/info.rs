@@ -14,9 +14,9 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         let info = a.get_info();
         let l = a.limits();
         let f = a.features();
-        println!("[{i}] {}", gpu::describe(&info));
-        println!("    vendor {:#06x}  device {:#06x}", info.vendor, info.device);
-        println!(
+        say!("[{i}] {}", gpu::describe(&info));
+        say!("    vendor {:#06x}  device {:#06x}", info.vendor, info.device);
+        say!(
             "    max storage binding {} MiB, max buffer {} MiB, storage buffers/stage {}, workgroup memory {} KiB, invocations/workgroup {}, storage offset alignment {}",
             l.max_storage_buffer_binding_size >> 20,
             l.max_buffer_size >> 20,
@@ -33,7 +33,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         ];
         let have: Vec<&str> =
             named.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| *n).collect();
-        println!(
+        say!(
             "    features: {}",
             if have.is_empty() { "none of interest".into() } else { have.join(", ") }
         );
@@ -44,12 +44,13 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 "too small for the broadcasting kernels"
             };
-            println!(
+            say!(
                 "    subgroups of {}–{} invocations: {uses}",
-                info.subgroup_min_size, info.subgroup_max_size
+                info.subgroup_min_size,
+                info.subgroup_max_size
             );
         }
     }
-    println!("\nselect with --adapter or SYNCSTEP_ADAPTER: an index (`1`), a backend (`gl`), or both (`vulkan:0`); current: {default:?}");
+    say!("\nselect with --adapter or SYNCSTEP_ADAPTER: an index (`1`), a backend (`gl`), or both (`vulkan:0`); current: {default:?}");
     Ok(())
 }

@@ -5,6 +5,31 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `print!` that never panics: a closed standard output (`| head`) or a terminal gone away
+/// (SIGHUP) ends the printing, not the command, which goes on to keep its files.
+macro_rules! say_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics, as `say_text!`.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics, as `say_text!`.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod check;
 mod eval;
@@ -60,23 +85,24 @@ pub fn main() -> ExitCode {
     match e.downcast_ref::<Exit>() {
         // A stop every rank agreed on: each ends on its own.
         Some(exit) => {
-            eprintln!("{prefix}{}", exit.message);
+            say_err!("{prefix}{}", exit.message);
             ranks::finish();
             ExitCode::from(exit.code)
         }
         None => {
-            eprintln!("{prefix}error: {e}");
+            say_err!("{prefix}error: {e}");
             ranks::abort_job();
             ExitCode::FAILURE
         }
     }
 }
 
-/// Runs `command`; every one but `plot` makes a GPU device, so first the memory it needs is
-/// checked.
+/// Runs `command`; every one but `plot` makes a GPU device, so first the memory it needs and
+/// the variables that choose how are checked.
 fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     if !matches!(command, Command::Plot(_)) {
         check_memory()?;
+        check_variables()?;
     }
     match command {
         Command::Info => info::run(),
@@ -88,6 +114,23 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Predict(a) => predict::run(a),
         Command::Plot(a) => plot::run(a),
     }
+}
+
+/// Refuses a value of a variable the library reads that would have no effect, naming the
+/// values that have one: the library takes only `off` for `SYNCSTEP_SUBGROUPS`, and a
+/// `SYNCSTEP_MPI_SILENCE` below 1 s or not a number for its 20 s default.
+fn check_variables() -> Result<(), String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(value) = var("SYNCSTEP_SUBGROUPS").filter(|v| v != "off" && v != "on") {
+        return Err(format!("SYNCSTEP_SUBGROUPS={value:?}: give off (kernels that load what subgroups would broadcast) or on (the default), or unset it"));
+    }
+    let silence = var("SYNCSTEP_MPI_SILENCE");
+    if let Some(value) =
+        silence.filter(|v| !v.parse::<f64>().is_ok_and(|s| s.is_finite() && s >= 1.0))
+    {
+        return Err(format!("SYNCSTEP_MPI_SILENCE={value:?}: give the seconds a rank may go unheard, 1 or more (default 20), or unset it"));
+    }
+    Ok(())
 }
 
 /// The address space a process needs to create a device and train a small batch, at least:
@@ -200,6 +243,60 @@ pub fn eval_count(flag: &str, n: usize) -> Result<usize, String> {
         return Err(format!("{flag} is {n}; at most {MAX_EVAL_EXAMPLES} (each is a forward pass)"));
     }
     Ok(n)
+}
+
+/// A count flag's value bounded by `MAX`: a whole number from 0 to `MAX`, checked before
+/// anything is allocated or run for it.
+pub fn at_most<const MAX: usize>(value: &str) -> Result<usize, String> {
+    match whole::<usize>(value)? {
+        n if n > MAX => Err(format!("at most {MAX}")),
+        n => Ok(n),
+    }
+}
+
+/// `--classes`'s value: 2 to [`syncstep::model::MAX_CLASSES`], checked before the classifier
+/// is allocated.
+pub fn classes(value: &str) -> Result<u32, String> {
+    let most = syncstep::model::MAX_CLASSES;
+    match whole::<u32>(value) {
+        Ok(n) if (2..=most).contains(&n) => Ok(n),
+        _ => Err(format!("a classifier has 2 to {most} classes")),
+    }
+}
+
+/// `--overwrite`, on the commands that write files.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Overwrite {
+    /// Replace an existing output file that is not syncstep's own of that kind (an output
+    /// replaces a file syncstep wrote as that output without this flag). A file whose mode does
+    /// not let you write it, or one of the command's inputs, is never replaced.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl Overwrite {
+    /// Refuses `--overwrite` when the command was given none of its outputs (`flags`).
+    pub fn check(&self, any_output: bool, flags: &str) -> Result<bool, String> {
+        if self.overwrite && !any_output {
+            return Err(format!(
+                "--overwrite has no effect without an output ({flags}): drop --overwrite"
+            ));
+        }
+        Ok(self.overwrite)
+    }
+}
+
+/// Whether the file at `path` is a JSON document with a value at each of `pointers` (JSON
+/// pointers, `/config/plan_for`): how syncstep's JSON reports are told from other files.
+pub fn json_with(path: &std::path::Path, pointers: &[&str]) -> bool {
+    // Reports are small; a large file is not one, and is not read.
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() < 256 << 20) {
+        return false;
+    }
+    syncstep::files::read_input(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|doc| pointers.iter().all(|p| doc.pointer(p).is_some()))
 }
 
 /// Loader threads `--workers` starts at most: more only wait on one another for the device.

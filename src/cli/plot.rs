@@ -21,6 +21,23 @@ const SMOOTHING: usize = 50;
 /// Green dark enough to read on white.
 const DARK_GREEN: RGBColor = RGBColor(0, 140, 0);
 
+/// What marks a picture as plot's own: an SVG's first line is a comment of it, a PNG's first
+/// text chunk is `Software` of it (written right after the header).
+const MARK: &str = "syncstep plot";
+
+/// A picture plot drew (`-o`), told by its mark within its first 4 KiB.
+const PICTURE: files::Kind = files::Kind { what: "a picture syncstep plot drew", ours: is_plot };
+
+fn is_plot(path: &Path) -> bool {
+    use std::io::Read;
+    let mut start = Vec::new();
+    let read = files::open_input(path).and_then(|f| f.take(4096).read_to_end(&mut start));
+    let png = format!("tEXtSoftware\0{MARK}");
+    read.is_ok()
+        && (start.starts_with(format!("<!-- {MARK} -->").as_bytes())
+            || start.windows(png.len()).any(|w| w == png.as_bytes()))
+}
+
 #[derive(Args)]
 pub struct PlotArgs {
     /// The metrics log of a training run (`train --log`), JSON Lines.
@@ -34,6 +51,8 @@ pub struct PlotArgs {
     /// Height of the picture in pixels.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(100..=10_000), allow_negative_numbers = true)]
     height: u32,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
 }
 
 enum Format {
@@ -87,7 +106,8 @@ impl Curves {
 
 pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
     let format = Format::of(&args.out)?;
-    files::check_output("-o", &args.out, &[&args.log])?;
+    let _claim =
+        files::check_output("-o", &args.out, &[&args.log], PICTURE, args.overwrite.overwrite)?;
     let records = metrics::read(&args.log)?;
     let curves = Curves::of(&records);
     let (Some(first), Some(last)) = (curves.loss.first(), curves.loss.last()) else {
@@ -109,7 +129,7 @@ pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
     let size = (args.width, args.height);
     let bytes = match format {
         Format::Svg => {
-            let mut svg = String::new();
+            let mut svg = format!("<!-- {MARK} -->\n");
             {
                 let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
                 draw(&root, &curves, &title)?;
@@ -124,7 +144,7 @@ pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
         0 => String::new(),
         n => format!(", accuracy at {n} evaluations"),
     };
-    println!(
+    say!(
         "{}: loss over {steps} steps{evaluations} ({}×{})",
         args.out.display(),
         args.width,
@@ -145,11 +165,15 @@ fn png(
         draw(&root, curves, title)?;
         root.present()?;
     }
-    let image = image::RgbImage::from_raw(width, height, rgb)
-        .ok_or("the drawing buffer does not match the picture's size")?;
-    let mut png = std::io::Cursor::new(Vec::new());
-    image.write_to(&mut png, image::ImageFormat::Png)?;
-    Ok(png.into_inner())
+    let mut png = Vec::new();
+    let mut encoder = png::Encoder::new(&mut png, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.add_text_chunk("Software".into(), MARK.into())?;
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(&rgb)?;
+    writer.finish()?;
+    Ok(png)
 }
 
 /// Draws the title and the panels: the loss, the accuracy when the run was evaluated, and the

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use syncstep::data::source::decode_file;
 use syncstep::data::transform::eval_image;
 use syncstep::data::Batch;
+use syncstep::files::Kind;
 use syncstep::scores::{ranking, softmax};
 
 use super::weights::ModelArgs;
@@ -15,6 +16,12 @@ use super::weights::ModelArgs;
 /// ImageNet-1k's class names in the order of torchvision's classifiers, one a line, written by
 /// `scripts/imagenet_classes.py` from torchvision's own metadata.
 const IMAGENET_CLASSES: &str = include_str!("imagenet_classes.txt");
+
+/// predict's classes (`--json`), told by their `image_size`, `preprocess` and `images`.
+const PREDICTIONS: Kind = Kind {
+    what: "syncstep predict's classes (a predict --json file)",
+    ours: |path| super::json_with(path, &["/image_size", "/preprocess", "/images"]),
+};
 
 #[derive(Args)]
 pub struct PredictArgs {
@@ -33,15 +40,23 @@ pub struct PredictArgs {
     /// Also write each image's top classes (index, name, probability) here, as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
 }
 
 pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (file, _) = args.model.file();
-    if let Some(path) = &args.json {
-        let mut inputs: Vec<&Path> = args.images.iter().map(PathBuf::as_path).collect();
-        inputs.extend([Some(file), args.class_names.as_deref()].into_iter().flatten());
-        syncstep::files::check_output("--json", path, &inputs)?;
+    let (file, torchvision) = args.model.file();
+    if args.class_names.is_some() && !torchvision {
+        return Err("--class-names names the classes of --weights; a checkpoint has its own (its run's data): drop --class-names".into());
     }
+    let overwrite = args.overwrite.check(args.json.is_some(), "--json")?;
+    let mut inputs: Vec<&Path> = args.images.iter().map(PathBuf::as_path).collect();
+    inputs.extend([Some(file), args.class_names.as_deref()].into_iter().flatten());
+    let _claim = args
+        .json
+        .as_ref()
+        .map(|path| syncstep::files::check_output("--json", path, &inputs, PREDICTIONS, overwrite))
+        .transpose()?;
     let (model, weights) = args.model.read()?;
     let k = model.cfg.classes as usize;
     let (names, norm) = match (&model.cfg.images, model.norm()) {
@@ -63,18 +78,25 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
     for path in &args.images {
         pixels.push(eval_image(&decode_file(path)?, size, preprocess, &norm));
     }
-    let chunk = model.cfg.batch.max(1);
+    let chunk = trainer.cfg.batch.max(1);
     let mut report = Vec::new();
     for (paths, chunk) in args.images.chunks(chunk).zip(pixels.chunks(chunk)) {
         let batch =
             Batch { images: chunk.concat(), labels: vec![0; chunk.len()], h: size, w: size };
         let logits = pollster::block_on(trainer.replicas.predict(&batch))?;
+        if let Some((row, value)) = syncstep::scores::non_finite_row(&logits, k) {
+            return Err(format!(
+                "{}: the model's outputs are not finite ({value}), so it has no prediction for it: the forward pass overflowed (the weights of a run that diverged, or an input far from what they were trained on, do that)",
+                paths[row].display()
+            )
+            .into());
+        }
         for (path, row) in paths.iter().zip(logits.chunks(k)) {
             let p = softmax(row);
             let top: Vec<usize> = ranking(row).into_iter().take(args.top).collect();
             let shown: Vec<String> =
                 top.iter().map(|&c| format!("{} {:.1}%", names[c], 100.0 * p[c])).collect();
-            println!("{}: {}", path.display(), shown.join(", "));
+            say!("{}: {}", path.display(), shown.join(", "));
             let top: Vec<Value> = top
                 .iter()
                 .map(|&c| json!({"index": c, "class": names[c], "probability": p[c]}))

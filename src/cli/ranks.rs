@@ -29,13 +29,10 @@ pub struct MpiArgs {
 pub struct BucketArgs {
     /// Gradient buckets of at least this many MiB (the last one excepted), all-reduced while the
     /// backward computes on; 0: a bucket whenever a layer's gradients are final. Any size gives
-    /// the same bits. The default is measured in docs/performance.md.
-    #[arg(long, default_value_t = DEFAULT_BUCKET_MIB, allow_negative_numbers = true, value_parser = bucket_mib)]
-    pub bucket_mb: f64,
+    /// the same bits. Data-parallel runs only [default: 4, measured in docs/performance.md].
+    #[arg(long, allow_negative_numbers = true, value_parser = bucket_mib)]
+    pub bucket_mb: Option<f64>,
 }
-
-/// `--bucket-mb`'s default.
-const DEFAULT_BUCKET_MIB: f64 = syncstep::parallel::DEFAULT_BUCKET_BYTES as f64 / 1048576.0;
 
 /// `--bucket-mb`'s value, or why it cannot be a bucket size.
 fn bucket_mib(value: &str) -> Result<f64, String> {
@@ -46,9 +43,14 @@ fn bucket_mib(value: &str) -> Result<f64, String> {
 }
 
 impl BucketArgs {
-    /// The bucket size in bytes.
-    pub fn bytes(&self) -> u64 {
-        (self.bucket_mb * 1048576.0) as u64
+    /// The bucket size in bytes for a run of `replicas` replicas in all; `--bucket-mb` is
+    /// refused where one replica has no gradients to all-reduce.
+    pub fn bytes(&self, replicas: usize) -> Result<u64, String> {
+        match self.bucket_mb {
+            Some(_) if replicas == 1 => Err("--bucket-mb sizes the gradient buckets data-parallel replicas all-reduce, and one replica has none: drop --bucket-mb, or give --replicas".into()),
+            Some(mib) => Ok((mib * 1048576.0) as u64),
+            None => Ok(syncstep::parallel::DEFAULT_BUCKET_BYTES),
+        }
     }
 }
 

@@ -84,12 +84,14 @@ impl Model {
         }
     }
 
-    /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for.
+    /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for,
+    /// its batch the run's, or as many images as fit the device at the input size asked for.
     pub fn trainer(&self, weights: Checkpoint) -> Result<Trainer, Box<dyn Error>> {
         let (peers, tune) = (Default::default(), Default::default());
         let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
         let gpu = devices.into_iter().next().ok_or("no device")?;
-        Ok(Trainer::new(gpu, self.cfg.clone(), Some(weights))?)
+        let batch = fitting_batch(&self.cfg, &gpu.limits)?;
+        Ok(Trainer::new(gpu, TrainConfig { batch, ..self.cfg.clone() }, Some(weights))?)
     }
 }
 
@@ -110,16 +112,14 @@ impl ModelArgs {
         let (mut cfg, weights) = if torchvision {
             torchvision_weights(path, self.arch)?
         } else {
-            let metadata = TensorFile::read(path)?.metadata;
-            let cfg = TrainConfig::from_settings(&metadata).map_err(|e| {
-                let other = !metadata.contains_key("format");
-                let hint = if other { " (torchvision weights go to --weights)" } else { "" };
-                format!("{}: {e}{hint}", path.display())
-            })?;
+            let file = TensorFile::read(path)?;
+            checkpoint::check_checkpoint(&file)?;
+            let cfg = TrainConfig::from_settings(&file.metadata)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             if let Some(arch) = self.arch.filter(|&a| a != cfg.arch) {
                 return Err(format!("{}: the checkpoint is a {}, not a {arch} (--arch): drop --arch or pass --arch {}", path.display(), cfg.arch, cfg.arch).into());
             }
-            let weights = checkpoint::load(path, &ResNet::new(cfg.arch, cfg.classes)?)?;
+            let weights = checkpoint::from_file(&file, &ResNet::new(cfg.arch, cfg.classes)?)?;
             (cfg, weights)
         };
         cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
@@ -136,6 +136,25 @@ impl ModelArgs {
     }
 }
 
+/// The largest batch, of the run's (halved until it fits), that a device with `limits` holds at
+/// `cfg`'s input size: evaluation scores each image alone, so a smaller batch gives the same
+/// scores. An error, in `eval`'s and `predict`'s words, when one image does not fit.
+fn fitting_batch(cfg: &TrainConfig, limits: &wgpu::Limits) -> Result<usize, Box<dyn Error>> {
+    let model = ResNet::new(cfg.arch, cfg.classes)?;
+    let size = cfg.image_size;
+    let mut batch = cfg.batch.max(1);
+    loop {
+        match syncstep::step::check_batch_fits(&model, batch as u64, size, size, limits) {
+            Ok(()) => return Ok(batch),
+            Err(_) if batch > 1 => batch /= 2,
+            Err(e) => {
+                let e = e.to_string().replace("--batch or --image-size", "--image-size");
+                return Err(format!("--image-size {size}: one image does not fit: {e}").into());
+            }
+        }
+    }
+}
+
 /// torchvision weights as a run at step 0 on 224×224 images: every parameter and running
 /// statistic required (read as `train --init` and `grad` read them), the classes `fc`'s rows.
 fn torchvision_weights(
@@ -146,6 +165,12 @@ fn torchvision_weights(
         format!("{e}: --weights takes a torchvision ResNet's `state_dict` (resnet18, resnet34, resnet50 or resnet101) saved as safetensors (docs/data.md)")
     };
     let file = TensorFile::read(path).map_err(|e| hint(&e))?;
+    if file.metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint")) {
+        return Err(format!(
+            "{}: this is a syncstep checkpoint (a `train --checkpoint` file), not torchvision weights: give it as --checkpoint, which runs it with its run's classes, image size and normalisation",
+            path.display()
+        ));
+    }
     let arch = checkpoint::weights_arch(&file, asked).map_err(|e| hint(&e))?;
     let classes = checkpoint::classes(&file, arch).map_err(|e| hint(&e))?;
     let model = ResNet::new(arch, classes).map_err(|e| hint(&e))?;

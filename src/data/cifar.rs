@@ -172,6 +172,14 @@ impl Records {
         &self.files[f as usize].bytes[r as usize * len..][..len]
     }
 
+    /// Feeds `hasher` every record's bytes, in order.
+    pub(super) fn hash_into(&self, hasher: &mut sha2::Sha256) {
+        use sha2::Digest;
+        for i in 0..self.len() {
+            hasher.update(self.bytes(i));
+        }
+    }
+
     pub(super) fn label(&self, i: usize) -> u32 {
         self.bytes(i)[self.kind.label_offset()] as u32
     }

@@ -118,6 +118,37 @@ impl Dataset {
         Dataset { class_names: self.class_names.clone(), items }
     }
 
+    /// Feeds `hasher` what this split is: each example's label and its image file's path below
+    /// `root` and size, a CIFAR record's bytes, or a decoded image's name below `root`. The
+    /// image files are not read (a folder may hold a million).
+    fn hash_into(&self, root: &Path, hasher: &mut sha2::Sha256) -> Result<(), DatasetError> {
+        use sha2::Digest;
+        let mut field = |text: &[u8]| {
+            hasher.update((text.len() as u64).to_le_bytes());
+            hasher.update(text);
+        };
+        match &self.items {
+            #[cfg(not(target_arch = "wasm32"))]
+            Items::Files(files) => {
+                for (path, label) in files {
+                    let io = |source| DatasetError::Io { path: path.clone(), source };
+                    let size = std::fs::metadata(path).map_err(io)?.len();
+                    let name = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
+                    field(format!("{name} {size} {label}").as_bytes());
+                }
+            }
+            Items::Cifar(records) => records.hash_into(hasher),
+            Items::Memory { .. } => {
+                for i in 0..self.len() {
+                    let name = self.name(i);
+                    let name = Path::new(&name).strip_prefix(root).unwrap_or(Path::new(&name));
+                    field(format!("{} {}", name.display(), self.label(i)).as_bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn from_files(class_names: Vec<String>, files: Vec<(PathBuf, u32)>) -> Dataset {
         Dataset { class_names, items: Items::Files(files) }
@@ -147,12 +178,87 @@ pub fn decode_file(path: &Path) -> Result<RgbImage, DatasetError> {
     decode_bytes(&bytes, || path.display().to_string())
 }
 
+/// The most pixels an image may have: PIL's bound, past which it refuses an image as a
+/// decompression bomb (`Image.MAX_IMAGE_PIXELS`, 89,478,485, twice over).
+pub const MAX_PIXELS: u64 = 2 * 89_478_485;
+
 /// An encoded image (any format the image crate reads; the format comes from the bytes) as
-/// 8-bit RGB; `name` names it in errors.
+/// 8-bit RGB; `name` names it in errors. As strict as PIL: a file cut short is an error (the
+/// image crate's JPEG decoder would fill the rest with grey), and so is one of more than
+/// [`MAX_PIXELS`] pixels. The memory for its pixels is reserved before the decoder asks for
+/// it, so that memory that runs out is an error naming the image, not an abort.
 fn decode_bytes(bytes: &[u8], name: impl Fn() -> String) -> Result<RgbImage, DatasetError> {
-    let img = image::load_from_memory(bytes)
-        .map_err(|e| DatasetError::Decode { name: name(), reason: e.to_string() })?;
+    let bad = |reason: String| DatasetError::Decode { name: name(), reason };
+    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| bad(e.to_string()))?;
+    if reader.format() == Some(image::ImageFormat::Jpeg) {
+        jpeg_runs_to_its_end(bytes).map_err(bad)?;
+    }
+    let decoder = reader.into_decoder().map_err(|e| bad(e.to_string()))?;
+    let (w, h) = image::ImageDecoder::dimensions(&decoder);
+    let pixels = u64::from(w) * u64::from(h);
+    let too_large = |problem: String| DatasetError::Image { name: name(), problem };
+    if pixels > MAX_PIXELS {
+        return Err(too_large(format!(
+            "{w}×{h} is {pixels} pixels, past the {MAX_PIXELS} PIL takes (a decompression bomb, or a picture far larger than a network's input): shrink it or remove it"
+        )));
+    }
+    // The decoded pixels and their 8-bit RGB copy.
+    let need = image::ImageDecoder::total_bytes(&decoder).saturating_add(3 * pixels);
+    let no_room = || {
+        too_large(format!(
+            "its {w}×{h} pixels need {need} bytes of host memory, which could not be allocated: shrink the image or free memory (a run decodes --workers images at once)"
+        ))
+    };
+    let room = usize::try_from(need).map_err(|_| no_room())?;
+    drop(crate::host::vec_with_capacity::<u8>(room, "an image").map_err(|_| no_room())?);
+    let img = image::DynamicImage::from_decoder(decoder).map_err(|e| bad(e.to_string()))?;
     with_pixels(img.into_rgb8(), name)
+}
+
+/// Checks that a JPEG's markers run to its end-of-image marker: a file cut short (a partial
+/// download, a full disk) ends before it. Each segment is skipped by its length; a scan's
+/// entropy-coded data runs to the next marker that is neither a stuffed 0xFF nor a restart.
+fn jpeg_runs_to_its_end(bytes: &[u8]) -> Result<(), String> {
+    let cut = || {
+        "the file is cut short: its JPEG data ends before the end-of-image marker (PIL: image file is truncated)".to_string()
+    };
+    let mut at = 2;
+    loop {
+        // A marker: its 0xFF (bytes before it that are not one are skipped, as libjpeg skips
+        // them), any number of fill bytes 0xFF, then its code.
+        at += bytes
+            .get(at..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+            .ok_or_else(cut)?;
+        while bytes.get(at) == Some(&0xFF) {
+            at += 1;
+        }
+        let code = *bytes.get(at).ok_or_else(cut)?;
+        at += 1;
+        match code {
+            0xD9 => return Ok(()),
+            0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        let length = bytes.get(at..at + 2).ok_or_else(cut)?;
+        at += usize::from(u16::from_be_bytes([length[0], length[1]]));
+        if code == 0xDA {
+            at = next_marker(bytes, at).ok_or_else(cut)?;
+        }
+    }
+}
+
+/// Where the marker after a scan's entropy-coded data starting at `at` begins.
+fn next_marker(bytes: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        let ff = at + bytes.get(at..)?.iter().position(|&b| b == 0xFF)?;
+        match *bytes.get(ff + 1)? {
+            0x00 | 0xD0..=0xD7 => at = ff + 2,
+            _ => return Some(ff),
+        }
+    }
 }
 
 /// `img`, unless it has no pixels: nothing could be learnt from it.
@@ -310,6 +416,22 @@ impl FromStr for DataSpec {
 }
 
 impl DataSpec {
+    /// This spec with its folder's path absolute, every link and `..` resolved: the same data
+    /// from any working folder, however it is spelt. An error when the folder is not there.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn canonical(&self) -> Result<DataSpec, DatasetError> {
+        let canonical = |dir: &Path| {
+            std::fs::canonicalize(dir)
+                .map_err(|source| DatasetError::Io { path: dir.into(), source })
+        };
+        Ok(match self {
+            DataSpec::Synthetic => DataSpec::Synthetic,
+            DataSpec::Folder(dir) => DataSpec::Folder(canonical(dir)?),
+            DataSpec::Cifar10(dir) => DataSpec::Cifar10(canonical(dir)?),
+            DataSpec::Cifar100(dir) => DataSpec::Cifar100(canonical(dir)?),
+        })
+    }
+
     /// The file or folder the examples are read from; None for the synthetic dataset.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -346,12 +468,46 @@ pub struct Splits {
     pub notes: Vec<String>,
 }
 
+impl Splits {
+    /// What the dataset at `root` is, whatever path reaches it (image files are named by
+    /// their path below it).
+    pub fn fingerprint(&self, root: &Path) -> Result<Fingerprint, DatasetError> {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        for split in [&self.train, &self.val] {
+            hasher.update((split.len() as u64).to_le_bytes());
+            split.hash_into(root, &mut hasher)?;
+        }
+        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Fingerprint { sha256, examples: self.train.len() + self.val.len() })
+    }
+}
+
+/// What a dataset is: the SHA-256 of its splits' examples, in order (an image file's path below
+/// the dataset's folder, its size and its label; a CIFAR record's bytes), and how many there
+/// are. A resume, an evaluation of a checkpoint and every MPI rank hold their data to it: the
+/// same files wherever they are, and no other.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fingerprint {
+    pub sha256: String,
+    pub examples: usize,
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let short = self.sha256.get(..12).unwrap_or(&self.sha256);
+        write!(f, "{} images, SHA-256 {short}…", self.examples)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     #[error("{}: {source}; check that it exists and can be read", path.display())]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{name}: not a decodable image ({reason}): remove or replace it")]
     Decode { name: String, reason: String },
+    #[error("{name}: {problem}")]
+    Image { name: String, problem: String },
     #[error("{} is not a folder: --data takes an image folder (DIR/<class>/<image>), cifar10:DIR or cifar100:DIR", path.display())]
     NotAFolder { path: PathBuf },
     #[error("{} has no class folders: an image folder holds one subfolder of images per class, DIR/<class>/<image>.png (or .jpg, .jpeg, .bmp, .webp)", dir.display())]
@@ -445,6 +601,43 @@ mod tests {
         assert!(e.contains("pick/ant/broken.png"), "{e}");
         let one = vec![("pick/ant/0.png".to_string(), png(1))];
         assert!(matches!(folder_in_memory(one, 0.2, 3), Err(DatasetError::OneClass { .. })));
+    }
+
+    /// `img` encoded as `format`.
+    fn encoded(img: &RgbImage, format: image::ImageFormat) -> Vec<u8> {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut bytes, format).unwrap();
+        bytes.into_inner()
+    }
+
+    #[test]
+    fn an_image_cut_short_or_too_large_is_an_error_naming_it() {
+        let img = RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 4, y as u8 * 5, 90]));
+        let name = || "cat.jpg".to_string();
+        for format in [
+            image::ImageFormat::Jpeg,
+            image::ImageFormat::Png,
+            image::ImageFormat::Bmp,
+            image::ImageFormat::WebP,
+        ] {
+            let bytes = encoded(&img, format);
+            assert_eq!(decode_bytes(&bytes, name).unwrap().dimensions(), (64, 48));
+            let e = decode_bytes(&bytes[..bytes.len() / 2], name).unwrap_err().to_string();
+            assert!(e.starts_with("cat.jpg: not a decodable image"), "{format:?}: {e}");
+        }
+        // A JPEG that lacks only its end-of-image marker is cut short too (the image crate's
+        // decoder would fill what is missing with grey).
+        let jpeg = encoded(&img, image::ImageFormat::Jpeg);
+        for cut in [jpeg.len() / 2, jpeg.len() - 2] {
+            let e = decode_bytes(&jpeg[..cut], name).unwrap_err().to_string();
+            assert!(e.contains("cut short: its JPEG data ends before the end-of-image"), "{e}");
+        }
+        // A BMP header of 20000×20000 pixels: refused before anything is decoded.
+        let mut bomb = encoded(&img, image::ImageFormat::Bmp);
+        bomb[18..22].copy_from_slice(&20000i32.to_le_bytes());
+        bomb[22..26].copy_from_slice(&20000i32.to_le_bytes());
+        let e = decode_bytes(&bomb, name).unwrap_err().to_string();
+        assert!(e.contains("20000×20000 is 400000000 pixels, past the 178956970 PIL takes"), "{e}");
     }
 
     #[test]

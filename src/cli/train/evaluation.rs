@@ -57,7 +57,7 @@ pub(super) fn report_scores(
         scores.examples
     );
     match bar.is_hidden() {
-        true => println!("{line}"),
+        true => say!("{line}"),
         false => bar.println(line),
     }
     if let Some(log) = log {

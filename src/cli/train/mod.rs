@@ -1,7 +1,7 @@
 //! `syncstep train`: ResNet-34 on the embedded synthetic dataset or on images (`--data`), with
-//! checkpoints that keep a run: written every `--checkpoint-every` steps and on SIGINT/SIGTERM
-//! (after the step in flight), never with a non-finite value, and a resume that changes a
-//! setting says so.
+//! checkpoints that keep a run: written every `--checkpoint-every` steps and on SIGINT, SIGTERM
+//! or SIGHUP (after the step in flight), never with a non-finite value, and a resume that
+//! changes a setting says so. A closed standard output ends the printing, not the run.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::checkpoint;
+use syncstep::collective::Peers;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::schedule::{Epochs, LrSchedule};
 use syncstep::data::source::{DataSpec, Dataset, Splits};
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
+use syncstep::files::{self, Claim};
 use syncstep::gpu::{describe, AdapterChoice, Gpu};
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::{Arch, ResNet};
@@ -88,7 +90,7 @@ pub struct TrainArgs {
     image_size: Option<u32>,
     /// Number of classes of the synthetic dataset and the classifier [default: 10; with
     /// --data, the dataset's].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u32>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::classes)]
     classes: Option<u32>,
     /// Seed of the initialisation, the dataset's split, shuffles and augmentation [default: 0].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
@@ -133,15 +135,16 @@ pub struct TrainArgs {
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
     /// BatchNorm: the same training as on one device, bit for bit.
-    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::whole::<usize>)]
+    #[arg(long, default_value_t = 1, conflicts_with = "mpi", allow_negative_numbers = true, value_parser = crate::cli::at_most::<1024>)]
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
-    /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT or
-    /// SIGTERM (after the step in flight) and at the end, atomically, and never with a
-    /// non-finite value (the last good one stays). Checked for writability before training.
+    /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT,
+    /// SIGTERM or SIGHUP (after the step in flight) and at the end, atomically, and never with
+    /// a non-finite value (the last good one stays). Checked for writability before training,
+    /// and locked for the run: a second run on it is refused.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Steps between checkpoints (0: only at the end and on a signal) [default: 10].
@@ -156,6 +159,8 @@ pub struct TrainArgs {
     /// starts. The data settings (data, batch, image size, classes, seed) never change.
     #[arg(long = "override", requires = "resume")]
     override_settings: bool,
+    #[command(flatten)]
+    overwrite: super::Overwrite,
     #[command(flatten)]
     buckets: super::ranks::BucketArgs,
     #[command(flatten)]
@@ -205,19 +210,16 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    let log = if lead { outputs(&args, &cfg, start.as_ref())? } else { None };
+    let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
-    super::ranks::agree(&peers, "the settings", format!("{cfg:?} {local}").as_bytes())?;
-    if let Some(ck) = &start {
-        super::ranks::agree(&peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
-    }
+    let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
+    agree_with_ranks(&peers, &args, &cfg, local, start.as_ref())?;
     let gpus =
         super::ranks::devices(&peers, args.adapter.as_deref(), &args.adapters, local, &args.tune)?;
     let replicas = gpus.len() * peers.ranks();
     let devices = devices_text(&gpus, cfg.batch, peers.ranks(), local)?;
-    let mut trainer = Trainer::data_parallel(gpus, cfg, start)?
-        .with_peers(peers)
-        .with_bucket_bytes(args.buckets.bytes());
+    let mut trainer =
+        Trainer::data_parallel(gpus, cfg, start)?.with_peers(peers).with_bucket_bytes(bucket_bytes);
     if lead {
         announce(&trainer, splits.as_ref(), epochs, last, &devices, &notes);
     }
@@ -263,31 +265,62 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     training.report_accuracy(before, synthetic_eval)
 }
 
-/// Rank 0's outputs, checked before any work: the checkpoint, and the metrics log, opened. No
-/// output may be an input of the run (its data, `--init`, the other output; the log not
-/// `--resume` either, which the checkpoint may be: a run continued in place).
+/// Rank 0's outputs, checked before any work: the checkpoint, claimed for the run, and the
+/// metrics log. No output may be an input of the run (its data, `--init`, the other output;
+/// the log not `--resume` either, which the checkpoint may be: a run continued in place).
 fn outputs(
     args: &TrainArgs,
     cfg: &TrainConfig,
     start: Option<&checkpoint::Checkpoint>,
-) -> Result<Option<MetricsLog>, Box<dyn std::error::Error>> {
+) -> Result<(Option<Claim>, Option<MetricsLog>), Box<dyn std::error::Error>> {
+    let any = args.checkpoint.is_some() || args.log.is_some();
+    let overwrite = args.overwrite.check(any, "--checkpoint, --log")?;
     let data = cfg.images.as_ref().and_then(|i| i.data.path());
     let inputs: Vec<&Path> = [data, args.init.as_deref()].into_iter().flatten().collect();
-    if let Some(path) = &args.checkpoint {
-        let log = args.log.as_deref();
-        let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
-        syncstep::files::check_output("--checkpoint", path, &inputs)?;
-    }
+    let claim = match &args.checkpoint {
+        Some(path) => {
+            let log = args.log.as_deref();
+            let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
+            Some(files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?)
+        }
+        None => None,
+    };
     let from = start.filter(|ck| ck.step > 0).map_or(0, |ck| ck.step);
-    Ok(match &args.log {
+    let log = match &args.log {
         Some(path) => {
             let others = [args.resume.as_deref(), args.checkpoint.as_deref()];
             let inputs: Vec<&Path> =
                 inputs.iter().copied().chain(others.into_iter().flatten()).collect();
-            Some(MetricsLog::open(path, args.resume.as_ref().map(|_| from), &inputs)?)
+            let resumed = args.resume.as_ref().map(|_| from);
+            Some(MetricsLog::open(path, resumed, &inputs, overwrite)?)
         }
         None => None,
-    })
+    };
+    Ok((claim, log))
+}
+
+/// Checks that every rank runs the same training: the data by what it is (not by the path each
+/// rank reaches it by), every other setting, the outputs rank 0 writes (a rank given others
+/// would expect its own), and the state it starts from.
+fn agree_with_ranks(
+    peers: &Peers,
+    args: &TrainArgs,
+    cfg: &TrainConfig,
+    local: usize,
+    start: Option<&checkpoint::Checkpoint>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use super::ranks::agree;
+    let data = cfg.images.as_ref().and_then(|i| i.fingerprint.as_ref()).map(|f| f.to_string());
+    agree(peers, "the data (its files, sizes and labels)", format!("{data:?}").as_bytes())?;
+    let mut settings = cfg.settings();
+    settings.remove("data");
+    agree(peers, "the settings", format!("{} {settings:?} {local}", cfg.arch).as_bytes())?;
+    let outputs = format!("{:?} {:?}", args.checkpoint, args.log);
+    agree(peers, "--checkpoint and --log (rank 0 writes them)", outputs.as_bytes())?;
+    if let Some(ck) = start {
+        agree(peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
+    }
+    Ok(())
 }
 
 /// Ends the run, saying so, when a signal came: `when` it stopped, and the step the checkpoint
@@ -349,7 +382,7 @@ fn announce(
         ),
         _ => "synthetic images".into(),
     };
-    println!(
+    say!(
         "syncstep train: {} ({} classes), batch {} of {}×{} {what}, steps {} to {last}, on {devices}",
         cfg.arch.title(),
         cfg.classes, cfg.batch, cfg.image_size, cfg.image_size, trainer.step + 1
@@ -359,9 +392,9 @@ fn announce(
             0 => String::new(),
             d => format!("; {d} images of each epoch's shuffle are left out (a partial batch)"),
         };
-        println!("{} steps per epoch{dropped}", e.steps_per_epoch());
+        say!("{} steps per epoch{dropped}", e.steps_per_epoch());
     }
-    notes.iter().for_each(|n| println!("{n}"));
+    notes.iter().for_each(|n| say!("{n}"));
 }
 
 /// Where the batches come from: the loader's threads for images (the `train` split), else the
@@ -428,7 +461,7 @@ struct Training<'a> {
 impl Training<'_> {
     fn say(&self, line: &str) {
         if self.lead {
-            println!("{line}");
+            say!("{line}");
         }
     }
 
@@ -550,12 +583,11 @@ impl Training<'_> {
         let step = self.trainer.step;
         let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
         let periodic = every > 0 && step.is_multiple_of(every);
-        if signal != 0 || (periodic && step < self.last) {
-            if let Some(path) = self.checkpoint {
-                let saved = self.save(path)?;
-                if self.bar.is_hidden() {
-                    self.say(&saved);
-                }
+        let due = signal != 0 || (periodic && step < self.last);
+        if let (true, Some(path)) = (due, self.checkpoint) {
+            let saved = self.save(Some(path))?.unwrap_or_default();
+            if self.bar.is_hidden() {
+                self.say(&saved);
             }
         }
         if signal != 0 {
@@ -566,16 +598,27 @@ impl Training<'_> {
     }
 
     /// Writes the run's state to `path`; says what was written.
-    fn save(&self, path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    /// The run's state, written to `path` when given (said what was written): refused, the
+    /// run diverged, when a tensor holds what a healthy run never does. A step's loss shows
+    /// the update before it; this check shows the last.
+    fn save(&self, path: Option<&Path>) -> Result<Option<String>, Box<dyn std::error::Error>> {
         let ck = pollster::block_on(self.trainer.checkpoint())?;
+        if let Some((name, index, value)) = checkpoint::unhealthy(self.trainer.model(), &ck) {
+            let why = format!(
+                "`{name}` element {index} became {value:e}, not finite or past ±{:e} (where its square overflows f32)",
+                f32::MAX.sqrt()
+            );
+            return Err(diverged(self.args, ck.step, &why));
+        }
+        let Some(path) = path else { return Ok(None) };
         checkpoint::save(path, self.trainer.model(), &ck)?;
-        Ok(format!("checkpoint: {} (step {})", path.display(), ck.step))
+        Ok(Some(format!("checkpoint: {} (step {})", path.display(), ck.step)))
     }
 
     /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
     fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
-        let saved = self.checkpoint.map(|path| self.save(path)).transpose()?;
+        let saved = self.save(self.checkpoint.map(PathBuf::as_path))?;
         // A signal before here stops the run after its last step; once the checkpoint line is
         // out, one stops the final evaluation (a log reader can tell which from that line).
         let step = self.trainer.step;
@@ -609,7 +652,7 @@ impl Training<'_> {
     ) -> Result<(), Box<dyn std::error::Error>> {
         let peers = self.trainer.replicas.peers();
         if peers.ranks() > 1 && !self.losses.is_empty() {
-            println!(
+            say!(
                 "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
                 peers.ranks(),
                 peers.received_bytes() as f64 / self.losses.len() as f64 / 1e6
@@ -625,7 +668,7 @@ impl Training<'_> {
             let when = format!("during the final evaluation, after step {step}");
             halt(self.stop, self.args, &when, Some(step))?;
             let scores = scores.ok_or("the final evaluation was cut short")?;
-            println!(
+            say!(
                 "validation ({} images, {classes} classes; chance {:.1}%): top-1 {:.1}%, top-5 {:.1}%",
                 scores.examples,
                 100.0 / classes as f64,
@@ -635,7 +678,7 @@ impl Training<'_> {
             return Ok(());
         }
         if self.val.is_some() {
-            println!("validation: not measured (no validation images)");
+            say!("validation: not measured (no validation images)");
             return Ok(());
         }
         let after = evaluate(&mut self.trainer, synthetic_eval, "after", self.stop)?;
@@ -643,19 +686,19 @@ impl Training<'_> {
         let when = format!("during the final evaluation, after step {step}");
         halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
-            (Some(before), Some(after)) => println!(
+            (Some(before), Some(after)) => say!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
                 100.0 / classes as f64,
                 100.0 * before.top1(),
                 100.0 * after.top1()
             ),
-            _ => println!("held-out accuracy: not measured (--eval-examples 0)"),
+            _ => say!("held-out accuracy: not measured (--eval-examples 0)"),
         }
         Ok(())
     }
 }
 
-/// The exit of a run that `signal` stopped `when`: 130 or 143, and what is kept (`saved`: the
+/// The exit of a run that `signal` stopped `when`: 130, 143 or 129, and what is kept (`saved`: the
 /// step the checkpoint holds; None when nothing of this run was written).
 fn stopped(
     signal: usize,
@@ -663,11 +706,8 @@ fn stopped(
     when: &str,
     saved: Option<u64>,
 ) -> Box<dyn std::error::Error> {
-    let (name, code) = if signal == signal_hook::consts::SIGINT as usize {
-        ("SIGINT", 130)
-    } else {
-        ("SIGTERM", 143)
-    };
+    // The shell's status of a process the signal ended: 128 + its number.
+    let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
     let kept = match (&args.checkpoint, saved) {
         (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
@@ -688,7 +728,7 @@ fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error
         }
         _ => "no checkpoint was written".into(),
     };
-    format!("the run diverged at step {step}: {why}; lower --lr; {kept}").into()
+    format!("the run diverged at step {step}: {why}; lower --lr (or --weight-decay); {kept}").into()
 }
 
 /// Refuses a run whose images and activations would not fit this host's available memory.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
-use syncstep::data::source::{self, DataSpec, Splits};
+use syncstep::data::source::{self, DataSpec, Fingerprint, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
 use syncstep::model::{Arch, ResNet};
 use syncstep::step::StepConfig;
@@ -83,21 +83,24 @@ impl Saved {
 
 pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let defaults = TrainConfig::default();
-    let settings = match &args.resume {
-        Some(p) => TensorFile::read(p)?.metadata,
-        None => Default::default(),
-    };
+    // Read once, and checked whole before any of it is used.
+    let resumed = args.resume.as_deref().map(TensorFile::read).transpose()?;
+    if let Some(file) = &resumed {
+        checkpoint::check_checkpoint(file)?;
+    }
+    let settings = resumed.as_ref().map(|file| file.metadata.clone()).unwrap_or_default();
     let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
     if args.resume.is_some() {
         // A checkpoint from before the choice of arch is ResNet-34's.
         saved.settings.entry(checkpoint::ARCH_KEY.into()).or_insert(Arch::ResNet34.to_string());
     }
     let arch = saved.setting(checkpoint::ARCH_KEY, args.arch, Arch::default(), false)?;
-    let data = saved.setting("data", args.data.clone(), DataSpec::Synthetic, false)?;
+    let data = run_data(args, &saved)?;
     let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
     let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
     let image_size = saved.setting("image_size", args.image_size, defaults.image_size, false)?;
-    ResNet::check_image_size(image_size, image_size)?;
+    ResNet::check_image_size(image_size, image_size)
+        .map_err(|e| format!("--image-size {image_size}: {e}"))?;
     let (splits, images) = match image_settings(args, &mut saved, &data, seed, image_size)? {
         Some((splits, images)) => (Some(splits), Some(images)),
         None => (None, None),
@@ -108,10 +111,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, true)?;
 
     let model = ResNet::new(arch, classes)?;
-    let start = match &args.resume {
-        Some(p) => Some(checkpoint::load(p, &model)?),
-        None => None,
-    };
+    let start = resumed.map(|file| checkpoint::from_file(&file, &model)).transpose()?;
     let from = start.as_ref().map_or(0, |ck| ck.step);
     let epochs = epochs_over(splits.as_ref(), batch, seed)?;
     let last = last_step(args, epochs, from)?;
@@ -161,6 +161,9 @@ fn image_settings(
     }
     let val_split = saved.setting("val_split", args.val_split, 0.1, false)?;
     let splits = source::open(data, val_split, seed)?;
+    let root = data.path().unwrap_or(Path::new("."));
+    let fingerprint = splits.fingerprint(root)?;
+    same_data(saved, data, &fingerprint)?;
     let default_augment = match data {
         DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
         _ => Augment::ResizedCropFlip,
@@ -177,8 +180,55 @@ fn image_settings(
         }
     }
     saved.notes.extend(splits.notes.iter().cloned());
-    let images = ImageSettings { data: data.clone(), val_split, augment, norm, class_names };
+    let fingerprint = Some(fingerprint);
+    let images =
+        ImageSettings { data: data.clone(), fingerprint, val_split, augment, norm, class_names };
     Ok(Some((splits, images)))
+}
+
+/// The run's data, its path made absolute: `--data`, else the checkpoint's. A resume may name
+/// the checkpoint's data at another path (moved, or reached by a link): [`same_data`] then
+/// holds it to the checkpoint's fingerprint.
+fn run_data(args: &TrainArgs, saved: &Saved) -> Result<DataSpec, Box<dyn Error>> {
+    let flag = args.data.as_ref().map(DataSpec::canonical).transpose()?;
+    let Some(recorded) = saved.settings.get("data") else {
+        return Ok(flag.unwrap_or(DataSpec::Synthetic));
+    };
+    let recorded: DataSpec = recorded.parse()?;
+    match flag {
+        None => recorded.canonical().map_err(|e| {
+            format!("the checkpoint's data {recorded} is not there ({e}): give --data with the place it is now").into()
+        }),
+        Some(flag) if std::mem::discriminant(&flag) != std::mem::discriminant(&recorded) => {
+            Err(format!("--data {flag}: the checkpoint was trained on {recorded}, which a resume keeps (even with --override): drop --data, or start a new run").into())
+        }
+        Some(flag) => Ok(flag),
+    }
+}
+
+/// On a resume, refuses data that is not the checkpoint's: another fingerprint (files added,
+/// removed, renamed, resized or relabelled), or, for a checkpoint of an earlier build, which
+/// has none, another folder. The same files at another path are said so.
+fn same_data(saved: &mut Saved, data: &DataSpec, now: &Fingerprint) -> Result<(), Box<dyn Error>> {
+    let Some(recorded) = saved.settings.get("data") else { return Ok(()) };
+    let recorded: DataSpec = recorded.parse()?;
+    let moved = recorded.canonical().ok().as_ref() != Some(data);
+    let then = TrainConfig::from_settings(&saved.settings)?.images.and_then(|i| i.fingerprint);
+    match then {
+        Some(then) if then != *now => Err(format!(
+            "{data} is not the data the checkpoint was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): resume on that data"
+        )
+        .into()),
+        Some(_) if moved => {
+            saved.notes.push(format!("{data} holds the files the checkpoint was trained on at {recorded}"));
+            Ok(())
+        }
+        None if moved => Err(format!(
+            "--data {data}: the checkpoint was trained with --data {recorded}, which a resume keeps (even with --override): drop --data or pass {recorded}"
+        )
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// The class count: `--classes`, which must be the dataset's when there are images.

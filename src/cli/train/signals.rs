@@ -1,11 +1,20 @@
-//! SIGINT and SIGTERM during a run: stop at the next point where what is kept can be said.
+//! SIGINT, SIGTERM and SIGHUP during a run: stop at the next point where what is kept can be
+//! said.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// SIGINT and SIGTERM during a run: the first asks it to stop at the next point where it can
-/// say what is kept (after the step in flight, or between an evaluation's batches), a second
-/// ends the process at once. Held for the whole run: unregistering leaves signal-hook's
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The signals that stop a run: SIGHUP too where there is one (not on Windows).
+#[cfg(unix)]
+const HANDLED: [i32; 3] = [SIGINT, SIGTERM, signal_hook::consts::SIGHUP];
+#[cfg(not(unix))]
+const HANDLED: [i32; 2] = [SIGINT, SIGTERM];
+
+/// SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) during a run: the first asks it
+/// to stop at the next point where it can say what is kept (after the step in flight, or
+/// between an evaluation's batches), a second ends the process at once. Held for the whole run: unregistering leaves signal-hook's
 /// handler in place, so a signal after a drop would be ignored, not given its default action.
 pub struct StopSignals {
     /// Which signal asked the run to stop, or 0 while none has.
@@ -15,11 +24,10 @@ pub struct StopSignals {
 
 impl StopSignals {
     pub fn register() -> Result<StopSignals, std::io::Error> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
         let stop = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(AtomicBool::new(false));
         let mut handlers = Vec::new();
-        for signal in [SIGINT, SIGTERM] {
+        for signal in HANDLED {
             // Handlers run in the order registered: a second signal, while the step in flight
             // finishes, finds `seen` set and ends the process at once.
             handlers.push(signal_hook::flag::register_conditional_shutdown(
@@ -39,6 +47,17 @@ impl StopSignals {
 
     pub fn received(&self) -> usize {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    /// The name of `signal`, one of those handled.
+    pub fn name(signal: usize) -> &'static str {
+        if signal == SIGINT as usize {
+            "SIGINT"
+        } else if signal == SIGTERM as usize {
+            "SIGTERM"
+        } else {
+            "SIGHUP"
+        }
     }
 }
 
