@@ -4,7 +4,7 @@
 //! reports of a recorded step.
 //!
 //! For a dispatch of W workgroups of T invocations on S SMs, with what its launcher says of
-//! its arithmetic ([`Construction`]):
+//! its arithmetic ([`Construction`](crate::gpu::Construction)):
 //! - residency R: workgroups an SM holds at once, the least that its threads, registers
 //!   (rounded up to 8 an invocation), workgroup memory and workgroup count allow;
 //! - fill: W over the SM slots its waves take, ceil(W / (S·R')) · S·R' with R' = min(R, ceil(W / S));

@@ -123,7 +123,7 @@ impl Conv2dShape {
     }
 
     /// How many of an output's summed channels (c_in for the forward, c_out for the input-VJP)
-    /// each segment of its sum over k holds: by [`SEGMENTS`]' first rule the op's output map
+    /// each segment of its sum over k holds: by `SEGMENTS`' first rule the op's output map
     /// meets, else all of them (one segment). Every variant sums
     /// each segment from +0 in k's order and adds the segments' sums in order to a total from
     /// +0, so a GPU may take the segments in separate workgroups and still give every variant's

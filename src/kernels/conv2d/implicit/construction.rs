@@ -1,5 +1,5 @@
 //! What the family's dispatches do, by construction ([`Construction`]): read off each
-//! configuration's code, the workgroup-memory addresses evaluated from the same [`LaneIndex`]es
+//! configuration's code, the workgroup-memory addresses evaluated from the same `LaneIndex`es
 //! that write its WGSL (wgsl.rs). `syncstep bench` turns them into a large GPU's figures.
 
 use super::wgsl::{

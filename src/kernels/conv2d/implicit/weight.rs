@@ -84,7 +84,7 @@ pub(super) fn dispatches(
 }
 
 /// The plan for `s` (`table` the forward's): of every tile and node depth that fits `gpu`
-/// ([`fits`]), the one the GPU model gives the least time (`plan_cost`).
+/// (`fits`), the one the GPU model gives the least time (`plan_cost`).
 pub fn weight_plan(gpu: &Gpu, s: &Conv2dShape, table: &Table) -> Result<WeightPlan> {
     let phase = &table.phases[0];
     let plans: Vec<WeightPlan> = FAMILY
