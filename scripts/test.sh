@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, what CI runs (.ci/run calls exactly this). It installs what is missing,
 # then:
-#   1. lint: rustfmt, clippy and rustdoc (warnings are errors), and `cargo check` of the library
-#      and the binary for Windows (DX12) and macOS (Metal), which proves those paths compile;
-#   2. every test in release mode (debug wgpu and the f64 references are too slow), built with
-#      the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and iproute2), so tests/mpi.rs
-#      runs ranks under mpirun, and tests/hosts.rs on test hosts over shaped links
-#      (scripts/hosts.sh, as root: without root it skips, or fails with CI set). GPU tests run
+#   1. lint: rustfmt, clippy and rustdoc (warnings are errors) over the workspace's crates, and
+#      `cargo check` of the libraries and the binary for Windows (DX12) and macOS (Metal), which
+#      proves those paths compile;
+#   2. every test of every crate in release mode (debug wgpu and the f64 references are too
+#      slow), built with the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and
+#      iproute2), so tests/mpi.rs runs ranks under mpirun, and tests/hosts.rs on test hosts over
+#      shaped links (scripts/hosts.sh, as root: without root it skips, or fails with CI set).
+#      GPU tests run
 #      on the first adapter (lavapipe on a CPU machine); with CI set, a test that finds no
 #      adapter fails instead of skipping;
 #   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
@@ -33,11 +35,11 @@ targets=$(rustup target list --installed 2>/dev/null || true)
 for target in "${cross_targets[@]}"; do
     grep -qx "$target" <<<"$targets" || rustup target add "$target"
 done
-cargo fmt --check
-cargo clippy --release --all-targets --features mpi --quiet -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --features mpi --quiet
+cargo fmt --all --check
+cargo clippy --workspace --release --all-targets --features mpi --quiet -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --release --no-deps --features mpi --quiet
 for target in "${cross_targets[@]}"; do
-    cargo check --release --target "$target" --lib --bins --quiet
+    cargo check --workspace --release --target "$target" --lib --bins --quiet
 done
 
 # The tests take the clockless choice of convolution kernels (the browser's), not the autotune's:
@@ -46,10 +48,12 @@ done
 # autotune's own tests call it directly. Its choices go to the build folder, never the user's cache.
 export SYNCSTEP_CONV_ALGO="${SYNCSTEP_CONV_ALGO-guess}"
 export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
-cargo test --release --all-targets --features mpi --no-fail-fast "$@"
+cargo test --workspace --release --all-targets --features mpi --no-fail-fast "$@"
 
 # The page test runs these two (`cargo test` builds examples as test harnesses, not as programs).
 cargo build --release --features mpi --bin syncstep --example make_image_folder --quiet
 bash scripts/setup-web.sh --test
+# The browser face's crate compiles only for wasm32: its lint runs here, once that target is in.
+cargo clippy --release --target wasm32-unknown-unknown -p syncstep-web --quiet -- -D warnings
 bash scripts/web-build.sh
 (cd web && node --test --test-reporter=spec test/*.test.mjs)

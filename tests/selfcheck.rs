@@ -1,5 +1,5 @@
-//! The kernel self-check the browser runs (src/selfcheck.rs), run natively: every kernel passes
-//! here too, progress comes in order, and the report is the JSON the page reads.
+//! The kernel self-check the browser runs (the core's selfcheck.rs), run natively: every kernel
+//! passes here too, progress comes in order, and the report is the JSON the page reads.
 
 mod common;
 

@@ -110,7 +110,7 @@ pub fn adapter_choices(
         || !adapters.is_empty()
         || std::env::var("SYNCSTEP_ADAPTER").is_ok_and(|s| !s.is_empty());
     if named || peers.ranks() == 1 {
-        let all = super::train::adapter_choices(adapter, adapters)?;
+        let all = named_adapters(adapter, adapters)?;
         return Ok((first..first + local).map(|g| all[g % all.len()].clone()).collect());
     }
     let all = pollster::block_on(syncstep::gpu::adapters(&syncstep::gpu::instance()));
@@ -160,4 +160,18 @@ pub fn abort_job() {
 pub fn finish() {
     #[cfg(feature = "mpi")]
     JOB.with(|job| job.borrow_mut().take());
+}
+
+/// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
+/// else $SYNCSTEP_ADAPTER or the first adapter ([`adapter_choices`] places each
+/// replica of each rank on one of them).
+fn named_adapters(
+    adapter: Option<&str>,
+    adapters: &[String],
+) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
+    match (adapter, adapters) {
+        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
+        (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
+        (None, []) => Ok(vec![AdapterChoice::from_env()?]),
+    }
 }

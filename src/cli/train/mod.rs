@@ -17,7 +17,7 @@ use syncstep::data::source::{DataSpec, Dataset, Splits};
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
 use syncstep::files::{self, Claim};
-use syncstep::gpu::{describe, AdapterChoice, Gpu};
+use syncstep::gpu::{describe, Gpu};
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{adapter_label, ParallelError};
@@ -758,19 +758,5 @@ fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
         format!("{total:.1} img/s")
     } else {
         format!("{total:.1} img/s ({:.1} img/s per replica × {replicas})", total / replicas as f64)
-    }
-}
-
-/// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
-/// else $SYNCSTEP_ADAPTER or the first adapter (see `ranks::adapter_choices`, which places each
-/// replica of each rank on one of them).
-pub fn adapter_choices(
-    adapter: Option<&str>,
-    adapters: &[String],
-) -> Result<Vec<AdapterChoice>, syncstep::gpu::GpuError> {
-    match (adapter, adapters) {
-        (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
-        (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
-        (None, []) => Ok(vec![AdapterChoice::from_env()?]),
     }
 }

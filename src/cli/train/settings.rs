@@ -11,6 +11,7 @@ use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
 use syncstep::data::source::{self, DataSpec, Fingerprint, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
 use syncstep::model::{Arch, ResNet};
+use syncstep::settings;
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{ImageSettings, TrainConfig};
@@ -92,9 +93,9 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
     if args.resume.is_some() {
         // A checkpoint from before the choice of arch is ResNet-34's.
-        saved.settings.entry(checkpoint::ARCH_KEY.into()).or_insert(Arch::ResNet34.to_string());
+        saved.settings.entry(settings::ARCH_KEY.into()).or_insert(Arch::ResNet34.to_string());
     }
-    let arch = saved.setting(checkpoint::ARCH_KEY, args.arch, Arch::default(), false)?;
+    let arch = saved.setting(settings::ARCH_KEY, args.arch, Arch::default(), false)?;
     let data = run_data(args, &saved)?;
     let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
     let batch = saved.setting("batch", args.batch, defaults.batch, false)?;

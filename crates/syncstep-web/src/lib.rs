@@ -1,0 +1,580 @@
+//! The browser face (wasm32 only): what `web/main.js` calls through wasm-bindgen.
+//!
+//! Every export follows one shape: an `async fn` returning `Result<JsValue, JsError>`, whose
+//! value is a plain JS object parsed from the same JSON text a native face would print, and
+//! whose error is a rejected promise carrying a readable `Error` message.
+//! Long runs take an optional JS callback for progress. Nothing here blocks: every GPU wait is
+//! an awaited map, and nothing reads a clock (`std::time::Instant` panics on wasm32); the page
+//! times what it wants with `performance.now()`.
+//!
+//! A browser gives each adapter one device, so R replicas (and the check's single device)
+//! each request an adapter of their own (`browser_devices`).
+//!
+//! Panics would surface in JS as an opaque `RuntimeError: unreachable`; none is expected (no
+//! `unwrap` on anything a caller controls), and the hook installed by `start` prints the
+//! message to the console should one happen anyway. `log` records go to the console too.
+#![cfg(target_arch = "wasm32")]
+
+use js_sys::{Function, Object, Promise, Reflect};
+use serde_json::{json, Value};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+
+use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
+use syncstep::golden::Golden;
+use syncstep::gpu::{self, Gpu};
+use syncstep::model::{Arch, ResNet};
+use syncstep::selfcheck::{self, Progress};
+use syncstep::train::{TrainConfig, Trainer};
+
+/// Runs once when the module is instantiated: console logging (warnings and errors) and a
+/// panic hook that prints the panic message before the module traps.
+#[wasm_bindgen(start)]
+fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        web_sys::console::error_1(&format!("syncstep panicked: {info}").into())
+    }));
+    if log::set_logger(&CONSOLE).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+}
+
+/// Sets how much the library logs to the console: `off`, `error`, `warn`, `info`, `debug`
+/// (pipeline compiles, devices) or `trace`.
+#[wasm_bindgen]
+pub fn set_log_level(level: &str) -> Result<(), JsError> {
+    let filter: log::LevelFilter = level.parse().map_err(|_| {
+        JsError::new(&format!(
+            "unknown log level `{level}`: use off, error, warn, info, debug or trace"
+        ))
+    })?;
+    log::set_max_level(filter);
+    Ok(())
+}
+
+/// The library's version, for the page's footer and for reports.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// Whether this browser exposes WebGPU at all (`navigator.gpu`). It may still offer no adapter;
+/// [`adapter_info`] finds that out.
+#[wasm_bindgen]
+pub fn has_webgpu() -> bool {
+    navigator_gpu().is_some()
+}
+
+/// The adapter the kernels will run on: `backend`, `name`, the browser's own adapter strings
+/// (`vendor`, `architecture`, `device`, `description`, `isFallbackAdapter` where the browser
+/// reports it), the limits that decide which shapes fit, the features of interest, and
+/// `parameterBytes`: the size of ResNet-34's flat parameter buffer (10 classes), which one
+/// storage binding must hold.
+#[wasm_bindgen]
+pub async fn adapter_info() -> Result<JsValue, JsError> {
+    let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
+    let instance = gpu::instance();
+    let adapter = gpu::adapters(&instance).await.into_iter().next().ok_or_else(no_adapter)?;
+    let info = adapter.get_info();
+    let l = adapter.limits();
+    let f = adapter.features();
+    let browser = browser_adapter_info(&gpu_js).await?;
+    let named = [
+        (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
+        (wgpu::Features::SHADER_F16, "shader-f16"),
+        (wgpu::Features::SUBGROUP, "subgroups"),
+    ];
+    let features: Vec<&str> =
+        named.iter().filter(|(x, _)| f.contains(*x)).map(|&(_, n)| n).collect();
+    let report = json!({
+        "backend": format!("{:?}", info.backend),
+        "name": info.name,
+        "deviceType": format!("{:?}", info.device_type),
+        "vendor": browser.vendor,
+        "architecture": browser.architecture,
+        "device": browser.device,
+        "description": browser.description,
+        "isFallbackAdapter": browser.is_fallback,
+        "limits": {
+            "maxStorageBufferBindingSize": l.max_storage_buffer_binding_size,
+            "maxStorageBuffersPerShaderStage": l.max_storage_buffers_per_shader_stage,
+            "maxComputeWorkgroupStorageSize": l.max_compute_workgroup_storage_size,
+            "maxComputeInvocationsPerWorkgroup": l.max_compute_invocations_per_workgroup,
+            "maxComputeWorkgroupsPerDimension": l.max_compute_workgroups_per_dimension,
+            "maxBufferSize": l.max_buffer_size,
+            "minStorageBufferOffsetAlignment": l.min_storage_buffer_offset_alignment,
+        },
+        "features": features,
+        "parameterBytes": parameter_bytes()?,
+    });
+    parse(&report.to_string())
+}
+
+/// Each network's flat parameter buffer in bytes at 10 classes, by `--arch` name.
+fn parameter_bytes() -> Result<serde_json::Map<String, Value>, JsError> {
+    Arch::ALL
+        .iter()
+        .map(|&a| {
+            let bytes = ResNet::new(a, 10).map_err(js_error)?.param_len as u64 * 4;
+            Ok((a.name().to_string(), json!(bytes)))
+        })
+        .collect()
+}
+
+/// Runs the kernel self-check ([`syncstep::selfcheck`]) on this browser's GPU: a few real kernels
+/// at small ResNet-34 shapes against the f64 reference computed in this same wasm. Resolves to
+/// `{check, adapter, seed, pass, kernels: [{kernel, shape, elements, error, tolerance, pass}]}`
+/// (`error` is null where the GPU produced NaN). `on_progress`, if given, is called with
+/// `{phase: "started"|"finished", index, total, kernel, result?}` around each kernel.
+#[wasm_bindgen]
+pub async fn kernel_selfcheck(
+    seed: u32,
+    on_progress: Option<Function>,
+) -> Result<JsValue, JsError> {
+    let gpu = device().await?;
+    let mut report_progress = |p: Progress| {
+        let Some(callback) = &on_progress else { return };
+        let event = match p {
+            Progress::Started { index, total, kernel } => {
+                json!({"phase": "started", "index": index, "total": total, "kernel": kernel})
+            }
+            Progress::Finished { index, total, check } => json!({
+                "phase": "finished",
+                "index": index,
+                "total": total,
+                "kernel": check.kernel,
+                "result": check.to_json(),
+            }),
+        };
+        call_progress(callback, &event);
+    };
+    let report = selfcheck::run(&gpu, seed.into(), &mut report_progress).await.map_err(js_error)?;
+    parse(&report.to_json())
+}
+
+/// The equivalence gates TEST, CONTROL, REPEAT and DRIFT (`steps` SGD steps; 0 leaves it out),
+/// as `syncstep check` runs them, on `replicas` + 1 browser devices: R replicas × `batch`
+/// images at `size`×`size` against one device at R·batch, 10 classes. With `golden` (the text
+/// of a golden file `syncstep check --golden` wrote at the same settings) also PORTABLE.
+///
+/// Resolves to the report of `CheckReport::to_json`: the settings, `replica_adapters`,
+/// `single_adapter`, `portable_against`, `pass`, `gates: [{gate, measured, bound, bound_kind,
+/// worst_tensor, flips, note, pass}]` and `tensors: [{name, test, control, portable}]` (each
+/// parameter tensor's norm-rel gradient error, model order). `on_progress`, if given, is
+/// called with `{phase, index, total, gates}` as each phase starts (`gates`: those decided so
+/// far, as in the report), and `index == total` when done.
+#[wasm_bindgen]
+#[allow(clippy::too_many_arguments)]
+pub async fn run_gates(
+    arch: String,
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    seed: u32,
+    steps: u32,
+    golden: Option<String>,
+    on_progress: Option<Function>,
+) -> Result<JsValue, JsError> {
+    let cfg = CheckConfig {
+        arch: parse_arch(&arch)?,
+        replicas: replicas as usize,
+        batch: batch as usize,
+        image_size: size,
+        steps: steps as usize,
+        seed: seed.into(),
+        ..Default::default()
+    };
+    let model = cfg.model().map_err(js_error)?;
+    let golden = golden.map(|text| Golden::from_json(&text)).transpose().map_err(js_error)?;
+    if let Some(g) = &golden {
+        g.check_fits(&cfg.golden_settings(), &model).map_err(js_error)?;
+    }
+    let mut gpus = browser_devices(cfg.replicas + 1, Some(&model)).await?;
+    let single = gpus.pop().ok_or_else(no_adapter)?;
+    let devices = CheckDevices { replicas: gpus, single, peers: Default::default() };
+    let mut report_progress = |p: &CheckProgress| {
+        if let Some(callback) = &on_progress {
+            let gates: Vec<Value> = p.gates.iter().map(GateRow::to_json).collect();
+            let event =
+                json!({"phase": p.phase, "index": p.index, "total": p.total, "gates": gates});
+            call_progress(callback, &event);
+        }
+    };
+    let report = run_check_on(&cfg, devices, golden.as_ref(), &mut report_progress)
+        .await
+        .map_err(js_error)?;
+    parse(&report.to_json())
+}
+
+/// A short data-parallel training run on the embedded synthetic dataset: `replicas` browser
+/// devices, each taking `batch` images of every step's global batch of R·batch (BatchNorm
+/// synchronised), `steps` SGD steps from a seeded initialisation. `on_step`, if given, is
+/// called after each step with `{step, steps, loss}`. Resolves to `{replicas,
+/// batch_per_replica, image_size, seed, adapters, losses}`.
+#[wasm_bindgen]
+pub async fn train_demo(
+    arch: String,
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    steps: u32,
+    seed: u32,
+    on_step: Option<Function>,
+) -> Result<JsValue, JsError> {
+    if replicas == 0 || batch == 0 {
+        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
+    }
+    let cfg = TrainConfig {
+        arch: parse_arch(&arch)?,
+        batch: (replicas * batch) as usize,
+        image_size: size,
+        classes: 10,
+        seed: seed.into(),
+        ..TrainConfig::default()
+    };
+    ResNet::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
+    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
+    let mut losses = Vec::with_capacity(steps as usize);
+    for step in 1..=steps {
+        let loss = trainer.train_step().await.map_err(js_error)?;
+        losses.push(loss);
+        if let Some(callback) = &on_step {
+            call_progress(callback, &json!({"step": step, "steps": steps, "loss": loss}));
+        }
+    }
+    let report = json!({
+        "arch": arch,
+        "replicas": replicas,
+        "batch_per_replica": batch,
+        "image_size": size,
+        "seed": seed,
+        "adapters": trainer.replicas.adapters().map_err(js_error)?,
+        "losses": losses,
+    });
+    parse(&report.to_string())
+}
+
+/// A short data-parallel training run on the visitor's own images, which never leave the
+/// browser: `files` is an array of `{path, bytes}` (a folder picker's files, `root/<class>/
+/// <image>`), decoded and split here by the same code as `syncstep train --data DIR` (a fifth
+/// of each class held out), augmented (resized-crop-flip) and normalised by their own
+/// statistics. `replicas` devices take `batch` images each of every step. `on_step` is called
+/// after each step with `{step, steps, loss, lr}`. Resolves to `{classes, train_images,
+/// val_images, losses, notes, predictions: [{path, label, top: [{class, probability}]}]}` with
+/// the predictions for up to `shown` held-out images.
+#[wasm_bindgen]
+#[allow(clippy::too_many_arguments)]
+pub async fn train_images(
+    files: js_sys::Array,
+    arch: String,
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    steps: u32,
+    seed: u32,
+    shown: u32,
+    on_step: Option<Function>,
+) -> Result<JsValue, JsError> {
+    use syncstep::data::loader::{self, Plan};
+    use syncstep::data::schedule::Epochs;
+    use syncstep::data::source::{folder_in_memory, DataSpec};
+    use syncstep::data::transform::{channel_stats, Augment};
+    use syncstep::train::ImageSettings;
+    if replicas == 0 || batch == 0 {
+        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
+    }
+    let splits = folder_in_memory(named_files(&files)?, 0.2, seed.into()).map_err(js_error)?;
+    let (train, val) = (splits.train, splits.val);
+    let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
+    let class_names = train.class_names.clone();
+    let cfg = TrainConfig {
+        arch: parse_arch(&arch)?,
+        batch: (replicas * batch) as usize,
+        image_size: size,
+        classes: class_names.len() as u32,
+        seed: seed.into(),
+        images: Some(ImageSettings {
+            data: DataSpec::Folder("browser".into()),
+            fingerprint: None,
+            val_split: 0.2,
+            augment: Augment::ResizedCropFlip,
+            norm,
+            class_names: class_names.clone(),
+        }),
+        ..TrainConfig::default()
+    };
+    let epochs = Epochs { examples: train.len(), batch: cfg.batch, seed: cfg.seed };
+    if epochs.steps_per_epoch() == 0 {
+        return Err(JsError::new(&format!(
+            "{} training images are fewer than one batch of {}: pick more images or use a smaller batch",
+            train.len(),
+            cfg.batch
+        )));
+    }
+    ResNet::check_image_size(size, size).map_err(js_error)?;
+    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
+    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
+    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), None).map_err(js_error)?;
+    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
+    let mut losses = Vec::with_capacity(steps as usize);
+    for step in 1..=steps {
+        let images = loader::batch(&train, &plan, size, &norm, trainer.step).map_err(js_error)?;
+        let lr = trainer.lr();
+        let loss = trainer.train_on(&images).await.map_err(js_error)?;
+        losses.push(loss);
+        if let Some(callback) = &on_step {
+            let event = json!({"step": step, "steps": steps, "loss": loss, "lr": lr});
+            call_progress(callback, &event);
+        }
+    }
+    let predictions = predictions(&mut trainer, &val, &norm, &class_names, shown as usize).await?;
+    let report = json!({
+        "arch": arch,
+        "classes": class_names,
+        "train_images": train.len(),
+        "val_images": val.len(),
+        "replicas": replicas,
+        "batch_per_replica": batch,
+        "image_size": size,
+        "adapters": trainer.replicas.adapters().map_err(js_error)?,
+        "losses": losses,
+        "notes": splits.notes,
+        "predictions": predictions,
+    });
+    parse(&report.to_string())
+}
+
+/// The `{path, bytes}` objects of `files`, as (path, bytes).
+fn named_files(files: &js_sys::Array) -> Result<Vec<(String, Vec<u8>)>, JsError> {
+    let mut named = Vec::with_capacity(files.length() as usize);
+    for file in files.iter() {
+        let field =
+            |key: &str| Reflect::get(&file, &key.into()).map_err(|e| js_error(describe_js(&e)));
+        let path =
+            field("path")?.as_string().ok_or_else(|| JsError::new("a file without a path"))?;
+        let bytes = js_sys::Uint8Array::new(&field("bytes")?).to_vec();
+        named.push((path, bytes));
+    }
+    Ok(named)
+}
+
+/// The three likeliest of `class_names` for each of the first `shown` images of `val`
+/// (normalised by `norm`), by `trainer` (eval-mode), each `{path, label, top: [{class,
+/// probability}]}`.
+async fn predictions(
+    trainer: &mut Trainer,
+    val: &syncstep::data::source::Dataset,
+    norm: &syncstep::data::transform::Normalization,
+    class_names: &[String],
+    shown: usize,
+) -> Result<Vec<Value>, JsError> {
+    use syncstep::data::transform::{eval_image, Preprocess};
+    use syncstep::scores::{ranking, softmax};
+
+    let size = trainer.cfg.image_size;
+    let mut predictions = Vec::new();
+    for i in 0..val.len().min(shown) {
+        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, Preprocess::Square, norm);
+        let one = syncstep::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
+        let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
+        let p = softmax(&logits);
+        let top: Vec<Value> = ranking(&logits)
+            .into_iter()
+            .take(3)
+            .map(|c| json!({"class": class_names[c], "probability": p[c]}))
+            .collect();
+        predictions.push(
+            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top}),
+        );
+    }
+    Ok(predictions)
+}
+
+/// A device on the browser's (first) adapter with the adapter's own limits.
+async fn device() -> Result<Gpu, JsError> {
+    Ok(browser_devices(1, None).await?.swap_remove(0))
+}
+
+/// `count` devices, each on an adapter of its own (a browser gives an adapter one device),
+/// with the adapter's own limits; refused up front, with the reason, when an adapter cannot
+/// hold `model`'s flat parameter buffer in one storage binding. wgpu leaves a browser
+/// adapter's name empty, so the devices are named by what the browser says of its adapter.
+async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu>, JsError> {
+    let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
+    let name = browser_adapter_info(&gpu_js).await?.name();
+    let instance = gpu::instance();
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let mut devices = Vec::with_capacity(count);
+    for r in 0..count {
+        let Some(adapter) = gpu::adapters(&instance).await.into_iter().next() else {
+            return Err(if r == 0 {
+                no_adapter()
+            } else {
+                JsError::new(&format!(
+                    "this run needs {count} GPU adapters (a browser gives each adapter one device: one per replica, plus one for \
+                     the single-device side of the check), but the browser offered only {r}: choose fewer replicas"
+                ))
+            });
+        };
+        // The optimizer binds the flat parameter buffer in parts; the buffer itself must fit.
+        let allowed = adapter.limits().max_buffer_size;
+        if let Some(model) = model.filter(|m| allowed < m.param_len as u64 * 4) {
+            return Err(JsError::new(&format!(
+                "this GPU adapter allows buffers of at most {} (maxBufferSize), but {}'s flat parameter buffer ({} \
+                 classes) is {}: choose a smaller network, or try another browser or GPU",
+                mib(allowed),
+                model.arch.title(),
+                model.classes,
+                mib(model.param_len as u64 * 4)
+            )));
+        }
+        let mut device = Gpu::from_adapter(&adapter).await.map_err(js_error)?;
+        if device.info.name.is_empty() {
+            device.info.name = name.clone();
+        }
+        devices.push(device);
+    }
+    Ok(devices)
+}
+
+/// `--arch`'s value from the page: `resnet18`, `resnet34`, `resnet50` or `resnet101`.
+fn parse_arch(arch: &str) -> Result<Arch, JsError> {
+    arch.parse().map_err(|e: String| JsError::new(&e))
+}
+
+/// Calls the page's progress callback; a callback that throws is logged, not fatal.
+fn call_progress(callback: &Function, event: &Value) {
+    let result = js_sys::JSON::parse(&event.to_string())
+        .and_then(|event| callback.call1(&JsValue::NULL, &event));
+    if let Err(e) = result {
+        log::warn!("progress callback failed: {}", describe_js(&e));
+    }
+}
+
+fn js_error(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn no_webgpu() -> JsError {
+    JsError::new(
+        "this browser has no WebGPU (navigator.gpu is missing): use a current Chrome, Edge or other Chromium browser, \
+         Safari 26+, or Firefox 141+ on Windows; on Linux start Chromium with --enable-unsafe-webgpu",
+    )
+}
+
+fn no_adapter() -> JsError {
+    JsError::new(
+        "this browser has WebGPU but offered no adapter: the GPU may be blocklisted or hardware acceleration off \
+         (see chrome://gpu); on Linux start Chromium with --enable-unsafe-webgpu (and --enable-features=Vulkan)",
+    )
+}
+
+/// Parses a report's JSON text into a JS object.
+fn parse(json_text: &str) -> Result<JsValue, JsError> {
+    js_sys::JSON::parse(json_text).map_err(|e| {
+        JsError::new(&format!("internal error: report is not JSON ({})", describe_js(&e)))
+    })
+}
+
+/// A thrown JS value as text: an Error's message, or its string form.
+fn describe_js(v: &JsValue) -> String {
+    if let Some(e) = v.dyn_ref::<js_sys::Error>() {
+        return String::from(e.message());
+    }
+    v.as_string().unwrap_or_else(|| format!("{v:?}"))
+}
+
+/// `navigator.gpu` in a window or a worker, if defined.
+fn navigator_gpu() -> Option<JsValue> {
+    let navigator =
+        Reflect::get(&js_sys::global(), &"navigator".into()).ok().filter(|v| v.is_object())?;
+    Reflect::get(&navigator, &"gpu".into()).ok().filter(|v| v.is_object())
+}
+
+/// What the browser says about its adapter (`GPUAdapterInfo`), which wgpu does not pass on.
+struct BrowserAdapterInfo {
+    vendor: String,
+    architecture: String,
+    device: String,
+    description: String,
+    is_fallback: Option<bool>,
+}
+
+impl BrowserAdapterInfo {
+    /// "google swiftshader": the description, else vendor, architecture and device.
+    fn name(&self) -> String {
+        if !self.description.is_empty() {
+            return self.description.clone();
+        }
+        let parts: Vec<&str> = [&self.vendor, &self.architecture, &self.device]
+            .into_iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if parts.is_empty() {
+            "WebGPU adapter".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+async fn browser_adapter_info(gpu_js: &JsValue) -> Result<BrowserAdapterInfo, JsError> {
+    let js = |e: JsValue| {
+        JsError::new(&format!("navigator.gpu.requestAdapter failed: {}", describe_js(&e)))
+    };
+    let request: Function = Reflect::get(gpu_js, &"requestAdapter".into())
+        .map_err(js)?
+        .dyn_into()
+        .map_err(|_| JsError::new("navigator.gpu.requestAdapter is not a function"))?;
+    let options = Object::new();
+    Reflect::set(&options, &"powerPreference".into(), &"high-performance".into()).map_err(js)?;
+    let promise: Promise = request.call1(gpu_js, &options).map_err(js)?.dyn_into().map_err(js)?;
+    let adapter = JsFuture::from(promise).await.map_err(js)?;
+    if !adapter.is_object() {
+        return Err(no_adapter());
+    }
+    let info = Reflect::get(&adapter, &"info".into()).unwrap_or(JsValue::UNDEFINED);
+    let text = |key: &str| {
+        Reflect::get(&info, &key.into()).ok().and_then(|v| v.as_string()).unwrap_or_default()
+    };
+    let flag = |obj: &JsValue| {
+        Reflect::get(obj, &"isFallbackAdapter".into()).ok().and_then(|v| v.as_bool())
+    };
+    Ok(BrowserAdapterInfo {
+        vendor: text("vendor"),
+        architecture: text("architecture"),
+        device: text("device"),
+        description: text("description"),
+        is_fallback: flag(&info).or_else(|| flag(&adapter)),
+    })
+}
+
+/// Sends `log` records to the browser console.
+struct ConsoleLogger;
+
+static CONSOLE: ConsoleLogger = ConsoleLogger;
+
+impl log::Log for ConsoleLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let line: JsValue = format!("[syncstep {}] {}", record.target(), record.args()).into();
+        match record.level() {
+            log::Level::Error => web_sys::console::error_1(&line),
+            log::Level::Warn => web_sys::console::warn_1(&line),
+            log::Level::Info => web_sys::console::info_1(&line),
+            log::Level::Debug | log::Level::Trace => web_sys::console::debug_1(&line),
+        }
+    }
+
+    fn flush(&self) {}
+}
