@@ -284,8 +284,12 @@ pub fn write_f32_i64(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-        safetensors::tensor::serialize(views, info)
-            .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
+        let bytes = safetensors::tensor::serialize(views, info)
+            .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
+        sorted_metadata(bytes).ok_or_else(|| TensorFileError::Io {
+            path: path.into(),
+            message: "the serialised file has no header to sort".into(),
+        })
     };
     // The hash leaves out its own entry: serialise once to hash, once with the hash.
     let mut metadata = metadata.clone();
@@ -298,6 +302,26 @@ pub fn write_f32_i64(
     let bytes = serialize(&metadata)?;
     crate::files::write_atomic(path, &bytes)
         .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
+}
+
+/// `bytes` (a safetensors file) with its header's metadata sorted by key. The safetensors crate
+/// writes the metadata from a `HashMap`, in an order that changes from one process to the next:
+/// sorted, the same run writes the same bytes. The header keeps its length (the same text in
+/// another order), so the data and its offsets stay where they are.
+#[cfg(not(target_arch = "wasm32"))]
+fn sorted_metadata(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get_mut(8..8usize.checked_add(len)?)?;
+    let mut doc: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header.trim_ascii_end()).ok()?;
+    if let Some(serde_json::Value::Object(metadata)) = doc.get_mut("__metadata__") {
+        metadata.sort_keys();
+    }
+    let text = serde_json::to_vec(&doc).ok()?;
+    let padding = header.len().checked_sub(text.len())?;
+    header[..text.len()].copy_from_slice(&text);
+    header[text.len()..].fill(b' ');
+    (padding < 8).then_some(bytes)
 }
 
 #[cfg(test)]
@@ -340,6 +364,31 @@ mod tests {
             (vec!["w".into()], meta.get("step"))
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The same tensors and settings written twice are the same bytes, the settings sorted.
+    #[test]
+    fn a_file_is_written_the_same_way_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: BTreeMap<String, String> =
+            (0..16).map(|k| (format!("setting_{k:02}"), k.to_string())).collect();
+        let write = |name: &str| {
+            let path = dir.path().join(name);
+            write_f32(
+                &path,
+                &[("w".into(), vec![2], &[1.0, 2.0]), ("b".into(), vec![1], &[3.0])],
+                &meta,
+            )
+            .unwrap();
+            std::fs::read(path).unwrap()
+        };
+        let (first, second) = (write("a.safetensors"), write("b.safetensors"));
+        assert_eq!(first, second);
+        let text = String::from_utf8_lossy(&first);
+        let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap();
+        let keys: Vec<usize> = meta.keys().map(|k| at(k)).collect();
+        assert!(keys.is_sorted(), "the metadata's keys in order: {keys:?}");
+        assert_eq!(TensorFile::from_bytes(Path::new("a"), &first).unwrap().metadata.len(), 17);
     }
 
     #[test]
