@@ -8,7 +8,7 @@ JSON object: the median, min and max seconds a step over the timed steps, images
 peak memory of the step (CUDA: `max_memory_allocated`; CPU: the growth of the process's peak
 resident set over what it held before the model existed).
 
-Run by scripts/vs-pytorch.sh, which alternates it with `syncstep bench`; alone:
+Run by scripts/vs_pytorch.py, which alternates it with `syncstep bench`; alone:
     python3 scripts/pytorch_step.py --image-size 32 --batch 8 --device cpu
 """
 

@@ -10,11 +10,16 @@ Ratios within a round are what to compare: these machines drift between rounds.
     python3 scripts/vs_pytorch.py --image-size 32 --batch 8
     python3 scripts/vs_pytorch.py --image-size 224 --batch 8 --rounds 2 --steps 3
     python3 scripts/vs_pytorch.py --syncstep "scripts/mesa-sid.sh target/release/syncstep"
+    python3 scripts/vs_pytorch.py --image-size 224 --batch 8 --json vs-224-8.json
+
+--json writes every round's figures, the date and the adapter, for scripts/perf-table.py.
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import shlex
 import shutil
 import statistics
@@ -39,6 +44,8 @@ def parse_args():
                    "\"scripts/mesa-sid.sh target/release/syncstep\"")
     p.add_argument("--bench-args", default="",
                    help="more arguments for syncstep bench, e.g. \"--adapter vulkan:0\"")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write the rounds, the date and the adapter as JSON to PATH")
     args = p.parse_args()
     for name in ("image_size", "batch", "rounds", "steps"):
         if getattr(args, name) < 1:
@@ -72,8 +79,9 @@ def bench(syncstep, args, out):
            "--steps", str(args.steps), "--no-roofline", "--json", out] + args.bench_args.split()
     run(cmd, "syncstep bench")
     with open(out) as f:
-        step = json.load(f)["step"]
-    return step["median_s"], max(m["peak_bytes"] for m in step["memory"])
+        report = json.load(f)
+    step = report["step"]
+    return step["median_s"], max(m["peak_bytes"] for m in step["memory"]), report["adapters"]
 
 
 def torch_device(args):
@@ -112,14 +120,18 @@ def main():
     print(f"ResNet-34 training step, {args.image_size}×{args.image_size}, batch {args.batch}, "
           f"median of {args.steps} steps a run, {args.rounds} rounds")
     ratios = {k: [] for k in kinds}
+    rounds, adapters = [], []
+    started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(1, args.rounds + 1):
-            ours, our_peak = bench(syncstep, args, os.path.join(tmp, "bench.json"))
+            ours, our_peak, adapters = bench(syncstep, args, os.path.join(tmp, "bench.json"))
             line = f"round {r}: syncstep {ours:.4f} s (peak {mib(our_peak)})"
+            rounds.append({"syncstep": {"median_s": ours, "peak_bytes": our_peak}, "pytorch": {}})
             for tf32 in kinds:
                 theirs = pytorch(args, device, tf32)
                 ratio = theirs["median_s"] / ours
                 ratios[tf32].append(ratio)
+                rounds[-1]["pytorch"][tf32] = dict(theirs, ratio=ratio)
                 label = "PyTorch" + (f" TF32 {tf32}" if device == "cuda" else "")
                 line += (f" | {label} {theirs['median_s']:.4f} s (peak "
                          f"{mib(theirs['peak_bytes'])}, {theirs['device']}): {ratio:.3f}×")
@@ -128,7 +140,33 @@ def main():
         label = "PyTorch" + (f" TF32 {tf32}" if device == "cuda" else "")
         print(f"syncstep's speed / {label}'s, median of {len(rs)} rounds: "
               f"{statistics.median(rs):.3f}× (rounds {', '.join(f'{x:.3f}' for x in rs)})")
+    if args.json:
+        write_json(args, started, adapters, rounds, ratios)
     return 0
+
+
+def write_json(args, started, adapters, rounds, ratios):
+    """The figures for scripts/perf-table.py. "pytorch" and "ratio_median" are keyed by TF32
+    ("off", and on CUDA "on"); ratio is PyTorch s / syncstep s, as printed."""
+    figures = {
+        "tool": "vs_pytorch",
+        "date": started.strftime("%Y-%m-%d"),
+        "started": started.isoformat(timespec="seconds"),
+        "arch": "resnet34",
+        "image_size": args.image_size,
+        "batch": args.batch,
+        "steps": args.steps,
+        "bench_args": args.bench_args,
+        "adapters": adapters,
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
+                 "system": platform.platform()},
+        "rounds": rounds,
+        "ratio_median": {k: statistics.median(rs) for k, rs in ratios.items()},
+    }
+    with open(args.json, "w") as f:
+        json.dump(figures, f, indent=1)
+        f.write("\n")
+    print(f"figures written to {args.json}")
 
 
 if __name__ == "__main__":
