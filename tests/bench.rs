@@ -12,7 +12,7 @@ use serde_json::Value;
 use syncstep::bench::{
     self, BenchConfig, BenchReport, ProbeSize, ALL_LAYERS, STEP_FLOPS_PER_FORWARD,
 };
-use syncstep::gpu::{AdapterChoice, Encoder, Slice};
+use syncstep::gpu::{AdapterChoice, Encoder, ScratchSlot, Slice};
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
 use syncstep::model::{Arch, ResNet};
@@ -492,11 +492,12 @@ fn memory_stats_count_each_submissions_buffers() {
 #[test]
 fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     let Some(gpu) = fresh_gpu() else { return };
-    let a = gpu.scratch("test a", 100).unwrap();
-    assert_eq!(gpu.scratch("test a", 60).unwrap(), a, "a smaller request reuses the buffer");
-    let b = gpu.scratch("test b", 100).unwrap();
+    let (slot_a, slot_b) = (ScratchSlot("test a"), ScratchSlot("test b"));
+    let a = gpu.scratch(slot_a, 100).unwrap();
+    assert_eq!(gpu.scratch(slot_a, 60).unwrap(), a, "a smaller request reuses the buffer");
+    let b = gpu.scratch(slot_b, 100).unwrap();
     assert_ne!(a, b, "another purpose has a buffer of its own");
-    let bigger = gpu.scratch("test a", 200).unwrap();
+    let bigger = gpu.scratch(slot_a, 200).unwrap();
     assert!(bigger != a && bigger.size() >= 800, "a larger request replaces the buffer");
     assert_eq!(gpu.scratch_bytes(), bigger.size() + b.size());
 
@@ -550,10 +551,10 @@ fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     // One-off launches (the autotune's) leave the pool as it was.
     let kept = gpu.scratch_bytes();
     gpu.scratch_as_before(|| {
-        assert_ne!(gpu.scratch("test a", 10_000).unwrap(), bigger);
-        gpu.scratch("test c", 100).unwrap();
+        assert_ne!(gpu.scratch(slot_a, 10_000).unwrap(), bigger);
+        gpu.scratch(ScratchSlot("test c"), 100).unwrap();
         assert!(gpu.scratch_bytes() > kept);
     });
     assert_eq!(gpu.scratch_bytes(), kept, "scratch_as_before kept what its closure created");
-    assert_eq!(gpu.scratch("test a", 200).unwrap(), bigger, "the buffer from before is back");
+    assert_eq!(gpu.scratch(slot_a, 200).unwrap(), bigger, "the buffer from before is back");
 }

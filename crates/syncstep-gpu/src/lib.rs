@@ -22,7 +22,7 @@ mod shader;
 
 pub use adapter::{adapters, describe, instance, select_adapter, AdapterChoice};
 pub use encoder::{grid_1d, Encoder};
-pub use memory::MemoryStats;
+pub use memory::{MemoryStats, ScratchSlot};
 pub use profile::{launches_to_fill, Construction, DispatchShape, KernelTime};
 pub use readback::Readback;
 pub use shader::Shader;
@@ -134,7 +134,7 @@ pub struct Gpu {
     sink: Arc<Mutex<ErrorSink>>,
     memory: Mutex<MemoryCounter>,
     profiler: Mutex<Option<Profiler>>,
-    scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    scratch: Mutex<HashMap<ScratchSlot, wgpu::Buffer>>,
     /// [`Gpu::constants`]' buffers, by their key.
     constants: Mutex<HashMap<Vec<u8>, wgpu::Buffer>>,
     /// How the kernels layer chooses among a kernel's variants on this device, in that layer's

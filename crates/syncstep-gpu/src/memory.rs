@@ -23,6 +23,12 @@ pub(super) struct MemoryCounter {
     since_submit: u64,
 }
 
+/// One of a device's reused scratch buffers ([`Gpu::scratch`]), named by its label. The layer
+/// that launches kernels declares each slot once, as a constant, so that the launches sharing a
+/// buffer are the ones that name its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScratchSlot(pub &'static str);
+
 impl Gpu {
     /// A submission begins: the buffers created since the last one were resident together.
     pub(super) fn count_submission(&self) {
@@ -69,21 +75,21 @@ impl Gpu {
         }))
     }
 
-    /// A storage buffer of at least `len` 4-byte elements for a launch's temporary use under
-    /// `label` (an im2col chunk, weight rows): the same buffer for every launch that asks for
-    /// `label`, replaced by a larger one when a launch needs more. It holds whatever the last
+    /// A storage buffer of at least `len` 4-byte elements for a launch's temporary use in
+    /// `slot` (an im2col chunk, weight rows): the same buffer for every launch that asks for
+    /// `slot`, replaced by a larger one when a launch needs more. It holds whatever the last
     /// launch left, so a kernel must write what it reads. wgpu orders the launches that share it,
     /// and keeps a replaced buffer until the work recorded on it is done. (Fresh buffers per
     /// launch would all stay resident until their submission completes, and be new memory to
     /// fault in every step.)
-    pub fn scratch(&self, label: &'static str, len: u64) -> Result<wgpu::Buffer> {
+    pub fn scratch(&self, slot: ScratchSlot, len: u64) -> Result<wgpu::Buffer> {
         let bytes = (len * 4).max(4);
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = scratch.get(label).filter(|b| b.size() >= bytes) {
+        if let Some(b) = scratch.get(&slot).filter(|b| b.size() >= bytes) {
             return Ok(b.clone());
         }
-        let b = self.buffer(label, len)?;
-        scratch.insert(label, b.clone());
+        let b = self.buffer(slot.0, len)?;
+        scratch.insert(slot, b.clone());
         Ok(b)
     }
 

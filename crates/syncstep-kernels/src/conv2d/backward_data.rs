@@ -2,6 +2,7 @@
 //! (iy mod stride, ix mod stride) so that every pixel of a phase has the same taps.
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
+use super::scratch;
 use super::{
     checked, implicit_launch, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile,
     Params, ROW_RUN, SHADER, WG,
@@ -115,7 +116,7 @@ pub(super) fn backward_input_gemm_phase(
             Weights::Gather { w, taps: Slice::whole(&taps), khw: s.kh * s.kw }
         } else {
             let len = (s.c_in as u64 * row4 * 4).max(4);
-            weight_rows = gpu.scratch("conv2d weight rows", len).map_err(gpu_err)?;
+            weight_rows = gpu.scratch(scratch::WEIGHT_ROWS, len).map_err(gpu_err)?;
             let rows = Slice::new(&weight_rows, 0, len);
             if row4 > 0 {
                 let threads = s.c_in as u64 * row4.div_ceil(ROW_RUN);

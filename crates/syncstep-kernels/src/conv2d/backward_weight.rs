@@ -4,6 +4,7 @@
 //! kept in scratch between chunks.
 
 use super::gemm::{gemm_chunk_pixels, im2col_chunks, Gemm};
+use super::scratch;
 use super::tiles::gemm_lanes_shader;
 use super::{
     checked, implicit_launch, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop,
@@ -260,7 +261,7 @@ pub(super) fn backward_weight_gemm(
     let levels = 1 + open_blocks(s.n as u64, 1, 1) as u64;
     let sums_len = levels * level;
     let sums = gpu
-        .scratch("conv2d weight sums", sums_len)
+        .scratch(scratch::WEIGHT_SUMS, sums_len)
         .map_err(|source| KernelError::Gpu { op: OP, source })?;
     let sums = Slice::new(&sums, 0, sums_len);
     backward_weight_tiles(gpu, enc, algo, s, params, (dy, x), sums)?;

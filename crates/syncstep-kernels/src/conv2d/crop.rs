@@ -2,6 +2,7 @@
 //! plain launchers run the convolution of the other taps (see [`Conv2dShape::crop`]).
 
 use super::backward_weight::backward_weight_blocked;
+use super::scratch;
 use super::shape::checked;
 use super::{
     conv2d_algo, conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape, Params, SHADER, WG,
@@ -86,7 +87,7 @@ pub fn conv2d_launch_cropped(
     }
     let kept_len = crop.shape.w_len();
     let kept = gpu
-        .scratch("conv2d kept taps", kept_len)
+        .scratch(scratch::KEPT_TAPS, kept_len)
         .map_err(|source| KernelError::Gpu { op: op.name(), source })?;
     let kept = Slice::new(&kept, 0, kept_len);
     if op == Conv2dOp::BackwardWeight {

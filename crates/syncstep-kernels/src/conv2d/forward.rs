@@ -1,6 +1,7 @@
 //! The forward, `y = conv(x, w)`: Direct and Blocked kernels, and the im2col + GEMM path.
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
+use super::scratch;
 use super::{
     checked, implicit_launch, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, SHADER, WG,
 };
@@ -59,7 +60,7 @@ pub(super) fn forward_gemm(
     } else {
         let len = s.c_out as u64 * row4 * 4;
         padded = gpu
-            .scratch("conv2d weight rows", len)
+            .scratch(scratch::WEIGHT_ROWS, len)
             .map_err(|source| KernelError::Gpu { op: OP, source })?;
         let rows = Slice::new(&padded, 0, len);
         let threads = s.c_out as u64 * row4;

@@ -2,6 +2,7 @@
 //! each chunk followed by the register-tiled GEMM against the weight rows, whose outputs land
 //! straight in NCHW.
 
+use super::scratch;
 use super::tiles::gemm_lanes_shader;
 use super::{
     no_kernel, Conv2dAlgo, GemmLanes, GemmTile, Params, GEMM_WG, ROW_RUN, SCRATCH_BYTES, SHADER, WG,
@@ -223,7 +224,7 @@ pub(super) fn im2col_chunks(
     let chunk = chunk_pixels(gpu, op, row4, pixels)?;
     let pixels = pixels.0;
     let scratch = gpu
-        .scratch("conv2d im2col", (chunk * row4 * 4).max(4))
+        .scratch(scratch::IM2COL, (chunk * row4 * 4).max(4))
         .map_err(|source| KernelError::Gpu { op, source })?;
     for begin in (0..pixels).step_by(chunk as usize) {
         let count = chunk.min(pixels - begin);

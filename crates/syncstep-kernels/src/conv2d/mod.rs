@@ -36,6 +36,7 @@ mod crop;
 mod forward;
 mod gemm;
 pub mod implicit;
+mod scratch;
 mod shape;
 mod tiles;
 mod tune;

@@ -13,6 +13,7 @@
 //! and the single device make the same choice for every layer.
 
 use super::gemm::{gemm, GemmBatch, PixelGrid, Weights};
+use super::scratch;
 use super::tune::guess_for;
 use super::{
     checked, conv2d_algo, shader_source, Conv2dAlgo, Conv2dOp, Conv2dShape, SCRATCH_BYTES,
@@ -252,8 +253,8 @@ pub fn conv2d_winograd_with(
     let chunk = winograd_chunk_images(s, op, scratch_cap(gpu));
     let layout = Scratch::new(s, op, chunk as u64);
     let gpu_err = |source| KernelError::Gpu { op: name, source };
-    let scratch = gpu.scratch("conv2d im2col", layout.weights_and_input()).map_err(gpu_err)?;
-    let products = gpu.scratch("conv2d weight sums", layout.m).map_err(gpu_err)?;
+    let scratch = gpu.scratch(scratch::IM2COL, layout.weights_and_input()).map_err(gpu_err)?;
+    let products = gpu.scratch(scratch::WEIGHT_SUMS, layout.m).map_err(gpu_err)?;
     let u = Slice::new(&scratch, 0, layout.u);
     let (c_gemm, r_out) = gemm_channels(s, op);
     let (tiles_h, tiles_w) = tile.tiles(s.h, s.w);

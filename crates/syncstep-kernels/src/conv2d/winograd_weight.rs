@@ -13,6 +13,7 @@
 
 use super::backward_weight::{open_blocks, push_units, weight_total};
 use super::gemm::{gemm, Gemm, GemmBatch, PixelGrid, Weights};
+use super::scratch;
 use super::winograd::{
     expect_gemm, gemm_algo_for, scratch_cap, Params, WinogradTile, PRODUCT_BYTES, WINOGRAD_WG,
 };
@@ -94,13 +95,13 @@ pub fn conv2d_winograd_weight_with(
     let chunk = chunk_images(s, tile, scratch_cap(gpu));
     let layout = Layout::new(s, tile, chunk as u64);
     let gpu_err = |source| KernelError::Gpu { op: OP, source };
-    let scratch = gpu.scratch("conv2d im2col", layout.im2col()).map_err(gpu_err)?;
-    let products = gpu.scratch("conv2d weight units", layout.m).map_err(gpu_err)?;
+    let scratch = gpu.scratch(scratch::IM2COL, layout.im2col()).map_err(gpu_err)?;
+    let products = gpu.scratch(scratch::WEIGHT_UNITS, layout.m).map_err(gpu_err)?;
     // The pairwise blocks: the carry's level (unused: chunks end on whole examples) and one per
     // block open at a chunk's end.
     let open = open_blocks(s.n as u64, chunk as u64, 1);
     let sums_len = (1 + open as u64) * s.w_len();
-    let sums = gpu.scratch("conv2d weight sums", sums_len).map_err(gpu_err)?;
+    let sums = gpu.scratch(scratch::WEIGHT_SUMS, sums_len).map_err(gpu_err)?;
     let sums = Slice::new(&sums, 0, sums_len);
     let (tiles_h, tiles_w) = tile.tiles(s.h, s.w);
     let base = Params {

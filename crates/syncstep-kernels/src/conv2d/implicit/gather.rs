@@ -3,6 +3,7 @@
 //! before it, into the output (y, or dx) or, with the segments split along z, into slabs that a
 //! pass adds in order.
 
+use super::super::scratch;
 use super::wgsl::{gemm_shader, FRAME};
 use super::{construction, fitting, gathers, plan_cost, table_key, Sum, Table, TileConfig, FAMILY};
 use crate::conv2d::{Conv2dOp, Conv2dShape, SCRATCH_BYTES};
@@ -179,7 +180,7 @@ pub fn gather_gemm_with(
         .map_err(gpu_err)?;
     let words = Slice::whole(&words);
     let rows_len = rows_len(table);
-    let rows = gpu.scratch("conv2d implicit weight rows", rows_len).map_err(gpu_err)?;
+    let rows = gpu.scratch(scratch::IMPLICIT_WEIGHT_ROWS, rows_len).map_err(gpu_err)?;
     let rows = Slice::new(&rows, 0, rows_len);
     let bindings = [("w", w), ("table", words), ("weight rows", rows)];
     let grid = grid_1d(rows_len / 4, 64);
@@ -195,7 +196,7 @@ pub fn gather_gemm_with(
         return launch(gpu, enc, name, &shader, entry, &params, &bindings, [x, y, z]);
     };
     let slabs_len = params.segments as u64 * out.len;
-    let slabs = gpu.scratch("conv2d implicit segment sums", slabs_len).map_err(gpu_err)?;
+    let slabs = gpu.scratch(scratch::IMPLICIT_SEGMENT_SUMS, slabs_len).map_err(gpu_err)?;
     let slabs = Slice::new(&slabs, 0, slabs_len);
     let bindings =
         [("source", a), ("weight rows", rows), ("table", words), ("segment sums", slabs)];

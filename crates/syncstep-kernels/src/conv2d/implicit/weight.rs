@@ -3,6 +3,7 @@
 //! the examples, whose pairwise blocks it keeps in registers; the nodes' sums are then added as
 //! the tree above them (shaders/conv2d/implicit.wgsl).
 
+use super::super::scratch;
 use super::wgsl::{weight_shader, weight_shared_bytes};
 use super::{construction, plan_cost, table_key, Phase, Table, TileConfig, FAMILY};
 use crate::conv2d::{Conv2dAlgo, Conv2dOp, Conv2dShape, SCRATCH_BYTES};
@@ -211,7 +212,7 @@ pub fn weight_gradient_with(
         return launch(gpu, enc, OP, &shader, entry, &params, &bindings, [gx, gy, nodes]);
     };
     let sums_len = nodes as u64 * s.c_out as u64 * cols as u64;
-    let sums = gpu.scratch("conv2d implicit node sums", sums_len).map_err(gpu_err)?;
+    let sums = gpu.scratch(scratch::IMPLICIT_NODE_SUMS, sums_len).map_err(gpu_err)?;
     let sums = Slice::new(&sums, 0, sums_len);
     let bindings = [("dy", dy), ("x", x), ("table", words), ("node sums", sums)];
     launch(gpu, enc, OP, &shader, entry, &params, &bindings, [gx, gy, nodes])?;
