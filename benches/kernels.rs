@@ -15,15 +15,25 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use syncstep::gpu::{AdapterChoice, Encoder, Gpu, Slice};
+use syncstep::environment::Environment;
+use syncstep::gpu::{Encoder, Gpu, Slice};
+use syncstep::kernels::conv2d::KernelPlan;
 use syncstep::kernels::conv2d::{self as k, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use syncstep::kernels::matmul::{self as mm, MatmulAlgo, MatmulShape, MATMUL_TILES};
+use syncstep::kernels::Device;
 
-fn device() -> Option<Gpu> {
-    match AdapterChoice::from_env().and_then(|choice| pollster::block_on(Gpu::new(&choice))) {
+fn device() -> Option<Device> {
+    let env = match Environment::read(|name| std::env::var_os(name)) {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("kernel benchmarks skipped: {e}");
+            return None;
+        }
+    };
+    match pollster::block_on(Gpu::new(&env.adapter())) {
         Ok(gpu) => {
             println!("adapter: {}", syncstep::gpu::describe(&gpu.info));
-            Some(gpu)
+            Some(Device::new(gpu, &env.devices(KernelPlan::Auto, false)))
         }
         Err(e) => {
             eprintln!("kernel benchmarks skipped: {e}");

@@ -15,7 +15,10 @@ use syncstep::collective::{
     all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, Peers, Pieces, ReduceOp,
 };
 use syncstep::data::synthetic_batch;
-use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::environment::Environment;
+use syncstep::gpu::{Gpu, Slice};
+use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::kernels::Device;
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
@@ -46,21 +49,28 @@ fn timed<'a>(
 }
 
 fn parallel(c: &mut Criterion) {
-    let choice = match AdapterChoice::from_env() {
-        Ok(choice) => choice,
+    let env = match Environment::read(|name| std::env::var_os(name)) {
+        Ok(env) => env,
         Err(e) => return eprintln!("parallel benchmarks skipped: {e}"),
     };
+    let (choice, config) = (env.adapter(), env.devices(KernelPlan::Auto, false));
     let model = ResNet::new(Arch::ResNet34, 10).expect("model");
     let params = model.init_params(0);
     let running = model.init_buffers();
     let (mut single, mut dp) = match pollster::block_on(async {
-        let device = Gpu::new(&choice).await?;
+        let device = Device::new(Gpu::new(&choice).await?, &config);
         let single =
             Replica::new(device, model.clone(), &params, &running).map_err(|e| e.to_string())?;
-        let dp =
-            DataParallel::new(&model, &params, &running, REPLICAS, std::slice::from_ref(&choice))
-                .await
-                .map_err(|e| e.to_string())?;
+        let dp = DataParallel::new(
+            &model,
+            &params,
+            &running,
+            REPLICAS,
+            std::slice::from_ref(&choice),
+            &config,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         Ok::<_, Box<dyn std::error::Error>>((single, dp))
     }) {
         Ok(pair) => pair,
@@ -110,7 +120,7 @@ fn parallel(c: &mut Criterion) {
         .throughput(Throughput::Bytes(bytes));
     let (reduce_times, staged_times, copy_times) =
         (RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    let parts: Vec<(&Gpu, Slice)> = dp.replicas().iter().map(|r| (&r.gpu, r.gradient())).collect();
+    let parts: Vec<(&Gpu, Slice)> = dp.replicas().iter().map(|r| (&*r.gpu, r.gradient())).collect();
     let plan = Plan::one_piece_each(REPLICAS);
     group.bench_function(format!("all_reduce_{REPLICAS}_replicas"), |b| {
         b.iter_custom(timed(&reduce_times, || {

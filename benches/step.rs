@@ -6,13 +6,17 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use syncstep::bench::STEP_FLOPS_PER_FORWARD;
 use syncstep::data::synthetic_batch;
-use syncstep::gpu::{describe, AdapterChoice, Gpu};
+use syncstep::environment::Environment;
+use syncstep::gpu::{describe, Gpu};
+use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::kernels::Device;
 use syncstep::model::{Arch, ResNet};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn step_bench(c: &mut Criterion) {
-    let gpu =
-        pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).expect("a GPU adapter");
+    let env = Environment::read(|name| std::env::var_os(name)).expect("the environment");
+    let gpu = pollster::block_on(Gpu::new(&env.adapter())).expect("a GPU adapter");
+    let gpu = Device::new(gpu, &env.devices(KernelPlan::Auto, false));
     eprintln!("adapter: {}", describe(&gpu.info));
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let params = model.init_params(0);

@@ -4,12 +4,14 @@
 //!
 //!     cargo run --release --example hello_kernel
 
-use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::environment::Environment;
+use syncstep::gpu::{Gpu, Slice};
 use syncstep::kernels::elementwise;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The adapter `SYNCSTEP_ADAPTER` names, else the best one (a real GPU before a CPU driver).
-    let gpu = pollster::block_on(Gpu::new(&AdapterChoice::from_env()?))?;
+    let adapter = Environment::read(|name| std::env::var_os(name))?.adapter();
+    let gpu = pollster::block_on(Gpu::new(&adapter))?;
     println!("adapter: {}", syncstep::gpu::describe(&gpu.info));
 
     let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();

@@ -6,13 +6,19 @@
 //!     cargo run --release --example train_step
 
 use syncstep::data::synthetic_batch;
-use syncstep::gpu::{AdapterChoice, Gpu};
+use syncstep::environment::Environment;
+use syncstep::gpu::Gpu;
+use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::kernels::Device;
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{DataParallel, ParallelOptions};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let choice = AdapterChoice::from_env()?;
+    // The adapter and kernel choices the environment names (`SYNCSTEP_ADAPTER`, …), as the
+    // command line reads them.
+    let env = Environment::read(|name| std::env::var_os(name))?;
+    let (choice, config) = (env.adapter(), env.devices(KernelPlan::Auto, false));
     let model = ResNet::new(Arch::ResNet34, 10)?;
     let (params, running) = (model.init_params(0), model.init_buffers());
     let cfg = StepConfig::default();
@@ -20,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch = synthetic_batch(0, 0, 8, 32, 32, model.classes)?;
 
     // One device: forward, loss (divided by the batch size), backward, then SGD.
-    let gpu = pollster::block_on(Gpu::new(&choice))?;
+    let gpu = Device::new(pollster::block_on(Gpu::new(&choice))?, &config);
     let mut single = Replica::new(gpu, model.clone(), &params, &running)?;
     let whole = Shard::whole(batch.len());
     let opts = StepOptions::default();
@@ -30,7 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("single device, batch {}: loss {:.6}", batch.len(), out.loss);
 
     // Three devices, each taking a contiguous shard of the same batch.
-    let mut dp = pollster::block_on(DataParallel::new(&model, &params, &running, 3, &[choice]))?;
+    let mut dp =
+        pollster::block_on(DataParallel::new(&model, &params, &running, 3, &[choice], &config))?;
     let outs = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))?;
     let grads = pollster::block_on(dp.read_grads())?;
     let differing = grads[0].iter().zip(&single_grads).filter(|(a, b)| a.to_bits() != b.to_bits());

@@ -42,12 +42,8 @@ for target in "${cross_targets[@]}"; do
     cargo check --workspace --release --target "$target" --lib --bins --quiet
 done
 
-# The tests take the clockless choice of convolution kernels (the browser's), not the autotune's:
-# every variant gives the same bits (tests/conv2d.rs holds each one to them), and timing every
-# candidate at each of the suite's many batch sizes was a quarter of its time on lavapipe. The
-# autotune's own tests call it directly. Its choices go to the build folder, never the user's cache.
-export SYNCSTEP_CONV_ALGO="${SYNCSTEP_CONV_ALGO-guess}"
-export SYNCSTEP_AUTOTUNE_CACHE="${SYNCSTEP_AUTOTUNE_CACHE:-$PWD/target/autotune-test.json}"
+# The suite's environment (kernels chosen without timing, the autotune's choices in the build
+# folder) is the tests' own (tests/common: `test_var`), so a plain `cargo test` runs the same.
 cargo test --workspace --release --all-targets --features mpi --no-fail-fast "$@"
 
 # The page test runs these two (`cargo test` builds examples as test harnesses, not as programs).

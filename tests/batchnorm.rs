@@ -1,8 +1,9 @@
 mod common;
 
 use common::*;
-use syncstep::gpu::{Encoder, Gpu, Slice};
+use syncstep::gpu::{Encoder, Slice};
 use syncstep::kernels::batchnorm::{self as k, BnShape};
+use syncstep::kernels::Device;
 use syncstep::reference::batchnorm::{self as r, BnDims, BnStats, BnSums};
 
 const EPS: f32 = 1e-5;
@@ -23,7 +24,7 @@ fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
 /// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them, and
 /// with `running` the running statistics updated.
 fn forward_stats(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &BnShape,
     x: Slice,
@@ -38,7 +39,7 @@ fn forward_stats(
 /// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
 #[allow(clippy::too_many_arguments)]
 fn backward_sums(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &BnShape,
     count: u32,
@@ -78,7 +79,7 @@ fn assert_packed_close(what: &str, gpu: &[f32], a: &[f64], b: &[f64], tol: f64) 
 
 /// Forward, running stats and backward on one device (count = n·hw), each kernel against the
 /// reference fed what the kernel was fed.
-fn check_single_device(gpu: &Gpu, shape: BnShape, seed: u64) {
+fn check_single_device(gpu: &Device, shape: BnShape, seed: u64) {
     let d = dims(&shape);
     let (len, c) = (shape.tensor_len() as usize, shape.c as usize);
     let count = shape.positions() as u32;

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use syncstep::gpu::{Gpu, Slice};
+use syncstep::gpu::Slice;
 use syncstep::kernels::batchnorm::{self as k, BnShape};
-use syncstep::kernels::conv2d::{runs_gpu_kernels, set_kernel_policy, KernelPlan, KernelPolicy};
+use syncstep::kernels::conv2d::{runs_gpu_kernels, KernelPlan, KernelPolicy};
+use syncstep::kernels::Device;
 use syncstep::reference::batchnorm::{self as r, BnDims, BnStats};
 
 const EPS: f32 = 1e-5;
@@ -27,7 +26,7 @@ const SHAPES: [BnShape; 5] = [
 /// Per-example rows of one device: [mean | M2] of x, and [Σdy | Σdy·x̂] with and without the
 /// ReLU's gate, x̂ from `stats`.
 fn example_rows(
-    gpu: &Gpu,
+    gpu: &Device,
     s: &BnShape,
     x: &[f32],
     dy: &[f32],
@@ -77,12 +76,11 @@ fn reference_rows(
 #[test]
 fn the_gpus_per_example_kernels_give_the_cpu_drivers_bits_and_match_the_reference() {
     let Some(per_invocation) = fresh_gpu() else { return };
-    let Some(per_workgroup) = fresh_gpu() else { return };
     let gpu_plan = KernelPolicy::new(KernelPlan::Gpu, None, None);
-    set_kernel_policy(&per_workgroup, Arc::new(gpu_plan)).unwrap();
-    assert!(runs_gpu_kernels(&per_workgroup).unwrap());
+    let Some(per_workgroup) = device_with(gpu_plan) else { return };
+    assert!(runs_gpu_kernels(&per_workgroup));
     assert!(
-        !runs_gpu_kernels(&per_invocation).unwrap(),
+        !runs_gpu_kernels(&per_invocation),
         "this test needs a CPU adapter (lavapipe) to run both variants"
     );
     for (i, s) in SHAPES.iter().enumerate() {

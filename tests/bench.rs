@@ -5,14 +5,13 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
 
 use common::*;
 use serde_json::Value;
 use syncstep::bench::{
     self, BenchConfig, BenchReport, ProbeSize, ALL_LAYERS, STEP_FLOPS_PER_FORWARD,
 };
-use syncstep::gpu::{AdapterChoice, Encoder, ScratchSlot, Slice};
+use syncstep::gpu::{Encoder, ScratchSlot, Slice};
 use syncstep::kernels::conv2d::Conv2dAlgo;
 use syncstep::kernels::elementwise;
 use syncstep::model::{Arch, ResNet};
@@ -24,7 +23,8 @@ fn small(replicas: usize) -> BenchConfig {
         batch: 2,
         steps: 1,
         profile: true,
-        adapters: vec![AdapterChoice::from_env().unwrap()],
+        adapters: vec![common::environment().adapter()],
+        device: device_config(),
         ..BenchConfig::default()
     }
 }
@@ -333,8 +333,7 @@ fn the_command_line_prints_the_report_and_writes_json() {
         return;
     }
     let run = |args: &[&str]| {
-        let out =
-            Command::new(env!("CARGO_BIN_EXE_syncstep")).arg("bench").args(args).output().unwrap();
+        let out = common::command().arg("bench").args(args).output().unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).to_string(),
@@ -392,7 +391,7 @@ fn the_gpu_plan_by_construction() {
     let bars = [("224", "32", 0.70, 0.62), ("32", "256", 0.70, 0.45), ("224", "8", 0.55, 0.50)];
     for (size, batch, occupancy, share) in bars {
         let (ok, text) = outcome(
-            Command::new(env!("CARGO_BIN_EXE_syncstep"))
+            common::command()
                 .env_remove("SYNCSTEP_CONV_ALGO")
                 .args(["bench", "--shapes-only", "--plan-for", "gpu", "--image-size", size])
                 .args(["--batch", batch, "--json", path.to_str().unwrap()]),

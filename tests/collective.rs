@@ -10,7 +10,7 @@ use syncstep::collective::{
     all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, Peers,
     Pieces, ReduceOp,
 };
-use syncstep::gpu::{AdapterChoice, Gpu, Slice};
+use syncstep::gpu::{Gpu, Slice};
 
 const REPLICAS: usize = 3;
 
@@ -18,7 +18,7 @@ fn devices() -> Option<Vec<Gpu>> {
     gpu()?;
     Some(
         (0..REPLICAS)
-            .map(|_| pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).unwrap())
+            .map(|_| pollster::block_on(Gpu::new(&common::environment().adapter())).unwrap())
             .collect(),
     )
 }

@@ -1,13 +1,11 @@
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::conv2d::{
     self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile, WinogradTile,
 };
-use syncstep::kernels::KernelError;
+use syncstep::kernels::{Device, KernelError};
 use syncstep::reference::conv2d::{self as r, ConvGeometry};
 
 #[allow(clippy::too_many_arguments)]
@@ -49,7 +47,14 @@ struct Outputs {
 }
 
 /// Runs forward, input-VJP and weight gradient with `algo` into NaN-poisoned outputs.
-fn run(gpu: &Gpu, algo: Conv2dAlgo, s: &Conv2dShape, x: &[f32], w: &[f32], dy: &[f32]) -> Outputs {
+fn run(
+    gpu: &Device,
+    algo: Conv2dAlgo,
+    s: &Conv2dShape,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+) -> Outputs {
     let (bx, bw, bdy) =
         (gpu.upload("x", x).unwrap(), gpu.upload("w", w).unwrap(), gpu.upload("dy", dy).unwrap());
     let y = poisoned(gpu, "y", s.y_len() as usize);
@@ -206,7 +211,7 @@ fn backward_weight_and_input_are_bitwise_deterministic() {
 
 /// A storage buffer of `len` NaNs without COPY_DST, poisoned by a kernel since the queue
 /// cannot write it: a 1×1 convolution of NaNs whose output has `len` elements.
-fn poisoned_without_copy_dst(gpu: &Gpu, len: u64) -> wgpu::Buffer {
+fn poisoned_without_copy_dst(gpu: &Device, len: u64) -> wgpu::Buffer {
     let out = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("output without COPY_DST"),
         size: len * 4,
@@ -497,10 +502,8 @@ fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     let dir = std::env::temp_dir().join(format!("syncstep-retune-{}", std::process::id()));
     let file = dir.join("autotune.json");
     let device = |retune| {
-        let gpu = fresh_gpu()?;
         let policy = k::KernelPolicy::new(k::KernelPlan::Timed, None, Some(file.clone()));
-        k::set_kernel_policy(&gpu, Arc::new(policy.with_retune(retune))).unwrap();
-        Some(gpu)
+        device_with(policy.with_retune(retune))
     };
     let read =
         || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap() };
@@ -524,9 +527,8 @@ fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The kernel policy is each device's, whatever the environment says: in one process, a device
-/// on the GPU plan, one forced to Blocked and one taking the browser's guess choose apart, and
-/// a device keeps the policy it has.
+/// The kernel policy is each device's, given when it is made: in one process, a device on the
+/// GPU plan, one forced to Blocked and one taking the browser's guess choose apart.
 #[test]
 fn each_device_chooses_by_its_own_kernel_policy() {
     let s = shape(8, 64, 8, 8, 64, 3, 3, 1, 1);
@@ -544,13 +546,11 @@ fn each_device_chooses_by_its_own_kernel_policy() {
     ];
     let mut devices = Vec::new();
     for (policy, expected) in policies {
-        let Some(gpu) = fresh_gpu() else { return };
-        k::set_kernel_policy(&gpu, Arc::new(policy)).unwrap();
+        let Some(gpu) = device_with(policy) else { return };
         devices.push((gpu, Some(expected)));
     }
-    let Some(guessing) = fresh_gpu() else { return };
     let guess = k::KernelPolicy::new(k::KernelPlan::Timed, Some(k::Forced::Guess), None);
-    k::set_kernel_policy(&guessing, Arc::new(guess)).unwrap();
+    let Some(guessing) = device_with(guess) else { return };
     devices.push((guessing, None));
     for (gpu, expected) in &devices {
         for op in ops {
@@ -564,13 +564,11 @@ fn each_device_chooses_by_its_own_kernel_policy() {
                 }
             }
         }
-        let again = k::set_kernel_policy(gpu, Arc::new(k::KernelPolicy::default()));
-        assert!(again.unwrap_err().to_string().contains("has one already"));
     }
 }
 
 type Launcher =
-    fn(&Gpu, &mut Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
+    fn(&Device, &mut Encoder, &Conv2dShape, Slice, Slice, Slice) -> syncstep::kernels::Result<()>;
 
 /// Each launcher's three arguments: names and lengths, in the order it takes them.
 type Args = [(&'static str, u64); 3];
@@ -912,7 +910,7 @@ fn weight_gradient_past_the_loop_limit_on_gl_points_to_another_adapter() {
     }
     let choice = syncstep::gpu::AdapterChoice::parse("gl").unwrap();
     let gl = match pollster::block_on(Gpu::new(&choice)) {
-        Ok(gl) if gl.info.name.contains("llvmpipe") => gl,
+        Ok(gl) if gl.info.name.contains("llvmpipe") => Device::new(gl, &device_config()),
         other => {
             let found = other.map(|g| g.info.name.clone());
             assert!(std::env::var_os("CI").is_none(), "CI has llvmpipe GL: {found:?}");

@@ -139,7 +139,7 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
 
     let mut killed_args = args(&["--checkpoint-every", "4", "--checkpoint"]);
     killed_args.push(stopped.clone());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_syncstep"))
+    let mut child = common::command()
         .args(&killed_args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

@@ -70,6 +70,7 @@ impl Hosts {
         Command::new("bash")
             .arg(SCRIPT)
             .args(args)
+            .envs(suite_env())
             .env("SYNCSTEP_HOSTS_PREFIX", &self.prefix)
             .output()
             .expect("bash")

@@ -50,7 +50,7 @@ fn mpirun_command(
     options: &[&str],
 ) -> Command {
     let mut cmd = Command::new("mpirun");
-    cmd.envs(env.iter().copied());
+    cmd.envs(suite_env()).envs(env.iter().copied());
     cmd.args(["--oversubscribe", "--mca", "btl", "tcp,self", "--mca", "mpi_yield_when_idle", "1"])
         .args(options)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -21,12 +21,12 @@ use syncstep::parallel::{DataParallel, ParallelOptions, Sabotage};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 
 fn adapters() -> Vec<AdapterChoice> {
-    vec![AdapterChoice::from_env().unwrap()]
+    vec![common::environment().adapter()]
 }
 
 fn check(cfg: CheckConfig) -> Option<CheckReport> {
     gpu()?;
-    let report = pollster::block_on(run_check(&cfg)).unwrap();
+    let report = pollster::block_on(run_check(&cfg, &device_config())).unwrap();
     eprintln!("{}", report.table());
     Some(report)
 }
@@ -206,9 +206,12 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     assert_eq!(golden, first.golden);
     let mut phases = Vec::new();
     let report = pollster::block_on(async {
-        run_check_on(&cfg, CheckDevices::open(&cfg).await?, Some(&golden), &mut |p| {
-            phases.push((p.index, p.total, p.phase.clone(), p.gates.len()))
-        })
+        run_check_on(
+            &cfg,
+            CheckDevices::open(&cfg, &device_config()).await?,
+            Some(&golden),
+            &mut |p| phases.push((p.index, p.total, p.phase.clone(), p.gates.len())),
+        )
         .await
     })
     .unwrap();
@@ -240,7 +243,13 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
 
     let other = CheckConfig { seed: 1, ..cfg };
     let e = pollster::block_on(async {
-        run_check_on(&other, CheckDevices::open(&other).await?, Some(&golden), &mut |_| {}).await
+        run_check_on(
+            &other,
+            CheckDevices::open(&other, &device_config()).await?,
+            Some(&golden),
+            &mut |_| {},
+        )
+        .await
     })
     .unwrap_err()
     .to_string();
@@ -269,8 +278,15 @@ fn one_replica_is_the_plain_single_device_step_bitwise() {
     let (model, params, running) = model_and_state(5);
     let Some(device) = fresh_gpu() else { return };
     let mut single = Replica::new(device, model.clone(), &params, &running).unwrap();
-    let mut dp =
-        pollster::block_on(DataParallel::new(&model, &params, &running, 1, &adapters())).unwrap();
+    let mut dp = pollster::block_on(DataParallel::new(
+        &model,
+        &params,
+        &running,
+        1,
+        &adapters(),
+        &device_config(),
+    ))
+    .unwrap();
     let batch = synthetic_batch(2, 0, 4, 32, 32, 10).unwrap();
     let cfg = StepConfig::default();
     let whole = Shard::whole(batch.len());
@@ -300,8 +316,15 @@ fn synchronised_replicas_hold_identical_gradients_and_running_statistics() {
     if gpu().is_none() {
         return;
     }
-    let mut dp =
-        pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters())).unwrap();
+    let mut dp = pollster::block_on(DataParallel::new(
+        &model,
+        &params,
+        &running,
+        2,
+        &adapters(),
+        &device_config(),
+    ))
+    .unwrap();
     // Shards that differ visibly, so per-replica statistics would differ too.
     let shards = synthetic_batch(3, 0, 4, 32, 32, 10).unwrap().shards(2).unwrap();
     let batch = syncstep::data::Batch::concat(&[shards[0].clone(), shards[1].shifted(1.0)]);
@@ -333,7 +356,9 @@ fn replicas_that_run_at_once_or_take_turns_give_the_same_bits() {
     }
     let batch = synthetic_batch(5, 0, 8, 32, 32, 10).unwrap();
     let step = |blocking: bool| {
-        let mut gpus = pollster::block_on(syncstep::parallel::devices(2, &adapters())).unwrap();
+        let mut gpus =
+            pollster::block_on(syncstep::parallel::devices(2, &adapters(), &device_config()))
+                .unwrap();
         gpus.iter_mut().for_each(|g| g.blocking_maps = blocking);
         let mut dp = DataParallel::from_gpus(gpus, &model, &params, &running).unwrap();
         pollster::block_on(dp.forward_backward(
@@ -371,10 +396,16 @@ fn every_gradient_is_reduced_exactly_once_along_the_canonical_tree() {
         let opts = StepOptions::default();
         pollster::block_on(single.forward_backward(&batch, &cfg, whole, &OneDevice, opts)).unwrap();
         let want = pollster::block_on(single.read_grads()).unwrap();
-        let mut dp =
-            pollster::block_on(DataParallel::new(&model, &params, &running, replicas, &adapters()))
-                .unwrap()
-                .with_bucket_bytes(bucket_mib << 20);
+        let mut dp = pollster::block_on(DataParallel::new(
+            &model,
+            &params,
+            &running,
+            replicas,
+            &adapters(),
+            &device_config(),
+        ))
+        .unwrap()
+        .with_bucket_bytes(bucket_mib << 20);
         pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
         for (r, got) in pollster::block_on(dp.read_grads()).unwrap().iter().enumerate() {
             for spec in &model.params {
@@ -393,7 +424,14 @@ fn bad_inputs_are_clear_errors() {
         return;
     }
     let new = |replicas, adapters: &[AdapterChoice]| {
-        pollster::block_on(DataParallel::new(&model, &params, &running, replicas, adapters))
+        pollster::block_on(DataParallel::new(
+            &model,
+            &params,
+            &running,
+            replicas,
+            adapters,
+            &device_config(),
+        ))
     };
     let e = new(0, &adapters()).err().unwrap().to_string();
     assert!(e.contains("replica count must be at least 1"), "{e}");
@@ -421,9 +459,12 @@ fn bad_inputs_are_clear_errors() {
     .to_string();
     assert!(e.starts_with("replica 1 (") && e.contains("label 10 of example 1"), "{e}");
 
-    let e = pollster::block_on(run_check(&CheckConfig { replicas: 0, ..Default::default() }))
-        .unwrap_err()
-        .to_string();
+    let e = pollster::block_on(run_check(
+        &CheckConfig { replicas: 0, ..Default::default() },
+        &device_config(),
+    ))
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("replica count must be at least 1"), "{e}");
 }
 
@@ -438,9 +479,15 @@ fn a_lost_device_stops_the_step_and_names_the_replica() {
     let batch = synthetic_batch(4, 0, 4, 32, 32, 10).unwrap();
     let cfg = StepConfig::default();
     for lost in [1, 0] {
-        let mut dp =
-            pollster::block_on(DataParallel::new(&model, &params, &running, 2, &adapters()))
-                .unwrap();
+        let mut dp = pollster::block_on(DataParallel::new(
+            &model,
+            &params,
+            &running,
+            2,
+            &adapters(),
+            &device_config(),
+        ))
+        .unwrap();
         pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default())).unwrap();
         dp.replicas()[lost].gpu.device.destroy();
         let e = pollster::block_on(dp.forward_backward(&batch, &cfg, ParallelOptions::default()))

@@ -31,7 +31,7 @@ fn gpu_test_dir() -> Option<tempfile::TempDir> {
 
 /// The binary with `args`, `set` variables set and `unset` ones removed.
 fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+    let mut c = common::command();
     c.args(args).stdin(Stdio::null());
     set.iter().for_each(|(k, v)| {
         c.env(k, v);
@@ -334,7 +334,7 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
     let dir = temp_dir("signals");
     for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let ck = dir.join(format!("{signal}.safetensors"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+        let mut child = common::command()
             .args([
                 "train",
                 "--steps",
@@ -596,7 +596,7 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
 /// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
 /// with `at` (the handshake: it has got that far): the child, and its lines still to read.
 fn started_at(args: &[&str], at: &str) -> (std::process::Child, impl Iterator<Item = String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+    let mut child = common::command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -708,7 +708,7 @@ fn nothing_waits_forever() {
 /// The binary with `args`, killed (and the test failed) if it runs past `limit`: a case that
 /// would hang fails instead of hanging the suite.
 fn run_within(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+    let mut child = common::command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -739,7 +739,8 @@ fn exhausted_resources_are_named() {
     let limited = |limit_kib: u64, args: &str| {
         let bin = env!("CARGO_BIN_EXE_syncstep");
         let script = format!("ulimit -v {limit_kib} && exec {bin} {args}");
-        Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap()
+        let mut sh = Command::new("sh");
+        sh.envs(suite_env()).args(["-c", &script]).stdin(Stdio::null()).output().unwrap()
     };
     let train = "train --steps 1 --batch 2 --eval-examples 0";
     refused(&limited(600_000, train), "address-space limit (ulimit -v)");
@@ -941,7 +942,7 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     assert!(o.status.success() && checkpoint::is_checkpoint(&weights), "{}", text(&o));
     // The command's own standard output: the JSON goes after what was printed there.
     let printed = std::fs::File::create(dir.join("printed.txt")).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+    let o = common::command()
         .args(["eval", "--checkpoint", g, "--examples", "2", "--json", "/dev/stdout"])
         .stdout(printed)
         .output()
@@ -969,7 +970,7 @@ fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let (piped, hung) = (tmp.path().join("piped.safetensors"), tmp.path().join("hung.safetensors"));
     let train = ["train", "--batch", "2", "--eval-examples", "0", "--checkpoint"];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_syncstep"))
+    let mut child = common::command()
         .args([&train[..], &[piped.to_str().unwrap(), "--steps", "2"]].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1188,7 +1189,7 @@ fn the_data_is_an_identity_not_a_path() {
     let ck = dir.join("ck.safetensors");
     let c = ck.to_str().unwrap();
     let in_dir = |cwd: &Path, args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+        let mut cmd = common::command();
         cmd.args(args).current_dir(cwd).stdin(Stdio::null()).output().unwrap()
     };
     let train = ["train", "--steps", "1", "--batch", "2", "--normalize", "imagenet"];
@@ -1286,7 +1287,8 @@ fn a_truncated_or_enormous_image_is_an_error_naming_it() {
         "ulimit -v 2100000 && exec {bin} predict --checkpoint {m} {}",
         large_path.display()
     );
-    let o = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).output().unwrap();
+    let mut sh = Command::new("sh");
+    let o = sh.envs(suite_env()).args(["-c", &script]).stdin(Stdio::null()).output().unwrap();
     refused(&o, "large.jpg: its 13000×13000 pixels need 1014000000 bytes of host memory, which could not be allocated");
     eprintln!("{} cases", cases.len() + 1);
 }

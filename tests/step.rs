@@ -122,8 +122,7 @@ fn repeat_the_same_step_twice_is_bitwise_equal() {
 /// its own).
 #[test]
 fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
-    use std::sync::Arc;
-    use syncstep::kernels::conv2d::{set_kernel_policy, Forced, KernelPlan, KernelPolicy};
+    use syncstep::kernels::conv2d::{Forced, KernelPlan, KernelPolicy};
     let (model, params, running) = setup(10, 21);
     let batch = synthetic_batch(13, 0, 6, 32, 32, 10).unwrap();
     let policies = [
@@ -132,8 +131,7 @@ fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
     ];
     let mut runs = Vec::new();
     for policy in policies {
-        let Some(gpu) = fresh_gpu() else { return };
-        set_kernel_policy(&gpu, Arc::new(policy)).unwrap();
+        let Some(gpu) = device_with(policy) else { return };
         let mut r = Replica::new(gpu, model.clone(), &params, &running).unwrap();
         let out = step(&mut r, &batch, StepOptions::default());
         let grads = pollster::block_on(r.read_grads()).unwrap();

@@ -126,13 +126,16 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         profile: args.profile,
         roofline: (!args.no_roofline)
             .then_some(args.roofline_size.map_or(ProbeSize::ForAdapter, ProbeSize::Cube)),
-        plan: match args.plan_for {
-            PlanFor::Auto => KernelPlan::Auto,
-            PlanFor::Gpu => KernelPlan::Gpu,
-            PlanFor::Timed => KernelPlan::Timed,
-        },
+        device: super::env::get().devices(
+            match args.plan_for {
+                PlanFor::Auto => KernelPlan::Auto,
+                PlanFor::Gpu => KernelPlan::Gpu,
+                PlanFor::Timed => KernelPlan::Timed,
+            },
+            args.tune.retune,
+        ),
+        lp_num_threads: super::env::get().lp_num_threads.clone(),
         bucket_bytes: args.buckets.bytes(global_replicas)?,
-        retune: args.tune.retune,
         ..BenchConfig::default()
     };
     cfg.validate()?;
@@ -187,7 +190,7 @@ fn shapes_only(
     if let Some(path) = json {
         let report = serde_json::json!({
             "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
-                       "plan_for": format!("{:?}", cfg.plan).to_lowercase()},
+                       "plan_for": format!("{:?}", cfg.device.policy.plan).to_lowercase()},
             "profile": profile.to_json(),
         });
         syncstep::files::write_atomic(path, report.to_string().as_bytes())?;

@@ -9,7 +9,7 @@ use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Ch
 use syncstep::files::Kind;
 use syncstep::golden::Golden;
 use syncstep::gpu::{AdapterChoice, Gpu};
-use syncstep::kernels::conv2d::set_kernel_policy;
+use syncstep::kernels::Device;
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::ParallelError;
 use syncstep::parallel::Sabotage;
@@ -117,13 +117,12 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let golden = args.against.as_deref().map(read_golden).transpose()?;
     cfg.model()?;
     // The single device shares the replicas' choices: timed once (and once with --retune).
-    let policy = args.tune.policy()?;
+    let config = args.tune.devices();
     let started = std::time::Instant::now();
     let report = pollster::block_on(async {
-        let replicas =
-            syncstep::parallel::devices_with(local, &cfg.adapters, policy.clone()).await?;
+        let replicas = syncstep::parallel::devices(local, &cfg.adapters, &config).await?;
         let single = Gpu::new(&cfg.adapters[0]).await.map_err(ParallelError::from)?;
-        set_kernel_policy(&single, policy).map_err(|e| ParallelError::Step(e.into()))?;
+        let single = Device::new(single, &config);
         let devices = CheckDevices { replicas, single, peers };
         run_check_on(&cfg, devices, golden.as_ref(), &mut |p| {
             if lead {

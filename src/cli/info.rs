@@ -9,7 +9,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The same error (and advice) as choosing one would give.
         pollster::block_on(gpu::select_adapter(&instance, &gpu::AdapterChoice::default()))?;
     }
-    let default = gpu::AdapterChoice::from_env()?;
+    let default = super::env::get().adapter();
     for (i, a) in adapters.iter().enumerate() {
         let info = a.get_info();
         let l = a.limits();

@@ -32,6 +32,7 @@ macro_rules! say_err {
 
 mod bench;
 mod check;
+mod env;
 mod eval;
 mod grad;
 mod info;
@@ -102,7 +103,7 @@ pub fn main() -> ExitCode {
 fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     if !matches!(command, Command::Plot(_)) {
         check_memory()?;
-        check_variables()?;
+        env::init()?;
     }
     match command {
         Command::Info => info::run(),
@@ -114,23 +115,6 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Predict(a) => predict::run(a),
         Command::Plot(a) => plot::run(a),
     }
-}
-
-/// Refuses a value of a variable the library reads that would have no effect, naming the
-/// values that have one: the library takes only `off` for `SYNCSTEP_SUBGROUPS`, and a
-/// `SYNCSTEP_MPI_SILENCE` below 1 s or not a number for its 20 s default.
-fn check_variables() -> Result<(), String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    if let Some(value) = var("SYNCSTEP_SUBGROUPS").filter(|v| v != "off" && v != "on") {
-        return Err(format!("SYNCSTEP_SUBGROUPS={value:?}: give off (kernels that load what subgroups would broadcast) or on (the default), or unset it"));
-    }
-    let silence = var("SYNCSTEP_MPI_SILENCE");
-    if let Some(value) =
-        silence.filter(|v| !v.parse::<f64>().is_ok_and(|s| s.is_finite() && s >= 1.0))
-    {
-        return Err(format!("SYNCSTEP_MPI_SILENCE={value:?}: give the seconds a rank may go unheard, 1 or more (default 20), or unset it"));
-    }
-    Ok(())
 }
 
 /// The address space a process needs to create a device and train a small batch, at least:

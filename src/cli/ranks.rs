@@ -3,14 +3,13 @@
 //! rank 0 prints and writes.
 
 use std::error::Error;
-use std::sync::Arc;
 
 use clap::Args;
 use sha2::{Digest, Sha256};
 use syncstep::collective::Peers;
-use syncstep::gpu::{AdapterChoice, Gpu};
-use syncstep::kernels::conv2d::{KernelPlan, KernelPolicy};
-use syncstep::kernels::KernelError;
+use syncstep::gpu::AdapterChoice;
+use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::kernels::{Device, DeviceConfig};
 
 #[derive(Args, Clone, Debug)]
 pub struct MpiArgs {
@@ -65,9 +64,9 @@ pub struct TuneArgs {
 }
 
 impl TuneArgs {
-    /// The kernel policy the devices share: the environment's, with the automatic plan.
-    pub fn policy(&self) -> Result<Arc<KernelPolicy>, KernelError> {
-        Ok(Arc::new(KernelPolicy::from_env(KernelPlan::Auto)?.with_retune(self.retune)))
+    /// What the devices are made with: the automatic plan, and what the environment asks.
+    pub fn devices(&self) -> DeviceConfig {
+        super::env::get().devices(KernelPlan::Auto, self.retune)
     }
 }
 
@@ -87,7 +86,8 @@ pub fn peers(args: &MpiArgs) -> Result<Peers, Box<dyn Error>> {
     }
     #[cfg(feature = "mpi")]
     {
-        let ranks = std::rc::Rc::new(syncstep::collective::mpi::Ranks::init()?);
+        let silence = super::env::get().mpi_silence;
+        let ranks = std::rc::Rc::new(syncstep::collective::mpi::Ranks::init(silence)?);
         JOB.with(|job| *job.borrow_mut() = Some(ranks.clone()));
         Ok(Peers::Mpi(ranks))
     }
@@ -106,9 +106,7 @@ pub fn adapter_choices(
     local: usize,
 ) -> Result<Vec<AdapterChoice>, Box<dyn Error>> {
     let first = peers.first_replica(local);
-    let named = adapter.is_some()
-        || !adapters.is_empty()
-        || std::env::var("SYNCSTEP_ADAPTER").is_ok_and(|s| !s.is_empty());
+    let named = adapter.is_some() || !adapters.is_empty() || super::env::get().adapter.is_some();
     if named || peers.ranks() == 1 {
         let all = named_adapters(adapter, adapters)?;
         return Ok((first..first + local).map(|g| all[g % all.len()].clone()).collect());
@@ -127,10 +125,9 @@ pub fn devices(
     adapters: &[String],
     local: usize,
     tune: &TuneArgs,
-) -> Result<Vec<Gpu>, Box<dyn Error>> {
+) -> Result<Vec<Device>, Box<dyn Error>> {
     let choices = adapter_choices(peers, adapter, adapters, local)?;
-    let policy = tune.policy()?;
-    Ok(pollster::block_on(syncstep::parallel::devices_with(local, &choices, policy))?)
+    Ok(pollster::block_on(syncstep::parallel::devices(local, &choices, &tune.devices()))?)
 }
 
 /// Checks that every rank has the same `what` (its bytes: settings, weights, data), naming the
@@ -172,6 +169,6 @@ fn named_adapters(
     match (adapter, adapters) {
         (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
         (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
-        (None, []) => Ok(vec![AdapterChoice::from_env()?]),
+        (None, []) => Ok(vec![super::env::get().adapter()]),
     }
 }

@@ -2,23 +2,66 @@
 //! random tensors, and the norm-relative error the gates use.
 #![allow(dead_code)]
 
+use std::ffi::OsString;
+use std::process::Command;
 use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 pub use syncstep::compare::norm_rel;
-use syncstep::gpu::{AdapterChoice, Encoder, Gpu, Slice};
-use syncstep::kernels::KernelError;
+use syncstep::environment::Environment;
+use syncstep::gpu::{Encoder, Gpu, Slice};
+use syncstep::kernels::conv2d::KernelPlan;
+use syncstep::kernels::{Device, DeviceConfig, KernelError};
+
+/// The suite's environment variables, whoever runs it (`cargo test` or scripts/test.sh): those
+/// set, and where one is not, the kernels chosen without timing (the browser's guess: every
+/// variant gives the same bits, tests/conv2d.rs holds each to them, and timing every candidate
+/// at the suite's many shapes was a quarter of its time) and the autotune's choices in the
+/// build folder, never the user's cache. The autotune's own tests set their policies.
+pub fn test_var(name: &str) -> Option<OsString> {
+    let set = std::env::var_os(name).filter(|v| !v.is_empty());
+    set.or_else(|| match name {
+        "SYNCSTEP_CONV_ALGO" => Some("guess".into()),
+        "SYNCSTEP_AUTOTUNE_CACHE" => {
+            Some(concat!(env!("CARGO_TARGET_TMPDIR"), "/autotune-test.json").into())
+        }
+        _ => None,
+    })
+}
+
+/// What [`test_var`] gives, as the command line would read it.
+pub fn environment() -> &'static Environment {
+    static ENVIRONMENT: OnceLock<Environment> = OnceLock::new();
+    ENVIRONMENT.get_or_init(|| Environment::read(test_var).expect("the suite's environment"))
+}
+
+/// What the suite's devices are made with (the automatic plan, [`environment`]'s choices).
+pub fn device_config() -> DeviceConfig {
+    environment().devices(KernelPlan::Auto, false)
+}
+
+/// The variables the suite gives every syncstep it runs (see [`test_var`]).
+pub fn suite_env() -> [(&'static str, OsString); 2] {
+    ["SYNCSTEP_CONV_ALGO", "SYNCSTEP_AUTOTUNE_CACHE"]
+        .map(|name| (name, test_var(name).expect("the suite has a default")))
+}
+
+/// The binary under test as a command, in the suite's environment.
+pub fn command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_syncstep"));
+    command.envs(suite_env());
+    command
+}
 
 /// The shared device, or None (with a loud message) when no adapter exists outside CI.
 /// In CI (`CI` set) a missing adapter fails the test: CI has lavapipe.
-pub fn gpu() -> Option<&'static Gpu> {
-    static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
+pub fn gpu() -> Option<&'static Device> {
+    static GPU: OnceLock<Option<Device>> = OnceLock::new();
     GPU.get_or_init(|| {
         let _ = env_logger::builder().is_test(true).try_init();
-        let choice = AdapterChoice::from_env().expect("SYNCSTEP_ADAPTER");
-        match pollster::block_on(Gpu::new(&choice)) {
-            Ok(g) => Some(g),
+        match pollster::block_on(Gpu::new(&environment().adapter())) {
+            Ok(g) => Some(Device::new(g, &device_config())),
             Err(e) if std::env::var_os("CI").is_none() => {
                 eprintln!("\n!!!!!!!! SKIPPING GPU TEST: {e} !!!!!!!!\n(set CI=1 to make this a failure)\n");
                 None
@@ -29,34 +72,44 @@ pub fn gpu() -> Option<&'static Gpu> {
     .as_ref()
 }
 
-/// A device of its own (for code that takes ownership of a `Gpu`), or None as `gpu()`.
-pub fn fresh_gpu() -> Option<Gpu> {
+/// A device of its own (for code that takes ownership of a device), or None as `gpu()`.
+pub fn fresh_gpu() -> Option<Device> {
     gpu()?;
-    Some(pollster::block_on(Gpu::new(&AdapterChoice::from_env().unwrap())).unwrap())
+    let gpu = pollster::block_on(Gpu::new(&environment().adapter())).unwrap();
+    Some(Device::new(gpu, &device_config()))
+}
+
+/// A device of its own whose convolutions choose by `policy`, or None as `gpu()`.
+pub fn device_with(policy: syncstep::kernels::conv2d::KernelPolicy) -> Option<Device> {
+    gpu()?;
+    let gpu = pollster::block_on(Gpu::new(&environment().adapter())).unwrap();
+    let config = DeviceConfig { policy: std::sync::Arc::new(policy), ..device_config() };
+    Some(Device::new(gpu, &config))
 }
 
 /// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that
 /// launches past a device limit are refused with a clear error.
-pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Gpu> {
+pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Device> {
     gpu_with_limits(|l| l.max_storage_buffer_binding_size = max_binding_bytes)
 }
 
 /// A separate device with the adapter's limits as `lower` changes them (lower only).
-pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Gpu> {
+pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Device> {
     gpu()?;
-    let choice = AdapterChoice::from_env().unwrap();
     pollster::block_on(async {
         let instance = syncstep::gpu::instance();
-        let adapter = syncstep::gpu::select_adapter(&instance, &choice).await.unwrap();
+        let adapter =
+            syncstep::gpu::select_adapter(&instance, &environment().adapter()).await.unwrap();
         let mut limits = adapter.limits();
         lower(&mut limits);
-        Some(Gpu::from_adapter_with_limits(&adapter, limits).await.unwrap())
+        let gpu = Gpu::from_adapter_with_limits(&adapter, limits).await.unwrap();
+        Some(Device::new(gpu, &device_config()))
     })
 }
 
 /// A separate device whose kernels load what the others pass by subgroupBroadcast, as in a
 /// browser and on devices without subgroups, so one run tests both kinds.
-pub fn gpu_that_loads() -> Option<Gpu> {
+pub fn gpu_that_loads() -> Option<Device> {
     let mut gpu = gpu_with_limits(|_| {})?;
     gpu.broadcasts = false;
     Some(gpu)
@@ -178,7 +231,7 @@ pub fn pairwise_sum(parts: Vec<Vec<f32>>) -> Vec<f32> {
 
 /// `syncstep ARGS…` (the binary under test): whether it succeeded, and stdout + stderr.
 pub fn syncstep(args: &[&str]) -> (bool, String) {
-    outcome(std::process::Command::new(env!("CARGO_BIN_EXE_syncstep")).args(args))
+    outcome(command().args(args))
 }
 
 /// Runs `cmd`: whether it succeeded, and stdout + stderr.

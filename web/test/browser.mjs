@@ -30,7 +30,15 @@ export async function writeGolden({ arch, replicas, batch, size, seed }) {
   const path = join(REPO, "web", "golden.json");
   const args = ["check", "--arch", arch, "--replicas", replicas, "--batch", replicas * batch, "--image-size", size, "--seed", seed, "--steps", 0, "--golden", path];
   const t0 = Date.now();
-  const { stdout } = await promisify(execFile)(NATIVE, args.map(String), { maxBuffer: 1 << 20 });
+  // The suite's environment, as tests/common gives the Rust tests: kernels chosen without timing,
+  // the autotune's choices in the build folder.
+  const target = process.env.CARGO_TARGET_DIR || join(REPO, "target");
+  const env = {
+    ...process.env,
+    SYNCSTEP_CONV_ALGO: process.env.SYNCSTEP_CONV_ALGO || "guess",
+    SYNCSTEP_AUTOTUNE_CACHE: process.env.SYNCSTEP_AUTOTUNE_CACHE || join(target, "tmp", "autotune-test.json"),
+  };
+  const { stdout } = await promisify(execFile)(NATIVE, args.map(String), { maxBuffer: 1 << 20, env });
   return { path, ms: Date.now() - t0, table: stdout };
 }
 

@@ -26,15 +26,6 @@ impl AdapterChoice {
         })?;
         Ok(AdapterChoice { backend, index })
     }
-
-    /// The choice named by `SYNCSTEP_ADAPTER`, or the default (first adapter).
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("SYNCSTEP_ADAPTER") {
-            Ok(s) if !s.is_empty() => Self::parse(&s)
-                .map_err(|e| GpuError::Setting(format!("SYNCSTEP_ADAPTER={s:?}: {e}"))),
-            _ => Ok(Self::default()),
-        }
-    }
 }
 
 fn parse_backend(s: &str) -> Result<wgpu::Backend> {
@@ -120,13 +111,9 @@ pub async fn select_adapter(
     Err(GpuError::NoAdapter(format!("{problem}. {}", what_exists().await)))
 }
 
-/// The variables that narrow the adapters (`SYNCSTEP_ADAPTER`, `WGPU_BACKEND`) and the adapters
-/// this machine has without them, or how to get one when it has none.
+/// The adapters this machine has, whatever narrowed the choice (`WGPU_BACKEND`, a named
+/// adapter), or how to get one when it has none.
 async fn what_exists() -> String {
-    let vars: Vec<String> = ["SYNCSTEP_ADAPTER", "WGPU_BACKEND"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()).map(|s| format!("{v}={s}")))
-        .collect();
     let everything = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
     let list: Vec<String> = adapters(&everything)
         .await
@@ -136,15 +123,13 @@ async fn what_exists() -> String {
             format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
         })
         .collect();
-    let set = if vars.is_empty() { String::new() } else { format!("Set: {}. ", vars.join(", ")) };
     if list.is_empty() {
-        return format!(
-            "{set}This machine has no WebGPU adapter at all: install a GPU driver with Vulkan, \
-             Metal or DX12, or, without a GPU, Mesa's software Vulkan (on Debian/Ubuntu: \
-             apt-get install mesa-vulkan-drivers libvulkan1)"
-        );
+        return "This machine has no WebGPU adapter at all: install a GPU driver with Vulkan, \
+                Metal or DX12, or, without a GPU, Mesa's software Vulkan (on Debian/Ubuntu: \
+                apt-get install mesa-vulkan-drivers libvulkan1)"
+            .into();
     }
-    format!("{set}This machine's adapters (`syncstep info` lists them): {}", list.join("; "))
+    format!("This machine's adapters (`syncstep info` lists them): {}", list.join("; "))
 }
 
 /// One line describing an adapter: name, backend, type, driver.

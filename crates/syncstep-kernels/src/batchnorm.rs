@@ -21,7 +21,7 @@
 //! an optional residual add and a ReLU in one pass, and the backward kernels take the ReLU's
 //! gate and mask dy on the fly; each gives the unfused sequence's bits.
 
-use super::conv2d::runs_gpu_kernels;
+use super::conv2d::{runs_gpu_kernels, Device};
 use super::{
     expect_len, expect_positive, launch, pairwise_shader, shader_source, KernelError, Result,
 };
@@ -91,12 +91,12 @@ impl BnShape {
     /// Both give the same bits.
     fn per_example(
         &self,
-        gpu: &Gpu,
+        gpu: &Device,
         one: &'static str,
         by_plane: &'static str,
     ) -> Result<(&'static str, [u32; 3])> {
         let planes = self.n as u64 * self.c as u64;
-        Ok(if runs_gpu_kernels(gpu)? {
+        Ok(if runs_gpu_kernels(gpu) {
             (by_plane, grid_1d(planes, 1))
         } else {
             (one, grid_1d(planes, WG))
@@ -132,7 +132,7 @@ struct Params {
 
 /// Per-example statistics: `rows[b]` = \[mean | M2\] over example b's hw positions.
 pub fn bn_example_stats(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &BnShape,
     x: Slice,
@@ -290,7 +290,7 @@ fn optional<'a>(
 /// ReLU that followed BN (dy where gate > 0, else 0), bitwise as `elementwise::relu_backward`.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_example_sums(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &BnShape,
     count: u32,

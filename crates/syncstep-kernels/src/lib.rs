@@ -7,6 +7,7 @@ use syncstep_gpu::{Encoder, Gpu, GpuError, Shader, Slice};
 pub mod avgpool;
 pub mod batchnorm;
 pub mod conv2d;
+pub use conv2d::{Device, DeviceConfig};
 pub mod cross_entropy;
 pub mod dense;
 pub mod elementwise;

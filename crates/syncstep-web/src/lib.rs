@@ -24,6 +24,7 @@ use wasm_bindgen_futures::JsFuture;
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
 use syncstep::golden::Golden;
 use syncstep::gpu::{self, Gpu};
+use syncstep::kernels::{Device, DeviceConfig};
 use syncstep::model::{Arch, ResNet};
 use syncstep::selfcheck::{self, Progress};
 use syncstep::train::{TrainConfig, Trainer};
@@ -394,7 +395,7 @@ async fn predictions(
 }
 
 /// A device on the browser's (first) adapter with the adapter's own limits.
-async fn device() -> Result<Gpu, JsError> {
+async fn device() -> Result<Device, JsError> {
     Ok(browser_devices(1, None).await?.swap_remove(0))
 }
 
@@ -402,7 +403,10 @@ async fn device() -> Result<Gpu, JsError> {
 /// with the adapter's own limits; refused up front, with the reason, when an adapter cannot
 /// hold `model`'s flat parameter buffer in one storage binding. wgpu leaves a browser
 /// adapter's name empty, so the devices are named by what the browser says of its adapter.
-async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu>, JsError> {
+/// They share one default kernel policy: the guess without a clock on CPU adapters, the GPU
+/// plan on GPUs.
+async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Device>, JsError> {
+    let config = DeviceConfig::default();
     let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
     let name = browser_adapter_info(&gpu_js).await?.name();
     let instance = gpu::instance();
@@ -435,7 +439,7 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Gpu
         if device.info.name.is_empty() {
             device.info.name = name.clone();
         }
-        devices.push(device);
+        devices.push(Device::new(device, &config));
     }
     Ok(devices)
 }

@@ -4,7 +4,7 @@
 //! model's flat layout; nothing here touches a GPU.
 //!
 //! A checkpoint is self-checking: its header holds the SHA-256 of every byte a load reads, its
-//! settings included (see `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`](crate::settings::REQUIRED_SETTINGS):
+//! settings included (see `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`]:
 //! none is defaulted), and its format. Only values a healthy run reaches are saved or loaded
 //! ([`healthy`]): finite, and small enough to square in f32; running variances are never
 //! negative, and weights are never integers.

@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod collective;
 pub mod compare;
 pub mod data;
+pub mod environment;
 pub mod golden;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::compare::norm_rel;
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
 use crate::kernels::conv2d::{self as kconv, Conv2dShape};
+use crate::kernels::Device;
 use crate::kernels::{elementwise as kelem, KernelError};
 use crate::reference::conv2d::{self as rconv, ConvGeometry};
 use crate::reference::elementwise as relem;
@@ -203,7 +204,7 @@ fn geometry(s: &Conv2dShape) -> ConvGeometry {
 /// Runs every case on `gpu`, reporting through `progress` before and after each kernel. A
 /// kernel that computes wrong numbers is a failed [`KernelCheck`], not an error; errors are
 /// launches the device refused or a lost device.
-pub async fn run(gpu: &Gpu, seed: u64, progress: &mut dyn FnMut(Progress)) -> Result<SelfCheck> {
+pub async fn run(gpu: &Device, seed: u64, progress: &mut dyn FnMut(Progress)) -> Result<SelfCheck> {
     let cases = cases();
     let total = cases.len();
     let mut kernels = Vec::with_capacity(total);
@@ -245,7 +246,7 @@ async fn run_kernel(
 }
 
 async fn check_conv(
-    gpu: &Gpu,
+    gpu: &Device,
     kernel: &'static str,
     op: ConvOp,
     s: &Conv2dShape,

@@ -6,7 +6,7 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{synthetic_batch, Batch, DataError};
-use crate::gpu::Gpu;
+use crate::kernels::Device;
 use crate::model::ResNet;
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
 use crate::scores::Scores;
@@ -31,14 +31,14 @@ fn invalid(e: impl Into<StepError>) -> ParallelError {
 
 impl Trainer {
     /// A fresh run (seeded initialisation) or one continuing `resume`, on one device.
-    pub fn new(gpu: Gpu, cfg: TrainConfig, resume: Option<Checkpoint>) -> Result<Trainer> {
+    pub fn new(gpu: Device, cfg: TrainConfig, resume: Option<Checkpoint>) -> Result<Trainer> {
         Trainer::data_parallel(vec![gpu], cfg, resume)
     }
 
     /// The same, data-parallel: replica r on `gpus[r]`, each taking a contiguous shard of every
     /// step's batch (the first batch mod R one image more): the same training, bit for bit.
     pub fn data_parallel(
-        gpus: Vec<Gpu>,
+        gpus: Vec<Device>,
         cfg: TrainConfig,
         resume: Option<Checkpoint>,
     ) -> Result<Trainer> {

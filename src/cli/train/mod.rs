@@ -17,7 +17,8 @@ use syncstep::data::source::{DataSpec, Dataset, Splits};
 use syncstep::data::transform::Augment;
 use syncstep::data::Batch;
 use syncstep::files::{self, Claim};
-use syncstep::gpu::{describe, Gpu};
+use syncstep::gpu::describe;
+use syncstep::kernels::Device;
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::{adapter_label, ParallelError};
@@ -340,7 +341,7 @@ fn halt(
 /// The devices a run trains on, for its first line: one adapter, or the replicas, their shard
 /// sizes and adapters.
 fn devices_text(
-    gpus: &[Gpu],
+    gpus: &[Device],
     batch: usize,
     ranks: usize,
     local: usize,

@@ -3,6 +3,7 @@
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
 use super::scratch;
+use super::Device;
 use super::{
     checked, implicit_launch, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmLanes, GemmTile,
     Params, ROW_RUN, SHADER, WG,
@@ -13,7 +14,7 @@ use syncstep_gpu::{grid_1d, Encoder, Gpu, Slice};
 /// [`conv2d_backward_input`](super::conv2d_backward_input) with the kernel chosen by `algo`.
 /// All but Direct run once per phase (iy mod stride, ix mod stride).
 pub fn conv2d_backward_input_with(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,

@@ -6,6 +6,7 @@
 use super::gemm::{gemm_chunk_pixels, im2col_chunks, Gemm};
 use super::scratch;
 use super::tiles::gemm_lanes_shader;
+use super::Device;
 use super::{
     checked, implicit_launch, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, Crop,
     GemmLanes, Params, GEMM_WG, SHADER, TILE, WG,
@@ -24,7 +25,7 @@ pub(super) const WEIGHT_CHUNK_PIXELS: u64 = 16384;
 
 /// [`conv2d_backward_weight`](super::conv2d_backward_weight) with the kernel chosen by `algo`.
 pub fn conv2d_backward_weight_with(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,

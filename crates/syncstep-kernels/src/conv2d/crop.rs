@@ -4,6 +4,7 @@
 use super::backward_weight::backward_weight_blocked;
 use super::scratch;
 use super::shape::checked;
+use super::Device;
 use super::{
     conv2d_algo, conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape, Params, SHADER, WG,
 };
@@ -58,7 +59,7 @@ impl Conv2dShape {
 /// `out` with COPY_DST.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_launch_cropped(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     op: Conv2dOp,
     algo: Conv2dAlgo,
@@ -139,7 +140,7 @@ pub fn crop_weights(
 /// kernel, from the kept taps' weights [`crop_weights`] copied: `a` is x or dy, `out` y or dx of
 /// the whole shape.
 pub fn conv2d_launch_kept(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     op: Conv2dOp,
     crop: &Crop,

@@ -2,6 +2,7 @@
 
 use super::gemm::{im2col_gemm, PixelGrid, Weights};
 use super::scratch;
+use super::Device;
 use super::{
     checked, implicit_launch, no_kernel, tile_count, Conv2dAlgo, Conv2dOp, Conv2dShape, SHADER, WG,
 };
@@ -10,7 +11,7 @@ use syncstep_gpu::{grid_1d, Encoder, Gpu, Slice};
 
 /// [`conv2d_forward`](super::conv2d_forward) with the kernel chosen by `algo`.
 pub fn conv2d_forward_with(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     algo: Conv2dAlgo,
     shape: &Conv2dShape,

@@ -28,7 +28,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::{shader_source, KernelError, Result};
-use syncstep_gpu::{Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{Encoder, Shader, Slice};
 
 mod backward_data;
 mod backward_weight;
@@ -48,9 +48,11 @@ pub use backward_weight::conv2d_backward_weight_with;
 pub use crop::{conv2d_launch_cropped, conv2d_launch_kept, crop_weights, Crop};
 pub use forward::conv2d_forward_with;
 pub use shape::Conv2dShape;
+#[cfg(not(target_arch = "wasm32"))]
+pub use tune::autotune_cache_path;
 pub use tune::{
-    autotuned_algo, candidates, conv2d_algo, implicit_plan, kernel_policy, parse_forced,
-    runs_gpu_kernels, set_kernel_policy, Forced, KernelPlan, KernelPolicy,
+    autotuned_algo, candidates, conv2d_algo, implicit_plan, parse_forced, runs_gpu_kernels, Device,
+    DeviceConfig, Forced, KernelPlan, KernelPolicy,
 };
 use winograd::winograd_gemm_algo;
 pub use winograd::{conv2d_winograd_with, winograd_chunk_images, WinogradTile};
@@ -249,7 +251,7 @@ impl Conv2dOp {
 /// `y = conv(x, w)`: `x` \[n,c_in,h,w\], `w` \[c_out,c_in,kh,kw\], `y` \[n,c_out,out_h,out_w\]
 /// (overwritten). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_forward(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &Conv2dShape,
     x: Slice,
@@ -263,7 +265,7 @@ pub fn conv2d_forward(
 /// \[n,c_out,out_h,out_w\], `w` \[c_out,c_in,kh,kw\], `dx` \[n,c_in,h,w\] (overwritten). The
 /// variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_input(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &Conv2dShape,
     dy: Slice,
@@ -277,7 +279,7 @@ pub fn conv2d_backward_input(
 /// \[n,c_out,out_h,out_w\], `x` \[n,c_in,h,w\], `dw` \[c_out,c_in,kh,kw\] (overwritten, not
 /// accumulated). The variant is [`conv2d_algo`]'s choice.
 pub fn conv2d_backward_weight(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     shape: &Conv2dShape,
     dy: Slice,
@@ -291,7 +293,7 @@ pub fn conv2d_backward_weight(
 /// (dy, x → dw), for callers that take the op as a value (the autotune, `syncstep bench`).
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_launch_with(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     op: Conv2dOp,
     algo: Conv2dAlgo,
@@ -310,7 +312,7 @@ pub fn conv2d_launch_with(
 /// `op` by the implicit-GEMM family, on the plan `gpu`'s policy keeps for `shape`
 /// ([`implicit_plan`]); the operands as [`conv2d_launch_with`] takes them.
 fn implicit_launch(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     op: Conv2dOp,
     shape: &Conv2dShape,
@@ -327,7 +329,7 @@ fn implicit_launch(
 /// `op` as the plain launchers run it: on the cropped kernel where [`Conv2dShape::crop`] finds
 /// one, with [`conv2d_algo`]'s variant for the shape it runs (see [`conv2d_choice`]).
 pub fn conv2d_launch(
-    gpu: &Gpu,
+    gpu: &Device,
     enc: &mut Encoder,
     op: Conv2dOp,
     shape: &Conv2dShape,
@@ -355,13 +357,13 @@ pub fn conv2d_launch(
 }
 
 /// The Winograd tile [`conv2d_launch`] runs `op` at `shape` in on `gpu`, if it runs Winograd.
-fn runs_winograd(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Option<WinogradTile>> {
-    let on = kernel_policy(gpu)?.winograd_on(gpu);
+fn runs_winograd(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<Option<WinogradTile>> {
+    let on = gpu.policy().winograd_on(gpu);
     Ok(shape.winograd(op).filter(|_| on))
 }
 
 /// The variant of the GEMMs of `op`'s Winograd at `shape`.
-fn winograd_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+fn winograd_algo(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     match op {
         Conv2dOp::BackwardWeight => winograd_weight_gemm_algo(gpu, shape),
         _ => winograd_gemm_algo(gpu, op, shape),
@@ -370,7 +372,7 @@ fn winograd_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dA
 
 /// How [`conv2d_launch`] runs `op` at `shape`, as `syncstep bench` names it: the variant, or
 /// its Winograd tile (`winograd-2x2`, `winograd-4x4`) and its GEMMs' variant.
-pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<String> {
+pub fn conv2d_kernel_name(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<String> {
     if let Some(tile) = runs_winograd(gpu, op, shape)? {
         return Ok(format!("{tile} {}", winograd_algo(gpu, op, shape)?));
     }
@@ -382,7 +384,7 @@ pub fn conv2d_kernel_name(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Resul
 /// padding itself, so it runs the whole kernel. A weight gradient into a buffer without
 /// COPY_DST is not cropped.
 pub fn conv2d_choice(
-    gpu: &Gpu,
+    gpu: &Device,
     op: Conv2dOp,
     shape: &Conv2dShape,
 ) -> Result<(Conv2dAlgo, Option<Crop>)> {

@@ -15,6 +15,7 @@
 use super::gemm::{gemm, GemmBatch, PixelGrid, Weights};
 use super::scratch;
 use super::tune::guess_for;
+use super::Device;
 use super::{
     checked, conv2d_algo, shader_source, Conv2dAlgo, Conv2dOp, Conv2dShape, SCRATCH_BYTES,
 };
@@ -161,13 +162,17 @@ fn gemm_channels(s: &Conv2dShape, op: Conv2dOp) -> (u32, u32) {
 /// The variant of `op`'s Winograd GEMMs at `s`, by the device's policy: its choice for the 1×1
 /// convolution of the GEMMs' size (timed, forced or planned like any other) where that is a
 /// GEMM, else the clockless guess for that convolution, which is one.
-pub(super) fn winograd_gemm_algo(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Conv2dAlgo> {
+pub(super) fn winograd_gemm_algo(
+    gpu: &Device,
+    op: Conv2dOp,
+    s: &Conv2dShape,
+) -> Result<Conv2dAlgo> {
     gemm_algo_for(gpu, &winograd_gemm_shape(s, op, winograd_chunk_images(s, op, scratch_cap(gpu))))
 }
 
 /// The policy's variant for a Winograd GEMM of the 1×1 convolution `g`'s size: its choice where
 /// that is a GEMM, else the clockless guess, which is one.
-pub(super) fn gemm_algo_for(gpu: &Gpu, g: &Conv2dShape) -> Result<Conv2dAlgo> {
+pub(super) fn gemm_algo_for(gpu: &Device, g: &Conv2dShape) -> Result<Conv2dAlgo> {
     Ok(match conv2d_algo(gpu, Conv2dOp::Forward, g)? {
         algo @ Conv2dAlgo::Gemm(_) => algo,
         _ => guess_for(false, &gpu.info.name, Conv2dOp::Forward, g),

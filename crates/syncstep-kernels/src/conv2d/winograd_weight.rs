@@ -17,6 +17,7 @@ use super::scratch;
 use super::winograd::{
     expect_gemm, gemm_algo_for, scratch_cap, Params, WinogradTile, PRODUCT_BYTES, WINOGRAD_WG,
 };
+use super::Device;
 use super::{checked, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use crate::{launch, KernelError, Result};
 use syncstep_gpu::{grid_1d, Encoder, Gpu, Slice};
@@ -67,7 +68,7 @@ fn chunk_images(s: &Conv2dShape, tile: WinogradTile, cap_bytes: u64) -> u32 {
 
 /// The GEMM of one (position, example) as a 1×1 convolution: K the example's tiles, the input's
 /// channels as pixels, the output's channels as rows; the variant the policy chooses for it.
-pub(super) fn winograd_weight_gemm_algo(gpu: &Gpu, s: &Conv2dShape) -> Result<Conv2dAlgo> {
+pub(super) fn winograd_weight_gemm_algo(gpu: &Device, s: &Conv2dShape) -> Result<Conv2dAlgo> {
     let tile = WinogradTile::for_map(s.h, s.w);
     let images = chunk_images(s, tile, scratch_cap(gpu));
     let tiles_k = Layout::new(s, tile, 1).tiles_k as u32;

@@ -32,7 +32,6 @@
 //!
 //! Native only: it needs a clock.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::collective::{CollectiveError, Peers};
@@ -40,9 +39,10 @@ use crate::data::synthetic_batch;
 use crate::gpu::{
     describe, launches_to_fill, AdapterChoice, Encoder, Gpu, GpuError, KernelTime, Slice,
 };
-use crate::kernels::conv2d::{self, Conv2dAlgo, Conv2dOp, Conv2dShape, KernelPlan, KernelPolicy};
+use crate::kernels::conv2d::{self, Conv2dAlgo, Conv2dOp, Conv2dShape};
 use crate::kernels::matmul::{self, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use crate::kernels::KernelError;
+use crate::kernels::{Device, DeviceConfig};
 use crate::model::{Arch, ModelError, ResNet};
 use crate::parallel::{self, DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
@@ -82,7 +82,7 @@ pub enum BenchError {
 pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 
 /// What to measure.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct BenchConfig {
     pub arch: Arch,
     pub replicas: usize,
@@ -99,10 +99,11 @@ pub struct BenchConfig {
     pub profile: bool,
     /// The roofline probe's size; None skips the probe.
     pub roofline: Option<ProbeSize>,
-    /// How convolution kernels are chosen (`--plan-for`).
-    pub plan: KernelPlan,
-    /// Time the convolutions afresh rather than take the autotune cache's choices (`--retune`).
-    pub retune: bool,
+    /// What the devices are made with: the kernel policy they share (its plan, `--plan-for`;
+    /// whether it times the convolutions afresh, `--retune`) and how their kernels compile.
+    pub device: DeviceConfig,
+    /// `LP_NUM_THREADS` (lavapipe's threads) where the caller has one, for the report.
+    pub lp_num_threads: Option<String>,
     /// The least a gradient bucket of the data-parallel step holds (`--bucket-mb`).
     pub bucket_bytes: u64,
     pub seed: u64,
@@ -122,8 +123,8 @@ impl Default for BenchConfig {
             adapters: Vec::new(),
             profile: false,
             roofline: Some(ProbeSize::ForAdapter),
-            plan: KernelPlan::Auto,
-            retune: false,
+            device: DeviceConfig::default(),
+            lp_num_threads: None,
             bucket_bytes: parallel::DEFAULT_BUCKET_BYTES,
             seed: 0,
         }
@@ -131,11 +132,6 @@ impl Default for BenchConfig {
 }
 
 impl BenchConfig {
-    /// The kernel policy the run's devices share.
-    fn policy(&self) -> Result<Arc<KernelPolicy>> {
-        Ok(Arc::new(KernelPolicy::from_env(self.plan)?.with_retune(self.retune)))
-    }
-
     /// The global batch B.
     pub fn global(&self) -> usize {
         self.global_batch.unwrap_or(self.replicas * self.batch)
@@ -283,8 +279,7 @@ pub fn run_with_peers(
     check_training_batch(&model, b, size)?;
 
     progress(&format!("opening {} device(s)", cfg.replicas));
-    let policy = cfg.policy()?;
-    let devices = (&model, &params[..], &running[..], &policy);
+    let devices = (&model, &params[..], &running[..], &cfg.device);
     let mut dp = open_devices(devices, cfg.replicas, &cfg.adapters)?
         .with_peers(peers.clone())
         .with_bucket_bytes(cfg.bucket_bytes);
@@ -329,7 +324,7 @@ pub fn run_with_peers(
         allreduce: AllReduceBytes::of(&dp, b),
         config: cfg.clone(),
         adapters: dp.replicas().iter().map(|r| describe(&r.gpu.info)).collect(),
-        lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),
+        lp_num_threads: cfg.lp_num_threads.clone(),
         step,
         single: single_bench,
         shard: shard_bench,
@@ -352,16 +347,16 @@ fn single_devices(cfg: &BenchConfig, devices: Devices, shard: usize) -> Result<V
 }
 
 /// What devices of a benchmark are opened with: the model, its parameters and running
-/// statistics, and the kernel policy they share.
-type Devices<'a> = (&'a ResNet, &'a [f32], &'a [f32], &'a Arc<KernelPolicy>);
+/// statistics, and the configuration they are made with (one kernel policy, shared).
+type Devices<'a> = (&'a ResNet, &'a [f32], &'a [f32], &'a DeviceConfig);
 
-/// `replicas` replicas of `devices`' model on [`parallel::devices_with`] its policy.
+/// `replicas` replicas of `devices`' model on [`parallel::devices`] its configuration.
 fn open_devices(
-    (model, params, running, policy): Devices,
+    (model, params, running, config): Devices,
     replicas: usize,
     adapters: &[AdapterChoice],
 ) -> Result<DataParallel> {
-    let gpus = pollster::block_on(parallel::devices_with(replicas, adapters, policy.clone()))?;
+    let gpus = pollster::block_on(parallel::devices(replicas, adapters, config))?;
     Ok(DataParallel::from_gpus(gpus, model, params, running)?)
 }
 
@@ -489,8 +484,7 @@ pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Res
     progress("opening the device");
     let (params, running) = (model.init_params(cfg.seed), model.init_buffers());
     let adapters = &cfg.adapters[..cfg.adapters.len().min(1)];
-    let policy = cfg.policy()?;
-    let mut dp = open_devices((&model, &params, &running, &policy), 1, adapters)?;
+    let mut dp = open_devices((&model, &params, &running, &cfg.device), 1, adapters)?;
     check_batch_fits(&model, b, size, &dp.replicas()[0].gpu.limits)?;
     dp.replicas()[0].gpu.set_record_only(true);
     progress("recording one step");
@@ -548,7 +542,13 @@ fn best_time(
 
 /// The implicit-GEMM family and the matmul tiles at `size`³, then every distinct convolution of
 /// the step at `batch` images per device, through the plain (chosen) launchers.
-fn roofline(gpu: &Gpu, model: &ResNet, batch: u32, image_size: u32, size: u32) -> Result<Roofline> {
+fn roofline(
+    gpu: &Device,
+    model: &ResNet,
+    batch: u32,
+    image_size: u32,
+    size: u32,
+) -> Result<Roofline> {
     let implicit = implicit_probe(gpu, size)?;
     let tiles = matmul_probes(gpu, size)?;
     let mut convs = Vec::new();
@@ -564,7 +564,7 @@ fn roofline(gpu: &Gpu, model: &ResNet, batch: u32, image_size: u32, size: u32) -
 /// The implicit-GEMM family's GEMM at `size`³: the forward of a 1×1 convolution of `size`
 /// channels to `size` on one image of 1 × `size` pixels, as the family's plan runs it, with
 /// the dispatch's figures by construction.
-fn implicit_probe(gpu: &Gpu, size: u32) -> Result<ImplicitProbe> {
+fn implicit_probe(gpu: &Device, size: u32) -> Result<ImplicitProbe> {
     let s = Conv2dShape {
         n: 1,
         c_in: size,
@@ -653,7 +653,7 @@ fn conv_shapes(model: &ResNet, batch: u32, image_size: u32) -> Vec<(Conv2dShape,
 }
 
 /// The best time of convolution `op` at shape `s`, which the layers `names` share.
-fn conv_probe(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, names: &[&str]) -> Result<ProbeTime> {
+fn conv_probe(gpu: &Device, op: Conv2dOp, s: &Conv2dShape, names: &[&str]) -> Result<ProbeTime> {
     let kernel = conv2d::conv2d_kernel_name(gpu, op, s)?;
     let [a, b, out] = s.operand_lens(op);
     let (a, b, out) = (

@@ -620,7 +620,7 @@ impl BenchReport {
             lines.push(format!("LP_NUM_THREADS={t}"));
         }
         lines.push(format!("median of {} steps after {} warm-up; a step counts {STEP_FLOPS_PER_FORWARD} × forward FLOPs", c.steps, c.warmup));
-        lines.push(format!("kernels: {}", plan_words(c.plan)));
+        lines.push(format!("kernels: {}", plan_words(c.device.policy.plan)));
         lines.push(String::new());
         lines.push(format!(
             "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -731,7 +731,7 @@ impl BenchReport {
                 "steps": c.steps,
                 "warmup": c.warmup,
                 "profile": c.profile,
-                "plan_for": format!("{:?}", c.plan).to_lowercase(),
+                "plan_for": format!("{:?}", c.device.policy.plan).to_lowercase(),
             },
             "adapters": self.adapters,
             "lp_num_threads": self.lp_num_threads,

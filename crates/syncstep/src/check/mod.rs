@@ -23,6 +23,7 @@ use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
 use crate::data::{synthetic_batch, Batch};
 use crate::golden::{Golden, GoldenSettings};
 use crate::gpu::{AdapterChoice, Gpu};
+use crate::kernels::{Device, DeviceConfig};
 use crate::model::{ActivationPattern, Arch, ModelError, ResNet};
 use crate::parallel::{
     self, adapter_label, BnMode, DataParallel, ParallelError, ParallelOptions, Sabotage,
@@ -196,20 +197,21 @@ impl CheckConfig {
 /// The devices a check runs on: one per replica, and one for the single-device side.
 pub struct CheckDevices {
     /// This process's replicas' devices.
-    pub replicas: Vec<Gpu>,
-    pub single: Gpu,
+    pub replicas: Vec<Device>,
+    pub single: Device,
     /// Where the other replicas are: in this process unless the check runs over MPI ranks,
     /// where every rank runs every gate (the single device too) and rank 0 reports.
     pub peers: Peers,
 }
 
 impl CheckDevices {
-    /// Replica r on `cfg.adapters[r % len]`, the single device on the first (see
-    /// [`parallel::devices`]).
-    pub async fn open(cfg: &CheckConfig) -> Result<CheckDevices> {
-        let replicas = parallel::devices(cfg.replicas, &cfg.adapters).await?;
+    /// Replica r on `cfg.adapters[r % len]`, the single device on the first, all made with
+    /// `config` (see [`parallel::devices`]).
+    pub async fn open(cfg: &CheckConfig, config: &DeviceConfig) -> Result<CheckDevices> {
+        let replicas = parallel::devices(cfg.replicas, &cfg.adapters, config).await?;
         let choice = cfg.adapters.first().cloned().unwrap_or_default();
         let single = Gpu::new(&choice).await.map_err(ParallelError::from)?;
+        let single = Device::new(single, config);
         Ok(CheckDevices { replicas, single, peers: Peers::InProcess })
     }
 }
@@ -279,11 +281,11 @@ impl Single {
 }
 
 /// Runs TEST, CONTROL, REPEAT, DRIFT (unless `steps` is 0) and TIE (if asked) on the devices
-/// `cfg.adapters` names and returns their figures. Errors only when something could not run;
-/// failed gates are rows with `pass: false`.
-pub async fn run_check(cfg: &CheckConfig) -> Result<CheckReport> {
+/// `cfg.adapters` names, made with `config`, and returns their figures. Errors only when
+/// something could not run; failed gates are rows with `pass: false`.
+pub async fn run_check(cfg: &CheckConfig, config: &DeviceConfig) -> Result<CheckReport> {
     cfg.model()?;
-    run_check_on(cfg, CheckDevices::open(cfg).await?, None, &mut |_| {}).await
+    run_check_on(cfg, CheckDevices::open(cfg, config).await?, None, &mut |_| {}).await
 }
 
 /// [`run_check`] on the given devices (`cfg.adapters` is not read), with PORTABLE against

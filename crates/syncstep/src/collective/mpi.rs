@@ -17,7 +17,7 @@
 //!   order on every rank (the bucket rounds', the step's), as MPI requires; MPI is started with
 //!   `MPI_THREAD_MULTIPLE` so that the two threads may call it at once.
 //! - A heartbeat thread, with a third communicator, tells every other rank once a second that
-//!   this one lives. A rank that hears nothing from some rank for [`silence`] (a host down, its
+//!   this one lives. A rank that hears nothing from some rank for `silence` (a host down, its
 //!   link cut, the process stopped) names it and ends the job, where MPI's own TCP would wait
 //!   for minutes: every rank ends non-zero, the unreachable ones by their own heartbeat.
 
@@ -66,14 +66,6 @@ impl Drop for Ranks {
             let _ = thread.join();
         }
     }
-}
-
-/// How long a rank may go unheard before the job ends: `SYNCSTEP_MPI_SILENCE` seconds, else
-/// 20. Heartbeats go out every second from their own thread, whatever the rank computes, so
-/// only a rank that is gone, stopped or cut off falls silent.
-pub fn silence() -> Duration {
-    let seconds = std::env::var("SYNCSTEP_MPI_SILENCE").ok().and_then(|v| v.parse::<f64>().ok());
-    Duration::from_secs_f64(seconds.filter(|s| s.is_finite() && *s >= 1.0).unwrap_or(20.0))
 }
 
 /// The heartbeat's message tag and its one byte.
@@ -156,7 +148,7 @@ fn end_job(code: i32) -> ! {
 impl Ranks {
     /// Initialises MPI and starts the communication thread. Fails when MPI was initialised
     /// already, or cannot let two threads call it at once.
-    pub fn init() -> Result<Ranks> {
+    pub fn init(silence: Duration) -> Result<Ranks> {
         let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| {
                 CollectiveError::Mpi("MPI was initialised already in this process".into())
@@ -169,7 +161,7 @@ impl Ranks {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = start("mpi-exchange", move |comm| queue.iter().for_each(|job| job(&comm)))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (stopping, silence) = (stop.clone(), silence());
+        let stopping = stop.clone();
         let heartbeat = start("mpi-heartbeat", move |comm| heartbeat(comm, stopping, silence))?;
         Ok(Ranks {
             world: universe.world(),

@@ -38,7 +38,6 @@ mod sabotage;
 pub use sabotage::{Sabotage, Sabotaged};
 
 use std::cell::RefCell;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::canonical::{self, Plan};
@@ -48,7 +47,7 @@ use crate::collective::{
 };
 use crate::data::{Batch, DataError};
 use crate::gpu::{self, AdapterChoice, Encoder, Gpu, GpuError, Readback, Slice};
-use crate::kernels::conv2d::{KernelPlan, KernelPolicy};
+use crate::kernels::{Device, DeviceConfig};
 use crate::model::{ActivationPattern, ResNet};
 use crate::step::{
     self, BnRows, Communicator, OneDevice, Replica, Shard, StepConfig, StepError, StepOptions,
@@ -342,21 +341,14 @@ impl Communicator for ReplicaLink<'_> {
 }
 
 /// `replicas` devices, replica r's on `adapters[r % adapters.len()]` (no adapters: the
-/// default one), sharing one kernel policy: the environment's, with the automatic plan. Each
-/// asks for its adapter anew, which in a browser (one device per adapter) gives every replica
-/// an adapter of its own.
-pub async fn devices(replicas: usize, adapters: &[AdapterChoice]) -> Result<Vec<Gpu>> {
-    let policy =
-        KernelPolicy::from_env(KernelPlan::Auto).map_err(|e| ParallelError::Step(e.into()))?;
-    devices_with(replicas, adapters, Arc::new(policy)).await
-}
-
-/// [`devices`] sharing `policy`: their kernel choices, made once for the run.
-pub async fn devices_with(
+/// default one), made with `config`: sharing its kernel policy, their choices made once for the
+/// run. Each asks for its adapter anew, which in a browser (one device per adapter) gives every
+/// replica an adapter of its own.
+pub async fn devices(
     replicas: usize,
     adapters: &[AdapterChoice],
-    policy: Arc<KernelPolicy>,
-) -> Result<Vec<Gpu>> {
+    config: &DeviceConfig,
+) -> Result<Vec<Device>> {
     if replicas == 0 {
         return Err(DataError::NoReplicas.into());
     }
@@ -371,8 +363,7 @@ pub async fn devices_with(
             adapter: adapter_label(&adapter.get_info()),
             source: e.into(),
         })?;
-        device.set_kernel_policy(policy.clone());
-        gpus.push(device);
+        gpus.push(Device::new(device, config));
     }
     Ok(gpus)
 }
@@ -401,20 +392,23 @@ pub fn adapter_label(info: &wgpu::AdapterInfo) -> String {
 }
 
 impl DataParallel {
-    /// `replicas` replicas holding `params` and `running` (model layout), on [`devices`].
+    /// `replicas` replicas holding `params` and `running` (model layout), on [`devices`] made
+    /// with `config`.
     pub async fn new(
         model: &ResNet,
         params: &[f32],
         running: &[f32],
         replicas: usize,
         adapters: &[AdapterChoice],
+        config: &DeviceConfig,
     ) -> Result<DataParallel> {
-        DataParallel::from_gpus(devices(replicas, adapters).await?, model, params, running)
+        let gpus = devices(replicas, adapters, config).await?;
+        DataParallel::from_gpus(gpus, model, params, running)
     }
 
     /// Replicas on the given devices, replica r on `gpus[r]`.
     pub fn from_gpus(
-        gpus: Vec<Gpu>,
+        gpus: Vec<Device>,
         model: &ResNet,
         params: &[f32],
         running: &[f32],
@@ -674,7 +668,7 @@ impl DataParallel {
                 let (stride, len) = (replica.slab_stride(), replica.model.param_len as u64);
                 let pieces = (0..plan.pieces_of(first + r) as u64)
                     .map(|p| Slice::new(&replica.grads, p * stride, len));
-                (&replica.gpu, pieces.collect())
+                (&*replica.gpu, pieces.collect())
             })
             .collect();
         collective::all_reduce(&parts, plan, ReduceOp::Sum, &self.peers)

@@ -14,7 +14,7 @@ use crate::canonical;
 use crate::collective::{CollectiveError, Pieces};
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
-use crate::kernels::{batchnorm, conv2d, maxpool, sgd, KernelError};
+use crate::kernels::{batchnorm, conv2d, maxpool, sgd, Device, KernelError};
 use crate::model::{
     ActivationPattern, Conv, ModelError, ResNet, ALIGN_BYTES, POOL_K, POOL_PAD, POOL_STRIDE,
 };
@@ -224,7 +224,7 @@ pub struct StepOutput {
 /// one per `Act` for what the forward saves for the backward (and the small per-site ones),
 /// and a pool of scratch buffers shared by what lives only part of a pass.
 pub struct Replica {
-    pub gpu: Gpu,
+    pub gpu: Device,
     pub model: ResNet,
     pub params: wgpu::Buffer,
     /// The gradient of each of this replica's [`Shard::pieces`], one flat gradient buffer (a
@@ -359,7 +359,7 @@ impl<S> Pass<'_, S> {
 
 impl Replica {
     /// A replica holding `params` (model layout) and running statistics `running`.
-    pub fn new(gpu: Gpu, model: ResNet, params: &[f32], running: &[f32]) -> Result<Replica> {
+    pub fn new(gpu: Device, model: ResNet, params: &[f32], running: &[f32]) -> Result<Replica> {
         if params.len() != model.param_len || running.len() != model.buffer_len {
             return Err(StepError::Invalid(format!(
                 "parameter/buffer vectors have {}/{} values, the model layout needs {}/{}",

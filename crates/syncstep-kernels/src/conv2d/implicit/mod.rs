@@ -4,7 +4,7 @@
 //! [`Table`] of where each k reads (no im2col in memory; the input-VJP's stride phases along z
 //! of one dispatch) against the weights laid out once per launch as [k][column]; the weight
 //! gradient walks the canonical tree's nodes of examples (weight.rs). Every configuration sums
-//! each output in every other variant's order, so the choice among them ([`plan`]) changes speed
+//! each output in every other variant's order, so the choice among them ([`make_plan`]) changes speed
 //! only. The WGSL is written per configuration (wgsl.rs) on the frame
 //! shaders/conv2d/implicit.wgsl.
 
@@ -134,7 +134,7 @@ impl Sum {
     }
 }
 
-/// What [`plan`] chose for a launch.
+/// What [`make_plan`] chose for a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
     Gather(GatherPlan),

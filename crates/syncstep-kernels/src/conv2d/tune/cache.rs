@@ -60,14 +60,10 @@ pub(super) fn kernels_hash() -> &'static str {
     })
 }
 
-/// The cache file: `SYNCSTEP_AUTOTUNE_CACHE` (a path, or `off` for none), else
-/// `$XDG_CACHE_HOME/syncstep/autotune.json`, else `~/.cache/syncstep/autotune.json`.
-pub(super) fn cache_path() -> Option<PathBuf> {
-    let var = std::env::var_os;
-    cache_path_from(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"))
-}
-
-pub(super) fn cache_path_from(
+/// The cache file, from the values of `SYNCSTEP_AUTOTUNE_CACHE` (`chosen`: a path, or `off` for
+/// none), `XDG_CACHE_HOME` and `HOME`: `chosen`, else `$XDG_CACHE_HOME/syncstep/autotune.json`,
+/// else `~/.cache/syncstep/autotune.json`. The caller reads the variables.
+pub fn cache_path(
     chosen: Option<OsString>,
     xdg_cache: Option<OsString>,
     home: Option<OsString>,
@@ -306,7 +302,7 @@ pub(super) mod tests {
     #[test]
     fn the_cache_file_follows_the_environment() {
         let os = |s: &str| Some(OsString::from(s));
-        let path = cache_path_from;
+        let path = cache_path;
         assert_eq!(
             path(os("/t/choices.json"), os("/x"), os("/h")),
             Some(PathBuf::from("/t/choices.json"))

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 #[cfg(not(target_arch = "wasm32"))]
 mod cache;
+#[cfg(not(target_arch = "wasm32"))]
+pub use cache::cache_path as autotune_cache_path;
 mod key;
 #[cfg(not(target_arch = "wasm32"))]
 mod timing;
@@ -36,7 +38,7 @@ pub enum KernelPlan {
     Timed,
 }
 
-/// A variant forced on every convolution (`SYNCSTEP_CONV_ALGO`).
+/// A variant forced on every convolution (the command line's `SYNCSTEP_CONV_ALGO`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forced {
     /// This variant where the op has it, else Blocked (the gathering GEMM is the input-VJP's
@@ -46,15 +48,16 @@ pub enum Forced {
     Guess,
 }
 
-/// How one device's convolutions choose their variants, resolved once (from flags and the
-/// environment) and kept with the device ([`set_kernel_policy`], [`kernel_policy`]).
+/// How one device's convolutions choose their variants: given to the device when it is made
+/// ([`Device::new`]) by its caller (the command line builds it from flags and environment
+/// variables; the library reads none).
 #[derive(Debug)]
 pub struct KernelPolicy {
     pub plan: KernelPlan,
     pub forced: Option<Forced>,
     /// Whether the forwards and input-VJPs of 3×3, stride-1 convolutions run as Winograd, in the
     /// tile [`Conv2dShape::winograd`] gives the shape (winograd.rs): fewer multiplies, other
-    /// roundings than the plain sum. `SYNCSTEP_WINOGRAD=on` or `off` forces it; by default it is
+    /// roundings than the plain sum. `Some` forces it (`SYNCSTEP_WINOGRAD`); by default it is
     /// on where the run's first device to convolve is a CPU adapter without the GPU plan, whose
     /// register tiles it outruns, and off under the GPU plan, whose direct GEMMs do more
     /// arithmetic per byte than Winograd's transforms move (docs/performance.md). Every device of
@@ -103,32 +106,6 @@ impl KernelPolicy {
             *self.winograd_settled.get_or_init(|| self.plan != KernelPlan::Gpu && is_cpu(&gpu.info))
         })
     }
-
-    /// `plan`, with what the environment asks: a forced variant (`SYNCSTEP_CONV_ALGO`) and,
-    /// natively, the cache file (`SYNCSTEP_AUTOTUNE_CACHE`, see cache.rs).
-    pub fn from_env(plan: KernelPlan) -> Result<KernelPolicy> {
-        let forced = match std::env::var("SYNCSTEP_CONV_ALGO") {
-            Ok(name) => parse_forced(&name)?,
-            Err(_) => None,
-        };
-        #[cfg(not(target_arch = "wasm32"))]
-        let cache_file = cache::cache_path();
-        #[cfg(target_arch = "wasm32")]
-        let cache_file = None;
-        let winograd = match std::env::var("SYNCSTEP_WINOGRAD").as_deref().map(str::trim) {
-            Err(_) | Ok("") => None,
-            Ok("on") => Some(true),
-            Ok("off") => Some(false),
-            Ok(other) => {
-                return Err(KernelError::Arg {
-                    op: "conv2d",
-                    arg: "SYNCSTEP_WINOGRAD",
-                    problem: format!("is `{other}`; known: on, off"),
-                })
-            }
-        };
-        Ok(KernelPolicy::new(plan, forced, cache_file).with_winograd(winograd))
-    }
 }
 
 impl Default for KernelPolicy {
@@ -137,24 +114,62 @@ impl Default for KernelPolicy {
     }
 }
 
-/// Gives `gpu` its kernel policy, before its first convolution; an error where it has one.
-/// Devices that share one share its choices.
-pub fn set_kernel_policy(gpu: &Gpu, policy: Arc<KernelPolicy>) -> Result<()> {
-    match gpu.set_kernel_policy(policy) {
-        true => Ok(()),
-        false => Err(KernelError::Arg {
-            op: "conv2d",
-            arg: "kernel policy",
-            problem: format!("{} has one already: set it before the first launch", gpu.info.name),
-        }),
+/// What a [`Device`] is made with: its kernel policy, and how its kernels compile. The devices
+/// of one run share one policy, and so its choices.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    pub policy: Arc<KernelPolicy>,
+    /// Kernels pass values by subgroupBroadcast where the device has subgroups of 8 or more;
+    /// false runs the kernels that load instead, as devices without subgroups do.
+    pub subgroups: bool,
+    /// A folder every shader module is written to as it is compiled, for reading.
+    pub shader_dump: Option<PathBuf>,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig::with_policy(Arc::default())
     }
 }
 
-/// `gpu`'s kernel policy: the one set, else the environment's with the automatic plan,
-/// resolved at the device's first convolution.
-pub fn kernel_policy(gpu: &Gpu) -> Result<Arc<KernelPolicy>> {
-    let policy = gpu.kernel_policy(|| KernelPolicy::from_env(KernelPlan::Auto))?;
-    Ok(policy.expect("only the kernels layer sets a device's kernel policy"))
+impl DeviceConfig {
+    /// `policy`, with subgroups where the device has them and no shader dump.
+    pub fn with_policy(policy: Arc<KernelPolicy>) -> Self {
+        DeviceConfig { policy, subgroups: true, shader_dump: None }
+    }
+}
+
+/// A device as the kernels launch on it: the gpu layer's [`Gpu`] and the [`KernelPolicy`] that
+/// chooses its convolutions' variants, given when the device is made. It dereferences to its
+/// `Gpu`, so whatever takes a `&Gpu` takes a `&Device` too.
+pub struct Device {
+    gpu: Gpu,
+    policy: Arc<KernelPolicy>,
+}
+
+impl Device {
+    pub fn new(mut gpu: Gpu, config: &DeviceConfig) -> Device {
+        gpu.broadcasts &= config.subgroups;
+        gpu.shader_dump = config.shader_dump.clone();
+        Device { gpu, policy: config.policy.clone() }
+    }
+
+    pub fn policy(&self) -> &Arc<KernelPolicy> {
+        &self.policy
+    }
+}
+
+impl std::ops::Deref for Device {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl std::ops::DerefMut for Device {
+    fn deref_mut(&mut self) -> &mut Gpu {
+        &mut self.gpu
+    }
 }
 
 /// The variant the plain launchers use for `op` at `shape` on `gpu`, by its [`KernelPolicy`]:
@@ -166,8 +181,8 @@ pub fn kernel_policy(gpu: &Gpu) -> Result<Arc<KernelPolicy>> {
 ///    in a browser, where there is no clock, `guess` by device type.
 ///
 /// Every variant gives the same bits, so this changes speed only.
-pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
-    let policy = kernel_policy(gpu)?;
+pub fn conv2d_algo(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+    let policy = gpu.policy();
     match policy.forced {
         Some(Forced::Algo(forced)) => {
             return Ok(if forced.has(op) { forced } else { Conv2dAlgo::Blocked })
@@ -185,8 +200,8 @@ pub fn conv2d_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2
 /// The implicit-GEMM family's plan for `op` at `shape` on `gpu`: made on first use and kept
 /// with the device's policy (a plan weighs dozens of configurations, a step launches each shape
 /// every time).
-pub fn implicit_plan(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<implicit::Plan> {
-    let policy = kernel_policy(gpu)?;
+pub fn implicit_plan(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<implicit::Plan> {
+    let policy = gpu.policy();
     let key = (adapter_key(&gpu.info), op, *shape);
     if let Some(&plan) = policy.chosen().plans.get(&key) {
         return Ok(plan);
@@ -198,19 +213,19 @@ pub fn implicit_plan(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<imp
 
 /// Whether `gpu` takes the kernels shaped for GPUs where an op has variants but no timed choice
 /// (BatchNorm's per-example sums): under the GPU plan, or on a GPU adapter.
-pub fn runs_gpu_kernels(gpu: &Gpu) -> Result<bool> {
-    Ok(kernel_policy(gpu)?.plan == KernelPlan::Gpu || !is_cpu(&gpu.info))
+pub fn runs_gpu_kernels(gpu: &Device) -> bool {
+    gpu.policy().plan == KernelPlan::Gpu || !is_cpu(&gpu.info)
 }
 
 /// [`conv2d_algo`]'s choice when nothing forces one: the fastest candidate, timed on first use
 /// (natively) or remembered (by the device, or in its policy's cache file), or the browser's
 /// guess.
-pub fn autotuned_algo(gpu: &Gpu, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
+pub fn autotuned_algo(gpu: &Device, op: Conv2dOp, shape: &Conv2dShape) -> Result<Conv2dAlgo> {
     let candidates = candidates(gpu, op);
     if candidates.len() == 1 {
         return Ok(candidates[0]);
     }
-    let policy = kernel_policy(gpu)?;
+    let policy = gpu.policy();
     // Kernels that broadcast time differently from those that load: separate choices.
     let key = (adapter_key(&gpu.info) + if gpu.broadcasts { "|broadcast" } else { "" }, op, *shape);
     if let Some(&algo) = policy.chosen().choices.get(&key) {

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::conv2d::{conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape};
+use crate::conv2d::{conv2d_launch_with, Conv2dAlgo, Conv2dOp, Conv2dShape, Device};
 use crate::{KernelError, Result};
-use syncstep_gpu::{launches_to_fill, Encoder, Gpu, GpuError, Slice};
+use syncstep_gpu::{launches_to_fill, Encoder, GpuError, Slice};
 
 /// A choice, and the timings it was made from (so that a reader of the cache sees why).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -62,7 +62,7 @@ pub(super) type Clock<'a> = dyn FnMut(Conv2dAlgo, u32) -> Result<Duration> + 'a;
 
 /// The fastest of `candidates` for `op` at `s`, timed on `gpu` by [`tune`].
 pub(super) fn fastest(
-    gpu: &Gpu,
+    gpu: &Device,
     op: Conv2dOp,
     s: &Conv2dShape,
     candidates: &[Conv2dAlgo],

@@ -1,0 +1,198 @@
+//! The environment variables syncstep's faces read, and what each means, in one place. The
+//! library reads none: [`Environment::read`] takes a lookup (the command line's
+//! `std::env::var_os`, the tests' own), and what it finds becomes configuration
+//! ([`Environment::devices`]). A value without a meaning is refused the same way for every
+//! variable, naming it and the values it takes.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::gpu::AdapterChoice;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::kernels::conv2d::autotune_cache_path;
+use crate::kernels::conv2d::{parse_forced, Forced, KernelPlan, KernelPolicy};
+use crate::kernels::DeviceConfig;
+
+/// What the environment asks of this process.
+#[derive(Debug)]
+pub struct Environment {
+    /// `SYNCSTEP_ADAPTER`: the adapter when no flag names one (`1`, `gl`, `vulkan:1`).
+    pub adapter: Option<AdapterChoice>,
+    /// `SYNCSTEP_SUBGROUPS`: `off` runs the kernels that load what subgroups would broadcast.
+    pub subgroups: bool,
+    /// `SYNCSTEP_DUMP_SHADERS`: a folder every shader module is written to as it compiles.
+    pub shader_dump: Option<PathBuf>,
+    /// `SYNCSTEP_CONV_ALGO`: a convolution variant forced everywhere, or `guess`.
+    pub conv_algo: Option<Forced>,
+    /// `SYNCSTEP_WINOGRAD`: `on` or `off` forces Winograd's convolutions either way.
+    pub winograd: Option<bool>,
+    /// `SYNCSTEP_AUTOTUNE_CACHE` (a path, or `off`), else the XDG cache folder's
+    /// `syncstep/autotune.json`.
+    pub autotune_cache: Option<PathBuf>,
+    /// `SYNCSTEP_MPI_SILENCE`: how long an MPI rank may go unheard, at least 1 s (default 20).
+    pub mpi_silence: Duration,
+    /// `LP_NUM_THREADS`: lavapipe's threads, recorded in `bench` reports.
+    pub lp_num_threads: Option<String>,
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Environment {
+            adapter: None,
+            subgroups: true,
+            shader_dump: None,
+            conv_algo: None,
+            winograd: None,
+            autotune_cache: None,
+            mpi_silence: Duration::from_secs(20),
+            lp_num_threads: None,
+        }
+    }
+}
+
+impl Environment {
+    /// The environment `var` gives (an empty variable counts as unset).
+    pub fn read(var: impl Fn(&str) -> Option<OsString>) -> Result<Environment, String> {
+        let text = |name: &str| -> Result<Option<String>, String> {
+            match var(name).filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(v) => v
+                    .into_string()
+                    .map(Some)
+                    .map_err(|v| format!("{name}={v:?}: not valid UTF-8; unset it")),
+            }
+        };
+        let refuse = |name: &str, value: &str, takes: &str| {
+            format!("{name}={value:?}: give {takes}, or unset it")
+        };
+        let on_off = |name: &str, default_words: &str| -> Result<Option<bool>, String> {
+            match text(name)?.as_deref().map(str::trim) {
+                None => Ok(None),
+                Some("on") => Ok(Some(true)),
+                Some("off") => Ok(Some(false)),
+                Some(other) => Err(refuse(name, other, &format!("on or off ({default_words})"))),
+            }
+        };
+        let adapter = match text("SYNCSTEP_ADAPTER")? {
+            None => None,
+            Some(v) => Some(AdapterChoice::parse(&v).map_err(|e| {
+                refuse("SYNCSTEP_ADAPTER", &v, &format!("an adapter `syncstep info` lists ({e})"))
+            })?),
+        };
+        let subgroups = on_off(
+            "SYNCSTEP_SUBGROUPS",
+            "off: kernels that load what subgroups would broadcast; on: the default",
+        )?
+        .unwrap_or(true);
+        let conv_algo = match text("SYNCSTEP_CONV_ALGO")? {
+            None => None,
+            Some(v) => parse_forced(&v).map_err(|e| format!("SYNCSTEP_CONV_ALGO: {e}"))?,
+        };
+        let winograd = on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
+        // A browser has no files: no cache.
+        #[cfg(target_arch = "wasm32")]
+        let autotune_cache = None;
+        #[cfg(not(target_arch = "wasm32"))]
+        let autotune_cache =
+            autotune_cache_path(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"));
+        let mpi_silence = match text("SYNCSTEP_MPI_SILENCE")? {
+            None => Duration::from_secs(20),
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(s) if s.is_finite() && s >= 1.0 => Duration::from_secs_f64(s),
+                _ => {
+                    let takes = "the seconds a rank may go unheard, 1 or more (default 20)";
+                    return Err(refuse("SYNCSTEP_MPI_SILENCE", &v, takes));
+                }
+            },
+        };
+        Ok(Environment {
+            adapter,
+            subgroups,
+            shader_dump: var("SYNCSTEP_DUMP_SHADERS").filter(|v| !v.is_empty()).map(PathBuf::from),
+            conv_algo,
+            winograd,
+            autotune_cache,
+            mpi_silence,
+            lp_num_threads: text("LP_NUM_THREADS")?,
+        })
+    }
+
+    /// The adapter when no flag names one: `SYNCSTEP_ADAPTER`'s, else the first.
+    pub fn adapter(&self) -> AdapterChoice {
+        self.adapter.clone().unwrap_or_default()
+    }
+
+    /// What this process's devices are made with: `plan`, timing afresh with `retune`, and what
+    /// the environment forces.
+    pub fn devices(&self, plan: KernelPlan, retune: bool) -> DeviceConfig {
+        let policy = KernelPolicy::new(plan, self.conv_algo, self.autotune_cache.clone())
+            .with_winograd(self.winograd)
+            .with_retune(retune);
+        DeviceConfig {
+            policy: Arc::new(policy),
+            subgroups: self.subgroups,
+            shader_dump: self.shader_dump.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> Result<Environment, String> {
+        let vars: Vec<(String, OsString)> =
+            vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        Environment::read(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    /// Every variable refuses a value without a meaning the same way, naming itself and what it
+    /// takes; empty is unset.
+    #[test]
+    fn every_variable_refuses_a_bad_value_the_same_way() {
+        for (name, bad) in [
+            ("SYNCSTEP_ADAPTER", "quantum"),
+            ("SYNCSTEP_SUBGROUPS", "garbage"),
+            ("SYNCSTEP_CONV_ALGO", "fastest"),
+            ("SYNCSTEP_WINOGRAD", "maybe"),
+            ("SYNCSTEP_MPI_SILENCE", "0.5"),
+            ("SYNCSTEP_MPI_SILENCE", "soon"),
+        ] {
+            let e = read(&[(name, bad)]).unwrap_err();
+            assert!(e.starts_with(name), "{e}");
+            assert!(e.contains(bad), "{e}");
+        }
+        let e = read(&[("SYNCSTEP_WINOGRAD", "maybe")]).unwrap_err();
+        assert!(e.contains("give on or off") && e.ends_with("or unset it"), "{e}");
+        let empty = read(&[("SYNCSTEP_WINOGRAD", ""), ("SYNCSTEP_MPI_SILENCE", "")]).unwrap();
+        assert_eq!((empty.winograd, empty.mpi_silence), (None, Duration::from_secs(20)));
+    }
+
+    #[test]
+    fn good_values_configure_the_devices() {
+        let env = read(&[
+            ("SYNCSTEP_ADAPTER", "gl:1"),
+            ("SYNCSTEP_SUBGROUPS", "off"),
+            ("SYNCSTEP_CONV_ALGO", "guess"),
+            ("SYNCSTEP_WINOGRAD", "on"),
+            ("SYNCSTEP_AUTOTUNE_CACHE", "/tmp/choices.json"),
+            ("SYNCSTEP_MPI_SILENCE", "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(env.adapter(), AdapterChoice::parse("gl:1").unwrap());
+        assert_eq!(env.mpi_silence, Duration::from_secs_f64(2.5));
+        let config = env.devices(KernelPlan::Gpu, true);
+        assert!(!config.subgroups);
+        let policy = &config.policy;
+        assert_eq!(
+            (policy.plan, policy.forced, policy.winograd),
+            (KernelPlan::Gpu, Some(Forced::Guess), Some(true))
+        );
+        assert_eq!(policy.cache_file, Some(PathBuf::from("/tmp/choices.json")));
+        let nothing = read(&[]).unwrap();
+        assert_eq!((nothing.adapter(), nothing.subgroups), (AdapterChoice::default(), true));
+        assert_eq!(nothing.autotune_cache, None, "no HOME, no XDG_CACHE_HOME: no cache file");
+    }
+}
