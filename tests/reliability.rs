@@ -1338,7 +1338,7 @@ fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
         (
             &["info"],
             &[("SYNCSTEP_SUBGROUPS", "garbage")],
-            "SYNCSTEP_SUBGROUPS=\"garbage\": give off",
+            "SYNCSTEP_SUBGROUPS=\"garbage\": give on or off",
         ),
         (&["info"], &[("SYNCSTEP_MPI_SILENCE", "soon")], "SYNCSTEP_MPI_SILENCE=\"soon\""),
         (

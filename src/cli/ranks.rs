@@ -28,7 +28,7 @@ pub struct MpiArgs {
 pub struct BucketArgs {
     /// Gradient buckets of at least this many MiB (the last one excepted), all-reduced while the
     /// backward computes on; 0: a bucket whenever a layer's gradients are final. Any size gives
-    /// the same bits. Data-parallel runs only [default: 4, measured in docs/performance.md].
+    /// the same bits. Data-parallel runs only [default: 4, measured in docs/performance-log.md].
     #[arg(long, allow_negative_numbers = true, value_parser = bucket_mib)]
     pub bucket_mb: Option<f64>,
 }

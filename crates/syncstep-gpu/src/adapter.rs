@@ -111,9 +111,13 @@ pub async fn select_adapter(
     Err(GpuError::NoAdapter(format!("{problem}. {}", what_exists().await)))
 }
 
-/// The adapters this machine has, whatever narrowed the choice (`WGPU_BACKEND`, a named
-/// adapter), or how to get one when it has none.
+/// What narrowed the backends (wgpu's own `WGPU_BACKEND`, which [`instance`] heeds) and the
+/// adapters this machine has without it, or how to get one when it has none.
 async fn what_exists() -> String {
+    let narrowed = wgpu::Backends::from_env().map_or(String::new(), |backends| {
+        let names: Vec<String> = backends.iter_names().map(|(n, _)| n.to_lowercase()).collect();
+        format!("WGPU_BACKEND={} narrows the backends. ", names.join(","))
+    });
     let everything = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
     let list: Vec<String> = adapters(&everything)
         .await
@@ -124,12 +128,13 @@ async fn what_exists() -> String {
         })
         .collect();
     if list.is_empty() {
-        return "This machine has no WebGPU adapter at all: install a GPU driver with Vulkan, \
-                Metal or DX12, or, without a GPU, Mesa's software Vulkan (on Debian/Ubuntu: \
-                apt-get install mesa-vulkan-drivers libvulkan1)"
-            .into();
+        return format!(
+            "{narrowed}This machine has no WebGPU adapter at all: install a GPU driver with \
+             Vulkan, Metal or DX12, or, without a GPU, Mesa's software Vulkan (on Debian/Ubuntu: \
+             apt-get install mesa-vulkan-drivers libvulkan1)"
+        );
     }
-    format!("This machine's adapters (`syncstep info` lists them): {}", list.join("; "))
+    format!("{narrowed}This machine's adapters (`syncstep info` lists them): {}", list.join("; "))
 }
 
 /// One line describing an adapter: name, backend, type, driver.

@@ -116,7 +116,7 @@ pub struct Gpu {
     /// thread. Data-parallel replicas are futures on one thread: waiting there holds the other
     /// replicas back from submitting, so their devices run one after another. That is what a
     /// CPU adapter wants (the default there): its replicas share the machine's cores, and taking
-    /// turns a submission at a time beats competing for them (docs/performance.md). GPUs (the
+    /// turns a submission at a time beats competing for them (docs/performance-log.md). GPUs (the
     /// default elsewhere) run at once.
     pub blocking_maps: bool,
     /// Whether dispatches are recorded for the profile but not run ([`Gpu::set_record_only`]).
@@ -126,7 +126,7 @@ pub struct Gpu {
     /// Whether shader modules keep wgpu's bounds checks and loop counters (see
     /// [`Gpu::pipeline`]): false on native GPU adapters, where the project's own modules are
     /// trusted; true in a browser, and on CPU adapters, where lavapipe runs the checked modules
-    /// faster (docs/performance.md).
+    /// faster (docs/performance-log.md, 2026-12-06).
     pub checked_shaders: bool,
     /// A folder every shader module is written to as it is compiled, for reading (the command
     /// line's `SYNCSTEP_DUMP_SHADERS`).

@@ -50,7 +50,7 @@ pub struct GpuModel {
 /// NVIDIA's Hopper: 132 SMs of 4 schedulers of 32 f32 lanes, 64 Ki registers, 228 KiB of shared
 /// memory (48 KiB a workgroup through Vulkan), 32 workgroups and 2,048 threads an SM. The L2's
 /// rate is what microbenchmarks read on an H100 (about 5.5 TB/s); the launch gap the time
-/// outside kernels over the dispatches of the step profiled on an H200 (docs/performance.md).
+/// outside kernels over the dispatches of the step profiled on an H200 (docs/performance-log.md, 2026-12-04, "On an NVIDIA H200").
 const HOPPER: GpuModel = GpuModel {
     name: "",
     sms: 132,

@@ -115,7 +115,7 @@ pub(super) fn backward_weight_blocked(
 /// Groups of 4 output channels a Blocked invocation sums (WB_CO / 4): 8 where an example's
 /// output plane has 16 pixels or more, so that each load of x serves 128 products rather than
 /// 64; 4 on smaller planes, where the padding taps leave a tap few pixels and the wider tile
-/// ran slower (docs/performance.md). Any number gives the same bits.
+/// ran slower (docs/performance-log.md, 2026-12-05). Any number gives the same bits.
 pub(super) fn blocked_groups(s: &Conv2dShape) -> u32 {
     if s.c_out >= 32 && s.out_h() as u64 * s.out_w() as u64 >= 16 {
         8

@@ -136,7 +136,7 @@ pub enum GemmLanes {
 /// because pixel lanes fill a workgroup on large maps and channel lanes on the 2×2 and 1×1 maps
 /// of the late stages. The weight gradient uses the same tiles with k (the weights' (ci, ky,
 /// kx), in vec4s of 4) in place of pixels, so a tile holds as many outputs, each with a row and
-/// an example sum. docs/performance.md says which the autotune picks where.
+/// an example sum. docs/performance-log.md says which the autotune picked where.
 pub const GEMM_TILES: [GemmTile; 13] = [
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 4, per_workgroup: 8 },
     GemmTile { lanes: GemmLanes::Pixels, per_invocation: 8, per_workgroup: 4 },

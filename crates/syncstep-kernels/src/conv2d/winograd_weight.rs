@@ -27,8 +27,7 @@ const OP: &str = "conv2d_backward_weight";
 /// A chunk of `images`' temporaries, lengths in elements: the transformed input and dy in the
 /// im2col scratch (dy's from `dt_at`, a multiple of 64 elements: 256 bytes, where a storage
 /// binding may start), and there too, once the GEMMs have read them, the examples' gradients
-/// (`units`); the GEMMs' products in the split weight gradient's unit scratch, a buffer of its
-/// own.
+/// (`units`); the GEMMs' products in a scratch slot of their own (`scratch::WEIGHT_UNITS`).
 struct Layout {
     tiles_k: u64,
     vt: u64,

@@ -383,7 +383,7 @@ pub struct DataParallel {
 
 /// The default gradient bucket, 4 MiB: about 15 buckets of ResNet-34's 81 MiB gradient, so all
 /// but the last are reduced while the backward runs, in fewer exchanges than one per layer
-/// (docs/performance.md has the measurement).
+/// (docs/performance-log.md, 2026-12-03, "Bucket size").
 pub const DEFAULT_BUCKET_BYTES: u64 = 4 << 20;
 
 /// How a replica's adapter is named in messages: "llvmpipe (LLVM 15.0.6, 256 bits), Gl".

@@ -60,7 +60,7 @@ pub struct KernelPolicy {
     /// roundings than the plain sum. `Some` forces it (`SYNCSTEP_WINOGRAD`); by default it is
     /// on where the run's first device to convolve is a CPU adapter without the GPU plan, whose
     /// register tiles it outruns, and off under the GPU plan, whose direct GEMMs do more
-    /// arithmetic per byte than Winograd's transforms move (docs/performance.md). Every device of
+    /// arithmetic per byte than Winograd's transforms move (docs/performance-log.md, 2026-12-06). Every device of
     /// a run takes the same answer, as the run's shared policy does.
     pub winograd: Option<bool>,
     /// The default's answer, once settled.
