@@ -353,9 +353,8 @@ fn the_command_line_prints_the_report_and_writes_json() {
     let (ok, _, err) = run(&["--batch", "4", "--global-batch", "4"]);
     assert!(!ok && err.contains("cannot be used multiple times"), "{err}");
 
-    let dir = std::env::temp_dir().join(format!("syncstep-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bench.json");
+    let dir = tempfile::Builder::new().prefix("syncstep-bench-").tempdir().unwrap();
+    let path = dir.path().join("bench.json");
     let (ok, out, err) =
         run(&["--batch", "2", "--steps", "1", "--no-roofline", "--json", path.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
@@ -370,7 +369,6 @@ fn the_command_line_prints_the_report_and_writes_json() {
         .and_then(Value::as_f64)
         .is_some_and(positive));
     assert_eq!(json.get("profile"), Some(&Value::Null));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The GPU plan's bars, by construction on an H200 (the program's own figures, recorded and not
@@ -384,9 +382,8 @@ fn the_gpu_plan_by_construction() {
     if gpu().is_none() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("syncstep-construction-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("construction.json");
+    let dir = tempfile::Builder::new().prefix("syncstep-construction-").tempdir().unwrap();
+    let path = dir.path().join("construction.json");
     // (image size, batch, occupancy ceiling, predicted share)
     let bars = [("224", "32", 0.70, 0.62), ("32", "256", 0.70, 0.45), ("224", "8", 0.55, 0.50)];
     for (size, batch, occupancy, share) in bars {
@@ -417,7 +414,6 @@ fn the_gpu_plan_by_construction() {
             }
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -499,15 +499,14 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
 fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
     let op = Conv2dOp::Forward;
-    let dir = std::env::temp_dir().join(format!("syncstep-retune-{}", std::process::id()));
-    let file = dir.join("autotune.json");
+    let dir = tempfile::Builder::new().prefix("syncstep-retune-").tempdir().unwrap();
+    let file = dir.path().join("autotune.json");
     let device = |retune| {
         let policy = k::KernelPolicy::new(k::KernelPlan::Timed, None, Some(file.clone()));
         device_with(policy.with_retune(retune))
     };
     let read =
         || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap() };
-    let _ = std::fs::remove_dir_all(&dir);
     let Some(first) = device(false) else { return };
     k::autotuned_algo(&first, op, &s).unwrap();
     let mut doc = read();
@@ -524,7 +523,6 @@ fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     assert!(timed.len() > 1 && timed.len() <= candidates.len(), "{replaced}");
     assert!(timed.iter().all(|t| candidates.iter().any(|c| c.to_string() == *t)), "{replaced}");
     assert_eq!(replaced["algo"].as_str(), Some(algo.to_string().as_str()), "{replaced}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The kernel policy is each device's, given when it is made: in one process, a device on the

@@ -20,11 +20,9 @@ use syncstep::scores::{ranking, softmax};
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{TrainConfig, Trainer};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("syncstep-data-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder of this test's own, removed when dropped, however the test ends.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-data-{name}-")).tempdir().unwrap()
 }
 
 /// The synthetic image `index` as 8-bit RGB of `w`×`h`.
@@ -54,8 +52,9 @@ fn image_folder(dir: &Path, count: u64) -> PathBuf {
 #[test]
 fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     let Some(gpu) = fresh_gpu() else { return };
-    let dir = temp_dir("parallel");
-    let root = image_folder(&dir, 30);
+    let tmp = temp_dir("parallel");
+    let dir = tmp.path();
+    let root = image_folder(dir, 30);
     let splits = source::open(&DataSpec::Folder(root), 0.2, 0).unwrap();
     let train = Arc::new(splits.train);
     let cfg = TrainConfig { batch: 6, classes: 3, ..TrainConfig::default() };
@@ -84,7 +83,6 @@ fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
     assert_eq!(bits(&single.params), bits(&parallel.params), "parameters differ");
     assert_eq!(bits(&single.running), bits(&parallel.running), "running statistics differ");
     assert_ne!(bits(&single.params), bits(&ResNet::new(Arch::ResNet34, 3).unwrap().init_params(0)));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Every tensor of two safetensors files, bit for bit.
@@ -103,8 +101,9 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("resume");
-    let root = image_folder(&dir, 30);
+    let tmp = temp_dir("resume");
+    let dir = tmp.path();
+    let root = image_folder(dir, 30);
     let data = root.to_str().unwrap();
     let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
     let (straight, stopped, log) =
@@ -209,7 +208,6 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
     let best = ranking(&first_logits)[0];
     let expected = format!("{} {:.1}%", cfg.class_names()[best], 100.0 * p[best]);
     assert!(out.contains(&expected), "expected {expected:?} in:\n{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// CIFAR-10's binary layout: label byte, then the R, G and B planes of 32×32.
@@ -230,7 +228,8 @@ fn cifar_files_train_and_evaluate() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("cifar");
+    let tmp = temp_dir("cifar");
+    let dir = tmp.path();
     let cifar = dir.join("cifar");
     std::fs::create_dir_all(&cifar).unwrap();
     for b in 1..=5 {
@@ -258,7 +257,6 @@ fn cifar_files_train_and_evaluate() {
     assert!(out.contains("6 images of each epoch"), "{out}");
     let (ok, out) = syncstep(&["eval", "--checkpoint", ck.to_str().unwrap()]);
     assert!(ok && out.contains("8 images") && out.contains("airplane"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -266,8 +264,9 @@ fn bad_data_is_an_error_naming_the_file() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("bad");
-    let root = image_folder(&dir, 12);
+    let tmp = temp_dir("bad");
+    let dir = tmp.path();
+    let root = image_folder(dir, 12);
     let data = root.to_str().unwrap().to_string();
     let ck = dir.join("kept.safetensors");
     let ck = ck.to_str().unwrap();
@@ -317,7 +316,6 @@ fn bad_data_is_an_error_naming_the_file() {
     let (ok, out) = syncstep(&["train", "--data", &spec, "--steps", "1"]);
     assert!(!ok && out.contains("3073") && out.contains("data_batch_1.bin"), "{out}");
     assert_eq!(std::fs::read(ck).unwrap(), kept);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -325,7 +323,8 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("init");
+    let tmp = temp_dir("init");
+    let dir = tmp.path();
     // ImageNet-like weights: a 10-class model's, saved with torchvision names.
     let ten = ResNet::new(Arch::ResNet34, 10).unwrap();
     let weights = dir.join("w.safetensors");
@@ -354,7 +353,7 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
     }
     assert_eq!(bits(&running), bits(&saved.running));
 
-    let root = image_folder(&dir, 12);
+    let root = image_folder(dir, 12);
     let (ok, out) = syncstep(&[
         "train",
         "--data",
@@ -369,5 +368,4 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
         weights.to_str().unwrap(),
     ]);
     assert!(ok && out.contains("fc is initialised afresh"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,10 @@ use syncstep::model::{Arch, ResNet};
 const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/hosts.sh");
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncstep-hosts-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh folder of this test's own, removed when dropped, however the test ends. The test
+/// hosts are network namespaces on this machine's file system: every rank sees it.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-hosts-{name}-")).tempdir().unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -161,8 +161,9 @@ fn ranks_on_hosts_give_the_single_devices_gradients_bit_for_bit() {
     if !can_make_hosts() || gpu().is_none() {
         return;
     }
-    let dir = temp_dir("grad");
-    let inputs = inputs(&dir, 7);
+    let tmp = temp_dir("grad");
+    let dir = tmp.path();
+    let inputs = inputs(dir, 7);
     let grad = |out: &Path, mpi: &[&str]| {
         let [i, o] = [&inputs, out].map(|p| p.to_str().unwrap());
         let base = [BIN, "grad", "--weights", i, "--batch", i, "--out", o];
@@ -179,7 +180,6 @@ fn ranks_on_hosts_give_the_single_devices_gradients_bit_for_bit() {
         same_bits(&single, &out).unwrap_or_else(|e| panic!("{p} hosts: {e}"));
         assert_traffic("grad", p, 1, &traffic);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Two SGD steps at a global batch of 6 over 2 hosts (3, 3) and 4 hosts (2, 2, 1, 1) end with the
@@ -189,7 +189,8 @@ fn ranks_on_hosts_train_as_the_single_device_does_bit_for_bit() {
     if !can_make_hosts() || gpu().is_none() {
         return;
     }
-    let dir = temp_dir("train");
+    let tmp = temp_dir("train");
+    let dir = tmp.path();
     let train = |ck: &Path, mpi: &[&str]| {
         let base = [BIN, "train", "--steps", "2", "--batch", "6", "--eval-examples", "0"];
         let ck = ["--checkpoint", ck.to_str().unwrap()];
@@ -213,7 +214,6 @@ fn ranks_on_hosts_train_as_the_single_device_does_bit_for_bit() {
         assert!(bits(&got.running) == bits(&want.running), "{p} hosts: BN statistics differ");
         assert_traffic("train", p, 2, &traffic);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A host's link cut while the job trains (`ip link set eth0 down` in host 1, after the first
@@ -224,7 +224,8 @@ fn a_cut_link_ends_every_rank_within_a_minute() {
     if !can_make_hosts() || gpu().is_none() {
         return;
     }
-    let dir = temp_dir("cut");
+    let tmp = temp_dir("cut");
+    let dir = tmp.path();
     let ck = dir.join("run.safetensors");
     let base = [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
     let ck_args = ["--checkpoint-every", "1", "--checkpoint", ck.to_str().unwrap()];
@@ -251,7 +252,6 @@ fn a_cut_link_ends_every_rank_within_a_minute() {
         || t.contains("no word from rank(s) [1]");
     assert!(named, "the lost host or rank is named: {t}");
     assert_eq!(std::fs::read(&ck).ok(), before, "the checkpoint is as it was before the cut");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A run checkpointed at P = 4 resumes at P = 2, then on one device without MPI, a step each:
@@ -263,7 +263,8 @@ fn a_checkpoint_resumes_from_four_hosts_to_two_to_one_device_bit_for_bit() {
     if !can_make_hosts() || gpu().is_none() {
         return;
     }
-    let dir = temp_dir("resume");
+    let tmp = temp_dir("resume");
+    let dir = tmp.path();
     // One step into `ck`, resumed from it when `resume`.
     let train = |ck: &Path, resume: bool, mpi: &[&str]| {
         let ck = ck.to_str().unwrap();
@@ -287,5 +288,4 @@ fn a_checkpoint_resumes_from_four_hosts_to_two_to_one_device_bit_for_bit() {
     let log = alone(train(&ck, true, &[]));
     assert!(log.contains("(step 3)"), "three steps in all: {log}");
     same_bits(&single, &ck).unwrap_or_else(|e| panic!("4 hosts, 2 hosts, one device: {e}"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -15,10 +15,10 @@ use syncstep::model::{Arch, ResNet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_syncstep");
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncstep-mpi-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh folder of this test's own, removed when dropped, however the test ends. The ranks of
+/// a job on this machine share it: each is passed its paths, and the job ends before it goes.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-mpi-{name}-")).tempdir().unwrap()
 }
 
 /// `mpirun` over TCP with `programs`: one `(ranks, argv)` per MPMD part. One job at a time:
@@ -86,8 +86,9 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("grad");
-    let inputs = inputs(&dir, 7);
+    let tmp = temp_dir("grad");
+    let dir = tmp.path();
+    let inputs = inputs(dir, 7);
     let single = dir.join("single.safetensors");
     let (ok, log) = syncstep(
         &grad_args(&inputs, &inputs, &single, &[])
@@ -101,7 +102,6 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
     let o = mpirun(&[(3, grad_args(&inputs, &inputs, &out, &["--mpi"]))]);
     assert!(o.status.success(), "{}", text(&o));
     same_bits(&single, &out).unwrap_or_else(|e| panic!("3 ranks: {e}"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Three SGD steps at a global batch of 6 over P = 2 ranks with 2 devices each (R = 4, uneven
@@ -113,7 +113,8 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("train");
+    let tmp = temp_dir("train");
+    let dir = tmp.path();
     let train = |ck: &Path, extra: &[&str]| -> Vec<String> {
         let base = [BIN, "train", "--steps", "3", "--batch", "6", "--eval-examples", "0"];
         let ck = ["--checkpoint", ck.to_str().unwrap()];
@@ -152,7 +153,6 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
         (checkpoint::load(&ck, &model).unwrap(), checkpoint::load(&single, &model).unwrap());
     assert_eq!((got.step, want.step), (4, 4));
     assert!(bits(&got.params) == bits(&want.params), "resumed over ranks: parameters differ");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `check --mpi` over two ranks and a batch of 5 (shards of 3 and 2): every gate passes, TEST
@@ -162,7 +162,8 @@ fn check_over_ranks_passes_every_gate() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("check");
+    let tmp = temp_dir("check");
+    let dir = tmp.path();
     let json = dir.join("check.json");
     let args = [BIN, "check", "--mpi", "--batch", "5", "--steps", "1", "--json"];
     let args: Vec<String> =
@@ -180,7 +181,6 @@ fn check_over_ranks_passes_every_gate() {
             assert_eq!(gate["measured"], 0.0, "{gate}");
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, the
@@ -191,7 +191,8 @@ fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("bench");
+    let tmp = temp_dir("bench");
+    let dir = tmp.path();
     let json = dir.join("bench.json");
     let args = [BIN, "bench", "--mpi", "--batch", "4", "--steps", "1", "--no-roofline", "--json"];
     let args: Vec<String> =
@@ -210,7 +211,6 @@ fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
         "received {received} a step, the gradient is {gradient} bytes"
     );
     check_exchange_wait(&out, &report, 2, 1);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A rank with other settings (here its label smoothing, its own --checkpoint, or other data)
@@ -220,8 +220,9 @@ fn ranks_that_disagree_are_refused_at_start() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("disagree");
-    let inputs = inputs(&dir, 2);
+    let tmp = temp_dir("disagree");
+    let dir = tmp.path();
+    let inputs = inputs(dir, 2);
     let out = dir.join("g.safetensors");
     let o = mpirun(&[
         (1, grad_args(&inputs, &inputs, &out, &["--mpi"])),
@@ -257,7 +258,6 @@ fn ranks_that_disagree_are_refused_at_start() {
     let o = mpirun(&[(1, folder("a", 2)), (1, folder("b", 3))]);
     let says = "rank(s) [1] differ from rank 0 in the data (its files, sizes and labels)";
     assert!(!o.status.success() && text(&o).contains(says), "{}", text(&o));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A rank killed while the others wait for it: every rank ends, non-zero, well within 60 s, and
@@ -269,8 +269,9 @@ fn a_rank_that_dies_ends_every_rank() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("dies");
-    let inputs = inputs(&dir, 4);
+    let tmp = temp_dir("dies");
+    let dir = tmp.path();
+    let inputs = inputs(dir, 4);
     let out = dir.join("g.safetensors");
     let grad = grad_args(&inputs, &inputs, &out, &["--mpi"]);
     let killed = format!("{} & kill -STOP $!; sleep 2; kill -KILL $! $$", grad.join(" "));
@@ -281,7 +282,6 @@ fn a_rank_that_dies_ends_every_rank() {
     assert!(took < Duration::from_secs(60), "{took:?}: {}", text(&o));
     assert!(text(&o).contains("signal 9"), "rank 1 was killed, not refused: {}", text(&o));
     assert!(!out.exists(), "nothing is written");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A rank that falls silent (stopped, as a host whose link is cut would look to the others)
@@ -293,7 +293,8 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("silent");
+    let tmp = temp_dir("silent");
+    let dir = tmp.path();
     let ck = dir.join("run.safetensors");
     let train =
         [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
@@ -320,7 +321,6 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     assert!(text(&o).contains("rank 0: error: no word from rank(s) [1] for 5 s"), "{}", text(&o));
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// SIGTERM to mpirun (a batch system's end, a `kill`): Open MPI passes it on to the ranks

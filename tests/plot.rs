@@ -1,17 +1,14 @@
 //! `syncstep plot` as a user runs it: the built binary on a metrics log written by
 //! `metrics::MetricsLog`, to SVG and PNG, and the outputs it must refuse.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use syncstep::metrics::{MetricsLog, Record};
 
-/// A folder of this test's own, emptied.
-fn dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncstep-plot-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh folder of this test's own, removed when dropped, however the test ends.
+fn dir(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-plot-{test}-")).tempdir().unwrap()
 }
 
 /// A log of 50 training steps with evaluations after steps 10, 30 and 50.
@@ -70,7 +67,8 @@ fn stderr(output: &Output) -> String {
 
 #[test]
 fn an_svg_has_the_curves_and_their_axis_labels() {
-    let d = dir("svg");
+    let tmp = dir("svg");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     let out = d.join("curves.SVG");
@@ -85,12 +83,12 @@ fn an_svg_has_the_curves_and_their_axis_labels() {
     }
     assert!(texts.contains(&"top-1") && texts.contains(&"top-5"), "{texts:?}");
     assert!(svg.contains("<polyline") || svg.contains("<path"), "no lines drawn");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_png_has_the_size_asked_for_and_a_drawing() {
-    let d = dir("png");
+    let tmp = dir("png");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     let out = d.join("curves.png");
@@ -112,12 +110,12 @@ fn a_png_has_the_size_asked_for_and_a_drawing() {
         .filter(|&(x, y)| image.get_pixel(x, y).0.iter().all(|&c| c < 100))
         .count();
     assert!(dark_in_title > 50, "no title text ({dark_in_title} dark pixels)");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn the_input_is_never_the_output() {
-    let d = dir("same");
+    let tmp = dir("same");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     let before = std::fs::read(&log).unwrap();
@@ -127,12 +125,12 @@ fn the_input_is_never_the_output() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("same file as the input"), "{}", stderr(&output));
     assert_eq!(std::fs::read(&log).unwrap(), before);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn an_unknown_extension_is_refused() {
-    let d = dir("extension");
+    let tmp = dir("extension");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     for name in ["curves.pdf", "curves"] {
@@ -142,12 +140,12 @@ fn an_unknown_extension_is_refused() {
         assert!(stderr(&output).contains(".svg and .png are supported"), "{}", stderr(&output));
         assert!(!out.exists());
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_log_without_training_records_is_refused() {
-    let d = dir("no-loss");
+    let tmp = dir("no-loss");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     let mut writer = MetricsLog::open(&log, None, &[], false).unwrap();
     writer.write(&Record { step: 0, val_top1: Some(0.1), ..Record::default() }).unwrap();
@@ -157,12 +155,12 @@ fn a_log_without_training_records_is_refused() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("no training records in"), "{}", stderr(&output));
     assert!(!out.exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn an_output_that_is_not_a_regular_file_is_left_alone() {
-    let d = dir("folder");
+    let tmp = dir("folder");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     let out = d.join("curves.png");
@@ -172,12 +170,12 @@ fn an_output_that_is_not_a_regular_file_is_left_alone() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("not a regular file"), "{}", stderr(&output));
     assert_eq!(std::fs::read(out.join("keep")).unwrap(), b"mine");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_size_out_of_bounds_is_refused() {
-    let d = dir("size");
+    let tmp = dir("size");
+    let d = tmp.path();
     let log = d.join("metrics.jsonl");
     write_log(&log);
     let out = d.join("curves.png");
@@ -192,5 +190,4 @@ fn a_size_out_of_bounds_is_refused() {
         assert!(stderr(&output).contains("100..=10000"), "{}", stderr(&output));
         assert!(!out.exists());
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }

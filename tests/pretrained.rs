@@ -31,11 +31,9 @@ fn json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("syncstep-pretrained-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder of this test's own, removed when dropped, however the test ends.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-pretrained-{name}-")).tempdir().unwrap()
 }
 
 /// The fixtures' recipe's u for the tensor `name`: n values in [-1, 1) (see the script).
@@ -140,14 +138,14 @@ fn predict_with_torchvision_weights_gives_pytorchs_probabilities() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("predict");
+    let tmp = temp_dir("predict");
+    let dir = tmp.path();
     let fixture_file = json(&fixture("predict.json"));
     for want in fixture_file["networks"].as_array().unwrap() {
         let arch: Arch = want["arch"].as_str().unwrap().parse().unwrap();
-        let worst = predict_gives_pytorchs_top5(&dir, arch, want);
+        let worst = predict_gives_pytorchs_top5(dir, arch, want);
         eprintln!("predict --weights vs PyTorch, {arch}: largest top-5 probability difference {worst:.2e}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `predict --weights` with the recipe's weights of `arch` on the photos of `want` (one
@@ -224,10 +222,11 @@ fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("eval");
+    let tmp = temp_dir("eval");
+    let dir = tmp.path();
     let weights = dir.join("three.safetensors");
     write_seeded_weights(&weights, Arch::ResNet34, 3);
-    let (root, images) = three_classes(&dir);
+    let (root, images) = three_classes(dir);
     let (w, data) = (weights.to_str().unwrap(), root.to_str().unwrap());
     let scores = dir.join("scores.json");
     let (ok, out) = syncstep(&[
@@ -284,13 +283,13 @@ fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
         "{out}"
     );
     assert!(!out.contains("panicked"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Wrong flags and wrong files are refused before any device is made, each naming the fix.
 #[test]
 fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
-    let dir = temp_dir("refused");
+    let tmp = temp_dir("refused");
+    let dir = tmp.path();
     let photo = fixture("chelsea.png");
     let img = photo.to_str().unwrap();
     let file = |name: &str, entries: &[(&str, Vec<usize>)]| {
@@ -357,17 +356,17 @@ fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
         }
         assert!(!out.contains("panicked"), "{out}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Errors found once the weights are read: class names that do not fit, data of other classes.
 #[test]
 fn class_names_and_data_must_fit_the_classifier() {
-    let dir = temp_dir("classes");
+    let tmp = temp_dir("classes");
+    let dir = tmp.path();
     let weights = dir.join("three.safetensors");
     write_seeded_weights(&weights, Arch::ResNet34, 3);
     let w = weights.to_str().unwrap();
-    let (root, _) = three_classes(&dir);
+    let (root, _) = three_classes(dir);
     let two = dir.join("two.txt");
     std::fs::write(&two, "cat\ndog\n").unwrap();
     let gap = dir.join("gap.txt");
@@ -403,5 +402,4 @@ fn class_names_and_data_must_fit_the_classifier() {
         let (ok, out) = syncstep(args);
         assert!(!ok && out.contains(says), "{args:?}: {out}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -102,9 +102,9 @@ fn the_resnet50_step_gives_pytorchs_loss_logits_gradients_and_running_statistics
 /// statistics.
 fn the_step_gives_pytorchs(name: &str) {
     let f = fixture(name);
-    let dir = std::env::temp_dir().join(format!("syncstep-pytorch-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = TensorFile::read(&grad_on_fixture_inputs(&f, &dir)).unwrap();
+    let dir = tempfile::Builder::new().prefix(&format!("syncstep-pytorch-{name}-")).tempdir();
+    let dir = dir.unwrap();
+    let out = TensorFile::read(&grad_on_fixture_inputs(&f, dir.path())).unwrap();
 
     let loss = out.get("loss").unwrap().values[0];
     let loss_err = (loss - number(&f, "loss")).abs() / number(&f, "loss");
@@ -118,5 +118,4 @@ fn the_step_gives_pytorchs(name: &str) {
     assert!(grads.is_empty(), "gradients past {BOUND:e} from PyTorch's: {grads:?}");
     let running = off_tensors(&out, "after/", &f["running_after"]);
     assert!(running.is_empty(), "running statistics past {BOUND:e}: {running:?}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -14,12 +14,9 @@ use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::{write_f32, TensorFile};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d =
-        std::env::temp_dir().join(format!("syncstep-reliability-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder of this test's own, removed when dropped, however the test ends.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-reliability-{name}-")).tempdir().unwrap()
 }
 
 /// A fresh folder for a test, removed when dropped however the test ends; None (the test then
@@ -82,7 +79,8 @@ fn sizes_past_every_limit_are_errors_not_panics() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("sizes");
+    let tmp = temp_dir("sizes");
+    let dir = tmp.path();
     let cases: [(&[&str], &str); 9] = [
         (&["train", "--image-size", "65536", "--steps", "1"], "65536×65536"),
         (&["train", "--image-size", "4294967295", "--steps", "1"], "4294967295"),
@@ -104,7 +102,7 @@ fn sizes_past_every_limit_are_errors_not_panics() {
         refused(&run(args, &[], &[]), says);
     }
     // The same sizes through a checkpoint's metadata.
-    let good = one_step_checkpoint(&dir);
+    let good = one_step_checkpoint(dir);
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut ck = checkpoint::load(&good, &model).unwrap();
     ck.settings.insert("image_size".into(), "65536".into());
@@ -112,7 +110,6 @@ fn sizes_past_every_limit_are_errors_not_panics() {
     checkpoint::save(&big, &model, &ck).unwrap();
     refused(&run(&["train", "--resume", big.to_str().unwrap(), "--steps", "1"], &[], &[]), "65536");
     eprintln!("{} cases", cases.len() + 1);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Outputs that would destroy an input, a device node or a folder; a failed PORTABLE's golden;
@@ -122,8 +119,9 @@ fn no_file_of_the_users_is_ever_overwritten() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("files");
-    let good = one_step_checkpoint(&dir);
+    let tmp = temp_dir("files");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
     let g = good.to_str().unwrap();
     let before = std::fs::read(&good).unwrap();
     let link = dir.join("link.safetensors");
@@ -169,7 +167,6 @@ fn no_file_of_the_users_is_ever_overwritten() {
     ]);
     assert!(ok && !stale.exists(), "{log}");
     eprintln!("{} cases", cases.len() + 2);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Checkpoints that are corrupt, incomplete or ask for another run: refused, never resumed
@@ -179,8 +176,9 @@ fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("checkpoints");
-    let good = one_step_checkpoint(&dir);
+    let tmp = temp_dir("checkpoints");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let ck = checkpoint::load(&good, &model).unwrap();
     let resume = |path: &Path, extra: &[&str]| {
@@ -246,7 +244,6 @@ fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
     );
     refused(&resume(&good, &["--batch", "4", "--override"]), "--batch 2");
     eprintln!("8 cases");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A run that diverges stops with an error naming the step and keeps its last good checkpoint
@@ -256,8 +253,9 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("diverge");
-    let good = one_step_checkpoint(&dir);
+    let tmp = temp_dir("diverge");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
     let g = good.to_str().unwrap();
     let before = std::fs::read(&good).unwrap();
     let o = run(
@@ -321,7 +319,6 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
     refused(&o, "hold NaN or infinity");
     assert!(out.exists(), "the output is still written, to look at");
     eprintln!("2 cases");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// SIGINT and SIGTERM: the step in flight finishes, the checkpoint is written, the exit status
@@ -331,7 +328,8 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("signals");
+    let tmp = temp_dir("signals");
+    let dir = tmp.path();
     for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let ck = dir.join(format!("{signal}.safetensors"));
         let mut child = common::command()
@@ -375,7 +373,6 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
         assert!(saved.step >= 1 && saved.step < 1000, "step {}", saved.step);
     }
     eprintln!("2 cases");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Messages that must say what is wrong in the user's words, and what to do.
@@ -490,9 +487,10 @@ fn no_output_lands_on_or_inside_an_input() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("inputs");
-    let good = one_step_checkpoint(&dir);
-    let (images, cifar) = (image_folder(&dir, 4), cifar10(&dir));
+    let tmp = temp_dir("inputs");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let (images, cifar) = (image_folder(dir, 4), cifar10(dir));
     let log = dir.join("run.jsonl");
     std::fs::write(&log, b"{\"step\":1,\"epoch\":0,\"loss\":2.0}\n").unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_string();
@@ -509,7 +507,7 @@ fn no_output_lands_on_or_inside_an_input() {
         (vec!["--checkpoint", &fresh, "--log", &fresh], "same file as the input"),
         (vec!["--resume", &g, "--log", &g], "same file as the input"),
     ];
-    let inputs = [dir.as_path()];
+    let inputs = [dir];
     let before = snapshot(&inputs);
     for (extra, says) in &cases {
         let args: Vec<&str> = train.iter().copied().chain(extra.iter().copied()).collect();
@@ -532,7 +530,6 @@ fn no_output_lands_on_or_inside_an_input() {
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     assert_eq!(checkpoint::load(&target, &model).unwrap().step, 1);
     eprintln!("{} cases", cases.len() + 2);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Flags given without effect, counts of zero that would do nothing, negative values: each an
@@ -542,13 +539,14 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("flags");
-    let good = one_step_checkpoint(&dir);
-    let images = image_folder(&dir, 4);
+    let tmp = temp_dir("flags");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let images = image_folder(dir, 4);
     let (g, i) = (good.to_str().unwrap(), images.to_str().unwrap());
-    let on_images = images_checkpoint(&dir, &images);
+    let on_images = images_checkpoint(dir, &images);
     let m = on_images.to_str().unwrap();
-    let before = snapshot(&[dir.as_path()]);
+    let before = snapshot(&[dir]);
     let cases: [(&[&str], &str); 17] = [
         (&["train", "--steps", "1", "--checkpoint-every", "5"], "--checkpoint-every has no effect"),
         (&["bench", "--shapes-only", "--steps", "3"], "'--shapes-only' cannot be used with '--steps"),
@@ -581,7 +579,7 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
         let o = run(args, &[], &[]);
         refused(&o, says);
         assert!(!text(&o).contains("add --override"), "{}", text(&o));
-        assert_eq!(snapshot(&[dir.as_path()]), before, "{args:?} changed a file");
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
     }
     let o = run(
         &["train", "--steps", "1", "--batch", "2", "--eval-examples", "0", "--warmup-steps", "5"],
@@ -590,7 +588,6 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
     );
     assert!(o.status.success() && text(&o).contains("never reaches --lr"), "{}", text(&o));
     eprintln!("{} cases", cases.len() + 1);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
@@ -637,7 +634,8 @@ fn a_signal_during_an_evaluation_is_honoured() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("signal-eval");
+    let tmp = temp_dir("signal-eval");
+    let dir = tmp.path();
     let ck = dir.join("ck.safetensors");
     let c = ck.to_str().unwrap();
     // Before training: the held-out evaluation of 100000 images, stopped at its start.
@@ -648,7 +646,7 @@ fn a_signal_during_an_evaluation_is_honoured() {
     assert!(err.contains("SIGTERM: stopped before training; no step was trained"), "{err}");
     assert!(!ck.exists());
     // The final evaluation, over 400 validation images, once the checkpoint is written.
-    let images = image_folder(&dir, 250);
+    let images = image_folder(dir, 250);
     let i = images.to_str().unwrap();
     let args = [
         "train",
@@ -672,7 +670,6 @@ fn a_signal_during_an_evaluation_is_honoured() {
     let model = ResNet::new(Arch::ResNet34, 2).unwrap();
     assert_eq!(checkpoint::load(&ck, &model).unwrap().step, 1);
     eprintln!("2 cases");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// What would run unbounded, or block on a pipe, is refused before it starts.
@@ -681,10 +678,11 @@ fn nothing_waits_forever() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("unbounded");
-    let good = one_step_checkpoint(&dir);
+    let tmp = temp_dir("unbounded");
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
     let g = good.to_str().unwrap();
-    let on_images = images_checkpoint(&dir, &image_folder(&dir, 4));
+    let on_images = images_checkpoint(dir, &image_folder(dir, 4));
     let fifo = dir.join("pipe.safetensors");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let f = fifo.to_str().unwrap();
@@ -696,13 +694,12 @@ fn nothing_waits_forever() {
         (&["predict", "--checkpoint", on_images.to_str().unwrap(), f], "not a regular file"),
         (&["plot", f, "-o", svg.to_str().unwrap()], "not a regular file"),
     ];
-    let before = snapshot(&[dir.as_path()]);
+    let before = snapshot(&[dir]);
     for (args, says) in cases {
         refused(&run_within(args, Duration::from_secs(120)), says);
-        assert_eq!(snapshot(&[dir.as_path()]), before, "{args:?} changed a file");
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
     }
     eprintln!("{} cases", cases.len());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The binary with `args`, killed (and the test failed) if it runs past `limit`: a case that
@@ -732,8 +729,9 @@ fn exhausted_resources_are_named() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("resources");
-    let images = image_folder(&dir, 4);
+    let tmp = temp_dir("resources");
+    let dir = tmp.path();
+    let images = image_folder(dir, 4);
     let i = images.to_str().unwrap();
     refused(&run(&["train", "--data", i, "--workers", "10000"], &[], &[]), "loader threads");
     let limited = |limit_kib: u64, args: &str| {
@@ -748,7 +746,6 @@ fn exhausted_resources_are_named() {
     let o = limited(3_000_000, &format!("{train} --data {i} --workers 1000 --normalize imagenet"));
     refused(&o, "use a smaller --workers");
     eprintln!("3 cases");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A tensor's shape in a weights file, or None to leave it out.
@@ -780,8 +777,9 @@ fn init_weights_are_taken_whole_or_refused() {
     if gpu().is_none() {
         return;
     }
-    let dir = temp_dir("init");
-    let images = image_folder(&dir, 4);
+    let tmp = temp_dir("init");
+    let dir = tmp.path();
+    let images = image_folder(dir, 4);
     let i = images.to_str().unwrap();
     let weights = |name: &str, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped| {
         let path = dir.join(name);
@@ -799,7 +797,7 @@ fn init_weights_are_taken_whole_or_refused() {
         (&bias, "`fc.bias` has shape [7], but `fc.weight` has 10 rows"),
         (&no_stats, "missing tensor `bn1.running_mean`"),
     ];
-    let before = snapshot(&[dir.as_path()]);
+    let before = snapshot(&[dir]);
     let train = |w: &Path| {
         let args = [
             "train",
@@ -818,7 +816,7 @@ fn init_weights_are_taken_whole_or_refused() {
     };
     for (w, says) in cases {
         refused(&train(w), says);
-        assert_eq!(snapshot(&[dir.as_path()]), before);
+        assert_eq!(snapshot(&[dir]), before);
     }
     let o = train(&whole);
     let t = text(&o);
@@ -827,7 +825,6 @@ fn init_weights_are_taken_whole_or_refused() {
         "{t}"
     );
     eprintln!("{} cases", cases.len() + 1);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `check --tie` at a global batch whose last BatchNorm sites see a few values per channel:

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use syncstep::checkpoint::{self, write_step_inputs};
@@ -12,10 +12,9 @@ use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, write_f32_i64, TensorFile};
 use syncstep::train::{TrainConfig, Trainer};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("syncstep-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder of this test's own, removed when dropped, however the test ends.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("syncstep-{name}-")).tempdir().unwrap()
 }
 
 fn small() -> TrainConfig {
@@ -31,7 +30,8 @@ fn run_steps(t: &mut Trainer, n: usize) {
 #[test]
 fn resume_from_a_checkpoint_is_bit_exact() {
     let Some(gpu) = fresh_gpu() else { return };
-    let dir = temp_dir("resume");
+    let tmp = temp_dir("resume");
+    let dir = tmp.path();
     let path = dir.join("ck.safetensors");
     let mut straight = Trainer::new(gpu, small(), None).unwrap();
     run_steps(&mut straight, 5);
@@ -57,7 +57,6 @@ fn resume_from_a_checkpoint_is_bit_exact() {
         a.params != pollster::block_on(first.checkpoint()).unwrap().params,
         "training changed nothing"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Set in a child of [`a_checkpoint_write_killed_midway_keeps_the_old_checkpoint`]: the
@@ -85,7 +84,8 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
         checkpoint::save(Path::new(&path), &model, &a_checkpoint(&model, 2)).unwrap();
         return;
     }
-    let dir = temp_dir("killed-save");
+    let tmp = temp_dir("killed-save");
+    let dir = tmp.path();
     let path = dir.join("ck.safetensors");
     let ck = a_checkpoint(&model, 1);
     checkpoint::save(&path, &model, &ck).unwrap();
@@ -104,7 +104,7 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
     assert!(child.status.signal().is_some(), "the save was not killed ({}): {log}", child.status);
     assert_eq!(checkpoint::load(&path, &model).unwrap(), ck, "{log}");
     let names = || {
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
+        let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
@@ -120,13 +120,13 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
     checkpoint::save(&path, &model, &newer).unwrap();
     assert_eq!(checkpoint::load(&path, &model).unwrap(), newer);
     assert_eq!(names(), ["ck.safetensors"], "the next save removed what the killed one left");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     let Some(gpu) = fresh_gpu() else { return };
-    let dir = temp_dir("grad");
+    let tmp = temp_dir("grad");
+    let dir = tmp.path();
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut params = model.init_params(4);
     model.randomize_batchnorm(&mut params, 5);
@@ -292,12 +292,12 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
         out.to_str().unwrap(),
     ]);
     assert!(!ok && log.contains("truncated or corrupt"), "{log}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn train_refuses_an_unwritable_checkpoint_before_training() {
-    let dir = temp_dir("unwritable");
+    let tmp = temp_dir("unwritable");
+    let dir = tmp.path();
     let file = dir.join("plain-file");
     std::fs::write(&file, b"x").unwrap();
     let (ok, log) = syncstep(&[
@@ -308,7 +308,6 @@ fn train_refuses_an_unwritable_checkpoint_before_training() {
         file.join("ck.safetensors").to_str().unwrap(),
     ]);
     assert!(!ok && log.contains("is not a folder"), "{log}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Data-parallel training (BatchNorm synchronised, gradients mean-all-reduced) is the
@@ -376,7 +375,8 @@ fn train_and_grad_take_replicas() {
     );
 
     // grad: the data-parallel gradients are the single device's, bit for bit, at any R.
-    let dir = temp_dir("grad-replicas");
+    let tmp = temp_dir("grad-replicas");
+    let dir = tmp.path();
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut params = model.init_params(8);
     model.randomize_batchnorm(&mut params, 9);
@@ -421,5 +421,4 @@ fn train_and_grad_take_replicas() {
     assert_eq!(la.to_bits(), lb.to_bits(), "loss {la} vs {lb}");
     let (ok, log) = grad("5", &two);
     assert!(!ok && log.contains("a batch of 4 cannot give each of 5 replicas an example"), "{log}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

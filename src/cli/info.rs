@@ -1,6 +1,7 @@
 //! `syncstep info`: the adapters wgpu sees and what they allow.
 
 use syncstep::gpu;
+use syncstep::host::{format_bytes, ByteScale};
 
 pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let instance = gpu::instance();
@@ -17,11 +18,11 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
         say!("[{i}] {}", gpu::describe(&info));
         say!("    vendor {:#06x}  device {:#06x}", info.vendor, info.device);
         say!(
-            "    max storage binding {} MiB, max buffer {} MiB, storage buffers/stage {}, workgroup memory {} KiB, invocations/workgroup {}, storage offset alignment {}",
-            l.max_storage_buffer_binding_size >> 20,
-            l.max_buffer_size >> 20,
+            "    max storage binding {}, max buffer {}, storage buffers/stage {}, workgroup memory {}, invocations/workgroup {}, storage offset alignment {}",
+            format_bytes(l.max_storage_buffer_binding_size, ByteScale::Fit),
+            format_bytes(l.max_buffer_size, ByteScale::Fit),
             l.max_storage_buffers_per_shader_stage,
-            l.max_compute_workgroup_storage_size >> 10,
+            format_bytes(l.max_compute_workgroup_storage_size.into(), ByteScale::Fit),
             l.max_compute_invocations_per_workgroup,
             l.min_storage_buffer_offset_alignment
         );

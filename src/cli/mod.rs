@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use syncstep::host::{format_bytes, ByteScale};
 
 /// `print!` that never panics: a closed standard output (`| head`) or a terminal gone away
 /// (SIGHUP) ends the printing, not the command, which goes on to keep its files.
@@ -136,7 +137,7 @@ fn check_memory() -> Result<(), String> {
 /// What is short, given this process's address-space limit and the host's available memory
 /// (None: no limit, or not known).
 fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String> {
-    let bytes = indicatif::HumanBytes;
+    let bytes = |b| format_bytes(b, ByteScale::Fit);
     match (limit, available) {
         (Some(limit), _) if limit < MIN_ADDRESS_SPACE => Some(format!(
             "the address-space limit (ulimit -v) is {}, and a GPU device with a training step needs at least {}: raise the limit (ulimit -v unlimited)",

@@ -410,7 +410,6 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Dev
     let gpu_js = navigator_gpu().ok_or_else(no_webgpu)?;
     let name = browser_adapter_info(&gpu_js).await?.name();
     let instance = gpu::instance();
-    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
     let mut devices = Vec::with_capacity(count);
     for r in 0..count {
         let Some(adapter) = gpu::adapters(&instance).await.into_iter().next() else {
@@ -426,13 +425,14 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Dev
         // The optimizer binds the flat parameter buffer in parts; the buffer itself must fit.
         let allowed = adapter.limits().max_buffer_size;
         if let Some(model) = model.filter(|m| allowed < m.param_len as u64 * 4) {
+            use syncstep::host::{format_bytes, ByteScale};
             return Err(JsError::new(&format!(
                 "this GPU adapter allows buffers of at most {} (maxBufferSize), but {}'s flat parameter buffer ({} \
                  classes) is {}: choose a smaller network, or try another browser or GPU",
-                mib(allowed),
+                format_bytes(allowed, ByteScale::Fit),
                 model.arch.title(),
                 model.classes,
-                mib(model.param_len as u64 * 4)
+                format_bytes(model.param_len as u64 * 4, ByteScale::Fit)
             )));
         }
         let mut device = Gpu::from_adapter(&adapter).await.map_err(js_error)?;

@@ -446,31 +446,31 @@ mod tests {
         Checkpoint { params, running, velocity, step: 42, settings: settings() }
     }
 
-    fn dir(test: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("syncstep-ck-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh folder of this test's own, removed when dropped, however the test ends.
+    fn dir(test: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("syncstep-ck-{test}-")).tempdir().unwrap()
     }
 
     #[test]
     fn checkpoint_round_trips_exactly() {
         let model = ResNet::new(Arch::ResNet34, 10).unwrap();
         let ck = checkpoint(&model);
-        let dir = dir("round-trip");
+        let tmp = dir("round-trip");
+        let dir = tmp.path();
         let path = dir.join("ck.safetensors");
         save(&path, &model, &ck).unwrap();
         assert_eq!(load(&path, &model).unwrap(), ck);
         // A file of another model (7 classes) is refused, naming the tensor.
         let e = load(&path, &ResNet::new(Arch::ResNet34, 7).unwrap()).unwrap_err().to_string();
         assert!(e.contains("fc.weight") && e.contains("[10, 512]"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A checkpoint records its model's arch, and one of another arch is refused naming both;
     /// one without the record (made before there was a choice) is ResNet-34's.
     #[test]
     fn a_checkpoint_records_its_arch_and_another_is_refused() {
-        let dir = dir("arch");
+        let tmp = dir("arch");
+        let dir = tmp.path();
         let path = dir.join("ck.safetensors");
         let resnet18 = ResNet::new(Arch::ResNet18, 10).unwrap();
         let ck = checkpoint(&resnet18);
@@ -492,7 +492,6 @@ mod tests {
         assert_eq!(load(&path, &resnet34).unwrap(), old);
         let e = load(&path, &resnet18).unwrap_err().to_string();
         assert!(e.contains("is resnet34, but this run is resnet18"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Every arch's own tensor names (with torchvision's `num_batches_tracked`) tell that arch,
@@ -522,7 +521,8 @@ mod tests {
     #[test]
     fn a_checkpoint_missing_anything_or_not_finite_is_refused() {
         let model = ResNet::new(Arch::ResNet34, 10).unwrap();
-        let dir = dir("refused");
+        let tmp = dir("refused");
+        let dir = tmp.path();
         let path = dir.join("ck.safetensors");
         let good = checkpoint(&model);
         for key in REQUIRED_SETTINGS {
@@ -550,6 +550,5 @@ mod tests {
         let e = save(&path, &model, &bad).unwrap_err().to_string();
         assert!(e.contains("non-finite") && e.contains("momentum/conv1.weight"), "{e}");
         assert_eq!(load(&path, &model).unwrap(), good);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

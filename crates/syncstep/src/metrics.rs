@@ -275,12 +275,9 @@ fn io_error(path: &Path, e: std::io::Error) -> MetricsError {
 mod tests {
     use super::*;
 
-    fn dir(test: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("syncstep-metrics-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh folder of this test's own, removed when dropped, however the test ends.
+    fn dir(test: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("syncstep-metrics-{test}-")).tempdir().unwrap()
     }
 
     fn training(step: u64, loss: f32) -> Record {
@@ -301,7 +298,8 @@ mod tests {
 
     #[test]
     fn records_read_back_as_written() {
-        let d = dir("round-trip");
+        let tmp = dir("round-trip");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         let mut log = MetricsLog::open(&path, None, &[], false).unwrap();
         let mut both = training(2, 1.5);
@@ -315,24 +313,24 @@ mod tests {
         assert_eq!(read(&path).unwrap(), written);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().next().unwrap(), r#"{"step":0,"epoch":0,"val_top1":0.1}"#);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_last_line_cut_short_is_skipped() {
-        let d = dir("cut");
+        let tmp = dir("cut");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
         assert_eq!(
             read(&path).unwrap(),
             [Record { step: 1, loss: Some(2.5), ..Record::default() }]
         );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_bad_middle_line_is_an_error_naming_it() {
-        let d = dir("bad");
+        let tmp = dir("bad");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         let text = "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n\nnot json\n{\"step\":2,\"epoch\":0}\n";
         std::fs::write(&path, text).unwrap();
@@ -342,12 +340,12 @@ mod tests {
         std::fs::write(&path, "{\"step\":1,\"epoch\":0}\n{\"step\":\"two\"}\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("line 2:"), "{e}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_resumed_run_supersedes_the_steps_it_repeats_and_evaluations_merge() {
-        let d = dir("resume");
+        let tmp = dir("resume");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         let mut log = MetricsLog::open(&path, None, &[], false).unwrap();
         for step in 1..=4 {
@@ -371,12 +369,12 @@ mod tests {
         let mut four = training(4, 0.5);
         four.val_top1 = Some(0.6);
         assert_eq!(records[3], four);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_fresh_run_refuses_an_existing_log_and_makes_its_own_at_its_first_record() {
-        let d = dir("exists");
+        let tmp = dir("exists");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         let line = "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n";
         std::fs::write(&path, line).unwrap();
@@ -387,7 +385,7 @@ mod tests {
         let e = MetricsLog::open(&notes, None, &[], false).err().unwrap().to_string();
         assert!(e.contains("is not a syncstep metrics log") && e.contains("--overwrite"), "{e}");
         assert_eq!(std::fs::read(&notes).unwrap(), b"precious");
-        let e = MetricsLog::open(&d, None, &[], false).err().unwrap().to_string();
+        let e = MetricsLog::open(d, None, &[], false).err().unwrap().to_string();
         assert!(e.contains("not a regular file"), "{e}");
         // Replaced, with --overwrite, only at the first record; made only then.
         drop(MetricsLog::open(&path, None, &[], true).unwrap());
@@ -398,12 +396,12 @@ mod tests {
         let never = d.join("never.jsonl");
         drop(MetricsLog::open(&never, None, &[], false).unwrap());
         assert!(!never.exists());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_resumed_run_appends_after_a_cut_line_and_refuses_other_files() {
-        let d = dir("append");
+        let tmp = dir("append");
+        let d = tmp.path();
         let path = d.join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
         let mut log = MetricsLog::open(&path, Some(1), &[], false).unwrap();
@@ -425,6 +423,5 @@ mod tests {
         let e = MetricsLog::open(&other, Some(1), &[], false).err().unwrap().to_string();
         assert!(e.contains("notes.txt: exists and is not a syncstep metrics log"), "{e}");
         assert_eq!(std::fs::read(&other).unwrap(), b"my notes\nmore");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

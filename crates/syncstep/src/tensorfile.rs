@@ -330,9 +330,8 @@ mod tests {
 
     #[test]
     fn round_trip_and_shape_errors() {
-        let dir = std::env::temp_dir().join(format!("syncstep-tf-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("a.safetensors");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
         let v = [1.0f32, -2.5, 3.25, 4.0];
         let meta = BTreeMap::from([("step".to_string(), "3".to_string())]);
         write_f32(&path, &[("w".into(), vec![2, 2], &v)], &meta).unwrap();
@@ -363,7 +362,6 @@ mod tests {
             (header.tensors, header.metadata.get("step")),
             (vec!["w".into()], meta.get("step"))
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The same tensors and settings written twice are the same bytes, the settings sorted.
@@ -393,14 +391,12 @@ mod tests {
 
     #[test]
     fn unwritable_path_is_an_error_and_keeps_the_old_file() {
-        let dir = std::env::temp_dir().join(format!("syncstep-tf2-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("keep.safetensors");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keep.safetensors");
         write_f32(&path, &[("a".into(), vec![1], &[1.0])], &BTreeMap::new()).unwrap();
-        let bad = dir.join("no/such/dir/x.safetensors");
+        let bad = dir.path().join("no/such/dir/x.safetensors");
         assert!(write_f32(&bad, &[("a".into(), vec![1], &[2.0])], &BTreeMap::new()).is_err());
         assert_eq!(TensorFile::read(&path).unwrap().get("a").unwrap().values, vec![1.0]);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -654,9 +654,12 @@ impl Training<'_> {
         let peers = self.trainer.replicas.peers();
         if peers.ranks() > 1 && !self.losses.is_empty() {
             say!(
-                "MPI: {} ranks; rank 0 received {:.1} MB a step from the others",
+                "MPI: {} ranks; rank 0 received {} a step from the others",
                 peers.ranks(),
-                peers.received_bytes() as f64 / self.losses.len() as f64 / 1e6
+                syncstep::host::format_bytes(
+                    peers.received_bytes() / self.losses.len() as u64,
+                    syncstep::host::ByteScale::MiB,
+                )
             );
         }
         let classes = self.trainer.cfg.classes;
@@ -743,8 +746,8 @@ fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn st
     if need > available {
         return Err(format!(
             "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: use a smaller --batch or --image-size",
-            indicatif::HumanBytes(need),
-            indicatif::HumanBytes(available)
+            syncstep::host::format_bytes(need, syncstep::host::ByteScale::Fit),
+            syncstep::host::format_bytes(available, syncstep::host::ByteScale::Fit)
         )
         .into());
     }

@@ -409,8 +409,8 @@ fn check_roofline_fits(m: u32, limits: &wgpu::Limits) -> Result<()> {
         flag: "roofline-size",
         problem: format!(
             "is {m}: its {m}×{m} matrices need {} each, more than one storage binding on this device allows ({})",
-            indicatif::HumanBytes(bytes),
-            indicatif::HumanBytes(binding)
+            crate::host::format_bytes(bytes, crate::host::ByteScale::Fit),
+            crate::host::format_bytes(binding, crate::host::ByteScale::Fit)
         ),
     })
 }

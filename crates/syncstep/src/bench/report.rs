@@ -9,6 +9,7 @@ use super::predicted::{Estimate, GpuModel, Predicted, H200};
 use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
 use crate::collective::{CollectiveError, Peers};
 use crate::gpu::{DispatchShape, KernelTime, MemoryStats};
+use crate::host::{format_bytes, ByteScale};
 use crate::kernels::conv2d::KernelPlan;
 use crate::model::ResNet;
 use crate::step::Replica;
@@ -151,8 +152,8 @@ impl AllReduceBytes {
             "gradient all-reduce: {} piece(s) per replica ({}), {} each; {} extra over all replicas{}",
             self.pieces.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
             "one per canonical subtree of its shard",
-            mib(self.gradient_bytes),
-            mib(extra),
+            format_bytes(self.gradient_bytes, ByteScale::MiB),
+            format_bytes(extra, ByteScale::MiB),
             if extra == 0 { " (aligned power-of-two shards)" } else { "" }
         )
     }
@@ -681,7 +682,7 @@ impl BenchReport {
                 "MPI: {} ranks × {} replicas; rank 0 received {} a step from the others",
                 self.ranks,
                 self.step.replicas / self.ranks.max(1),
-                mib(bytes)
+                format_bytes(bytes, ByteScale::MiB)
             ));
         }
         lines
@@ -695,10 +696,10 @@ impl BenchReport {
                 lines.push(format!(
                     "memory, {} replica {r}: held {}, + largest transient set {} (largest buffer {}) = peak {}",
                     s.label(),
-                    mib(m.held_bytes),
-                    mib(m.transient_bytes),
-                    mib(m.largest_transient_buffer_bytes),
-                    mib(m.peak_bytes())
+                    format_bytes(m.held_bytes, ByteScale::MiB),
+                    format_bytes(m.transient_bytes, ByteScale::MiB),
+                    format_bytes(m.largest_transient_buffer_bytes, ByteScale::MiB),
+                    format_bytes(m.peak_bytes(), ByteScale::MiB)
                 ));
             }
         }
@@ -765,10 +766,6 @@ fn plan_words(plan: KernelPlan) -> &'static str {
         KernelPlan::Gpu => "the GPU plan, chosen without a clock (--plan-for gpu)",
         KernelPlan::Timed => "the fastest of the candidates timed here (--plan-for timed)",
     }
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
 fn clip(s: &str, width: usize) -> String {

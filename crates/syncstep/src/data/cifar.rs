@@ -215,29 +215,27 @@ mod tests {
 
     #[test]
     fn open_reads_the_folder_and_names_what_is_missing() {
-        let dir = std::env::temp_dir().join(format!("syncstep-test-{}-cifar", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("syncstep-test-cifar-").tempdir().unwrap();
+        let dir = tmp.path();
         let kind = CifarKind::Ten;
         for (k, name) in kind.train_files().iter().enumerate() {
             std::fs::write(dir.join(name), file(kind, &[k as u8, 7])).unwrap();
         }
-        let e = open(&dir, kind).unwrap_err().to_string();
+        let e = open(dir, kind).unwrap_err().to_string();
         assert!(e.contains("lacks test_batch.bin") && e.contains("data_batch_5.bin"), "{e}");
         std::fs::write(dir.join("test_batch.bin"), file(kind, &[8, 8, 2])).unwrap();
         let names: String = (0..10).map(|k| format!("name{k}\n")).collect();
         std::fs::write(dir.join("batches.meta.txt"), names + "\n\n").unwrap();
-        let splits = open(&dir, kind).unwrap();
+        let splits = open(dir, kind).unwrap();
         assert_eq!((splits.train.len(), splits.val.len()), (10, 3));
         assert_eq!(splits.train.label(4), 2);
         assert!(splits.train.name(4).ends_with("data_batch_3.bin, record 0"));
         assert_eq!(splits.val.class_names[8], "name8");
         assert!(splits.notes[0].contains("test_batch.bin"));
         std::fs::write(dir.join("data_batch_2.bin"), vec![1u8; 100]).unwrap();
-        let e = open(&dir, kind).unwrap_err().to_string();
+        let e = open(dir, kind).unwrap_err().to_string();
         assert!(e.contains("data_batch_2.bin is 100 bytes"), "{e}");
         let e = open(&dir.join("nothing"), kind).unwrap_err().to_string();
         assert!(e.contains("is not a folder"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -222,11 +222,9 @@ mod tests {
     use crate::data::source::{open, DataSpec, RgbImage};
     use image::{GrayImage, ImageBuffer, Luma, Rgb, Rgba, RgbaImage};
 
-    fn temp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("syncstep-test-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh folder of this test's own, removed when dropped, however the test ends.
+    fn temp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("syncstep-test-{name}-")).tempdir().unwrap()
     }
 
     fn rgb(path: &Path, v: u8) {
@@ -240,7 +238,8 @@ mod tests {
 
     #[test]
     fn a_folder_is_scanned_in_order_and_what_is_not_an_image_is_skipped() {
-        let d = temp("scan");
+        let tmp = temp("scan");
+        let d = tmp.path();
         rgb(&d.join("cat/1.png"), 200);
         rgb(&d.join("cat/2.jpg"), 100);
         GrayImage::from_pixel(3, 3, Luma([77])).save(d.join("cat/3.PNG")).unwrap();
@@ -256,7 +255,7 @@ mod tests {
         fs::create_dir_all(d.join(".ipynb_checkpoints/x")).unwrap();
         std::os::unix::fs::symlink(d.join("cat"), d.join("dog/loop")).unwrap();
         std::os::unix::fs::symlink(d.join("cat"), d.join("cat/sub/back")).unwrap();
-        let s = folder(&d, 0.0, 0).unwrap();
+        let s = folder(d, 0.0, 0).unwrap();
         assert_eq!(s.train.class_names, ["cat", "dog"]);
         assert!(s.val.is_empty());
         let names: Vec<String> = (0..s.train.len()).map(|i| s.train.name(i)).collect();
@@ -296,12 +295,12 @@ mod tests {
             notes.contains("skipped 2 entries that are not") && notes.contains("notes.txt"),
             "{notes}"
         );
-        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_truncated_image_fails_to_decode_naming_the_file() {
-        let d = temp("truncated");
+        let tmp = temp("truncated");
+        let d = tmp.path();
         rgb(&d.join("a/good.png"), 9);
         let mut jpeg = Vec::new();
         RgbImage::from_fn(64, 64, |x, y| Rgb([x as u8 * 4, y as u8 * 4, 128]))
@@ -309,7 +308,7 @@ mod tests {
             .unwrap();
         fs::create_dir_all(d.join("b")).unwrap();
         fs::write(d.join("b/bad.jpg"), &jpeg[..jpeg.len() / 8]).unwrap();
-        let s = folder(&d, 0.0, 0).unwrap();
+        let s = folder(d, 0.0, 0).unwrap();
         let e = s.train.decode(1).unwrap_err().to_string();
         assert!(
             e.contains("b/bad.jpg: not a decodable image") && e.contains("remove or replace"),
@@ -318,32 +317,32 @@ mod tests {
         fs::remove_file(d.join("a/good.png")).unwrap();
         let e = s.train.decode(0).unwrap_err().to_string();
         assert!(e.contains("a/good.png") && e.contains("can be read"), "{e}");
-        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn an_empty_class_a_single_class_or_no_class_is_refused() {
-        let d = temp("refused");
-        let e = folder(&d, 0.1, 0).unwrap_err().to_string();
+        let tmp = temp("refused");
+        let d = tmp.path();
+        let e = folder(d, 0.1, 0).unwrap_err().to_string();
         assert!(e.contains("has no class folders") && e.contains("DIR/<class>/<image>"), "{e}");
         rgb(&d.join("only/1.png"), 1);
-        let e = folder(&d, 0.1, 0).unwrap_err().to_string();
+        let e = folder(d, 0.1, 0).unwrap_err().to_string();
         assert!(e.contains("single class folder, only"), "{e}");
         fs::create_dir_all(d.join("empty")).unwrap();
         fs::write(d.join("empty/x.txt"), "text").unwrap();
-        let e = folder(&d, 0.1, 0).unwrap_err().to_string();
+        let e = folder(d, 0.1, 0).unwrap_err().to_string();
         assert!(e.contains("empty holds no image"), "{e}");
         rgb(&d.join("empty/1.png"), 2);
-        let e = folder(&d, 0.1, 0).unwrap_err().to_string();
+        let e = folder(d, 0.1, 0).unwrap_err().to_string();
         assert!(e.contains("no class of") && e.contains("has two images"), "{e}");
         let e = folder(&d.join("only/1.png"), 0.1, 0).unwrap_err().to_string();
         assert!(e.contains("is not a folder"), "{e}");
-        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn train_and_val_folders_are_the_splits_and_must_share_classes() {
-        let d = temp("trainval");
+        let tmp = temp("trainval");
+        let d = tmp.path();
         for (split, n) in [("train", 3), ("val", 1)] {
             for class in ["x", "y"] {
                 for i in 0..n {
@@ -351,24 +350,24 @@ mod tests {
                 }
             }
         }
-        let s = folder(&d, 0.5, 0).unwrap();
+        let s = folder(d, 0.5, 0).unwrap();
         assert_eq!((s.train.len(), s.val.len()), (6, 2));
         assert_eq!((s.val.label(0), s.val.label(1)), (0, 1));
         assert!(s.notes[0].contains("are the splits"), "{:?}", s.notes);
         rgb(&d.join("val/z/0.png"), 3);
-        let e = folder(&d, 0.5, 0).unwrap_err().to_string();
+        let e = folder(d, 0.5, 0).unwrap_err().to_string();
         assert!(e.contains("only in train: none; only in val: z"), "{e}");
         // Without val, the train folder is the data and a fraction of it is held out.
         fs::remove_dir_all(d.join("val")).unwrap();
-        let s = folder(&d, 0.3, 0).unwrap();
+        let s = folder(d, 0.3, 0).unwrap();
         assert_eq!((s.train.len(), s.val.len(), s.train.classes()), (4, 2, 2));
         assert!(s.notes[0].contains("train held out"), "{:?}", s.notes);
-        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_seeded_fraction_of_each_class_is_held_out() {
-        let d = temp("holdout");
+        let tmp = temp("holdout");
+        let d = tmp.path();
         for (class, n) in [("a", 10), ("b", 20), ("c", 2), ("d", 1)] {
             for i in 0..n {
                 rgb(&d.join(format!("{class}/{i:02}.png")), i as u8);
@@ -377,7 +376,7 @@ mod tests {
         let held =
             |s: &Splits| -> Vec<String> { (0..s.val.len()).map(|i| s.val.name(i)).collect() };
         let count = |s: &Splits, k: u32| (0..s.val.len()).filter(|&i| s.val.label(i) == k).count();
-        let s = folder(&d, 0.25, 7).unwrap();
+        let s = folder(d, 0.25, 7).unwrap();
         // round(2.5) = 3 of 10, 5 of 20, at least one of 2, none of a single image.
         assert_eq!([0, 1, 2, 3].map(|k| count(&s, k)), [3, 5, 1, 0]);
         assert_eq!(s.train.len() + s.val.len(), 33);
@@ -387,10 +386,9 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), 33, "train and val are disjoint and cover every image");
         assert!(s.notes[0].contains("0.25 of each class") && s.notes[0].contains("seed 7"));
-        assert_eq!(held(&s), held(&folder(&d, 0.25, 7).unwrap()));
-        assert_ne!(held(&s), held(&folder(&d, 0.25, 8).unwrap()));
+        assert_eq!(held(&s), held(&folder(d, 0.25, 7).unwrap()));
+        assert_ne!(held(&s), held(&folder(d, 0.25, 8).unwrap()));
         let names = held(&s);
         assert!(names.windows(2).all(|w| w[0] < w[1]), "val keeps path order: {names:?}");
-        fs::remove_dir_all(&d).unwrap();
     }
 }

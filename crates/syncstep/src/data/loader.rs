@@ -14,6 +14,7 @@ use super::schedule::Epochs;
 use super::source::{Dataset, DatasetError};
 use super::transform::{eval_image, example_rng, train_image, Augment, Normalization, Preprocess};
 use super::Batch;
+use crate::host::{format_bytes, ByteScale};
 
 /// Which examples a batch holds and how its images are made.
 #[derive(Clone, Copy, Debug)]
@@ -61,9 +62,9 @@ fn threads_fit(workers: usize, address_space_left: Option<u64>) -> Result<(), Da
         wanted: workers,
         started: 0,
         reason: format!(
-            "their stacks need {} MiB of the {} MiB the address-space limit (ulimit -v) leaves",
-            need >> 20,
-            left >> 20
+            "their stacks need {} of the {} the address-space limit (ulimit -v) leaves",
+            format_bytes(need, ByteScale::Fit),
+            format_bytes(left, ByteScale::Fit)
         ),
     })
 }

@@ -619,42 +619,17 @@ pub fn check_batch_fits(
     let refuse = |why: String| {
         Err(StepError::Invalid(format!(
             "a batch of {batch} image(s) of {h}×{w}: its largest activation holds {largest} values ({}), {why}: use a smaller --batch or --image-size",
-            human_bytes(bytes)
+            crate::host::format_bytes(bytes, crate::host::ByteScale::Fit)
         )))
     };
     if bytes > binding {
-        let allowed = human_bytes(binding);
+        let allowed = crate::host::format_bytes(binding, crate::host::ByteScale::Fit);
         return refuse(format!("more than one storage binding on this device allows ({allowed}, max_storage_buffer_binding_size)"));
     }
     if largest > i32::MAX as u64 {
         return refuse("more than the shaders' 32-bit indices reach".into());
     }
     Ok(())
-}
-
-/// A size as indicatif's `HumanBytes` writes it ("81.00 MiB", "68.72 GiB", "512 B"), as the
-/// command line's other messages do. indicatif is native only: the browser build writes it with
-/// [`binary_prefixed`], which a test holds to indicatif's text.
-#[cfg(not(target_arch = "wasm32"))]
-fn human_bytes(bytes: u64) -> String {
-    indicatif::HumanBytes(bytes).to_string()
-}
-#[cfg(target_arch = "wasm32")]
-use binary_prefixed as human_bytes;
-
-/// `bytes` with a binary prefix, as `indicatif::HumanBytes` writes it.
-#[cfg(any(target_arch = "wasm32", test))]
-fn binary_prefixed(bytes: u64) -> String {
-    let units = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let (mut value, mut unit) = (bytes as f64, None);
-    while value >= 1024.0 {
-        value /= 1024.0;
-        unit = Some(unit.map_or(0, |u| u + 1));
-    }
-    match unit {
-        None => format!("{value:.0} B"),
-        Some(u) => format!("{value:.2} {}", units[u]),
-    }
 }
 
 fn conv_shape(c: &Conv, x: Dims) -> conv2d::Conv2dShape {
@@ -689,19 +664,5 @@ fn pool_shape(d: Dims) -> maxpool::MaxPoolShape {
         k: POOL_K,
         stride: POOL_STRIDE,
         pad: POOL_PAD,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_browser_writes_sizes_as_indicatif_does() {
-        let sizes = [0, 1, 1023, 1024, 1536, 85_000_000, 73_786_976_294, 1 << 40, u64::MAX];
-        let more = (0..64).flat_map(|k| [(1u64 << k) - 1, 1 << k, (1 << k) + (1 << k) / 3]);
-        for bytes in sizes.into_iter().chain(more) {
-            assert_eq!(super::binary_prefixed(bytes), super::human_bytes(bytes), "{bytes}");
-        }
-        assert_eq!(super::human_bytes(85_000_000), "81.06 MiB");
-        assert_eq!(super::human_bytes(512), "512 B");
     }
 }

@@ -205,11 +205,10 @@ pub(super) mod tests {
     use crate::conv2d::tune::timing::Timing;
     use crate::conv2d::Conv2dAlgo;
 
-    /// A fresh directory for one test's cache file (removed by the test).
-    pub(in crate::conv2d) fn cache_dir(test: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("syncstep-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A fresh directory for one test's cache file, removed when dropped, however the test
+    /// ends.
+    pub(in crate::conv2d) fn cache_dir(test: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("syncstep-{test}-")).tempdir().unwrap()
     }
 
     pub(in crate::conv2d) fn key(adapter: &str, op: Conv2dOp, n: u32) -> ChoiceKey {
@@ -220,7 +219,8 @@ pub(super) mod tests {
 
     #[test]
     fn choices_are_read_back_from_the_cache_file() {
-        let dir = cache_dir("cache-round-trip");
+        let tmp = cache_dir("cache-round-trip");
+        let dir = tmp.path();
         let file = dir.join("sub").join("autotune.json");
         assert!(load(&file).choices.is_empty(), "a missing file holds no choices");
         let pixels = Conv2dAlgo::Gemm(GEMM_TILES[2]);
@@ -242,13 +242,12 @@ pub(super) mod tests {
         assert_eq!(choices.get(&key(vulkan, Conv2dOp::BackwardWeight, 4)), None);
         let text = std::fs::read_to_string(&file).unwrap();
         assert!(text.contains(r#""best_us": 12.5"#) && text.contains(r#""settled": false"#));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_corrupt_unreadable_or_other_build_cache_file_is_ignored_and_a_foreign_one_kept() {
-        let dir = cache_dir("cache-corrupt");
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = cache_dir("cache-corrupt");
+        let dir = tmp.path();
         let file = dir.join("autotune.json");
         let version = env!("CARGO_PKG_VERSION");
         let choice = r#"{"adapter":"Vulkan|x","op":"conv2d_forward","shape":{"n":8,"c_in":64,"h":8,"w":8,"c_out":64,"kh":3,"kw":3,"stride":1,"pad":1},"algo":"blocked","settled":true,"timings":[]}"#;
@@ -295,8 +294,7 @@ pub(super) mod tests {
         std::fs::create_dir_all(&blocked).unwrap();
         remember(&blocked, &key("Vulkan|x", Conv2dOp::Forward, 1), &tuned);
         assert!(load(&blocked).choices.is_empty());
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file is left behind");
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 2, "no temporary file is left behind");
     }
 
     #[test]

@@ -548,7 +548,8 @@ mod tests {
         /// settles the right one; the one after takes it from the file without timing.
         #[test]
         fn a_choice_timed_under_load_is_timed_again_until_it_settles() {
-            let dir = cache_dir("tune-provisional");
+            let tmp = cache_dir("tune-provisional");
+            let dir = tmp.path();
             let file = dir.join("autotune.json");
             let [fast, next, slow] = three();
             let speeds = [(slow, 30.0), (next, 10.5), (fast, 10.0)];
@@ -566,14 +567,14 @@ mod tests {
 
             let (algo, runs) = choose(&process(&file), &key, &speeds, &busy);
             assert_eq!((algo, runs), (fast, 0), "a settled choice is taken without timing");
-            std::fs::remove_dir_all(&dir).unwrap();
         }
 
         /// `--retune`: a settled choice in the cache file (one made under load, say) is timed
         /// again, and its entry replaced.
         #[test]
         fn retuning_times_a_settled_choice_again_and_replaces_it() {
-            let dir = cache_dir("tune-retune");
+            let tmp = cache_dir("tune-retune");
+            let dir = tmp.path();
             let file = dir.join("autotune.json");
             let [fast, next, slow] = three();
             let speeds = [(slow, 30.0), (next, 10.5), (fast, 10.0)];
@@ -587,7 +588,6 @@ mod tests {
             let written = load(&file).choices.remove(&key).expect("written");
             assert_eq!((written.algo, written.settled), (fast, true), "{written:?}");
             assert_eq!(written.timings.len(), speeds.len(), "{written:?}");
-            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }
