@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use syncstep::check::{
-    run_check, run_check_on, Bound, CheckConfig, CheckDevices, CheckReport, CONTROL_FACTOR,
+    run_check, run_check_on, Bound, CheckConfig, CheckDevices, CheckReport, Gate, CONTROL_FACTOR,
     CONTROL_FLOOR, TIE_DEEP_FACTOR, TIE_GRAD_BOUND,
 };
 use syncstep::data::synthetic_batch;
@@ -31,7 +31,7 @@ fn check(cfg: CheckConfig) -> Option<CheckReport> {
     Some(report)
 }
 
-fn measured(report: &CheckReport, gate: &str) -> f64 {
+fn measured(report: &CheckReport, gate: Gate) -> f64 {
     report.row(gate).unwrap_or_else(|| panic!("no {gate} row")).measured
 }
 
@@ -39,16 +39,16 @@ fn measured(report: &CheckReport, gate: &str) -> f64 {
 /// DRIFT bitwise 0, CONTROL clearly off (or not applicable, saying why).
 fn assert_gates(cfg: CheckConfig) -> Option<CheckReport> {
     let report = check(cfg)?;
-    for gate in ["TEST", "TEST loss", "TEST logits", "REPEAT"] {
+    for gate in [Gate::Test, Gate::TestLoss, Gate::TestLogits, Gate::Repeat] {
         assert_eq!(measured(&report, gate), 0.0, "{gate}:\n{}", report.table());
     }
-    let control = report.row("CONTROL").unwrap();
+    let control = report.row(Gate::Control).unwrap();
     assert!(
         control.measured >= CONTROL_FACTOR * CONTROL_FLOOR || control.note.starts_with("n/a"),
         "CONTROL cannot tell synchronised from local BN:\n{}",
         report.table()
     );
-    let drift = report.row("DRIFT").unwrap();
+    let drift = report.row(Gate::Drift).unwrap();
     assert!(
         drift.measured == 0.0 && drift.note.contains("replicas bitwise equal"),
         "DRIFT {:e}: {}",
@@ -117,7 +117,7 @@ fn resnet18_and_resnet50_pass_the_gates_at_uneven_shards() {
 #[test]
 fn resnet101_passes_the_gates_at_uneven_shards() {
     let Some(report) = assert_gates(gates_at_uneven_shards(Arch::ResNet101, 16)) else { return };
-    let tie = report.row("TIE").unwrap();
+    let tie = report.row(Gate::Tie).unwrap();
     assert_eq!(tie.bound, Bound::AtMost(TIE_GRAD_BOUND * TIE_DEEP_FACTOR));
 }
 
@@ -150,7 +150,7 @@ fn a_broken_equivalence_fails_test() {
             ..Default::default()
         };
         let Some(report) = check(cfg) else { return };
-        let test = report.row("TEST").unwrap();
+        let test = report.row(Gate::Test).unwrap();
         assert!(
             !test.pass && test.measured > 0.0,
             "{sabotage:?} went unnoticed: TEST {:e}",
@@ -189,7 +189,7 @@ fn replicas_on_a_vulkan_and_a_gl_adapter_pass_test() {
         "{:?}",
         report.replica_adapters
     );
-    for gate in ["TEST", "TEST loss", "TEST logits", "DRIFT"] {
+    for gate in [Gate::Test, Gate::TestLoss, Gate::TestLogits, Gate::Drift] {
         let row = report.row(gate).unwrap();
         assert!(row.pass && row.measured == 0.0, "{gate} on Vulkan + GL:\n{}", report.table());
     }
@@ -216,9 +216,9 @@ fn a_golden_file_from_one_run_holds_the_next_to_it() {
     })
     .unwrap();
     eprintln!("{}", report.table());
-    let portable = report.row("PORTABLE").unwrap();
+    let portable = report.row(Gate::Portable).unwrap();
     assert_eq!((portable.measured, portable.flips), (0.0, Some(0)), "{}", report.table());
-    assert_eq!(measured(&report, "PORTABLE loss"), 0.0);
+    assert_eq!(measured(&report, Gate::PortableLoss), 0.0);
     assert!(
         report.passed()
             && report

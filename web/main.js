@@ -16,20 +16,6 @@ const $ = (id) => document.getElementById(id);
 const result = { status: "loading", settings: null, gates: null, portable: null, train: null, images: null, selfcheck: null, timings: {} };
 window.syncstepResult = result;
 
-// What each gate compares, for the table.
-const GATE_TEXT = {
-  "TEST": "R replicas × N vs one device at R·N: every gradient, bitwise",
-  "TEST loss": "the same: loss",
-  "TEST logits": "the same: logits",
-  "PORTABLE": "this browser vs the native golden, same pattern: gradients",
-  "PORTABLE loss": "this browser vs the native golden: loss",
-  "CONTROL": "per-replica (unsynced) BatchNorm vs one device: must differ",
-  "REPEAT": "the same data-parallel step twice: bitwise",
-  "DRIFT": "K SGD steps, data-parallel vs single: parameters, bitwise",
-  "TIE": "one device vs the f64 reference",
-  "TIE loss": "one device vs the f64 reference: loss",
-};
-
 const FIELDS = {
   replicas: { min: 1, max: 4, fallback: 2 },
   batch: { min: 1, max: 256, fallback: 4 },
@@ -267,6 +253,10 @@ function describeGolden(golden, settings) {
   }
 }
 
+/** What each gate compares, by the name the report gives it: the library's one table
+ * (`check::Gate`), read once the module is loaded. */
+let gateMeanings = {};
+
 function gateRow(g) {
   const bound = g.bound_kind === "not_applicable" ? "n/a"
     : g.bound_kind === "at_most" && g.bound === 0 ? "bitwise"
@@ -275,7 +265,7 @@ function gateRow(g) {
     : g.gate === "REPEAT" ? `${g.measured} differ` : formatError(g.measured);
   const row = el("tr", { className: g.pass ? "" : "failed" },
     el("td", { className: "gate", textContent: g.gate }),
-    el("td", { className: "muted", textContent: GATE_TEXT[g.gate] ?? "" }),
+    el("td", { className: "muted", textContent: gateMeanings[g.gate] ?? "" }),
     el("td", { className: "num", textContent: measured, title: g.note }),
     el("td", { className: "num", textContent: bound }),
     el("td", { className: "tensor", textContent: g.worst_tensor ?? "—" }),
@@ -601,6 +591,7 @@ async function main() {
       "Build it with scripts/web-build.sh, or serve the page with scripts/web.sh.");
   }
   result.version = syncstep.version();
+  gateMeanings = syncstep.gates();
   result.timings.wasmLoadMs = performance.now() - t0;
   $("version").textContent = `syncstep ${result.version}`;
   try {

@@ -197,7 +197,7 @@ fn write_outputs(
     if let Some(path) = json {
         write(path, report.to_json(), "figures")?;
     }
-    let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate).collect();
+    let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate.name()).collect();
     // A golden is what another build is held to: only a passing run writes one.
     if let Some(path) = golden {
         if failed.is_empty() {

@@ -7,7 +7,7 @@ use syncstep::environment::Environment;
 static ENVIRONMENT: OnceLock<Environment> = OnceLock::new();
 
 /// Reads and checks the environment; the first error names the variable.
-pub fn init() -> Result<(), String> {
+pub fn init() -> Result<(), syncstep::environment::VariableError> {
     let environment = Environment::read(|name| std::env::var_os(name))?;
     let _ = ENVIRONMENT.set(environment);
     Ok(())

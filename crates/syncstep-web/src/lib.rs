@@ -21,7 +21,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
-use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, GateRow};
+use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Gate, GateRow};
 use syncstep::golden::Golden;
 use syncstep::gpu::{self, Gpu};
 use syncstep::kernels::{Device, DeviceConfig};
@@ -58,6 +58,16 @@ pub fn set_log_level(level: &str) -> Result<(), JsError> {
 #[wasm_bindgen]
 pub fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// The gates, as the report names them, with what each compares: `{name: meaning}` in the
+/// report's order (`check::Gate`, the one table the page, the native report and the tests
+/// share).
+#[wasm_bindgen]
+pub fn gates() -> Result<JsValue, JsError> {
+    let table: serde_json::Map<String, Value> =
+        Gate::ALL.iter().map(|g| (g.name().to_string(), Value::from(g.meaning()))).collect();
+    parse(&Value::Object(table).to_string())
 }
 
 /// Whether this browser exposes WebGPU at all (`navigator.gpu`). It may still offer no adapter;
@@ -446,7 +456,7 @@ async fn browser_devices(count: usize, model: Option<&ResNet>) -> Result<Vec<Dev
 
 /// `--arch`'s value from the page: `resnet18`, `resnet34`, `resnet50` or `resnet101`.
 fn parse_arch(arch: &str) -> Result<Arch, JsError> {
-    arch.parse().map_err(|e: String| JsError::new(&e))
+    arch.parse().map_err(|e: syncstep::model::UnknownArch| JsError::new(&e.to_string()))
 }
 
 /// Calls the page's progress callback; a callback that throws is logged, not fatal.

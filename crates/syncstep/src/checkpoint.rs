@@ -365,7 +365,7 @@ pub fn check_checkpoint(file: &TensorFile) -> Result<(), CheckpointError> {
     }
     crate::settings::TrainConfig::from_settings(&file.metadata)
         .map(drop)
-        .map_err(|problem| CheckpointError::Malformed { path, problem })
+        .map_err(|e| CheckpointError::Malformed { path, problem: e.to_string() })
 }
 
 /// A checkpoint as an output (`train --checkpoint`): what it may replace. Native only.
@@ -398,7 +398,7 @@ pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, Checkp
         problem: problem.into(),
     };
     let arch = match file.metadata.get(ARCH_KEY) {
-        Some(name) => name.parse::<Arch>().map_err(|e| meta(ARCH_KEY, &e))?,
+        Some(name) => name.parse::<Arch>().map_err(|e| meta(ARCH_KEY, &e.to_string()))?,
         None => Arch::default(),
     };
     if arch != model.arch {

@@ -12,8 +12,17 @@ use std::time::Duration;
 use crate::gpu::AdapterChoice;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kernels::conv2d::autotune_cache_path;
-use crate::kernels::conv2d::{parse_forced, Forced, KernelPlan, KernelPolicy};
+use crate::kernels::conv2d::{parse_forced, Conv2dAlgo, Forced, KernelPlan, KernelPolicy};
 use crate::kernels::DeviceConfig;
+
+/// A variable whose value has no meaning, with the values it takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?}: give {takes}, or unset it")]
+pub struct VariableError {
+    pub name: &'static str,
+    pub value: String,
+    pub takes: String,
+}
 
 /// What the environment asks of this process.
 #[derive(Debug)]
@@ -54,20 +63,24 @@ impl Default for Environment {
 
 impl Environment {
     /// The environment `var` gives (an empty variable counts as unset).
-    pub fn read(var: impl Fn(&str) -> Option<OsString>) -> Result<Environment, String> {
-        let text = |name: &str| -> Result<Option<String>, String> {
+    pub fn read(var: impl Fn(&str) -> Option<OsString>) -> Result<Environment, VariableError> {
+        let refuse = |name: &'static str, value: &str, takes: &str| VariableError {
+            name,
+            value: value.into(),
+            takes: takes.into(),
+        };
+        let text = |name: &'static str| -> Result<Option<String>, VariableError> {
             match var(name).filter(|v| !v.is_empty()) {
                 None => Ok(None),
                 Some(v) => v
                     .into_string()
                     .map(Some)
-                    .map_err(|v| format!("{name}={v:?}: not valid UTF-8; unset it")),
+                    .map_err(|v| refuse(name, &v.to_string_lossy(), "valid UTF-8")),
             }
         };
-        let refuse = |name: &str, value: &str, takes: &str| {
-            format!("{name}={value:?}: give {takes}, or unset it")
-        };
-        let on_off = |name: &str, default_words: &str| -> Result<Option<bool>, String> {
+        let on_off = |name: &'static str,
+                      default_words: &str|
+         -> Result<Option<bool>, VariableError> {
             match text(name)?.as_deref().map(str::trim) {
                 None => Ok(None),
                 Some("on") => Ok(Some(true)),
@@ -88,7 +101,10 @@ impl Environment {
         .unwrap_or(true);
         let conv_algo = match text("SYNCSTEP_CONV_ALGO")? {
             None => None,
-            Some(v) => parse_forced(&v).map_err(|e| format!("SYNCSTEP_CONV_ALGO: {e}"))?,
+            Some(v) => parse_forced(&v).map_err(|_| {
+                let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
+                refuse("SYNCSTEP_CONV_ALGO", &v, &format!("one of {}, guess", known.join(", ")))
+            })?,
         };
         let winograd = on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
         // A browser has no files: no cache.
@@ -142,7 +158,7 @@ impl Environment {
 mod tests {
     use super::*;
 
-    fn read(vars: &[(&str, &str)]) -> Result<Environment, String> {
+    fn read(vars: &[(&str, &str)]) -> Result<Environment, VariableError> {
         let vars: Vec<(String, OsString)> =
             vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
         Environment::read(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
@@ -160,11 +176,11 @@ mod tests {
             ("SYNCSTEP_MPI_SILENCE", "0.5"),
             ("SYNCSTEP_MPI_SILENCE", "soon"),
         ] {
-            let e = read(&[(name, bad)]).unwrap_err();
+            let e = read(&[(name, bad)]).unwrap_err().to_string();
             assert!(e.starts_with(name), "{e}");
             assert!(e.contains(bad), "{e}");
         }
-        let e = read(&[("SYNCSTEP_WINOGRAD", "maybe")]).unwrap_err();
+        let e = read(&[("SYNCSTEP_WINOGRAD", "maybe")]).unwrap_err().to_string();
         assert!(e.contains("give on or off") && e.ends_with("or unset it"), "{e}");
         let empty = read(&[("SYNCSTEP_WINOGRAD", ""), ("SYNCSTEP_MPI_SILENCE", "")]).unwrap();
         assert_eq!((empty.winograd, empty.mpi_silence), (None, Duration::from_secs(20)));

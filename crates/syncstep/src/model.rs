@@ -189,13 +189,17 @@ impl<'de> serde::Deserialize<'de> for Arch {
     }
 }
 
+/// A name that is no [`Arch`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown architecture {name:?}: one of {}", Arch::ALL.map(Arch::name).join(", "))]
+pub struct UnknownArch {
+    pub name: String,
+}
+
 impl std::str::FromStr for Arch {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Arch, String> {
-        Arch::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
-            format!("unknown architecture {s:?}: one of {}", names.join(", "))
-        })
+    type Err = UnknownArch;
+    fn from_str(s: &str) -> Result<Arch, UnknownArch> {
+        Arch::ALL.into_iter().find(|a| a.name() == s).ok_or(UnknownArch { name: s.into() })
     }
 }
 
@@ -625,7 +629,7 @@ mod tests {
         );
         assert!(m.blocks[1].downsample.is_none());
         assert_eq!(Arch::ResNet101.title(), "ResNet-101");
-        let e = "resnet152".parse::<Arch>().unwrap_err();
+        let e = "resnet152".parse::<Arch>().unwrap_err().to_string();
         assert!(e.contains("resnet152") && e.contains("resnet101"), "{e}");
     }
 

@@ -9,7 +9,22 @@ use crate::data::schedule::{LrSchedule, Schedule};
 use crate::data::source::{DataSpec, Fingerprint};
 use crate::data::transform::{Augment, Normalization};
 use crate::model::{Arch, ResNet};
-use crate::step::StepConfig;
+use crate::step::{StepConfig, StepError};
+
+/// A recorded setting no run has: missing, unreadable, or outside what a run takes.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingError {
+    #[error("setting `{key}` {problem}")]
+    Setting { key: &'static str, problem: String },
+    #[error("settings of the step: {0}")]
+    Step(#[from] StepError),
+}
+
+impl SettingError {
+    fn bad(key: &'static str, problem: String) -> SettingError {
+        SettingError::Setting { key, problem }
+    }
+}
 
 /// The setting that names a checkpoint's architecture ([`Arch::name`]); a checkpoint without
 /// it is ResNet-34's, the only one there was.
@@ -127,18 +142,19 @@ impl TrainConfig {
 
     /// The configuration a checkpoint's metadata records: every setting required, none
     /// defaulted, but the arch: a checkpoint from before there was a choice is ResNet-34's.
-    pub fn from_settings(settings: &BTreeMap<String, String>) -> Result<TrainConfig, String> {
+    pub fn from_settings(settings: &BTreeMap<String, String>) -> Result<TrainConfig, SettingError> {
         fn get<T: std::str::FromStr>(
             settings: &BTreeMap<String, String>,
-            key: &str,
-        ) -> Result<T, String> {
-            let value = settings.get(key).ok_or_else(|| format!("setting `{key}` is missing"))?;
-            value.parse().map_err(|_| format!("setting `{key}` = {value:?} is not valid"))
+            key: &'static str,
+        ) -> Result<T, SettingError> {
+            let value = settings.get(key).ok_or(SettingError::bad(key, "is missing".into()))?;
+            value.parse().map_err(|_| SettingError::bad(key, format!("= {value:?} is not valid")))
         }
-        let three = |key: &str| -> Result<[f32; 3], String> {
+        let three = |key: &'static str| -> Result<[f32; 3], SettingError> {
             let text: String = get(settings, key)?;
             let values: Vec<f32> = text.split(',').filter_map(|v| v.parse().ok()).collect();
-            values.try_into().map_err(|_| format!("setting `{key}` = {text:?} is not 3 numbers"))
+            let not_three = || SettingError::bad(key, format!("= {text:?} is not 3 numbers"));
+            values.try_into().map_err(|_| not_three())
         };
         let data: DataSpec = get(settings, "data")?;
         let images = match data {
@@ -156,7 +172,9 @@ impl TrainConfig {
                 augment: get(settings, "augment")?,
                 norm: Normalization { mean: three("mean")?, std: three("std")? },
                 class_names: serde_json::from_str(&get::<String>(settings, "class_names")?)
-                    .map_err(|e| format!("setting `class_names` is not a list of names: {e}"))?,
+                    .map_err(|e| {
+                        SettingError::bad("class_names", format!("is not a list of names: {e}"))
+                    })?,
             }),
         };
         let cfg = TrainConfig {
@@ -188,8 +206,8 @@ impl TrainConfig {
 
     /// Refuses recorded settings no run has, naming the setting: a checkpoint's settings are
     /// read back as they were written, and one that was edited or damaged must not be run.
-    fn check(&self) -> Result<(), String> {
-        let bad = |key: &str, why: String| Err(format!("setting `{key}` {why}"));
+    fn check(&self) -> Result<(), SettingError> {
+        let bad = |key: &'static str, why: String| Err(SettingError::bad(key, why));
         if self.batch == 0 {
             return bad("batch", "is 0: a batch holds at least one image".into());
         }
@@ -200,7 +218,7 @@ impl TrainConfig {
             let most = crate::model::MAX_CLASSES;
             return bad("classes", format!("is {}: a classifier has 2 to {most}", self.classes));
         }
-        self.step.validate().map_err(|e| format!("settings of the step: {e}"))?;
+        self.step.validate()?;
         let Some(images) = &self.images else { return Ok(()) };
         let Normalization { mean, std } = images.norm;
         if !(0.0..1.0).contains(&images.val_split) {

@@ -44,7 +44,7 @@ impl Trainer {
     ) -> Result<Trainer> {
         cfg.step.validate().map_err(invalid)?;
         if cfg.batch == 0 {
-            return Err(invalid(StepError::Invalid("batch must be at least 1".into())));
+            return Err(invalid(StepError::NoBatch));
         }
         if gpus.is_empty() {
             return Err(DataError::NoReplicas.into());
@@ -150,10 +150,8 @@ impl Trainer {
     pub async fn score(&mut self, batch: &Batch, scores: &mut Scores) -> Result<()> {
         let logits = self.replicas.predict(batch).await?;
         if let Some((row, value)) = crate::scores::non_finite_row(&logits, scores.classes) {
-            return Err(invalid(StepError::Invalid(format!(
-                "the model's outputs for image {} of the evaluation are not finite ({value}), so it has no score: the forward pass overflowed (the weights of a run that diverged, or inputs far from what they were trained on, do that)",
-                scores.examples + row + 1
-            ))));
+            let image = scores.examples + row + 1;
+            return Err(invalid(StepError::NonFiniteOutput { image, value }));
         }
         scores.add(&logits, &batch.labels);
         Ok(())
@@ -191,14 +189,12 @@ impl Trainer {
     /// Everything a bit-exact resume needs. Data-parallel, every replica's state is read and
     /// must agree bit for bit, so a checkpoint never holds one replica's diverged copy.
     pub async fn checkpoint(&self) -> Result<Checkpoint> {
-        let one = |all: Vec<Vec<f32>>, what: &str| -> Result<Vec<f32>> {
+        let one = |all: Vec<Vec<f32>>, what: &'static str| -> Result<Vec<f32>> {
             match all
                 .iter()
                 .position(|v| v.iter().zip(&all[0]).any(|(a, b)| a.to_bits() != b.to_bits()))
             {
-                Some(r) => Err(invalid(StepError::Invalid(format!(
-                    "replica {r}'s {what} differ from replica 0's: not writing a checkpoint"
-                )))),
+                Some(replica) => Err(invalid(StepError::ReplicasDiffer { replica, what })),
                 None => Ok(all.into_iter().next().unwrap_or_default()),
             }
         };

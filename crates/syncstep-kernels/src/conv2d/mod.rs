@@ -183,10 +183,17 @@ impl Conv2dAlgo {
     }
 }
 
+/// A name that is no [`Conv2dAlgo`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no convolution variant is named `{name}`")]
+pub struct UnknownAlgo {
+    pub name: String,
+}
+
 impl TryFrom<String> for Conv2dAlgo {
-    type Error = String;
-    fn try_from(name: String) -> std::result::Result<Self, String> {
-        Conv2dAlgo::parse(&name).ok_or_else(|| format!("no convolution variant is named `{name}`"))
+    type Error = UnknownAlgo;
+    fn try_from(name: String) -> std::result::Result<Self, UnknownAlgo> {
+        Conv2dAlgo::parse(&name).ok_or(UnknownAlgo { name })
     }
 }
 

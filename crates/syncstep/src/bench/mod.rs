@@ -32,6 +32,7 @@
 //!
 //! Native only: it needs a clock.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::collective::{CollectiveError, Peers};
@@ -64,6 +65,18 @@ pub const ALL_LAYERS: &str = "all layers";
 const PROBE_RUNS: usize = 3;
 /// The least one timed submission of a probe kernel runs.
 const PROBE_SUBMIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Why a report has no profile.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NoProfile {
+    #[error("not asked for (--profile)")]
+    NotAsked,
+    #[error("unavailable: the adapter lacks {0}")]
+    Unavailable(&'static str),
+    /// The profiled step failed (the timed steps before it did not).
+    #[error("{0}")]
+    Failed(Arc<BenchError>),
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -369,9 +382,9 @@ fn profile(
     batch: &crate::data::Batch,
     shard: usize,
     progress: &mut dyn FnMut(&str),
-) -> std::result::Result<Profile, String> {
+) -> std::result::Result<Profile, NoProfile> {
     if !cfg.profile {
-        return Err("not asked for (--profile)".to_string());
+        return Err(NoProfile::NotAsked);
     }
     progress("profiled step");
     let (secs, kernels) = profile_step(dp, batch, &StepConfig::default())?;
@@ -489,7 +502,7 @@ pub fn dispatch_shapes(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Res
     dp.replicas()[0].gpu.set_record_only(true);
     progress("recording one step");
     let (secs, kernels) = profile_step(&mut dp, &batch, &StepConfig::default())
-        .map_err(|problem| BenchError::Setting { flag: "shapes-only", problem })?;
+        .map_err(|e| BenchError::Setting { flag: "shapes-only", problem: e.to_string() })?;
     Ok(Profile::new(&model, b as u32, size, secs, kernels))
 }
 
@@ -498,14 +511,13 @@ fn profile_step(
     dp: &mut DataParallel,
     batch: &crate::data::Batch,
     cfg: &StepConfig,
-) -> std::result::Result<(f64, Vec<KernelTime>), String> {
+) -> std::result::Result<(f64, Vec<KernelTime>), NoProfile> {
+    let failed = |e: BenchError| NoProfile::Failed(Arc::new(e));
     let gpu = &dp.replicas()[0].gpu;
     match gpu.start_profile() {
         Ok(()) => {}
-        Err(GpuError::MissingFeature(what)) => {
-            return Err(format!("unavailable: the adapter lacks {what}"))
-        }
-        Err(e) => return Err(e.to_string()),
+        Err(GpuError::MissingFeature(what)) => return Err(NoProfile::Unavailable(what)),
+        Err(e) => return Err(failed(e.into())),
     }
     let start = Instant::now();
     let outcome = pollster::block_on(async {
@@ -519,8 +531,8 @@ fn profile_step(
     let secs = start.elapsed().as_secs_f64();
     // Stop profiling even when the step failed.
     let kernels = pollster::block_on(dp.replicas()[0].gpu.finish_profile());
-    outcome.map_err(|e| e.to_string())?;
-    Ok((secs, kernels.map_err(|e| e.to_string())?))
+    outcome.map_err(failed)?;
+    Ok((secs, kernels.map_err(|e| failed(e.into()))?))
 }
 
 /// Seconds of one run of what `record` records: the best of [`PROBE_RUNS`] submissions, each of

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::predicted::{Estimate, GpuModel, Predicted, H200};
-use super::{least, median, most, BenchConfig, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD};
+use super::{
+    least, median, most, BenchConfig, NoProfile, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD,
+};
 use crate::collective::{CollectiveError, Peers};
 use crate::gpu::{DispatchShape, KernelTime, MemoryStats};
 use crate::host::{format_bytes, ByteScale};
@@ -562,7 +564,7 @@ pub struct BenchReport {
     pub exchange_wait: Option<ExchangeWait>,
     pub roofline: Option<Roofline>,
     /// The profile, or why there is none (`--profile` not given, or no timestamp queries).
-    pub profile: std::result::Result<Profile, String>,
+    pub profile: std::result::Result<Profile, NoProfile>,
 }
 
 impl BenchReport {
@@ -752,7 +754,7 @@ impl BenchReport {
             "profile": self.profile.as_ref().ok().map(Profile::to_json),
         });
         if let Err(why) = &self.profile {
-            report["profile_unavailable"] = json!(why);
+            report["profile_unavailable"] = json!(why.to_string());
         }
         report.to_string()
     }

@@ -16,7 +16,7 @@
 mod report;
 
 use report::row;
-pub use report::{Bound, CheckReport, GateRow, TensorErrors};
+pub use report::{Bound, CheckReport, Gate, GateRow, TensorErrors};
 
 use crate::collective::Peers;
 use crate::compare::{norm_rel, tensor_errors, worst_of, worst_tensor};
@@ -425,15 +425,15 @@ impl Gates<'_, '_> {
         let (error, worst) = worst_of(&self.model, &errors);
         let bitwise = |e: f64| if e == 0.0 { "bitwise 0".to_string() } else { String::new() };
         let bound = Bound::AtMost(TEST_GRAD_BOUND);
-        self.rows.push(row("TEST", error, bound, worst, flips, bitwise(error)));
+        self.rows.push(row(Gate::Test, error, bound, worst, flips, bitwise(error)));
         // Every replica holds the global loss.
         let dp_loss = dp_out[0].loss as f64;
         let loss_err = (dp_loss - single_out.loss as f64).abs() / (single_out.loss as f64).abs();
         let bound = Bound::AtMost(TEST_OUTPUT_BOUND);
         let note = format!("{dp_loss:.7} vs {:.7}", single_out.loss);
-        self.rows.push(row("TEST loss", loss_err, bound, None, None, note));
+        self.rows.push(row(Gate::TestLoss, loss_err, bound, None, None, note));
         let logits_err = norm_rel(&self.dp.logits(&dp_out)?, &single_out.logits);
-        self.rows.push(row("TEST logits", logits_err, bound, None, None, bitwise(logits_err)));
+        self.rows.push(row(Gate::TestLogits, logits_err, bound, None, None, bitwise(logits_err)));
         Ok(TestRun { dp_out, dp_grads, pattern, single_out, single_grads, errors, error, portable })
     }
 
@@ -442,7 +442,7 @@ impl Gates<'_, '_> {
     async fn control(&mut self, test: &TestRun) -> Result<Vec<f64>> {
         self.phase("CONTROL: data-parallel step with per-replica BatchNorm statistics".into());
         if let Some(why) = self.cfg.control_not_applicable(&self.model) {
-            self.rows.push(row("CONTROL", f64::NAN, Bound::NotApplicable, None, None, why));
+            self.rows.push(row(Gate::Control, f64::NAN, Bound::NotApplicable, None, None, why));
             return Ok(vec![f64::NAN; self.model.params.len()]);
         }
         let local = ParallelOptions { bn: BnMode::Local, ..self.sync };
@@ -454,7 +454,7 @@ impl Gates<'_, '_> {
         let floor = test.error.max(CONTROL_FLOOR);
         let flips = Some(local_pattern.flips(&test.pattern));
         let bound = Bound::AtLeast(CONTROL_FACTOR * floor);
-        self.rows.push(row("CONTROL", control, bound, worst, flips, String::new()));
+        self.rows.push(row(Gate::Control, control, bound, worst, flips, String::new()));
         Ok(errors)
     }
 
@@ -470,7 +470,7 @@ impl Gates<'_, '_> {
         let losses = again.iter().zip(&test.dp_out).filter(|(a, b)| !same(a.loss, b.loss));
         let differing = differing.count() + losses.count();
         self.rows.push(row(
-            "REPEAT",
+            Gate::Repeat,
             differing as f64,
             Bound::AtMost(0.0),
             None,
@@ -496,9 +496,16 @@ impl Gates<'_, '_> {
         let flips = Some(free.flips(&golden.pattern));
         let against = format!("against {}", golden.adapter);
         let rows = vec![
-            row("PORTABLE", grad_err, Bound::AtMost(PORTABLE_GRAD_BOUND), worst, flips, against),
             row(
-                "PORTABLE loss",
+                Gate::Portable,
+                grad_err,
+                Bound::AtMost(PORTABLE_GRAD_BOUND),
+                worst,
+                flips,
+                against,
+            ),
+            row(
+                Gate::PortableLoss,
                 loss_err,
                 Bound::AtMost(PORTABLE_LOSS_BOUND),
                 None,
@@ -548,7 +555,7 @@ impl Gates<'_, '_> {
             differing.join("; ")
         };
         let note = if drift == 0.0 { format!("bitwise 0; {note}") } else { note };
-        let mut r = row("DRIFT", drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
+        let mut r = row(Gate::Drift, drift, Bound::AtMost(DRIFT_BOUND), worst, None, note);
         r.pass &= differing.is_empty();
         Ok(r)
     }
@@ -628,8 +635,8 @@ fn tie(
     let (values, map) = model.fewest_batchnorm_values(batch.len() as u64, batch.h, batch.w);
     let ([loss_bound, grad_bound], note) = tie_bounds(model.arch, values, map);
     vec![
-        row("TIE loss", loss_err, loss_bound, None, Some(flips), note.clone()),
-        row("TIE", grad_err, grad_bound, worst, Some(flips), note),
+        row(Gate::TieLoss, loss_err, loss_bound, None, Some(flips), note.clone()),
+        row(Gate::Tie, grad_err, grad_bound, worst, Some(flips), note),
     ]
 }
 
@@ -722,15 +729,15 @@ mod tests {
             ),
             rows: vec![
                 row(
-                    "TEST",
+                    Gate::Test,
                     0.0,
                     Bound::AtMost(1e-5),
                     Some("fc.bias".into()),
                     Some(0),
                     "bitwise 0".into(),
                 ),
-                row("CONTROL", 1e-13, Bound::AtLeast(1e-10), None, None, String::new()),
-                row("DRIFT", f64::INFINITY, Bound::AtMost(1e-5), None, None, String::new()),
+                row(Gate::Control, 1e-13, Bound::AtLeast(1e-10), None, None, String::new()),
+                row(Gate::Drift, f64::INFINITY, Bound::AtMost(1e-5), None, None, String::new()),
             ],
         };
         assert!(!report.passed());

@@ -6,6 +6,73 @@ use serde_json::{json, Value};
 use super::CheckConfig;
 use crate::golden::Golden;
 
+/// The gates of `syncstep check`, each comparing two programs on the same activation pattern
+/// (docs/design.md, "The equivalence gates"). Their names and meanings are this one table's:
+/// the report, the page (through wasm-bindgen) and the tests take them from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gate {
+    Test,
+    TestLoss,
+    TestLogits,
+    Control,
+    Repeat,
+    Portable,
+    PortableLoss,
+    Drift,
+    Tie,
+    TieLoss,
+}
+
+impl Gate {
+    pub const ALL: [Gate; 10] = [
+        Gate::Test,
+        Gate::TestLoss,
+        Gate::TestLogits,
+        Gate::Control,
+        Gate::Repeat,
+        Gate::Portable,
+        Gate::PortableLoss,
+        Gate::Drift,
+        Gate::Tie,
+        Gate::TieLoss,
+    ];
+
+    /// The name the report gives it, and `--json`'s `gate`.
+    pub fn name(self) -> &'static str {
+        self.entry().0
+    }
+
+    /// What it compares, in a line.
+    pub fn meaning(self) -> &'static str {
+        self.entry().1
+    }
+
+    fn entry(self) -> (&'static str, &'static str) {
+        match self {
+            Gate::Test => ("TEST", "R replicas × N vs one device at R·N: every gradient, bitwise"),
+            Gate::TestLoss => ("TEST loss", "the same: loss"),
+            Gate::TestLogits => ("TEST logits", "the same: logits"),
+            Gate::Control => {
+                ("CONTROL", "per-replica (unsynced) BatchNorm vs one device: must differ")
+            }
+            Gate::Repeat => ("REPEAT", "the same data-parallel step twice: bitwise"),
+            Gate::Portable => {
+                ("PORTABLE", "this browser vs the native golden, same pattern: gradients")
+            }
+            Gate::PortableLoss => ("PORTABLE loss", "this browser vs the native golden: loss"),
+            Gate::Drift => ("DRIFT", "K SGD steps, data-parallel vs single: parameters, bitwise"),
+            Gate::Tie => ("TIE", "one device vs the f64 reference"),
+            Gate::TieLoss => ("TIE loss", "one device vs the f64 reference: loss"),
+        }
+    }
+}
+
+impl std::fmt::Display for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 /// Which side of its bound a gate's figure must fall on; or that the gate does not apply to
 /// this configuration (it then passes, and its note says why).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,7 +95,7 @@ impl Bound {
 /// One line of the report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GateRow {
-    pub gate: &'static str,
+    pub gate: Gate,
     pub measured: f64,
     pub bound: Bound,
     /// The parameter tensor with the largest error, for gates over tensors.
@@ -75,7 +142,7 @@ impl GateRow {
             Bound::NotApplicable => ("not_applicable", f64::NAN),
         };
         json!({
-            "gate": self.gate,
+            "gate": self.gate.name(),
             "measured": self.measured,
             "bound": bound,
             "bound_kind": kind,
@@ -88,7 +155,7 @@ impl GateRow {
 }
 
 pub(super) fn row(
-    gate: &'static str,
+    gate: Gate,
     measured: f64,
     bound: Bound,
     worst: Option<String>,
@@ -103,7 +170,7 @@ impl CheckReport {
         self.rows.iter().all(|r| r.pass)
     }
 
-    pub fn row(&self, gate: &str) -> Option<&GateRow> {
+    pub fn row(&self, gate: Gate) -> Option<&GateRow> {
         self.rows.iter().find(|r| r.gate == gate)
     }
 

@@ -195,8 +195,8 @@ pub(super) fn decode_bytes(
     let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| bad(e.to_string()))?;
-    if reader.format() == Some(image::ImageFormat::Jpeg) {
-        jpeg_runs_to_its_end(bytes).map_err(bad)?;
+    if reader.format() == Some(image::ImageFormat::Jpeg) && jpeg_end(bytes).is_none() {
+        return Err(bad("the file is cut short: its JPEG data ends before the end-of-image marker (PIL: image file is truncated)".into()));
     }
     let decoder = reader.into_decoder().map_err(|e| bad(e.to_string()))?;
     let (w, h) = image::ImageDecoder::dimensions(&decoder);
@@ -220,35 +220,30 @@ pub(super) fn decode_bytes(
     with_pixels(img.into_rgb8(), name)
 }
 
-/// Checks that a JPEG's markers run to its end-of-image marker: a file cut short (a partial
-/// download, a full disk) ends before it. Each segment is skipped by its length; a scan's
-/// entropy-coded data runs to the next marker that is neither a stuffed 0xFF nor a restart.
-fn jpeg_runs_to_its_end(bytes: &[u8]) -> Result<(), String> {
-    let cut = || {
-        "the file is cut short: its JPEG data ends before the end-of-image marker (PIL: image file is truncated)".to_string()
-    };
+/// Where a JPEG's end-of-image marker is, following its markers; None where the file is cut
+/// short (a partial download, a full disk) and ends before it. Each segment is skipped by its
+/// length; a scan's entropy-coded data runs to the next marker that is neither a stuffed 0xFF
+/// nor a restart.
+fn jpeg_end(bytes: &[u8]) -> Option<usize> {
     let mut at = 2;
     loop {
         // A marker: its 0xFF (bytes before it that are not one are skipped, as libjpeg skips
         // them), any number of fill bytes 0xFF, then its code.
-        at += bytes
-            .get(at..)
-            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
-            .ok_or_else(cut)?;
+        at += bytes.get(at..).and_then(|rest| rest.iter().position(|&b| b == 0xFF))?;
         while bytes.get(at) == Some(&0xFF) {
             at += 1;
         }
-        let code = *bytes.get(at).ok_or_else(cut)?;
+        let code = *bytes.get(at)?;
         at += 1;
         match code {
-            0xD9 => return Ok(()),
+            0xD9 => return Some(at),
             0x01 | 0xD0..=0xD7 => continue,
             _ => {}
         }
-        let length = bytes.get(at..at + 2).ok_or_else(cut)?;
+        let length = bytes.get(at..at + 2)?;
         at += usize::from(u16::from_be_bytes([length[0], length[1]]));
         if code == 0xDA {
-            at = next_marker(bytes, at).ok_or_else(cut)?;
+            at = next_marker(bytes, at)?;
         }
     }
 }

@@ -65,14 +65,21 @@ pub enum LrSchedule {
     Cosine,
 }
 
+/// A name that is no [`LrSchedule`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown learning-rate schedule {name:?}: constant, step or cosine")]
+pub struct UnknownSchedule {
+    pub name: String,
+}
+
 impl FromStr for LrSchedule {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSchedule;
+    fn from_str(s: &str) -> Result<Self, UnknownSchedule> {
         match s {
             "constant" => Ok(LrSchedule::Constant),
             "step" => Ok(LrSchedule::Step),
             "cosine" => Ok(LrSchedule::Cosine),
-            _ => Err(format!("unknown learning-rate schedule {s:?}: constant, step or cosine")),
+            _ => Err(UnknownSchedule { name: s.into() }),
         }
     }
 }

@@ -276,12 +276,13 @@ pub fn write_rows(
     for (replica, rows) in all.iter().enumerate() {
         let expected: usize = widths.iter().map(|w| w * counts[replica] as usize).sum();
         if rows.len() != expected {
-            return Err(StepError::Invalid(format!(
-                "replica {replica} sent {} BatchNorm row values for {} examples at BN site {}, not {expected}: the replicas disagree on the shards",
-                rows.len(),
-                counts[replica],
-                sites[0].site
-            )));
+            return Err(StepError::BatchNormRows {
+                replica,
+                values: rows.len(),
+                examples: counts[replica],
+                site: sites[0].site,
+                expected,
+            });
         }
     }
     let mut at: Vec<usize> = vec![0; all.len()];
@@ -484,11 +485,7 @@ impl DataParallel {
             .iter()
             .map(|b| ActivationPattern::from_bytes(b))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                ParallelError::Step(StepError::Invalid(
-                    "an activation pattern from another rank does not parse".into(),
-                ))
-            })?;
+            .ok_or(ParallelError::Step(StepError::PatternFromRank))?;
         Ok(ActivationPattern::concat(&all))
     }
 
@@ -643,14 +640,13 @@ impl DataParallel {
     fn shard_ranges(&self, part: &Batch, at: Shard) -> Result<Vec<std::ops::Range<u64>>> {
         let mine = self.part(at.global as usize)?;
         if (at.start as usize, part.len()) != (mine.start, mine.len()) {
-            return Err(ParallelError::Step(StepError::Invalid(format!(
-                "this process's replicas take examples {}..{} of the batch of {}; given {}..{}",
-                mine.start,
-                mine.end,
-                at.global,
-                at.start,
-                at.start as usize + part.len()
-            ))));
+            return Err(ParallelError::Step(StepError::NotThisProcessPart {
+                start: mine.start,
+                end: mine.end,
+                global: at.global,
+                given_start: at.start,
+                given_end: at.start as usize + part.len(),
+            }));
         }
         let ranges = crate::data::shard_ranges(at.global as usize, self.global_replicas())?;
         Ok(ranges.into_iter().map(|r| r.start as u64..r.end as u64).collect())

@@ -85,10 +85,12 @@ impl Replica {
             if pass.eval.is_none() {
                 rows.push(self.example_stats(pass, rows.len(), u.id, out)?);
             }
-            let site =
-                self.model.batchnorms().iter().position(|bn| *bn == u.bn).ok_or_else(|| {
-                    StepError::Invalid(format!("{:?} is not a BatchNorm of the model", u.id))
-                })?;
+            let site = self
+                .model
+                .batchnorms()
+                .iter()
+                .position(|bn| *bn == u.bn)
+                .ok_or_else(|| StepError::NotABatchNorm { unit: format!("{:?}", u.id) })?;
             let (id, conv, bn, input) = (u.id, u.conv, u.bn, u.input);
             pass.units.push(Unit { id, conv, bn, site, input, out, count: 0 });
         }
@@ -244,9 +246,7 @@ impl Replica {
             Some(p) => {
                 let expected = u.out.len();
                 if p.relu.get(site).map(|m| m.len() as u64) != Some(expected) {
-                    return Err(StepError::Invalid(format!(
-                        "imposed pattern has no ReLU site {site} of {expected} units"
-                    )));
+                    return Err(StepError::ImposedRelu { site, units: expected });
                 }
                 Some(self.acts.saved(Act::ImposedRelu(site)))
             }
@@ -312,9 +312,7 @@ impl Replica {
         match pass.impose {
             Some(p) => {
                 if p.pool_argmax.len() as u64 != pooled.len() {
-                    return Err(StepError::Invalid(
-                        "imposed pattern's pool argmax has the wrong size".into(),
-                    ));
+                    return Err(StepError::ImposedPool);
                 }
                 pass.pool_argmax = Act::ImposedPool;
                 let given = self.acts.saved(Act::ImposedPool);

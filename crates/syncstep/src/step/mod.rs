@@ -40,8 +40,42 @@ pub enum StepError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Collective(#[from] CollectiveError),
-    #[error("{0}")]
-    Invalid(String),
+    /// A step hyper-parameter outside its range.
+    #[error("{what} must be {range}")]
+    Setting { what: &'static str, range: &'static str },
+    #[error("batch must be at least 1")]
+    NoBatch,
+    #[error("empty batch")]
+    EmptyBatch,
+    #[error("parameter/buffer vectors have {params}/{running} values, the model layout needs {param_len}/{buffer_len}")]
+    Layout { params: usize, running: usize, param_len: usize, buffer_len: usize },
+    #[error("momentum has {got} values, the layout needs {needed}")]
+    Velocity { got: usize, needed: usize },
+    #[error(
+        "a batch of {len} examples cannot be examples {start}.. of a global batch of {global}"
+    )]
+    NotAShard { len: usize, start: u64, global: u64 },
+    /// A batch whose buffers cannot exist on the device (`size`: the largest activation's
+    /// bytes, written out; `why`: the limit it passes).
+    #[error("a batch of {batch} image(s) of {h}×{w}: its largest activation holds {values} values ({size}), {why}: use a smaller --batch or --image-size")]
+    BatchTooLarge { batch: u64, h: u32, w: u32, values: u64, size: String, why: String },
+    #[error("imposed pattern has no ReLU site {site} of {units} units")]
+    ImposedRelu { site: usize, units: u64 },
+    #[error("imposed pattern's pool argmax has the wrong size")]
+    ImposedPool,
+    /// A unit of the forward whose BatchNorm the model does not have (a bug, not an input).
+    #[error("{unit} is not a BatchNorm of the model")]
+    NotABatchNorm { unit: String },
+    #[error("replica {replica} sent {values} BatchNorm row values for {examples} examples at BN site {site}, not {expected}: the replicas disagree on the shards")]
+    BatchNormRows { replica: usize, values: usize, examples: u32, site: usize, expected: usize },
+    #[error("an activation pattern from another rank does not parse")]
+    PatternFromRank,
+    #[error("this process's replicas take examples {start}..{end} of the batch of {global}; given {given_start}..{given_end}")]
+    NotThisProcessPart { start: usize, end: usize, global: u64, given_start: u64, given_end: usize },
+    #[error("the model's outputs for image {image} of the evaluation are not finite ({value}), so it has no score: the forward pass overflowed (the weights of a run that diverged, or inputs far from what they were trained on, do that)")]
+    NonFiniteOutput { image: usize, value: f32 },
+    #[error("replica {replica}'s {what} differ from replica 0's: not writing a checkpoint")]
+    ReplicasDiffer { replica: usize, what: &'static str },
     /// The loss of `step` is NaN or infinite: the run diverged; nothing was updated.
     #[error("the loss became {loss} at step {step}: lower the learning rate")]
     NonFiniteLoss { step: u64, loss: f32 },
@@ -75,14 +109,14 @@ impl StepConfig {
     pub fn validate(&self) -> Result<()> {
         let ok = |v: f32, lo: f32, hi: f32| v.is_finite() && v >= lo && v < hi;
         let checks = [
-            (ok(self.label_smoothing, 0.0, 1.0), "label smoothing must be in [0, 1)"),
-            (ok(self.lr, 0.0, f32::MAX), "learning rate must be finite and ≥ 0"),
-            (ok(self.momentum, 0.0, 1.0), "momentum must be in [0, 1)"),
-            (ok(self.weight_decay, 0.0, f32::MAX), "weight decay must be finite and ≥ 0"),
-            (ok(self.bn_momentum, 0.0, 1.0 + f32::EPSILON), "BatchNorm momentum must be in [0, 1]"),
+            (ok(self.label_smoothing, 0.0, 1.0), "label smoothing", "in [0, 1)"),
+            (ok(self.lr, 0.0, f32::MAX), "learning rate", "finite and ≥ 0"),
+            (ok(self.momentum, 0.0, 1.0), "momentum", "in [0, 1)"),
+            (ok(self.weight_decay, 0.0, f32::MAX), "weight decay", "finite and ≥ 0"),
+            (ok(self.bn_momentum, 0.0, 1.0 + f32::EPSILON), "BatchNorm momentum", "in [0, 1]"),
         ];
-        match checks.iter().find(|(good, _)| !good) {
-            Some((_, msg)) => Err(StepError::Invalid(msg.to_string())),
+        match checks.iter().find(|(good, ..)| !good) {
+            Some(&(_, what, range)) => Err(StepError::Setting { what, range }),
             None => Ok(()),
         }
     }
@@ -361,13 +395,12 @@ impl Replica {
     /// A replica holding `params` (model layout) and running statistics `running`.
     pub fn new(gpu: Device, model: ResNet, params: &[f32], running: &[f32]) -> Result<Replica> {
         if params.len() != model.param_len || running.len() != model.buffer_len {
-            return Err(StepError::Invalid(format!(
-                "parameter/buffer vectors have {}/{} values, the model layout needs {}/{}",
-                params.len(),
-                running.len(),
-                model.param_len,
-                model.buffer_len
-            )));
+            return Err(StepError::Layout {
+                params: params.len(),
+                running: running.len(),
+                param_len: model.param_len,
+                buffer_len: model.buffer_len,
+            });
         }
         let params_buf = gpu.upload("params", params)?;
         let grads = gpu.buffer("grads", model.param_len as u64)?;
@@ -462,10 +495,8 @@ impl Replica {
         batch.validate(self.model.classes)?;
         ResNet::check_image_size(batch.h, batch.w)?;
         if batch.is_empty() || shard.start + batch.len() as u64 > shard.global {
-            let (n, Shard { start, global }) = (batch.len(), shard);
-            return Err(StepError::Invalid(format!(
-                "a batch of {n} examples cannot be examples {start}.. of a global batch of {global}"
-            )));
+            let Shard { start, global } = shard;
+            return Err(StepError::NotAShard { len: batch.len(), start, global });
         }
         self.model.check_training_batch(shard.global, batch.h, batch.w)?;
         let n = batch.len() as u32;
@@ -518,7 +549,7 @@ impl Replica {
         batch.validate(self.model.classes)?;
         ResNet::check_image_size(batch.h, batch.w)?;
         if batch.is_empty() {
-            return Err(StepError::Invalid("empty batch".into()));
+            return Err(StepError::EmptyBatch);
         }
         let running = self.read_running().await?;
         self.scratch.begin((batch.len() as u32, batch.h, batch.w));
@@ -592,11 +623,7 @@ impl Replica {
     /// Replaces the momentum buffer (resuming from a checkpoint).
     pub fn write_velocity(&self, v: &[f32]) -> Result<()> {
         if v.len() != self.model.param_len {
-            return Err(StepError::Invalid(format!(
-                "momentum has {} values, the layout needs {}",
-                v.len(),
-                self.model.param_len
-            )));
+            return Err(StepError::Velocity { got: v.len(), needed: self.model.param_len });
         }
         self.gpu.queue.write_buffer(&self.velocity, 0, bytemuck::cast_slice(v));
         Ok(())
@@ -617,10 +644,8 @@ pub fn check_batch_fits(
     let bytes = largest.saturating_mul(4);
     let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
     let refuse = |why: String| {
-        Err(StepError::Invalid(format!(
-            "a batch of {batch} image(s) of {h}×{w}: its largest activation holds {largest} values ({}), {why}: use a smaller --batch or --image-size",
-            crate::host::format_bytes(bytes, crate::host::ByteScale::Fit)
-        )))
+        let size = crate::host::format_bytes(bytes, crate::host::ByteScale::Fit);
+        Err(StepError::BatchTooLarge { batch, h, w, values: largest, size, why })
     };
     if bytes > binding {
         let allowed = crate::host::format_bytes(binding, crate::host::ByteScale::Fit);
