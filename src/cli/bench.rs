@@ -142,9 +142,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.shapes_only {
         return shapes_only(&cfg, args.json.as_deref(), overwrite);
     }
-    // Each rank's adapters are its own.
-    let shared = BenchConfig { adapters: Vec::new(), ..cfg.clone() };
-    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
+    super::ranks::agree(&peers, "the settings", &shared_settings(&cfg, &args))?;
     let json = args.json.as_ref().filter(|_| lead);
     // Fail now rather than after minutes of measuring.
     let _claim = json
@@ -190,11 +188,55 @@ fn shapes_only(
     if let Some(path) = json {
         let report = serde_json::json!({
             "config": {"arch": cfg.arch.name(), "batch": cfg.global(), "image_size": cfg.image_size, "classes": cfg.classes,
-                       "plan_for": format!("{:?}", cfg.device.policy.plan).to_lowercase()},
+                       "plan_for": cfg.device.policy.plan.name()},
             "profile": profile.to_json(),
         });
         syncstep::files::write_atomic(path, report.to_string().as_bytes())?;
         say!("figures written to {}", path.display());
     }
     Ok(())
+}
+
+/// What every rank of `bench --mpi` must run alike, as bytes to agree on: the settings, not the
+/// adapters, folders and threads each rank has of its own.
+fn shared_settings(cfg: &BenchConfig, args: &BenchArgs) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Shared<'a> {
+        arch: &'a str,
+        replicas: usize,
+        batch: usize,
+        global_batch: Option<usize>,
+        image_size: u32,
+        classes: u32,
+        steps: usize,
+        warmup: usize,
+        profile: bool,
+        roofline: Option<String>,
+        plan_for: &'a str,
+        retune: bool,
+        forced: Option<String>,
+        winograd: Option<bool>,
+        bucket_bytes: u64,
+        seed: u64,
+    }
+    let policy = &cfg.device.policy;
+    let shared = Shared {
+        arch: cfg.arch.name(),
+        replicas: cfg.replicas,
+        batch: cfg.batch,
+        global_batch: cfg.global_batch,
+        image_size: cfg.image_size,
+        classes: cfg.classes,
+        steps: cfg.steps,
+        warmup: cfg.warmup,
+        profile: cfg.profile,
+        roofline: cfg.roofline.map(|r| format!("{r:?}")),
+        plan_for: policy.plan.name(),
+        retune: args.tune.retune,
+        forced: policy.forced.map(|f| format!("{f:?}")),
+        winograd: policy.winograd,
+        bucket_bytes: cfg.bucket_bytes,
+        seed: cfg.seed,
+    };
+    serde_json::to_vec(&shared).expect("the settings serialise")
 }

@@ -734,7 +734,7 @@ impl BenchReport {
                 "steps": c.steps,
                 "warmup": c.warmup,
                 "profile": c.profile,
-                "plan_for": format!("{:?}", c.device.policy.plan).to_lowercase(),
+                "plan_for": c.device.policy.plan.name(),
             },
             "adapters": self.adapters,
             "lp_num_threads": self.lp_num_threads,

@@ -38,6 +38,17 @@ pub enum KernelPlan {
     Timed,
 }
 
+impl KernelPlan {
+    /// The name `--plan-for` takes and reports write.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelPlan::Auto => "auto",
+            KernelPlan::Gpu => "gpu",
+            KernelPlan::Timed => "timed",
+        }
+    }
+}
+
 /// A variant forced on every convolution (the command line's `SYNCSTEP_CONV_ALGO`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forced {
