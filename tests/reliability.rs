@@ -957,6 +957,21 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     eprintln!("{} cases", cases.len() + 7);
 }
 
+/// An output replaces the file its own command wrote there before: a golden file, and the
+/// figures beside it, written twice to the same paths.
+#[test]
+fn an_output_replaces_the_file_its_own_command_wrote() {
+    let Some(tmp) = gpu_test_dir() else { return };
+    let (golden, figures) = (tmp.path().join("golden.json"), tmp.path().join("check.json"));
+    let (g, f) = (golden.to_str().unwrap(), figures.to_str().unwrap());
+    let check = ["check", "--replicas", "1", "--batch", "2", "--steps", "0", "--golden", g];
+    for round in 0..2 {
+        let o = run(&[&check[..], &["--json", f]].concat(), &[], &[]);
+        assert!(o.status.success(), "round {round}: {}", text(&o));
+    }
+    assert!(golden.exists() && figures.exists());
+}
+
 /// A closed standard output (`train | head -n 1`) ends the printing, not the run: it trains to
 /// its end and writes its checkpoint. SIGHUP (a closed terminal, a dropped ssh) is SIGTERM's
 /// twin: the step in flight finishes, the checkpoint is written, the exit is 129.

@@ -20,10 +20,11 @@ const FIGURES: Kind = Kind {
     ours: |path| super::json_with(path, &["/check", "/global_batch"]),
 };
 
-/// A golden file (`--golden`), told by its `golden`, `format` and `settings`.
+/// A golden file (`--golden`), told by its `golden`, `format` and `tensors` (its settings are
+/// top-level fields).
 const GOLDEN: Kind = Kind {
     what: "a syncstep golden file (a check --golden file)",
-    ours: |path| super::json_with(path, &["/golden", "/format", "/settings"]),
+    ours: |path| super::json_with(path, &["/golden", "/format", "/tensors"]),
 };
 
 #[derive(Args)]
