@@ -189,10 +189,50 @@ fn slices(
 /// of its sums) per workgroup.
 fn gemm_entry(c: TileConfig, sum: Sum) -> String {
     let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
-    let (mq, nq) = (c.tm / 4, c.tn / 4);
+    let mq = c.tm / 4;
     let (a_loads, b_loads) = (c.a_loads(), c.b_loads());
     let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
-    let mut w = vec![
+    let mut w = gemm_prologue(c);
+    let loads = |w: &mut Vec<String>, indent: &str, k0: &str| {
+        for r in 0..a_loads {
+            let k = format!("{k0} + sa_k + {}u", r * threads / bm);
+            w.push(format!("{indent}pa{r} = ig_gather(sa, first, {k}, k_end);"));
+        }
+        for r in 0..b_loads {
+            let k = format!("{k0} + sb_k + {}u", r * threads / (bn / 4));
+            w.push(format!("{indent}pb{r} = ig_weight(first, {k}, k_end, sb_col4);"));
+        }
+    };
+    let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
+        for r in 0..a_loads {
+            let at = gemm_a_store(c, r).wgsl();
+            w.push(format!("{indent}ig_a[{buffer} * {a_slice}u + {at} / 4u][{at} % 4u] = pa{r};"));
+        }
+        for r in 0..b_loads {
+            let at = gemm_b_store(c, r).wgsl();
+            w.push(format!("{indent}ig_b[{buffer} * {b_slice}u + {at}] = pb{r};"));
+        }
+    };
+    w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
+    w.extend((0..b_loads).map(|r| format!("    var pb{r} = vec4<f32>(0.0);")));
+    // Accumulators c{j}_{h}: column j, pixel quad h; the segments' total t{j}_{h}.
+    w.extend(each("    ", c.tn, mq, |j, h| format!("var c{j}_{h} = vec4<f32>(0.0);")));
+    if sum == Sum::Segments {
+        w.extend(each("    ", c.tn, mq, |j, h| format!("var t{j}_{h} = vec4<f32>(0.0);")));
+    }
+    let body = |w: &mut Vec<String>| gemm_slice(c, sum, w);
+    slices(&mut w, "k_begin", bk, (&loads, &stores), &body);
+    gemm_stores(c, sum, &mut w);
+    w.push("}".into());
+    w.join("\n") + "\n"
+}
+
+/// The gather GEMM's workgroup arrays and its opening: the phase's records, the tile, the
+/// segment of k, and the pixel and column each invocation stages.
+fn gemm_prologue(c: TileConfig) -> Vec<String> {
+    let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
+    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    vec![
         format!("var<workgroup> ig_a: array<vec4<f32>, {}>;", 2 * a_slice),
         format!("var<workgroup> ig_b: array<vec4<f32>, {}>;", 2 * b_slice),
         String::new(),
@@ -224,66 +264,43 @@ fn gemm_entry(c: TileConfig, sum: Sum) -> String {
         format!("    let sa_k = lid / {bm}u;"),
         format!("    let sb_col4 = n0 / 4u + lid % {}u;", bn / 4),
         format!("    let sb_k = lid / {}u;", bn / 4),
-    ];
-    let loads = |w: &mut Vec<String>, indent: &str, k0: &str| {
-        for r in 0..a_loads {
-            let k = format!("{k0} + sa_k + {}u", r * threads / bm);
-            w.push(format!("{indent}pa{r} = ig_gather(sa, first, {k}, k_end);"));
-        }
-        for r in 0..b_loads {
-            let k = format!("{k0} + sb_k + {}u", r * threads / (bn / 4));
-            w.push(format!("{indent}pb{r} = ig_weight(first, {k}, k_end, sb_col4);"));
-        }
-    };
-    let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
-        for r in 0..a_loads {
-            let at = gemm_a_store(c, r).wgsl();
-            w.push(format!("{indent}ig_a[{buffer} * {a_slice}u + {at} / 4u][{at} % 4u] = pa{r};"));
-        }
-        for r in 0..b_loads {
-            let at = gemm_b_store(c, r).wgsl();
-            w.push(format!("{indent}ig_b[{buffer} * {b_slice}u + {at}] = pb{r};"));
-        }
-    };
-    w.extend((0..a_loads).map(|r| format!("    var pa{r} = 0.0;")));
-    w.extend((0..b_loads).map(|r| format!("    var pb{r} = vec4<f32>(0.0);")));
-    // Accumulators c{j}_{h}: column j, pixel quad h; the segments' total t{j}_{h}.
-    w.extend(each("    ", c.tn, mq, |j, h| format!("var c{j}_{h} = vec4<f32>(0.0);")));
-    if sum == Sum::Segments {
-        w.extend(each("    ", c.tn, mq, |j, h| format!("var t{j}_{h} = vec4<f32>(0.0);")));
+    ]
+}
+
+/// One staged slice of the gather GEMM: its outer products into the accumulators and, summing
+/// by segments, each finished segment into the total.
+fn gemm_slice(c: TileConfig, sum: Sum, w: &mut Vec<String>) {
+    let (bm, bn, bk) = (c.bm(), c.bn(), c.bk);
+    let (mq, nq) = (c.tm / 4, c.tn / 4);
+    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    w.push(format!("        for (var kk = 0u; kk < {bk}u; kk++) {{"));
+    for h in 0..mq {
+        let at = gemm_a_read(c, h).wgsl();
+        w.push(format!("            let a{h} = ig_a[cur * {a_slice}u + kk * {}u + {at}];", bm / 4));
     }
-    let body = |w: &mut Vec<String>| {
-        w.push(format!("        for (var kk = 0u; kk < {bk}u; kk++) {{"));
-        for h in 0..mq {
-            let at = gemm_a_read(c, h).wgsl();
-            w.push(format!(
-                "            let a{h} = ig_a[cur * {a_slice}u + kk * {}u + {at}];",
-                bm / 4
-            ));
-        }
-        for q in 0..nq {
-            let at = gemm_b_read(c, q).wgsl();
-            w.push(format!(
-                "            let b{q} = ig_b[cur * {b_slice}u + kk * {}u + {at}];",
-                bn / 4
-            ));
-        }
-        for j in 0..c.tn {
-            let b = format!("b{}.{}", j / 4, LANE[j as usize % 4]);
-            let line: Vec<String> = (0..mq).map(|h| format!("c{j}_{h} += {b} * a{h};")).collect();
-            w.push(format!("            {}", line.join(" ")));
-        }
+    for q in 0..nq {
+        let at = gemm_b_read(c, q).wgsl();
+        w.push(format!("            let b{q} = ig_b[cur * {b_slice}u + kk * {}u + {at}];", bn / 4));
+    }
+    for j in 0..c.tn {
+        let b = format!("b{}.{}", j / 4, LANE[j as usize % 4]);
+        let line: Vec<String> = (0..mq).map(|h| format!("c{j}_{h} += {b} * a{h};")).collect();
+        w.push(format!("            {}", line.join(" ")));
+    }
+    w.push("        }".into());
+    if sum == Sum::Segments {
+        w.push("        if ((next - k_begin) % seg_len == 0u || !more) {".into());
+        w.extend(each("            ", c.tn, mq, |j, h| {
+            format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")
+        }));
         w.push("        }".into());
-        if sum == Sum::Segments {
-            w.push("        if ((next - k_begin) % seg_len == 0u || !more) {".into());
-            w.extend(each("            ", c.tn, mq, |j, h| {
-                format!("t{j}_{h} += c{j}_{h}; c{j}_{h} = vec4<f32>(0.0);")
-            }));
-            w.push("        }".into());
-        }
-    };
-    slices(&mut w, "k_begin", bk, (&loads, &stores), &body);
-    // The stores: pixel quad h's pixels and column j as the reads above place them.
+    }
+}
+
+/// The gather GEMM's outputs: pixel quad h's pixels and column j as the reads place them, into
+/// the slab of the workgroup's segment where the sums are split.
+fn gemm_stores(c: TileConfig, sum: Sum, w: &mut Vec<String>) {
+    let mq = c.tm / 4;
     w.push(
         "    let slab = select(0u, (wid.z % ig.segments) * ig.out_len, ig.segments > 1u);".into(),
     );
@@ -310,8 +327,6 @@ fn gemm_entry(c: TileConfig, sum: Sum) -> String {
         }
         w.push("    }".into());
     }
-    w.push("}".into());
-    w.join("\n") + "\n"
 }
 
 /// The module of `config`'s weight gradient (`conv2d_implicit_weight`), its nodes' pairwise
@@ -327,27 +342,8 @@ pub(crate) fn weight_shader(config: TileConfig, levels: u32, nodes: u32) -> Shad
 /// workgroup, over slices of `bk` pixels stored pixel-major ([`weight_row`]).
 fn weight_entry(c: TileConfig, levels: u32) -> String {
     let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
-    let (mq, nq) = (c.tm / 4, c.tn / 4);
-    let (row_a, row_b) = (weight_row(bm) / 4, weight_row(bn) / 4);
     let (a_loads, b_loads) = (bk * bm / threads, bk * bn / threads);
-    let mut w = vec![
-        format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a),
-        format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b),
-        String::new(),
-        format!("@compute @workgroup_size({threads})"),
-        "fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into(),
-        "    let f = wid.x + wid.y * nwg.x;".into(),
-        format!("    let m0 = (f % iw.m_tiles) * {bm}u;"),
-        format!("    let n0 = (f / iw.m_tiles) * {bn}u;"),
-        "    // Whole workgroups only: the barriers stay uniform.".into(),
-        "    if (n0 >= iw.cols) { return; }".into(),
-        "    let plane = iw.out_h * iw.out_w;".into(),
-        "    let count = min(iw.node, iw.images - wid.z * iw.node);".into(),
-        "    let q_begin = wid.z * iw.node * plane;".into(),
-        "    let q_end = q_begin + count * plane;".into(),
-        format!("    let steps = (count * plane + {}u) / {bk}u;", bk - 1),
-        format!("    let sq = {};", weight_pixel(c).wgsl()),
-    ];
+    let mut w = weight_prologue(c);
     let loads = |w: &mut Vec<String>, indent: &str, q0: &str| {
         w.push(format!("{indent}let sp = iw_pixel({q0} + sq, q_end);"));
         for r in 0..a_loads {
@@ -374,7 +370,7 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.extend((0..b_loads).map(|r| format!("    var pb{r} = 0.0;")));
     // s{i}_{q}: output channel i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the
     // node's open pairwise blocks.
-    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each(indent, c.tm, nq, f).join(" ");
+    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
     w.push(all("    ", &|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);")));
     w.push(all("    ", &|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);")));
     for l in 0..levels {
@@ -383,62 +379,115 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.push("    var col = 0u;".into());
     w.push("    var row = 0u;".into());
     w.push("    var ex = 0u;".into());
-    let body = |w: &mut Vec<String>| {
-        w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
-        w.push("        for (var t = 0u; t < live; t++) {".into());
-        for h in 0..mq {
-            let at = weight_a_read(c, h).wgsl();
-            w.push(format!(
-                "            let a{h} = iw_a[cur * {}u + t * {row_a}u + {at}];",
-                bk * row_a
-            ));
-        }
-        for q in 0..nq {
-            let at = weight_b_read(c, q).wgsl();
-            w.push(format!(
-                "            let b{q} = iw_b[cur * {}u + t * {row_b}u + {at}];",
-                bk * row_b
-            ));
-        }
-        for i in 0..c.tm {
-            let a = format!("a{}.{}", i / 4, LANE[i as usize % 4]);
-            let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
-            w.push(format!("            {}", line.join(" ")));
-        }
-        w.push("            col++;".into());
-        w.push("            if (col == iw.out_w) {".into());
-        w.push("                col = 0u;".into());
-        w.push("                row++;".into());
-        w.push(all("                ", &|i, q| {
-            format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
-        }));
-        w.push("                if (row == iw.out_h) {".into());
-        w.push("                    row = 0u;".into());
-        // The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it:
-        // the last example closes the node's sum, which stays in e.
-        w.push("                    let closed = countTrailingZeros(~ex);".into());
-        w.push("                    let last = ex + 1u == count;".into());
-        for l in 0..levels {
-            w.push(format!(
-                "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
-            ));
-            w.push(all("                        ", &|i, q| {
-                format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
-            }));
-            w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
-            w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
-            w.push("                    }".into());
-        }
-        w.push("                    if (!last) {".into());
-        w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
-        w.push("                    }".into());
-        w.push("                    ex++;".into());
-        w.push("                }".into());
-        w.push("            }".into());
-        w.push("        }".into());
-    };
+    let body = |w: &mut Vec<String>| weight_slice(c, levels, w);
     slices(&mut w, "q_begin", bk, (&loads, &stores), &body);
-    // The node's sums, where the reads above place them: channel quads and k quads.
+    weight_stores(c, &mut w);
+    w.push("}".into());
+    w.join("\n") + "\n"
+}
+
+/// `f` of every output of an invocation of `c`'s weight gradient, output channel i (0..tm) by
+/// k quad q, on one line.
+fn each_output(c: TileConfig, indent: &str, f: &dyn Fn(u32, u32) -> String) -> String {
+    each(indent, c.tm, c.tn / 4, f).join(" ")
+}
+
+/// The weight gradient's workgroup arrays and its opening: the tile, the node's examples and
+/// pixels, and the pixel each invocation stages.
+fn weight_prologue(c: TileConfig) -> Vec<String> {
+    let (bm, bn, bk, threads) = (c.bm(), c.bn(), c.bk, c.threads());
+    let (row_a, row_b) = (weight_row(bm) / 4, weight_row(bn) / 4);
+    vec![
+        format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a),
+        format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b),
+        String::new(),
+        format!("@compute @workgroup_size({threads})"),
+        "fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into(),
+        "    let f = wid.x + wid.y * nwg.x;".into(),
+        format!("    let m0 = (f % iw.m_tiles) * {bm}u;"),
+        format!("    let n0 = (f / iw.m_tiles) * {bn}u;"),
+        "    // Whole workgroups only: the barriers stay uniform.".into(),
+        "    if (n0 >= iw.cols) { return; }".into(),
+        "    let plane = iw.out_h * iw.out_w;".into(),
+        "    let count = min(iw.node, iw.images - wid.z * iw.node);".into(),
+        "    let q_begin = wid.z * iw.node * plane;".into(),
+        "    let q_end = q_begin + count * plane;".into(),
+        format!("    let steps = (count * plane + {}u) / {bk}u;", bk - 1),
+        format!("    let sq = {};", weight_pixel(c).wgsl()),
+    ]
+}
+
+/// One staged slice of the weight gradient: its outer products into the row's sums, a row's
+/// sum into the example's at each row's end, and the example's into the node's blocks at each
+/// example's end.
+fn weight_slice(c: TileConfig, levels: u32, w: &mut Vec<String>) {
+    let (bm, bn, bk) = (c.bm(), c.bn(), c.bk);
+    let (mq, nq) = (c.tm / 4, c.tn / 4);
+    let (row_a, row_b) = (weight_row(bm) / 4, weight_row(bn) / 4);
+    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
+    w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
+    w.push("        for (var t = 0u; t < live; t++) {".into());
+    for h in 0..mq {
+        let at = weight_a_read(c, h).wgsl();
+        w.push(format!(
+            "            let a{h} = iw_a[cur * {}u + t * {row_a}u + {at}];",
+            bk * row_a
+        ));
+    }
+    for q in 0..nq {
+        let at = weight_b_read(c, q).wgsl();
+        w.push(format!(
+            "            let b{q} = iw_b[cur * {}u + t * {row_b}u + {at}];",
+            bk * row_b
+        ));
+    }
+    for i in 0..c.tm {
+        let a = format!("a{}.{}", i / 4, LANE[i as usize % 4]);
+        let line: Vec<String> = (0..nq).map(|q| format!("s{i}_{q} += {a} * b{q};")).collect();
+        w.push(format!("            {}", line.join(" ")));
+    }
+    w.push("            col++;".into());
+    w.push("            if (col == iw.out_w) {".into());
+    w.push("                col = 0u;".into());
+    w.push("                row++;".into());
+    w.push(all("                ", &|i, q| {
+        format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
+    }));
+    w.push("                if (row == iw.out_h) {".into());
+    w.push("                    row = 0u;".into());
+    weight_push_example(c, levels, w);
+    w.push("                    ex++;".into());
+    w.push("                }".into());
+    w.push("            }".into());
+    w.push("        }".into());
+}
+
+/// The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it: the
+/// last example closes the node's sum, which stays in e.
+fn weight_push_example(c: TileConfig, levels: u32, w: &mut Vec<String>) {
+    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
+    w.push("                    let closed = countTrailingZeros(~ex);".into());
+    w.push("                    let last = ex + 1u == count;".into());
+    for l in 0..levels {
+        w.push(format!(
+            "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
+        ));
+        w.push(all("                        ", &|i, q| {
+            format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
+        }));
+        w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
+        w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
+        w.push("                    }".into());
+    }
+    w.push("                    if (!last) {".into());
+    w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
+    w.push("                    }".into());
+}
+
+/// The node's sums, where the reads place them (channel quads and k quads), into its slab of
+/// the nodes' sums, or straight into dw where the batch is one node.
+fn weight_stores(c: TileConfig, w: &mut Vec<String>) {
+    let nq = c.tn / 4;
     for q in 0..nq {
         w.push(format!("    let k{q} = n0 + 4u * {};", weight_b_read(c, q).wgsl()));
     }
@@ -460,8 +509,6 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
         }
         w.push("    }".into());
     }
-    w.push("}".into());
-    w.join("\n") + "\n"
 }
 
 #[cfg(test)]
