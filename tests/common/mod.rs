@@ -74,17 +74,19 @@ pub fn gpu() -> Option<&'static Device> {
 
 /// A device of its own (for code that takes ownership of a device), or None as `gpu()`.
 pub fn fresh_gpu() -> Option<Device> {
-    gpu()?;
-    let gpu = pollster::block_on(Gpu::new(&environment().adapter())).unwrap();
-    Some(Device::new(gpu, &device_config()))
+    device_made_with(&device_config())
 }
 
 /// A device of its own whose convolutions choose by `policy`, or None as `gpu()`.
 pub fn device_with(policy: syncstep::kernels::conv2d::KernelPolicy) -> Option<Device> {
+    device_made_with(&DeviceConfig { policy: std::sync::Arc::new(policy), ..device_config() })
+}
+
+/// A device of its own made with `config`, or None as `gpu()`.
+fn device_made_with(config: &DeviceConfig) -> Option<Device> {
     gpu()?;
     let gpu = pollster::block_on(Gpu::new(&environment().adapter())).unwrap();
-    let config = DeviceConfig { policy: std::sync::Arc::new(policy), ..device_config() };
-    Some(Device::new(gpu, &config))
+    Some(Device::new(gpu, config))
 }
 
 /// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that

@@ -370,11 +370,10 @@ fn weight_entry(c: TileConfig, levels: u32) -> String {
     w.extend((0..b_loads).map(|r| format!("    var pb{r} = 0.0;")));
     // s{i}_{q}: output channel i (0..tm) × k quad q, the row's sum; e… the example's; b{l}… the
     // node's open pairwise blocks.
-    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
-    w.push(all("    ", &|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);")));
-    w.push(all("    ", &|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);")));
+    w.push(each_output(c, "    ", &|i, q| format!("var s{i}_{q} = vec4<f32>(0.0);")));
+    w.push(each_output(c, "    ", &|i, q| format!("var e{i}_{q} = vec4<f32>(0.0);")));
     for l in 0..levels {
-        w.push(all("    ", &|i, q| format!("var b{l}_{i}_{q} = vec4<f32>(0.0);")));
+        w.push(each_output(c, "    ", &|i, q| format!("var b{l}_{i}_{q} = vec4<f32>(0.0);")));
     }
     w.push("    var col = 0u;".into());
     w.push("    var row = 0u;".into());
@@ -424,7 +423,6 @@ fn weight_slice(c: TileConfig, levels: u32, w: &mut Vec<String>) {
     let (bm, bn, bk) = (c.bm(), c.bn(), c.bk);
     let (mq, nq) = (c.tm / 4, c.tn / 4);
     let (row_a, row_b) = (weight_row(bm) / 4, weight_row(bn) / 4);
-    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
     w.push(format!("        let live = min({bk}u, q_end - (next - {bk}u));"));
     w.push("        for (var t = 0u; t < live; t++) {".into());
     for h in 0..mq {
@@ -450,7 +448,7 @@ fn weight_slice(c: TileConfig, levels: u32, w: &mut Vec<String>) {
     w.push("            if (col == iw.out_w) {".into());
     w.push("                col = 0u;".into());
     w.push("                row++;".into());
-    w.push(all("                ", &|i, q| {
+    w.push(each_output(c, "                ", &|i, q| {
         format!("e{i}_{q} += s{i}_{q}; s{i}_{q} = vec4<f32>(0.0);")
     }));
     w.push("                if (row == iw.out_h) {".into());
@@ -465,22 +463,25 @@ fn weight_slice(c: TileConfig, levels: u32, w: &mut Vec<String>) {
 /// The example's sum into the node's pairwise blocks, as pairwise_push_or_close4 pushes it: the
 /// last example closes the node's sum, which stays in e.
 fn weight_push_example(c: TileConfig, levels: u32, w: &mut Vec<String>) {
-    let all = |indent: &str, f: &dyn Fn(u32, u32) -> String| each_output(c, indent, f);
     w.push("                    let closed = countTrailingZeros(~ex);".into());
     w.push("                    let last = ex + 1u == count;".into());
     for l in 0..levels {
         w.push(format!(
             "                    if ({l}u < closed || (last && {l}u > closed && ((count >> {l}u) & 1u) == 1u)) {{"
         ));
-        w.push(all("                        ", &|i, q| {
+        w.push(each_output(c, "                        ", &|i, q| {
             format!("e{i}_{q} = b{l}_{i}_{q} + e{i}_{q};")
         }));
         w.push(format!("                    }} else if ({l}u == closed && !last) {{"));
-        w.push(all("                        ", &|i, q| format!("b{l}_{i}_{q} = e{i}_{q};")));
+        w.push(each_output(c, "                        ", &|i, q| {
+            format!("b{l}_{i}_{q} = e{i}_{q};")
+        }));
         w.push("                    }".into());
     }
     w.push("                    if (!last) {".into());
-    w.push(all("                        ", &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
+    w.push(each_output(c, "                        ", &|i, q| {
+        format!("e{i}_{q} = vec4<f32>(0.0);")
+    }));
     w.push("                    }".into());
 }
 
