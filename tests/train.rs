@@ -10,7 +10,10 @@ use syncstep::data::synthetic_batch;
 use syncstep::model::{Arch, ResNet};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, write_f32_i64, TensorFile};
-use syncstep::train::{TrainConfig, Trainer};
+use syncstep::train::{
+    Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer,
+    TrainingRun,
+};
 
 /// A fresh folder of this test's own, removed when dropped, however the test ends.
 fn temp_dir(name: &str) -> tempfile::TempDir {
@@ -421,4 +424,76 @@ fn train_and_grad_take_replicas() {
     assert_eq!(la.to_bits(), lb.to_bits(), "loss {la} vs {lb}");
     let (ok, log) = grad("5", &two);
     assert!(!ok && log.contains("a batch of 4 cannot give each of 5 replicas an example"), "{log}");
+}
+
+/// A face that records what the run hands it, and asks for a stop after `stop_after` steps.
+struct Recorder {
+    kept: Vec<(u64, Keep)>,
+    steps: Vec<u64>,
+    stop_after: Option<u64>,
+}
+
+impl RunHooks for Recorder {
+    type Error = String;
+
+    fn batch(&mut self, trainer: &Trainer) -> Result<syncstep::data::Batch, String> {
+        trainer.batch_of_step(trainer.step).map_err(|e| e.to_string())
+    }
+
+    fn stepped(&mut self, _trainer: &Trainer, done: &StepDone) -> Result<(), String> {
+        self.steps.push(done.step);
+        Ok(())
+    }
+
+    fn keeps_checkpoints(&self) -> bool {
+        true
+    }
+
+    fn keep(&mut self, _: &Trainer, ck: &checkpoint::Checkpoint, why: Keep) -> Result<(), String> {
+        self.kept.push((ck.step, why));
+        Ok(())
+    }
+
+    fn stop_code(&mut self) -> u64 {
+        match self.stop_after {
+            Some(step) if self.steps.last() == Some(&step) => 7,
+            _ => 0,
+        }
+    }
+}
+
+/// The run the command line and the page drive: checkpoints as they fall due and at the end, a
+/// stop asked for between steps (its state kept), and a diverging loss ending it at its step.
+#[test]
+fn a_training_run_keeps_stops_and_guards_divergence() {
+    let Some(gpu) = fresh_gpu() else { return };
+    let cfg = TrainConfig { arch: Arch::ResNet18, batch: 2, ..TrainConfig::default() };
+    let plan = RunPlan { last: 5, checkpoint_every: 2, epochs: None };
+    let start = |gpu, cfg| TrainingRun::new(Trainer::new(gpu, cfg, None).unwrap(), plan);
+    let recorder = |stop_after| Recorder { kept: Vec::new(), steps: Vec::new(), stop_after };
+
+    let mut run = start(gpu, cfg.clone());
+    let mut face = recorder(None);
+    assert_eq!(pollster::block_on(run.run(&mut face)).unwrap(), RunEnd::Finished);
+    assert_eq!(face.steps, [1, 2, 3, 4, 5]);
+    assert_eq!(face.kept, [(2, Keep::Due), (4, Keep::Due), (5, Keep::Final)]);
+    assert_eq!(run.losses().len(), 5);
+
+    let mut run = start(fresh_gpu().unwrap(), cfg.clone());
+    let mut face = recorder(Some(3));
+    let end = pollster::block_on(run.run(&mut face)).unwrap();
+    assert_eq!(end, RunEnd::Stopped { code: 7, step: 3 });
+    assert_eq!(face.kept, [(2, Keep::Due), (3, Keep::Stopped)]);
+
+    let lr = StepConfig { lr: 1000.0, ..cfg.step };
+    let mut run = start(fresh_gpu().unwrap(), TrainConfig { step: lr, ..cfg });
+    let mut face = recorder(None);
+    match pollster::block_on(run.run(&mut face)) {
+        Err(RunError::Diverged { step: 2, why: Divergence::LossRose { first, .. } }) => {
+            assert_eq!(first, run.losses()[0])
+        }
+        other => panic!("expected divergence at step 2, got {other:?}"),
+    }
+    assert_eq!(face.steps, [1], "a diverged step is not shown");
+    assert!(face.kept.is_empty(), "a diverged run kept {:?}", face.kept);
 }

@@ -23,12 +23,14 @@ const FIELDS = {
   seed: { min: 0, max: 2 ** 32 - 1, fallback: 0 },
   steps: { min: 0, max: 20, fallback: 5 },
   trainSteps: { min: 1, max: 500, fallback: 20, param: "train_steps" },
+  // The training's learning rate; the one field that need not be whole.
+  lr: { min: 1e-6, max: 1e4, fallback: 0.01, real: true },
 };
 
 // The networks `syncstep --arch` builds, torchvision's names; the first is the default.
 const ARCHS = ["resnet34", "resnet18", "resnet50", "resnet101"];
 
-/** Settings from the address: ?arch=resnet34&replicas=2&batch=4&size=32&seed=0&steps=5&run=1&train=1. */
+/** Settings from the address: ?arch=resnet34&replicas=2&batch=4&size=32&seed=0&steps=5&lr=0.01&run=1&train=1. */
 function parseSettings(search) {
   const q = new URLSearchParams(search);
   const settings = {};
@@ -40,8 +42,8 @@ function parseSettings(search) {
       continue;
     }
     const v = Number(raw);
-    if (!Number.isInteger(v) || v < f.min || v > f.max) {
-      throw new Error(`?${key}=${raw}: expected a whole number from ${f.min} to ${f.max}`);
+    if (!(f.real ? Number.isFinite(v) : Number.isInteger(v)) || v < f.min || v > f.max) {
+      throw new Error(`?${key}=${raw}: expected a ${f.real ? "number" : "whole number"} from ${f.min} to ${f.max}`);
     }
     settings[name] = v;
   }
@@ -390,7 +392,7 @@ async function runTraining(settings) {
   const t0 = performance.now();
   let last = t0;
   try {
-    const report = await syncstep.train_demo(settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, (ev) => {
+    const report = await syncstep.train_demo(settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, (ev) => {
       const now = performance.now();
       stepMs.push(now - last);
       last = now;
@@ -432,7 +434,7 @@ async function runImageTraining(settings) {
   draw();
   try {
     clock.set(`Decoding ${files.length} images and requesting ${settings.replicas} GPU adapter${settings.replicas > 1 ? "s" : ""}…`);
-    const report = await syncstep.train_images(files, settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, 8, (ev) => {
+    const report = await syncstep.train_images(files, settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, 8, (ev) => {
       losses.push(ev.loss);
       clock.set(`Step ${ev.step} of ${ev.steps}: loss ${ev.loss.toFixed(4)}, learning rate ${ev.lr.toPrecision(3)}`);
       draw();

@@ -90,6 +90,25 @@ test("a bad setting in the address is reported, not a blank page", { timeout: TI
   }
 });
 
+test("a training that diverges stops with an error naming its step", { timeout: TIMEOUT }, async (t) => {
+  const browser = await openBrowser({ webgpu: true });
+  try {
+    // The library's divergence guard, the command line's: at this rate the loss of step 2 is
+    // millions of times the first step's.
+    const query = "?arch=resnet18&replicas=2&batch=2&size=32&train_steps=6&lr=1000&train=1";
+    const { page, result, problems } = await loadAndSettle(browser.context, `${browser.url}${query}`);
+    t.diagnostic(`${result.error}; ${await screenshot(page, "web-diverged.png")}`);
+    assert.equal(result.status, "error", `page ended in "${result.status}"`);
+    assert.match(result.error, /the run diverged at step \d: its loss (rose to \S+, over 100 times the first step's|became NaN|became inf)/);
+    assert.match(result.error, /lower the learning rate/);
+    assert.equal(result.train, null, "a diverged run reported a result");
+    assert.match(await page.textContent("#notice"), /diverged at step/);
+    assert.deepEqual(problems.filter((p) => !/diverged/.test(p)), [], "the page logged other errors");
+  } finally {
+    await browser.close();
+  }
+});
+
 test("a folder of the visitor's images trains data-parallel and its held-out images are predicted", { timeout: TIMEOUT }, async (t) => {
   // PNGs of the synthetic dataset's patterns, written by the native example.
   const maker = join(dirname(NATIVE), "examples", "make_image_folder");

@@ -22,12 +22,14 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Gate, GateRow};
+use syncstep::data::Batch;
 use syncstep::golden::Golden;
 use syncstep::gpu::{self, Gpu};
 use syncstep::kernels::{Device, DeviceConfig};
 use syncstep::model::{Arch, ResNet};
 use syncstep::selfcheck::{self, Progress};
-use syncstep::train::{TrainConfig, Trainer};
+use syncstep::step::StepConfig;
+use syncstep::train::{RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun};
 
 /// Runs once when the module is instantiated: console logging (warnings and errors) and a
 /// panic hook that prints the panic message before the module traps.
@@ -220,10 +222,12 @@ pub async fn run_gates(
 
 /// A short data-parallel training run on the embedded synthetic dataset: `replicas` browser
 /// devices, each taking `batch` images of every step's global batch of R·batch (BatchNorm
-/// synchronised), `steps` SGD steps from a seeded initialisation. `on_step`, if given, is
-/// called after each step with `{step, steps, loss}`. Resolves to `{replicas,
-/// batch_per_replica, image_size, seed, adapters, losses}`.
+/// synchronised), `steps` SGD steps at learning rate `lr` from a seeded initialisation,
+/// stopped with an error should it diverge. `on_step`, if given, is called after each step with
+/// `{step, steps, loss, lr}`. Resolves to `{replicas, batch_per_replica, image_size, seed,
+/// adapters, losses}`.
 #[wasm_bindgen]
+#[allow(clippy::too_many_arguments)]
 pub async fn train_demo(
     arch: String,
     replicas: u32,
@@ -231,39 +235,21 @@ pub async fn train_demo(
     size: u32,
     steps: u32,
     seed: u32,
+    lr: f32,
     on_step: Option<Function>,
 ) -> Result<JsValue, JsError> {
-    if replicas == 0 || batch == 0 {
-        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
-    }
-    let cfg = TrainConfig {
-        arch: parse_arch(&arch)?,
-        batch: (replicas * batch) as usize,
-        image_size: size,
-        classes: 10,
-        seed: seed.into(),
-        ..TrainConfig::default()
-    };
-    ResNet::check_image_size(size, size).map_err(js_error)?;
-    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
-    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
-    let mut trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
-    let mut losses = Vec::with_capacity(steps as usize);
-    for step in 1..=steps {
-        let loss = trainer.train_step().await.map_err(js_error)?;
-        losses.push(loss);
-        if let Some(callback) = &on_step {
-            call_progress(callback, &json!({"step": step, "steps": steps, "loss": loss}));
-        }
-    }
+    let cfg = train_config(&arch, replicas, batch, size, seed, lr, 10)?;
+    let mut run = training_run(cfg, replicas, steps, None).await?;
+    let mut page = PageRun { batches: PageBatches::Synthetic, on_step, steps };
+    run.run(&mut page).await.map_err(run_failed)?;
     let report = json!({
         "arch": arch,
         "replicas": replicas,
         "batch_per_replica": batch,
         "image_size": size,
         "seed": seed,
-        "adapters": trainer.replicas.adapters().map_err(js_error)?,
-        "losses": losses,
+        "adapters": run.trainer.replicas.adapters().map_err(js_error)?,
+        "losses": run.losses(),
     });
     parse(&report.to_string())
 }
@@ -272,10 +258,11 @@ pub async fn train_demo(
 /// browser: `files` is an array of `{path, bytes}` (a folder picker's files, `root/<class>/
 /// <image>`), decoded and split here by the same code as `syncstep train --data DIR` (a fifth
 /// of each class held out), augmented (resized-crop-flip) and normalised by their own
-/// statistics. `replicas` devices take `batch` images each of every step. `on_step` is called
-/// after each step with `{step, steps, loss, lr}`. Resolves to `{classes, train_images,
-/// val_images, losses, notes, predictions: [{path, label, top: [{class, probability}]}]}` with
-/// the predictions for up to `shown` held-out images.
+/// statistics. `replicas` devices take `batch` images each of every step, at learning rate
+/// `lr`, stopped with an error should the run diverge. `on_step` is called after each step
+/// with `{step, steps, loss, lr}`. Resolves to `{classes, train_images, val_images, losses,
+/// notes, predictions: [{path, label, top: [{class, probability}]}]}` with the predictions for
+/// up to `shown` held-out images.
 #[wasm_bindgen]
 #[allow(clippy::too_many_arguments)]
 pub async fn train_images(
@@ -286,37 +273,28 @@ pub async fn train_images(
     size: u32,
     steps: u32,
     seed: u32,
+    lr: f32,
     shown: u32,
     on_step: Option<Function>,
 ) -> Result<JsValue, JsError> {
-    use syncstep::data::loader::{self, Plan};
+    use syncstep::data::loader::Plan;
     use syncstep::data::schedule::Epochs;
     use syncstep::data::source::{folder_in_memory, DataSpec};
     use syncstep::data::transform::{channel_stats, Augment};
     use syncstep::train::ImageSettings;
-    if replicas == 0 || batch == 0 {
-        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
-    }
     let splits = folder_in_memory(named_files(&files)?, 0.2, seed.into()).map_err(js_error)?;
     let (train, val) = (splits.train, splits.val);
     let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
     let class_names = train.class_names.clone();
-    let cfg = TrainConfig {
-        arch: parse_arch(&arch)?,
-        batch: (replicas * batch) as usize,
-        image_size: size,
-        classes: class_names.len() as u32,
-        seed: seed.into(),
-        images: Some(ImageSettings {
-            data: DataSpec::Folder("browser".into()),
-            fingerprint: None,
-            val_split: 0.2,
-            augment: Augment::ResizedCropFlip,
-            norm,
-            class_names: class_names.clone(),
-        }),
-        ..TrainConfig::default()
-    };
+    let mut cfg = train_config(&arch, replicas, batch, size, seed, lr, class_names.len() as u32)?;
+    cfg.images = Some(ImageSettings {
+        data: DataSpec::Folder("browser".into()),
+        fingerprint: None,
+        val_split: 0.2,
+        augment: Augment::ResizedCropFlip,
+        norm,
+        class_names: class_names.clone(),
+    });
     let epochs = Epochs { examples: train.len(), batch: cfg.batch, seed: cfg.seed };
     if epochs.steps_per_epoch() == 0 {
         return Err(JsError::new(&format!(
@@ -325,23 +303,13 @@ pub async fn train_images(
             cfg.batch
         )));
     }
-    ResNet::check_image_size(size, size).map_err(js_error)?;
-    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
-    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
-    let mut trainer = Trainer::data_parallel(gpus, cfg.clone(), None).map_err(js_error)?;
     let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
-    let mut losses = Vec::with_capacity(steps as usize);
-    for step in 1..=steps {
-        let images = loader::batch(&train, &plan, size, &norm, trainer.step).map_err(js_error)?;
-        let lr = trainer.lr();
-        let loss = trainer.train_on(&images).await.map_err(js_error)?;
-        losses.push(loss);
-        if let Some(callback) = &on_step {
-            let event = json!({"step": step, "steps": steps, "loss": loss, "lr": lr});
-            call_progress(callback, &event);
-        }
-    }
-    let predictions = predictions(&mut trainer, &val, &norm, &class_names, shown as usize).await?;
+    let mut run = training_run(cfg, replicas, steps, Some(epochs)).await?;
+    let batches = PageBatches::Images { train: &train, plan, norm };
+    let mut page = PageRun { batches, on_step, steps };
+    run.run(&mut page).await.map_err(run_failed)?;
+    let shown = shown as usize;
+    let predictions = predictions(&mut run.trainer, &val, &norm, &class_names, shown).await?;
     let report = json!({
         "arch": arch,
         "classes": class_names,
@@ -350,12 +318,106 @@ pub async fn train_images(
         "replicas": replicas,
         "batch_per_replica": batch,
         "image_size": size,
-        "adapters": trainer.replicas.adapters().map_err(js_error)?,
-        "losses": losses,
+        "adapters": run.trainer.replicas.adapters().map_err(js_error)?,
+        "losses": run.losses(),
         "notes": splits.notes,
         "predictions": predictions,
     });
     parse(&report.to_string())
+}
+
+/// A page run's settings: `replicas` × `batch` images of `size`² a step, at base rate `lr`.
+fn train_config(
+    arch: &str,
+    replicas: u32,
+    batch: u32,
+    size: u32,
+    seed: u32,
+    lr: f32,
+    classes: u32,
+) -> Result<TrainConfig, JsError> {
+    if replicas == 0 || batch == 0 {
+        return Err(JsError::new("training needs at least 1 replica and 1 image per replica"));
+    }
+    let defaults = TrainConfig::default();
+    Ok(TrainConfig {
+        arch: parse_arch(arch)?,
+        batch: (replicas * batch) as usize,
+        image_size: size,
+        classes,
+        seed: seed.into(),
+        step: StepConfig { lr, ..defaults.step },
+        ..defaults
+    })
+}
+
+/// A fresh run of `cfg` for `steps` steps on `replicas` browser devices.
+async fn training_run(
+    cfg: TrainConfig,
+    replicas: u32,
+    steps: u32,
+    epochs: Option<syncstep::data::schedule::Epochs>,
+) -> Result<TrainingRun, JsError> {
+    ResNet::check_image_size(cfg.image_size, cfg.image_size).map_err(js_error)?;
+    let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
+    let gpus = browser_devices(replicas as usize, Some(&model)).await?;
+    let trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
+    // The page keeps no checkpoints: its run lives as long as the page.
+    let plan = RunPlan { last: steps.into(), checkpoint_every: 0, epochs };
+    Ok(TrainingRun::new(trainer, plan))
+}
+
+/// Where a page run's batches come from.
+enum PageBatches<'a> {
+    /// The synthetic dataset's own batch of each step.
+    Synthetic,
+    /// The visitor's images, made on this thread as the CLI's loader makes them.
+    Images {
+        train: &'a syncstep::data::source::Dataset,
+        plan: syncstep::data::loader::Plan,
+        norm: syncstep::data::transform::Normalization,
+    },
+}
+
+/// The page's face of a training run: its batches, and each step told to `on_step`.
+struct PageRun<'a> {
+    batches: PageBatches<'a>,
+    on_step: Option<Function>,
+    steps: u32,
+}
+
+impl RunHooks for PageRun<'_> {
+    type Error = JsError;
+
+    fn batch(&mut self, trainer: &Trainer) -> Result<Batch, JsError> {
+        let step = trainer.step;
+        match &self.batches {
+            PageBatches::Synthetic => trainer.batch_of_step(step).map_err(js_error),
+            PageBatches::Images { train, plan, norm } => {
+                let size = trainer.cfg.image_size;
+                syncstep::data::loader::batch(train, plan, size, norm, step).map_err(js_error)
+            }
+        }
+    }
+
+    fn stepped(&mut self, _trainer: &Trainer, done: &StepDone) -> Result<(), JsError> {
+        if let Some(callback) = &self.on_step {
+            let (step, steps, loss, lr) = (done.step, self.steps, done.loss, done.lr);
+            call_progress(callback, &json!({"step": step, "steps": steps, "loss": loss, "lr": lr}));
+        }
+        Ok(())
+    }
+}
+
+/// A page run's early end, as the page says it.
+fn run_failed(e: RunError<JsError>) -> JsError {
+    match e {
+        RunError::Diverged { step, why } => {
+            js_error(format!("the run diverged at step {step}: {why}; lower the learning rate"))
+        }
+        RunError::Parallel(e) => js_error(e),
+        RunError::Face(e) => e,
+    }
 }
 
 /// The `{path, bytes}` objects of `files`, as (path, bytes).

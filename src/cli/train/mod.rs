@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use syncstep::checkpoint;
+use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::collective::Peers;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::schedule::{Epochs, LrSchedule};
@@ -21,10 +21,12 @@ use syncstep::gpu::describe;
 use syncstep::kernels::Device;
 use syncstep::metrics::{MetricsLog, Record};
 use syncstep::model::{Arch, ResNet};
-use syncstep::parallel::{adapter_label, ParallelError};
+use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
-use syncstep::step::StepError;
-use syncstep::train::{TrainConfig, Trainer};
+use syncstep::train::{
+    Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun,
+    CHECKPOINT_EVERY,
+};
 
 use super::Exit;
 
@@ -34,11 +36,6 @@ mod signals;
 
 use evaluation::{eval_subset, evaluate, report_scores, score_images};
 use signals::StopSignals;
-
-/// Steps between checkpoints unless `--checkpoint-every` says.
-const CHECKPOINT_EVERY: u64 = 10;
-/// A run diverges when its loss is not finite or passes this many times its first step's.
-const DIVERGED: f32 = 100.0;
 
 /// Where the normalisation's per-channel mean and std come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -227,7 +224,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let workers =
         args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let val = splits.as_ref().map(|s| Arc::new(eval_subset(&s.val, eval_limit)));
-    let mut batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
+    let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
     let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
     halt(&stop, &args, "before training", None)?;
@@ -235,12 +232,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(size, size)
         * batch as f64;
-    let mut training = Training {
+    let every = args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
+    let plan = RunPlan { last, checkpoint_every: every, epochs };
+    let mut console = Console {
         bar: steps_bar(lead, last - trainer.step),
         args: &args,
-        trainer,
-        epochs,
-        last,
+        batches,
         replicas,
         flops,
         lead,
@@ -249,21 +246,26 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         val,
         workers,
         stop: &stop,
-        losses: Vec::new(),
+        started: Instant::now(),
+        wait: Duration::ZERO,
         waited: Duration::ZERO,
         busy: Duration::ZERO,
         last_scores: None,
+        saved: None,
     };
-    while training.trainer.step < last {
-        training.step(&mut batches)?;
+    let mut run = TrainingRun::new(trainer, plan);
+    let end = pollster::block_on(run.run(&mut console));
+    console.bar.finish_and_clear();
+    // The loader's threads end here: the final evaluation has the cores.
+    console.batches = Batches::Synthetic;
+    if let RunEnd::Stopped { code, step } = end.map_err(|e| run_failed(&args, e))? {
+        return Err(stopped(code as usize, &args, &format!("after step {step}"), Some(step)));
     }
-    training.bar.finish_and_clear();
-    drop(batches);
-    training.finish()?;
+    console.finish(&run)?;
     if !lead {
         return Ok(());
     }
-    training.report_accuracy(before, synthetic_eval)
+    console.report_accuracy(&mut run, before, synthetic_eval)
 }
 
 /// Rank 0's outputs, checked before any work: the checkpoint, claimed for the run, and the
@@ -429,15 +431,12 @@ fn steps_bar(lead: bool, steps: u64) -> ProgressBar {
     bar
 }
 
-/// A run under way on this process: its trainer, where its steps are reported and kept, and
-/// what they measured so far.
-struct Training<'a> {
+/// What this process shows and keeps of a run, the face the library's [`TrainingRun`] drives:
+/// its batches, the step bar and log, validation at epochs' ends, the checkpoint file and the
+/// signals that stop it.
+struct Console<'a> {
     args: &'a TrainArgs,
-    trainer: Trainer,
-    /// The epochs over the training split; None for the synthetic dataset.
-    epochs: Option<Epochs>,
-    /// The step the run ends after.
-    last: u64,
+    batches: Batches,
     /// Replicas over all ranks.
     replicas: usize,
     /// FLOPs of one step.
@@ -451,87 +450,83 @@ struct Training<'a> {
     workers: usize,
     stop: &'a StopSignals,
     bar: ProgressBar,
-    losses: Vec<f32>,
-    /// Time waiting for batches, and whole steps' time.
+    /// When the step in flight began, and how long it waited for its batch.
+    started: Instant,
+    wait: Duration,
+    /// Time waiting for batches, and whole steps' time, over the run.
     waited: Duration,
     busy: Duration,
     /// The validation scores after the last epoch that ended.
     last_scores: Option<Scores>,
+    /// The final checkpoint's line, said once the run is known not to be stopped.
+    saved: Option<String>,
 }
 
-impl Training<'_> {
+impl RunHooks for Console<'_> {
+    type Error = Box<dyn std::error::Error>;
+
+    fn batch(&mut self, trainer: &Trainer) -> Result<Batch, Self::Error> {
+        self.started = Instant::now();
+        let (batch, wait) = self.batches.next(trainer)?;
+        self.wait = wait;
+        Ok(batch)
+    }
+
+    fn stepped(&mut self, trainer: &Trainer, done: &StepDone) -> Result<(), Self::Error> {
+        let elapsed = self.started.elapsed();
+        (self.waited, self.busy) = (self.waited + self.wait, self.busy + elapsed);
+        self.report_step(trainer.cfg.batch, done, elapsed)
+    }
+
+    /// Rank 0 scores the validation split after each epoch.
+    fn epoch_ended(&mut self, trainer: &mut Trainer, epoch: u64) -> Result<(), Self::Error> {
+        if let Some(val) = self.val.clone().filter(|v| self.lead && !v.is_empty()) {
+            self.last_scores = self.score(trainer, &val, epoch)?;
+        }
+        Ok(())
+    }
+
+    fn keeps_checkpoints(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    fn keep(&mut self, trainer: &Trainer, ck: &Checkpoint, why: Keep) -> Result<(), Self::Error> {
+        let Some(path) = self.checkpoint else { return Ok(()) };
+        checkpoint::save(path, trainer.model(), ck)?;
+        let line = format!("checkpoint: {} (step {})", path.display(), ck.step);
+        match why {
+            Keep::Final => self.saved = Some(line),
+            Keep::Due | Keep::Stopped if self.bar.is_hidden() => self.say(&line),
+            Keep::Due | Keep::Stopped => {}
+        }
+        Ok(())
+    }
+
+    fn stop_code(&mut self) -> u64 {
+        self.stop.received() as u64
+    }
+}
+
+impl Console<'_> {
     fn say(&self, line: &str) {
         if self.lead {
             say!("{line}");
         }
     }
 
-    /// The epoch of the step just done.
-    fn epoch(&self) -> u64 {
-        self.epochs.map_or(0, |e| e.epoch_of(self.trainer.step.saturating_sub(1)))
-    }
-
-    /// Whether the step just done ended an epoch.
-    fn at_epoch_end(&self) -> bool {
-        self.epochs.is_some_and(|e| self.trainer.step.is_multiple_of(e.steps_per_epoch()))
-    }
-
-    /// One step: trained, reported, validated when it ends an epoch, and kept in the
-    /// checkpoint when one is due or a signal stops the run after it.
-    fn step(&mut self, batches: &mut Batches) -> Result<(), Box<dyn std::error::Error>> {
-        let t = Instant::now();
-        let (batch, wait) = batches.next(&self.trainer)?;
-        let lr = self.trainer.lr();
-        let loss = self.train_on(&batch)?;
-        let elapsed = t.elapsed();
-        (self.waited, self.busy) = (self.waited + wait, self.busy + elapsed);
-        self.losses.push(loss);
-        self.report_step(loss, lr, wait, elapsed)?;
-        self.validate_at_epoch_end()?;
-        self.keep()
-    }
-
-    /// The loss of a step on `batch`; an error saying so when the run diverged.
-    fn train_on(&mut self, batch: &Batch) -> Result<f32, Box<dyn std::error::Error>> {
-        let loss = match pollster::block_on(self.trainer.train_on(batch)) {
-            Ok(loss) => loss,
-            Err(ParallelError::Step(StepError::NonFiniteLoss { loss, .. })) => {
-                self.bar.finish_and_clear();
-                let why = format!("its loss became {loss}");
-                return Err(diverged(self.args, self.trainer.step + 1, &why));
-            }
-            Err(e) => {
-                self.bar.finish_and_clear();
-                return Err(e.into());
-            }
-        };
-        if self.losses.first().is_some_and(|&first| loss > DIVERGED * first) {
-            self.bar.finish_and_clear();
-            let why = format!(
-                "its loss rose to {loss:e}, over {DIVERGED} times the first step's ({:.4})",
-                self.losses[0]
-            );
-            return Err(diverged(self.args, self.trainer.step, &why));
-        }
-        Ok(loss)
-    }
-
     /// The step's line on the bar (or printed, without a terminal) and in the log.
     fn report_step(
         &mut self,
-        loss: f32,
-        lr: f32,
-        wait: Duration,
+        batch: usize,
+        done: &StepDone,
         elapsed: Duration,
     ) -> Result<(), Box<dyn std::error::Error>> {
+        let StepDone { step, epoch, lr, loss } = *done;
         let secs = elapsed.as_secs_f64();
-        let epoch = self.epoch();
-        let wait_share = wait.as_secs_f64() / secs;
-        let batch = self.trainer.cfg.batch;
+        let wait_share = self.wait.as_secs_f64() / secs;
         let throughput = throughput(batch, self.replicas, secs);
         let line = format!(
-            "step {} epoch {epoch} lr {lr:.3e} loss {loss:.4} {throughput} data wait {:.0}%",
-            self.trainer.step,
+            "step {step} epoch {epoch} lr {lr:.3e} loss {loss:.4} {throughput} data wait {:.0}%",
             100.0 * wait_share
         );
         self.bar.set_message(format!("{line} {:.2} GFLOP/s", self.flops / secs / 1e9));
@@ -542,7 +537,7 @@ impl Training<'_> {
         }
         if let Some(log) = &mut self.log {
             log.write(&Record {
-                step: self.trainer.step,
+                step,
                 epoch,
                 loss: Some(loss),
                 lr: Some(lr),
@@ -554,80 +549,33 @@ impl Training<'_> {
         Ok(())
     }
 
-    /// Rank 0 scores the validation split after each epoch.
-    fn validate_at_epoch_end(&mut self) -> Result<(), Box<dyn std::error::Error>> {
-        let Some(val) = self.val.clone().filter(|v| self.lead && !v.is_empty()) else {
-            return Ok(());
-        };
-        if self.at_epoch_end() {
-            self.last_scores = self.score(&val)?;
-        }
-        Ok(())
-    }
-
-    /// The scores on `val`, printed and logged; None when a signal cut the evaluation short
-    /// (the part scored is no measure of anything).
-    fn score(&mut self, val: &Arc<Dataset>) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
-        let scores = score_images(&mut self.trainer, val, self.workers, &self.bar, self.stop)?;
+    /// The scores on `val` after `epoch`, printed and logged; None when a signal cut the
+    /// evaluation short (the part scored is no measure of anything).
+    fn score(
+        &mut self,
+        trainer: &mut Trainer,
+        val: &Arc<Dataset>,
+        epoch: u64,
+    ) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
+        let scores = score_images(trainer, val, self.workers, &self.bar, self.stop)?;
         if self.stop.received() != 0 {
             return Ok(None);
         }
-        let (epoch, step) = (self.epoch(), self.trainer.step);
-        report_scores(&self.bar, &scores, epoch, step, self.log.as_mut())?;
+        report_scores(&self.bar, &scores, epoch, trainer.step, self.log.as_mut())?;
         Ok(Some(scores))
     }
 
-    /// Writes the checkpoint when one is due or a signal came; stops the run after a signal.
-    fn keep(&mut self) -> Result<(), Box<dyn std::error::Error>> {
-        // Under MPI every rank stops after the same step, if any rank was told to.
-        let signal = self.trainer.replicas.peers().max(self.stop.received() as u64)? as usize;
-        let step = self.trainer.step;
-        let every = self.args.checkpoint_every.unwrap_or(CHECKPOINT_EVERY);
-        let periodic = every > 0 && step.is_multiple_of(every);
-        let due = signal != 0 || (periodic && step < self.last);
-        if let (true, Some(path)) = (due, self.checkpoint) {
-            let saved = self.save(Some(path))?.unwrap_or_default();
-            if self.bar.is_hidden() {
-                self.say(&saved);
-            }
-        }
-        if signal != 0 {
-            self.bar.finish_and_clear();
-            return Err(stopped(signal, self.args, &format!("after step {step}"), Some(step)));
-        }
-        Ok(())
-    }
-
-    /// Writes the run's state to `path`; says what was written.
-    /// The run's state, written to `path` when given (said what was written): refused, the
-    /// run diverged, when a tensor holds what a healthy run never does. A step's loss shows
-    /// the update before it; this check shows the last.
-    fn save(&self, path: Option<&Path>) -> Result<Option<String>, Box<dyn std::error::Error>> {
-        let ck = pollster::block_on(self.trainer.checkpoint())?;
-        if let Some((name, index, value)) = checkpoint::unhealthy(self.trainer.model(), &ck) {
-            let why = format!(
-                "`{name}` element {index} became {value:e}, not finite or past ±{:e} (where its square overflows f32)",
-                f32::MAX.sqrt()
-            );
-            return Err(diverged(self.args, ck.step, &why));
-        }
-        let Some(path) = path else { return Ok(None) };
-        checkpoint::save(path, self.trainer.model(), &ck)?;
-        Ok(Some(format!("checkpoint: {} (step {})", path.display(), ck.step)))
-    }
-
-    /// After the last step: the checkpoint written, a signal's stop, and the loss's course.
-    fn finish(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+    /// After the last step: a signal's stop, the checkpoint written, and the loss's course.
+    fn finish(&mut self, run: &TrainingRun) -> Result<(), Box<dyn std::error::Error>> {
         let total = self.busy.as_secs_f64();
-        let saved = self.save(self.checkpoint.map(PathBuf::as_path))?;
         // A signal before here stops the run after its last step; once the checkpoint line is
         // out, one stops the final evaluation (a log reader can tell which from that line).
-        let step = self.trainer.step;
+        let step = run.trainer.step;
         halt(self.stop, self.args, &format!("after step {step}"), Some(step))?;
-        if let Some(saved) = saved {
+        if let Some(saved) = self.saved.take() {
             self.say(&saved);
         }
-        let losses = &self.losses;
+        let losses = run.losses();
         if !losses.is_empty() {
             // Single steps are noisy: compare the means of the first and last few.
             let k = losses.len().div_ceil(5).min(5);
@@ -637,7 +585,7 @@ impl Training<'_> {
                 mean(&losses[..k]),
                 mean(&losses[losses.len() - k..]),
                 losses.len(),
-                (losses.len() as f64 * self.trainer.cfg.batch as f64) / total,
+                (losses.len() as f64 * run.trainer.cfg.batch as f64) / total,
                 100.0 * self.waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
             ));
         }
@@ -648,28 +596,31 @@ impl Training<'_> {
     /// validation split or on the synthetic held-out images (before and after).
     fn report_accuracy(
         mut self,
+        run: &mut TrainingRun,
         before: Option<Scores>,
         synthetic_eval: usize,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let peers = self.trainer.replicas.peers();
-        if peers.ranks() > 1 && !self.losses.is_empty() {
+        let peers = run.trainer.replicas.peers();
+        if peers.ranks() > 1 && !run.losses().is_empty() {
             say!(
                 "MPI: {} ranks; rank 0 received {} a step from the others",
                 peers.ranks(),
                 syncstep::host::format_bytes(
-                    peers.received_bytes() / self.losses.len() as u64,
+                    peers.received_bytes() / run.losses().len() as u64,
                     syncstep::host::ByteScale::MiB,
                 )
             );
         }
-        let classes = self.trainer.cfg.classes;
+        let (classes, step) = (run.trainer.cfg.classes, run.trainer.step);
+        let when = format!("during the final evaluation, after step {step}");
         if let Some(val) = self.val.clone().filter(|v| !v.is_empty()) {
-            let scores = match self.last_scores.take().filter(|_| self.at_epoch_end()) {
+            let scores = match self.last_scores.take().filter(|_| run.at_epoch_end()) {
                 Some(scores) => Some(scores),
-                None => self.score(&val)?,
+                None => {
+                    let epoch = run.epoch();
+                    self.score(&mut run.trainer, &val, epoch)?
+                }
             };
-            let step = self.trainer.step;
-            let when = format!("during the final evaluation, after step {step}");
             halt(self.stop, self.args, &when, Some(step))?;
             let scores = scores.ok_or("the final evaluation was cut short")?;
             say!(
@@ -685,9 +636,7 @@ impl Training<'_> {
             say!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after = evaluate(&mut self.trainer, synthetic_eval, "after", self.stop)?;
-        let step = self.trainer.step;
-        let when = format!("during the final evaluation, after step {step}");
+        let after = evaluate(&mut run.trainer, synthetic_eval, "after", self.stop)?;
         halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
             (Some(before), Some(after)) => say!(
@@ -699,6 +648,18 @@ impl Training<'_> {
             _ => say!("held-out accuracy: not measured (--eval-examples 0)"),
         }
         Ok(())
+    }
+}
+
+/// The error of a run that ended early, said in the command line's terms.
+fn run_failed(
+    args: &TrainArgs,
+    e: RunError<Box<dyn std::error::Error>>,
+) -> Box<dyn std::error::Error> {
+    match e {
+        RunError::Diverged { step, why } => diverged(args, step, &why.to_string()),
+        RunError::Parallel(e) => e.into(),
+        RunError::Face(e) => e,
     }
 }
 

@@ -13,6 +13,12 @@ use crate::scores::Scores;
 pub use crate::settings::{ImageSettings, TrainConfig};
 use crate::step::{Shard, StepConfig, StepError};
 
+mod run;
+pub use run::{
+    Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainingRun, CHECKPOINT_EVERY,
+    DIVERGED,
+};
+
 /// The held-out examples come from another seed stream than the training examples.
 const HELD_OUT_SEED: u64 = 0x00e7_a1d0_0075_eed5;
 
