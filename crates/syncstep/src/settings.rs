@@ -49,7 +49,14 @@ pub const REQUIRED_SETTINGS: [&str; 13] = [
     "schedule_steps",
 ];
 
-/// What a run is: the data it sees and the step's hyper-parameters.
+/// The fraction of each class held out for validation when a folder has no train/ and val/.
+pub const VAL_SPLIT: f64 = 0.1;
+
+/// Held-out images of the synthetic dataset scored before and after a run.
+pub const HELD_OUT_EXAMPLES: usize = 64;
+
+/// What a run is: the data it sees and the step's hyper-parameters. Its `Default` holds the
+/// defaults of every face (the command line's help is checked against them).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainConfig {
     pub arch: Arch,

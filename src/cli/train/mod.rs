@@ -25,7 +25,7 @@ use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
 use syncstep::train::{
     Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun,
-    CHECKPOINT_EVERY,
+    CHECKPOINT_EVERY, HELD_OUT_EXAMPLES,
 };
 
 use super::Exit;
@@ -36,6 +36,9 @@ mod signals;
 
 use evaluation::{eval_subset, evaluate, report_scores, score_images};
 use signals::StopSignals;
+
+/// SGD steps a run takes unless told.
+const STEPS: u64 = 60;
 
 /// Where the normalisation's per-channel mean and std come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -58,7 +61,7 @@ pub struct TrainArgs {
     #[arg(long)]
     data: Option<DataSpec>,
     /// SGD steps to run (on top of the checkpoint's, with --resume).
-    #[arg(long, default_value_t = 60, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
+    #[arg(long, default_value_t = STEPS, conflicts_with = "epochs", allow_negative_numbers = true, value_parser = crate::cli::positive::<u64>)]
     steps: u64,
     /// Train until this many epochs of the training split are done (images only; the last
     /// partial batch of each epoch is dropped).
@@ -225,7 +228,8 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let val = splits.as_ref().map(|s| Arc::new(eval_subset(&s.val, eval_limit)));
     let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
-    let synthetic_eval = if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(64) };
+    let synthetic_eval =
+        if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(HELD_OUT_EXAMPLES) };
     let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
     halt(&stop, &args, "before training", None)?;
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
@@ -723,5 +727,58 @@ fn throughput(batch: usize, replicas: usize, secs: f64) -> String {
         format!("{total:.1} img/s")
     } else {
         format!("{total:.1} img/s ({:.1} img/s per replica × {replicas})", total / replicas as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Args;
+    use syncstep::train::{TrainConfig, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES, VAL_SPLIT};
+
+    use super::{TrainArgs, STEPS};
+
+    /// The value `[default: …]` states in `flag`'s paragraph of `help` (up to a comma or
+    /// semicolon, which start its conditions).
+    fn stated_default(help: &str, flag: &str) -> String {
+        let start = help.find(&format!("{flag} <")).unwrap_or_else(|| panic!("no {flag} in help"));
+        let paragraph = &help[start..help[start..].find("\n\n").map_or(help.len(), |e| start + e)];
+        let from = paragraph.find("[default: ").unwrap_or_else(|| panic!("{flag}: no default"))
+            + "[default: ".len();
+        let value = &paragraph[from..];
+        value[..value.find([']', ',', ';']).unwrap_or(value.len())].trim().to_string()
+    }
+
+    /// The defaults the help and the README state by hand are the library's.
+    #[test]
+    fn the_help_and_readme_state_the_librarys_defaults() {
+        let help = TrainArgs::augment_args(clap::Command::new("train")).render_long_help();
+        let help = help.to_string();
+        let cfg = TrainConfig::default();
+        let (step, schedule) = (cfg.step, cfg.schedule);
+        let expected = [
+            ("--arch", cfg.arch.name().to_string()),
+            ("--data", syncstep::data::source::DataSpec::Synthetic.to_string()),
+            ("--val-split", VAL_SPLIT.to_string()),
+            ("--batch", cfg.batch.to_string()),
+            ("--image-size", cfg.image_size.to_string()),
+            ("--classes", cfg.classes.to_string()),
+            ("--seed", cfg.seed.to_string()),
+            ("--lr", step.lr.to_string()),
+            ("--lr-schedule", schedule.kind.to_string()),
+            ("--warmup-steps", schedule.warmup_steps.to_string()),
+            ("--momentum", step.momentum.to_string()),
+            ("--weight-decay", step.weight_decay.to_string()),
+            ("--label-smoothing", step.label_smoothing.to_string()),
+            ("--eval-examples", HELD_OUT_EXAMPLES.to_string()),
+            ("--checkpoint-every", CHECKPOINT_EVERY.to_string()),
+            ("--steps", STEPS.to_string()),
+        ];
+        for (flag, value) in expected {
+            assert_eq!(stated_default(&help, flag), value, "{flag}'s stated default");
+        }
+        let readme = include_str!("../../../README.md");
+        let (b, s) = (cfg.batch, cfg.image_size);
+        let main_job = format!("({STEPS} steps, batch {b}, {s}×{s};");
+        assert!(readme.contains(&main_job), "the README's main job is not {main_job}");
     }
 }

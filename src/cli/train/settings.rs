@@ -14,7 +14,7 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::settings;
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
-use syncstep::train::{ImageSettings, TrainConfig};
+use syncstep::train::{ImageSettings, TrainConfig, VAL_SPLIT};
 
 use super::{Normalize, TrainArgs};
 
@@ -160,7 +160,7 @@ fn image_settings(
         }
         return Ok(None);
     }
-    let val_split = saved.setting("val_split", args.val_split, 0.1, false)?;
+    let val_split = saved.setting("val_split", args.val_split, VAL_SPLIT, false)?;
     let splits = source::open(data, val_split, seed)?;
     let root = data.path().unwrap_or(Path::new("."));
     let fingerprint = splits.fingerprint(root)?;

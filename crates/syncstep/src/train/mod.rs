@@ -10,7 +10,7 @@ use crate::kernels::Device;
 use crate::model::ResNet;
 use crate::parallel::{DataParallel, ParallelError, ParallelOptions, Result};
 use crate::scores::Scores;
-pub use crate::settings::{ImageSettings, TrainConfig};
+pub use crate::settings::{ImageSettings, TrainConfig, HELD_OUT_EXAMPLES, VAL_SPLIT};
 use crate::step::{Shard, StepConfig, StepError};
 
 mod run;
