@@ -166,7 +166,7 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let file = TensorFile::read(Path::new(&straight)).unwrap();
-    let cfg = TrainConfig::from_settings(&file.metadata).unwrap();
+    let cfg = TrainConfig::from_metadata(&file.metadata).unwrap();
     let model = ResNet::new(Arch::ResNet34, 3).unwrap();
     let ck = checkpoint::load(Path::new(&straight), &model).unwrap();
     let norm = cfg.images.as_ref().unwrap().norm;
@@ -333,7 +333,7 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
         running: ten.init_buffers().iter().map(|v| v + 0.25).collect(),
         velocity: vec![0.0; ten.param_len],
         step: 0,
-        settings: TrainConfig::default().settings(),
+        settings: TrainConfig::default(),
     };
     checkpoint::save(&weights, &ten, &saved).unwrap();
     let three = ResNet::new(Arch::ResNet34, 3).unwrap();

@@ -105,7 +105,7 @@ fn sizes_past_every_limit_are_errors_not_panics() {
     let good = one_step_checkpoint(dir);
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let mut ck = checkpoint::load(&good, &model).unwrap();
-    ck.settings.insert("image_size".into(), "65536".into());
+    ck.settings.image_size = 65536;
     let big = dir.join("big.safetensors");
     checkpoint::save(&big, &model, &ck).unwrap();
     refused(&run(&["train", "--resume", big.to_str().unwrap(), "--steps", "1"], &[], &[]), "65536");
@@ -1051,18 +1051,22 @@ fn every_setting_and_value_a_checkpoint_holds_is_checked() {
     let png = images.join("ant/0.png");
     let (m, png) = (on_images.to_str().unwrap(), png.to_str().unwrap());
     let model = ResNet::new(Arch::ResNet34, 2).unwrap();
-    let setting = |name: &str, key: &str, value: &str| {
-        resaved(&on_images, &model, dir, name, |ck| {
-            drop(ck.settings.insert(key.into(), value.into()))
-        })
+    let setting = |name: &str, edit: &dyn Fn(&mut syncstep::train::ImageSettings)| {
+        resaved(&on_images, &model, dir, name, |ck| edit(ck.settings.images.as_mut().unwrap()))
     };
     let lr = edited(&on_images, b"\"lr\":\"0.01\"", b"\"lr\":\"0.02\"", dir, "lr.safetensors");
     let checked: Vec<(String, String)> = vec![
         (lr.to_str().unwrap().into(), "header or tensor data does not match the SHA-256".into()),
-        (setting("std.safetensors", "std", "0,0.2,0.2"), "setting `std` is [0.0, 0.2, 0.2]".into()),
-        (setting("mean.safetensors", "mean", "NaN,0.4,0.4"), "setting `mean` is [NaN".into()),
         (
-            setting("names.safetensors", "class_names", "[\"ant\",\"bee\",\"cat\"]"),
+            setting("std.safetensors", &|i| i.norm.std = [0.0, 0.2, 0.2]),
+            "setting `std` is [0.0, 0.2, 0.2]".into(),
+        ),
+        (
+            setting("mean.safetensors", &|i| i.norm.mean = [f32::NAN, 0.4, 0.4]),
+            "setting `mean` is [NaN".into(),
+        ),
+        (
+            setting("names.safetensors", &|i| i.class_names.push("cat".into())),
             "setting `class_names` lists 3 names, and `classes` is 2".into(),
         ),
         (

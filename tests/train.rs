@@ -72,7 +72,7 @@ fn a_checkpoint(model: &ResNet, step: u64) -> checkpoint::Checkpoint {
         running: model.init_buffers(),
         velocity: vec![0.0; model.param_len],
         step,
-        settings: syncstep::train::TrainConfig::default().settings(),
+        settings: TrainConfig::default(),
     }
 }
 

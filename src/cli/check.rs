@@ -102,8 +102,7 @@ pub fn run(args: CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let adapters = super::ranks::adapter_choices(&peers, None, &args.adapters, local)?;
     let replicas = local * peers.ranks();
     let cfg = config(&args, replicas, adapters, args.buckets.bytes(replicas)?);
-    let shared = CheckConfig { adapters: Vec::new(), ..cfg.clone() };
-    super::ranks::agree(&peers, "the settings", format!("{shared:?}").as_bytes())?;
+    super::ranks::agree(&peers, "the settings", &serde_json::to_vec(&cfg)?)?;
     // Outputs (rank 0's) are checked before any work; neither may be the golden read for
     // PORTABLE.
     let inputs: Vec<&std::path::Path> = args.against.iter().map(PathBuf::as_path).collect();

@@ -122,8 +122,8 @@ pub fn run(args: GradArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
-    let settings = format!("label smoothing {}, {local} replicas per rank", args.label_smoothing);
-    super::ranks::agree(&peers, "the settings", settings.as_bytes())?;
+    let settings = (args.label_smoothing, local);
+    super::ranks::agree(&peers, "the settings", &serde_json::to_vec(&settings)?)?;
     super::ranks::agree(&peers, "the weights", bytemuck::cast_slice(&params))?;
     super::ranks::agree(&peers, "the batch", bytemuck::cast_slice(&batch.images))?;
     super::ranks::agree(&peers, "the labels", bytemuck::cast_slice(&batch.labels))?;

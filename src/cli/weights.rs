@@ -113,9 +113,7 @@ impl ModelArgs {
             torchvision_weights(path, self.arch)?
         } else {
             let file = TensorFile::read(path)?;
-            checkpoint::check_checkpoint(&file)?;
-            let cfg = TrainConfig::from_settings(&file.metadata)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let cfg = checkpoint::check_checkpoint(&file)?;
             if let Some(arch) = self.arch.filter(|&a| a != cfg.arch) {
                 return Err(format!("{}: the checkpoint is a {}, not a {arch} (--arch): drop --arch or pass --arch {}", path.display(), cfg.arch, cfg.arch).into());
             }
@@ -176,7 +174,6 @@ fn torchvision_weights(
     let model = ResNet::new(arch, classes).map_err(|e| hint(&e))?;
     let (params, running) = checkpoint::load_weights(&file, &model, true).map_err(|e| hint(&e))?;
     let cfg = TrainConfig { arch, image_size: TORCHVISION_SIZE, classes, ..TrainConfig::default() };
-    let settings = cfg.settings();
     let velocity = vec![0.0; model.param_len];
-    Ok((cfg, Checkpoint { params, running, velocity, step: 0, settings }))
+    Ok((cfg.clone(), Checkpoint { params, running, velocity, step: 0, settings: cfg }))
 }

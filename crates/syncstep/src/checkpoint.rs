@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::model::{Arch, ResNet};
-use crate::settings::{ARCH_KEY, REQUIRED_SETTINGS};
+use crate::settings::{TrainConfig, ARCH_KEY, REQUIRED_SETTINGS};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensorfile::{write_f32, Entry};
 use crate::tensorfile::{TensorFile, TensorFileError};
@@ -242,8 +242,8 @@ pub struct Checkpoint {
     pub velocity: Vec<f32>,
     /// Steps taken so far.
     pub step: u64,
-    /// Free-form settings of the run (seed, batch, image size, …), as strings.
-    pub settings: BTreeMap<String, String>,
+    /// What the run is: its network, data and hyper-parameters.
+    pub settings: TrainConfig,
 }
 
 /// The first tensor of `ck` (its name, the element, the value) that a healthy run never holds
@@ -281,14 +281,31 @@ pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), Checkpoi
     if let Some((name, index, value)) = unhealthy(model, ck) {
         return Err(CheckpointError::NotFinite { name, index, value });
     }
-    let mut all = entries("", &model.params, &ck.params);
-    all.extend(entries("", &model.buffers, &ck.running));
-    all.extend(entries("momentum/", &model.params, &ck.velocity));
-    let mut meta = ck.settings.clone();
+    write(path, model, ck, &metadata(model, ck))
+}
+
+/// What a checkpoint's header records: the run's settings, its model's arch, its step and the
+/// format.
+fn metadata(model: &ResNet, ck: &Checkpoint) -> BTreeMap<String, String> {
+    let mut meta = ck.settings.metadata();
     meta.insert(ARCH_KEY.into(), model.arch.to_string());
     meta.insert("step".into(), ck.step.to_string());
     meta.insert("format".into(), FORMAT.into());
-    Ok(write_f32(path, &all, &meta)?)
+    meta
+}
+
+/// Writes `ck`'s tensors with `meta` as their header, atomically.
+#[cfg(not(target_arch = "wasm32"))]
+fn write(
+    path: &Path,
+    model: &ResNet,
+    ck: &Checkpoint,
+    meta: &BTreeMap<String, String>,
+) -> Result<(), CheckpointError> {
+    let mut all = entries("", &model.params, &ck.params);
+    all.extend(entries("", &model.buffers, &ck.running));
+    all.extend(entries("momentum/", &model.params, &ck.velocity));
+    Ok(write_f32(path, &all, meta)?)
 }
 
 /// Writes what `syncstep grad` reads and PyTorch loads, in one file with torchvision's names:
@@ -339,8 +356,9 @@ pub fn write_seeded_inputs(
 }
 
 /// Checks that `file` is a syncstep checkpoint this build reads, with its checksum and every
-/// setting a resume needs, each valid; the errors name the file and the setting.
-pub fn check_checkpoint(file: &TensorFile) -> Result<(), CheckpointError> {
+/// setting a resume needs, each valid; the errors name the file and the setting. Returns the
+/// run's settings.
+pub fn check_checkpoint(file: &TensorFile) -> Result<TrainConfig, CheckpointError> {
     use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
     let path = file.path.display().to_string();
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
@@ -363,8 +381,7 @@ pub fn check_checkpoint(file: &TensorFile) -> Result<(), CheckpointError> {
             return Err(meta(key, "is missing: a resume defaults nothing"));
         }
     }
-    crate::settings::TrainConfig::from_settings(&file.metadata)
-        .map(drop)
+    TrainConfig::from_metadata(&file.metadata)
         .map_err(|e| CheckpointError::Malformed { path, problem: e.to_string() })
 }
 
@@ -390,17 +407,13 @@ pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> 
 /// The checkpoint in `file`, read as [`load`] reads it (for a caller that has read the file
 /// already, to see what it is).
 pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
-    use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
-    check_checkpoint(file)?;
+    let settings = check_checkpoint(file)?;
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
         path: file.path.display().to_string(),
         key: key.into(),
         problem: problem.into(),
     };
-    let arch = match file.metadata.get(ARCH_KEY) {
-        Some(name) => name.parse::<Arch>().map_err(|e| meta(ARCH_KEY, &e.to_string()))?,
-        None => Arch::default(),
-    };
+    let arch = settings.arch;
     if arch != model.arch {
         return Err(meta(
             ARCH_KEY,
@@ -420,12 +433,6 @@ pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, Checkp
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|&s| s < 1 << 53)
         .ok_or_else(|| meta("step", "is missing or not a step count"))?;
-    let mut settings = file.metadata.clone();
-    settings.remove("step");
-    settings.remove("format");
-    settings.remove(ARCH_KEY);
-    settings.remove(CHECKSUM_KEY);
-    settings.remove(DATA_CHECKSUM_KEY);
     Ok(Checkpoint { params, running, velocity, step, settings })
 }
 
@@ -434,16 +441,13 @@ mod tests {
     use super::*;
     use crate::tensorfile::Tensor;
 
-    fn settings() -> BTreeMap<String, String> {
-        crate::settings::TrainConfig::default().settings()
-    }
-
     fn checkpoint(model: &ResNet) -> Checkpoint {
         let params = model.init_params(5);
         let mut running = model.init_buffers();
         running[3] = 0.25;
         let velocity: Vec<f32> = params.iter().map(|p| p * 0.5).collect();
-        Checkpoint { params, running, velocity, step: 42, settings: settings() }
+        let settings = TrainConfig { arch: model.arch, ..TrainConfig::default() };
+        Checkpoint { params, running, velocity, step: 42, settings }
     }
 
     /// A fresh folder of this test's own, removed when dropped, however the test ends.
@@ -483,12 +487,9 @@ mod tests {
         assert!(e.contains("is resnet18, but this run is resnet34: pass --arch resnet18"), "{e}");
 
         let old = checkpoint(&resnet34);
-        let mut all = entries("", &resnet34.params, &old.params);
-        all.extend(entries("", &resnet34.buffers, &old.running));
-        all.extend(entries("momentum/", &resnet34.params, &old.velocity));
-        let mut meta = old.settings.clone();
-        meta.extend([("step".into(), "42".into()), ("format".into(), FORMAT.into())]);
-        write_f32(&path, &all, &meta).unwrap();
+        let mut meta = metadata(&resnet34, &old);
+        meta.remove(ARCH_KEY);
+        write(&path, &resnet34, &old, &meta).unwrap();
         assert_eq!(load(&path, &resnet34).unwrap(), old);
         let e = load(&path, &resnet18).unwrap_err().to_string();
         assert!(e.contains("is resnet34, but this run is resnet18"), "{e}");
@@ -526,21 +527,16 @@ mod tests {
         let path = dir.join("ck.safetensors");
         let good = checkpoint(&model);
         for key in REQUIRED_SETTINGS {
-            let mut ck = good.clone();
-            ck.settings.remove(key);
-            save(&path, &model, &ck).unwrap();
+            let mut meta = metadata(&model, &good);
+            meta.remove(key);
+            write(&path, &model, &good, &meta).unwrap();
             let e = load(&path, &model).unwrap_err().to_string();
             assert!(e.contains(&format!("metadata `{key}` is missing")), "{e}");
         }
         // The running statistics too (weights for `grad` may leave them out).
         let mut all = entries("", &model.params, &good.params);
         all.extend(entries("momentum/", &model.params, &good.velocity));
-        let mut meta = good.settings.clone();
-        meta.extend([
-            ("step".to_string(), "1".to_string()),
-            ("format".to_string(), FORMAT.to_string()),
-        ]);
-        write_f32(&path, &all, &meta).unwrap();
+        write_f32(&path, &all, &metadata(&model, &good)).unwrap();
         let e = load(&path, &model).unwrap_err().to_string();
         assert!(e.contains("missing tensor `bn1.running_mean`"), "{e}");
         // A NaN is not saved, and the file there stays.

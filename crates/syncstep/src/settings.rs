@@ -1,9 +1,15 @@
-//! What a training run is (its data and the step's hyper-parameters), and the settings map a
-//! checkpoint records it in: every key spelled here alone, so that a resume reads back what a
-//! save wrote, and the checkpoint and the run both build on this file without needing each
-//! other.
+//! What a training run is (its data and the step's hyper-parameters), and how a checkpoint's
+//! string header records it: serde-derived structs whose field names are the keys, spelled
+//! here alone, so that a resume reads back what a save wrote, and the checkpoint and the run
+//! both build on this file without needing each other.
 
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_with::formats::CommaSeparator;
+use serde_with::json::JsonString;
+use serde_with::{serde_as, DisplayFromStr, StringWithSeparator};
 
 use crate::data::schedule::{LrSchedule, Schedule};
 use crate::data::source::{DataSpec, Fingerprint};
@@ -15,13 +21,16 @@ use crate::step::{StepConfig, StepError};
 #[derive(Debug, thiserror::Error)]
 pub enum SettingError {
     #[error("setting `{key}` {problem}")]
-    Setting { key: &'static str, problem: String },
+    Setting { key: String, problem: String },
+    /// A setting required is absent (serde's message names it).
+    #[error("settings: {0}")]
+    Missing(String),
     #[error("settings of the step: {0}")]
     Step(#[from] StepError),
 }
 
 impl SettingError {
-    fn bad(key: &'static str, problem: String) -> SettingError {
+    fn bad(key: String, problem: String) -> SettingError {
         SettingError::Setting { key, problem }
     }
 }
@@ -100,110 +109,185 @@ impl Default for TrainConfig {
     }
 }
 
-impl TrainConfig {
-    /// The settings a checkpoint records (`checkpoint::REQUIRED_SETTINGS`), so that a resume
-    /// can insist on the same run: the data, and the step's hyper-parameters (f32s written so
-    /// that they read back exactly). The arch is the model's, which `checkpoint::save` records
-    /// beside them, as it does the step.
-    pub fn settings(&self) -> BTreeMap<String, String> {
-        let s = &self.step;
-        let mut settings = BTreeMap::from([
-            ("batch".into(), self.batch.to_string()),
-            ("image_size".into(), self.image_size.to_string()),
-            ("classes".into(), self.classes.to_string()),
-            ("seed".into(), self.seed.to_string()),
-            ("lr".into(), s.lr.to_string()),
-            ("momentum".into(), s.momentum.to_string()),
-            ("weight_decay".into(), s.weight_decay.to_string()),
-            ("label_smoothing".into(), s.label_smoothing.to_string()),
-            ("bn_momentum".into(), s.bn_momentum.to_string()),
-            ("lr_schedule".into(), self.schedule.kind.to_string()),
-            ("warmup_steps".into(), self.schedule.warmup_steps.to_string()),
-            ("schedule_steps".into(), self.schedule.total_steps.to_string()),
-        ]);
-        match &self.images {
-            None => {
-                settings.insert("data".into(), DataSpec::Synthetic.to_string());
+/// The settings a checkpoint records, as its string metadata holds them: the field names are
+/// the keys, each value its text (`Display`, which `FromStr` reads back exactly; f32s so that
+/// they read back bit for bit).
+#[serde_as]
+#[derive(Serialize, Deserialize)]
+struct Recorded {
+    /// Absent from checkpoints of builds before there was a choice: ResNet-34.
+    #[serde_as(as = "Option<DisplayFromStr>")]
+    #[serde(default)]
+    arch: Option<Arch>,
+    #[serde_as(as = "DisplayFromStr")]
+    data: DataSpec,
+    #[serde_as(as = "DisplayFromStr")]
+    batch: usize,
+    #[serde_as(as = "DisplayFromStr")]
+    image_size: u32,
+    #[serde_as(as = "DisplayFromStr")]
+    classes: u32,
+    #[serde_as(as = "DisplayFromStr")]
+    seed: u64,
+    #[serde_as(as = "DisplayFromStr")]
+    lr: f32,
+    #[serde_as(as = "DisplayFromStr")]
+    momentum: f32,
+    #[serde_as(as = "DisplayFromStr")]
+    weight_decay: f32,
+    #[serde_as(as = "DisplayFromStr")]
+    label_smoothing: f32,
+    #[serde_as(as = "DisplayFromStr")]
+    bn_momentum: f32,
+    #[serde_as(as = "DisplayFromStr")]
+    lr_schedule: LrSchedule,
+    #[serde_as(as = "DisplayFromStr")]
+    warmup_steps: u64,
+    #[serde_as(as = "DisplayFromStr")]
+    schedule_steps: u64,
+}
+
+/// What a run on images records beside [`Recorded`] (`ImageSettings`).
+#[serde_as]
+#[derive(Serialize, Deserialize)]
+struct RecordedImages {
+    #[serde_as(as = "DisplayFromStr")]
+    val_split: f64,
+    #[serde_as(as = "DisplayFromStr")]
+    augment: Augment,
+    #[serde_as(as = "StringWithSeparator::<CommaSeparator, f32>")]
+    mean: Vec<f32>,
+    #[serde_as(as = "StringWithSeparator::<CommaSeparator, f32>")]
+    std: Vec<f32>,
+    #[serde_as(as = "JsonString")]
+    class_names: Vec<String>,
+    /// The data's fingerprint; absent from checkpoints of earlier builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_sha256: Option<String>,
+    #[serde_as(as = "Option<DisplayFromStr>")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_examples: Option<usize>,
+}
+
+/// `T` read from `metadata`'s string values, naming the setting a bad one was found in.
+fn read_recorded<T: serde::de::DeserializeOwned>(
+    metadata: &BTreeMap<String, String>,
+) -> Result<T, SettingError> {
+    let strings = metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    serde_path_to_error::deserialize(Value::Object(strings)).map_err(|e| {
+        let key = e.path().to_string();
+        match metadata.get(&key) {
+            Some(value) => {
+                SettingError::bad(key, format!("= {value:?} is not valid: {}", e.inner()))
             }
-            Some(i) => {
-                let list = |v: [f32; 3]| v.map(|x| x.to_string()).join(",");
-                settings.extend([
-                    ("data".into(), i.data.to_string()),
-                    ("val_split".into(), i.val_split.to_string()),
-                    ("augment".into(), i.augment.to_string()),
-                    ("mean".into(), list(i.norm.mean)),
-                    ("std".into(), list(i.norm.std)),
-                    (
-                        "class_names".into(),
-                        serde_json::to_string(&i.class_names).unwrap_or_default(),
-                    ),
-                ]);
-                if let Some(f) = &i.fingerprint {
-                    settings.insert("data_sha256".into(), f.sha256.clone());
-                    settings.insert("data_examples".into(), f.examples.to_string());
-                }
-            }
+            None => SettingError::Missing(e.into_inner().to_string()),
         }
-        settings
+    })
+}
+
+/// `value`'s fields as string metadata.
+fn write_recorded(value: &impl Serialize, metadata: &mut BTreeMap<String, String>) {
+    let Ok(Value::Object(fields)) = serde_json::to_value(value) else {
+        unreachable!("a recorded struct serialises to an object")
+    };
+    for (key, value) in fields {
+        if let Value::String(text) = value {
+            metadata.insert(key, text);
+        }
+    }
+}
+
+/// The image settings `recorded` holds for `data`.
+fn image_settings(data: DataSpec, recorded: RecordedImages) -> Result<ImageSettings, SettingError> {
+    let three = |key: &'static str, values: Vec<f32>| -> Result<[f32; 3], SettingError> {
+        let not_three =
+            |v: Vec<f32>| SettingError::bad(key.into(), format!("is {v:?}, not 3 numbers"));
+        values.try_into().map_err(not_three)
+    };
+    let fingerprint = match (recorded.data_sha256, recorded.data_examples) {
+        (Some(sha256), Some(examples)) => Some(Fingerprint { sha256, examples }),
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(SettingError::bad("data_examples".into(), "is missing".into()))
+        }
+    };
+    Ok(ImageSettings {
+        data,
+        fingerprint,
+        val_split: recorded.val_split,
+        augment: recorded.augment,
+        norm: Normalization {
+            mean: three("mean", recorded.mean)?,
+            std: three("std", recorded.std)?,
+        },
+        class_names: recorded.class_names,
+    })
+}
+
+impl TrainConfig {
+    /// The settings a checkpoint records ([`REQUIRED_SETTINGS`] and a run on images' own), so
+    /// that a resume can insist on the same run: the network, the data, and the step's
+    /// hyper-parameters. `checkpoint::save` records the step beside them.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let (s, schedule) = (&self.step, &self.schedule);
+        let recorded = Recorded {
+            arch: Some(self.arch),
+            data: self.data(),
+            batch: self.batch,
+            image_size: self.image_size,
+            classes: self.classes,
+            seed: self.seed,
+            lr: s.lr,
+            momentum: s.momentum,
+            weight_decay: s.weight_decay,
+            label_smoothing: s.label_smoothing,
+            bn_momentum: s.bn_momentum,
+            lr_schedule: schedule.kind,
+            warmup_steps: schedule.warmup_steps,
+            schedule_steps: schedule.total_steps,
+        };
+        let mut metadata = BTreeMap::new();
+        write_recorded(&recorded, &mut metadata);
+        if let Some(i) = &self.images {
+            let images = RecordedImages {
+                val_split: i.val_split,
+                augment: i.augment,
+                mean: i.norm.mean.to_vec(),
+                std: i.norm.std.to_vec(),
+                class_names: i.class_names.clone(),
+                data_sha256: i.fingerprint.as_ref().map(|f| f.sha256.clone()),
+                data_examples: i.fingerprint.as_ref().map(|f| f.examples),
+            };
+            write_recorded(&images, &mut metadata);
+        }
+        metadata
     }
 
     /// The configuration a checkpoint's metadata records: every setting required, none
     /// defaulted, but the arch: a checkpoint from before there was a choice is ResNet-34's.
-    pub fn from_settings(settings: &BTreeMap<String, String>) -> Result<TrainConfig, SettingError> {
-        fn get<T: std::str::FromStr>(
-            settings: &BTreeMap<String, String>,
-            key: &'static str,
-        ) -> Result<T, SettingError> {
-            let value = settings.get(key).ok_or(SettingError::bad(key, "is missing".into()))?;
-            value.parse().map_err(|_| SettingError::bad(key, format!("= {value:?} is not valid")))
-        }
-        let three = |key: &'static str| -> Result<[f32; 3], SettingError> {
-            let text: String = get(settings, key)?;
-            let values: Vec<f32> = text.split(',').filter_map(|v| v.parse().ok()).collect();
-            let not_three = || SettingError::bad(key, format!("= {text:?} is not 3 numbers"));
-            values.try_into().map_err(|_| not_three())
-        };
-        let data: DataSpec = get(settings, "data")?;
-        let images = match data {
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<TrainConfig, SettingError> {
+        let r: Recorded = read_recorded(metadata)?;
+        let images = match r.data {
             DataSpec::Synthetic => None,
-            data => Some(ImageSettings {
-                data,
-                fingerprint: match settings.get("data_sha256") {
-                    Some(sha256) => Some(Fingerprint {
-                        sha256: sha256.clone(),
-                        examples: get(settings, "data_examples")?,
-                    }),
-                    None => None,
-                },
-                val_split: get(settings, "val_split")?,
-                augment: get(settings, "augment")?,
-                norm: Normalization { mean: three("mean")?, std: three("std")? },
-                class_names: serde_json::from_str(&get::<String>(settings, "class_names")?)
-                    .map_err(|e| {
-                        SettingError::bad("class_names", format!("is not a list of names: {e}"))
-                    })?,
-            }),
+            data => Some(image_settings(data, read_recorded(metadata)?)?),
         };
         let cfg = TrainConfig {
-            arch: match settings.contains_key(ARCH_KEY) {
-                true => get(settings, ARCH_KEY)?,
-                false => Arch::default(),
-            },
-            batch: get(settings, "batch")?,
-            image_size: get(settings, "image_size")?,
-            classes: get(settings, "classes")?,
-            seed: get(settings, "seed")?,
+            arch: r.arch.unwrap_or_default(),
+            batch: r.batch,
+            image_size: r.image_size,
+            classes: r.classes,
+            seed: r.seed,
             step: StepConfig {
-                lr: get(settings, "lr")?,
-                momentum: get(settings, "momentum")?,
-                weight_decay: get(settings, "weight_decay")?,
-                label_smoothing: get(settings, "label_smoothing")?,
-                bn_momentum: get(settings, "bn_momentum")?,
+                lr: r.lr,
+                momentum: r.momentum,
+                weight_decay: r.weight_decay,
+                label_smoothing: r.label_smoothing,
+                bn_momentum: r.bn_momentum,
             },
             schedule: Schedule {
-                kind: get::<LrSchedule>(settings, "lr_schedule")?,
-                warmup_steps: get(settings, "warmup_steps")?,
-                total_steps: get(settings, "schedule_steps")?,
+                kind: r.lr_schedule,
+                warmup_steps: r.warmup_steps,
+                total_steps: r.schedule_steps,
             },
             images,
         };
@@ -214,7 +298,7 @@ impl TrainConfig {
     /// Refuses recorded settings no run has, naming the setting: a checkpoint's settings are
     /// read back as they were written, and one that was edited or damaged must not be run.
     fn check(&self) -> Result<(), SettingError> {
-        let bad = |key: &'static str, why: String| Err(SettingError::bad(key, why));
+        let bad = |key: &str, why: String| Err(SettingError::bad(key.into(), why));
         if self.batch == 0 {
             return bad("batch", "is 0: a batch holds at least one image".into());
         }
@@ -247,6 +331,11 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// What the run trains on: its images, or the synthetic dataset.
+    pub fn data(&self) -> DataSpec {
+        self.images.as_ref().map_or(DataSpec::Synthetic, |i| i.data.clone())
+    }
+
     /// The names of the classes: the images' folders (or CIFAR's names), or the synthetic
     /// dataset's patterns.
     pub fn class_names(&self) -> Vec<String> {
@@ -254,5 +343,56 @@ impl TrainConfig {
             Some(i) => i.class_names.clone(),
             None => (0..self.classes).map(crate::data::synthetic::class_name).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_images() -> TrainConfig {
+        TrainConfig {
+            arch: Arch::ResNet18,
+            images: Some(ImageSettings {
+                data: DataSpec::Cifar10("/data/cifar".into()),
+                fingerprint: Some(Fingerprint { sha256: "ab".repeat(32), examples: 50_000 }),
+                val_split: 0.25,
+                augment: Augment::CropFlip,
+                norm: Normalization { mean: [0.1, 0.2, 0.3], std: [0.4, 0.5, 1e-7] },
+                class_names: vec!["a \"quoted\" name".into(), "b,c".into()],
+            }),
+            classes: 2,
+            step: StepConfig { lr: 1e-7, ..StepConfig::default() },
+            ..TrainConfig::default()
+        }
+    }
+
+    /// What a checkpoint records reads back as the same run, the required keys among it; a
+    /// value that does not parse is refused naming its key.
+    #[test]
+    fn settings_round_trip_through_metadata_and_bad_values_name_their_key() {
+        for cfg in [TrainConfig::default(), on_images()] {
+            let metadata = cfg.metadata();
+            assert!(REQUIRED_SETTINGS.iter().all(|k| metadata.contains_key(*k)), "{metadata:?}");
+            assert_eq!(TrainConfig::from_metadata(&metadata).unwrap(), cfg);
+        }
+        let metadata = on_images().metadata();
+        assert_eq!(metadata["mean"], "0.1,0.2,0.3");
+        assert_eq!(metadata["class_names"], r#"["a \"quoted\" name","b,c"]"#);
+        for (key, value, says) in [
+            ("batch", "sixteen", "setting `batch` = \"sixteen\" is not valid"),
+            ("std", "0.4,0.5", "setting `std` is [0.4, 0.5], not 3 numbers"),
+            ("class_names", "[1]", "setting `class_names` = \"[1]\" is not valid"),
+            ("lr_schedule", "linear", "setting `lr_schedule` = \"linear\" is not valid"),
+        ] {
+            let mut bad = metadata.clone();
+            bad.insert(key.into(), value.into());
+            let e = TrainConfig::from_metadata(&bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{key}: {e}");
+        }
+        let mut missing = metadata;
+        missing.remove("seed");
+        let e = TrainConfig::from_metadata(&missing).unwrap_err().to_string();
+        assert!(e.contains("missing field `seed`"), "{e}");
     }
 }

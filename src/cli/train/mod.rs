@@ -318,12 +318,12 @@ fn agree_with_ranks(
 ) -> Result<(), Box<dyn std::error::Error>> {
     use super::ranks::agree;
     let data = cfg.images.as_ref().and_then(|i| i.fingerprint.as_ref()).map(|f| f.to_string());
-    agree(peers, "the data (its files, sizes and labels)", format!("{data:?}").as_bytes())?;
-    let mut settings = cfg.settings();
+    agree(peers, "the data (its files, sizes and labels)", &serde_json::to_vec(&data)?)?;
+    let mut settings = cfg.metadata();
     settings.remove("data");
-    agree(peers, "the settings", format!("{} {settings:?} {local}", cfg.arch).as_bytes())?;
-    let outputs = format!("{:?} {:?}", args.checkpoint, args.log);
-    agree(peers, "--checkpoint and --log (rank 0 writes them)", outputs.as_bytes())?;
+    agree(peers, "the settings", &serde_json::to_vec(&(settings, local))?)?;
+    let outputs = serde_json::to_vec(&(&args.checkpoint, &args.log))?;
+    agree(peers, "--checkpoint and --log (rank 0 writes them)", &outputs)?;
     if let Some(ck) = start {
         agree(peers, "the checkpoint", bytemuck::cast_slice(&ck.params))?;
     }

@@ -2,7 +2,6 @@
 //! else its default; for images, the dataset's splits, classes and normalisation; and where the
 //! run starts (fresh, resumed, or from `--init` weights) and ends.
 
-use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::Path;
 
@@ -10,8 +9,7 @@ use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
 use syncstep::data::source::{self, DataSpec, Fingerprint, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
-use syncstep::model::{Arch, ResNet};
-use syncstep::settings;
+use syncstep::model::ResNet;
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{ImageSettings, TrainConfig, VAL_SPLIT};
@@ -39,34 +37,26 @@ pub struct Run {
 /// The settings a resumed checkpoint was made with (none for a fresh run), and what the user
 /// is told about the run's settings.
 struct Saved {
-    settings: BTreeMap<String, String>,
+    cfg: Option<TrainConfig>,
     notes: Vec<String>,
     /// `--override` was given.
     override_given: bool,
 }
 
 impl Saved {
-    /// `cli` from the command line, else the checkpoint's `name`, else `default`. A
-    /// command-line value that contradicts the checkpoint is an error (the run would not be a
-    /// continuation), unless the setting is `overridable` and `--override` was given: then it
-    /// wins, and the notes say so.
-    fn setting<T: std::str::FromStr + PartialEq + std::fmt::Display>(
+    /// `cli` from the command line (`--flag`), else what the checkpoint `recorded`, else
+    /// `default`. A command-line value that contradicts the checkpoint is an error (the run
+    /// would not be a continuation), unless the setting is `overridable` and `--override` was
+    /// given: then it wins, and the notes say so.
+    fn setting<T: PartialEq + std::fmt::Display>(
         &mut self,
-        name: &str,
+        flag: &str,
         cli: Option<T>,
+        recorded: impl FnOnce(&TrainConfig) -> Option<T>,
         default: T,
         overridable: bool,
     ) -> Result<T, String> {
-        let flag = name.replace('_', "-");
-        let saved = self
-            .settings
-            .get(name)
-            .map(|s| {
-                s.parse::<T>()
-                    .map_err(|_| format!("checkpoint setting `{name}` = {s:?} is not valid"))
-            })
-            .transpose()?;
-        match (cli, saved) {
+        match (cli, self.cfg.as_ref().and_then(recorded)) {
             (Some(c), Some(s)) if c != s && overridable && self.override_given => {
                 self.notes.push(format!("--{flag} {c} overrides the checkpoint's {s}"));
                 Ok(c)
@@ -80,26 +70,26 @@ impl Saved {
             (c, s) => Ok(c.or(s).unwrap_or(default)),
         }
     }
+
+    /// The checkpoint's image settings; None for a fresh run or the synthetic dataset.
+    fn images(&self) -> Option<&ImageSettings> {
+        self.cfg.as_ref().and_then(|c| c.images.as_ref())
+    }
 }
 
 pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let defaults = TrainConfig::default();
     // Read once, and checked whole before any of it is used.
     let resumed = args.resume.as_deref().map(TensorFile::read).transpose()?;
-    if let Some(file) = &resumed {
-        checkpoint::check_checkpoint(file)?;
-    }
-    let settings = resumed.as_ref().map(|file| file.metadata.clone()).unwrap_or_default();
-    let mut saved = Saved { settings, notes: Vec::new(), override_given: args.override_settings };
-    if args.resume.is_some() {
-        // A checkpoint from before the choice of arch is ResNet-34's.
-        saved.settings.entry(settings::ARCH_KEY.into()).or_insert(Arch::ResNet34.to_string());
-    }
-    let arch = saved.setting(settings::ARCH_KEY, args.arch, Arch::default(), false)?;
+    let cfg = resumed.as_ref().map(checkpoint::check_checkpoint).transpose()?;
+    let mut saved = Saved { cfg, notes: Vec::new(), override_given: args.override_settings };
+    let arch = saved.setting("arch", args.arch, |c| Some(c.arch), defaults.arch, false)?;
     let data = run_data(args, &saved)?;
-    let seed = saved.setting("seed", args.seed, defaults.seed, false)?;
-    let batch = saved.setting("batch", args.batch, defaults.batch, false)?;
-    let image_size = saved.setting("image_size", args.image_size, defaults.image_size, false)?;
+    let seed = saved.setting("seed", args.seed, |c| Some(c.seed), defaults.seed, false)?;
+    let batch = saved.setting("batch", args.batch, |c| Some(c.batch), defaults.batch, false)?;
+    let recorded_size = |c: &TrainConfig| Some(c.image_size);
+    let image_size =
+        saved.setting("image-size", args.image_size, recorded_size, defaults.image_size, false)?;
     ResNet::check_image_size(image_size, image_size)
         .map_err(|e| format!("--image-size {image_size}: {e}"))?;
     let (splits, images) = match image_settings(args, &mut saved, &data, seed, image_size)? {
@@ -108,8 +98,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     };
     let classes = class_count(args, &mut saved, images.as_ref(), defaults.classes)?;
     let step = step_config(args, &mut saved)?;
-    let kind = saved.setting("lr_schedule", args.lr_schedule, LrSchedule::Constant, true)?;
-    let warmup_steps = saved.setting("warmup_steps", args.warmup_steps, 0, true)?;
+    let (kind, warmup_steps) = schedule_settings(args, &mut saved, defaults.schedule)?;
 
     let model = ResNet::new(arch, classes)?;
     let start = resumed.map(|file| checkpoint::from_file(&file, &model)).transpose()?;
@@ -117,8 +106,8 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let epochs = epochs_over(splits.as_ref(), batch, seed)?;
     let last = last_step(args, epochs, from)?;
     // The schedule is laid over the run as first planned; a resume keeps it.
-    let planned = saved.settings.get("schedule_steps").filter(|_| !args.override_settings);
-    let total_steps = planned.and_then(|s| s.parse().ok()).unwrap_or(last);
+    let planned = saved.cfg.as_ref().map(|c| c.schedule.total_steps);
+    let total_steps = planned.filter(|_| !args.override_settings).unwrap_or(last);
     if warmup_steps > total_steps {
         saved.notes.push(format!(
             "note: the warm-up ({warmup_steps} steps) is longer than the run's {total_steps}: the rate never reaches --lr"
@@ -160,7 +149,8 @@ fn image_settings(
         }
         return Ok(None);
     }
-    let val_split = saved.setting("val_split", args.val_split, VAL_SPLIT, false)?;
+    let recorded_split = |c: &TrainConfig| c.images.as_ref().map(|i| i.val_split);
+    let val_split = saved.setting("val-split", args.val_split, recorded_split, VAL_SPLIT, false)?;
     let splits = source::open(data, val_split, seed)?;
     let root = data.path().unwrap_or(Path::new("."));
     let fingerprint = splits.fingerprint(root)?;
@@ -169,16 +159,18 @@ fn image_settings(
         DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
         _ => Augment::ResizedCropFlip,
     };
-    let augment = saved.setting("augment", args.augment, default_augment, true)?;
-    let norm = normalization(args, &saved.settings, &splits, image_size, &mut saved.notes)?;
+    let recorded_augment = |c: &TrainConfig| c.images.as_ref().map(|i| i.augment);
+    let augment =
+        saved.setting("augment", args.augment, recorded_augment, default_augment, true)?;
+    let recorded_norm = saved.images().map(|i| i.norm);
+    let norm = normalization(args, recorded_norm, &splits, image_size, &mut saved.notes)?;
     let class_names = splits.train.class_names.clone();
-    if let Some(names) = saved.settings.get("class_names") {
-        if serde_json::from_str::<Vec<String>>(names).ok().as_ref() != Some(&class_names) {
-            return Err(format!(
-                "the dataset's classes are not the checkpoint's ({names}): resume on the data it was trained on"
-            )
-            .into());
-        }
+    if let Some(names) = saved.images().map(|i| &i.class_names).filter(|n| **n != class_names) {
+        return Err(format!(
+            "the dataset's classes are not the checkpoint's ({}): resume on the data it was trained on",
+            names.join(", ")
+        )
+        .into());
     }
     saved.notes.extend(splits.notes.iter().cloned());
     let fingerprint = Some(fingerprint);
@@ -192,10 +184,9 @@ fn image_settings(
 /// holds it to the checkpoint's fingerprint.
 fn run_data(args: &TrainArgs, saved: &Saved) -> Result<DataSpec, Box<dyn Error>> {
     let flag = args.data.as_ref().map(DataSpec::canonical).transpose()?;
-    let Some(recorded) = saved.settings.get("data") else {
+    let Some(recorded) = saved.cfg.as_ref().map(TrainConfig::data) else {
         return Ok(flag.unwrap_or(DataSpec::Synthetic));
     };
-    let recorded: DataSpec = recorded.parse()?;
     match flag {
         None => recorded.canonical().map_err(|e| {
             format!("the checkpoint's data {recorded} is not there ({e}): give --data with the place it is now").into()
@@ -211,11 +202,9 @@ fn run_data(args: &TrainArgs, saved: &Saved) -> Result<DataSpec, Box<dyn Error>>
 /// removed, renamed, resized or relabelled), or, for a checkpoint of an earlier build, which
 /// has none, another folder. The same files at another path are said so.
 fn same_data(saved: &mut Saved, data: &DataSpec, now: &Fingerprint) -> Result<(), Box<dyn Error>> {
-    let Some(recorded) = saved.settings.get("data") else { return Ok(()) };
-    let recorded: DataSpec = recorded.parse()?;
+    let Some(recorded) = saved.cfg.as_ref().map(TrainConfig::data) else { return Ok(()) };
     let moved = recorded.canonical().ok().as_ref() != Some(data);
-    let then = TrainConfig::from_settings(&saved.settings)?.images.and_then(|i| i.fingerprint);
-    match then {
+    match saved.images().and_then(|i| i.fingerprint.clone()) {
         Some(then) if then != *now => Err(format!(
             "{data} is not the data the checkpoint was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): resume on that data"
         )
@@ -248,31 +237,60 @@ fn class_count(
             .into());
         }
     }
-    Ok(saved.setting("classes", args.classes.or(dataset_classes), default, false)?)
+    let given = args.classes.or(dataset_classes);
+    Ok(saved.setting("classes", given, |c| Some(c.classes), default, false)?)
 }
 
 /// The SGD step's hyper-parameters.
 fn step_config(args: &TrainArgs, saved: &mut Saved) -> Result<StepConfig, Box<dyn Error>> {
-    let defaults = StepConfig::default();
+    let d = StepConfig::default();
     let step = StepConfig {
         label_smoothing: saved.setting(
-            "label_smoothing",
+            "label-smoothing",
             args.label_smoothing,
-            defaults.label_smoothing,
+            |c| Some(c.step.label_smoothing),
+            d.label_smoothing,
             true,
         )?,
-        lr: saved.setting("lr", args.lr, defaults.lr, true)?,
-        momentum: saved.setting("momentum", args.momentum, defaults.momentum, true)?,
+        lr: saved.setting("lr", args.lr, |c| Some(c.step.lr), d.lr, true)?,
+        momentum: saved.setting(
+            "momentum",
+            args.momentum,
+            |c| Some(c.step.momentum),
+            d.momentum,
+            true,
+        )?,
         weight_decay: saved.setting(
-            "weight_decay",
+            "weight-decay",
             args.weight_decay,
-            defaults.weight_decay,
+            |c| Some(c.step.weight_decay),
+            d.weight_decay,
             true,
         )?,
-        bn_momentum: saved.setting("bn_momentum", None, defaults.bn_momentum, false)?,
+        bn_momentum: saved.cfg.as_ref().map_or(d.bn_momentum, |c| c.step.bn_momentum),
     };
     step.validate()?;
     Ok(step)
+}
+
+/// The learning-rate schedule's kind and warm-up.
+fn schedule_settings(
+    args: &TrainArgs,
+    saved: &mut Saved,
+    defaults: Schedule,
+) -> Result<(LrSchedule, u64), String> {
+    let recorded_kind = |c: &TrainConfig| Some(c.schedule.kind);
+    let kind =
+        saved.setting("lr-schedule", args.lr_schedule, recorded_kind, defaults.kind, true)?;
+    let recorded_warmup = |c: &TrainConfig| Some(c.schedule.warmup_steps);
+    let warmup_steps = saved.setting(
+        "warmup-steps",
+        args.warmup_steps,
+        recorded_warmup,
+        defaults.warmup_steps,
+        true,
+    )?;
+    Ok((kind, warmup_steps))
 }
 
 /// The epochs over the training split; None for the synthetic dataset.
@@ -341,25 +359,22 @@ fn init_weights(
         ));
     }
     let velocity = vec![0.0; model.param_len];
-    Ok(Checkpoint { params, running, velocity, step: 0, settings: cfg.settings() })
+    Ok(Checkpoint { params, running, velocity, step: 0, settings: cfg.clone() })
 }
 
 /// The checkpoint's normalisation on a resume; else ImageNet's or the training split's own.
 fn normalization(
     args: &TrainArgs,
-    peek: &BTreeMap<String, String>,
+    recorded: Option<Normalization>,
     splits: &Splits,
     image_size: u32,
     notes: &mut Vec<String>,
 ) -> Result<Normalization, Box<dyn Error>> {
-    if !peek.is_empty() {
+    if let Some(norm) = recorded {
         if args.normalize.is_some() {
             return Err("the checkpoint fixes the normalisation: drop --normalize".into());
         }
-        return Ok(TrainConfig::from_settings(peek)?
-            .images
-            .map(|i| i.norm)
-            .ok_or("the checkpoint has no normalisation")?);
+        return Ok(norm);
     }
     let norm = match args.normalize.unwrap_or(Normalize::Dataset) {
         Normalize::Imagenet => Normalization::IMAGENET,

@@ -88,8 +88,9 @@ pub enum CheckError {
 pub type Result<T, E = CheckError> = std::result::Result<T, E>;
 
 /// What to check: R replicas × N images (or a global batch of B that R need not divide)
-/// against one device at the global batch.
-#[derive(Clone, Debug, PartialEq)]
+/// against one device at the global batch. What every MPI rank of a check must agree on is
+/// its serialised form (each rank's own adapters left out).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct CheckConfig {
     pub arch: Arch,
     pub replicas: usize,
@@ -103,6 +104,7 @@ pub struct CheckConfig {
     pub steps: usize,
     pub seed: u64,
     /// Replica r runs on `adapters[r % len]`, the single device on the first; empty: default.
+    #[serde(skip)]
     pub adapters: Vec<AdapterChoice>,
     /// Also hold the single device against the f64 reference (TIE; slow on big batches).
     pub tie: bool,

@@ -7,7 +7,7 @@ use crate::gpu::{Encoder, Gpu, Slice};
 use crate::step::{self, BnRows, Communicator};
 
 /// A way to break the equivalence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Sabotage {
     /// What the equivalence would be without the global divisor: each replica divides its loss
     /// by its own shard and the all-reduce takes the mean, which in f32 is not the single

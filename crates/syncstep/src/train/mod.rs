@@ -209,7 +209,7 @@ impl Trainer {
             running: one(self.replicas.read_running().await?, "running statistics")?,
             velocity: one(self.replicas.read_velocity().await?, "momentum")?,
             step: self.step,
-            settings: self.cfg.settings(),
+            settings: self.cfg.clone(),
         })
     }
 }
