@@ -1,15 +1,13 @@
 //! `--mpi` under `mpirun` (a build with the `mpi` feature): replicas as ranks give the single
 //! device's bits; ranks that disagree are refused at start; a rank that dies ends every rank.
 //! Over TCP (`--mca btl tcp,self`), the transport that crosses machines.
-#![cfg(feature = "mpi")]
-
-mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
+use crate::{inputs, same_bits};
 use syncstep::checkpoint;
 use syncstep::model::{Arch, ResNet};
 
@@ -30,16 +28,10 @@ fn mpirun(programs: &[(usize, Vec<String>)]) -> Output {
 
 /// [`mpirun`] with environment variables for every rank.
 fn mpirun_with(programs: &[(usize, Vec<String>)], env: &[(&str, &str)]) -> Output {
-    let _turn = one_job();
+    let _turn = crate::one_job();
     mpirun_command(programs, env, &[])
         .output()
         .expect("mpirun (Open MPI) must be installed: scripts/setup.sh")
-}
-
-/// One job at a time: held while a job runs.
-fn one_job() -> std::sync::MutexGuard<'static, ()> {
-    static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE_JOB.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The `mpirun` command over TCP with `programs`, `env` for every rank and `options` for
@@ -81,11 +73,8 @@ fn grad_args(weights: &Path, batch: &Path, out: &Path, extra: &[&str]) -> Vec<St
 /// Three ranks over a batch of 7 (shards of 3, 2 and 2): the gradients, loss, logits and BN
 /// statistics of one step are the single device's, bit for bit. (The training test below runs
 /// P = 2 × 2.)
-#[test]
 fn ranks_give_the_single_devices_gradients_bit_for_bit() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("grad");
     let dir = tmp.path();
     let inputs = inputs(dir, 7);
@@ -108,11 +97,8 @@ fn ranks_give_the_single_devices_gradients_bit_for_bit() {
 /// shards of 2, 2, 1, 1) end with the single device's parameters, momentum and BN statistics,
 /// bit for bit; rank 0 alone writes the checkpoint and prints. Two ranks of one device each
 /// resume from it: one step more is the single device's fourth.
-#[test]
 fn ranks_train_as_the_single_device_does_bit_for_bit() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("train");
     let dir = tmp.path();
     let train = |ck: &Path, extra: &[&str]| -> Vec<String> {
@@ -157,11 +143,8 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
 
 /// `check --mpi` over two ranks and a batch of 5 (shards of 3 and 2): every gate passes, TEST
 /// and DRIFT to the bit, and rank 0 alone prints the table and writes the JSON.
-#[test]
 fn check_over_ranks_passes_every_gate() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("check");
     let dir = tmp.path();
     let json = dir.join("check.json");
@@ -186,11 +169,8 @@ fn check_over_ranks_passes_every_gate() {
 /// `bench --mpi` at P = 2: rank 0 alone reports, with the single device beside the ranks, the
 /// bytes it received a step (half the gradient in the reduce-scatter, half in the all-gather,
 /// plus the BatchNorm rows, losses and logits) and each rank's wait for the exchange.
-#[test]
 fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("bench");
     let dir = tmp.path();
     let json = dir.join("bench.json");
@@ -215,11 +195,8 @@ fn bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait() {
 
 /// A rank with other settings (here its label smoothing, its own --checkpoint, or other data)
 /// is refused before any step, naming them.
-#[test]
 fn ranks_that_disagree_are_refused_at_start() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("disagree");
     let dir = tmp.path();
     let inputs = inputs(dir, 2);
@@ -264,11 +241,8 @@ fn ranks_that_disagree_are_refused_at_start() {
 /// nothing is written. Rank 1 is stopped as it starts, however fast the adapter, and killed 2 s
 /// later with the shell that started it (so that mpirun sees a rank end by signal 9), while
 /// rank 0 waits for it to join the job.
-#[test]
 fn a_rank_that_dies_ends_every_rank() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("dies");
     let dir = tmp.path();
     let inputs = inputs(dir, 4);
@@ -288,11 +262,8 @@ fn a_rank_that_dies_ends_every_rank() {
 /// while the job trains: the others name it and end the job, non-zero, within the silence
 /// allowed (here 5 s) and well within 60 s, where MPI's TCP alone would wait for minutes; the
 /// checkpoint written before is intact.
-#[test]
 fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("silent");
     let dir = tmp.path();
     let ck = dir.join("run.safetensors");
@@ -327,12 +298,9 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
 /// after `odls_base_sigkill_timeout` seconds (here 5, as README's recipe sets it) and kills them
 /// as long after; in that time they finish the step in flight, rank 0 writes the checkpoint of
 /// that step, and every rank says so. The checkpoint holds that step.
-#[test]
 fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
     use std::io::BufRead;
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("run.safetensors");
     let c = ck.to_str().unwrap();
@@ -343,7 +311,7 @@ fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
         .chain(&["--checkpoint-every", "0", "--checkpoint", c])
         .map(|s| s.to_string())
         .collect();
-    let _turn = one_job();
+    let _turn = crate::one_job();
     let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "5"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -369,3 +337,14 @@ fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
         assert!(err.contains(&said), "{err}");
     }
 }
+
+tests![
+    ranks_give_the_single_devices_gradients_bit_for_bit,
+    ranks_train_as_the_single_device_does_bit_for_bit,
+    check_over_ranks_passes_every_gate,
+    bench_over_ranks_reports_the_bytes_received_and_each_ranks_wait,
+    ranks_that_disagree_are_refused_at_start,
+    a_rank_that_dies_ends_every_rank,
+    a_rank_that_falls_silent_is_named_and_ends_the_job,
+    a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step,
+];
