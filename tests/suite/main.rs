@@ -16,6 +16,7 @@ mod cross_entropy;
 mod data;
 mod dense;
 mod elementwise;
+mod gpu_errors;
 mod matmul;
 mod maxpool;
 mod parallel;
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
         data::TESTS,
         dense::TESTS,
         elementwise::TESTS,
+        gpu_errors::TESTS,
         matmul::TESTS,
         maxpool::TESTS,
         parallel::TESTS,
