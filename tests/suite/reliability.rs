@@ -315,38 +315,12 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
     let dir = tmp.path();
     for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let ck = dir.join(format!("{signal}.safetensors"));
-        let mut child = crate::common::command()
-            .args([
-                "train",
-                "--steps",
-                "1000",
-                "--batch",
-                "2",
-                "--eval-examples",
-                "0",
-                "--checkpoint",
-                ck.to_str().unwrap(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let c = ck.to_str().unwrap();
+        let args = ["train", "--steps", "1000", "--batch", "2", "--eval-examples", "0"];
         // Once the first step is done (its line is printed), ask it to stop.
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-        let started = Instant::now();
-        while let Some(Ok(line)) = lines.next() {
-            if line.starts_with("step 1 ") || started.elapsed() > Duration::from_secs(300) {
-                break;
-            }
-        }
-        Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(code), "SIG{signal}: {err}");
+        let (child, lines) = started_at(&[&args[..], &["--checkpoint", c]].concat(), "step 1 ");
+        let (status, err) = stop(child, lines, signal);
+        assert_eq!(status, Some(code), "SIG{signal}: {err}");
         assert!(
             err.contains(&format!("SIG{signal}: stopped after step")) && err.contains("--resume"),
             "{err}"
@@ -562,7 +536,10 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
 }
 
 /// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
-/// with `at` (the handshake: it has got that far): the child, and its lines still to read.
+/// with `at` (the handshake: it has got that far): the child, and its lines still to read. The
+/// product offers no other (no ready file), and needs none: `train` handles the signals from
+/// its first instruction, before it prints anything, so a line read means a signal sent now is
+/// handled, and says where the run was.
 fn started_at(args: &[&str], at: &str) -> (std::process::Child, impl Iterator<Item = String>) {
     let mut child = crate::common::command()
         .args(args)
