@@ -1,7 +1,8 @@
 //! The test harness of the suite's binaries (libtest-mimic): every test runs on a thread of its
 //! own named after it, and a test that cannot run here (no GPU adapter, no root for test hosts)
 //! ends with a [`Skip`] payload, which is reported as "ignored" with its reason rather than as a
-//! pass that ran nothing. Any other panic is a failure with its message.
+//! pass that ran nothing. Any other panic is a failure with its message. libtest-mimic does not
+//! capture output: what a test prints appears as it runs, its thread's name on a panic's line.
 //!
 //! Each module lists its tests at its end with [`tests!`]. A test function left out of its list
 //! is a function nothing calls, which the dead-code lint reports and `cargo clippy -- -D

@@ -18,8 +18,8 @@ use syncstep::kernels::{Device, DeviceConfig, KernelError};
 
 /// The suite's environment variables, whoever runs it (`cargo test` or scripts/test.sh): those
 /// set, and where one is not, the kernels chosen without timing (the browser's guess: every
-/// variant gives the same bits, tests/conv2d.rs holds each to them, and timing every candidate
-/// at the suite's many shapes was a quarter of its time) and the autotune's choices in the
+/// variant gives the same bits, tests/suite/conv2d.rs holds each to them, and timing every
+/// candidate at the suite's many shapes was a quarter of its time) and the autotune's choices in the
 /// build folder, never the user's cache. The autotune's own tests set their policies.
 pub fn test_var(name: &str) -> Option<OsString> {
     let set = std::env::var_os(name).filter(|v| !v.is_empty());
