@@ -1,7 +1,7 @@
 //! Writes seeded ResNet weights (random BatchNorm γ, β) and a synthetic batch in one
 //! safetensors file with torchvision's names: the inputs of `syncstep grad`, which PyTorch
 //! loads as they are. scripts/pytorch_fixtures.py runs it to make the PyTorch fixtures that
-//! tests/pytorch.rs holds the step to.
+//! tests/suite/pytorch.rs holds the step to.
 //!
 //!     cargo run --release --example step_inputs -- OUT.safetensors SEED IMAGES [SIZE=32] [CLASSES=10] [ARCH=resnet34]
 

@@ -6,8 +6,8 @@ BatchNorm γ and β) and a synthetic batch with torchvision's names; torchvision
 one training step on them in float64: train-mode BatchNorm, cross-entropy with label smoothing
 0.1, mean over the batch. The fixture records the loss, the logits, each parameter gradient's L2
 norm and its elements at syncstep's sample indices (compare::sample_indices), and the running
-statistics after the step likewise. tests/pytorch.rs runs `syncstep grad` on the same inputs and
-holds it to them. The weights are rewritten by the example each time; only outputs are committed.
+statistics after the step likewise. tests/suite/pytorch.rs runs `syncstep grad` on the same
+inputs and holds it to them. The weights are rewritten by the example each time; only outputs are committed.
 
 Where a ReLU input lies within f32 rounding of zero, an f32 step decides it otherwise than the
 f64 step and its gradients part from f64 ones by far more than rounding (docs/design.md, "Same
@@ -15,8 +15,8 @@ activation pattern"). A deep network has so many units that some always lie that
 script nudges the seeded weights first: site by site in the f64 forward, each BatchNorm β whose
 channel has a ReLU input within MARGIN of zero (relative to the site's RMS) moves by the least
 that clears it, and the fixture records the new values (`nudges`: 276 of ResNet-50's 26,560
-channels at 16 images), which tests/pytorch.rs sets in the weights syncstep writes. The same step in
-float32 then decides every ReLU and max-pool unit as the f64 step does (the script checks), and
+channels at 16 images), which tests/suite/pytorch.rs sets in the weights syncstep writes. The
+same step in float32 then decides every ReLU and max-pool unit as the f64 step does (the script checks), and
 its distance from f64 (loss, logits, worst gradient) is f32's rounding alone, recorded as
 `f32_against_f64`.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure a build with `--features mpi` and the MPI tests can run: an MPI (mpicc, mpirun),
-# libclang (the bindings' build runs bindgen) and iproute2 (`ip`, `tc`: tests/hosts.rs makes test
-# hosts with scripts/hosts.sh). Installs only what is missing, with apt-get (Debian/Ubuntu: Open
+# libclang (the bindings' build runs bindgen) and iproute2 (`ip`, `tc`: tests/mpi/hosts.rs makes
+# test hosts with scripts/hosts.sh). Installs only what is missing, with apt-get (Debian/Ubuntu: Open
 # MPI); elsewhere says what to install and fails.
 set -euo pipefail
 

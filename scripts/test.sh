@@ -6,11 +6,11 @@
 #      proves those paths compile;
 #   2. every test of every crate in release mode (debug wgpu and the f64 references are too
 #      slow), built with the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and
-#      iproute2), so tests/mpi.rs runs ranks under mpirun, and tests/hosts.rs on test hosts over
-#      shaped links (scripts/hosts.sh, as root: without root it skips, or fails with CI set).
-#      GPU tests run
-#      on the first adapter (lavapipe on a CPU machine); with CI set, a test that finds no
-#      adapter fails instead of skipping;
+#      iproute2). The integration tests are two binaries (Cargo.toml, tests/suite/main.rs):
+#      `suite`, and `mpi`, whose tests run ranks under mpirun (tests/mpi/mpi.rs) and on test
+#      hosts over shaped links (tests/mpi/hosts.rs, scripts/hosts.sh: needs root). GPU tests
+#      run on the first adapter (lavapipe on a CPU machine). A test that cannot run here (no
+#      adapter, no root) is reported as "ignored (skipped: …)", and with CI set it fails;
 #   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
 #      SwiftShader) under `node --test`; its PORTABLE test runs the native release binary to
 #      write web/golden.json first.
@@ -43,7 +43,8 @@ for target in "${cross_targets[@]}"; do
 done
 
 # The suite's environment (kernels chosen without timing, the autotune's choices in the build
-# folder) is the tests' own (tests/common: `test_var`), so a plain `cargo test` runs the same.
+# folder) is the tests' own (tests/suite/common: `test_var`), so a plain `cargo test` runs the
+# same.
 cargo test --workspace --release --all-targets --features mpi --no-fail-fast "$@"
 
 # The page test runs these two (`cargo test` builds examples as test harnesses, not as programs).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the fixtures that hold `syncstep predict --weights` to PyTorch (tests/pretrained.rs),
-under tests/fixtures/torchvision/:
+"""Writes the fixtures that hold `syncstep predict --weights` to PyTorch
+(tests/suite/pretrained.rs), under tests/fixtures/torchvision/:
 
 - chelsea.png, coffee.png: crops of two photographs scikit-image ships (a cat, 201x150; an
   espresso, 150x200), at their own resolution, as PNG (lossless, so syncstep decodes the

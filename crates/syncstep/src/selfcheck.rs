@@ -151,7 +151,7 @@ const fn conv(
 /// The kernels checked, in order: ResNet-34's stem, a basic-block 3×3, a stride-2 input-VJP, a
 /// 1×1 projection's weight gradient, ReLU both ways and the residual add, at sizes small enough
 /// for a software rasteriser (SwiftShader) and the f64 reference to take well under a second each.
-/// Tolerances are the kernel tests' own (tests/conv2d.rs, tests/elementwise.rs).
+/// Tolerances are the kernel tests' own (tests/suite/conv2d.rs, tests/suite/elementwise.rs).
 fn cases() -> Vec<Case> {
     vec![
         Case::Conv { op: ConvOp::Forward, shape: conv(2, 3, 16, 64, 7, 2, 3), tolerance: 1e-5 },

@@ -120,7 +120,7 @@ fn gemm_weight_push(n: u32, co: u32, kv: u32, total: vec4<f32>) {
     // where the largest of those it closes was; block l < closed is closed − 1 − l after it. The
     // index steps down by a level per l: in that form llvmpipe unrolls the loop at every stack
     // size (a loop it keeps counts toward its limit of 65535 iterations per invocation: the
-    // 32-level test in tests/conv2d.rs gets a wrong sum).
+    // 32-level test in tests/suite/conv2d.rs gets a wrong sum).
     let top = countOneBits((n >> 1u) >> closed);
     let smallest = (top + closed) * level + at;
     var v = total;

@@ -2,9 +2,7 @@
 //! dimensions, bad counts, bindings over the device's limit; and the kernels with the most
 //! bindings fit WebGPU's default limit.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Encoder, Slice};
 use syncstep::kernels::batchnorm::{self as k, BnShape};
 use syncstep::kernels::KernelError;
@@ -12,9 +10,8 @@ use syncstep::kernels::KernelError;
 const EPS: f32 = 1e-5;
 const MOMENTUM: f32 = 0.1;
 
-#[test]
 fn fused_launchers_reject_wrong_lengths() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = BnShape { n: 2, c: 3, hw: 5 };
     let b = |len| gpu.buffer("b", len).unwrap();
     let (x, out, dy, dx, stats, sums, gamma, beta, rows, short) =
@@ -76,9 +73,8 @@ fn fused_launchers_reject_wrong_lengths() {
 
 /// The kernels with the most bindings (7) launch on a device held to WebGPU's default of 8
 /// storage buffers per shader stage (browsers' SwiftShader allows 10).
-#[test]
 fn fused_kernels_fit_webgpus_default_storage_buffer_count() {
-    let Some(gpu) = gpu_with_limits(|l| l.max_storage_buffers_per_shader_stage = 8) else { return };
+    let gpu = gpu_with_limits(|l| l.max_storage_buffers_per_shader_stage = 8);
     let shape = BnShape { n: 2, c: 3, hw: 5 };
     let b = |len| gpu.buffer("b", len).unwrap();
     let (x, shortcut, gate, out, dy, dx, stats, sums, gamma, beta, rows) =
@@ -139,9 +135,8 @@ fn expect_arg(res: syncstep::kernels::Result<()>, op: &str, arg: &str, needle: &
     assert!(msg.contains(needle), "{msg}");
 }
 
-#[test]
 fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = BnShape { n: 2, c: 3, hw: 5 };
     let zero = BnShape { hw: 0, ..shape };
     let b = |len| gpu.buffer("b", len).unwrap();
@@ -256,9 +251,8 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     );
 }
 
-#[test]
 fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     let shape = BnShape { n: 1, c: 1, hw: (1 << 20) / 4 + 1 };
     let x = gpu.buffer("x", shape.tensor_len()).unwrap();
     let (stats, per_c) = (gpu.buffer("stats", 2).unwrap(), gpu.buffer("per_c", 1).unwrap());
@@ -286,3 +280,10 @@ fn bn_forward_apply_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    fused_launchers_reject_wrong_lengths,
+    fused_kernels_fit_webgpus_default_storage_buffer_count,
+    launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts,
+    bn_forward_apply_refuses_a_binding_over_the_device_limit,
+];

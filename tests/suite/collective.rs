@@ -2,9 +2,7 @@
 //! replica, a sub-range that leaves the rest of the buffer alone, and refused ranges; the
 //! bucketed all-reduce against it, bitwise, and released when a replica gives up.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::canonical::Plan;
 use syncstep::collective::{
     all_reduce, bucket_rounds, BucketAllReduce, BucketStaging, CollectiveError, Filled, Peers,
@@ -14,13 +12,12 @@ use syncstep::gpu::{Gpu, Slice};
 
 const REPLICAS: usize = 3;
 
-fn devices() -> Option<Vec<Gpu>> {
-    gpu()?;
-    Some(
-        (0..REPLICAS)
-            .map(|_| pollster::block_on(Gpu::new(&common::environment().adapter())).unwrap())
-            .collect(),
-    )
+/// Devices of their own, one per replica.
+fn devices() -> Vec<Gpu> {
+    needs_adapter();
+    (0..REPLICAS)
+        .map(|_| pollster::block_on(Gpu::new(&crate::common::environment().adapter())).unwrap())
+        .collect()
 }
 
 /// Replica r's buffer of `len` values: uniform, scaled by 10^r so the sums are not exact.
@@ -28,9 +25,8 @@ fn local(r: usize, len: usize) -> Vec<f32> {
     uniform(100 + r as u64, len).iter().map(|v| v * 10f32.powi(r as i32)).collect()
 }
 
-#[test]
 fn sum_and_mean_across_three_devices_match_the_host_on_every_replica() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let len = 100_003;
     for op in [ReduceOp::Sum, ReduceOp::Mean] {
         let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r, len)).collect();
@@ -65,9 +61,8 @@ fn sum_and_mean_across_three_devices_match_the_host_on_every_replica() {
     }
 }
 
-#[test]
 fn a_sub_range_is_reduced_and_the_rest_left_alone() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let (len, offset, range) = (1000, 64, 500);
     let values: Vec<Vec<f32>> = (0..REPLICAS).map(|r| local(r, len)).collect();
     let buffers: Vec<wgpu::Buffer> =
@@ -97,9 +92,8 @@ fn a_sub_range_is_reduced_and_the_rest_left_alone() {
     }
 }
 
-#[test]
 fn mismatched_or_unaligned_ranges_are_refused() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let buffers: Vec<wgpu::Buffer> = gpus.iter().map(|g| g.buffer("b", 16).unwrap()).collect();
     let s =
         |r: usize, offset: u64, len: u64| (&gpus[r], vec![Slice::new(&buffers[r], offset, len)]);
@@ -219,9 +213,8 @@ fn pieces(plan: &Plan, len: usize, seed: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
-#[test]
 fn buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let len = 100_003;
     let staging: Vec<BucketStaging> = gpus.iter().map(|_| BucketStaging::default()).collect();
     // One piece each, then two each (9 examples over 3 replicas: [0, 2) [2, 3) | [3, 4) [4, 6) |
@@ -262,9 +255,8 @@ fn buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step() {
     }
 }
 
-#[test]
 fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let len = 5000;
     let staging: Vec<BucketStaging> = gpus.iter().map(|_| BucketStaging::default()).collect();
     let plan = Plan::one_piece_each(REPLICAS);
@@ -289,9 +281,8 @@ fn a_replica_giving_up_releases_the_others_and_the_staging_still_works() {
     }
 }
 
-#[test]
 fn a_final_part_that_shrinks_is_refused() {
-    let Some(gpus) = devices() else { return };
+    let gpus = devices();
     let staging = BucketStaging::default();
     let rounds = bucket_rounds(Plan::single(), ReduceOp::Sum, 1, Peers::InProcess);
     let side = BucketAllReduce::new(0, Pieces::ONE, &staging, &rounds, 0);
@@ -301,3 +292,12 @@ fn a_final_part_that_shrinks_is_refused() {
     let e = side.record(&gpus[0], &mut enc, Slice::new(&buffer, 192, 16)).unwrap_err();
     assert!(matches!(e, CollectiveError::Shrunk { replica: 0, offset: 192, before: 128 }), "{e}");
 }
+
+tests![
+    sum_and_mean_across_three_devices_match_the_host_on_every_replica,
+    a_sub_range_is_reduced_and_the_rest_left_alone,
+    mismatched_or_unaligned_ranges_are_refused,
+    buckets_give_the_whole_buffer_all_reduce_bitwise_step_after_step,
+    a_replica_giving_up_releases_the_others_and_the_staging_still_works,
+    a_final_part_that_shrinks_is_refused,
+];

@@ -1,10 +1,8 @@
 //! Training runs, checkpoints and the `syncstep grad` file interface.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use syncstep::checkpoint::{self, write_step_inputs};
 use syncstep::data::synthetic_batch;
 use syncstep::model::{Arch, ResNet};
@@ -30,22 +28,21 @@ fn run_steps(t: &mut Trainer, n: usize) {
     }
 }
 
-#[test]
 fn resume_from_a_checkpoint_is_bit_exact() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let tmp = temp_dir("resume");
     let dir = tmp.path();
     let path = dir.join("ck.safetensors");
     let mut straight = Trainer::new(gpu, small(), None).unwrap();
     run_steps(&mut straight, 5);
 
-    let mut first = Trainer::new(fresh_gpu().unwrap(), small(), None).unwrap();
+    let mut first = Trainer::new(fresh_gpu(), small(), None).unwrap();
     run_steps(&mut first, 3);
     let ck = pollster::block_on(first.checkpoint()).unwrap();
     checkpoint::save(&path, first.model(), &ck).unwrap();
     let loaded = checkpoint::load(&path, &ResNet::new(Arch::ResNet34, 10).unwrap()).unwrap();
     assert_eq!(loaded, ck);
-    let mut resumed = Trainer::new(fresh_gpu().unwrap(), small(), Some(loaded)).unwrap();
+    let mut resumed = Trainer::new(fresh_gpu(), small(), Some(loaded)).unwrap();
     assert_eq!(resumed.step, 3);
     run_steps(&mut resumed, 2);
 
@@ -79,7 +76,6 @@ fn a_checkpoint(model: &ResNet, step: u64) -> checkpoint::Checkpoint {
 /// A save killed midway (here by the kernel, at a file size limit far below a checkpoint's,
 /// as a kill or a full disk would stop it) leaves the old checkpoint whole, and the next save
 /// there removes the temporary file the killed one left (a kill runs no clean-up).
-#[test]
 fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     if let Some(path) = std::env::var_os(KILLED_SAVE) {
@@ -97,7 +93,7 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
     let child = std::process::Command::new("sh")
         .args(["-c", "ulimit -c 0 && ulimit -f 2000 && exec \"$@\"", "sh"])
         .arg(std::env::current_exe().unwrap())
-        .args(["a_checkpoint_write_killed_midway_keeps_the_old_checkpoint", "--exact"])
+        .args(["train::a_checkpoint_write_killed_midway_keeps_the_old_checkpoint", "--exact"])
         .args(["--nocapture", "--test-threads", "1"])
         .env(KILLED_SAVE, &path)
         .output()
@@ -125,9 +121,8 @@ fn a_checkpoint_write_killed_midway_keeps_the_old_checkpoint() {
     assert_eq!(names(), ["ck.safetensors"], "the next save removed what the killed one left");
 }
 
-#[test]
 fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let tmp = temp_dir("grad");
     let dir = tmp.path();
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
@@ -297,7 +292,6 @@ fn grad_command_matches_the_in_process_step_and_refuses_bad_files() {
     assert!(!ok && log.contains("truncated or corrupt"), "{log}");
 }
 
-#[test]
 fn train_refuses_an_unwritable_checkpoint_before_training() {
     let tmp = temp_dir("unwritable");
     let dir = tmp.path();
@@ -316,14 +310,11 @@ fn train_refuses_an_unwritable_checkpoint_before_training() {
 /// Data-parallel training (BatchNorm synchronised, gradients mean-all-reduced) is the
 /// single-device training: after a few steps, the same parameters, momentum and running
 /// statistics bit for bit, without imposing anything.
-#[test]
 fn data_parallel_training_is_single_device_training_bit_for_bit() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let mut single = Trainer::new(gpu, small(), None).unwrap();
     run_steps(&mut single, 3);
-    let mut dp =
-        Trainer::data_parallel(vec![fresh_gpu().unwrap(), fresh_gpu().unwrap()], small(), None)
-            .unwrap();
+    let mut dp = Trainer::data_parallel(vec![fresh_gpu(), fresh_gpu()], small(), None).unwrap();
     run_steps(&mut dp, 3);
     let (a, b) = (
         pollster::block_on(single.checkpoint()).unwrap(),
@@ -334,26 +325,19 @@ fn data_parallel_training_is_single_device_training_bit_for_bit() {
     assert_eq!(bits(&a.velocity), bits(&b.velocity), "momentum");
     assert_eq!(bits(&a.running), bits(&b.running), "running statistics");
     // Three replicas of 2, 1 and 1 images: the same training too.
-    let mut three = Trainer::data_parallel(
-        vec![fresh_gpu().unwrap(), fresh_gpu().unwrap(), fresh_gpu().unwrap()],
-        small(),
-        None,
-    )
-    .unwrap();
+    let mut three =
+        Trainer::data_parallel(vec![fresh_gpu(), fresh_gpu(), fresh_gpu()], small(), None).unwrap();
     run_steps(&mut three, 3);
     let c = pollster::block_on(three.checkpoint()).unwrap();
     assert_eq!(bits(&a.params), bits(&c.params), "parameters at 3 replicas");
     assert_eq!(bits(&a.running), bits(&c.running), "running statistics at 3 replicas");
-    let five: Vec<_> = (0..5).map(|_| fresh_gpu().unwrap()).collect();
+    let five: Vec<_> = (0..5).map(|_| fresh_gpu()).collect();
     let e = Trainer::data_parallel(five, small(), None).err().unwrap().to_string();
     assert!(e.contains("a batch of 4 cannot give each of 5 replicas an example"), "{e}");
 }
 
-#[test]
 fn train_and_grad_take_replicas() {
-    if fresh_gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let (ok, log) = syncstep(&[
         "train",
         "--replicas",
@@ -464,9 +448,8 @@ impl RunHooks for Recorder {
 
 /// The run the command line and the page drive: checkpoints as they fall due and at the end, a
 /// stop asked for between steps (its state kept), and a diverging loss ending it at its step.
-#[test]
 fn a_training_run_keeps_stops_and_guards_divergence() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let cfg = TrainConfig { arch: Arch::ResNet18, batch: 2, ..TrainConfig::default() };
     let plan = RunPlan { last: 5, checkpoint_every: 2, epochs: None };
     let start = |gpu, cfg| TrainingRun::new(Trainer::new(gpu, cfg, None).unwrap(), plan);
@@ -479,14 +462,14 @@ fn a_training_run_keeps_stops_and_guards_divergence() {
     assert_eq!(face.kept, [(2, Keep::Due), (4, Keep::Due), (5, Keep::Final)]);
     assert_eq!(run.losses().len(), 5);
 
-    let mut run = start(fresh_gpu().unwrap(), cfg.clone());
+    let mut run = start(fresh_gpu(), cfg.clone());
     let mut face = recorder(Some(3));
     let end = pollster::block_on(run.run(&mut face)).unwrap();
     assert_eq!(end, RunEnd::Stopped { code: 7, step: 3 });
     assert_eq!(face.kept, [(2, Keep::Due), (3, Keep::Stopped)]);
 
     let lr = StepConfig { lr: 1000.0, ..cfg.step };
-    let mut run = start(fresh_gpu().unwrap(), TrainConfig { step: lr, ..cfg });
+    let mut run = start(fresh_gpu(), TrainConfig { step: lr, ..cfg });
     let mut face = recorder(None);
     match pollster::block_on(run.run(&mut face)) {
         Err(RunError::Diverged { step: 2, why: Divergence::LossRose { first, .. } }) => {
@@ -497,3 +480,13 @@ fn a_training_run_keeps_stops_and_guards_divergence() {
     assert_eq!(face.steps, [1], "a diverged step is not shown");
     assert!(face.kept.is_empty(), "a diverged run kept {:?}", face.kept);
 }
+
+tests![
+    resume_from_a_checkpoint_is_bit_exact,
+    a_checkpoint_write_killed_midway_keeps_the_old_checkpoint,
+    grad_command_matches_the_in_process_step_and_refuses_bad_files,
+    train_refuses_an_unwritable_checkpoint_before_training,
+    data_parallel_training_is_single_device_training_bit_for_bit,
+    train_and_grad_take_replicas,
+    a_training_run_keeps_stops_and_guards_divergence,
+];

@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use syncstep::gpu::{Encoder, Gpu, Slice};
@@ -36,9 +34,8 @@ fn run(
     (losses, loss, read(gpu, &dz))
 }
 
-#[test]
 fn cross_entropy_forward_and_backward_match_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 10 classes (typical), 1000 and odd 7/3, batch 1 to 100. Divisor: the batch, or the global
     // batch of which this is a replica's shard.
     // Logits in ±scale; ±100 overflows exp in f32 unless the row max is subtracted.
@@ -76,9 +73,8 @@ fn cross_entropy_forward_and_backward_match_reference() {
     }
 }
 
-#[test]
 fn cross_entropy_marks_an_out_of_range_label_with_nan() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = CrossEntropyShape { m: 3, k: 10 };
     let logits = uniform(5, 30);
     let (losses, loss, dz) = run(gpu, s, 0.1, 3.0, &logits, &[2, 10, 9]);
@@ -91,9 +87,8 @@ fn cross_entropy_marks_an_out_of_range_label_with_nan() {
     );
 }
 
-#[test]
 fn cross_entropy_forward_is_deterministic() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = CrossEntropyShape { m: 100, k: 1000 };
     let logits = uniform_in(3, 100_000, -4.0, 4.0);
     let y = labels(4, 100, 1000);
@@ -105,9 +100,8 @@ fn cross_entropy_forward_is_deterministic() {
     assert_eq!(bits(&a.2), bits(&b.2), "dlogits differ between runs");
 }
 
-#[test]
 fn cross_entropy_rejects_bad_arguments() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = CrossEntropyShape { m: 2, k: 3 }; // logits 6, labels 2
     let bufs: Vec<wgpu::Buffer> =
         [1, 2, 3, 6].iter().map(|&n| gpu.buffer("t", n).unwrap()).collect();
@@ -190,9 +184,8 @@ fn cross_entropy_rejects_bad_arguments() {
     assert_arg_errors(cases);
 }
 
-#[test]
 fn cross_entropy_backward_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     let s = CrossEntropyShape { m: 1, k: (1 << 18) + 1 };
     let (z, y, dz) = (
         gpu.buffer("logits", s.logits_len()).unwrap(),
@@ -219,3 +212,11 @@ fn cross_entropy_backward_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    cross_entropy_forward_and_backward_match_reference,
+    cross_entropy_marks_an_out_of_range_label_with_nan,
+    cross_entropy_forward_is_deterministic,
+    cross_entropy_rejects_bad_arguments,
+    cross_entropy_backward_refuses_a_binding_over_the_device_limit,
+];

@@ -3,13 +3,11 @@
 //! message. Each test tries a list of cases and says how many; docs/reliability.md keeps the
 //! tally. Add a case here for every bug found.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::{write_f32, TensorFile};
@@ -19,16 +17,16 @@ fn temp_dir(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("syncstep-reliability-{name}-")).tempdir().unwrap()
 }
 
-/// A fresh folder for a test, removed when dropped however the test ends; None (the test then
-/// passes by) where there is no GPU adapter, which `gpu()` says loudly (in CI it fails instead).
-fn gpu_test_dir() -> Option<tempfile::TempDir> {
-    gpu()?;
-    Some(tempfile::tempdir().unwrap())
+/// A fresh folder for a test whose binary needs an adapter, removed when dropped however the
+/// test ends (see [`needs_adapter`]).
+fn gpu_test_dir() -> tempfile::TempDir {
+    needs_adapter();
+    tempfile::tempdir().unwrap()
 }
 
 /// The binary with `args`, `set` variables set and `unset` ones removed.
 fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
-    let mut c = common::command();
+    let mut c = crate::common::command();
     c.args(args).stdin(Stdio::null());
     set.iter().for_each(|(k, v)| {
         c.env(k, v);
@@ -74,11 +72,8 @@ fn one_step_checkpoint(dir: &Path) -> PathBuf {
 
 /// Sizes past what a device or the host holds, in flags and in a checkpoint: errors naming
 /// them, before any work, and never a panic (32-bit overflow, capacity overflow).
-#[test]
 fn sizes_past_every_limit_are_errors_not_panics() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("sizes");
     let dir = tmp.path();
     let cases: [(&[&str], &str); 9] = [
@@ -114,11 +109,8 @@ fn sizes_past_every_limit_are_errors_not_panics() {
 
 /// Outputs that would destroy an input, a device node or a folder; a failed PORTABLE's golden;
 /// an autotune cache that is someone else's file: refused or left alone, byte for byte.
-#[test]
 fn no_file_of_the_users_is_ever_overwritten() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("files");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -171,11 +163,8 @@ fn no_file_of_the_users_is_ever_overwritten() {
 
 /// Checkpoints that are corrupt, incomplete or ask for another run: refused, never resumed
 /// with defaults filled in; a changed hyper-parameter needs --override and is said.
-#[test]
 fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("checkpoints");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -248,11 +237,8 @@ fn a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently() {
 
 /// A run that diverges stops with an error naming the step and keeps its last good checkpoint
 /// (resumable); `grad` with weights that overflow exits non-zero.
-#[test]
 fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("diverge");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -323,47 +309,18 @@ fn a_diverging_run_fails_and_keeps_the_last_good_checkpoint() {
 
 /// SIGINT and SIGTERM: the step in flight finishes, the checkpoint is written, the exit status
 /// is 130 or 143 and says where; the run resumes from there.
-#[test]
 fn a_signal_saves_the_run_and_exits_with_its_status() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("signals");
     let dir = tmp.path();
     for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let ck = dir.join(format!("{signal}.safetensors"));
-        let mut child = common::command()
-            .args([
-                "train",
-                "--steps",
-                "1000",
-                "--batch",
-                "2",
-                "--eval-examples",
-                "0",
-                "--checkpoint",
-                ck.to_str().unwrap(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let c = ck.to_str().unwrap();
+        let args = ["train", "--steps", "1000", "--batch", "2", "--eval-examples", "0"];
         // Once the first step is done (its line is printed), ask it to stop.
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-        let started = Instant::now();
-        while let Some(Ok(line)) = lines.next() {
-            if line.starts_with("step 1 ") || started.elapsed() > Duration::from_secs(300) {
-                break;
-            }
-        }
-        Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(code), "SIG{signal}: {err}");
+        let (child, lines) = started_at(&[&args[..], &["--checkpoint", c]].concat(), "step 1 ");
+        let (status, err) = stop(child, lines, signal);
+        assert_eq!(status, Some(code), "SIG{signal}: {err}");
         assert!(
             err.contains(&format!("SIG{signal}: stopped after step")) && err.contains("--resume"),
             "{err}"
@@ -376,11 +333,8 @@ fn a_signal_saves_the_run_and_exits_with_its_status() {
 }
 
 /// Messages that must say what is wrong in the user's words, and what to do.
-#[test]
 fn messages_name_what_to_change() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     refused(
         &run(&["train", "--label-smoothing", "-0.1", "--steps", "1"], &[], &[]),
         "label smoothing must be in [0, 1)",
@@ -412,11 +366,8 @@ fn messages_name_what_to_change() {
 }
 
 /// What could run for weeks is capped or refused up front: nothing hangs.
-#[test]
 fn nothing_runs_unbounded() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let o = run(&["train", "--eval-examples", "100000000"], &[], &[]);
     refused(&o, "at most 100000");
     assert!(!text(&o).contains("syncstep train:"), "refused only after setting up: {}", text(&o));
@@ -482,11 +433,8 @@ fn images_checkpoint(dir: &Path, images: &Path) -> PathBuf {
 /// Outputs onto or inside any input of the same command — a dataset's files, `--init`, the
 /// log, a scored image — are refused with every input unchanged; a checkpoint that is a link
 /// is written through to its target, the link kept.
-#[test]
 fn no_output_lands_on_or_inside_an_input() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("inputs");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -534,11 +482,8 @@ fn no_output_lands_on_or_inside_an_input() {
 
 /// Flags given without effect, counts of zero that would do nothing, negative values: each an
 /// error naming the flag (or, for a warm-up longer than the run, a note), nothing changed.
-#[test]
 fn flags_without_effect_and_counts_that_do_nothing_are_named() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("flags");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -591,9 +536,12 @@ fn flags_without_effect_and_counts_that_do_nothing_are_named() {
 }
 
 /// `syncstep ARGS…` started with its output piped, once a line of its standard output starts
-/// with `at` (the handshake: it has got that far): the child, and its lines still to read.
+/// with `at` (the handshake: it has got that far): the child, and its lines still to read. The
+/// product offers no other (no ready file), and needs none: `train` handles the signals from
+/// its first instruction, before it prints anything, so a line read means a signal sent now is
+/// handled, and says where the run was.
 fn started_at(args: &[&str], at: &str) -> (std::process::Child, impl Iterator<Item = String>) {
-    let mut child = common::command()
+    let mut child = crate::common::command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -629,11 +577,8 @@ fn signalled(args: &[&str], at: &str, signal: &str) -> (Option<i32>, String) {
 
 /// A signal during an evaluation — the one before training, the final one — is honoured: the
 /// run exits 143 saying what the checkpoint holds.
-#[test]
 fn a_signal_during_an_evaluation_is_honoured() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("signal-eval");
     let dir = tmp.path();
     let ck = dir.join("ck.safetensors");
@@ -673,11 +618,8 @@ fn a_signal_during_an_evaluation_is_honoured() {
 }
 
 /// What would run unbounded, or block on a pipe, is refused before it starts.
-#[test]
 fn nothing_waits_forever() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("unbounded");
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
@@ -705,7 +647,7 @@ fn nothing_waits_forever() {
 /// The binary with `args`, killed (and the test failed) if it runs past `limit`: a case that
 /// would hang fails instead of hanging the suite.
 fn run_within(args: &[&str], limit: Duration) -> Output {
-    let mut child = common::command()
+    let mut child = crate::common::command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -724,11 +666,8 @@ fn run_within(args: &[&str], limit: Duration) -> Output {
 }
 
 /// Threads, address space and GPU memory that run out: errors naming the resource.
-#[test]
 fn exhausted_resources_are_named() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("resources");
     let dir = tmp.path();
     let images = image_folder(dir, 4);
@@ -772,11 +711,8 @@ fn reshaped_weights(path: &Path, shape_of: &dyn Fn(&str, Vec<usize>) -> Reshaped
 
 /// `--init` weights: a malformed classifier and missing running statistics are errors naming
 /// the tensor; a classifier of another class count is initialised afresh, said so.
-#[test]
 fn init_weights_are_taken_whole_or_refused() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("init");
     let dir = tmp.path();
     let images = image_folder(dir, 4);
@@ -830,11 +766,8 @@ fn init_weights_are_taken_whole_or_refused() {
 /// `check --tie` at a global batch whose last BatchNorm sites see a few values per channel:
 /// said to be ill-conditioned, and then not applied (2 values) or held to its stated looser
 /// bound (4 values).
-#[test]
 fn tie_at_an_ill_conditioned_shape_says_so() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     for (batch, says) in
         [("2", "n/a: ill-conditioned: BatchNorm over 2 values"), ("4", "bound ×100")]
     {
@@ -850,10 +783,9 @@ fn tie_at_an_ill_conditioned_shape_says_so() {
 /// unless it is syncstep's own of that kind (or `--overwrite` says so), and never when its mode
 /// protects it; a second run on a checkpoint in use is refused; a run that fails early leaves
 /// no log; an output to the command's own standard output goes after what it printed.
-#[test]
 fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
     let file = |name: &str, bytes: &[u8]| {
@@ -939,7 +871,7 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
     assert!(o.status.success() && checkpoint::is_checkpoint(&weights), "{}", text(&o));
     // The command's own standard output: the JSON goes after what was printed there.
     let printed = std::fs::File::create(dir.join("printed.txt")).unwrap();
-    let o = common::command()
+    let o = crate::common::command()
         .args(["eval", "--checkpoint", g, "--examples", "2", "--json", "/dev/stdout"])
         .stdout(printed)
         .output()
@@ -959,9 +891,8 @@ fn an_output_replaces_only_syncsteps_own_file_of_its_kind() {
 
 /// An output replaces the file its own command wrote there before: a golden file, and the
 /// figures beside it, written twice to the same paths.
-#[test]
 fn an_output_replaces_the_file_its_own_command_wrote() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let (golden, figures) = (tmp.path().join("golden.json"), tmp.path().join("check.json"));
     let (g, f) = (golden.to_str().unwrap(), figures.to_str().unwrap());
     let check = ["check", "--replicas", "1", "--batch", "2", "--steps", "0", "--golden", g];
@@ -975,14 +906,13 @@ fn an_output_replaces_the_file_its_own_command_wrote() {
 /// A closed standard output (`train | head -n 1`) ends the printing, not the run: it trains to
 /// its end and writes its checkpoint. SIGHUP (a closed terminal, a dropped ssh) is SIGTERM's
 /// twin: the step in flight finishes, the checkpoint is written, the exit is 129.
-#[test]
 fn a_closed_pipe_or_a_hangup_never_loses_a_run() {
     use std::io::BufRead;
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
     let (piped, hung) = (tmp.path().join("piped.safetensors"), tmp.path().join("hung.safetensors"));
     let train = ["train", "--batch", "2", "--eval-examples", "0", "--checkpoint"];
-    let mut child = common::command()
+    let mut child = crate::common::command()
         .args([&train[..], &[piped.to_str().unwrap(), "--steps", "2"]].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1042,9 +972,8 @@ fn resaved(
 /// --weights or weights as --checkpoint is pointed to its flag; --class-names with a
 /// checkpoint is refused. Each refused by resume, eval or predict (the edited setting by all
 /// three), naming the file and the setting, with every file unchanged.
-#[test]
 fn every_setting_and_value_a_checkpoint_holds_is_checked() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path();
     let images = image_folder(dir, 4);
     let on_images = images_checkpoint(dir, &images);
@@ -1132,9 +1061,8 @@ fn every_setting_and_value_a_checkpoint_holds_is_checked() {
 /// A learning rate or weight decay that blows the parameters up in one step is a divergence:
 /// exit non-zero, the last good checkpoint kept; weights that overflow give no NaN
 /// probability, an error instead; counts past their bound are refused before any work.
-#[test]
 fn runaway_numbers_are_refused_and_no_nan_is_printed() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path();
     let good = one_step_checkpoint(dir);
     let images = image_folder(dir, 4);
@@ -1197,15 +1125,14 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
 /// relative --data is recorded absolute, so `eval` from another folder scores the same images;
 /// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
 /// refused by a resume and by `eval`, with every file unchanged.
-#[test]
 fn the_data_is_an_identity_not_a_path() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path().canonicalize().unwrap();
     let images = image_folder(&dir, 4);
     let ck = dir.join("ck.safetensors");
     let c = ck.to_str().unwrap();
     let in_dir = |cwd: &Path, args: &[&str]| {
-        let mut cmd = common::command();
+        let mut cmd = crate::common::command();
         cmd.args(args).current_dir(cwd).stdin(Stdio::null()).output().unwrap()
     };
     let train = ["train", "--steps", "1", "--batch", "2", "--normalize", "imagenet"];
@@ -1250,9 +1177,8 @@ fn the_data_is_an_identity_not_a_path() {
 /// decoder would decode it without a word), in training and in `predict`; an image of more
 /// pixels than PIL takes is refused before it is decoded; one whose pixels do not fit the
 /// memory left is an error naming it.
-#[test]
 fn a_truncated_or_enormous_image_is_an_error_naming_it() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path();
     let images = image_folder(dir, 2);
     let on_images = images_checkpoint(dir, &images);
@@ -1316,9 +1242,8 @@ type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 /// the run's batch does not fit take fewer images at a time (and one image that does not fit
 /// names --image-size, not a --batch they do not have); a flag with no effect, a variable's
 /// value with none, a flag checked before any device is made: each named.
-#[test]
 fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
-    let Some(tmp) = gpu_test_dir() else { return };
+    let tmp = gpu_test_dir();
     let dir = tmp.path();
     let images = image_folder(dir, 9);
     let ck = dir.join("b16.safetensors");
@@ -1385,3 +1310,28 @@ fn messages_name_the_flag_and_a_large_input_takes_smaller_batches() {
     }
     eprintln!("{} cases", cases.len() + 2);
 }
+
+tests![
+    sizes_past_every_limit_are_errors_not_panics,
+    no_file_of_the_users_is_ever_overwritten,
+    a_bad_checkpoint_or_a_changed_setting_is_never_resumed_silently,
+    a_diverging_run_fails_and_keeps_the_last_good_checkpoint,
+    a_signal_saves_the_run_and_exits_with_its_status,
+    messages_name_what_to_change,
+    nothing_runs_unbounded,
+    no_output_lands_on_or_inside_an_input,
+    flags_without_effect_and_counts_that_do_nothing_are_named,
+    a_signal_during_an_evaluation_is_honoured,
+    nothing_waits_forever,
+    exhausted_resources_are_named,
+    init_weights_are_taken_whole_or_refused,
+    tie_at_an_ill_conditioned_shape_says_so,
+    an_output_replaces_only_syncsteps_own_file_of_its_kind,
+    an_output_replaces_the_file_its_own_command_wrote,
+    a_closed_pipe_or_a_hangup_never_loses_a_run,
+    every_setting_and_value_a_checkpoint_holds_is_checked,
+    runaway_numbers_are_refused_and_no_nan_is_printed,
+    the_data_is_an_identity_not_a_path,
+    a_truncated_or_enormous_image_is_an_error_naming_it,
+    messages_name_the_flag_and_a_large_input_takes_smaller_batches,
+];

@@ -2,11 +2,9 @@
 //! has every key, bad settings name their flag; and the gpu layer's profiler and memory counter
 //! underneath. Speed itself is never asserted.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use syncstep::bench::{
     self, BenchConfig, BenchReport, ProbeSize, ALL_LAYERS, STEP_FLOPS_PER_FORWARD,
@@ -23,7 +21,7 @@ fn small(replicas: usize) -> BenchConfig {
         batch: 2,
         steps: 1,
         profile: true,
-        adapters: vec![common::environment().adapter()],
+        adapters: vec![crate::common::environment().adapter()],
         device: device_config(),
         ..BenchConfig::default()
     }
@@ -135,11 +133,8 @@ fn check_report(report: &BenchReport, cfg: &BenchConfig) {
     );
 }
 
-#[test]
 fn one_device_report_with_profile_and_roofline() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let cfg = BenchConfig { roofline: Some(ProbeSize::Cube(64)), ..small(1) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
@@ -199,11 +194,8 @@ fn one_device_report_with_profile_and_roofline() {
 /// A step recorded without running has the profiled step's dispatches, shape for shape, and no
 /// times; every convolution launch and the classifier carry FLOPs, the step's in all; the JSON
 /// lists every dispatch's shape and the step's figures by construction.
-#[test]
 fn recorded_shapes_are_the_profiled_steps_with_their_flops() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let cfg = BenchConfig { roofline: None, ..small(1) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     let profiled = report.profile.as_ref().unwrap();
@@ -243,11 +235,8 @@ fn recorded_shapes_are_the_profiled_steps_with_their_flops() {
     assert!(predicted(&recorded) > 0.0);
 }
 
-#[test]
 fn data_parallel_report_has_the_ratio_to_one_device() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     // Uneven shards of 3 and 2: two canonical pieces each ([0, 2) [2, 3) | [3, 4) [4, 5)).
     let cfg = BenchConfig { roofline: None, global_batch: Some(5), ..small(2) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
@@ -271,7 +260,7 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
     let shard = report.shard.as_ref().expect("R = 2 measures one replica's shard too");
     assert_eq!((shard.replicas, shard.global_batch, shard.seconds.len()), (1, 3, 1));
     assert!((shard.flops / report.step.flops - 3.0 / 5.0).abs() < 1e-12);
-    let gpu = gpu().unwrap();
+    let gpu = gpu();
     assert_eq!(
         report.replicas_take_turns, gpu.blocking_maps,
         "lavapipe's replicas take turns, a GPU's run at once"
@@ -291,11 +280,8 @@ fn data_parallel_report_has_the_ratio_to_one_device() {
 /// Replicas of one image each: the data-parallel step and the single device at the global batch
 /// are timed, but one replica's shard alone is not (BatchNorm refuses a batch of one image at
 /// 32²), and the report says so instead of failing.
-#[test]
 fn shards_of_one_image_are_timed_together_but_not_alone() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let cfg = BenchConfig { roofline: None, global_batch: Some(2), ..small(2) };
     let report = bench::run(&cfg, &mut |_| {}).unwrap();
     check_report(&report, &cfg);
@@ -306,7 +292,6 @@ fn shards_of_one_image_are_timed_together_but_not_alone() {
     assert!(text.contains("data-parallel / single device at batch 2"), "{text}");
 }
 
-#[test]
 fn bad_settings_are_errors_naming_the_flag() {
     let cases = [
         (BenchConfig { steps: 0, ..BenchConfig::default() }, "--steps"),
@@ -327,13 +312,10 @@ fn bad_settings_are_errors_naming_the_flag() {
     assert!(BenchConfig::default().validate().is_ok());
 }
 
-#[test]
 fn the_command_line_prints_the_report_and_writes_json() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let run = |args: &[&str]| {
-        let out = common::command().arg("bench").args(args).output().unwrap();
+        let out = crate::common::command().arg("bench").args(args).output().unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).to_string(),
@@ -377,18 +359,15 @@ fn the_command_line_prints_the_report_and_writes_json() {
 /// 32², batch 256 and 224², batch 8; every GEMM that carries more than 1% of the step's FLOPs
 /// reads workgroup memory without bank conflicts, and the gather GEMMs among them sum at least
 /// 32 outputs an invocation; a 224², batch-32 step launches at most 250 convolution dispatches.
-#[test]
 fn the_gpu_plan_by_construction() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let dir = tempfile::Builder::new().prefix("syncstep-construction-").tempdir().unwrap();
     let path = dir.path().join("construction.json");
     // (image size, batch, occupancy ceiling, predicted share)
     let bars = [("224", "32", 0.70, 0.62), ("32", "256", 0.70, 0.45), ("224", "8", 0.55, 0.50)];
     for (size, batch, occupancy, share) in bars {
         let (ok, text) = outcome(
-            common::command()
+            crate::common::command()
                 .env_remove("SYNCSTEP_CONV_ALGO")
                 .args(["bench", "--shapes-only", "--plan-for", "gpu", "--image-size", size])
                 .args(["--batch", batch, "--json", path.to_str().unwrap()]),
@@ -416,9 +395,8 @@ fn the_gpu_plan_by_construction() {
     }
 }
 
-#[test]
 fn the_profiler_times_every_dispatch_across_query_sets() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let len = 256u64;
     let a = gpu.upload("a", &uniform(1, len as usize)).unwrap();
     let b = gpu.upload("b", &uniform(2, len as usize)).unwrap();
@@ -461,9 +439,8 @@ fn the_profiler_times_every_dispatch_across_query_sets() {
     assert!(pollster::block_on(gpu.finish_profile()).unwrap().is_empty());
 }
 
-#[test]
 fn memory_stats_count_each_submissions_buffers() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     gpu.reset_memory_stats();
     let big = gpu.buffer("big", 1000).unwrap();
     pollster::block_on(gpu.submit(gpu.encoder())).unwrap();
@@ -484,9 +461,8 @@ fn memory_stats_count_each_submissions_buffers() {
 /// Gpu::scratch: one buffer per purpose, kept while it is large enough and replaced by a larger
 /// one; so GEMM convolutions recorded into one submission share their im2col chunk rather than
 /// each creating one (they were all resident until the submission completed).
-#[test]
 fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let (slot_a, slot_b) = (ScratchSlot("test a"), ScratchSlot("test b"));
     let a = gpu.scratch(slot_a, 100).unwrap();
     assert_eq!(gpu.scratch(slot_a, 60).unwrap(), a, "a smaller request reuses the buffer");
@@ -553,3 +529,16 @@ fn kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch() {
     assert_eq!(gpu.scratch_bytes(), kept, "scratch_as_before kept what its closure created");
     assert_eq!(gpu.scratch(slot_a, 200).unwrap(), bigger, "the buffer from before is back");
 }
+
+tests![
+    one_device_report_with_profile_and_roofline,
+    recorded_shapes_are_the_profiled_steps_with_their_flops,
+    data_parallel_report_has_the_ratio_to_one_device,
+    shards_of_one_image_are_timed_together_but_not_alone,
+    bad_settings_are_errors_naming_the_flag,
+    the_command_line_prints_the_report_and_writes_json,
+    the_gpu_plan_by_construction,
+    the_profiler_times_every_dispatch_across_query_sets,
+    memory_stats_count_each_submissions_buffers,
+    kernel_scratch_is_one_buffer_per_purpose_reused_by_every_launch,
+];

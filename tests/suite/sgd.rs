@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use syncstep::gpu::{Gpu, Slice};
@@ -47,9 +45,8 @@ fn read_slice(gpu: &Gpu, s: Slice) -> Vec<f32> {
     pollster::block_on(gpu.read_f32(s)).unwrap()
 }
 
-#[test]
 fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // A sub-range of a larger flat buffer, as the model binds one tensor: sentinels on both
     // sides must survive. The length is not a multiple of the workgroup size, and the last
     // `zeros` elements are alignment padding (all zero), which must stay zero.
@@ -92,9 +89,8 @@ fn sgd_update_matches_reference_over_several_steps_on_a_sub_range() {
     );
 }
 
-#[test]
 fn sgd_update_covers_a_large_buffer_to_its_last_element() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 65535·256 + 1000 elements, ending inside one invocation's run of vec4s: every element up
     // to the last must be updated.
     let len = 65_535 * 256 + 1000;
@@ -122,9 +118,8 @@ fn sgd_update_covers_a_large_buffer_to_its_last_element() {
     }
 }
 
-#[test]
 fn sgd_update_rejects_bad_arguments() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (b4, b5) = (gpu.buffer("a", 4).unwrap(), gpu.buffer("b", 5).unwrap());
     let (s4, s5, empty) = (Slice::whole(&b4), Slice::whole(&b5), Slice::new(&b4, 0, 0));
     let h = SgdParams { lr: 0.1, momentum: 0.9, weight_decay: 1e-4 };
@@ -162,9 +157,8 @@ fn sgd_update_rejects_bad_arguments() {
     }
 }
 
-#[test]
 fn sgd_update_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     let len = (1 << 18) + 4;
     let (p, g, v) = (
         gpu.buffer("p", len).unwrap(),
@@ -184,3 +178,10 @@ fn sgd_update_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    sgd_update_matches_reference_over_several_steps_on_a_sub_range,
+    sgd_update_covers_a_large_buffer_to_its_last_element,
+    sgd_update_rejects_bad_arguments,
+    sgd_update_refuses_a_binding_over_the_device_limit,
+];

@@ -1,13 +1,10 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::{elementwise as k, KernelError};
 use syncstep::reference::elementwise as r;
 
-#[test]
 fn relu_forward_backward_and_add_match_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Not a multiple of the workgroup size, and a gate different from x to exercise the mask.
     for &len in &[1usize, 1000, 70_001] {
         let x = uniform(1, len);
@@ -34,9 +31,8 @@ fn relu_forward_backward_and_add_match_reference() {
 }
 
 /// add_relu_backward against the reference and, bit for bit, against relu_backward then add.
-#[test]
 fn add_relu_backward_is_relu_backward_then_add_bitwise_and_matches_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     for &len in &[1usize, 1000, 70_001] {
         let (a, dy, gate) = (uniform(4, len), uniform(5, len), uniform(6, len));
         let (ba, bdy, bg) = (
@@ -84,9 +80,8 @@ fn add_relu_backward_is_relu_backward_then_add_bitwise_and_matches_reference() {
     ]);
 }
 
-#[test]
 fn relu_forward_rejects_mismatched_lengths() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let a = gpu.buffer("a", 10).unwrap();
     let b = gpu.buffer("b", 9).unwrap();
     let mut enc = gpu.encoder();
@@ -97,9 +92,8 @@ fn relu_forward_rejects_mismatched_lengths() {
     assert!(msg.contains("expected 10"), "{msg}");
 }
 
-#[test]
 fn add_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     let len = (1 << 20) / 4 + 1;
     let (a, b, c) = (
         gpu.buffer("a", len).unwrap(),
@@ -117,3 +111,10 @@ fn add_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    relu_forward_backward_and_add_match_reference,
+    add_relu_backward_is_relu_backward_then_add_bitwise_and_matches_reference,
+    relu_forward_rejects_mismatched_lengths,
+    add_refuses_a_binding_over_the_device_limit,
+];

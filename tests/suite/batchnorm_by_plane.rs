@@ -2,9 +2,7 @@
 //! against the CPU drivers' (an invocation per plane): the same bits, and both held to the
 //! f64 reference's per-example statistics and sums.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::batchnorm::{self as k, BnShape};
 use syncstep::kernels::conv2d::{runs_gpu_kernels, KernelPlan, KernelPolicy};
@@ -73,11 +71,10 @@ fn reference_rows(
     rows
 }
 
-#[test]
 fn the_gpus_per_example_kernels_give_the_cpu_drivers_bits_and_match_the_reference() {
-    let Some(per_invocation) = fresh_gpu() else { return };
+    let per_invocation = fresh_gpu();
     let gpu_plan = KernelPolicy::new(KernelPlan::Gpu, None, None);
-    let Some(per_workgroup) = device_with(gpu_plan) else { return };
+    let per_workgroup = device_with(gpu_plan);
     assert!(runs_gpu_kernels(&per_workgroup));
     assert!(
         !runs_gpu_kernels(&per_invocation),
@@ -103,3 +100,5 @@ fn the_gpus_per_example_kernels_give_the_cpu_drivers_bits_and_match_the_referenc
         }
     }
 }
+
+tests![the_gpus_per_example_kernels_give_the_cpu_drivers_bits_and_match_the_reference,];

@@ -2,9 +2,7 @@
 //! whichever thread's poll runs its map callback, with maps that wait in place (CPU adapters)
 //! and on helper threads (GPUs; see `Gpu::blocking_maps`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Gpu, Slice};
 
 fn reads_from_threads_get_their_own_bytes(gpu: &Gpu) {
@@ -23,11 +21,12 @@ fn reads_from_threads_get_their_own_bytes(gpu: &Gpu) {
     });
 }
 
-#[test]
 fn reads_from_several_threads_at_once_get_their_own_bytes() {
-    let Some(mut gpu) = fresh_gpu() else { return };
+    let mut gpu = fresh_gpu();
     for blocking in [true, false] {
         gpu.blocking_maps = blocking;
         reads_from_threads_get_their_own_bytes(&gpu);
     }
 }
+
+tests![reads_from_several_threads_at_once_get_their_own_bytes,];

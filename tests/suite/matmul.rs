@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Gpu, Slice};
 use syncstep::kernels::matmul::{self as k, MatmulAlgo, MatmulShape, MATMUL_TILES};
 use syncstep::kernels::KernelError;
@@ -8,7 +6,7 @@ use syncstep::reference::matmul as r;
 
 /// `algo` at `s` on seeded data in [-1, 1) into a NaN-poisoned C, against the f64 reference.
 fn check(algo: MatmulAlgo, s: MatmulShape, seed: u64) {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (m, kk, n) = (s.m as usize, s.k as usize, s.n as usize);
     let a = uniform(seed, m * kk);
     let b = uniform(seed + 1, kk * n);
@@ -28,7 +26,6 @@ fn shape(m: u32, k: u32, n: u32) -> MatmulShape {
     MatmulShape { m, k, n }
 }
 
-#[test]
 fn simple_matches_reference_at_odd_sizes() {
     for (i, s) in [shape(1, 1, 1), shape(7, 13, 5), shape(33, 65, 17), shape(70, 3, 129)]
         .into_iter()
@@ -38,7 +35,6 @@ fn simple_matches_reference_at_odd_sizes() {
     }
 }
 
-#[test]
 fn every_tile_matches_reference_with_ragged_edges() {
     // k and n multiples of 4, as the tiled kernel needs; m odd and n not a multiple of any
     // tile's columns or of the 64-invocation workgroup's, so tiles hang over every edge.
@@ -52,11 +48,10 @@ fn every_tile_matches_reference_with_ragged_edges() {
     }
 }
 
-#[test]
 fn tiles_agree_with_simple_bit_for_bit() {
     // Every kernel sums each element over k in increasing order, whether it loads or broadcasts.
-    let Some(gpu) = gpu() else { return };
-    let Some(loading) = gpu_that_loads() else { return };
+    let gpu = gpu();
+    let loading = gpu_that_loads();
     let s = shape(29, 48, 52);
     let a = uniform(30, (s.m * s.k) as usize);
     let b = uniform(31, (s.k * s.n) as usize);
@@ -76,9 +71,8 @@ fn tiles_agree_with_simple_bit_for_bit() {
     }
 }
 
-#[test]
 fn launches_refuse_wrong_lengths_zero_sizes_and_tiles_they_cannot_run() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let buf = gpu.buffer("b", 4096).unwrap();
     let refused = |algo, s: MatmulShape, lens: [u64; 3]| {
         let bufs = lens.map(|len| Slice::new(&buf, 0, len));
@@ -96,3 +90,10 @@ fn launches_refuse_wrong_lengths_zero_sizes_and_tiles_they_cannot_run() {
     assert_eq!(refused(tile, shape(2, 4, 6), [8, 24, 12]), "n");
     assert_eq!(refused(MatmulAlgo::Tiled { rows: 3, cols: 4 }, shape(2, 4, 4), [8, 16, 8]), "algo");
 }
+
+tests![
+    simple_matches_reference_at_odd_sizes,
+    every_tile_matches_reference_with_ragged_edges,
+    tiles_agree_with_simple_bit_for_bit,
+    launches_refuse_wrong_lengths_zero_sizes_and_tiles_they_cannot_run,
+];

@@ -1,14 +1,11 @@
 //! The kernel self-check the browser runs (the core's selfcheck.rs), run natively: every kernel
 //! passes here too, progress comes in order, and the report is the JSON the page reads.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::selfcheck::{self, Progress};
 
-#[test]
 fn selfcheck_passes_natively_and_reports_progress_in_order() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut events = Vec::new();
     let report = pollster::block_on(selfcheck::run(gpu, 1, &mut |p| {
         events.push(match p {
@@ -39,3 +36,5 @@ fn selfcheck_passes_natively_and_reports_progress_in_order() {
     let again = pollster::block_on(selfcheck::run(gpu, 1, &mut |_| {})).unwrap();
     assert_eq!(again, report);
 }
+
+tests![selfcheck_passes_natively_and_reports_progress_in_order,];

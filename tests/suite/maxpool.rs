@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::maxpool::{self as k, MaxPoolShape};
 use syncstep::kernels::KernelError;
@@ -89,9 +87,8 @@ fn check_against_reference(gpu: &Gpu, shape: MaxPoolShape, x: &[f32], seed: u64)
     );
 }
 
-#[test]
 fn forward_argmax_and_backward_match_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shapes = [
         resnet_pool(8, 64, 16, 16), // ResNet-34's pool at 32×32 input
         resnet_pool(1, 4, 70, 70),  // rows of three chunks, the last ragged
@@ -114,9 +111,8 @@ fn forward_argmax_and_backward_match_reference() {
 /// no ReLU output): bitwise the plain backward masked by the ReLU's output > 0, and the f64
 /// reference's. Half the ReLU's outputs are 0, so many windows hold only zeros (their maximum
 /// is 0, and the cell they name gets nothing) and many cells are named by several windows.
-#[test]
 fn relu_backward_through_the_pool_output_is_the_masked_backward() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shapes = [
         resnet_pool(4, 16, 16, 16),
         resnet_pool(2, 3, 7, 9),
@@ -151,9 +147,8 @@ fn relu_backward_through_the_pool_output_is_the_masked_backward() {
     }
 }
 
-#[test]
 fn ties_choose_the_first_maximum_in_scan_order() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Integer values in {-2, …, 1}: most windows hold a tie, and all-negative windows next to
     // the padding check that padding is never chosen.
     for (i, shape) in [
@@ -176,9 +171,8 @@ fn ties_choose_the_first_maximum_in_scan_order() {
 /// Peaks every third row and column, above noise: every window holds one peak and names it, so
 /// a peak gets the dy of up to k·k windows (4 of ResNet's, 9 at stride 1), and only the window
 /// order gives dx's bits.
-#[test]
 fn a_cell_named_by_many_windows_sums_them_in_window_order() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shapes = [
         resnet_pool(2, 4, 40, 70),
         MaxPoolShape { n: 1, c: 3, h: 10, w: 70, k: 3, stride: 1, pad: 1 },
@@ -202,9 +196,8 @@ fn a_cell_named_by_many_windows_sums_them_in_window_order() {
     }
 }
 
-#[test]
 fn forward_with_argmax_imposes_another_runs_choices() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = resnet_pool(2, 64, 7, 7);
     let (in_len, out_len) = (shape.input_len() as usize, shape.output_len() as usize);
     let (x, other) = (uniform(30, in_len), uniform(31, in_len));
@@ -232,9 +225,8 @@ fn forward_with_argmax_imposes_another_runs_choices() {
     );
 }
 
-#[test]
 fn launchers_reject_wrong_lengths_and_bad_shapes() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = resnet_pool(1, 2, 5, 5); // out 3×3
     let (x, out, argmax) = (
         gpu.buffer("x", 50).unwrap(),
@@ -298,9 +290,8 @@ fn launchers_reject_wrong_lengths_and_bad_shapes() {
 
 /// An invocation loops over a row: on llvmpipe, whose loop limiter would cut a very long row
 /// short, such rows are refused with the reason; elsewhere they run.
-#[test]
 fn rows_past_llvmpipes_loop_limit_are_refused_there() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = MaxPoolShape { n: 1, c: 1, h: 2, w: 20000, k: 3, stride: 1, pad: 1 };
     let len = shape.input_len();
     let (x, y, argmax) = (
@@ -327,9 +318,8 @@ fn rows_past_llvmpipes_loop_limit_are_refused_there() {
     }
 }
 
-#[test]
 fn maxpool_forward_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     let shape = resnet_pool(1, 1, 512, 513); // x is just over 1 MiB
     let x = gpu.buffer("x", shape.input_len()).unwrap();
     let (y, argmax) = (
@@ -354,3 +344,14 @@ fn maxpool_forward_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    forward_argmax_and_backward_match_reference,
+    relu_backward_through_the_pool_output_is_the_masked_backward,
+    ties_choose_the_first_maximum_in_scan_order,
+    a_cell_named_by_many_windows_sums_them_in_window_order,
+    forward_with_argmax_imposes_another_runs_choices,
+    launchers_reject_wrong_lengths_and_bad_shapes,
+    rows_past_llvmpipes_loop_limit_are_refused_there,
+    maxpool_forward_refuses_a_binding_over_the_device_limit,
+];

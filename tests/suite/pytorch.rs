@@ -11,11 +11,9 @@
 //! lavapipe). A wrong step is far past them: without label smoothing a BatchNorm gradient is
 //! 0.12 off.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::syncstep;
+use crate::common::{needs_adapter, syncstep};
 use serde_json::Value;
 use syncstep::checkpoint::write_seeded_inputs;
 use syncstep::compare::{norm_rel, summary_error};
@@ -83,17 +81,14 @@ fn grad_on_fixture_inputs(f: &Value, dir: &Path) -> PathBuf {
     out
 }
 
-#[test]
 fn the_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
     the_step_gives_pytorchs("resnet34-seed0.json");
 }
 
-#[test]
 fn the_resnet18_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
     the_step_gives_pytorchs("resnet18-seed0.json");
 }
 
-#[test]
 fn the_resnet50_step_gives_pytorchs_loss_logits_gradients_and_running_statistics() {
     the_step_gives_pytorchs("resnet50-seed0.json");
 }
@@ -101,6 +96,7 @@ fn the_resnet50_step_gives_pytorchs_loss_logits_gradients_and_running_statistics
 /// `grad` on the inputs of fixture `name` against its loss, logits, gradients and running
 /// statistics.
 fn the_step_gives_pytorchs(name: &str) {
+    needs_adapter();
     let f = fixture(name);
     let dir = tempfile::Builder::new().prefix(&format!("syncstep-pytorch-{name}-")).tempdir();
     let dir = dir.unwrap();
@@ -119,3 +115,9 @@ fn the_step_gives_pytorchs(name: &str) {
     let running = off_tensors(&out, "after/", &f["running_after"]);
     assert!(running.is_empty(), "running statistics past {BOUND:e}: {running:?}");
 }
+
+tests![
+    the_step_gives_pytorchs_loss_logits_gradients_and_running_statistics,
+    the_resnet18_step_gives_pytorchs_loss_logits_gradients_and_running_statistics,
+    the_resnet50_step_gives_pytorchs_loss_logits_gradients_and_running_statistics,
+];

@@ -1,6 +1,8 @@
-//! Shared by the GPU test binaries: one device per binary (pipelines compile once), seeded
-//! random tensors, and the norm-relative error the gates use.
-#![allow(dead_code)]
+//! Shared by the test binaries: the harness, one device per binary (pipelines compile once),
+//! seeded random tensors, and the norm-relative error the gates use.
+
+#[macro_use]
+pub mod harness;
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -16,8 +18,8 @@ use syncstep::kernels::{Device, DeviceConfig, KernelError};
 
 /// The suite's environment variables, whoever runs it (`cargo test` or scripts/test.sh): those
 /// set, and where one is not, the kernels chosen without timing (the browser's guess: every
-/// variant gives the same bits, tests/conv2d.rs holds each to them, and timing every candidate
-/// at the suite's many shapes was a quarter of its time) and the autotune's choices in the
+/// variant gives the same bits, tests/suite/conv2d.rs holds each to them, and timing every
+/// candidate at the suite's many shapes was a quarter of its time) and the autotune's choices in the
 /// build folder, never the user's cache. The autotune's own tests set their policies.
 pub fn test_var(name: &str) -> Option<OsString> {
     let set = std::env::var_os(name).filter(|v| !v.is_empty());
@@ -54,50 +56,62 @@ pub fn command() -> Command {
     command
 }
 
-/// The shared device, or None (with a loud message) when no adapter exists outside CI.
-/// In CI (`CI` set) a missing adapter fails the test: CI has lavapipe.
-pub fn gpu() -> Option<&'static Device> {
-    static GPU: OnceLock<Option<Device>> = OnceLock::new();
-    GPU.get_or_init(|| {
+/// The shared device, made once per process. Where there is none, the test ends skipped, or in
+/// CI (`CI` set) failed: CI has lavapipe.
+pub fn gpu() -> &'static Device {
+    static GPU: OnceLock<Result<Device, String>> = OnceLock::new();
+    let made = GPU.get_or_init(|| {
         let _ = env_logger::builder().is_test(true).try_init();
-        match pollster::block_on(Gpu::new(&environment().adapter())) {
-            Ok(g) => Some(Device::new(g, &device_config())),
-            Err(e) if std::env::var_os("CI").is_none() => {
-                eprintln!("\n!!!!!!!! SKIPPING GPU TEST: {e} !!!!!!!!\n(set CI=1 to make this a failure)\n");
-                None
-            }
-            Err(e) => panic!("no GPU adapter in CI: {e}"),
-        }
-    })
-    .as_ref()
+        let gpu = pollster::block_on(Gpu::new(&environment().adapter()));
+        gpu.map(|g| Device::new(g, &device_config())).map_err(|e| e.to_string())
+    });
+    match made {
+        Ok(device) => device,
+        Err(e) => unavailable(&format!("no GPU adapter ({e})")),
+    }
 }
 
-/// A device of its own (for code that takes ownership of a device), or None as `gpu()`.
-pub fn fresh_gpu() -> Option<Device> {
+/// For a test whose GPU work is in the `syncstep` it runs, or in devices it makes itself: ends it
+/// as [`gpu`] does where there is no adapter.
+pub fn needs_adapter() {
+    gpu();
+}
+
+/// Ends the test for want of `what` this machine lacks: skipped, or in CI (`CI` set) failed,
+/// because CI's machine has everything the suite needs.
+pub fn unavailable(what: &str) -> ! {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}, and CI must have it (CI is set)");
+    }
+    harness::skip(format!("skipped: {what}; with CI set this fails"))
+}
+
+/// A device of its own (for code that takes ownership of a device).
+pub fn fresh_gpu() -> Device {
     device_made_with(&device_config())
 }
 
-/// A device of its own whose convolutions choose by `policy`, or None as `gpu()`.
-pub fn device_with(policy: syncstep::kernels::conv2d::KernelPolicy) -> Option<Device> {
+/// A device of its own whose convolutions choose by `policy`.
+pub fn device_with(policy: syncstep::kernels::conv2d::KernelPolicy) -> Device {
     device_made_with(&DeviceConfig { policy: std::sync::Arc::new(policy), ..device_config() })
 }
 
-/// A device of its own made with `config`, or None as `gpu()`.
-fn device_made_with(config: &DeviceConfig) -> Option<Device> {
-    gpu()?;
+/// A device of its own made with `config`.
+fn device_made_with(config: &DeviceConfig) -> Device {
+    needs_adapter();
     let gpu = pollster::block_on(Gpu::new(&environment().adapter())).unwrap();
-    Some(Device::new(gpu, config))
+    Device::new(gpu, config)
 }
 
 /// A separate device whose storage bindings are capped at `max_binding_bytes`, to check that
 /// launches past a device limit are refused with a clear error.
-pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Option<Device> {
+pub fn gpu_with_binding_limit(max_binding_bytes: u64) -> Device {
     gpu_with_limits(|l| l.max_storage_buffer_binding_size = max_binding_bytes)
 }
 
 /// A separate device with the adapter's limits as `lower` changes them (lower only).
-pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Device> {
-    gpu()?;
+pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Device {
+    needs_adapter();
     pollster::block_on(async {
         let instance = syncstep::gpu::instance();
         let adapter =
@@ -105,16 +119,16 @@ pub fn gpu_with_limits(lower: impl FnOnce(&mut wgpu::Limits)) -> Option<Device> 
         let mut limits = adapter.limits();
         lower(&mut limits);
         let gpu = Gpu::from_adapter_with_limits(&adapter, limits).await.unwrap();
-        Some(Device::new(gpu, &device_config()))
+        Device::new(gpu, &device_config())
     })
 }
 
 /// A separate device whose kernels load what the others pass by subgroupBroadcast, as in a
 /// browser and on devices without subgroups, so one run tests both kinds.
-pub fn gpu_that_loads() -> Option<Device> {
-    let mut gpu = gpu_with_limits(|_| {})?;
+pub fn gpu_that_loads() -> Device {
+    let mut gpu = gpu_with_limits(|_| {});
     gpu.broadcasts = false;
-    Some(gpu)
+    gpu
 }
 
 /// Uniform values in [-1, 1), never all zero.
@@ -245,48 +259,9 @@ pub fn outcome(cmd: &mut std::process::Command) -> (bool, String) {
     )
 }
 
-/// Weights with randomised BatchNorm and a batch of `m` synthetic 32×32 images, for `grad`: the
-/// inputs of the multi-process tests.
-pub fn inputs(dir: &std::path::Path, m: usize) -> std::path::PathBuf {
-    let model = syncstep::model::ResNet::new(syncstep::model::Arch::ResNet34, 10).unwrap();
-    let path = dir.join("inputs.safetensors");
-    syncstep::checkpoint::write_seeded_inputs(&path, &model, 4, m, 32, &[]).unwrap();
-    path
-}
-
 /// A batch's labels as `grad` takes them (int64, as PyTorch keeps them).
 pub fn int64(labels: &[u32]) -> Vec<i64> {
     labels.iter().map(|&l| l.into()).collect()
-}
-
-/// Every tensor of `a` and `b` bitwise equal, with the same names and shapes, and every
-/// metadata entry the same (compared as maps: the header's key order is the safetensors crate's
-/// hash order, which differs from file to file): the name of the first that is not.
-pub fn same_bits(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
-    let (a, b) = (
-        syncstep::tensorfile::TensorFile::read(a).unwrap(),
-        syncstep::tensorfile::TensorFile::read(b).unwrap(),
-    );
-    assert!(a.tensors.len() > 100, "a gradient file or checkpoint holds every parameter");
-    if let Some(name) = b.tensors.keys().find(|name| !a.tensors.contains_key(*name)) {
-        return Err(format!("{name} is only in the second file"));
-    }
-    for (name, t) in &a.tensors {
-        let u = b.get(name).ok_or(format!("{name} missing"))?;
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if t.shape != u.shape || t.integer != u.integer || bits(&t.values) != bits(&u.values) {
-            return Err(format!("{name} differs"));
-        }
-    }
-    let keys = a.metadata.keys().chain(b.metadata.keys());
-    match keys.into_iter().find(|k| a.metadata.get(*k) != b.metadata.get(*k)) {
-        Some(key) => Err(format!(
-            "metadata `{key}` differs: {:?} against {:?}",
-            a.metadata.get(key),
-            b.metadata.get(key)
-        )),
-        None => Ok(()),
-    }
 }
 
 /// `bench`'s exchange wait in its printed report `text` and its `json`: a row per rank of

@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::kernels::conv2d::{
     self as k, Conv2dAlgo, Conv2dOp, Conv2dShape, GemmTile, WinogradTile,
@@ -84,7 +82,7 @@ fn run(
 /// Forward and input-VJP are held to 1e-5 norm-rel, the weight gradient (a reduction over
 /// batch and space) to 1e-4.
 fn check_against_reference(s: Conv2dShape, seed: u64) {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let x = uniform(seed, s.x_len() as usize);
     let w = uniform(seed + 1, s.w_len() as usize);
     let dy = uniform(seed + 2, s.y_len() as usize);
@@ -141,38 +139,32 @@ fn check_against_reference(s: Conv2dShape, seed: u64) {
 // The ResNets' convolutions at small spatial sizes. No output count below is a multiple of the
 // workgroup size (64) or of the 4×4 tiles everywhere, and odd spatial sizes leave ragged edges.
 
-#[test]
 fn stem_7x7_s2_p3_matches_reference() {
     check_against_reference(shape(2, 3, 13, 11, 64, 7, 7, 2, 3), 10);
 }
 
-#[test]
 fn conv3x3_s1_p1_matches_reference() {
     check_against_reference(shape(2, 64, 5, 5, 64, 3, 3, 1, 1), 20);
     check_against_reference(shape(1, 512, 2, 2, 512, 3, 3, 1, 1), 21);
 }
 
-#[test]
 fn conv3x3_s2_p1_matches_reference_at_batch_1() {
     check_against_reference(shape(1, 128, 5, 5, 256, 3, 3, 2, 1), 30);
     check_against_reference(shape(1, 256, 3, 3, 512, 3, 3, 2, 1), 31);
 }
 
-#[test]
 fn conv1x1_s2_p0_matches_reference() {
     // The downsample projections; odd input rows and columns are read by no tap.
     check_against_reference(shape(3, 64, 7, 7, 128, 1, 1, 2, 0), 40);
     check_against_reference(shape(2, 256, 3, 3, 512, 1, 1, 2, 0), 41);
 }
 
-#[test]
 fn conv1x1_s1_p0_matches_reference() {
     // Bottleneck's 1×1 convolutions: reducing to the block's width, and expanding to 4× it.
     check_against_reference(shape(3, 256, 5, 5, 64, 1, 1, 1, 0), 45);
     check_against_reference(shape(2, 128, 3, 3, 512, 1, 1, 1, 0), 46);
 }
 
-#[test]
 fn other_geometries_match_reference() {
     // Channel counts that are not multiples of 4; kh ≠ kw; stride 3 with padding reaching past
     // the kernel; a stride larger than the input; a kernel exactly as large as the padded input.
@@ -182,9 +174,8 @@ fn other_geometries_match_reference() {
     check_against_reference(shape(1, 1, 1, 1, 1, 1, 1, 1, 0), 53);
 }
 
-#[test]
 fn backward_weight_and_input_are_bitwise_deterministic() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = shape(4, 16, 9, 9, 32, 3, 3, 1, 1);
     let x = uniform(60, s.x_len() as usize);
     let w = uniform(61, s.w_len() as usize);
@@ -236,11 +227,10 @@ fn poisoned_without_copy_dst(gpu: &Device, len: u64) -> wgpu::Buffer {
     out
 }
 
-#[test]
 fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
     // The GEMM variants clear dx for the phases a 1×1 stride-2 kernel never reaches, when dx's
     // buffer allows copies; into a buffer that does not, they must still write those zeros.
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = shape(2, 8, 5, 5, 12, 1, 1, 2, 0);
     let dy = gpu.upload("dy", &uniform(70, s.y_len() as usize)).unwrap();
     let w = gpu.upload("w", &uniform(71, s.w_len() as usize)).unwrap();
@@ -275,9 +265,8 @@ fn input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst() {
 /// kernel's bits, +0 for the dropped taps' weight gradient, also into a dw without COPY_DST
 /// (which they do not crop: the dropped taps are zeroed by a clear), and so must the forward
 /// and input-VJP from kept weights copied once (crop_weights, conv2d_launch_kept).
-#[test]
 fn cropped_kernels_give_the_whole_kernels_bits() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Centre tap of 3×3 on 1×1 maps; a 2×2 corner of a strided 3×3 (2×2 → 1×1); centre of 5×5;
     // more (co, ci) pairs than one crop workgroup copies (1024), the last workgroup ragged.
     let shapes = [
@@ -433,10 +422,9 @@ fn cropped_kernels_give_the_whole_kernels_bits() {
 /// batch of 1, 1×1 and 7×7 kernels, and a batch of 16 that closes a pairwise stack level.
 /// Direct and the implicit-GEMM family never broadcast: they are the same kernels on both
 /// devices.
-#[test]
 fn kernels_that_load_give_the_broadcasting_kernels_bits() {
-    let Some(gpu) = gpu() else { return };
-    let Some(loading) = gpu_that_loads() else { return };
+    let gpu = gpu();
+    let loading = gpu_that_loads();
     println!(
         "{}: subgroups of {}–{}, broadcasts: {}",
         gpu.info.name, gpu.info.subgroup_min_size, gpu.info.subgroup_max_size, gpu.broadcasts
@@ -481,9 +469,8 @@ fn kernels_that_load_give_the_broadcasting_kernels_bits() {
     }
 }
 
-#[test]
 fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
     for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight] {
         let first = k::autotuned_algo(gpu, op, &s).unwrap();
@@ -495,7 +482,6 @@ fn the_launchers_choice_is_a_timed_candidate_and_stays_put() {
 
 /// `--retune` on a device's clock: a settled choice in the cache file, with no timings, is timed
 /// again and replaced by one that carries each candidate's timings.
-#[test]
 fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     let s = shape(2, 16, 6, 6, 24, 3, 3, 1, 1);
     let op = Conv2dOp::Forward;
@@ -507,14 +493,14 @@ fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
     };
     let read =
         || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap() };
-    let Some(first) = device(false) else { return };
+    let first = device(false);
     k::autotuned_algo(&first, op, &s).unwrap();
     let mut doc = read();
     doc["choices"][0]["settled"] = true.into();
     doc["choices"][0]["timings"] = serde_json::json!([]);
     std::fs::write(&file, doc.to_string()).unwrap();
 
-    let Some(retuning) = device(true) else { return };
+    let retuning = device(true);
     let algo = k::autotuned_algo(&retuning, op, &s).unwrap();
     let replaced = read()["choices"][0].clone();
     let timed: Vec<&str> =
@@ -527,7 +513,6 @@ fn a_retuning_device_replaces_a_settled_choice_with_its_timings() {
 
 /// The kernel policy is each device's, given when it is made: in one process, a device on the
 /// GPU plan, one forced to Blocked and one taking the browser's guess choose apart.
-#[test]
 fn each_device_chooses_by_its_own_kernel_policy() {
     let s = shape(8, 64, 8, 8, 64, 3, 3, 1, 1);
     let ops = [Conv2dOp::Forward, Conv2dOp::BackwardInput, Conv2dOp::BackwardWeight];
@@ -544,11 +529,11 @@ fn each_device_chooses_by_its_own_kernel_policy() {
     ];
     let mut devices = Vec::new();
     for (policy, expected) in policies {
-        let Some(gpu) = device_with(policy) else { return };
+        let gpu = device_with(policy);
         devices.push((gpu, Some(expected)));
     }
     let guess = k::KernelPolicy::new(k::KernelPlan::Timed, Some(k::Forced::Guess), None);
-    let Some(guessing) = device_with(guess) else { return };
+    let guessing = device_with(guess);
     devices.push((guessing, None));
     for (gpu, expected) in &devices {
         for op in ops {
@@ -592,9 +577,8 @@ fn launchers(s: &Conv2dShape) -> [(Launcher, &'static str, Args); 3] {
     ]
 }
 
-#[test]
 fn launchers_reject_a_wrong_length_naming_op_and_argument() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
     for (launch, op, args) in launchers(&s) {
         for wrong in 0..3 {
@@ -626,9 +610,8 @@ fn launchers_reject_a_wrong_length_naming_op_and_argument() {
     }
 }
 
-#[test]
 fn launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_input() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let good = shape(2, 3, 8, 8, 4, 3, 3, 2, 1);
     let mut bad: Vec<(Conv2dShape, &str)> = Vec::new();
     for (arg, set) in [
@@ -663,9 +646,8 @@ fn launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_
     }
 }
 
-#[test]
 fn conv2d_forward_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     // x is 4·64·33·33·4 bytes ≈ 1.06 MiB, just over the 1 MiB cap; w and y fit.
     let s = shape(4, 64, 33, 33, 1, 1, 1, 8, 0);
     let (x, w, y) = (
@@ -686,7 +668,6 @@ fn conv2d_forward_refuses_a_binding_over_the_device_limit() {
     );
 }
 
-#[test]
 fn shape_sizes_match_resnet34_layers() {
     let stem = shape(8, 3, 32, 32, 64, 7, 7, 2, 3);
     assert_eq!((stem.out_h(), stem.out_w()), (16, 16));
@@ -705,9 +686,8 @@ fn shape_sizes_match_resnet34_layers() {
 /// the all-reduce adds those along the canonical tree. For any shards that must rebuild the
 /// whole batch's weight gradient bit for bit (the kernels sum examples pairwise), with every
 /// algorithm.
-#[test]
 fn backward_weight_of_any_shards_adds_up_to_the_whole_batch_bitwise() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 16: the Blocked kernel closes the sum at the last example (a stack level fewer); 8 not.
     let whole = shape(16, 8, 6, 5, 12, 3, 3, 2, 1);
     let x = uniform(70, whole.x_len() as usize);
@@ -737,9 +717,8 @@ fn backward_weight_of_any_shards_adds_up_to_the_whole_batch_bitwise() {
 /// At batch sizes that need each pairwise stack size: with 1×1 maps and kernels each example
 /// adds one product per weight, so the gradient is the pairwise sum of those products, which the
 /// host takes in the same order. Every variant must give its bits.
-#[test]
 fn backward_weight_sums_examples_pairwise_at_every_stack_size() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (c_in, c_out) = (2usize, 3usize);
     for n in pairwise_counts() {
         let s = shape(n, c_in as u32, 1, 1, c_out as u32, 1, 1, 1, 0);
@@ -770,9 +749,8 @@ fn backward_weight_sums_examples_pairwise_at_every_stack_size() {
 /// pushes are written by the same generator (and run at the smaller stacks in
 /// `backward_weight_sums_examples_pairwise_at_every_stack_size`), and LLVM takes 25 s to
 /// minutes to compile each tile at 32 levels.
-#[test]
 fn backward_weight_gemms_sum_the_largest_batches_pairwise() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let n = PAIRWISE_LARGEST;
     assert_eq!(syncstep::kernels::pairwise_levels(n), 32);
     let s = shape(n, 1, 1, 1, 1, 1, 1, 1, 0);
@@ -805,10 +783,9 @@ fn backward_weight_gemms_sum_the_largest_batches_pairwise() {
 /// A scratch cap small enough to split the GEMM variants' im2col into chunks, some ending inside
 /// an output row's example (the weight gradient carries its running sum across them): every
 /// op and variant must still give Direct's bits.
-#[test]
 fn chunked_gemms_give_the_unchunked_bits() {
-    let Some(small) = gpu_with_binding_limit(32 << 10) else { return };
-    let Some(gpu) = gpu() else { return };
+    let small = gpu_with_binding_limit(32 << 10);
+    let gpu = gpu();
     // 9×9 outputs per example, im2col rows of 144 floats: 32 KiB holds 56 pixels, so the weight
     // gradient's chunks are 6 output rows (54 pixels) and the forward's 56 pixels.
     let s = shape(4, 16, 9, 9, 8, 3, 3, 1, 1);
@@ -841,9 +818,8 @@ fn chunked_gemms_give_the_unchunked_bits() {
 /// once per tap), so
 /// past that they are refused there (naming the limit), and the plain launcher takes a GEMM
 /// whose chunks stay short: the gradient is still right. Elsewhere they run.
-#[test]
 fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let llvmpipe = gpu.info.name.contains("llvmpipe");
     // One example each. A 1×1 conv over 300×300 pixels: ~90,000 iterations for Direct and
     // Blocked. A 3×3 conv over 100×100: ~10,000 for Direct, ~91,000 for Blocked, which loops
@@ -901,19 +877,14 @@ fn weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right() {
 /// wgpu's GL backend has no weight-gradient GEMM to fall back to (they are refused there), so a
 /// weight gradient past llvmpipe's loop limit on GL is refused with advice that can be followed
 /// there, another adapter, by the plain launcher as by the Blocked one.
-#[test]
 fn weight_gradient_past_the_loop_limit_on_gl_points_to_another_adapter() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let choice = syncstep::gpu::AdapterChoice::parse("gl").unwrap();
     let gl = match pollster::block_on(Gpu::new(&choice)) {
         Ok(gl) if gl.info.name.contains("llvmpipe") => Device::new(gl, &device_config()),
         other => {
             let found = other.map(|g| g.info.name.clone());
-            assert!(std::env::var_os("CI").is_none(), "CI has llvmpipe GL: {found:?}");
-            eprintln!("\n!!!!!!!! SKIPPING the GL loop-limit test: {found:?} !!!!!!!!\n");
-            return;
+            unavailable(&format!("no llvmpipe GL adapter ({found:?})"));
         }
     };
     // One example, a 3×3 conv over 100×100: ~91,000 iterations for Blocked.
@@ -975,9 +946,8 @@ fn run_winograd(
 /// one set of bits (broadcasting their shared rows or loading them), and an example's outputs are
 /// the same bits in a batch of one and in chunks of one image, so the batch, the shards and the
 /// chunks never change a bit.
-#[test]
 fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let gemms = winograd_gemms();
     // F(2×2, 3×3) on 7×5 (partial tiles) and 8×8 maps, F(4×4, 3×3) on 15×14 (partial tiles).
     let cases = [
@@ -1014,7 +984,8 @@ fn winograd_matches_reference_with_one_set_of_bits_at_any_batch() {
             assert_eq!(bits(&out[1]), bits(&first[1]), "winograd input-VJP {algo} {s:?}");
         }
         // The GEMMs that load their shared rows rather than broadcast them.
-        if let (true, Some(loads)) = (with_reference, gpu_that_loads()) {
+        if with_reference {
+            let loads = gpu_that_loads();
             for &algo in algos {
                 let out = run_winograd(&loads, algo, &s, &x, &w, &dy);
                 assert_eq!(bits(&out[0]), bits(&first[0]), "forward {algo} loading, {s:?}");
@@ -1063,9 +1034,8 @@ fn run_winograd_weight(
 /// since each example's gradient is its own and the examples are summed pairwise, the canonical
 /// all-reduce of any shards' pieces rebuilds the whole batch's bits, also where the launch takes
 /// the batch in several chunks.
-#[test]
 fn winograd_weight_gradient_matches_reference_and_sums_examples_canonically() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let gemms = winograd_gemms();
     // 28×33: partial tiles, and 7×9 = 63 tiles an example, padded to 64. 128 channels: the
     // products of 3 examples fill a chunk, so 5 take two.
@@ -1104,10 +1074,9 @@ fn winograd_weight_gradient_matches_reference_and_sums_examples_canonically() {
 /// k in a workgroup or (where the shape has segments) one segment per workgroup into slabs:
 /// Direct's bits, forward and input-VJP, on shapes with ragged tiles, padding taps, stride
 /// phases (one with no tap) and segments with a short last one.
-#[test]
 fn implicit_gemm_gives_direct_bits_in_every_configuration() {
     use syncstep::kernels::conv2d::implicit::{self as ig, GatherPlan, Table, TileConfig};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shapes = [
         shape(3, 5, 9, 7, 70, 3, 3, 1, 1),
         shape(2, 3, 13, 11, 20, 7, 7, 2, 3),
@@ -1164,10 +1133,9 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
 /// examples (one node for the batch, or several added as the tree above them, the last a tail):
 /// Direct's bits, on rows that end inside a slice, padding taps, dropped taps, and batches that
 /// are and are not powers of two.
-#[test]
 fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
     use syncstep::kernels::conv2d::implicit::{self as ig, TileConfig, WeightPlan};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shapes = [
         shape(5, 5, 9, 7, 70, 3, 3, 1, 1),
         shape(3, 3, 13, 11, 20, 7, 7, 2, 3),
@@ -1217,10 +1185,9 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
 /// GPU adapters) give the bits of those compiled with them, for every op of the implicit-GEMM family and a
 /// register tile: a kernel that read past a binding would read something else than the checked
 /// one's clamped index.
-#[test]
 fn unchecked_pipelines_give_the_checked_ones_bits() {
-    let Some(mut unchecked) = gpu_with_limits(|_| {}) else { return };
-    let Some(mut checked) = gpu_with_limits(|_| {}) else { return };
+    let mut unchecked = gpu_with_limits(|_| {});
+    let mut checked = gpu_with_limits(|_| {});
     unchecked.checked_shaders = false;
     checked.checked_shaders = true;
     let gpu = &unchecked;
@@ -1240,3 +1207,34 @@ fn unchecked_pipelines_give_the_checked_ones_bits() {
         assert_eq!(a.dw.as_deref().map(bits), b.dw.as_deref().map(bits), "{algo}: dw");
     }
 }
+
+tests![
+    stem_7x7_s2_p3_matches_reference,
+    conv3x3_s1_p1_matches_reference,
+    conv3x3_s2_p1_matches_reference_at_batch_1,
+    conv1x1_s2_p0_matches_reference,
+    conv1x1_s1_p0_matches_reference,
+    other_geometries_match_reference,
+    backward_weight_and_input_are_bitwise_deterministic,
+    input_vjp_zeroes_phases_no_tap_reaches_without_copy_dst,
+    cropped_kernels_give_the_whole_kernels_bits,
+    kernels_that_load_give_the_broadcasting_kernels_bits,
+    the_launchers_choice_is_a_timed_candidate_and_stays_put,
+    a_retuning_device_replaces_a_settled_choice_with_its_timings,
+    each_device_chooses_by_its_own_kernel_policy,
+    launchers_reject_a_wrong_length_naming_op_and_argument,
+    launchers_reject_zero_dimensions_stride_0_and_kernels_larger_than_the_padded_input,
+    conv2d_forward_refuses_a_binding_over_the_device_limit,
+    shape_sizes_match_resnet34_layers,
+    backward_weight_of_any_shards_adds_up_to_the_whole_batch_bitwise,
+    backward_weight_sums_examples_pairwise_at_every_stack_size,
+    backward_weight_gemms_sum_the_largest_batches_pairwise,
+    chunked_gemms_give_the_unchunked_bits,
+    weight_gradient_past_llvmpipes_loop_limit_is_refused_or_right,
+    weight_gradient_past_the_loop_limit_on_gl_points_to_another_adapter,
+    winograd_matches_reference_with_one_set_of_bits_at_any_batch,
+    winograd_weight_gradient_matches_reference_and_sums_examples_canonically,
+    implicit_gemm_gives_direct_bits_in_every_configuration,
+    implicit_weight_gradient_gives_direct_bits_in_every_configuration,
+    unchecked_pipelines_give_the_checked_ones_bits,
+];

@@ -65,7 +65,6 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-#[test]
 fn an_svg_has_the_curves_and_their_axis_labels() {
     let tmp = dir("svg");
     let d = tmp.path();
@@ -85,7 +84,6 @@ fn an_svg_has_the_curves_and_their_axis_labels() {
     assert!(svg.contains("<polyline") || svg.contains("<path"), "no lines drawn");
 }
 
-#[test]
 fn a_png_has_the_size_asked_for_and_a_drawing() {
     let tmp = dir("png");
     let d = tmp.path();
@@ -112,7 +110,6 @@ fn a_png_has_the_size_asked_for_and_a_drawing() {
     assert!(dark_in_title > 50, "no title text ({dark_in_title} dark pixels)");
 }
 
-#[test]
 fn the_input_is_never_the_output() {
     let tmp = dir("same");
     let d = tmp.path();
@@ -127,7 +124,6 @@ fn the_input_is_never_the_output() {
     assert_eq!(std::fs::read(&log).unwrap(), before);
 }
 
-#[test]
 fn an_unknown_extension_is_refused() {
     let tmp = dir("extension");
     let d = tmp.path();
@@ -142,7 +138,6 @@ fn an_unknown_extension_is_refused() {
     }
 }
 
-#[test]
 fn a_log_without_training_records_is_refused() {
     let tmp = dir("no-loss");
     let d = tmp.path();
@@ -157,7 +152,6 @@ fn a_log_without_training_records_is_refused() {
     assert!(!out.exists());
 }
 
-#[test]
 fn an_output_that_is_not_a_regular_file_is_left_alone() {
     let tmp = dir("folder");
     let d = tmp.path();
@@ -172,7 +166,6 @@ fn an_output_that_is_not_a_regular_file_is_left_alone() {
     assert_eq!(std::fs::read(out.join("keep")).unwrap(), b"mine");
 }
 
-#[test]
 fn a_size_out_of_bounds_is_refused() {
     let tmp = dir("size");
     let d = tmp.path();
@@ -191,3 +184,13 @@ fn a_size_out_of_bounds_is_refused() {
         assert!(!out.exists());
     }
 }
+
+tests![
+    an_svg_has_the_curves_and_their_axis_labels,
+    a_png_has_the_size_asked_for_and_a_drawing,
+    the_input_is_never_the_output,
+    an_unknown_extension_is_refused,
+    a_log_without_training_records_is_refused,
+    an_output_that_is_not_a_regular_file_is_left_alone,
+    a_size_out_of_bounds_is_refused,
+];

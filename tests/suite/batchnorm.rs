@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::{Encoder, Slice};
 use syncstep::kernels::batchnorm::{self as k, BnShape};
 use syncstep::kernels::Device;
@@ -190,9 +188,8 @@ fn check_single_device(gpu: &Device, shape: BnShape, seed: u64) {
     assert_close(&what("backward chain"), &read(gpu, &dx), &ref_dx_all, 1e-4);
 }
 
-#[test]
 fn single_device_matches_reference_at_resnet_channel_counts() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Not count 2: there x̂ = ±1 and dx ≈ 0, so the all-f64 chain check would measure the
     // problem's conditioning rather than the kernels.
     let cases = [(64, 2, 9), (128, 3, 25), (256, 1, 1), (512, 4, 1), (64, 1, 49), (128, 2, 300)];
@@ -201,9 +198,8 @@ fn single_device_matches_reference_at_resnet_channel_counts() {
     }
 }
 
-#[test]
 fn large_count_reduction_is_accurate() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // The stem's 112×112 plane at batch 8: 12 544 positions per example in 392 blocks, values
     // around +3.
     check_single_device(gpu, BnShape { n: 8, c: 4, hw: 112 * 112 }, 77);
@@ -212,9 +208,8 @@ fn large_count_reduction_is_accurate() {
 /// Data-parallel use: this replica holds shard 0 of a batch whose other shard (shifted by
 /// +0.5, as the gates shard) lives elsewhere. Stats come from a merge, count is global, sums
 /// are all-reduced by sum; each kernel is held to the reference on the same inputs.
-#[test]
 fn backward_with_merged_stats_and_global_count_matches_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     for (i, &(c, n, hw)) in [(64, 2, 9), (256, 3, 4), (512, 1, 1)].iter().enumerate() {
         let seed = 300 + 10 * i as u64;
         let shape = BnShape { n, c, hw };
@@ -306,9 +301,8 @@ fn backward_with_merged_stats_and_global_count_matches_reference() {
     }
 }
 
-#[test]
 fn reductions_are_bitwise_deterministic() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let shape = BnShape { n: 4, c: 64, hw: 1000 };
     let (x, dy) = (activations(1, &shape), uniform(2, shape.tensor_len() as usize));
     let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
@@ -337,9 +331,8 @@ fn reductions_are_bitwise_deterministic() {
 /// What a data-parallel step relies on: shards' per-example rows, gathered in order, merge into
 /// exactly the whole batch's statistics; and the sums over power-of-two shards' own rows
 /// (their dβ, dγ), added in the all-reduce's pairwise order, are exactly the whole batch's.
-#[test]
 fn shards_rows_rebuild_the_whole_batch_bitwise() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let whole = BnShape { n: 8, c: 64, hw: 9 };
     let (x, dy) = (activations(400, &whole), uniform(401, whole.tensor_len() as usize));
     let count = whole.positions() as u32;
@@ -424,9 +417,8 @@ const FUSED_SHAPES: [BnShape; 5] = [
 /// bn_apply_relu against bn_forward_apply, add (y first) and relu_forward on the GPU: the same
 /// bits, for each of {no shortcut, shortcut} × {own gate, imposed gate}; and against the
 /// reference composed of the same ops, fed the GPU's statistics.
-#[test]
 fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     for (i, shape) in FUSED_SHAPES.iter().enumerate() {
         let seed = 500 + 10 * i as u64;
         let d = dims(shape);
@@ -536,9 +528,8 @@ fn bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference() {
 /// bn_example_sums and bn_backward_input with a gate against relu_backward followed by the
 /// ungated kernels: the same bits (rows, sums, dx); dx written over dy the bits of dx into a
 /// buffer of its own, gated and not; and against the reference composition.
-#[test]
 fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     for (i, shape) in FUSED_SHAPES.iter().enumerate() {
         let seed = 600 + 10 * i as u64;
         let d = dims(shape);
@@ -639,9 +630,8 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
 
 /// At batch sizes that need each pairwise stack size, bn_sum_examples is the pairwise sum of
 /// its rows, which the host takes in the same order.
-#[test]
 fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let c = 3;
     for n in pairwise_counts() {
         let shape = BnShape { n, c, hw: 1 };
@@ -656,3 +646,14 @@ fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
         assert_eq!(bits(&read(gpu, &sums)), bits(&want), "batch of {n}");
     }
 }
+
+tests![
+    single_device_matches_reference_at_resnet_channel_counts,
+    large_count_reduction_is_accurate,
+    backward_with_merged_stats_and_global_count_matches_reference,
+    reductions_are_bitwise_deterministic,
+    shards_rows_rebuild_the_whole_batch_bitwise,
+    bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference,
+    gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise,
+    sum_examples_adds_rows_pairwise_at_every_stack_size,
+];

@@ -4,13 +4,11 @@
 //! on them for seeded weights that both sides make from one recipe); and the flags' errors, each
 //! naming the fix.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use base64::Engine;
-use common::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use syncstep::data::source::decode_file;
@@ -88,7 +86,6 @@ fn write_seeded_weights(path: &Path, arch: Arch, classes: u32) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[test]
 fn torchvision_preprocessing_gives_pils_pixels() {
     let fixture_file = json(&fixture("preprocess.json"));
     let cases = fixture_file["cases"].as_array().unwrap();
@@ -133,11 +130,8 @@ fn torchvision_preprocessing_gives_pils_pixels() {
     );
 }
 
-#[test]
 fn predict_with_torchvision_weights_gives_pytorchs_probabilities() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("predict");
     let dir = tmp.path();
     let fixture_file = json(&fixture("predict.json"));
@@ -217,11 +211,8 @@ fn three_classes(dir: &Path) -> (PathBuf, Vec<(PathBuf, u64)>) {
     (root, images)
 }
 
-#[test]
 fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("eval");
     let dir = tmp.path();
     let weights = dir.join("three.safetensors");
@@ -286,7 +277,6 @@ fn eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them() {
 }
 
 /// Wrong flags and wrong files are refused before any device is made, each naming the fix.
-#[test]
 fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
     let tmp = temp_dir("refused");
     let dir = tmp.path();
@@ -359,7 +349,6 @@ fn wrong_weights_and_flags_are_refused_saying_what_to_do() {
 }
 
 /// Errors found once the weights are read: class names that do not fit, data of other classes.
-#[test]
 fn class_names_and_data_must_fit_the_classifier() {
     let tmp = temp_dir("classes");
     let dir = tmp.path();
@@ -403,3 +392,11 @@ fn class_names_and_data_must_fit_the_classifier() {
         assert!(!ok && out.contains(says), "{args:?}: {out}");
     }
 }
+
+tests![
+    torchvision_preprocessing_gives_pils_pixels,
+    predict_with_torchvision_weights_gives_pytorchs_probabilities,
+    eval_with_torchvision_weights_scores_every_image_as_predict_ranks_them,
+    wrong_weights_and_flags_are_refused_saying_what_to_do,
+    class_names_and_data_must_fit_the_classifier,
+];

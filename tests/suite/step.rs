@@ -1,9 +1,7 @@
 //! The single-device ResNet-34 step against the f64 reference (TIE), repeatability (REPEAT),
 //! the gradients a backward BN hook is told are final, and the errors a user can cause.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::data::synthetic_batch;
 use syncstep::gpu::{Encoder, Gpu, Slice};
 use syncstep::model::{Arch, ResNet};
@@ -22,9 +20,8 @@ fn setup(classes: u32, seed: u64) -> (ResNet, Vec<f32>, Vec<f32>) {
     (model, params, running)
 }
 
-fn replica(model: &ResNet, params: &[f32], running: &[f32]) -> Option<Replica> {
-    let gpu = fresh_gpu()?;
-    Some(Replica::new(gpu, model.clone(), params, running).unwrap())
+fn replica(model: &ResNet, params: &[f32], running: &[f32]) -> Replica {
+    Replica::new(fresh_gpu(), model.clone(), params, running).unwrap()
 }
 
 fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> StepOutput {
@@ -33,10 +30,9 @@ fn step(r: &mut Replica, batch: &syncstep::data::Batch, opts: StepOptions) -> St
     pollster::block_on(r.forward_backward(batch, &cfg, whole, &OneDevice, opts)).unwrap()
 }
 
-#[test]
 fn tie_gpu_step_matches_the_f64_reference() {
     let (model, params, running) = setup(10, 11);
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let batch = synthetic_batch(5, 0, BATCH, 32, 32, 10).unwrap();
     let out = step(&mut r, &batch, StepOptions { capture_pattern: true, ..Default::default() });
     let grads = pollster::block_on(r.read_grads()).unwrap();
@@ -79,11 +75,10 @@ fn tie_gpu_step_matches_the_f64_reference() {
 /// The optimizer updates a flat parameter buffer past one storage binding (ResNet-101's is past
 /// WebGPU's default 128 MiB) in parts: on a device that binds 16 MiB, ResNet-34's 87 MB
 /// buffer, in six parts, gets the bits of a device that binds it whole, every tensor moved.
-#[test]
 fn sgd_past_one_binding_updates_in_parts_to_the_same_bits() {
     let (model, params, running) = setup(10, 3);
-    let Some(mut whole) = replica(&model, &params, &running) else { return };
-    let Some(small) = gpu_with_binding_limit(16 << 20) else { return };
+    let mut whole = replica(&model, &params, &running);
+    let small = gpu_with_binding_limit(16 << 20);
     let mut parts = Replica::new(small, model.clone(), &params, &running).unwrap();
     let batch = synthetic_batch(2, 0, 2, 32, 32, 10).unwrap();
     let mut after = Vec::new();
@@ -99,10 +94,9 @@ fn sgd_past_one_binding_updates_in_parts_to_the_same_bits() {
     }
 }
 
-#[test]
 fn repeat_the_same_step_twice_is_bitwise_equal() {
     let (model, params, running) = setup(10, 3);
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let batch = synthetic_batch(9, 0, 4, 32, 32, 10).unwrap();
     let a = step(&mut r, &batch, StepOptions::default());
     let ga = pollster::block_on(r.read_grads()).unwrap();
@@ -120,7 +114,6 @@ fn repeat_the_same_step_twice_is_bitwise_equal() {
 /// as a GPU's model chooses them) gives the clockless CPU plan's bits for the whole step, loss,
 /// logits, every gradient and running statistic, with Winograd off on both (its roundings are
 /// its own).
-#[test]
 fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
     use syncstep::kernels::conv2d::{Forced, KernelPlan, KernelPolicy};
     let (model, params, running) = setup(10, 21);
@@ -131,7 +124,7 @@ fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
     ];
     let mut runs = Vec::new();
     for policy in policies {
-        let Some(gpu) = device_with(policy) else { return };
+        let gpu = device_with(policy);
         let mut r = Replica::new(gpu, model.clone(), &params, &running).unwrap();
         let out = step(&mut r, &batch, StepOptions::default());
         let grads = pollster::block_on(r.read_grads()).unwrap();
@@ -148,10 +141,9 @@ fn the_gpu_plans_step_gives_the_cpu_plans_bits() {
     assert!(gpu_plan.3 == cpu_plan.3, "running statistics differ");
 }
 
-#[test]
 fn bad_inputs_are_clear_errors() {
     let (model, params, running) = setup(10, 3);
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let cfg = StepConfig::default();
     let run = |r: &mut Replica, b: &syncstep::data::Batch| {
         let whole = Shard::whole(b.len());
@@ -192,14 +184,13 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.contains("cannot be examples 3.. of a global batch of 4"), "{e}");
 }
 
-#[test]
 fn predict_uses_running_statistics_and_changes_nothing() {
     let (model, params, mut running) = setup(10, 5);
     // Non-trivial running statistics, as after some training.
     for (i, v) in running.iter_mut().enumerate() {
         *v = if *v == 1.0 { 0.5 + (i % 7) as f32 * 0.2 } else { ((i % 5) as f32 - 2.0) * 0.1 };
     }
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let batch = synthetic_batch(2, 100, 4, 32, 32, 10).unwrap();
     let logits = pollster::block_on(r.predict(&batch)).unwrap();
     let p64: Vec<f64> = params.iter().map(|&v| v as f64).collect();
@@ -272,10 +263,9 @@ impl Communicator for FinalGradients {
 /// The fewest trips the dependencies allow: a block's downsample travels with its first conv in
 /// the forward (both read the block's input) and with its last in the backward (both read the
 /// block's output cotangent); every other BN site travels alone.
-#[test]
 fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
     let (model, params, running) = setup(10, 13);
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let hook = FinalGradients::default();
     pollster::block_on(r.forward_backward(
         &synthetic_batch(6, 0, 2, 32, 32, 10).unwrap(),
@@ -314,10 +304,9 @@ fn bn_sites_whose_rows_are_ready_together_make_one_trip() {
 /// first), in every piece's slab, reaches the end of the buffer, and grows from site to site
 /// down to the stem's BN. One piece (a whole batch) and two (examples [1, 3) of 4: [1, 2) and
 /// [2, 3)).
-#[test]
 fn the_gradients_a_backward_hook_is_told_are_final_are() {
     let (model, params, running) = setup(10, 12);
-    let Some(mut r) = replica(&model, &params, &running) else { return };
+    let mut r = replica(&model, &params, &running);
     let batch = synthetic_batch(6, 0, 2, 32, 32, 10).unwrap();
     let want = step(&mut r, &batch, StepOptions::default());
     let want_grads = pollster::block_on(r.read_grads()).unwrap();
@@ -371,3 +360,14 @@ fn the_gradients_a_backward_hook_is_told_are_final_are() {
         }
     }
 }
+
+tests![
+    tie_gpu_step_matches_the_f64_reference,
+    sgd_past_one_binding_updates_in_parts_to_the_same_bits,
+    repeat_the_same_step_twice_is_bitwise_equal,
+    the_gpu_plans_step_gives_the_cpu_plans_bits,
+    bad_inputs_are_clear_errors,
+    predict_uses_running_statistics_and_changes_nothing,
+    bn_sites_whose_rows_are_ready_together_make_one_trip,
+    the_gradients_a_backward_hook_is_told_are_final_are,
+];

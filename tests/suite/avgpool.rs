@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::avgpool::{self as k, AvgPoolShape};
 use syncstep::reference::avgpool as r;
@@ -10,7 +8,7 @@ type Outcome = (Vec<f32>, Vec<f64>);
 
 /// Runs forward and backward on seeded data: (y, dx).
 fn run(s: AvgPoolShape, seed: u64) -> (Outcome, Outcome) {
-    let gpu = gpu().unwrap();
+    let gpu = gpu();
     let (n, c, hw) = (s.n as usize, s.c as usize, s.hw as usize);
     let x = uniform(seed, n * c * hw);
     let dy = uniform(seed + 1, n * c);
@@ -26,11 +24,8 @@ fn run(s: AvgPoolShape, seed: u64) -> (Outcome, Outcome) {
     )
 }
 
-#[test]
 fn global_avgpool_forward_and_backward_match_reference() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     // ResNet-34's channel counts (and the stem's 3); hw = 1 is the head at 32×32 input, 49 at
     // 224×224; plane counts such as 3, 64, 384, 768 are not multiples of the workgroup size.
     let shapes = [(1, 3, 49), (1, 64, 49), (3, 128, 9), (3, 256, 5), (2, 512, 1), (1, 512, 49)];
@@ -42,20 +37,16 @@ fn global_avgpool_forward_and_backward_match_reference() {
     }
 }
 
-#[test]
 fn global_avgpool_forward_is_deterministic() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let s = AvgPoolShape { n: 3, c: 256, hw: 49 };
     let ((a, _), _) = run(s, 7);
     let ((b, _), _) = run(s, 7);
     assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "two runs differ");
 }
 
-#[test]
 fn global_avgpool_rejects_wrong_lengths_and_zero_dimensions() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (b10, b20) = (gpu.buffer("a", 10).unwrap(), gpu.buffer("b", 20).unwrap());
     let (s10, s20) = (Slice::whole(&b10), Slice::whole(&b20));
     let s = AvgPoolShape { n: 2, c: 5, hw: 2 }; // x 20, y 10
@@ -107,9 +98,8 @@ fn global_avgpool_rejects_wrong_lengths_and_zero_dimensions() {
     assert_arg_errors(cases);
 }
 
-#[test]
 fn global_avgpool_backward_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     // dx is 1 MiB + 4 bytes; dy is small.
     let s = AvgPoolShape { n: 1, c: 1, hw: (1 << 18) + 1 };
     let (dy, dx) = (gpu.buffer("dy", 1).unwrap(), gpu.buffer("dx", s.input_len()).unwrap());
@@ -124,3 +114,10 @@ fn global_avgpool_backward_refuses_a_binding_over_the_device_limit() {
         "{msg}"
     );
 }
+
+tests![
+    global_avgpool_forward_and_backward_match_reference,
+    global_avgpool_forward_is_deterministic,
+    global_avgpool_rejects_wrong_lengths_and_zero_dimensions,
+    global_avgpool_backward_refuses_a_binding_over_the_device_limit,
+];

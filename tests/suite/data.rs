@@ -3,12 +3,10 @@
 //! stopped run resumed mid-epoch bit for bit; `eval` and `predict` against the f64 reference
 //! forward; bad data refused with a message naming the file.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use syncstep::checkpoint;
 use syncstep::data::loader::{Loader, Plan};
 use syncstep::data::schedule::Epochs;
@@ -49,9 +47,8 @@ fn image_folder(dir: &Path, count: u64) -> PathBuf {
     root
 }
 
-#[test]
 fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
-    let Some(gpu) = fresh_gpu() else { return };
+    let gpu = fresh_gpu();
     let tmp = temp_dir("parallel");
     let dir = tmp.path();
     let root = image_folder(dir, 30);
@@ -79,7 +76,7 @@ fn data_parallel_training_on_augmented_images_is_the_single_device_run() {
         pollster::block_on(t.checkpoint()).unwrap()
     };
     let single = run(vec![gpu]);
-    let parallel = run((0..3).map(|_| fresh_gpu().unwrap()).collect());
+    let parallel = run((0..3).map(|_| fresh_gpu()).collect());
     assert_eq!(bits(&single.params), bits(&parallel.params), "parameters differ");
     assert_eq!(bits(&single.running), bits(&parallel.running), "running statistics differ");
     assert_ne!(bits(&single.params), bits(&ResNet::new(Arch::ResNet34, 3).unwrap().init_params(0)));
@@ -96,11 +93,8 @@ fn same_tensors(a: &Path, b: &Path) {
     }
 }
 
-#[test]
 fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_reference() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("resume");
     let dir = tmp.path();
     let root = image_folder(dir, 30);
@@ -138,7 +132,7 @@ fn a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_re
 
     let mut killed_args = args(&["--checkpoint-every", "4", "--checkpoint"]);
     killed_args.push(stopped.clone());
-    let mut child = common::command()
+    let mut child = crate::common::command()
         .args(&killed_args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -223,11 +217,8 @@ fn cifar_file(path: &Path, first: u64, records: u64, classes: u32) {
     std::fs::write(path, bytes).unwrap();
 }
 
-#[test]
 fn cifar_files_train_and_evaluate() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("cifar");
     let dir = tmp.path();
     let cifar = dir.join("cifar");
@@ -259,11 +250,8 @@ fn cifar_files_train_and_evaluate() {
     assert!(ok && out.contains("8 images") && out.contains("airplane"), "{out}");
 }
 
-#[test]
 fn bad_data_is_an_error_naming_the_file() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("bad");
     let dir = tmp.path();
     let root = image_folder(dir, 12);
@@ -318,11 +306,8 @@ fn bad_data_is_an_error_naming_the_file() {
     assert_eq!(std::fs::read(ck).unwrap(), kept);
 }
 
-#[test]
 fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let tmp = temp_dir("init");
     let dir = tmp.path();
     // ImageNet-like weights: a 10-class model's, saved with torchvision names.
@@ -369,3 +354,11 @@ fn init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count() {
     ]);
     assert!(ok && out.contains("fc is initialised afresh"), "{out}");
 }
+
+tests![
+    data_parallel_training_on_augmented_images_is_the_single_device_run,
+    a_stopped_run_resumes_mid_epoch_bit_for_bit_and_eval_and_predict_match_the_reference,
+    cifar_files_train_and_evaluate,
+    bad_data_is_an_error_naming_the_file,
+    init_weights_fine_tune_with_a_fresh_classifier_of_another_class_count,
+];

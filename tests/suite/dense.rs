@@ -1,6 +1,4 @@
-mod common;
-
-use common::*;
+use crate::common::*;
 use syncstep::gpu::Slice;
 use syncstep::kernels::dense::{self as k, DenseShape};
 use syncstep::reference::dense as r;
@@ -12,7 +10,7 @@ struct Run {
 }
 
 fn run(s: DenseShape, seed: u64) -> Run {
-    let gpu = gpu().unwrap();
+    let gpu = gpu();
     let (m, k_in, k_out) = (s.m as usize, s.k_in as usize, s.k_out as usize);
     let x = uniform(seed, m * k_in);
     let w = uniform(seed + 1, k_out * k_in);
@@ -43,11 +41,8 @@ fn run(s: DenseShape, seed: u64) -> Run {
     }
 }
 
-#[test]
 fn dense_forward_and_backward_match_reference() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     // ResNet-34's fc (k_in 512) at 10, 1000 and an odd 7 classes, batch 1 to 32; and the other
     // widths as k_in. Output counts such as 70, 1000, 10·32 are not multiples of 256.
     let shapes = [
@@ -74,11 +69,8 @@ fn dense_forward_and_backward_match_reference() {
     }
 }
 
-#[test]
 fn dense_backward_weight_and_bias_are_deterministic() {
-    if gpu().is_none() {
-        return;
-    }
+    needs_adapter();
     let s = DenseShape { m: 32, k_in: 512, k_out: 10 };
     let (a, b) = (run(s, 3), run(s, 3));
     for j in 2..4 {
@@ -89,9 +81,8 @@ fn dense_backward_weight_and_bias_are_deterministic() {
     }
 }
 
-#[test]
 fn dense_rejects_wrong_lengths_and_zero_dimensions() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let s = DenseShape { m: 2, k_in: 3, k_out: 5 }; // x 6, w 15, b 5, y 10
     let bufs: Vec<wgpu::Buffer> =
         [4, 5, 6, 10, 15].iter().map(|&n| gpu.buffer("t", n).unwrap()).collect();
@@ -192,9 +183,8 @@ fn dense_rejects_wrong_lengths_and_zero_dimensions() {
     assert_arg_errors(cases);
 }
 
-#[test]
 fn dense_backward_weight_refuses_a_binding_over_the_device_limit() {
-    let Some(gpu) = gpu_with_binding_limit(1 << 20) else { return };
+    let gpu = gpu_with_binding_limit(1 << 20);
     // x is [1, 2^18 + 1]: one element over 1 MiB.
     let s = DenseShape { m: 1, k_in: (1 << 18) + 1, k_out: 1 };
     let (dy, x, dw) = (
@@ -223,9 +213,8 @@ fn dense_backward_weight_refuses_a_binding_over_the_device_limit() {
 
 /// Shards of 2^k examples: their weight and bias gradients, added in the all-reduce's pairwise
 /// order, are the whole batch's bit for bit (the kernels sum the batch pairwise).
-#[test]
 fn gradients_of_any_shards_add_up_to_the_whole_batch_bitwise() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (m, k_in, k_out) = (12usize, 64usize, 10usize);
     let x = uniform(90, m * k_in);
     let dy = uniform(91, m * k_out);
@@ -261,9 +250,8 @@ fn gradients_of_any_shards_add_up_to_the_whole_batch_bitwise() {
 /// At batch sizes that need each pairwise stack size: the weight gradient is the pairwise sum
 /// over examples of dy[t, j]·x[t, i], the bias gradient that of dy[t, j], which the host takes
 /// in the same order.
-#[test]
 fn weight_and_bias_gradients_sum_the_batch_pairwise_at_every_stack_size() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (k_in, k_out) = (2usize, 3usize);
     for m in pairwise_counts() {
         let s = DenseShape { m, k_in: k_in as u32, k_out: k_out as u32 };
@@ -307,3 +295,12 @@ fn weight_and_bias_gradients_sum_the_batch_pairwise_at_every_stack_size() {
         );
     }
 }
+
+tests![
+    dense_forward_and_backward_match_reference,
+    dense_backward_weight_and_bias_are_deterministic,
+    dense_rejects_wrong_lengths_and_zero_dimensions,
+    dense_backward_weight_refuses_a_binding_over_the_device_limit,
+    gradients_of_any_shards_add_up_to_the_whole_batch_bitwise,
+    weight_and_bias_gradients_sum_the_batch_pairwise_at_every_stack_size,
+];
