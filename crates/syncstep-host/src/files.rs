@@ -24,13 +24,62 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{what} {path}: {problem}")]
-    Refused { what: String, path: PathBuf, problem: String },
+    #[error("{what} {}: {problem}", .path.display())]
+    Refused { what: String, path: PathBuf, problem: Refusal },
     #[error("{path}: {message}")]
     Io { path: PathBuf, message: String },
 }
 
 pub type Result<T, E = FileError> = std::result::Result<T, E>;
+
+/// Why a path cannot take an output, each with what to do instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("is not a file path")]
+    NotAFilePath,
+    #[error("{} is not a folder", .0.display())]
+    ParentNotAFolder(PathBuf),
+    #[error("its folder {} does not exist", .0.display())]
+    NoFolder(PathBuf),
+    #[error("is a folder, not a regular file: give a file path")]
+    Folder,
+    #[error("is a block device (a disk), not a regular file: syncstep writes files, pipes and terminals, never a disk")]
+    BlockDevice,
+    #[error("is a chain of more than 40 symbolic links")]
+    LinkChain,
+    /// What it is could not be read (a link or the file's metadata).
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    #[error("{} {}: writing it would destroy that input; write it elsewhere", overlap(*.folder), .input.display())]
+    WouldDestroyInput { input: PathBuf, folder: bool },
+    #[error("its mode {mode:04o} (owner uid {owner}) does not let {whose} write it, and syncstep never replaces a file its mode protects, even as root: write elsewhere, or change its mode")]
+    ModeProtects { mode: u32, owner: u32, whose: &'static str },
+    #[error("is read-only, and syncstep never replaces a read-only file: write elsewhere, or make it writable")]
+    ReadOnly,
+    #[error("exists and is not {what}: syncstep replaces only its own files of that kind; write elsewhere, or add --overwrite to replace it")]
+    NotOurs { what: &'static str },
+    #[error("cannot write in {} ({source})", .dir.display())]
+    NotWritable { dir: PathBuf, source: std::io::Error },
+    #[error("cannot make its lock {}: {source}", .lock.display())]
+    LockNotMade { lock: PathBuf, source: std::io::Error },
+    #[error("{} is there and is not a syncstep lock (a process id): it is left alone; move it, or write elsewhere", .0.display())]
+    NotALock(PathBuf),
+    #[error("is named for two outputs of this command: give each its own path")]
+    NamedTwice,
+    #[error("is being written by another syncstep run{}: wait for it to end, or write elsewhere", holder(*.0))]
+    BeingWritten(Option<u32>),
+}
+
+fn overlap(folder: bool) -> &'static str {
+    match folder {
+        true => "lies inside the input folder",
+        false => "is the same file as the input",
+    }
+}
+
+fn holder(pid: Option<u32>) -> String {
+    pid.map(|pid| format!(" (process {pid})")).unwrap_or_default()
+}
 
 /// What kind of file an output is, told by its content: an existing file at an output path is
 /// replaced only when it is one (or with `--overwrite`).
@@ -65,41 +114,33 @@ pub fn check_output(
     kind: Kind,
     overwrite: bool,
 ) -> Result<Claim> {
-    let refused = |problem: String| FileError::Refused {
+    let refused = |problem: Refusal| FileError::Refused {
         what: flag.to_string(),
         path: path.to_path_buf(),
         problem,
     };
-    path.file_name().ok_or_else(|| refused("is not a file path".into()))?;
+    path.file_name().ok_or_else(|| refused(Refusal::NotAFilePath))?;
     let dir = folder_of(path);
     if dir.exists() && !dir.is_dir() {
-        return Err(refused(format!("{} is not a folder", dir.display())));
+        return Err(refused(Refusal::ParentNotAFolder(dir)));
     }
     if !dir.is_dir() {
-        return Err(refused(format!("its folder {} does not exist", dir.display())));
+        return Err(refused(Refusal::NoFolder(dir)));
     }
-    let target = match place_of(path).map_err(|e| refused(e.to_string()))? {
+    let target = match place_of(path).map_err(refused)? {
         Place::InPlace(_) => return Ok(Claim::none()),
         Place::Replace(target) => target,
     };
     if let Some(input) = inputs.iter().find(|input| overlaps(&target, input)) {
-        let kind = if input.is_dir() {
-            "lies inside the input folder"
-        } else {
-            "is the same file as the input"
-        };
-        return Err(refused(format!(
-            "{kind} {}: writing it would destroy that input; write it elsewhere",
-            input.display()
-        )));
+        let (input, folder) = (input.to_path_buf(), input.is_dir());
+        return Err(refused(Refusal::WouldDestroyInput { input, folder }));
     }
     if let Ok(meta) = std::fs::metadata(&target) {
         check_replaceable(&target, &meta, kind, overwrite).map_err(refused)?;
     }
     // Writable: the temporary file an atomic write would make (removed when dropped).
     let (dir, name) = (folder_of(&target), target.file_name().unwrap_or(path.as_os_str()));
-    temp_file(&dir, name)
-        .map_err(|e| refused(format!("cannot write in {} ({e})", dir.display())))?;
+    temp_file(&dir, name).map_err(|source| refused(Refusal::NotWritable { dir, source }))?;
     Claim::lock(&target).map_err(refused)
 }
 
@@ -112,12 +153,12 @@ impl Claim {
     }
 
     #[cfg(unix)]
-    fn lock(target: &Path) -> Result<Claim, String> {
+    fn lock(target: &Path) -> Result<Claim, Refusal> {
         Ok(Claim { _lock: Some(lock::Lock::acquire(target)?) })
     }
 
     #[cfg(not(unix))]
-    fn lock(_target: &Path) -> Result<Claim, String> {
+    fn lock(_target: &Path) -> Result<Claim, Refusal> {
         Ok(Claim::none())
     }
 }
@@ -129,15 +170,12 @@ fn check_replaceable(
     meta: &std::fs::Metadata,
     kind: Kind,
     overwrite: bool,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     if let Some(why) = write_denied(meta) {
         return Err(why);
     }
     if !overwrite && !(kind.ours)(target) {
-        return Err(format!(
-            "exists and is not {}: syncstep replaces only its own files of that kind; write elsewhere, or add --overwrite to replace it",
-            kind.what
-        ));
+        return Err(Refusal::NotOurs { what: kind.what });
     }
     Ok(())
 }
@@ -146,7 +184,7 @@ fn check_replaceable(
 /// owner's bits for its owner, the group's for its group, the others' for everyone else, root
 /// included (root could, but a file that says it is not to be written is not replaced).
 #[cfg(unix)]
-fn write_denied(meta: &std::fs::Metadata) -> Option<String> {
+fn write_denied(meta: &std::fs::Metadata) -> Option<Refusal> {
     use std::os::unix::fs::MetadataExt;
     let (uid, gid) = (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw());
     let in_group = meta.gid() == gid
@@ -158,19 +196,12 @@ fn write_denied(meta: &std::fs::Metadata) -> Option<String> {
         _ => (0o002, "others (you are not its owner)"),
     };
     let mode = meta.mode() & 0o7777;
-    (mode & bit == 0).then(|| {
-        format!(
-            "its mode {mode:04o} (owner uid {}) does not let {whose} write it, and syncstep never replaces a file its mode protects, even as root: write elsewhere, or change its mode",
-            meta.uid()
-        )
-    })
+    (mode & bit == 0).then(|| Refusal::ModeProtects { mode, owner: meta.uid(), whose })
 }
 
 #[cfg(not(unix))]
-fn write_denied(meta: &std::fs::Metadata) -> Option<String> {
-    meta.permissions()
-        .readonly()
-        .then(|| "is read-only, and syncstep never replaces a read-only file: write elsewhere, or make it writable".into())
+fn write_denied(meta: &std::fs::Metadata) -> Option<Refusal> {
+    meta.permissions().readonly().then_some(Refusal::ReadOnly)
 }
 
 /// Where an output goes.
@@ -185,26 +216,24 @@ enum Place {
 /// Where a write to `path` goes: the file a symbolic link there points to (the link stays a
 /// link; the target may be yet to be made), or in place. A folder or a block device is an
 /// error.
-fn place_of(path: &Path) -> std::io::Result<Place> {
+fn place_of(path: &Path) -> Result<Place, Refusal> {
     let target = link_target(path)?;
     if is_descriptor(&target) {
         return Ok(Place::InPlace(target));
     }
     let meta = match std::fs::metadata(&target) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Place::Replace(target)),
-        meta => meta?,
+        meta => meta.map_err(Refusal::Unreadable)?,
     };
     if meta.is_dir() {
-        return Err(std::io::Error::other("is a folder, not a regular file: give a file path"));
+        return Err(Refusal::Folder);
     }
     if meta.is_file() && !is_standard_stream(&meta) {
         return Ok(Place::Replace(target));
     }
     #[cfg(unix)]
     if std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
-        return Err(std::io::Error::other(
-            "is a block device (a disk), not a regular file: syncstep writes files, pipes and terminals, never a disk",
-        ));
+        return Err(Refusal::BlockDevice);
     }
     Ok(Place::InPlace(target))
 }
@@ -213,7 +242,7 @@ fn place_of(path: &Path) -> std::io::Result<Place> {
 /// to (written through, so that the link stays a link; the target may be yet to be made). A
 /// link to an open descriptor (`/dev/stdout`, `/proc/self/fd/1`) is where the chain stops: it
 /// is written in place, as a pipe is.
-fn link_target(path: &Path) -> std::io::Result<PathBuf> {
+fn link_target(path: &Path) -> Result<PathBuf, Refusal> {
     let mut path = path.to_path_buf();
     // Linux's own limit on the links one path may pass through.
     for _ in 0..40 {
@@ -222,9 +251,9 @@ fn link_target(path: &Path) -> std::io::Result<PathBuf> {
             return Ok(path);
         }
         // Relative to the link's folder; an absolute target replaces it.
-        path = folder_of(&path).join(std::fs::read_link(&path)?);
+        path = folder_of(&path).join(std::fs::read_link(&path).map_err(Refusal::Unreadable)?);
     }
-    Err(std::io::Error::other("is a chain of more than 40 symbolic links"))
+    Err(Refusal::LinkChain)
 }
 
 /// Whether `path` names an open descriptor of a process (Linux's `/proc/PID/fd/N`, which
@@ -308,7 +337,9 @@ fn write_atomic_with(
     write: impl FnOnce(&mut File) -> std::io::Result<()>,
 ) -> Result<()> {
     let io = |e: std::io::Error| FileError::Io { path: path.to_path_buf(), message: e.to_string() };
-    match place_of(path).map_err(io)? {
+    let place = place_of(path)
+        .map_err(|r| FileError::Io { path: path.to_path_buf(), message: r.to_string() })?;
+    match place {
         Place::InPlace(target) => write_in_place(&target, write).map_err(io),
         Place::Replace(target) => replace(&target, write).map_err(io),
     }
@@ -322,7 +353,7 @@ fn replace(
     let name = path.file_name().ok_or_else(|| std::io::Error::other("not a file path"))?;
     let old = std::fs::metadata(path).ok();
     if let Some(why) = old.as_ref().and_then(write_denied) {
-        return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
+        return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_string()));
     }
     let dir = folder_of(path);
     remove_stale_temps(&dir, name);
@@ -474,6 +505,7 @@ mod lock {
     //! which a lock on it would not follow. The kernel releases the lock when its holder ends,
     //! however it ends; the file is removed when the lock is released.
 
+    use super::Refusal;
     use std::fs::{File, OpenOptions};
     use std::io::{Read, Write};
     use std::path::{Path, PathBuf};
@@ -485,10 +517,10 @@ mod lock {
 
     impl Lock {
         /// The lock of `target`; an error naming the process that holds it.
-        pub fn acquire(target: &Path) -> Result<Lock, String> {
+        pub fn acquire(target: &Path) -> Result<Lock, Refusal> {
             let name = target.file_name().unwrap_or_default().to_string_lossy();
             let path = super::folder_of(target).join(format!(".{name}.lock"));
-            let io = |e: std::io::Error| format!("cannot make its lock {}: {e}", path.display());
+            let io = |source| Refusal::LockNotMade { lock: path.clone(), source };
             loop {
                 let mut file = OpenOptions::new()
                     .read(true)
@@ -509,7 +541,7 @@ mod lock {
                     continue;
                 }
                 if holder(&mut file).is_err() {
-                    return Err(format!("{} is there and is not a syncstep lock (a process id): it is left alone; move it, or write elsewhere", path.display()));
+                    return Err(Refusal::NotALock(path));
                 }
                 file.set_len(0).map_err(io)?;
                 write!(file, "{}", std::process::id()).map_err(io)?;
@@ -530,15 +562,11 @@ mod lock {
     }
 
     /// Why a lock held by another is refused, naming its holder.
-    fn held(file: &mut File) -> String {
+    fn held(file: &mut File) -> Refusal {
         match holder(file) {
-            Ok(Some(pid)) if pid == std::process::id() => {
-                "is named for two outputs of this command: give each its own path".into()
-            }
-            Ok(Some(pid)) => format!(
-                "is being written by another syncstep run (process {pid}): wait for it to end, or write elsewhere"
-            ),
-            _ => "is being written by another syncstep run: wait for it to end, or write elsewhere".into(),
+            Ok(Some(pid)) if pid == std::process::id() => Refusal::NamedTwice,
+            Ok(pid) => Refusal::BeingWritten(pid),
+            Err(()) => Refusal::BeingWritten(None),
         }
     }
 
