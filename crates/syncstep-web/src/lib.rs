@@ -21,7 +21,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
-use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Gate, GateRow};
+use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Gate};
 use syncstep::data::Batch;
 use syncstep::golden::Golden;
 use syncstep::gpu::{self, Gpu};
@@ -208,9 +208,8 @@ pub async fn run_gates(
     let devices = CheckDevices { replicas: gpus, single, peers: Default::default() };
     let mut report_progress = |p: &CheckProgress| {
         if let Some(callback) = &on_progress {
-            let gates: Vec<Value> = p.gates.iter().map(GateRow::to_json).collect();
             let event =
-                json!({"phase": p.phase, "index": p.index, "total": p.total, "gates": gates});
+                json!({"phase": p.phase, "index": p.index, "total": p.total, "gates": p.gates});
             call_progress(callback, &event);
         }
     };

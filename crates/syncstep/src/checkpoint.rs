@@ -9,6 +9,7 @@
 //! ([`healthy`]): finite, and small enough to square in f32; running variances are never
 //! negative, and weights are never integers.
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
@@ -286,6 +287,7 @@ pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), Checkpoi
 
 /// What a checkpoint's header records: the run's settings, its model's arch, its step and the
 /// format.
+#[cfg(not(target_arch = "wasm32"))]
 fn metadata(model: &ResNet, ck: &Checkpoint) -> BTreeMap<String, String> {
     let mut meta = ck.settings.metadata();
     meta.insert(ARCH_KEY.into(), model.arch.to_string());

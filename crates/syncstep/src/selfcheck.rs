@@ -11,7 +11,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::compare::norm_rel;
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
@@ -31,8 +31,9 @@ pub enum SelfCheckError {
 
 pub type Result<T, E = SelfCheckError> = std::result::Result<T, E>;
 
-/// One kernel's outcome.
-#[derive(Clone, Debug, PartialEq)]
+/// One kernel's outcome: `{kernel, shape, elements, error, tolerance}` as reports write it
+/// ([`KernelCheck::to_json`] adds `pass`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct KernelCheck {
     /// The kernel's launcher name, as in `kernels` and `reference`.
     pub kernel: &'static str,
@@ -51,15 +52,10 @@ impl KernelCheck {
         self.error <= self.tolerance
     }
 
+    /// The outcome with whether it passed, as the report and the page's progress give it.
     pub fn to_json(&self) -> Value {
-        json!({
-            "kernel": self.kernel,
-            "shape": self.shape,
-            "elements": self.elements,
-            "error": self.error,
-            "tolerance": self.tolerance,
-            "pass": self.passed(),
-        })
+        serde_json::to_value(Judged { outcome: self, pass: self.passed() })
+            .expect("an outcome serialises")
     }
 }
 
@@ -85,15 +81,34 @@ impl SelfCheck {
     }
 
     pub fn to_json(&self) -> String {
-        json!({
-            "check": "kernels",
-            "adapter": self.adapter,
-            "seed": self.seed,
-            "pass": self.passed(),
-            "kernels": self.kernels.iter().map(KernelCheck::to_json).collect::<Vec<_>>(),
-        })
-        .to_string()
+        let kernels = self.kernels.iter().map(|k| Judged { outcome: k, pass: k.passed() });
+        let report = Report {
+            check: "kernels",
+            adapter: &self.adapter,
+            seed: self.seed,
+            pass: self.passed(),
+            kernels: kernels.collect(),
+        };
+        serde_json::to_string(&report).expect("a report serialises")
     }
+}
+
+/// A kernel's outcome and whether it passed.
+#[derive(serde::Serialize)]
+struct Judged<'a> {
+    #[serde(flatten)]
+    outcome: &'a KernelCheck,
+    pass: bool,
+}
+
+/// The self-check's report: `{check, adapter, seed, pass, kernels}`.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    check: &'static str,
+    adapter: &'a str,
+    seed: u64,
+    pass: bool,
+    kernels: Vec<Judged<'a>>,
 }
 
 /// What the self-check reports as it goes: a kernel about to run, then its outcome.

@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use serde_with::formats::CommaSeparator;
 use serde_with::json::JsonString;
-use serde_with::{serde_as, DisplayFromStr, StringWithSeparator};
+use serde_with::{serde_as, DisplayFromStr};
 
 use crate::data::schedule::{LrSchedule, Schedule};
 use crate::data::source::{DataSpec, Fingerprint};
@@ -155,10 +154,10 @@ struct RecordedImages {
     val_split: f64,
     #[serde_as(as = "DisplayFromStr")]
     augment: Augment,
-    #[serde_as(as = "StringWithSeparator::<CommaSeparator, f32>")]
-    mean: Vec<f32>,
-    #[serde_as(as = "StringWithSeparator::<CommaSeparator, f32>")]
-    std: Vec<f32>,
+    #[serde_as(as = "DisplayFromStr")]
+    mean: Channels,
+    #[serde_as(as = "DisplayFromStr")]
+    std: Channels,
     #[serde_as(as = "JsonString")]
     class_names: Vec<String>,
     /// The data's fingerprint; absent from checkpoints of earlier builds.
@@ -167,6 +166,24 @@ struct RecordedImages {
     #[serde_as(as = "Option<DisplayFromStr>")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     data_examples: Option<usize>,
+}
+
+/// Per-channel values as a checkpoint records them: `0.485,0.456,0.406`.
+struct Channels(Vec<f32>);
+
+impl std::fmt::Display for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let values: Vec<String> = self.0.iter().map(f32::to_string).collect();
+        f.write_str(&values.join(","))
+    }
+}
+
+impl std::str::FromStr for Channels {
+    type Err = std::num::ParseFloatError;
+
+    fn from_str(text: &str) -> Result<Channels, Self::Err> {
+        text.split(',').map(str::parse).collect::<Result<_, _>>().map(Channels)
+    }
 }
 
 /// `T` read from `metadata`'s string values, naming the setting a bad one was found in.
@@ -199,7 +216,7 @@ fn write_recorded(value: &impl Serialize, metadata: &mut BTreeMap<String, String
 
 /// The image settings `recorded` holds for `data`.
 fn image_settings(data: DataSpec, recorded: RecordedImages) -> Result<ImageSettings, SettingError> {
-    let three = |key: &'static str, values: Vec<f32>| -> Result<[f32; 3], SettingError> {
+    let three = |key: &'static str, Channels(values)| -> Result<[f32; 3], SettingError> {
         let not_three =
             |v: Vec<f32>| SettingError::bad(key.into(), format!("is {v:?}, not 3 numbers"));
         values.try_into().map_err(not_three)
@@ -252,8 +269,8 @@ impl TrainConfig {
             let images = RecordedImages {
                 val_split: i.val_split,
                 augment: i.augment,
-                mean: i.norm.mean.to_vec(),
-                std: i.norm.std.to_vec(),
+                mean: Channels(i.norm.mean.to_vec()),
+                std: Channels(i.norm.std.to_vec()),
                 class_names: i.class_names.clone(),
                 data_sha256: i.fingerprint.as_ref().map(|f| f.sha256.clone()),
                 data_examples: i.fingerprint.as_ref().map(|f| f.examples),

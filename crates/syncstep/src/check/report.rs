@@ -1,7 +1,7 @@
 //! What the gates measured: one [`GateRow`] per gate, every tensor's errors, and the report
 //! as a table (the CLI) or JSON (`--json`, the browser page).
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::CheckConfig;
 use crate::golden::Golden;
@@ -108,7 +108,7 @@ pub struct GateRow {
 }
 
 /// One parameter tensor's errors, for a per-tensor chart (norm-rel, as the gates).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TensorErrors {
     pub name: String,
     pub test: f64,
@@ -133,25 +133,61 @@ pub struct CheckReport {
     pub golden: Golden,
 }
 
-impl GateRow {
-    /// `{gate, measured, bound, bound_kind, worst_tensor, flips, note, pass}`.
-    pub fn to_json(&self) -> Value {
-        let (kind, bound) = match self.bound {
+/// A gate's row as reports write it: `{gate, measured, bound, bound_kind, worst_tensor, flips,
+/// note, pass}` (a bound that does not apply is null).
+#[derive(Serialize)]
+struct GateJson<'a> {
+    gate: &'static str,
+    measured: f64,
+    bound: f64,
+    bound_kind: &'static str,
+    worst_tensor: &'a Option<String>,
+    flips: Option<usize>,
+    note: &'a str,
+    pass: bool,
+}
+
+impl Serialize for GateRow {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (bound_kind, bound) = match self.bound {
             Bound::AtMost(b) => ("at_most", b),
             Bound::AtLeast(b) => ("at_least", b),
             Bound::NotApplicable => ("not_applicable", f64::NAN),
         };
-        json!({
-            "gate": self.gate.name(),
-            "measured": self.measured,
-            "bound": bound,
-            "bound_kind": kind,
-            "worst_tensor": self.worst,
-            "flips": self.flips,
-            "note": self.note,
-            "pass": self.pass,
-        })
+        GateJson {
+            gate: self.gate.name(),
+            measured: self.measured,
+            bound,
+            bound_kind,
+            worst_tensor: &self.worst,
+            flips: self.flips,
+            note: &self.note,
+            pass: self.pass,
+        }
+        .serialize(serializer)
     }
+}
+
+/// A check's report as `--json` writes it and the page reads it.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    check: &'static str,
+    arch: &'static str,
+    replicas: usize,
+    batch_per_replica: usize,
+    global_batch: usize,
+    shard_sizes: Vec<usize>,
+    image_size: u32,
+    classes: u32,
+    steps: usize,
+    seed: u64,
+    sabotage: Option<String>,
+    replica_adapters: &'a [String],
+    single_adapter: &'a str,
+    portable_against: &'a Option<String>,
+    pass: bool,
+    gates: &'a [GateRow],
+    tensors: &'a [TensorErrors],
 }
 
 pub(super) fn row(
@@ -228,32 +264,26 @@ impl CheckReport {
     /// The report as JSON (non-finite figures are null).
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let tensors: Vec<Value> = self
-            .tensors
-            .iter()
-            .map(|t| json!({"name": t.name, "test": t.test, "control": t.control, "portable": t.portable}))
-            .collect();
-        json!({
-            "check": "equivalence",
-            "arch": c.arch.name(),
-            "replicas": c.replicas,
-            "batch_per_replica": c.batch,
-            "global_batch": c.global(),
-            "shard_sizes": crate::data::shard_ranges(c.global(), c.replicas)
-                .map(|r| r.iter().map(|s| s.len()).collect::<Vec<_>>())
-                .unwrap_or_default(),
-            "image_size": c.image_size,
-            "classes": c.classes,
-            "steps": c.steps,
-            "seed": c.seed,
-            "sabotage": c.sabotage.map(|s| format!("{s:?}")),
-            "replica_adapters": self.replica_adapters,
-            "single_adapter": self.single_adapter,
-            "portable_against": self.portable_against,
-            "pass": self.passed(),
-            "gates": self.rows.iter().map(GateRow::to_json).collect::<Vec<_>>(),
-            "tensors": tensors,
-        })
-        .to_string()
+        let shards = crate::data::shard_ranges(c.global(), c.replicas);
+        let report = ReportJson {
+            check: "equivalence",
+            arch: c.arch.name(),
+            replicas: c.replicas,
+            batch_per_replica: c.batch,
+            global_batch: c.global(),
+            shard_sizes: shards.map(|r| r.iter().map(|s| s.len()).collect()).unwrap_or_default(),
+            image_size: c.image_size,
+            classes: c.classes,
+            steps: c.steps,
+            seed: c.seed,
+            sabotage: c.sabotage.map(|s| format!("{s:?}")),
+            replica_adapters: &self.replica_adapters,
+            single_adapter: &self.single_adapter,
+            portable_against: &self.portable_against,
+            pass: self.passed(),
+            gates: &self.rows,
+            tensors: &self.tensors,
+        };
+        serde_json::to_string(&report).expect("a report serialises")
     }
 }
