@@ -3,7 +3,7 @@
 //! command line, the page) drive it through [`RunHooks`]: they supply the batches and decide
 //! what to show, where to write and when to stop, and every face gets the same guard.
 
-use super::Trainer;
+use super::trainer::Trainer;
 use crate::checkpoint::{self, Checkpoint};
 use crate::data::schedule::Epochs;
 use crate::data::Batch;
