@@ -501,7 +501,7 @@ impl ResNet {
 /// The discrete choices a forward made: which ReLU units passed (per ReLU site in forward
 /// order, 1 = passed) and which cell each max-pool window took. A run given another run's
 /// pattern makes the same choices, so two runs can be compared without ReLU-flip chaos.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ActivationPattern {
     pub relu: Vec<Vec<u8>>,
     pub pool_argmax: Vec<u32>,
@@ -522,37 +522,12 @@ impl ActivationPattern {
     /// The pattern as bytes ([`from_bytes`](Self::from_bytes) reads them back): to send it to
     /// other processes.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = (self.relu.len() as u64).to_le_bytes().to_vec();
-        for site in &self.relu {
-            out.extend((site.len() as u64).to_le_bytes());
-            out.extend(site);
-        }
-        out.extend(self.pool_argmax.iter().flat_map(|a| a.to_le_bytes()));
-        out
+        postcard::to_allocvec(self).expect("a pattern serialises")
     }
 
     /// The pattern [`to_bytes`](Self::to_bytes) wrote; None if `bytes` is not one.
     pub fn from_bytes(bytes: &[u8]) -> Option<ActivationPattern> {
-        let mut at = 0;
-        let u64_at = |at: &mut usize| -> Option<usize> {
-            let v = u64::from_le_bytes(bytes.get(*at..*at + 8)?.try_into().ok()?);
-            *at += 8;
-            usize::try_from(v).ok()
-        };
-        let sites = u64_at(&mut at)?;
-        let mut relu = Vec::with_capacity(sites.min(bytes.len()));
-        for _ in 0..sites {
-            let len = u64_at(&mut at)?;
-            relu.push(bytes.get(at..at.checked_add(len)?)?.to_vec());
-            at += len;
-        }
-        let rest = bytes.get(at..)?;
-        if rest.len() % 4 != 0 {
-            return None;
-        }
-        let pool_argmax =
-            rest.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
-        Some(ActivationPattern { relu, pool_argmax })
+        postcard::from_bytes(bytes).ok()
     }
 
     /// Units whose choice differs between two patterns (ReLU units + pool windows).
@@ -577,6 +552,18 @@ pub fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pattern crosses to another process whole, and a cut one is refused, not misread.
+    #[test]
+    fn an_activation_pattern_round_trips_through_bytes() {
+        let pattern = ActivationPattern {
+            relu: vec![vec![1, 0, 1], Vec::new(), vec![0; 300]],
+            pool_argmax: vec![0, 8, 70_000],
+        };
+        let bytes = pattern.to_bytes();
+        assert_eq!(ActivationPattern::from_bytes(&bytes), Some(pattern));
+        assert_eq!(ActivationPattern::from_bytes(&bytes[..bytes.len() / 2]), None);
+    }
 
     #[test]
     fn resnet34_has_torchvisions_parameters() {

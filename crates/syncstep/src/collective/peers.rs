@@ -132,8 +132,9 @@ impl Peers {
 
     /// The largest of every process's `value` (a flag that any one of them may raise).
     pub fn max(&self, value: u64) -> Result<u64> {
-        let all = self.gather_bytes(vec![value.to_le_bytes().to_vec()])?;
-        let value = |b: &Vec<u8>| b.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(0);
+        let bytes = postcard::to_allocvec(&value).expect("a u64 serialises");
+        let all = self.gather_bytes(vec![bytes])?;
+        let value = |b: &Vec<u8>| postcard::from_bytes::<u64>(b).unwrap_or(0);
         Ok(all.iter().map(value).max().unwrap_or(0))
     }
 
