@@ -9,8 +9,8 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::step::{OneDevice, Replica, Shard, StepConfig, StepOptions};
 use syncstep::tensorfile::{write_f32, write_f32_i64, TensorFile};
 use syncstep::train::{
-    Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer,
-    TrainingRun,
+    Diverged, Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig,
+    Trainer, TrainingRun,
 };
 
 /// A fresh folder of this test's own, removed when dropped, however the test ends.
@@ -472,7 +472,7 @@ fn a_training_run_keeps_stops_and_guards_divergence() {
     let mut run = start(fresh_gpu(), TrainConfig { step: lr, ..cfg });
     let mut face = recorder(None);
     match pollster::block_on(run.run(&mut face)) {
-        Err(RunError::Diverged { step: 2, why: Divergence::LossRose { first, .. } }) => {
+        Err(RunError::Diverged(Diverged { step: 2, why: Divergence::LossRose { first, .. } })) => {
             assert_eq!(first, run.losses()[0])
         }
         other => panic!("expected divergence at step 2, got {other:?}"),

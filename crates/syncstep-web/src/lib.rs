@@ -411,9 +411,7 @@ impl RunHooks for PageRun<'_> {
 /// A page run's early end, as the page says it.
 fn run_failed(e: RunError<JsError>) -> JsError {
     match e {
-        RunError::Diverged { step, why } => {
-            js_error(format!("the run diverged at step {step}: {why}; lower the learning rate"))
-        }
+        RunError::Diverged(d) => js_error(format!("{d}; lower the learning rate")),
         RunError::Parallel(e) => js_error(e),
         RunError::Face(e) => e,
     }

@@ -4,7 +4,7 @@
 //! model's flat layout; nothing here touches a GPU.
 //!
 //! A checkpoint is self-checking: its header holds the SHA-256 of every byte a load reads, its
-//! settings included (see `tensorfile`), every setting a resume needs ([`REQUIRED_SETTINGS`]:
+//! settings included (see `tensorfile`), every setting a resume needs ([`required_settings`]:
 //! none is defaulted), and its format. Only values a healthy run reaches are saved or loaded
 //! ([`healthy`]): finite, and small enough to square in f32; running variances are never
 //! negative, and weights are never integers.
@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::model::{Arch, ResNet};
-use crate::settings::{TrainConfig, ARCH_KEY, REQUIRED_SETTINGS};
+use crate::settings::{required_settings, TrainConfig, ARCH_KEY};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensorfile::{write_f32, Entry};
 use crate::tensorfile::{TensorFile, TensorFileError};
@@ -378,9 +378,9 @@ pub fn check_checkpoint(file: &TensorFile) -> Result<TrainConfig, CheckpointErro
     if !file.metadata.contains_key(checksum) {
         return Err(meta(checksum, "is missing: the file cannot be checked"));
     }
-    for key in REQUIRED_SETTINGS {
-        if !file.metadata.contains_key(key) {
-            return Err(meta(key, "is missing: a resume defaults nothing"));
+    for key in required_settings() {
+        if !file.metadata.contains_key(&key) {
+            return Err(meta(&key, "is missing: a resume defaults nothing"));
         }
     }
     TrainConfig::from_metadata(&file.metadata)
@@ -528,9 +528,9 @@ mod tests {
         let dir = tmp.path();
         let path = dir.join("ck.safetensors");
         let good = checkpoint(&model);
-        for key in REQUIRED_SETTINGS {
+        for key in required_settings() {
             let mut meta = metadata(&model, &good);
-            meta.remove(key);
+            meta.remove(&key);
             write(&path, &model, &good, &meta).unwrap();
             let e = load(&path, &model).unwrap_err().to_string();
             assert!(e.contains(&format!("metadata `{key}` is missing")), "{e}");

@@ -40,22 +40,13 @@ pub const ARCH_KEY: &str = "arch";
 
 /// The settings every checkpoint records and a resume reads back, none defaulted: the data
 /// (what it is, batch, image size, classes, seed), the step's hyper-parameters and the
-/// learning-rate schedule. A run on images records more (`train::ImageSettings`).
-pub const REQUIRED_SETTINGS: [&str; 13] = [
-    "data",
-    "batch",
-    "image_size",
-    "classes",
-    "seed",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "label_smoothing",
-    "bn_momentum",
-    "lr_schedule",
-    "warmup_steps",
-    "schedule_steps",
-];
+/// learning-rate schedule ([`Recorded`]'s fields but the arch). A run on images records more
+/// (`train::ImageSettings`).
+pub fn required_settings() -> Vec<String> {
+    let mut keys: Vec<String> = TrainConfig::default().metadata().into_keys().collect();
+    keys.retain(|k| k != ARCH_KEY);
+    keys
+}
 
 /// The fraction of each class held out for validation when a folder has no train/ and val/.
 pub const VAL_SPLIT: f64 = 0.1;
@@ -242,7 +233,7 @@ fn image_settings(data: DataSpec, recorded: RecordedImages) -> Result<ImageSetti
 }
 
 impl TrainConfig {
-    /// The settings a checkpoint records ([`REQUIRED_SETTINGS`] and a run on images' own), so
+    /// The settings a checkpoint records ([`required_settings`] and a run on images' own), so
     /// that a resume can insist on the same run: the network, the data, and the step's
     /// hyper-parameters. `checkpoint::save` records the step beside them.
     pub fn metadata(&self) -> BTreeMap<String, String> {
@@ -390,7 +381,7 @@ mod tests {
     fn settings_round_trip_through_metadata_and_bad_values_name_their_key() {
         for cfg in [TrainConfig::default(), on_images()] {
             let metadata = cfg.metadata();
-            assert!(REQUIRED_SETTINGS.iter().all(|k| metadata.contains_key(*k)), "{metadata:?}");
+            assert!(required_settings().iter().all(|k| metadata.contains_key(k)), "{metadata:?}");
             assert_eq!(TrainConfig::from_metadata(&metadata).unwrap(), cfg);
         }
         let metadata = on_images().metadata();

@@ -24,8 +24,8 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
 use syncstep::train::{
-    Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun,
-    CHECKPOINT_EVERY, HELD_OUT_EXAMPLES,
+    Diverged, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer,
+    TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES,
 };
 
 use super::Exit;
@@ -661,7 +661,7 @@ fn run_failed(
     e: RunError<Box<dyn std::error::Error>>,
 ) -> Box<dyn std::error::Error> {
     match e {
-        RunError::Diverged { step, why } => diverged(args, step, &why.to_string()),
+        RunError::Diverged(d) => diverged(args, &d),
         RunError::Parallel(e) => e.into(),
         RunError::Face(e) => e,
     }
@@ -689,15 +689,15 @@ fn stopped(
     Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
 }
 
-/// The error of a run that diverged at `step`: says why and which checkpoint is kept.
-fn diverged(args: &TrainArgs, step: u64, why: &str) -> Box<dyn std::error::Error> {
+/// The error of a run that diverged: says why, what to change, and which checkpoint is kept.
+fn diverged(args: &TrainArgs, d: &Diverged) -> Box<dyn std::error::Error> {
     let kept = match &args.checkpoint {
         Some(path) if path.exists() => {
             format!("the last good checkpoint {} is kept", path.display())
         }
         _ => "no checkpoint was written".into(),
     };
-    format!("the run diverged at step {step}: {why}; lower --lr (or --weight-decay); {kept}").into()
+    format!("{d}; lower --lr (or --weight-decay); {kept}").into()
 }
 
 /// Refuses a run whose images and activations would not fit this host's available memory.

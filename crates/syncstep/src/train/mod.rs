@@ -11,7 +11,7 @@ mod trainer;
 
 pub use crate::settings::{ImageSettings, TrainConfig, HELD_OUT_EXAMPLES, VAL_SPLIT};
 pub use run::{
-    Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainingRun, CHECKPOINT_EVERY,
-    DIVERGED,
+    Diverged, Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainingRun,
+    CHECKPOINT_EVERY, DIVERGED,
 };
 pub use trainer::Trainer;

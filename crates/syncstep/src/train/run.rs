@@ -41,14 +41,18 @@ pub enum Divergence {
     Unhealthy { tensor: String, index: usize, value: f32 },
 }
 
+/// A run that diverged at `step`; the last checkpoint kept before it is good.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("the run diverged at step {step}: {why}")]
+pub struct Diverged {
+    pub step: u64,
+    pub why: Divergence,
+}
+
 /// What ends a run early: the run's own failure, or its face's (`E`, the hooks' error).
 #[derive(Debug)]
 pub enum RunError<E> {
-    /// At `step`; the last checkpoint kept before it is good.
-    Diverged {
-        step: u64,
-        why: Divergence,
-    },
+    Diverged(Diverged),
     Parallel(ParallelError),
     Face(E),
 }
@@ -56,7 +60,7 @@ pub enum RunError<E> {
 impl<E: std::fmt::Display> std::fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RunError::Diverged { step, why } => write!(f, "the run diverged at step {step}: {why}"),
+            RunError::Diverged(d) => d.fmt(f),
             RunError::Parallel(e) => e.fmt(f),
             RunError::Face(e) => e.fmt(f),
         }
@@ -216,13 +220,13 @@ impl TrainingRun {
             Ok(loss) => loss,
             Err(ParallelError::Step(StepError::NonFiniteLoss { loss, .. })) => {
                 let why = Divergence::NonFiniteLoss { loss };
-                return Err(RunError::Diverged { step: self.trainer.step + 1, why });
+                return Err(RunError::Diverged(Diverged { step: self.trainer.step + 1, why }));
             }
             Err(e) => return Err(e.into()),
         };
         if let Some(&first) = self.losses.first().filter(|&&first| loss > DIVERGED * first) {
             let why = Divergence::LossRose { loss, first };
-            return Err(RunError::Diverged { step: self.trainer.step, why });
+            return Err(RunError::Diverged(Diverged { step: self.trainer.step, why }));
         }
         self.losses.push(loss);
         Ok(loss)
@@ -233,7 +237,7 @@ impl TrainingRun {
         let ck = self.trainer.checkpoint().await?;
         if let Some((tensor, index, value)) = checkpoint::unhealthy(self.trainer.model(), &ck) {
             let why = Divergence::Unhealthy { tensor, index, value };
-            return Err(RunError::Diverged { step: ck.step, why });
+            return Err(RunError::Diverged(Diverged { step: ck.step, why }));
         }
         Ok(ck)
     }
