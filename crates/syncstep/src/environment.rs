@@ -88,6 +88,7 @@ impl Environment {
                 Some(other) => Err(refuse(name, other, &format!("on or off ({default_words})"))),
             }
         };
+        let defaults = Environment::default();
         let adapter = match text("SYNCSTEP_ADAPTER")? {
             None => None,
             Some(v) => Some(AdapterChoice::parse(&v).map_err(|e| {
@@ -98,7 +99,7 @@ impl Environment {
             "SYNCSTEP_SUBGROUPS",
             "off: kernels that load what subgroups would broadcast; on: the default",
         )?
-        .unwrap_or(true);
+        .unwrap_or(defaults.subgroups);
         let conv_algo = match text("SYNCSTEP_CONV_ALGO")? {
             None => None,
             Some(v) => parse_forced(&v).map_err(|_| {
@@ -114,7 +115,7 @@ impl Environment {
         let autotune_cache =
             autotune_cache_path(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"));
         let mpi_silence = match text("SYNCSTEP_MPI_SILENCE")? {
-            None => Duration::from_secs(20),
+            None => defaults.mpi_silence,
             Some(v) => match v.trim().parse::<f64>() {
                 Ok(s) if s.is_finite() && s >= 1.0 => Duration::from_secs_f64(s),
                 _ => {
