@@ -40,8 +40,8 @@ pub const ARCH_KEY: &str = "arch";
 
 /// The settings every checkpoint records and a resume reads back, none defaulted: the data
 /// (what it is, batch, image size, classes, seed), the step's hyper-parameters and the
-/// learning-rate schedule (the fields of `Recorded`, the record's struct, but the arch). A run on images records more
-/// (`train::ImageSettings`).
+/// learning-rate schedule (the fields of `Recorded`, the record's struct, but the arch). A run
+/// on images records more (`train::ImageSettings`).
 pub fn required_settings() -> Vec<String> {
     let mut keys: Vec<String> = TrainConfig::default().metadata().into_keys().collect();
     keys.retain(|k| k != ARCH_KEY);
