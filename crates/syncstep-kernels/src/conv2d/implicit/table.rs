@@ -17,8 +17,36 @@ pub struct Phase {
     pub output_origin: (u32, u32),
     /// k per segment of the sums: the summed channels of one segment times the kept taps.
     pub seg_len: u32,
+    /// The kept taps, as a grid of rows and columns.
+    pub taps: TapGrid,
     /// Per k: (source offset, row offset, column offset, w offset).
     pub entries: Vec<[i32; 4]>,
+}
+
+/// A phase's kept taps: `rows` × `cols` of them (the taps along an axis that read inside the
+/// source for some pixel are an interval), tap (ry, cx) reading the source at row
+/// `dy0 + step·ry` and column `dx0 + step·cx` from a pixel's origin. k runs over (channel, ry,
+/// cx) in that order, so k = channel · rows · cols + ry · cols + cx.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TapGrid {
+    pub rows: u32,
+    pub cols: u32,
+    pub dy0: i32,
+    pub dx0: i32,
+    /// +1 for the forward (kernel row ky reads row +ky), −1 for the input-VJP (tap ty reads dy
+    /// at row −ty).
+    pub step: i32,
+}
+
+impl TapGrid {
+    /// Taps of one channel.
+    pub fn len(&self) -> u32 {
+        self.rows * self.cols
+    }
+    /// Whether no tap is kept: the phase writes +0.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A gather GEMM's table and the geometry its uniform needs.
@@ -60,7 +88,7 @@ impl Table {
                 p.output_origin.0 as i32,
                 p.output_origin.1 as i32,
             ]);
-            records.push([p.seg_len as i32, 0, 0, 0]);
+            records.push([p.seg_len as i32, p.taps.dy0, p.taps.dx0, p.taps.step]);
             entries.extend_from_slice(&p.entries);
         }
         entries.push([0; 4]);
@@ -114,6 +142,18 @@ fn kept_taps(k: u32, size: u32, grid: u32, origin: i32, step: u32, sign: i32) ->
         .collect()
 }
 
+/// The grid of kept `rows` × `cols` (intervals of taps), tap t reading `step`·t from the origin.
+fn grid(rows: &[u32], cols: &[u32], step: i32) -> TapGrid {
+    let first = |taps: &[u32]| taps.first().map_or(0, |&t| step * t as i32);
+    TapGrid {
+        rows: rows.len() as u32,
+        cols: cols.len() as u32,
+        dy0: first(rows),
+        dx0: first(cols),
+        step,
+    }
+}
+
 /// The forward: one phase over the output pixels; k = (ci, ky, kx), reading x at
 /// (oy·stride − pad + ky, ox·stride − pad + kx).
 fn forward(s: &Conv2dShape) -> Table {
@@ -131,13 +171,14 @@ fn forward(s: &Conv2dShape) -> Table {
             }
         }
     }
-    let taps = (rows.len() * cols.len()) as u32;
+    let taps = grid(&rows, &cols, 1);
     let phase = Phase {
         grid_h: oh,
         grid_w: ow,
         source_origin: (-pad, -pad),
         output_origin: (0, 0),
-        seg_len: (s.sum_segment(Conv2dOp::Forward) * taps).max(1),
+        seg_len: (s.sum_segment(Conv2dOp::Forward) * taps.len()).max(1),
+        taps,
         entries,
     };
     Table {
@@ -182,13 +223,14 @@ fn backward_input(s: &Conv2dShape) -> Table {
                     }
                 }
             }
-            let taps = (rows.len() * cols.len()) as u32;
+            let taps = grid(&rows, &cols, -1);
             phases.push(Phase {
                 grid_h,
                 grid_w,
                 source_origin: (origin_y, origin_x),
                 output_origin: (py, px),
-                seg_len: (seg_channels * taps).max(1),
+                seg_len: (seg_channels * taps.len()).max(1),
+                taps,
                 entries,
             });
         }
@@ -253,5 +295,40 @@ mod tests {
         assert_eq!((t.segments, t.phases[0].seg_len), (4, 16));
         let t = Table::of(Conv2dOp::Forward, &shape(4, 64, 8, 64, 3, 1, 1));
         assert_eq!(t.segments, 1);
+    }
+
+    /// Every phase's entries are its tap grid's: k = (channel, ry, cx), tap (ry, cx) reading
+    /// the rows and columns the grid gives, at the channel's plane plus the tap's offset.
+    #[test]
+    fn the_entries_are_the_tap_grids() {
+        let shapes = [
+            shape(2, 3, 13, 8, 7, 2, 3),
+            shape(2, 8, 9, 8, 3, 1, 1),
+            shape(2, 8, 9, 8, 3, 2, 1),
+            shape(2, 8, 1, 8, 3, 1, 1),
+            shape(2, 8, 2, 8, 3, 2, 1),
+            shape(2, 8, 8, 8, 1, 2, 0),
+        ];
+        for s in shapes {
+            for op in [Conv2dOp::Forward, Conv2dOp::BackwardInput] {
+                let (plane, width) = match op {
+                    Conv2dOp::Forward => ((s.h * s.w) as i32, s.w as i32),
+                    _ => ((s.out_h() * s.out_w()) as i32, s.out_w() as i32),
+                };
+                for p in Table::of(op, &s).phases {
+                    let g = p.taps;
+                    assert_eq!(p.entries.len() as u32 % g.len().max(1), 0, "{s:?} {op:?}");
+                    for (k, e) in p.entries.iter().enumerate() {
+                        let (ch, t) = (k as u32 / g.len(), k as u32 % g.len());
+                        let (dy, dx) = (
+                            g.dy0 + g.step * (t / g.cols) as i32,
+                            g.dx0 + g.step * (t % g.cols) as i32,
+                        );
+                        assert_eq!((e[1], e[2]), (dy, dx), "{s:?} {op:?} k {k}");
+                        assert_eq!(e[0], ch as i32 * plane + dy * width + dx, "{s:?} {op:?} k {k}");
+                    }
+                }
+            }
+        }
     }
 }
