@@ -1088,7 +1088,6 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
         .iter()
         .filter(|&&c| ig::gathers(c))
         .flat_map(|&c| [c, TileConfig { bk: 8, ..c }])
-        .filter(|c| c.shared_bytes() <= gpu.limits.max_compute_workgroup_storage_size as u64)
         .collect();
     for (i, s) in shapes.into_iter().enumerate() {
         let seed = 300 + 3 * i as u64;
@@ -1108,11 +1107,16 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
                 _ => (&bdy, s.x_len(), &plain.dx[..]),
             };
             let splits: &[bool] = if table.segments > 1 { &[false, true] } else { &[false] };
+            let mut ran = 0;
             for &config in &configs {
                 for &split in splits {
+                    let plan = GatherPlan { config, split };
+                    if ig::kernels(plan, &table, ig::shared_limit(gpu)).is_none() {
+                        continue;
+                    }
+                    ran += 1;
                     let out = poisoned(gpu, "out", len as usize);
                     let mut enc = gpu.encoder();
-                    let plan = GatherPlan { config, split };
                     let whole = Slice::whole;
                     let operands = (whole(a), whole(&bw), whole(&out));
                     ig::gather_gemm_with(gpu, &mut enc, op, &s, (&table, plan), operands).unwrap();
@@ -1125,6 +1129,7 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
                     );
                 }
             }
+            assert!(ran >= configs.len(), "{op:?} {s:?}: {ran} plans fit the device");
         }
     }
 }
@@ -1146,7 +1151,7 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
     let configs: Vec<TileConfig> = ig::FAMILY
         .iter()
         .flat_map(|&c| [c, TileConfig { bk: 8, ..c }])
-        .filter(|&c| ig::weight_runs(gpu, c))
+        .filter(|&c| ig::weight_runs(c))
         .collect();
     for (i, s) in shapes.into_iter().enumerate() {
         let seed = 400 + 3 * i as u64;
@@ -1155,11 +1160,16 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
         let dy = uniform(seed + 2, s.y_len() as usize);
         let want = run(gpu, Conv2dAlgo::Direct, &s, &x, &w, &dy).dw.unwrap();
         let (bx, bdy) = (gpu.upload("x", &x).unwrap(), gpu.upload("dy", &dy).unwrap());
+        let mut ran = 0;
         for &config in &configs {
             for levels in 0..=ig::most_levels(config, s.n) {
+                let plan = WeightPlan { config, levels };
+                if ig::weight_kernel(plan, &s, ig::shared_limit(gpu)).is_none() {
+                    continue;
+                }
+                ran += 1;
                 let dw = poisoned(gpu, "dw", s.w_len() as usize);
                 let mut enc = gpu.encoder();
-                let plan = WeightPlan { config, levels };
                 let whole = Slice::whole;
                 ig::weight_gradient_with(
                     gpu,
@@ -1178,6 +1188,7 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
                 );
             }
         }
+        assert!(ran >= configs.len(), "{s:?}: {ran} plans fit the device");
     }
 }
 

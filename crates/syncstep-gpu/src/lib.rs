@@ -22,7 +22,7 @@ mod shader;
 pub use adapter::{adapters, describe, instance, select_adapter, AdapterChoice};
 pub use encoder::{grid_1d, Encoder};
 pub use memory::{MemoryStats, ScratchSlot};
-pub use profile::{launches_to_fill, Construction, DispatchShape, KernelTime};
+pub use profile::{launches_to_fill, Construction, DispatchShape, Issued, KernelTime, Serial};
 pub use readback::Readback;
 pub use shader::Shader;
 

@@ -31,6 +31,24 @@ pub struct DispatchShape {
     pub bytes: u64,
     /// How it does its arithmetic, where its launcher says ([`Gpu::describe_next`]).
     pub construction: Option<Construction>,
+    /// What one invocation waits for in series, where its launcher says
+    /// ([`Gpu::describe_serial_next`]); else one load, as an elementwise kernel's.
+    pub serial: Option<Serial>,
+}
+
+/// The longest chain of work one invocation of a dispatch does in series: what bounds a kernel
+/// of few or small workgroups however fast the memory, as a sum over examples one invocation
+/// takes in order, or a workgroup that sums a plane and waits at barriers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Serial {
+    /// Global-memory loads whose results the invocation waits for one after another (a loop of
+    /// independent loads the compiler can issue ahead counts its depth of dependence, not its
+    /// length).
+    pub loads: u32,
+    /// Workgroup barriers it passes.
+    pub barriers: u32,
+    /// Instructions it issues.
+    pub instructions: u32,
 }
 
 /// How a dispatch does its arithmetic, by construction: what its launcher knows of the kernel
@@ -60,11 +78,34 @@ pub struct Construction {
     pub flop_per_staged_byte: f64,
     /// Bytes of scratch the dispatch writes for a later pass to read (segment or node sums).
     pub scratch_bytes: u64,
-    /// Instructions an invocation issues per multiply-add in its inner loop, multiply-adds
-    /// included (workgroup loads, staging, the sums' adds at rows and examples, the loop).
-    pub issue_per_fma: f64,
     /// Dependent dispatches the op runs (a weight layout, this GEMM, a pass adding its sums).
     pub passes: u32,
+    /// What the whole dispatch issues, counted from the code its generator writes.
+    pub issued: Issued,
+    /// What one invocation issues for one slice of its inner loop, as counted: what a
+    /// compiler's loop body is held to.
+    pub slice: Issued,
+}
+
+/// Warp-instructions (one instruction of one warp of 32 invocations) a dispatch issues, summed
+/// over its warps: what bounds it on a GPU whose schedulers issue one a clock each.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Issued {
+    /// Multiply-adds executed: those that multiply the padding of partial tiles and slices too.
+    pub fmas: f64,
+    /// Every other instruction: workgroup-memory loads and stores, the gather's address
+    /// arithmetic and tests, global loads, loop control, barriers, the sums' adds at rows,
+    /// examples and segments, and each workgroup's opening and closing.
+    pub other: f64,
+    /// Workgroup-memory wavefronts (a bank of 32 serves one 4-byte word each).
+    pub wavefronts: f64,
+}
+
+impl Issued {
+    /// Every warp-instruction.
+    pub fn total(&self) -> f64 {
+        self.fmas + self.other
+    }
 }
 
 /// The profiler's state while profiling is on: query sets of `QUERY_SET_MAX_QUERIES` each,
@@ -76,6 +117,7 @@ pub(super) struct Profiler {
     /// FLOPs charged to the next dispatch, and how it does them.
     charge: f64,
     construction: Option<Construction>,
+    serial: Option<Serial>,
 }
 
 /// Queries per set, two per dispatch.
@@ -94,6 +136,7 @@ impl Gpu {
             scope: "(no scope)".into(),
             charge: 0.0,
             construction: None,
+            serial: None,
         });
         Ok(())
     }
@@ -118,6 +161,7 @@ impl Gpu {
         if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             p.charge = 0.0;
             p.construction = None;
+            p.serial = None;
         }
     }
 
@@ -126,6 +170,13 @@ impl Gpu {
     pub fn describe_next(&self, construction: Construction) {
         if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             p.construction = Some(construction);
+        }
+    }
+
+    /// Says what one invocation of the next dispatch does in series, while profiling.
+    pub fn describe_serial_next(&self, serial: Serial) {
+        if let Some(p) = self.profiler.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            p.serial = Some(serial);
         }
     }
 
@@ -200,6 +251,7 @@ impl Gpu {
             flops: std::mem::take(&mut p.charge),
             bytes: bindings.iter().map(|s| s.bytes()).sum(),
             construction: p.construction.take(),
+            serial: p.serial.take(),
         };
         let query = 2 * p.labels.len() as u32;
         let (set, index) = ((query / PROFILE_SET_QUERIES) as usize, query % PROFILE_SET_QUERIES);

@@ -1,8 +1,8 @@
 // The implicit-GEMM family (src/kernels/conv2d/implicit/): the forward and the input-VJP as one
 // register-blocked GEMM that gathers its first operand straight from NCHW (no im2col in memory),
 // and the weight gradient as the same tile walking a node of examples. This file is the frame
-// every module of the family shares; src/kernels/conv2d/implicit/wgsl.rs writes each
-// configuration's entry point after it. What is subtle:
+// every module of the family shares; src/kernels/conv2d/implicit/ (gather_wgsl.rs, wgsl.rs)
+// writes each configuration's entry point after it. What is subtle:
 //
 // - Each output's sum over k runs in increasing k from +0 in one accumulator, `c += a * b`, as
 //   every other variant sums it, so the family gives their bits. A zero the gather selects for
@@ -10,8 +10,11 @@
 //   as it was (it is never −0): the same bits as a skipped tap.
 // - The table (ig_table) lists, per phase, where each k reads: the source offset and the rows and
 //   columns it moves from the pixel's origin, in k's order, with the taps that read only padding
-//   for every pixel left out (they would add +0). The forward has one phase; the input-VJP one per
-//   (iy mod stride, ix mod stride), all of them in one dispatch along z.
+//   for every pixel left out (they would add +0). The kept taps of a phase are a grid of rows ×
+//   columns, so the gather finds each k's tap from the grid (its record) rather than from an
+//   entry; the entries lay out the weights and serve the weight gradient. The forward has one
+//   phase; the input-VJP one per (iy mod stride, ix mod stride), the phases of one tap grid in one
+//   dispatch along z.
 // - Segments (common.wgsl): a workgroup sums all of its phase's k, adding the segments' sums in
 //   order to a total from +0 (entry points with a `t…` register set), or one segment whose sum
 //   goes to a slab, which conv2d_implicit_segments then adds in order.
@@ -19,7 +22,8 @@
 //   into registers while slice s is summed from one buffer, then stored into the other.
 
 struct Implicit {
-    // The GEMM's columns: c_out (forward) or c_in (input-VJP); vec4s of a laid-out weight row.
+    // The GEMM's columns: c_out (forward) or c_in (input-VJP); vec4s of a laid-out weight row,
+    // its columns padded with +0 to whole tiles.
     cols: u32,
     cols4: u32,
     images: u32,
@@ -34,14 +38,17 @@ struct Implicit {
     a_step: u32,
     o_step: u32,
     phases: u32,
+    // The first phase of this dispatch (phases run along z from it).
+    phase0: u32,
     // Segments along z per phase: 1 where a workgroup sums all of its phase's k.
     segments: u32,
     // Workgroups along x·y per tile row: the largest phase's pixel tiles.
     m_tiles: u32,
     // Elements of the output: the stride of the segment slabs.
     out_len: u32,
-    // The layout's rows (every phase's k) and the w elements between two columns.
+    // The layout's rows (every phase's k), and with the rows of +0 after them.
     k_rows: u32,
+    layout_rows: u32,
     w_col_stride: u32,
 }
 
@@ -50,14 +57,11 @@ struct Implicit {
 // Per phase three records, then the k entries of every phase, then one spare entry (where an
 // empty phase's first entry points):
 //   record 0: (grid_h, grid_w, k_count, first entry), record 1: (source row and column of grid
-//   point (0, 0), output row and column of it), record 2: (k per segment, 0, 0, 0);
+//   point (0, 0), output row and column of it), record 2: (k per segment, row and column of the
+//   first kept tap from a pixel's origin, +1 or −1: the step from one kept tap to the next);
 //   entry: (source offset, rows, columns, w offset).
 fn ig_record(phase: u32, r: u32) -> vec4<i32> {
     return ig_table[3u * phase + r];
-}
-
-fn ig_entry(first: u32, k: u32, k_end: u32) -> vec4<i32> {
-    return ig_table[3u * ig.phases + first + select(0u, k, k < k_end)];
 }
 
 // Where a phase's pixel m reads its source from and writes its output to.
@@ -85,28 +89,14 @@ fn ig_pixel(m: u32, grid_h: u32, grid_w: u32, r1: vec4<i32>) -> IgPixel {
     return IgPixel(m < pixels, base, y0, x0, out);
 }
 
-// Element (k, pixel) of the first operand, +0 on padding and past the phase's k.
-fn ig_gather(p: IgPixel, first: u32, k: u32, k_end: u32) -> f32 {
-    let e = ig_entry(first, k, k_end);
-    let iy = p.y0 + e.y;
-    let ix = p.x0 + e.z;
-    let ok = p.ok && k < k_end && iy >= 0 && iy < i32(ig.src_h) && ix >= 0 && ix < i32(ig.src_w);
-    return select(0.0, ig_src[select(0, p.base + e.x, ok)], ok);
-}
-
-// Columns 4·col4 … 4·col4 + 3 of row k of the laid-out weights, +0 past the phase's k.
-fn ig_weight(first: u32, k: u32, k_end: u32, col4: u32) -> vec4<f32> {
-    let live = k < k_end && col4 < ig.cols4;
-    return select(vec4<f32>(0.0), ig_w[select(0u, (first + k) * ig.cols4 + col4, live)], live);
-}
-
 @group(0) @binding(1) var<storage, read> ig_src: array<f32>;
 @group(0) @binding(2) var<storage, read> ig_w: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> ig_table: array<vec4<i32>>;
 @group(0) @binding(4) var<storage, read_write> ig_out: array<f32>;
 
 // The weights as the GEMM reads them: row k (every phase's, in the table's order) holds the
-// column c's w at c·w_col_stride + the entry's w offset, +0 past the last column.
+// column c's w at c·w_col_stride + the entry's w offset, +0 past the last column and in the rows
+// after the last k, so that the GEMM's loads of a slice need no test.
 @group(0) @binding(1) var<storage, read> il_w: array<f32>;
 @group(0) @binding(2) var<storage, read> il_table: array<vec4<i32>>;
 @group(0) @binding(3) var<storage, read_write> il_rows: array<vec4<f32>>;
@@ -114,13 +104,14 @@ fn ig_weight(first: u32, k: u32, k_end: u32, col4: u32) -> vec4<f32> {
 @compute @workgroup_size(64)
 fn conv2d_implicit_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = gid.x + gid.y * nwg.x * 64u;
-    if (t >= ig.k_rows * ig.cols4) { return; }
+    if (t >= ig.layout_rows * ig.cols4) { return; }
     let k = t / ig.cols4;
     let c0 = (t % ig.cols4) * 4u;
-    let at = u32(il_table[3u * ig.phases + k].w);
+    let row = k < ig.k_rows;
+    let at = u32(il_table[3u * ig.phases + select(0u, k, row)].w);
     var quad = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        let ok = c0 + i < ig.cols;
+        let ok = row && c0 + i < ig.cols;
         quad[i] = select(0.0, il_w[select(0u, (c0 + i) * ig.w_col_stride + at, ok)], ok);
     }
     il_rows[t] = quad;
@@ -170,6 +161,8 @@ struct ImplicitWeight {
     // Taps of the whole kernel, and of them the kept ones.
     taps: u32,
     kept: u32,
+    // +0, where a row's sums start again (weight_wgsl.rs).
+    zero: f32,
 }
 
 @group(0) @binding(0) var<uniform> iw: ImplicitWeight;

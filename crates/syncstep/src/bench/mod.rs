@@ -51,7 +51,10 @@ use crate::step::{conv2d_shape, StepConfig};
 mod predicted;
 mod report;
 
-pub use predicted::{DispatchFigures, Estimate, GpuModel, Predicted, Total, CONV_OPS, H100, H200};
+pub use predicted::{
+    pytorch_cuda, DispatchFigures, Estimate, GpuModel, Predicted, Total, CONV_OPS, H100, H200,
+    PYTORCH_CUDA,
+};
 pub use report::{
     AllReduceBytes, BenchReport, ExchangeWait, ImplicitProbe, ProbeTime, Profile, ProfileRow,
     ReplicaMemory, Roofline, StepBench,
@@ -592,7 +595,8 @@ fn implicit_probe(gpu: &Device, size: u32) -> Result<ImplicitProbe> {
     let Ok(conv2d::implicit::Plan::Gather(plan)) = conv2d::implicit_plan(gpu, op, &s) else {
         unreachable!("a forward's plan is a gather GEMM")
     };
-    let dispatch = conv2d::implicit::planned_gemm(op, &s, conv2d::implicit::Plan::Gather(plan));
+    let dispatch =
+        conv2d::implicit::planned_gemm(gpu, op, &s, conv2d::implicit::Plan::Gather(plan));
     let len = size as u64 * size as u64;
     let (x, w, y) =
         (filled(gpu, "probe a", len)?, filled(gpu, "probe b", len)?, gpu.buffer("probe c", len)?);

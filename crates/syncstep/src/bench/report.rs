@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::predicted::{Estimate, GpuModel, Predicted, H200};
+use super::predicted::{pytorch_cuda, Estimate, GpuModel, Predicted, H200};
 use super::{
     least, median, most, BenchConfig, NoProfile, ALL_LAYERS, PROBE_RUNS, STEP_FLOPS_PER_FORWARD,
 };
@@ -471,7 +471,9 @@ impl Profile {
         }
         sort_slowest_first(&mut by_op);
         let by_entry = group(&kernels, |k| (ALL_LAYERS.into(), k.entry.to_string()), |_, _| None);
-        let predicted = GpuModel::ALL.iter().map(|&m| Predicted::of(&kernels, m)).collect();
+        let pytorch = pytorch_cuda(model.arch, image_size, batch, model.classes);
+        let predicted =
+            GpuModel::ALL.iter().map(|&m| Predicted::of(&kernels, m, pytorch)).collect();
         Profile { step_seconds, kernels, by_layer, by_op, by_entry, predicted }
     }
 

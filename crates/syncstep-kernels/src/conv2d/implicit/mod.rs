@@ -10,17 +10,26 @@
 
 pub mod construction;
 mod gather;
+mod gather_wgsl;
 mod table;
 mod weight;
+mod weight_wgsl;
 mod wgsl;
 
 use super::{Conv2dOp, Conv2dShape};
 use crate::gpu_model::{Estimate, GpuModel, H200};
 use crate::Result;
-pub use gather::{gather_gemm_with, GatherPlan};
+pub use gather::{
+    gather_gemm_with, groups, kernels, rows_per_thread, shared_limit, GatherPlan, Group,
+};
+pub use gather_wgsl::GatherKernel;
 use syncstep_gpu::{DispatchShape, Encoder, Gpu, Slice};
-pub use table::{Phase, Table};
-pub use weight::{most_levels, runs as weight_runs, weight_gradient_with, weight_plan, WeightPlan};
+pub use table::{Phase, Table, TapGrid};
+pub use weight::{
+    kernel as weight_kernel, most_levels, runs as weight_runs, weight_gradient_with, weight_plan,
+    WeightPlan,
+};
+pub use weight_wgsl::WeightKernel;
 pub(crate) use wgsl::FRAME;
 
 /// One configuration of the family: a workgroup of `threads_m × threads_n` invocations, each
@@ -116,7 +125,7 @@ pub fn fitting(gpu: &Gpu, config: TileConfig) -> Option<TileConfig> {
 }
 
 /// How a gather GEMM sums its segments (see shaders/conv2d/common.wgsl).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Sum {
     /// One segment per workgroup: all of k where the shape has one segment, else one segment
     /// into a slab (the segments split along z), which a pass adds in order.
@@ -126,7 +135,7 @@ pub enum Sum {
 }
 
 impl Sum {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Sum::Whole => "whole",
             Sum::Segments => "segments",
@@ -163,12 +172,23 @@ pub fn make_plan(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape) -> Result<Plan> {
     }
 }
 
-/// The GEMM dispatch `plan` records for `op` at `s`: its workgroups, invocations, FLOPs, bytes
-/// and construction, for reports (`syncstep bench`'s probe).
-pub fn planned_gemm(op: Conv2dOp, s: &Conv2dShape, plan: Plan) -> DispatchShape {
+/// The GEMM dispatch `plan` records for `op` at `s` on `gpu` (the one with the most FLOPs,
+/// where the phases run in several): its workgroups, invocations, FLOPs, bytes and
+/// construction, for reports (`syncstep bench`'s probe).
+pub fn planned_gemm(gpu: &Gpu, op: Conv2dOp, s: &Conv2dShape, plan: Plan) -> DispatchShape {
     match plan {
-        Plan::Gather(p) => gather::dispatches(op, s, &Table::of(op, s), p).gemm,
-        Plan::Weight(p) => weight::dispatches(s, &Table::of(Conv2dOp::Forward, s).phases[0], p).0,
+        Plan::Gather(p) => {
+            let table = Table::of(op, s);
+            let kernels = gather::kernels(p, &table, shared_limit(gpu)).unwrap_or_default();
+            let gemms = gather::dispatches(op, s, &table, p, &kernels).gemms;
+            gemms.into_iter().max_by(|a, b| a.flops.total_cmp(&b.flops)).unwrap_or_default()
+        }
+        Plan::Weight(p) => {
+            let table = Table::of(Conv2dOp::Forward, s);
+            weight::kernel(p, s, shared_limit(gpu))
+                .map(|k| weight::dispatches(s, &table.phases[0], &k).0)
+                .unwrap_or_default()
+        }
     }
 }
 
