@@ -24,8 +24,8 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
 use syncstep::train::{
-    Diverged, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer,
-    TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES,
+    smoothed_loss, Diverged, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig,
+    Trainer, TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES, LOSS_WINDOW,
 };
 
 use super::Exit;
@@ -256,6 +256,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         busy: Duration::ZERO,
         last_scores: None,
         saved: None,
+        losses: Vec::new(),
     };
     let mut run = TrainingRun::new(trainer, plan);
     let end = pollster::block_on(run.run(&mut console));
@@ -464,6 +465,8 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
+    /// The losses of this run's steps so far, whose median each step's line shows.
+    losses: Vec<f32>,
 }
 
 impl RunHooks for Console<'_> {
@@ -529,8 +532,10 @@ impl Console<'_> {
         let secs = elapsed.as_secs_f64();
         let wait_share = self.wait.as_secs_f64() / secs;
         let throughput = throughput(batch, self.replicas, secs);
+        self.losses.push(loss);
+        let smoothed = smoothed_loss(&self.losses, LOSS_WINDOW).unwrap_or(loss);
         let line = format!(
-            "step {step} epoch {epoch} lr {lr:.3e} loss {loss:.4} {throughput} data wait {:.0}%",
+            "step {step} epoch {epoch} lr {lr:.3e} loss {loss:.4} (median of {LOSS_WINDOW} steps {smoothed:.4}) {throughput} data wait {:.0}%",
             100.0 * wait_share
         );
         self.bar.set_message(format!("{line} {:.2} GFLOP/s", self.flops / secs / 1e9));
@@ -580,14 +585,17 @@ impl Console<'_> {
             self.say(&saved);
         }
         let losses = run.losses();
-        if !losses.is_empty() {
-            // Single steps are noisy: compare the means of the first and last few.
-            let k = losses.len().div_ceil(5).min(5);
-            let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+        // One step's loss is one batch's: the medians of the first and last steps (as many as
+        // two windows apart hold) show the course, a hard batch's spike or two passed over.
+        let window = LOSS_WINDOW.min(losses.len() / 2).max(1);
+        let ends = smoothed_loss(&losses[..window], window).zip(smoothed_loss(losses, window));
+        if let Some((start, end)) = ends {
+            let change = match end / start {
+                r if r <= 1.0 => format!("down {:.0}%", 100.0 * (1.0 - r)),
+                r => format!("up {:.0}%", 100.0 * (r - 1.0)),
+            };
             self.say(&format!(
-                "loss (mean of {k} steps): {:.4} at the start → {:.4} at the end ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
-                mean(&losses[..k]),
-                mean(&losses[losses.len() - k..]),
+                "loss, the median of {window} steps: {start:.4} at the start → {end:.4} at the end, {change} ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
                 losses.len(),
                 (losses.len() as f64 * run.trainer.cfg.batch as f64) / total,
                 100.0 * self.waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
