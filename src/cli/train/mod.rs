@@ -99,11 +99,12 @@ pub struct TrainArgs {
     /// Learning rate (the schedule's base rate) [default: 0.01].
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
-    /// Learning-rate schedule: constant, step (a tenth from half the run, a hundredth from
-    /// three quarters) or cosine (down to 0 at the end) [default: constant].
+    /// Learning-rate schedule after the warm-up: cosine (half a cosine, down to 0 at the end),
+    /// constant, or step (a tenth from half the run, a hundredth from three quarters) [default:
+    /// cosine].
     #[arg(long)]
     lr_schedule: Option<LrSchedule>,
-    /// Steps of linear warm-up to the base rate [default: 0].
+    /// Steps of linear warm-up to the base rate [default: 10].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
