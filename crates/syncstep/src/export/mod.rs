@@ -40,11 +40,11 @@ impl Format {
 
 /// torchvision's `state_dict` of `model` holding `ck`'s weights: every parameter and running
 /// statistic as f32, and each BatchNorm's `num_batches_tracked` as an int64 scalar (shape [])
-/// holding the steps trained, the training-mode forwards that PyTorch counts.
+/// holding `steps` (one value: the steps trained, the training-mode forwards PyTorch counts).
 pub fn state_dict<'a>(
     model: &ResNet,
     ck: &'a Checkpoint,
-    steps: &'a [i64; 1],
+    steps: &'a [i64],
 ) -> (Vec<Entry<'a>>, Vec<IntEntry<'a>>) {
     let named = |specs: &[crate::model::TensorSpec], flat: &'a [f32]| -> Vec<Entry<'a>> {
         specs.iter().map(|s| (s.name.clone(), s.shape.clone(), &flat[s.range()])).collect()
@@ -57,7 +57,7 @@ pub fn state_dict<'a>(
         .map(|bn| {
             let name = &model.params[bn.weight].name;
             let prefix = name.strip_suffix(".weight").unwrap_or(name);
-            (format!("{prefix}.num_batches_tracked"), Vec::new(), &steps[..])
+            (format!("{prefix}.num_batches_tracked"), Vec::new(), steps)
         })
         .collect();
     (floats, counts)
@@ -131,4 +131,53 @@ pub fn is_export(path: &std::path::Path) -> bool {
     let read = crate::files::open_input(path)
         .and_then(|f| f.take(signature.len() as u64).read_to_end(&mut start));
     read.is_ok() && start == signature
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::source::DataSpec;
+    use crate::data::transform::{Augment, Normalization};
+    use crate::model::Arch;
+    use crate::settings::ImageSettings;
+    use crate::train::TrainConfig;
+
+    /// A run on images records what a user of the export needs to feed it and read its output;
+    /// a run on the synthetic dataset, which has neither, records neither.
+    #[test]
+    fn an_export_records_the_runs_normalisation_and_class_names() {
+        let model = ResNet::new(Arch::ResNet18, 2).unwrap();
+        let images = ImageSettings {
+            data: DataSpec::Cifar10("/data/cifar".into()),
+            fingerprint: None,
+            val_split: 0.1,
+            augment: Augment::CropFlip,
+            norm: Normalization { mean: [0.5, 0.25, 0.125], std: [0.2, 0.3, 0.4] },
+            class_names: vec!["a \"cat\"".into(), "dog, big".into()],
+        };
+        let settings = TrainConfig { arch: Arch::ResNet18, classes: 2, ..TrainConfig::default() };
+        let params = model.init_params(0);
+        let (running, velocity) = (model.init_buffers(), vec![0.0; model.param_len]);
+        let mut ck = Checkpoint { params, running, velocity, step: 12, settings };
+        let synthetic = metadata(&ck);
+        assert_eq!(
+            synthetic.keys().collect::<Vec<_>>(),
+            ["arch", "image_size", "producer", "step"]
+        );
+        assert_eq!((synthetic["arch"].as_str(), synthetic["step"].as_str()), ("resnet18", "12"));
+        ck.settings.images = Some(images);
+        let meta = metadata(&ck);
+        assert_eq!(
+            (meta["mean"].as_str(), meta["std"].as_str()),
+            ("0.5,0.25,0.125", "0.2,0.3,0.4")
+        );
+        let names: Vec<String> = serde_json::from_str(&meta["class_names"]).unwrap();
+        assert_eq!(names, ["a \"cat\"", "dog, big"]);
+        let (floats, counts) = state_dict(&model, &ck, &[12]);
+        assert_eq!(floats.len(), model.params.len() + model.buffers.len());
+        assert_eq!(counts.len(), model.batchnorms().len());
+        assert_eq!(counts[0], ("bn1.num_batches_tracked".to_string(), vec![], &[12i64][..]));
+        assert_eq!(Format::of(std::path::Path::new("m.ONNX")), Some(Format::Onnx));
+        assert_eq!(Format::of(std::path::Path::new("m.pt")), None);
+    }
 }
