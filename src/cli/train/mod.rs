@@ -24,8 +24,8 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
 use syncstep::train::{
-    smoothed_loss, Diverged, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig,
-    Trainer, TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES, LOSS_WINDOW,
+    loss_course, smoothed_loss, Diverged, Keep, LossCourse, RunEnd, RunError, RunHooks, RunPlan,
+    StepDone, TrainConfig, Trainer, TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES, LOSS_WINDOW,
 };
 
 use super::Exit;
@@ -212,7 +212,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
+    let (_claim, mut log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
     agree_with_ranks(&peers, &args, &cfg, local, start.as_ref())?;
@@ -231,7 +231,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval =
         if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(HELD_OUT_EXAMPLES) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop, log.as_mut())?;
     halt(&stop, &args, "before training", None)?;
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
@@ -586,11 +586,9 @@ impl Console<'_> {
             self.say(&saved);
         }
         let losses = run.losses();
-        // One step's loss is one batch's: the medians of the first and last steps (as many as
-        // two windows apart hold) show the course, a hard batch's spike or two passed over.
-        let window = LOSS_WINDOW.min(losses.len() / 2).max(1);
-        let ends = smoothed_loss(&losses[..window], window).zip(smoothed_loss(losses, window));
-        if let Some((start, end)) = ends {
+        // One step's loss is one batch's: the medians of the first and last steps show the
+        // course, a hard batch's spike or two passed over.
+        if let Some(LossCourse { window, start, end }) = loss_course(losses) {
             let change = match end / start {
                 r if r <= 1.0 => format!("down {:.0}%", 100.0 * (1.0 - r)),
                 r => format!("up {:.0}%", 100.0 * (r - 1.0)),
@@ -649,7 +647,8 @@ impl Console<'_> {
             say!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after = evaluate(&mut run.trainer, synthetic_eval, "after", self.stop)?;
+        let after =
+            evaluate(&mut run.trainer, synthetic_eval, "after", self.stop, self.log.as_mut())?;
         halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
             (Some(before), Some(after)) => say!(

@@ -18,6 +18,22 @@ pub fn smoothed_losses(losses: &[f32], window: usize) -> Vec<f32> {
     (1..=losses.len()).filter_map(|end| smoothed_loss(&losses[..end], window)).collect()
 }
 
+/// How a run's loss went: the median of its first `window` steps' losses and of its last
+/// `window`, the two windows apart (at most [`LOSS_WINDOW`] steps, at least 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossCourse {
+    pub window: usize,
+    pub start: f32,
+    pub end: f32,
+}
+
+/// The course of `losses`, a run's steps' in order; None for a run of no steps.
+pub fn loss_course(losses: &[f32]) -> Option<LossCourse> {
+    let window = LOSS_WINDOW.min(losses.len() / 2).max(1);
+    let start = smoothed_loss(&losses[..window.min(losses.len())], window)?;
+    Some(LossCourse { window, start, end: smoothed_loss(losses, window)? })
+}
+
 /// The median of `v` (the mean of the middle two for an even count); NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
@@ -58,5 +74,16 @@ mod tests {
         assert_eq!(smoothed.len(), losses.len());
         assert_eq!((smoothed[0], smoothed[19]), (losses[0], losses[15]));
         assert!(smoothed.windows(2).all(|w| w[1] <= w[0]), "{smoothed:?}");
+    }
+
+    #[test]
+    fn a_runs_course_compares_windows_that_do_not_overlap() {
+        let losses: Vec<f32> = (0..60).map(|s| 60.0 - s as f32).collect();
+        let course = loss_course(&losses).unwrap();
+        assert_eq!(course, LossCourse { window: 10, start: 55.5, end: 5.5 });
+        let course = loss_course(&losses[..7]).unwrap();
+        assert_eq!(course, LossCourse { window: 3, start: 59.0, end: 55.0 });
+        assert_eq!(loss_course(&[2.0]), Some(LossCourse { window: 1, start: 2.0, end: 2.0 }));
+        assert_eq!(loss_course(&[]), None);
     }
 }

@@ -12,7 +12,7 @@ mod run;
 mod trainer;
 
 pub use crate::settings::{ImageSettings, TrainConfig, HELD_OUT_EXAMPLES, VAL_SPLIT};
-pub use loss::{median, smoothed_loss, smoothed_losses, LOSS_WINDOW};
+pub use loss::{loss_course, median, smoothed_loss, smoothed_losses, LossCourse, LOSS_WINDOW};
 pub use run::{
     Diverged, Divergence, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainingRun,
     CHECKPOINT_EVERY, DIVERGED,
