@@ -98,31 +98,21 @@ fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
     ValueInfoProto { name: name.into(), r#type: Some(TypeProto { tensor_type: Some(tensor_type) }) }
 }
 
+/// An attribute `name` of `r#type`, its value still to be set.
+fn attribute(name: &str, r#type: i32) -> AttributeProto {
+    AttributeProto { name: name.into(), r#type, ..AttributeProto::default() }
+}
+
 fn ints(name: &str, values: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: ATTRIBUTE_INTS,
-        ints: values.to_vec(),
-        ..AttributeProto::default()
-    }
+    AttributeProto { ints: values.to_vec(), ..attribute(name, ATTRIBUTE_INTS) }
 }
 
-fn int(name: &str, value: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: ATTRIBUTE_INT,
-        i: value,
-        ..AttributeProto::default()
-    }
+fn int(name: &str, i: i64) -> AttributeProto {
+    AttributeProto { i, ..attribute(name, ATTRIBUTE_INT) }
 }
 
-fn float(name: &str, value: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: ATTRIBUTE_FLOAT,
-        f: value,
-        ..AttributeProto::default()
-    }
+fn float(name: &str, f: f32) -> AttributeProto {
+    AttributeProto { f, ..attribute(name, ATTRIBUTE_FLOAT) }
 }
 
 /// The nodes of a model's forward, each output named as its node.
