@@ -8,7 +8,8 @@
 #      slow), built with the `mpi` feature (scripts/setup-mpi.sh installs Open MPI and
 #      iproute2). The integration tests are two binaries (Cargo.toml, tests/suite/main.rs):
 #      `suite`, and `mpi`, whose tests run ranks under mpirun (tests/mpi/mpi.rs) and on test
-#      hosts over shaped links (tests/mpi/hosts.rs, scripts/hosts.sh: needs root). GPU tests
+#      hosts over shaped links (tests/mpi/hosts.rs, scripts/hosts.sh: needs root). The ONNX
+#      exports run in onnxruntime, which scripts/setup-onnx.sh installs in target/. GPU tests
 #      run on the first adapter (lavapipe on a CPU machine). A test that cannot run here (no
 #      adapter, no root) is reported as "ignored (skipped: …)", and with CI set it fails;
 #   3. the browser face: the wasm build, and the demo page in headless Chromium (WebGPU on
@@ -20,6 +21,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup-rust.sh
 source scripts/setup.sh
 bash scripts/setup-mpi.sh
+bash scripts/setup-onnx.sh
 # Open MPI refuses to start ranks as root unless told; CI runs as root.
 if [ "$(id -u)" -eq 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -75,9 +75,9 @@ def uniform(name, n):
     return (z >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-23) - np.float32(1.0)
 
 
-def seeded_state_dict(arch):
+def seeded_state_dict(arch, num_classes=1000):
     """`arch`'s state_dict made by the recipe (num_batches_tracked left as it is)."""
-    model = getattr(torchvision.models, arch)()
+    model = getattr(torchvision.models, arch)(num_classes=num_classes)
     f32 = np.float32
     state = {}
     for name, t in model.state_dict().items():

@@ -35,6 +35,7 @@ mod bench;
 mod check;
 mod env;
 mod eval;
+mod export;
 mod grad;
 mod info;
 mod plot;
@@ -72,6 +73,8 @@ enum Command {
     Predict(predict::PredictArgs),
     /// Draw a training run's loss and accuracy curves from its --log file, as SVG or PNG.
     Plot(plot::PlotArgs),
+    /// Write a checkpoint's model for PyTorch (torchvision's state_dict, .safetensors) or ONNX runtimes (.onnx).
+    Export(export::ExportArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -99,10 +102,10 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Runs `command`; every one but `plot` makes a GPU device, so first the memory it needs and
-/// the variables that choose how are checked.
+/// Runs `command`; every one but `plot` and `export` makes a GPU device, so first the memory it
+/// needs and the variables that choose how are checked.
 fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
-    if !matches!(command, Command::Plot(_)) {
+    if !matches!(command, Command::Plot(_) | Command::Export(_)) {
         check_memory()?;
         env::init()?;
     }
@@ -115,6 +118,7 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Eval(a) => eval::run(a),
         Command::Predict(a) => predict::run(a),
         Command::Plot(a) => plot::run(a),
+        Command::Export(a) => export::run(a),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `syncstep plot`: a training run's curves from its metrics log (`train --log`), as SVG or
-//! PNG: the loss with a moving mean, the learning rate, and the validation accuracy when the run
-//! was evaluated. Text is laid out and, in PNG, drawn with a font built into the binary, so that
-//! no system font library is needed.
+//! PNG: the loss with its running median (what `train` prints beside each step's), the learning
+//! rate, and the validation accuracy when the run was evaluated. Text is laid out and, in PNG,
+//! drawn with a font built into the binary, so that no system font library is needed.
 
 use std::error::Error;
 use std::ops::Range;
@@ -13,10 +13,12 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use syncstep::files;
 use syncstep::metrics::{self, Record};
+use syncstep::train::{smoothed_losses, LOSS_WINDOW};
 
 /// DejaVu Sans (assets/fonts/LICENSE), registered as plotters' "sans-serif".
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
-/// The loss's moving mean spans 1/SMOOTHING of the run's training steps (at least one).
+/// The loss's running median spans 1/SMOOTHING of the run's training steps, and at least the
+/// steps `train`'s own spans.
 const SMOOTHING: usize = 50;
 /// Green dark enough to read on white.
 const DARK_GREEN: RGBColor = RGBColor(0, 140, 0);
@@ -202,20 +204,19 @@ where
     let (accuracy_area, lr_area) = rest.split_vertically(accuracy_height as i32);
     let steps = curves.steps();
 
-    let window = (curves.loss.len() / SMOOTHING).max(1);
+    let window = (curves.loss.len() / SMOOTHING).max(LOSS_WINDOW);
     let range = value_range(&curves.loss, None);
     let mut loss = panel(&loss_area, &steps, range, "loss", &scale)?;
-    // A mean of one step is the loss itself: then the loss is drawn plain, alone.
-    let raw = if window > 1 { BLUE.mix(0.3) } else { BLUE.to_rgba() };
+    let raw = BLUE.mix(0.3);
     loss.draw_series(LineSeries::new(curves.loss.iter().copied(), raw))?
         .label("loss")
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], raw));
-    if window > 1 {
-        let mean = moving_mean(&curves.loss, window);
-        loss.draw_series(LineSeries::new(mean, BLUE.stroke_width(2)))?
-            .label(format!("mean of {window} steps"))
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
-    }
+    let values: Vec<f32> = curves.loss.iter().map(|&(_, v)| v as f32).collect();
+    let smoothed = curves.loss.iter().zip(smoothed_losses(&values, window));
+    let smoothed = smoothed.map(|(&(step, _), median)| (step, f64::from(median)));
+    loss.draw_series(LineSeries::new(smoothed, BLUE.stroke_width(2)))?
+        .label(format!("median of the last {window} steps"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
     legend(&mut loss, SeriesLabelPosition::UpperRight, &scale)?;
 
     if accuracy {
@@ -309,35 +310,9 @@ fn decimals(spacing: f64) -> usize {
     (-spacing.log10().floor()).clamp(0.0, 9.0) as usize
 }
 
-/// The mean of each point's `window` neighbours (fewer at the ends), centred on it.
-fn moving_mean(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
-    let half = window / 2;
-    let mut sums = vec![0.0];
-    sums.extend(points.iter().scan(0.0, |sum, &(_, v)| {
-        *sum += v;
-        Some(*sum)
-    }));
-    points
-        .iter()
-        .enumerate()
-        .map(|(i, &(step, _))| {
-            let (from, to) = (i.saturating_sub(half), (i + half + 1).min(points.len()));
-            (step, (sums[to] - sums[from]) / (to - from) as f64)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_moving_mean_is_centred_and_shrinks_at_the_ends() {
-        let points: Vec<(f64, f64)> = (1..=5).map(|s| (s as f64, s as f64)).collect();
-        let mean = moving_mean(&points, 3);
-        assert_eq!(mean, [(1.0, 1.5), (2.0, 2.0), (3.0, 3.0), (4.0, 4.0), (5.0, 4.5)]);
-        assert_eq!(moving_mean(&points, 1), points);
-    }
 
     #[test]
     fn tick_labels_have_the_decimals_the_axis_needs() {

@@ -16,6 +16,7 @@ mod cross_entropy;
 mod data;
 mod dense;
 mod elementwise;
+mod export;
 mod gpu_errors;
 mod matmul;
 mod maxpool;
@@ -43,6 +44,7 @@ fn main() -> std::process::ExitCode {
         data::TESTS,
         dense::TESTS,
         elementwise::TESTS,
+        export::TESTS,
         gpu_errors::TESTS,
         matmul::TESTS,
         maxpool::TESTS,

@@ -4,7 +4,6 @@
 //! on them for seeded weights that both sides make from one recipe); and the flags' errors, each
 //! naming the fix.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -13,7 +12,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use syncstep::data::source::decode_file;
 use syncstep::data::transform::Preprocess;
-use syncstep::model::{Arch, ResNet};
+use syncstep::model::Arch;
 use syncstep::tensorfile::write_f32;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torchvision");
@@ -34,56 +33,14 @@ fn temp_dir(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("syncstep-pretrained-{name}-")).tempdir().unwrap()
 }
 
-/// The fixtures' recipe's u for the tensor `name`: n values in [-1, 1) (see the script).
-fn uniform(name: &str, n: usize) -> Vec<f32> {
-    let fnv = name
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3));
-    (0..n as u64)
-        .map(|i| {
-            let mut z = fnv.wrapping_add(i).wrapping_add(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            (z >> 40) as f32 * 2f32.powi(-23) - 1.0
-        })
-        .collect()
-}
-
-/// The recipe's tensors of `arch` with `classes` classes, by name.
-fn seeded_weights(arch: Arch, classes: u32) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    let model = ResNet::new(arch, classes).unwrap();
-    let mut out = BTreeMap::new();
-    for spec in model.params.iter().chain(&model.buffers) {
-        let (name, shape) = (spec.name.as_str(), &spec.shape);
-        let u = uniform(name, shape.iter().product());
-        let values: Vec<f32> = if let [_, c, kh, kw] = shape[..] {
-            let scale = (6.0 / (c * kh * kw) as f64).sqrt() as f32;
-            u.iter().map(|v| v * scale).collect()
-        } else if name.ends_with("running_var") {
-            u.iter().map(|v| 1.0 + 0.5 * v).collect()
-        } else if name.ends_with("running_mean") || name.ends_with("bias") || name == "fc.weight" {
-            u.iter().map(|v| 0.1 * v).collect()
-        } else {
-            u.iter().map(|v| 0.7 + 0.25 * v).collect()
-        };
-        out.insert(name.to_string(), (shape.clone(), values));
-    }
-    out
-}
-
 /// Writes the recipe's weights of `arch` for `classes` classes to `path`; their SHA-256 as the
 /// script takes it (every tensor's f32 bytes, in name order).
 fn write_seeded_weights(path: &Path, arch: Arch, classes: u32) -> String {
-    let weights = seeded_weights(arch, classes);
-    let mut hash = Sha256::new();
-    for (_, values) in weights.values() {
-        hash.update(bytemuck::cast_slice::<f32, u8>(values));
-    }
+    let weights = recipe::weights(arch, classes);
     let entries: Vec<_> =
         weights.iter().map(|(n, (shape, v))| (n.clone(), shape.clone(), &v[..])).collect();
     write_f32(path, &entries, &Default::default()).unwrap();
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    recipe::sha256(weights.values().map(|(_, v)| &v[..]))
 }
 
 fn torchvision_preprocessing_gives_pils_pixels() {

@@ -481,6 +481,47 @@ fn a_training_run_keeps_stops_and_guards_divergence() {
     assert!(face.kept.is_empty(), "a diverged run kept {:?}", face.kept);
 }
 
+/// The number in `line` right before `marker` (`2.6191` in "… 2.6191 at the start …").
+fn number_before(line: &str, marker: &str) -> f64 {
+    let head = &line[..line.find(marker).unwrap_or_else(|| panic!("no {marker:?} in {line}"))];
+    let word = head.rsplit(' ').next().unwrap().trim_end_matches('%');
+    word.parse().unwrap_or_else(|_| panic!("{word:?} in {line} is not a number"))
+}
+
+/// The main job as scripts/run.sh runs it (`train` on its defaults with a checkpoint and a log,
+/// then `plot` of the log): its closing lines say that the loss's median fell and the held-out
+/// accuracy rose, and its plot draws both.
+fn the_main_job_shows_its_loss_falling_and_its_accuracy_rising() {
+    needs_adapter();
+    let tmp = temp_dir("main-job");
+    let dir = tmp.path();
+    let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (ck, log, svg) = (at("checkpoint.safetensors"), at("metrics.jsonl"), at("curves.svg"));
+    let (ok, out) = syncstep(&["train", "--checkpoint", &ck, "--log", &log]);
+    assert!(ok, "{out}");
+    let closing = |start: &str| {
+        out.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line: {out}"))
+    };
+    let loss = closing("loss, the median of 10 steps: ");
+    let (first, last) = (number_before(loss, " at the start"), number_before(loss, " at the end"));
+    assert!(last < first, "the loss's median went from {first} to {last}: {loss}");
+    let accuracy = closing("held-out accuracy (64 images, 10 classes; chance 10%): ");
+    let (before, after) = (number_before(accuracy, " before"), number_before(accuracy, " after"));
+    assert!(after > before, "{accuracy}");
+    // The log holds both evaluations, which the plot draws beside the loss.
+    let records = syncstep::metrics::read(Path::new(&log)).unwrap();
+    let evaluated: Vec<u64> =
+        records.iter().filter(|r| r.val_top1.is_some()).map(|r| r.step).collect();
+    assert_eq!(evaluated, [0, 60]);
+    let (ok, out) = syncstep(&["plot", &log, "-o", &svg]);
+    assert!(ok && out.contains("accuracy at 2 evaluations"), "{out}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("median of the last 10 steps") && drawn.contains("accuracy (%)"));
+    eprintln!("the main job: {loss}; {accuracy}");
+}
+
 tests![
     resume_from_a_checkpoint_is_bit_exact,
     a_checkpoint_write_killed_midway_keeps_the_old_checkpoint,
@@ -489,4 +530,5 @@ tests![
     data_parallel_training_is_single_device_training_bit_for_bit,
     train_and_grad_take_replicas,
     a_training_run_keeps_stops_and_guards_divergence,
+    the_main_job_shows_its_loss_falling_and_its_accuracy_rising,
 ];

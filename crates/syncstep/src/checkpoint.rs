@@ -400,6 +400,29 @@ pub fn is_checkpoint(path: &Path) -> bool {
     })
 }
 
+/// Refuses a checkpoint whose tensors are another network than its settings say: another arch
+/// (told by the blocks they name) or another class count (`fc.weight`'s rows). A missing or
+/// mis-shaped tensor otherwise is named as the weights are read.
+fn tensors_match_settings(
+    file: &TensorFile,
+    settings: &TrainConfig,
+) -> Result<(), CheckpointError> {
+    let (arch, classes) = (settings.arch, settings.classes);
+    let problem = match (weights_arch(file, None), self::classes(file, arch)) {
+        (Ok(found), _) if found != arch => {
+            format!("its settings say {arch}, but its tensors are a {found}'s")
+        }
+        (_, Ok(found)) if found != classes => format!(
+            "its settings say {classes} classes, but its classifier (`fc.weight`) has {found}"
+        ),
+        _ => return Ok(()),
+    };
+    Err(CheckpointError::Malformed {
+        path: file.path.display().to_string(),
+        problem: format!("{problem}: the file is damaged, or was made by hand"),
+    })
+}
+
 /// Reads a checkpoint [`save`] wrote. Native only (a browser has no file system).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load(path: &Path, model: &ResNet) -> Result<Checkpoint, CheckpointError> {
@@ -422,6 +445,7 @@ pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, Checkp
             &format!("is {arch}, but this run is {}: pass --arch {arch}", model.arch),
         ));
     }
+    tensors_match_settings(file, &settings)?;
     let (params, running) = load_weights(file, model, true)?;
     let mut velocity = vec![0.0f32; model.param_len];
     for spec in &model.params {

@@ -22,6 +22,7 @@ pub mod collective;
 pub mod compare;
 pub mod data;
 pub mod environment;
+pub mod export;
 pub mod golden;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;

@@ -60,25 +60,29 @@ pub(super) fn report_scores(
         true => say!("{line}"),
         false => bar.println(line),
     }
-    if let Some(log) = log {
-        log.write(&Record {
-            step,
-            epoch,
-            val_top1: Some(scores.top1()),
-            val_top5: Some(scores.top5()),
-            ..Record::default()
-        })?;
-    }
+    log.map_or(Ok(()), |log| log_scores(log, scores, epoch, step))
+}
+
+/// Logs an evaluation after `step`, which `syncstep plot` draws beside the loss.
+fn log_scores(
+    log: &mut MetricsLog,
+    scores: &Scores,
+    epoch: u64,
+    step: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (val_top1, val_top5) = (Some(scores.top1()), Some(scores.top5()));
+    log.write(&Record { step, epoch, val_top1, val_top5, ..Record::default() })?;
     Ok(())
 }
 
-/// Held-out accuracy on `examples` images, with progress on a terminal; None for 0. A signal
-/// cuts it short (the caller then stops the run).
+/// Held-out accuracy on `examples` images of the synthetic dataset, with progress on a
+/// terminal, and in `log`; None for 0. A signal cuts it short (the caller then stops the run).
 pub(super) fn evaluate(
     trainer: &mut Trainer,
     examples: usize,
     when: &str,
     stop: &StopSignals,
+    log: Option<&mut MetricsLog>,
 ) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
     if examples == 0 {
         return Ok(None);
@@ -94,5 +98,10 @@ pub(super) fn evaluate(
         stop.received() == 0
     }));
     bar.finish_and_clear();
-    Ok(Some(result?))
+    let scores = result?;
+    // A signal's cut leaves a part scored, which is no measure of anything.
+    if let Some(log) = log.filter(|_| stop.received() == 0) {
+        log_scores(log, &scores, 0, trainer.step)?;
+    }
+    Ok(Some(scores))
 }

@@ -24,8 +24,8 @@ use syncstep::model::{Arch, ResNet};
 use syncstep::parallel::adapter_label;
 use syncstep::scores::Scores;
 use syncstep::train::{
-    Diverged, Keep, RunEnd, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer,
-    TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES,
+    loss_course, smoothed_loss, Diverged, Keep, LossCourse, RunEnd, RunError, RunHooks, RunPlan,
+    StepDone, TrainConfig, Trainer, TrainingRun, CHECKPOINT_EVERY, HELD_OUT_EXAMPLES, LOSS_WINDOW,
 };
 
 use super::Exit;
@@ -99,11 +99,12 @@ pub struct TrainArgs {
     /// Learning rate (the schedule's base rate) [default: 0.01].
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
-    /// Learning-rate schedule: constant, step (a tenth from half the run, a hundredth from
-    /// three quarters) or cosine (down to 0 at the end) [default: constant].
+    /// Learning-rate schedule after the warm-up: cosine (half a cosine, down to 0 at the end),
+    /// constant, or step (a tenth from half the run, a hundredth from three quarters) [default:
+    /// cosine].
     #[arg(long)]
     lr_schedule: Option<LrSchedule>,
-    /// Steps of linear warm-up to the base rate [default: 0].
+    /// Steps of linear warm-up to the base rate [default: 10].
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
@@ -211,7 +212,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg)?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
-    let (_claim, log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
+    let (_claim, mut log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
     let bucket_bytes = args.buckets.bytes(local * peers.ranks())?;
     agree_with_ranks(&peers, &args, &cfg, local, start.as_ref())?;
@@ -230,7 +231,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval =
         if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(HELD_OUT_EXAMPLES) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop, log.as_mut())?;
     halt(&stop, &args, "before training", None)?;
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
@@ -256,6 +257,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         busy: Duration::ZERO,
         last_scores: None,
         saved: None,
+        losses: Vec::new(),
     };
     let mut run = TrainingRun::new(trainer, plan);
     let end = pollster::block_on(run.run(&mut console));
@@ -464,6 +466,8 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
+    /// The losses of this run's steps so far, whose median each step's line shows.
+    losses: Vec<f32>,
 }
 
 impl RunHooks for Console<'_> {
@@ -529,8 +533,10 @@ impl Console<'_> {
         let secs = elapsed.as_secs_f64();
         let wait_share = self.wait.as_secs_f64() / secs;
         let throughput = throughput(batch, self.replicas, secs);
+        self.losses.push(loss);
+        let smoothed = smoothed_loss(&self.losses, LOSS_WINDOW).unwrap_or(loss);
         let line = format!(
-            "step {step} epoch {epoch} lr {lr:.3e} loss {loss:.4} {throughput} data wait {:.0}%",
+            "step {step} epoch {epoch} lr {lr:.3e} loss {loss:.4} (median of {LOSS_WINDOW} steps {smoothed:.4}) {throughput} data wait {:.0}%",
             100.0 * wait_share
         );
         self.bar.set_message(format!("{line} {:.2} GFLOP/s", self.flops / secs / 1e9));
@@ -580,14 +586,15 @@ impl Console<'_> {
             self.say(&saved);
         }
         let losses = run.losses();
-        if !losses.is_empty() {
-            // Single steps are noisy: compare the means of the first and last few.
-            let k = losses.len().div_ceil(5).min(5);
-            let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+        // One step's loss is one batch's: the medians of the first and last steps show the
+        // course, a hard batch's spike or two passed over.
+        if let Some(LossCourse { window, start, end }) = loss_course(losses) {
+            let change = match end / start {
+                r if r <= 1.0 => format!("down {:.0}%", 100.0 * (1.0 - r)),
+                r => format!("up {:.0}%", 100.0 * (r - 1.0)),
+            };
             self.say(&format!(
-                "loss (mean of {k} steps): {:.4} at the start → {:.4} at the end ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
-                mean(&losses[..k]),
-                mean(&losses[losses.len() - k..]),
+                "loss, the median of {window} steps: {start:.4} at the start → {end:.4} at the end, {change} ({} steps in {total:.1} s, {:.1} img/s, {:.1}% of it waiting for data)",
                 losses.len(),
                 (losses.len() as f64 * run.trainer.cfg.batch as f64) / total,
                 100.0 * self.waited.as_secs_f64() / total.max(f64::MIN_POSITIVE)
@@ -640,7 +647,8 @@ impl Console<'_> {
             say!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after = evaluate(&mut run.trainer, synthetic_eval, "after", self.stop)?;
+        let after =
+            evaluate(&mut run.trainer, synthetic_eval, "after", self.stop, self.log.as_mut())?;
         halt(self.stop, self.args, &when, Some(step))?;
         match (before, after) {
             (Some(before), Some(after)) => say!(

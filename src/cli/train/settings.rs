@@ -108,7 +108,9 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     // The schedule is laid over the run as first planned; a resume keeps it.
     let planned = saved.cfg.as_ref().map(|c| c.schedule.total_steps);
     let total_steps = planned.filter(|_| !args.override_settings).unwrap_or(last);
-    if warmup_steps > total_steps {
+    // The default warm-up is longer than a run of a few steps, which then only climbs: a note
+    // only for one asked for.
+    if warmup_steps > total_steps && args.warmup_steps.is_some() {
         saved.notes.push(format!(
             "note: the warm-up ({warmup_steps} steps) is longer than the run's {total_steps}: the rate never reaches --lr"
         ));

@@ -3,6 +3,7 @@
 
 #[macro_use]
 pub mod harness;
+pub mod recipe;
 
 use std::ffi::OsString;
 use std::process::Command;

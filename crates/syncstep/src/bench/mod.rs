@@ -47,6 +47,7 @@ use crate::kernels::{Device, DeviceConfig};
 use crate::model::{Arch, ModelError, ResNet};
 use crate::parallel::{self, DataParallel, ParallelError, ParallelOptions};
 use crate::step::{conv2d_shape, StepConfig};
+pub use crate::train::median;
 
 mod predicted;
 mod report;
@@ -215,20 +216,6 @@ impl ProbeSize {
             ProbeSize::ForAdapter if gpu.info.device_type == wgpu::DeviceType::Cpu => CPU_PROBE,
             ProbeSize::ForAdapter => GPU_PROBE,
         }
-    }
-}
-
-/// The median of `v` (the mean of the middle two for an even count); NaN when empty.
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

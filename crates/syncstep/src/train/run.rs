@@ -155,7 +155,12 @@ pub struct TrainingRun {
 }
 
 impl TrainingRun {
-    pub fn new(trainer: Trainer, plan: RunPlan) -> TrainingRun {
+    pub fn new(mut trainer: Trainer, plan: RunPlan) -> TrainingRun {
+        // A schedule laid over no run yet (the default's) is laid over this one.
+        let schedule = &mut trainer.cfg.schedule;
+        if schedule.total_steps == 0 {
+            schedule.total_steps = plan.last;
+        }
         TrainingRun { trainer, plan, losses: Vec::new() }
     }
 
