@@ -1136,8 +1136,8 @@ fn implicit_gemm_gives_direct_bits_in_every_configuration() {
 
 /// The implicit-GEMM weight gradient in every configuration, with nodes of 1 to 2^levels
 /// examples (one node for the batch, or several added as the tree above them, the last a tail):
-/// Direct's bits, on rows that end inside a slice, padding taps, dropped taps, and batches that
-/// are and are not powers of two.
+/// Direct's bits, on rows that end inside a slice, rows longer than a slice that no part
+/// divides, padding taps, dropped taps, and batches that are and are not powers of two.
 fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
     use syncstep::kernels::conv2d::implicit::{self as ig, TileConfig, WeightPlan};
     let gpu = gpu();
@@ -1147,6 +1147,7 @@ fn implicit_weight_gradient_gives_direct_bits_in_every_configuration() {
         shape(6, 12, 7, 7, 40, 1, 1, 2, 0),
         shape(8, 36, 2, 2, 40, 3, 3, 1, 1),
         shape(7, 20, 1, 1, 24, 3, 3, 1, 1),
+        shape(2, 3, 5, 37, 8, 3, 3, 1, 1),
     ];
     let configs: Vec<TileConfig> = ig::FAMILY
         .iter()

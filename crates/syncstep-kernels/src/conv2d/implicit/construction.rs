@@ -81,8 +81,7 @@ pub fn gather_slice(kernel: &GatherKernel) -> (f64, f64) {
     } else {
         kernel.a_loads() as f64 * GATHER_ELEMENT + kernel.rows_per_thread as f64 * GATHER_ROW
     };
-    let guarded = (kernel.b_loads() * c.threads() > kernel.b_vec4s()) as u32 as f64;
-    let weights = kernel.b_loads() as f64 * WEIGHT_VEC4 + guarded;
+    let weights = kernel.b_loads() as f64 * WEIGHT_VEC4;
     (bk * outputs, bk * per_k + staging + weights + SLICE)
 }
 
@@ -164,7 +163,7 @@ pub fn gemm(
 /// opening (each staged pixel's constant place, a k's table entry) and closing (its stores).
 pub const WEIGHT_DY: f64 = 7.0;
 pub const WEIGHT_X: f64 = 9.0;
-pub const WEIGHT_SLICE: f64 = 50.0;
+pub const WEIGHT_SLICE: f64 = 70.0;
 pub const WEIGHT_ROW: f64 = 4.0;
 pub const WEIGHT_EXAMPLE: f64 = 6.0;
 pub const WEIGHT_LEVEL: f64 = 5.0;

@@ -135,10 +135,10 @@ impl GatherDispatches {
     }
 }
 
-/// The laid-out weights: every phase's k rows, then rows of +0 that the loads of the slice after
-/// the last may reach; vec4s of columns padded with +0 to whole tiles of `bn`.
+/// The laid-out weights: every phase's k rows, then rows of +0 that the loads of the two slices
+/// after the last may reach; vec4s of columns padded with +0 to whole tiles of `bn`.
 fn layout(table: &Table, kernels: &[(Group, GatherKernel)]) -> (u64, u32) {
-    let deepest = kernels.iter().map(|(_, k)| k.bk() + k.b_rows()).max().unwrap_or(0) as u64;
+    let deepest = kernels.iter().map(|(_, k)| 2 * k.bk() + k.b_rows()).max().unwrap_or(0) as u64;
     let bn = kernels.first().map_or(4, |(_, k)| k.config.bn());
     (table.k_rows() + deepest, table.cols.div_ceil(bn) * bn / 4)
 }

@@ -59,6 +59,11 @@ impl GatherKernel {
     pub const fn b_loads(&self) -> u32 {
         self.b_vec4s().div_ceil(self.config.threads())
     }
+    /// vec4s of workgroup memory a slice of weights takes: room for every invocation's store,
+    /// those past the slice's rows never read.
+    pub const fn b_slice(&self) -> u32 {
+        self.b_loads() * self.config.threads()
+    }
     /// Weight rows the invocations' loads reach from a slice's first: past the slice's own
     /// where the last load is not every invocation's (all load, only those in the slice store).
     pub const fn b_rows(&self) -> u32 {
@@ -66,7 +71,7 @@ impl GatherKernel {
     }
     /// Bytes of workgroup memory: two slices of both operands.
     pub const fn shared_bytes(&self) -> u64 {
-        2 * self.bk() as u64 * (self.config.bm() + self.config.bn()) as u64 * 4
+        2 * (self.bk() as u64 * self.config.bm() as u64 + 4 * self.b_slice() as u64) * 4
     }
     /// As shader names and reports give it: `256t-128x128-8x8-g3x3-r3_whole`.
     pub fn name(&self) -> String {
@@ -105,8 +110,8 @@ pub(crate) fn gather_shader(kernel: GatherKernel) -> Shader {
 /// segment of its sums) per workgroup.
 fn gemm_entry(kernel: GatherKernel) -> String {
     let c = kernel.config;
-    let (bm, bn, bk, threads) = (c.bm(), c.bn(), kernel.bk(), c.threads());
-    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    let (bm, bk, threads) = (c.bm(), kernel.bk(), c.threads());
+    let (a_slice, b_slice) = (bk * bm / 4, kernel.b_slice());
     let mut w = gemm_prologue(kernel);
     let loads = |w: &mut Vec<String>, indent: &str, k0: &str| gather_loads(kernel, w, indent, k0);
     let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
@@ -117,8 +122,10 @@ fn gemm_entry(kernel: GatherKernel) -> String {
             ));
         }
         for r in 0..kernel.b_loads() {
-            let store = format!("ig_b[{buffer} * {b_slice}u + lid + {}u] = pb{r};", r * threads);
-            w.push(format!("{indent}{}", guarded(kernel, r, &store)));
+            w.push(format!(
+                "{indent}ig_b[{buffer} * {b_slice}u + lid + {}u] = pb{r};",
+                r * threads
+            ));
         }
     };
     w.extend((0..kernel.a_loads()).map(|e| format!("    var pa{e} = 0.0;")));
@@ -137,22 +144,12 @@ fn gemm_entry(kernel: GatherKernel) -> String {
     w.join("\n") + "\n"
 }
 
-/// `store` for the r-th vec4 of the weights, run by the invocations whose vec4 is in the slice.
-fn guarded(kernel: GatherKernel, r: u32, store: &str) -> String {
-    let threads = kernel.config.threads();
-    let past = (r + 1) * threads;
-    if past <= kernel.b_vec4s() {
-        return store.to_string();
-    }
-    format!("if (lid < {}u) {{ {store} }}", kernel.b_vec4s() - r * threads)
-}
-
 /// The gather GEMM's workgroup arrays and its opening: the phase's records, the tile, the
 /// segment of k, the pixel each invocation stages and its taps' offsets and padding flags.
 fn gemm_prologue(kernel: GatherKernel) -> Vec<String> {
     let c = kernel.config;
     let (bm, bn, bk, threads) = (c.bm(), c.bn(), kernel.bk(), c.threads());
-    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    let (a_slice, b_slice) = (bk * bm / 4, kernel.b_slice());
     let mut w = vec![
         format!("var<workgroup> ig_a: array<vec4<f32>, {}>;", 2 * a_slice),
         format!("var<workgroup> ig_b: array<vec4<f32>, {}>;", 2 * b_slice),
@@ -270,7 +267,7 @@ fn gemm_slice(kernel: GatherKernel, w: &mut Vec<String>) {
     let c = kernel.config;
     let (bm, bn, bk) = (c.bm(), c.bn(), kernel.bk());
     let (mq, nq) = (c.tm / 4, c.tn / 4);
-    let (a_slice, b_slice) = (bk * bm / 4, bk * bn / 4);
+    let (a_slice, b_slice) = (bk * bm / 4, kernel.b_slice());
     w.push(format!("        let am = cur * {a_slice}u + {};", gemm_a_read(c, 0).wgsl()));
     w.push(format!("        let bq = cur * {b_slice}u + {};", gemm_b_read(c, 0).wgsl()));
     for kk in 0..bk {
@@ -375,24 +372,23 @@ pub(super) mod tests {
         for kernel in every_kernel() {
             let c = kernel.config;
             let (bm, bn, bk, t) = (c.bm(), c.bn(), kernel.bk(), c.threads());
-            let (a_len, b_len) = (2 * bk * bm / 4, 2 * bk * bn / 4);
+            let (a_len, b_len) = (2 * bk * bm / 4, 2 * kernel.b_slice());
             // Reads: buffer 1, the last k row, in vec4s.
             let (a_last, b_last) =
-                (bk * bm / 4 + (bk - 1) * bm / 4, bk * bn / 4 + (bk - 1) * bn / 4);
+                (bk * bm / 4 + (bk - 1) * bm / 4, kernel.b_slice() + (bk - 1) * bn / 4);
             for h in 0..c.tm / 4 {
                 assert!(a_last + most(gemm_a_read(c, h), t) < a_len, "{} a read", kernel.name());
             }
             for q in 0..c.tn / 4 {
                 assert!(b_last + most(gemm_b_read(c, q), t) < b_len, "{} b read", kernel.name());
             }
-            // Stores: buffer 1, in floats (a) and vec4s (b); b's by the invocations that store.
+            // Stores: buffer 1, in floats (a) and vec4s (b).
             for e in 0..kernel.a_loads() {
                 let at = bk * bm + most(kernel.a_store(e), t);
                 assert!(at < 4 * a_len, "{} a store", kernel.name());
             }
             for r in 0..kernel.b_loads() {
-                let storing = t.min(kernel.b_vec4s() - r * t);
-                let at = bk * bn / 4 + most(kernel.b_store(r), storing);
+                let at = kernel.b_slice() + most(kernel.b_store(r), t);
                 assert!(at < b_len, "{} b store", kernel.name());
             }
         }

@@ -37,7 +37,7 @@ const MOST_REGISTERS: u32 = 200;
 pub fn most_levels(config: TileConfig, images: u32) -> u32 {
     let by_batch = u32::BITS - (images.max(1) - 1).leading_zeros();
     let sums = |levels: u32| config.outputs() * (2 + levels) + config.tm + config.tn;
-    let by_registers = (0..=by_batch).rev().find(|&l| sums(l) + 56 <= MOST_REGISTERS);
+    let by_registers = (0..=by_batch).rev().find(|&l| sums(l) + 40 <= MOST_REGISTERS);
     by_registers.unwrap_or(0)
 }
 
@@ -83,12 +83,15 @@ pub fn kernel(plan: WeightPlan, s: &Conv2dShape, limit: u64) -> Option<WeightKer
 }
 
 /// Registers an invocation of `kernel` holds, as a compiler allocates them: its row, example
-/// and node sums, a pixel's operands, the next slice's elements and their flags, and the
-/// addresses of its staging.
+/// and node sums, a pixel's operands, and per staged element of the next slice about five (its
+/// value, its address and its pixel's row and column in the slice, its flag), seven where a
+/// slice is part of a row (its column's tests move with the slice). Held to RADV/ACO's demand
+/// (docs/performance.md).
 pub fn weight_registers(kernel: &WeightKernel) -> u32 {
     let c = kernel.config;
     let staged = kernel.loads(c.bm()) + kernel.loads(c.bn());
-    c.outputs() * (2 + kernel.levels) + c.tm + c.tn + 2 * staged + 24
+    let per_staged = if kernel.parts > 1 { 7 } else { 5 };
+    c.outputs() * (2 + kernel.levels) + c.tm + c.tn + per_staged * staged
 }
 
 /// The dispatches of `kernel` at `s` (`phase` the forward's table's): the GEMM, and (several

@@ -50,10 +50,19 @@ impl WeightKernel {
     pub const fn loads(&self, cols: u32) -> u32 {
         self.bk().div_ceil(self.config.threads() / cols)
     }
+    /// Pixel rows of workgroup memory a slice of `cols` columns takes: room for every
+    /// invocation's store, those past the slice's pixels never read.
+    pub const fn slice_pixels(&self, cols: u32) -> u32 {
+        self.loads(cols) * (self.config.threads() / cols)
+    }
+    /// Floats of workgroup memory a slice of `cols` columns takes.
+    pub const fn slice(&self, cols: u32) -> u32 {
+        self.slice_pixels(cols) * Self::row(cols)
+    }
     /// Bytes of workgroup memory: two slices of both operands, pixel-major.
     pub const fn shared_bytes(&self) -> u64 {
         let (bm, bn) = (self.config.bm(), self.config.bn());
-        2 * self.bk() as u64 * (Self::row(bm) + Self::row(bn)) as u64 * 4
+        2 * (self.slice(bm) + self.slice(bn)) as u64 * 4
     }
     /// As shader names and reports give it: `256t-128x128-8x8-m7x7-r2-p1_l0`.
     pub fn name(&self) -> String {
@@ -96,13 +105,12 @@ fn weight_entry(kernel: WeightKernel) -> String {
     let loads = |w: &mut Vec<String>, indent: &str, s: &str| weight_loads(kernel, w, indent, s);
     let stores = |w: &mut Vec<String>, indent: &str, buffer: &str| {
         for (name, cols) in [("a", c.bm()), ("b", c.bn())] {
-            let slice = kernel.bk() * WeightKernel::row(cols) / 4;
+            let slice = kernel.slice(cols) / 4;
             for j in 0..kernel.loads(cols) {
                 let at = kernel.store(cols, j).wgsl();
-                let store = format!(
-                    "iw_{name}[{buffer} * {slice}u + {at} / 4u][{at} % 4u] = select(0.0, p{name}{j}, f{name}{j});"
-                );
-                w.push(format!("{indent}{}", in_slice(kernel, cols, j, &store)));
+                w.push(format!(
+                    "{indent}iw_{name}[{buffer} * {slice}u + {at} / 4u][{at} % 4u] = select(0.0, p{name}{j}, f{name}{j});"
+                ));
             }
         }
     };
@@ -124,27 +132,16 @@ fn weight_entry(kernel: WeightKernel) -> String {
     w.join("\n") + "\n"
 }
 
-/// `store` for an invocation's j-th element of `cols` columns, by the invocations whose pixel
-/// is in the slice.
-fn in_slice(kernel: WeightKernel, cols: u32, j: u32, store: &str) -> String {
-    let step = kernel.config.threads() / cols;
-    if (j + 1) * step <= kernel.bk() {
-        return store.to_string();
-    }
-    format!("if (lid / {cols}u + {}u < {}u) {{ {store} }}", j * step, kernel.bk())
-}
-
 /// The weight gradient's workgroup arrays and its opening: the tile, the node's examples, each
 /// invocation's columns and its pixels' places in a slice (in examples, rows and columns of the
 /// map), and its k's table entry.
 fn weight_prologue(kernel: WeightKernel) -> Vec<String> {
     let c = kernel.config;
-    let (bm, bn, bk, threads) = (c.bm(), c.bn(), kernel.bk(), c.threads());
-    let (row_a, row_b) = (WeightKernel::row(bm) / 4, WeightKernel::row(bn) / 4);
+    let (bm, bn, threads) = (c.bm(), c.bn(), c.threads());
     let (oh, ow) = (kernel.out_h, kernel.out_w);
     let mut w = vec![
-        format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * bk * row_a),
-        format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * bk * row_b),
+        format!("var<workgroup> iw_a: array<vec4<f32>, {}>;", 2 * kernel.slice(bm) / 4),
+        format!("var<workgroup> iw_b: array<vec4<f32>, {}>;", 2 * kernel.slice(bn) / 4),
         String::new(),
         format!("@compute @workgroup_size({threads})"),
         "fn conv2d_implicit_weight(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {".into(),
@@ -246,8 +243,9 @@ fn weight_slice(kernel: WeightKernel, w: &mut Vec<String>) {
     let (bm, bn, bk) = (c.bm(), c.bn(), kernel.bk());
     let (mq, nq) = (c.tm / 4, c.tn / 4);
     let (row_a, row_b) = (WeightKernel::row(bm) / 4, WeightKernel::row(bn) / 4);
-    w.push(format!("        let am = cur * {}u + {};", bk * row_a, gemm_a_read(c, 0).wgsl()));
-    w.push(format!("        let bq = cur * {}u + {};", bk * row_b, gemm_b_read(c, 0).wgsl()));
+    let (slice_a, slice_b) = (kernel.slice(bm) / 4, kernel.slice(bn) / 4);
+    w.push(format!("        let am = cur * {slice_a}u + {};", gemm_a_read(c, 0).wgsl()));
+    w.push(format!("        let bq = cur * {slice_b}u + {};", gemm_b_read(c, 0).wgsl()));
     if kernel.parts > 1 {
         w.push(format!("        let row_end = step % {}u == {}u;", kernel.parts, kernel.parts - 1));
         w.push(format!("        let q_cur = step / {}u;", kernel.parts));
@@ -270,8 +268,8 @@ fn weight_slice(kernel: WeightKernel, w: &mut Vec<String>) {
         w.push("        }".into());
         if (p + 1) % kernel.row_pixels() == 0 {
             let row = format!("q_cur + {}u", p / kernel.row_pixels());
-            let guard = if kernel.parts > 1 { "row_end" } else { "true" };
-            w.push(format!("        if ({guard}) {{"));
+            let open = if kernel.parts > 1 { "if (row_end) {" } else { "{" };
+            w.push(format!("        {open}"));
             // The next row's sums start from the uniform's +0, which no compiler can see: from a
             // literal 0 it could fold the next pixel's product and pair it with the one after.
             w.push(each_output(c, "            ", &|i, q| {
@@ -317,7 +315,9 @@ fn weight_push_example(c: TileConfig, levels: u32, w: &mut Vec<String>) {
         w.push(format!("{indent}}}"));
     }
     w.push(format!("{indent}if (!last) {{"));
-    w.push(each_output(c, &format!("{indent}    "), &|i, q| format!("e{i}_{q} = vec4<f32>(0.0);")));
+    w.push(each_output(c, &format!("{indent}    "), &|i, q| {
+        format!("e{i}_{q} = vec4<f32>(iw.zero);")
+    }));
     w.push(format!("{indent}}}"));
 }
 
@@ -420,24 +420,20 @@ pub(super) mod tests {
                 (c.bm(), c.tm / 4, gemm_a_read as fn(TileConfig, u32) -> LaneIndex),
                 (c.bn(), c.tn / 4, gemm_b_read),
             ] {
-                let row = WeightKernel::row(cols);
-                let len = 2 * bk * row;
+                let (row, slice) = (WeightKernel::row(cols), kernel.slice(cols));
+                let len = 2 * slice;
                 for q in 0..quads {
-                    let last =
-                        4 * (bk * row / 4 + (bk - 1) * row / 4) + 4 * most(read(c, q), t) + 3;
+                    let last = 4 * (slice / 4 + (bk - 1) * row / 4) + 4 * most(read(c, q), t) + 3;
                     assert!(last < len, "{} read", kernel.name());
                 }
-                let step = t / cols;
                 for j in 0..kernel.loads(cols) {
-                    // The invocations whose pixel is in the slice.
-                    let lanes = t.min((bk - j * step) * cols);
                     assert!(
-                        bk * row + most(kernel.store(cols, j), lanes) < len,
+                        slice + most(kernel.store(cols, j), t) < len,
                         "{} store",
                         kernel.name()
                     );
                     let column = LaneIndex::new().term(1, Some(cols), 1);
-                    assert!(most(column, lanes) < cols, "{} column", kernel.name());
+                    assert!(most(column, t) < cols, "{} column", kernel.name());
                 }
             }
         }

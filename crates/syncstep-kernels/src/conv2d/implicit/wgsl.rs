@@ -99,11 +99,13 @@ pub(super) const LANE: [char; 4] = ['x', 'y', 'z', 'w'];
 type Stage<'a> = &'a dyn Fn(&mut Vec<String>, &str, &str);
 
 /// The loop over slices both kernels run, after their accumulators: the first slice (from
-/// `first`) loaded and stored into buffer 0, then per slice `body` sums the one in buffer
-/// `cur` while the next (from `next`) is loaded into registers, then stored into the other
-/// buffer: one barrier a slice. The next slice is loaded even after the last (every load
-/// stays inside its buffer and is flagged off): a load under a branch would join its value
-/// with the branch not taken, and that copy waits for the load before the sums.
+/// `first`) loaded and stored into buffer 0 and the second loaded into registers; then per
+/// slice `body` sums the one in buffer `cur`, the next (in registers since the slice before)
+/// is stored into the other buffer, and the one after it loaded into registers: one barrier a
+/// slice, and a whole slice's sums between a load and its store. The loads run past the last
+/// slice (each stays inside its buffer and is flagged off) and the stores too (inside their
+/// arrays): a load used in the iteration that issues it, or under a branch, is moved by the
+/// compiler next to its use, after the sums, where its latency is not hidden.
 pub(super) fn slices(
     w: &mut Vec<String>,
     first: &str,
@@ -115,17 +117,19 @@ pub(super) fn slices(
     loads(w, "        ", first);
     w.push("    }".into());
     stores(w, "    ", "0u");
+    w.push("    {".into());
+    loads(w, "        ", &format!("({first} + {bk}u)"));
+    w.push("    }".into());
     w.push("    workgroupBarrier();".into());
     w.push("    for (var step = 0u; step < steps; step++) {".into());
     w.push("        let cur = step & 1u;".into());
     w.push(format!("        let next = {first} + (step + 1u) * {bk}u;"));
+    w.push(format!("        let after = {first} + (step + 2u) * {bk}u;"));
     w.push("        let more = step + 1u < steps;".into());
-    w.push("        {".into());
-    loads(w, "            ", "next");
-    w.push("        }".into());
     body(w);
-    w.push("        if (more) {".into());
-    stores(w, "            ", "(1u - cur)");
+    stores(w, "        ", "(1u - cur)");
+    w.push("        {".into());
+    loads(w, "            ", "after");
     w.push("        }".into());
     w.push("        workgroupBarrier();".into());
     w.push("    }".into());
