@@ -19,8 +19,8 @@ fn activations(seed: u64, s: &BnShape) -> Vec<f32> {
     x.iter().enumerate().map(|(i, v)| v + offsets[(i / s.hw as usize) % s.c as usize]).collect()
 }
 
-/// `stats` = [mean | M2] over the batch, through per-example rows as the step takes them, and
-/// with `running` the running statistics updated.
+/// `stats` = [mean | M2] over the batch, through per-example rows as one device takes them (in
+/// the same launch), and with `running` the running statistics updated.
 fn forward_stats(
     gpu: &Device,
     enc: &mut Encoder,
@@ -30,11 +30,11 @@ fn forward_stats(
     running: Option<k::Running>,
 ) {
     let rows = poisoned(gpu, "stats rows", shape.rows_len() as usize);
-    k::bn_example_stats(gpu, enc, shape, x, Slice::whole(&rows)).unwrap();
-    k::bn_merge_examples(gpu, enc, shape, Slice::whole(&rows), stats, running).unwrap();
+    let rows = k::Rows::Take(Slice::whole(&rows));
+    k::bn_stats(gpu, enc, shape, x, rows, stats, running).unwrap();
 }
 
-/// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as the step takes them.
+/// `sums` = [Σdy | Σdy·x̂] over the batch, through per-example rows as one device takes them.
 #[allow(clippy::too_many_arguments)]
 fn backward_sums(
     gpu: &Device,
@@ -47,9 +47,8 @@ fn backward_sums(
     sums: Slice,
 ) {
     let rows = poisoned(gpu, "sums rows", shape.rows_len() as usize);
-    k::bn_example_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, Slice::whole(&rows))
-        .unwrap();
-    k::bn_sum_examples(gpu, enc, shape, Slice::whole(&rows), sums).unwrap();
+    let rows = k::Rows::Take(Slice::whole(&rows));
+    k::bn_sums(gpu, enc, shape, count, EPS, dy, None, x, stats, rows, sums).unwrap();
 }
 
 /// [mean | M2] as the GPU packs them, and back.
@@ -353,7 +352,8 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         );
         let mut enc = gpu.encoder();
         k::bn_example_stats(gpu, &mut enc, &shape, s(&bx), s(&rows)).unwrap();
-        k::bn_merge_examples(gpu, &mut enc, &shape, s(&rows), s(&own_stats), None).unwrap();
+        let given = k::Rows::Given(s(&rows));
+        k::bn_stats(gpu, &mut enc, &shape, s(&bx), given, s(&own_stats), None).unwrap();
         submit(gpu, enc);
         let stats = gpu.upload("given stats", stats.unwrap_or(&read(gpu, &own_stats))).unwrap();
         let mut enc = gpu.encoder();
@@ -370,7 +370,9 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
             s(&srows),
         )
         .unwrap();
-        k::bn_sum_examples(gpu, &mut enc, &shape, s(&srows), s(&sums)).unwrap();
+        let given = k::Rows::Given(s(&srows));
+        let (dy, x, st) = (s(&bdy), s(&bx), s(&stats));
+        k::bn_sums(gpu, &mut enc, &shape, count, EPS, dy, None, x, st, given, s(&sums)).unwrap();
         submit(gpu, enc);
         (read(gpu, &rows), read(gpu, &own_stats), read(gpu, &srows), read(gpu, &sums))
     };
@@ -381,16 +383,13 @@ fn shards_rows_rebuild_the_whole_batch_bitwise() {
         assert_eq!(bits(&gathered), bits(&rows), "stats rows, shards of {n}");
         let (gathered_buf, merged) =
             (gpu.upload("gathered", &gathered).unwrap(), poisoned(gpu, "merged", 128));
+        // The rows are given: x is bound, not read.
+        let unread = gpu.upload("x", &x).unwrap();
+        let (given, merged_slice) =
+            (k::Rows::Given(Slice::whole(&gathered_buf)), Slice::whole(&merged));
         let mut enc = gpu.encoder();
-        k::bn_merge_examples(
-            gpu,
-            &mut enc,
-            &whole,
-            Slice::whole(&gathered_buf),
-            Slice::whole(&merged),
-            None,
-        )
-        .unwrap();
+        k::bn_stats(gpu, &mut enc, &whole, Slice::whole(&unread), given, merged_slice, None)
+            .unwrap();
         submit(gpu, enc);
         assert_eq!(bits(&read(gpu, &merged)), bits(&stats), "merged stats, shards of {n}");
         let gathered: Vec<f32> = shards.iter().flat_map(|sh| sh.2.clone()).collect();
@@ -565,9 +564,9 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
                     .unwrap();
                 (s(&dz), None)
             };
-            k::bn_example_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), s(&rows))
+            let take = k::Rows::Take(s(&rows));
+            k::bn_sums(gpu, e, shape, count, EPS, dy, gate, s(&bx), s(&stats), take, s(&sums))
                 .unwrap();
-            k::bn_sum_examples(gpu, e, shape, s(&rows), s(&sums)).unwrap();
             let over = p("dy, then dx");
             e.copy_buffer_to_buffer(dy.buffer, 0, &over, 0, dy.bytes());
             let (x, st, g, su) = (s(&bx), s(&stats), s(&bgamma), s(&sums));
@@ -628,9 +627,9 @@ fn gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise() {
     }
 }
 
-/// At batch sizes that need each pairwise stack size, bn_sum_examples is the pairwise sum of
-/// its rows, which the host takes in the same order.
-fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
+/// At batch sizes that need each pairwise stack size, bn_sums is the pairwise sum of the rows it
+/// is given, which the host takes in the same order.
+fn sums_add_given_rows_pairwise_at_every_stack_size() {
     let gpu = gpu();
     let c = 3;
     for n in pairwise_counts() {
@@ -638,8 +637,13 @@ fn sum_examples_adds_rows_pairwise_at_every_stack_size() {
         let rows = uniform(410 + n as u64, shape.rows_len() as usize);
         let (brows, sums) =
             (gpu.upload("rows", &rows).unwrap(), poisoned(gpu, "sums", 2 * c as usize));
+        // Bound, not read: the rows are given.
+        let (dy, stats) =
+            (gpu.buffer("dy", shape.tensor_len()).unwrap(), gpu.buffer("stats", 6).unwrap());
+        let (dy, stats, given) =
+            (Slice::whole(&dy), Slice::whole(&stats), k::Rows::Given(Slice::whole(&brows)));
         let mut enc = gpu.encoder();
-        k::bn_sum_examples(gpu, &mut enc, &shape, Slice::whole(&brows), Slice::whole(&sums))
+        k::bn_sums(gpu, &mut enc, &shape, n, EPS, dy, None, dy, stats, given, Slice::whole(&sums))
             .unwrap();
         submit(gpu, enc);
         let want = pairwise_sum(rows.chunks(2 * c as usize).map(<[f32]>::to_vec).collect());
@@ -655,5 +659,5 @@ tests![
     shards_rows_rebuild_the_whole_batch_bitwise,
     bn_apply_relu_is_the_unfused_sequence_bitwise_and_matches_reference,
     gated_backward_is_relu_backward_then_the_ungated_kernels_bitwise,
-    sum_examples_adds_rows_pairwise_at_every_stack_size,
+    sums_add_given_rows_pairwise_at_every_stack_size,
 ];

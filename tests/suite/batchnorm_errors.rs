@@ -161,12 +161,18 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
         "shape.hw",
         "is 0",
     );
-    k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&stats), None).unwrap();
+    k::bn_stats(gpu, e, &shape, s(&x), k::Rows::Take(s(&rows)), s(&stats), None).unwrap();
     expect_arg(
-        k::bn_merge_examples(gpu, e, &shape, s(&rows), s(&short), None),
-        "bn_merge_examples",
+        k::bn_stats(gpu, e, &shape, s(&x), k::Rows::Given(s(&rows)), s(&short), None),
+        "bn_stats",
         "stats",
         "expected 6 (2·c",
+    );
+    expect_arg(
+        k::bn_stats(gpu, e, &shape, s(&short), k::Rows::Take(s(&rows)), s(&stats), None),
+        "bn_stats",
+        "x",
+        "expected 30 (n·c·hw)",
     );
 
     let apply = |e: &mut Encoder, shape: &BnShape, count, g| {
@@ -194,13 +200,12 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     );
     expect_arg(example_sums(e, &zero, 20, s(&dy)), "bn_example_sums", "shape.hw", "is 0");
     expect_arg(example_sums(e, &shape, 1, s(&dy)), "bn_example_sums", "count", "expected at least");
-    k::bn_sum_examples(gpu, e, &shape, s(&rows2), s(&sums)).unwrap();
-    expect_arg(
-        k::bn_sum_examples(gpu, e, &shape, s(&short), s(&sums)),
-        "bn_sum_examples",
-        "rows",
-        "expected 12 (n·2·c",
-    );
+    let sums_of = |e: &mut Encoder, rows| {
+        k::bn_sums(gpu, e, &shape, 20, EPS, s(&dy), None, s(&x), s(&stats), rows, s(&sums))
+    };
+    sums_of(e, k::Rows::Given(s(&rows2))).unwrap();
+    sums_of(e, k::Rows::Take(s(&rows2))).unwrap();
+    expect_arg(sums_of(e, k::Rows::Given(s(&short))), "bn_sums", "rows", "expected 12 (n·2·c");
 
     let input = |e: &mut Encoder, shape: &BnShape, count, sm| {
         k::bn_backward_input(
@@ -231,21 +236,21 @@ fn launchers_reject_wrong_lengths_zero_dimensions_and_bad_counts() {
     // The merge with the running statistics: one position per channel has no unbiased variance.
     let merge_running = |e: &mut Encoder, shape: &BnShape, rows, var| {
         let running = k::Running { momentum: MOMENTUM, mean: s(&run_mean), var };
-        k::bn_merge_examples(gpu, e, shape, rows, s(&stats), Some(running))
+        k::bn_stats(gpu, e, shape, s(&x), k::Rows::Given(rows), s(&stats), Some(running))
     };
     merge_running(e, &shape, s(&rows), s(&run_var)).unwrap();
     expect_arg(
         merge_running(e, &shape, s(&rows), s(&short)),
-        "bn_merge_examples",
+        "bn_stats",
         "running_var",
         "expected 3 (c)",
     );
     let one = BnShape { n: 1, hw: 1, ..shape };
     let one_row = b(6);
-    k::bn_merge_examples(gpu, e, &one, s(&one_row), s(&stats), None).unwrap();
+    k::bn_stats(gpu, e, &one, s(&x), k::Rows::Given(s(&one_row)), s(&stats), None).unwrap();
     expect_arg(
         merge_running(e, &one, s(&one_row), s(&run_var)),
-        "bn_merge_examples",
+        "bn_stats",
         "shape",
         "n·hw is 1, expected 2",
     );

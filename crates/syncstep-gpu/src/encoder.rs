@@ -124,9 +124,11 @@ impl Gpu {
     }
 
     /// Records one dispatch of `entry` for the launcher `op`: `params` at binding 0 as a
-    /// uniform, then `bindings` as storage buffers at bindings 1, 2, … in order. The entry point
-    /// must use exactly these. It joins `encoder`'s open compute pass (see [`Encoder`]); while a
-    /// profile runs, it is a pass of its own, bracketed with timestamps.
+    /// uniform, then `bindings` as storage buffers at the storage bindings the entry point
+    /// uses, in increasing order (entry points of one module share a layout and each uses
+    /// some of its bindings). The entry point must use as many as there are. It joins
+    /// `encoder`'s open compute pass (see [`Encoder`]); while a profile runs, it is a pass of
+    /// its own, bracketed with timestamps.
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch<P: bytemuck::Pod>(
         &self,
@@ -139,12 +141,8 @@ impl Gpu {
         workgroups: [u32; 3],
     ) -> Result<()> {
         self.check_dispatch_limits(entry, bindings.len(), workgroups)?;
-        self.entry_facts(shader, entry)?.expect_launch(
-            shader,
-            entry,
-            size_of::<P>(),
-            bindings.len(),
-        )?;
+        let facts = self.entry_facts(shader, entry)?;
+        facts.expect_launch(shader, entry, size_of::<P>(), bindings.len())?;
         if workgroups.contains(&0) {
             self.drop_charge(); // nothing runs: what was charged for it ends here
             return Ok(());
@@ -154,8 +152,13 @@ impl Gpu {
             return Ok(());
         }
         let pipeline = self.pipeline(shader, entry);
-        let bind_group =
-            self.bind_group(encoder, &pipeline, entry, bytemuck::bytes_of(params), bindings)?;
+        let bind_group = self.bind_group(
+            encoder,
+            &pipeline,
+            entry,
+            bytemuck::bytes_of(params),
+            (facts.storage(), bindings),
+        )?;
         let timed = self.profile_dispatch(op, (shader, entry), workgroups, bindings);
         let timestamp_writes =
             timed.as_ref().map(|(query_set, index)| wgpu::ComputePassTimestampWrites {
@@ -212,14 +215,14 @@ impl Gpu {
     }
 
     /// The bind group of a dispatch of `entry`: the `params` bytes at binding 0 as a uniform
-    /// (in `encoder`'s page), then `bindings` as storage buffers at 1, 2, ….
+    /// (in `encoder`'s page), then `bindings` as storage buffers at the binding `numbers`.
     fn bind_group(
         &self,
         encoder: &mut Encoder,
         pipeline: &wgpu::ComputePipeline,
         entry: &'static str,
         params: &[u8],
-        bindings: &[Slice],
+        (numbers, bindings): (&[u32], &[Slice]),
     ) -> Result<wgpu::BindGroup> {
         // Uniform structs are padded to 16 bytes, as WGSL's uniform layout wants.
         let mut uniform = params.to_vec();
@@ -234,9 +237,9 @@ impl Gpu {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(params),
         }];
-        for (i, s) in bindings.iter().enumerate() {
+        for (&binding, s) in numbers.iter().zip(bindings) {
             entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
+                binding,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: s.buffer,
                     offset: s.offset,

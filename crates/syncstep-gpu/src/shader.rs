@@ -160,16 +160,20 @@ impl EntryFacts {
         uniform: usize,
         storage: usize,
     ) -> Result<()> {
-        let wanted: Vec<u32> = (1..=storage as u32).collect();
         let uniform_ok = self.uniform_bytes.is_none_or(|b| b == uniform as u64);
-        if uniform_ok && self.storage == wanted {
+        if uniform_ok && self.storage.len() == storage {
             return Ok(());
         }
         Err(GpuError::Validation(format!(
-            "{}::{entry} declares a {}-byte uniform and storage bindings {:?}; its launcher passes {uniform} bytes and bindings {wanted:?}",
+            "{}::{entry} declares a {}-byte uniform and storage bindings {:?}; its launcher passes {uniform} bytes and {storage} storage buffers",
             shader.name,
             self.uniform_bytes.unwrap_or(0),
             self.storage
         )))
+    }
+
+    /// The storage bindings it uses, in order: where a launch's buffers go.
+    pub(crate) fn storage(&self) -> &[u32] {
+        &self.storage
     }
 }

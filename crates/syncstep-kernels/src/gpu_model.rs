@@ -3,10 +3,10 @@
 //! many compute units a device has, and a browser has no clock), and what `syncstep bench`
 //! reports of a recorded step.
 //!
-//! A GEMM dispatch carries what its code issues ([`Construction`]: every warp-instruction of
-//! every warp, executed multiply-adds and the rest, counted from the code its generator writes
-//! and held to a real compiler's), its registers and workgroup memory. On S SMs of 4
-//! schedulers that each issue one warp-instruction a clock:
+//! A GEMM dispatch carries what its code issues ([`Construction`](syncstep_gpu::Construction):
+//! every warp-instruction of every warp, executed multiply-adds and the rest, counted from the
+//! code its generator writes and held to a real compiler's), its registers and workgroup
+//! memory. On S SMs of 4 schedulers that each issue one warp-instruction a clock:
 //! - residency R: workgroups an SM holds at once, the least that its threads, registers
 //!   (rounded up to 8 an invocation), workgroup memory and workgroup count allow;
 //! - fill: W workgroups over the SM slots their waves take, ceil(W / (S·R')) · S·R' with

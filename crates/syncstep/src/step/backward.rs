@@ -194,28 +194,37 @@ impl Replica {
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.acts.at_least(&self.gpu, Act::SumsRows(slot), global.rows_len())?;
-        batchnorm::bn_example_sums(
-            &self.gpu,
-            &mut pass.enc,
-            &bs,
-            count,
-            BN_EPS,
-            g.dr.slice(),
-            g.gate,
-            Slice::whole(&y),
-            Slice::whole(&stats),
-            Slice::new(&rows.buffer, 0, bs.rows_len()),
-        )?;
         let sums = self.act(Act::Sums(id), 2 * out.c as u64)?;
+        let (dr, y, stats) = (g.dr.slice(), Slice::whole(&y), Slice::whole(&stats));
+        let local_rows = Slice::new(&rows.buffer, 0, bs.rows_len());
         let c4 = out.c as u64 * 4;
+        let grads = |replica: &Self, enc: &mut Encoder, piece: usize| {
+            let (gb, gg) = (replica.grad(bn.bias, piece), replica.grad(bn.weight, piece));
+            enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
+            enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+        };
+        // One device, one piece: its rows taken and summed in one launch.
+        if !pass.comm.gathers_rows() && pass.pieces.len() == 1 {
+            let (gpu, enc, take) = (&self.gpu, &mut pass.enc, batchnorm::Rows::Take(local_rows));
+            let sums_slice = Slice::whole(&sums);
+            batchnorm::bn_sums(
+                gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, take, sums_slice,
+            )?;
+            grads(self, &mut pass.enc, 0);
+            return Ok(rows);
+        }
+        let (gpu, enc) = (&self.gpu, &mut pass.enc);
+        batchnorm::bn_example_sums(gpu, enc, &bs, count, BN_EPS, dr, g.gate, y, stats, local_rows)?;
         for (piece, range) in pass.pieces.clone().iter().enumerate() {
             let piece_rows = self.examples(&mut pass.enc, &rows.buffer, 2 * out.c as u64, range)?;
             let shape = batchnorm::BnShape { n: (range.end - range.start) as u32, ..bs };
-            let (gpu, enc) = (&self.gpu, &mut pass.enc);
-            batchnorm::bn_sum_examples(gpu, enc, &shape, piece_rows.slice(), Slice::whole(&sums))?;
-            let (gb, gg) = (self.grad(bn.bias, piece), self.grad(bn.weight, piece));
-            pass.enc.copy_buffer_to_buffer(&sums, 0, gb.buffer, gb.offset, c4);
-            pass.enc.copy_buffer_to_buffer(&sums, c4, gg.buffer, gg.offset, c4);
+            let (gpu, enc, given) =
+                (&self.gpu, &mut pass.enc, batchnorm::Rows::Given(piece_rows.slice()));
+            let sums_slice = Slice::whole(&sums);
+            batchnorm::bn_sums(
+                gpu, enc, &shape, count, BN_EPS, dr, g.gate, y, stats, given, sums_slice,
+            )?;
+            grads(self, &mut pass.enc, piece);
             self.done_with(piece_rows);
         }
         Ok(rows)
@@ -239,8 +248,11 @@ impl Replica {
         // The sums [`Replica::example_sums`] took are the ones dx needs only where this
         // device's one piece is the whole batch; else sum over every replica's rows.
         if global.n > bs.n || pass.pieces.len() != 1 {
-            let (gpu, enc) = (&self.gpu, &mut pass.enc);
-            batchnorm::bn_sum_examples(gpu, enc, &global, rows.slice(), Slice::whole(&sums))?;
+            let (gpu, enc, given) =
+                (&self.gpu, &mut pass.enc, batchnorm::Rows::Given(rows.slice()));
+            let (dr, ys, ss) = (g.dr.slice(), Slice::whole(&y), Slice::whole(&stats));
+            let sums = Slice::whole(&sums);
+            batchnorm::bn_sums(gpu, enc, &global, count, BN_EPS, dr, g.gate, ys, ss, given, sums)?;
         }
         // The conv's output cotangent goes over dr where nothing later reads dr.
         let dy = match g.dr_read_last {

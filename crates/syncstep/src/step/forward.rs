@@ -156,9 +156,12 @@ impl Replica {
         let bs = bn_shape(out);
         let global = batchnorm::BnShape { n: pass.comm.examples(out.n), ..bs };
         let rows = self.acts.at_least(&self.gpu, Act::StatsRows(slot), global.rows_len())?;
-        let y = self.acts.saved(Act::Conv(id));
-        let local_rows = Slice::new(&rows.buffer, 0, bs.rows_len());
-        batchnorm::bn_example_stats(&self.gpu, &mut pass.enc, &bs, Slice::whole(&y), local_rows)?;
+        if pass.comm.gathers_rows() {
+            let y = self.acts.saved(Act::Conv(id));
+            let local_rows = Slice::new(&rows.buffer, 0, bs.rows_len());
+            let (gpu, enc) = (&self.gpu, &mut pass.enc);
+            batchnorm::bn_example_stats(gpu, enc, &bs, Slice::whole(&y), local_rows)?;
+        }
         Ok(rows)
     }
 
@@ -193,14 +196,14 @@ impl Replica {
             mean: self.running_slice(bn.running_mean),
             var: self.running_slice(bn.running_var),
         };
-        batchnorm::bn_merge_examples(
-            gpu,
-            enc,
-            &global,
-            rows.slice(),
-            Slice::whole(&stats),
-            Some(running),
-        )?;
+        // One device takes its rows in the same launch; else they were gathered.
+        let rows = match pass.comm.gathers_rows() {
+            true => batchnorm::Rows::Given(rows.slice()),
+            false => batchnorm::Rows::Take(rows.slice()),
+        };
+        let y = self.acts.saved(Act::Conv(id));
+        let (y, stats) = (Slice::whole(&y), Slice::whole(&stats));
+        batchnorm::bn_stats(gpu, enc, &global, y, rows, stats, Some(running))?;
         Ok(global.n * global.hw)
     }
 

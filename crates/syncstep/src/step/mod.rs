@@ -142,6 +142,11 @@ pub trait Communicator {
     /// How many examples' rows a site ends up with, for a device holding `local` examples: the
     /// global batch's (`local` on one device).
     fn examples(&self, local: u32) -> u32;
+    /// Whether BatchNorm's per-example rows travel beyond this device; where they do not (one
+    /// device), a site takes its rows and reduces them in one launch.
+    fn gathers_rows(&self) -> bool {
+        true
+    }
     /// Each site's `rows` holds room for `examples(local)` rows, this device's `local` rows of
     /// per-example `[mean | M2]` first; fills it with every replica's rows in the global
     /// batch's order, in place, in time for what is recorded after this call: by the next
@@ -196,6 +201,9 @@ pub struct OneDevice;
 impl Communicator for OneDevice {
     fn examples(&self, local: u32) -> u32 {
         local
+    }
+    fn gathers_rows(&self) -> bool {
+        false
     }
     async fn bn_stats(&self, _: &Gpu, _: &mut Encoder, _: &[BnRows<'_>]) -> Result<()> {
         Ok(())
