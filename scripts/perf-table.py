@@ -6,8 +6,8 @@ Each file gives one or more rows, in the order given. It reads three kinds:
 - `syncstep bench --json`: the step (time, images/s, GFLOP/s), each replica's peak memory,
   with --replicas or --mpi the data-parallel ratios, with the roofline probe its best GEMM,
   with --profile the dispatches and kernel time;
-- `syncstep bench --shapes-only --plan-for gpu --json`: the convolutions by construction on an
-  H200 and an H100;
+- `syncstep bench --shapes-only --plan-for gpu --json`: the whole step and its convolutions by
+  construction on an H200 and an H100;
 - `python3 scripts/vs_pytorch.py --json`: the step beside PyTorch's.
 
 Every row has a date and a machine, taken from the file where it records them ("date",
@@ -147,26 +147,37 @@ def bench_rows(r):
 
 
 def shapes_rows(r):
-    """The row of a `syncstep bench --shapes-only --json` file."""
+    """The rows of a `syncstep bench --shapes-only --json` file: the whole step, then its
+    convolutions."""
     c, predicted = r["config"], r["profile"]["predicted"]
     at = shape(c["image_size"], c["batch"], c.get("arch"))
-    parts = []
+    plan = c.get("plan_for", "gpu")
+    step, conv_parts = [], []
     for name in ("H200", "H100"):
         if name not in predicted:
             continue
         p = predicted[name]
-        conv = p["convolutions"]
-        if not parts:
+        conv, others = p["convolutions"], p["others"]
+        ratio = p.get("speed_vs_pytorch_cuda")
+        beside = f", {ratio:.2f}× PyTorch CUDA's measured {p['pytorch_cuda_s'] * 1e3:.1f} ms" if ratio else ""
+        if not step:
+            step.append(f"{len(p['dispatches'])} dispatches")
+            step.append(f"{name}: {p['step_predicted_s'] * 1e3:.2f} ms = convolutions {conv['predicted_s'] * 1e3:.2f} "
+                        f"+ other kernels {others['predicted_s'] * 1e3:.2f} + launch gaps "
+                        f"{p['launch_gaps_s'] * 1e3:.2f}{beside}")
             by_op = " · ".join(pct(p["by_op"][op]["predicted_share"]) for op, _ in OPS)
-            parts.append(f"{conv['flops'] / 1e9:.1f} GFLOP of convolutions in {conv['dispatches']} dispatches")
-            parts.append(f"{name}: {conv['predicted_s'] * 1e3:.2f} ms + {p['convolutions_launch_gaps_s'] * 1e3:.2f} ms "
-                         f"of launch gaps, {pct(conv['predicted_share'])} of the f32 peak, occupancy ceiling "
-                         f"{pct(conv['occupancy_ceiling'])} (by op {by_op})")
+            issue = " · ".join(pct(p["by_op"][op]["issue"]) for op, _ in OPS)
+            conv_parts.append(f"{conv['flops'] / 1e9:.1f} GFLOP in {conv['dispatches']} dispatches")
+            conv_parts.append(f"{name}: {pct(conv['predicted_share'])} of the f32 peak (by op {by_op}), "
+                              f"multiply-adds {pct(conv['issue'])} of their instructions (by op {issue}), "
+                              f"{pct(conv['useful'])} of them useful, occupancy ceiling "
+                              f"{pct(conv['occupancy_ceiling'])}")
         else:
-            parts.append(f"{name}: {pct(conv['predicted_share'])} / {pct(conv['occupancy_ceiling'])}")
-    cmd = (f"`syncstep bench --shapes-only --plan-for {c.get('plan_for', 'gpu')} "
-           f"--image-size {c['image_size']} --batch {c['batch']}`")
-    return [(f"convolutions by construction ({c.get('plan_for', 'gpu')} plan), {at}", "; ".join(parts), cmd)]
+            step.append(f"{name}: {p['step_predicted_s'] * 1e3:.2f} ms")
+            conv_parts.append(f"{name}: {pct(conv['predicted_share'])} / {pct(conv['occupancy_ceiling'])}")
+    cmd = f"`syncstep bench --shapes-only --plan-for {plan} --image-size {c['image_size']} --batch {c['batch']}`"
+    return [(f"step by construction ({plan} plan), {at}", "; ".join(step), cmd),
+            (f"its convolutions by construction, {at}", "; ".join(conv_parts), "the same")]
 
 
 def vs_rows(r):

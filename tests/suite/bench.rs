@@ -354,18 +354,25 @@ fn the_command_line_prints_the_report_and_writes_json() {
 }
 
 /// The GPU plan's bars, by construction on an H200 (the program's own figures, recorded and not
-/// run, with the plan free of the suite's forced clockless choice): the convolutions'
-/// FLOP-weighted occupancy ceiling and predicted share of the f32 peak at 224², batch 32,
-/// 32², batch 256 and 224², batch 8; every GEMM that carries more than 1% of the step's FLOPs
-/// reads workgroup memory without bank conflicts, and the gather GEMMs among them sum at least
-/// 32 outputs an invocation; a 224², batch-32 step launches at most 250 convolution dispatches.
+/// run, with the plan free of the suite's forced clockless choice): the whole step's speed
+/// beside PyTorch CUDA's, the convolutions' predicted share of the f32 peak and their
+/// FLOP-weighted occupancy ceiling at 224², batch 32, 32², batch 256 and 224², batch 8; every
+/// GEMM that carries more than 1% of the step's FLOPs reads workgroup memory without bank
+/// conflicts, and the gather GEMMs among them sum at least 32 outputs an invocation; a 224²,
+/// batch-32 step launches at most 440 dispatches, 240 of them convolutions'.
 fn the_gpu_plan_by_construction() {
     needs_adapter();
     let dir = tempfile::Builder::new().prefix("syncstep-construction-").tempdir().unwrap();
     let path = dir.path().join("construction.json");
-    // (image size, batch, occupancy ceiling, predicted share)
-    let bars = [("224", "32", 0.70, 0.62), ("32", "256", 0.70, 0.45), ("224", "8", 0.55, 0.50)];
-    for (size, batch, occupancy, share) in bars {
+    // (image size, batch, the step's speed beside PyTorch CUDA's, the convolutions' share of
+    // the peak and their occupancy ceiling): a little under today's figures
+    // (docs/performance.md), so that a change that costs time shows here.
+    let bars = [
+        ("224", "32", 0.85, 0.45, 0.70),
+        ("32", "256", 1.10, 0.28, 0.70),
+        ("224", "8", 1.20, 0.34, 0.60),
+    ];
+    for (size, batch, speed, share, occupancy) in bars {
         let (ok, text) = outcome(
             crate::common::command()
                 .env_remove("SYNCSTEP_CONV_ALGO")
@@ -378,10 +385,13 @@ fn the_gpu_plan_by_construction() {
         let conv = &h200["convolutions"];
         let at = format!("{size}², batch {batch}");
         let figure = |key: &str| conv[key].as_f64().unwrap();
-        assert!(figure("occupancy_ceiling") >= occupancy, "{at}: {conv}\n{text}");
+        let step = h200["speed_vs_pytorch_cuda"].as_f64().unwrap();
+        assert!(step >= speed, "{at}: the step at {step:.3}× PyTorch CUDA's speed\n{text}");
         assert!(figure("predicted_share") >= share, "{at}: {conv}\n{text}");
+        assert!(figure("occupancy_ceiling") >= occupancy, "{at}: {conv}\n{text}");
         if (size, batch) == ("224", "32") {
-            assert!(conv["dispatches"].as_u64().unwrap() <= 250, "{at}: {conv}");
+            let all = h200["dispatches"].as_array().unwrap().len();
+            assert!(all <= 440 && conv["dispatches"].as_u64().unwrap() <= 240, "{at}: {all}");
         }
         let dispatches = h200["dispatches"].as_array().unwrap();
         let flops: f64 = dispatches.iter().map(|d| d["flops"].as_f64().unwrap()).sum();

@@ -42,7 +42,7 @@ struct Params {
     // bn_apply_relu: 1 when the ReLU's gate is the bound `gate`, not its own input; the
     // backward kernels: 1 when dy is masked by the bound `gate` (dy·[gate > 0]).
     gated: u32,
-    // bn_merge_examples_running, bn_stats_by_channel: the running statistics' momentum.
+    // bn_stats_running(_by_channel): the running statistics' momentum.
     momentum: f32,
     // bn_stats_by_channel, bn_sums_by_channel: 1 when the rows are given (gathered from every
     // replica), 0 when the kernel takes them itself from this device's batch.
@@ -162,6 +162,26 @@ fn blocks_per_plane() -> u32 {
     return (p.hw + BLOCK - 1u) / BLOCK;
 }
 
+// Invocation `lane`'s part in the round of examples side by side from `round`: its example b
+// (the round's e-th) and the block of b's plane at `start`, if it holds one (not past the
+// round's examples or the batch's), and whether it is the first of its example's.
+struct SideBySide {
+    b: u32,
+    e: u32,
+    start: u32,
+    base: u32,
+    holds: bool,
+    first: bool,
+}
+
+fn side_by_side(round: u32, lane: u32, blocks: u32, ch: u32) -> SideBySide {
+    let e = lane / blocks;
+    let b = round + e;
+    let start = (lane % blocks) * BLOCK;
+    let holds = e < PLANE_WG / blocks && b < p.n;
+    return SideBySide(b, e, start, (b * p.c + ch) * p.hw, holds, holds && start == 0u);
+}
+
 // An example's blocks' sums, added in order by its first invocation (the others get zero).
 fn example_total(lane: u32, blocks: u32, first: bool, mine: vec2<f32>) -> vec2<f32> {
     plane_blocks[lane] = mine;
@@ -201,33 +221,27 @@ fn take_stats_rows(ch: u32, lane: u32) {
         }
         return;
     }
-    let side_by_side = PLANE_WG / blocks;
-    let e = lane / blocks;
-    let start = (lane % blocks) * BLOCK;
-    for (var round = 0u; round < p.n; round = round + side_by_side) {
-        let b = round + e;
-        let holds = e < side_by_side && b < p.n;
-        let first = holds && start == 0u;
-        let base = (b * p.c + ch) * p.hw;
+    for (var round = 0u; round < p.n; round = round + PLANE_WG / blocks) {
+        let s = side_by_side(round, lane, blocks, ch);
         var mine = vec2<f32>(0.0);
-        if (holds) {
-            let x0 = example_x[base];
-            mine.x = block_sum(base, start, x0, false);
+        if (s.holds) {
+            let x0 = example_x[s.base];
+            mine.x = block_sum(s.base, s.start, x0, false);
             mine.y = x0;
         }
-        let mean_sum = example_total(lane, blocks, first, vec2<f32>(mine.x, 0.0));
-        if (first) {
-            example_shift[e] = mine.y + mean_sum.x / f32(p.hw);
+        let mean_sum = example_total(lane, blocks, s.first, vec2<f32>(mine.x, 0.0));
+        if (s.first) {
+            example_shift[s.e] = mine.y + mean_sum.x / f32(p.hw);
         }
         workgroupBarrier();
         var m2 = vec2<f32>(0.0);
-        if (holds) {
-            m2.x = block_sum(base, start, example_shift[e], true);
+        if (s.holds) {
+            m2.x = block_sum(s.base, s.start, example_shift[s.e], true);
         }
-        let m2_sum = example_total(lane, blocks, first, m2);
-        if (first) {
-            example_rows[2u * p.c * b + ch] = example_shift[e];
-            example_rows[2u * p.c * b + p.c + ch] = m2_sum.x;
+        let m2_sum = example_total(lane, blocks, s.first, m2);
+        if (s.first) {
+            example_rows[2u * p.c * s.b + ch] = example_shift[s.e];
+            example_rows[2u * p.c * s.b + p.c + ch] = m2_sum.x;
         }
     }
 }
@@ -529,21 +543,15 @@ fn take_sums_rows(ch: u32, lane: u32) {
         }
         return;
     }
-    let side_by_side = PLANE_WG / blocks;
-    let e = lane / blocks;
-    let start = (lane % blocks) * BLOCK;
-    for (var round = 0u; round < p.n; round = round + side_by_side) {
-        let b = round + e;
-        let holds = e < side_by_side && b < p.n;
-        let first = holds && start == 0u;
-        let base = (b * p.c + ch) * p.hw;
+    for (var round = 0u; round < p.n; round = round + PLANE_WG / blocks) {
+        let s = side_by_side(round, lane, blocks, ch);
         var mine = vec2<f32>(0.0);
-        if (holds) {
-            mine = sums_block(base, start, esums_stats[ch]);
+        if (s.holds) {
+            mine = sums_block(s.base, s.start, esums_stats[ch]);
         }
-        let total = example_total(lane, blocks, first, mine);
-        if (first) {
-            write_sums(b, ch, total);
+        let total = example_total(lane, blocks, s.first, mine);
+        if (s.first) {
+            write_sums(s.b, ch, total);
         }
     }
 }
