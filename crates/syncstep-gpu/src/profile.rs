@@ -51,6 +51,20 @@ pub struct Serial {
     pub instructions: u32,
 }
 
+impl Serial {
+    /// A loop of `terms` steps, each a load and `instructions` more, into one result: a
+    /// compiler unrolls it by four and issues a step's loads together, so its loads wait a
+    /// quarter of the steps.
+    pub fn loop_of(terms: u64, instructions: u32) -> Serial {
+        let terms = u32::try_from(terms).unwrap_or(u32::MAX);
+        Serial {
+            loads: terms.div_ceil(4),
+            barriers: 0,
+            instructions: terms.saturating_mul(instructions),
+        }
+    }
+}
+
 /// How a dispatch does its arithmetic, by construction: what its launcher knows of the kernel
 /// (the outputs each invocation sums, how it reads and fills workgroup memory, what it stages
 /// from global memory, what scratch it hands on), from which `syncstep bench` derives a large

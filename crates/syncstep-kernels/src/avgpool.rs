@@ -1,7 +1,7 @@
 //! Global average pool (the head's spatial mean) and its backward. See shaders/avgpool.wgsl.
 
 use super::{expect_len, expect_positive, launch, Result};
-use syncstep_gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{grid_1d, Encoder, Gpu, Serial, Shader, Slice};
 
 pub(crate) const SHADER: Shader = Shader::file("avgpool", include_str!("../shaders/avgpool.wgsl"));
 const WG: u32 = 256;
@@ -58,6 +58,7 @@ pub fn global_avgpool_forward(
 ) -> Result<()> {
     const OP: &str = "global_avgpool_forward";
     let params = s.check(OP, ("x", &x), ("y", &y))?;
+    gpu.describe_serial_next(Serial::loop_of(params.hw as u64, 2));
     launch(gpu, enc, OP, &SHADER, OP, &params, &[("x", x), ("y", y)], grid_1d(s.output_len(), WG))
 }
 

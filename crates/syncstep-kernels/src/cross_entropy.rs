@@ -7,10 +7,12 @@
 //! `>= k` gets a NaN loss and a NaN gradient row: validate labels on the host before upload.
 
 use super::{expect_len, expect_positive, launch, KernelError, Result};
-use syncstep_gpu::{Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{Encoder, Gpu, Serial, Shader, Slice};
 
 pub(crate) const SHADER: Shader =
     Shader::file("cross_entropy", include_str!("../shaders/cross_entropy.wgsl"));
+/// Invocations of a row's workgroup (`WG` in the shader).
+const WG: u32 = 64;
 
 /// `m` examples over `k` classes: logits `[m, k]`, labels `[m]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,18 @@ impl CrossEntropyShape {
     }
     pub fn labels_len(&self) -> u64 {
         self.m as u64
+    }
+
+    /// What an invocation waits for in series over `passes` passes over a row (each a strided
+    /// loop of loads, then a workgroup reduction: log₂ WG rounds, a barrier each).
+    fn serial(&self, passes: u32) -> Serial {
+        let steps = self.k.div_ceil(WG);
+        let rounds = WG.ilog2() + 2;
+        Serial {
+            loads: passes * steps,
+            barriers: passes * rounds,
+            instructions: passes * (8 * steps + 6 * rounds),
+        }
     }
 
     /// Checks dimensions, hyper-parameters, logits and labels; the uniform every entry point
@@ -83,6 +97,7 @@ pub fn cross_entropy_forward(
     let params = s.check(OP, smoothing, 1.0, &logits, &labels)?;
     expect_len(OP, "losses", &losses, s.labels_len(), "m")?;
     let bindings = [("logits", logits), ("labels", labels), ("losses", losses)];
+    gpu.describe_serial_next(s.serial(3));
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, [s.m, 1, 1])
 }
 
@@ -102,6 +117,7 @@ pub fn cross_entropy_backward(
     const OP: &str = "cross_entropy_backward";
     let params = s.check(OP, smoothing, divisor, &logits, &labels)?;
     expect_len(OP, "dlogits", &dlogits, s.logits_len(), "m*k")?;
+    gpu.describe_serial_next(s.serial(2));
     launch(
         gpu,
         enc,

@@ -2,10 +2,14 @@
 //! weight and bias. See shaders/dense.wgsl.
 
 use super::{expect_len, expect_positive, launch, pairwise_shader, shader_source, Result};
-use syncstep_gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{grid_1d, Encoder, Gpu, Serial, Shader, Slice};
 
 pub(crate) const SHADER: Shader = Shader::file("dense", shader_source!("dense.wgsl"));
 const WG: u32 = 256;
+/// Instructions a step of an invocation's dot product issues beside its loads: two addresses
+/// and a multiply-add; and a pairwise push's (its levels' tests and adds).
+const DOT_TERM: u32 = 6;
+const PAIRWISE_TERM: u32 = 6;
 
 /// `m` examples of `k_in` features mapped to `k_out`: x `[m, k_in]`, weight `[k_out, k_in]`,
 /// bias `[k_out]`, y `[m, k_out]`, all row-major.
@@ -76,6 +80,7 @@ pub fn dense_forward(
         b_col: s.k_in,
     };
     gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
+    gpu.describe_serial_next(Serial::loop_of(params.inner as u64, DOT_TERM));
     launch(
         gpu,
         enc,
@@ -112,6 +117,7 @@ pub fn dense_backward_input(
         b_col: 1,
     };
     gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
+    gpu.describe_serial_next(Serial::loop_of(params.inner as u64, DOT_TERM));
     launch(
         gpu,
         enc,
@@ -148,6 +154,7 @@ pub fn dense_backward_weight(
         b_col: 1,
     };
     gpu.charge_flops(2.0 * (s.m as u64 * s.weight_len()) as f64);
+    gpu.describe_serial_next(Serial::loop_of(params.inner as u64, DOT_TERM + PAIRWISE_TERM));
     launch(
         gpu,
         enc,
@@ -175,6 +182,7 @@ pub fn dense_backward_bias(
     let params =
         Params { rows: s.m, cols: s.k_out, inner: 0, a_row: 0, a_inner: 0, b_inner: 0, b_col: 0 };
     gpu.charge_flops(s.output_len() as f64);
+    gpu.describe_serial_next(Serial::loop_of(s.m as u64, PAIRWISE_TERM));
     launch(
         gpu,
         enc,

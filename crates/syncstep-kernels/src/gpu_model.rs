@@ -276,5 +276,12 @@ mod tests {
         // 132 SMs of 32 workgroups of 64 invocations a wave: one more is a second wave.
         let many = DispatchShape { workgroups: 132 * 32 + 1, ..chain };
         assert!((Estimate::of(&H200, &many).chain_s - 2.0 * e.chain_s).abs() < 1e-12);
+        // A loop of 512 steps unrolled by four: 128 loads waited for, 512 × 6 instructions.
+        let dot = Serial::loop_of(512, 6);
+        assert_eq!(dot, Serial { loads: 128, barriers: 0, instructions: 3072 });
+        let looped = Estimate::of(&H200, &DispatchShape { serial: Some(dot), ..chain });
+        let want =
+            128.0 * H200.memory_latency_s + 3072.0 * DEPENDENT_CLOCKS / H200.sustained_clock_hz;
+        assert!((looped.chain_s - want).abs() < 1e-12, "{looped:?}");
     }
 }

@@ -9,7 +9,7 @@
 use super::{
     expect_len, expect_positive, expect_within_llvmpipe_loops, launch, KernelError, Result,
 };
-use syncstep_gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{grid_1d, Encoder, Gpu, Serial, Shader, Slice};
 
 pub(crate) const SHADER: Shader = Shader::file("maxpool", include_str!("../shaders/maxpool.wgsl"));
 const WG: u32 = 256;
@@ -117,6 +117,8 @@ pub fn maxpool_forward(
     expect_len(OP, "argmax", &argmax, shape.output_len(), "n·c·out_h·out_w")?;
     let iterations = shape.out_w() as u64 * (shape.k as u64 * shape.k as u64 + 1);
     expect_row_within_loop_limit(gpu, OP, shape.out_w(), iterations)?;
+    // A window's cells: an address, a load and a compare each.
+    gpu.describe_serial_next(Serial::loop_of(iterations, 5));
     let bindings = [("x", x), ("y", y), ("argmax", argmax)];
     // One invocation per output row (n, c, oy).
     launch(
@@ -197,6 +199,8 @@ fn backward(
     }
     expect_len(op, "dx", &dx, shape.input_len(), "n·c·h·w")?;
     expect_row_within_loop_limit(gpu, op, shape.w, backward_iterations(shape))?;
+    // A window's argmax, gate and dy, its cell's test and add.
+    gpu.describe_serial_next(Serial::loop_of(backward_iterations(shape), 8));
     // Without a gate, dy stands in for it: a bind group fills every binding; the kernel ignores it.
     let params = Params { gated: gate.is_some() as u32, ..params };
     let bindings = [("dy", dy), ("argmax", argmax), ("dx", dx), ("gate", gate.unwrap_or(dy))];

@@ -2,7 +2,7 @@
 //! (dampening 0, not Nesterov). See shaders/sgd.wgsl.
 
 use super::{expect_len, launch, KernelError, Result};
-use syncstep_gpu::{grid_1d, Encoder, Gpu, Shader, Slice};
+use syncstep_gpu::{grid_1d, Encoder, Gpu, Serial, Shader, Slice};
 
 pub(crate) const SHADER: Shader = Shader::file("sgd", include_str!("../shaders/sgd.wgsl"));
 const WG: u32 = 256;
@@ -63,5 +63,7 @@ pub fn sgd_update(
         weight_decay: h.weight_decay,
     };
     let bindings = [("param", param), ("grad", grad), ("velocity", velocity)];
+    // RUN vec4s an invocation, each three loads, the update's arithmetic and two stores.
+    gpu.describe_serial_next(Serial::loop_of(RUN, 20));
     launch(gpu, enc, OP, &SHADER, OP, &params, &bindings, grid_1d((len / 4).div_ceil(RUN), WG))
 }
