@@ -187,10 +187,7 @@ pub const MAX_PIXELS: u64 = 2 * 89_478_485;
 /// image crate's JPEG decoder would fill the rest with grey), and so is one of more than
 /// [`MAX_PIXELS`] pixels. The memory for its pixels is reserved before the decoder asks for
 /// it, so that memory that runs out is an error naming the image, not an abort.
-pub(super) fn decode_bytes(
-    bytes: &[u8],
-    name: impl Fn() -> String,
-) -> Result<RgbImage, DatasetError> {
+pub fn decode_bytes(bytes: &[u8], name: impl Fn() -> String) -> Result<RgbImage, DatasetError> {
     let bad = |reason: String| DatasetError::Decode { name: name(), reason };
     let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::dataset::decode_bytes;
+pub use super::dataset::decode_bytes;
 #[cfg(not(target_arch = "wasm32"))]
 pub use super::dataset::decode_file;
 pub use super::dataset::{
