@@ -1,8 +1,8 @@
 // The page keeps its model and classifies photos, in headless Chromium (WebGPU on SwiftShader),
 // held to the native command on the same files: a ResNet-18 trained 20 steps on a folder of
 // images is downloaded, the page reloaded and the file opened again, and two photos classified:
-// the same top-5 and probabilities (within 1e-5) as `syncstep predict --checkpoint`; the model
-// then continues training from its step. torchvision ResNet-18 weights (the seeded recipe's,
+// the same top-5 and probabilities (within 1e-5) as `syncstep predict --checkpoint`; `eval` and
+// `train --resume` take the file too, and the page continues from its step as the resume does. torchvision ResNet-18 weights (the seeded recipe's,
 // tests/suite/common/recipe.rs, written by the native example recipe_weights: nothing is
 // downloaded) classify the photos with the same top-5 as `syncstep predict --weights`, and as
 // PyTorch's (tests/fixtures/torchvision/predict.json). Files that are not a model, and a
@@ -22,16 +22,22 @@ const STEPS = 20;
 const PHOTOS = ["chelsea.png", "coffee.png"].map((p) => join(REPO, "tests/fixtures/torchvision", p));
 const PYTORCH = JSON.parse(readFileSync(join(REPO, "tests/fixtures/torchvision/predict.json"), "utf8"));
 
-/** `syncstep predict` on `photos` with `flags`; its JSON report. */
-async function nativePredict(dir, name, flags, photos) {
-  const out = join(dir, `${name}.json`);
+/** The native binary with `args`, in the suite's environment; its output. */
+async function native(args) {
   const target = process.env.CARGO_TARGET_DIR || join(REPO, "target");
   const env = {
     ...process.env,
     SYNCSTEP_CONV_ALGO: process.env.SYNCSTEP_CONV_ALGO || "guess",
     SYNCSTEP_AUTOTUNE_CACHE: process.env.SYNCSTEP_AUTOTUNE_CACHE || join(target, "tmp", "autotune-test.json"),
   };
-  await promisify(execFile)(NATIVE, ["predict", ...flags, "--json", out, ...photos], { env, maxBuffer: 1 << 20 });
+  const { stdout, stderr } = await promisify(execFile)(NATIVE, args, { env, maxBuffer: 1 << 20 });
+  return stdout + stderr;
+}
+
+/** `syncstep predict` on `photos` with `flags`; its JSON report. */
+async function nativePredict(dir, name, flags, photos) {
+  const out = join(dir, `${name}.json`);
+  await native(["predict", ...flags, "--json", out, ...photos]);
   return JSON.parse(readFileSync(out, "utf8"));
 }
 
@@ -71,13 +77,13 @@ async function classify(page, photos) {
 }
 
 /** The page's top-5 against the native command's: the same classes, probabilities within `tolerance`. */
-function sameTop5(t, page, native, tolerance) {
-  assert.equal(page.images.length, native.images.length);
-  assert.equal(page.image_size, native.image_size);
-  assert.equal(page.preprocess, native.preprocess);
+function sameTop5(t, page, cli, tolerance) {
+  assert.equal(page.images.length, cli.images.length);
+  assert.equal(page.image_size, cli.image_size);
+  assert.equal(page.preprocess, cli.preprocess);
   let worst = 0;
   page.images.forEach((image, i) => {
-    const want = native.images[i].top;
+    const want = cli.images[i].top;
     assert.equal(image.top.length, 5);
     image.top.forEach((g, rank) => {
       assert.equal(g.index, want[rank].index, `${image.image}: class ranked ${rank}`);
@@ -125,6 +131,13 @@ test("a model trained in the page downloads, opens again, classifies as syncstep
     const checkpoint = join(dir, download.suggestedFilename());
     await download.saveAs(checkpoint);
     assert.equal(download.suggestedFilename(), `resnet18-step${STEPS}.safetensors`);
+    // The command line takes it: eval on its folder, and a resume there (the folder's
+    // fingerprint is the page's), one step on.
+    t.diagnostic((await native(["eval", "--checkpoint", checkpoint, "--data", folder])).split("\n")[0]);
+    const log = join(dir, "resumed.jsonl");
+    const resumed = ["train", "--resume", checkpoint, "--data", folder, "--steps", "1", "--checkpoint", join(dir, "resumed.safetensors"), "--log", log];
+    t.diagnostic((await native(resumed)).trim().split("\n").at(-1));
+    const nativeStep = readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l)).find((r) => r.loss !== undefined);
 
     // A fresh page holds nothing until the file is opened.
     await page.reload();
@@ -133,8 +146,8 @@ test("a model trained in the page downloads, opens again, classifies as syncstep
     assert.equal(result.status, "done", `opening: ${result.error}`);
     assert.deepEqual([result.model.source, result.model.step, result.model.torchvision], [download.suggestedFilename(), STEPS, false]);
     const trained = await classify(page, photos);
-    const native = await nativePredict(dir, "checkpoint", ["--checkpoint", checkpoint], photos);
-    sameTop5(t, trained, native, 1e-5);
+    const predicted = await nativePredict(dir, "checkpoint", ["--checkpoint", checkpoint], photos);
+    sameTop5(t, trained, predicted, 1e-5);
     t.diagnostic(await screenshot(page, "web-model.png"));
 
     // Bad files: an error on the page, naming what is wrong, and the model held stays.
@@ -175,6 +188,10 @@ test("a model trained in the page downloads, opens again, classifies as syncstep
     assert.equal(result.status, "done", `continuing: ${result.error}`);
     assert.equal(result.images.from, STEPS);
     assert.equal(result.model.step, STEPS + 1);
+    // The same step as the command line's resume, on another GPU compiler.
+    const [loss] = result.images.losses;
+    t.diagnostic(`step ${STEPS + 1}: loss ${loss} in the page, ${nativeStep.loss} natively (step ${nativeStep.step})`);
+    assert.ok(Math.abs(loss - nativeStep.loss) <= 1e-4 * Math.abs(nativeStep.loss), `loss ${loss} against ${nativeStep.loss}`);
     assert.deepEqual(problems, [], "the page threw");
   } finally {
     await browser.close();
@@ -201,8 +218,8 @@ test("torchvision ResNet-18 weights classify photos in the page as syncstep pred
     assert.equal(result.model.classNames[0], "tench");
     assert.ok(await page.locator("#download-button").isDisabled(), "torchvision weights are offered as a checkpoint");
     const got = await classify(page, PHOTOS);
-    const native = await nativePredict(dir, "weights", ["--weights", weights], PHOTOS);
-    sameTop5(t, got, native, 1e-5);
+    const predicted = await nativePredict(dir, "weights", ["--weights", weights], PHOTOS);
+    sameTop5(t, got, predicted, 1e-5);
     got.images.forEach((image, i) => {
       const want = pytorch.predictions[i];
       assert.deepEqual(image.top.map((g) => g.index), want.top.map((g) => g.index), `${want.photo}: PyTorch's top-5`);

@@ -302,16 +302,29 @@ pub async fn train_images(
     use syncstep::train::ImageSettings;
     let start = resume.then(|| model::to_resume(true)).transpose()?;
     let files = named_files(&files)?;
+    // The folder picked, as its files' paths name it: what the fingerprint is taken below.
+    let root = files.first().and_then(|(path, _)| path.split('/').next()).unwrap_or_default();
+    let root = std::path::PathBuf::from(root);
     let (cfg, splits) = match &start {
         Some(ck) => {
             let cfg = resumed_config(ck, replicas)?;
             let images = image_settings(&cfg)?;
             let splits = folder_in_memory(files, images.val_split, cfg.seed).map_err(js_error)?;
-            if splits.train.class_names != images.class_names {
-                return Err(JsError::new(&format!(
-                    "the folder's classes ({}) are not the ones the model was trained on ({}): continue it on the data it was trained on",
+            let now = splits.fingerprint(&root).map_err(js_error)?;
+            let problem = if splits.train.class_names != images.class_names {
+                Some(format!(
+                    "the folder's classes ({}) are not the ones the model was trained on ({})",
                     splits.train.class_names.join(", "),
                     images.class_names.join(", ")
+                ))
+            } else {
+                images.fingerprint.as_ref().filter(|&then| *then != now).map(|then| {
+                    format!("the folder is not the data the model was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled)")
+                })
+            };
+            if let Some(problem) = problem {
+                return Err(JsError::new(&format!(
+                    "{problem}: continue it on the data it was trained on"
                 )));
             }
             (cfg, splits)
@@ -322,9 +335,11 @@ pub async fn train_images(
             let class_names = splits.train.class_names.clone();
             let classes = class_names.len() as u32;
             let mut cfg = train_config(&arch, replicas, batch, size, seed, lr, classes)?;
+            // Recorded as `train --data` records a folder, so that the run continues natively
+            // on the same files (`--resume CHECKPOINT --data DIR`).
             cfg.images = Some(ImageSettings {
-                data: DataSpec::Folder("browser".into()),
-                fingerprint: None,
+                data: DataSpec::Folder(root.clone()),
+                fingerprint: Some(splits.fingerprint(&root).map_err(js_error)?),
                 val_split: 0.2,
                 augment: Augment::ResizedCropFlip,
                 norm,

@@ -17,7 +17,8 @@ pub use super::dataset::{
 /// The splits of an image folder given as its files' paths (`root/<class>/<image>`, as a
 /// browser's folder picker gives them) and bytes, decoded now: classes are the images' folders,
 /// sorted by name; other files are skipped (and counted in a note); `val_split` of each class
-/// is held out as [`hold_out`] does.
+/// is held out as [`hold_out`] does. Their fingerprint below `root` is that of the same folder
+/// opened from disk (`open`), so a run on it continues natively on that folder.
 pub fn folder_in_memory(
     files: Vec<(String, Vec<u8>)>,
     val_split: f64,
@@ -54,7 +55,7 @@ pub fn folder_in_memory(
         let mut images = Vec::with_capacity(files.len());
         for (path, bytes) in files {
             let img = decode_bytes(&bytes, || path.clone())?;
-            images.push((path, img));
+            images.push(((path, bytes.len() as u64), img));
         }
         classes.push(images);
     }
@@ -69,11 +70,11 @@ pub fn folder_in_memory(
             EXTENSIONS.join(", .")
         ));
     }
-    let dataset = |examples: Labelled<(String, RgbImage)>| {
+    let dataset = |examples: Labelled<((String, u64), RgbImage)>| {
         let (named, labels): (Vec<_>, Vec<u32>) = examples.into_iter().unzip();
-        let (names, images): (Vec<String>, Vec<RgbImage>) = named.into_iter().unzip();
+        let (files, images): (Vec<(String, u64)>, Vec<RgbImage>) = named.into_iter().unzip();
         let images = images.into_iter().zip(labels).collect();
-        Dataset::from_named_images(class_names.clone(), images, names)
+        Dataset::from_images_of_files(class_names.clone(), images, files)
     };
     Ok(Splits { train: dataset(train), val: dataset(val), notes })
 }
