@@ -216,6 +216,34 @@ mod tests {
         assert!(matches!(folder_in_memory(one, 0.2, 3), Err(DatasetError::OneClass { .. })));
     }
 
+    /// A folder read into memory (a browser's folder picker) is the same data as the folder
+    /// opened from disk: the same split, and the same fingerprint below its root.
+    #[test]
+    fn a_folder_in_memory_has_the_fingerprint_of_the_folder_on_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("pick");
+        let mut files = Vec::new();
+        for (class, count) in [("ant", 5u8), ("bee", 3)] {
+            std::fs::create_dir_all(root.join(class)).unwrap();
+            for i in 0..count {
+                let bytes = png(10 * i + count);
+                std::fs::write(root.join(class).join(format!("{i}.png")), &bytes).unwrap();
+                files.push((format!("pick/{class}/{i}.png"), bytes));
+            }
+        }
+        let memory = folder_in_memory(files, 0.2, 7).unwrap();
+        let disk = open(&DataSpec::Folder(root.clone()), 0.2, 7).unwrap();
+        let names =
+            |d: &Dataset| (0..d.len()).map(|i| d.name(i).replace('\\', "/")).collect::<Vec<_>>();
+        let tail = |names: Vec<String>| {
+            names.into_iter().map(|n| n[n.find("pick/").unwrap()..].to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(tail(names(&memory.val)), tail(names(&disk.val)));
+        let fingerprint = memory.fingerprint(Path::new("pick")).unwrap();
+        assert_eq!(fingerprint, disk.fingerprint(&root).unwrap());
+        assert_eq!(fingerprint.examples, 8);
+    }
+
     /// `img` encoded as `format`.
     fn encoded(img: &RgbImage, format: image::ImageFormat) -> Vec<u8> {
         let mut bytes = std::io::Cursor::new(Vec::new());
