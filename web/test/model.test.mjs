@@ -5,7 +5,8 @@
 // `train --resume` take the file too, and the page continues from its step as the resume does. torchvision ResNet-18 weights (the seeded recipe's,
 // tests/suite/common/recipe.rs, written by the native example recipe_weights: nothing is
 // downloaded) classify the photos with the same top-5 as `syncstep predict --weights`, and as
-// PyTorch's (tests/fixtures/torchvision/predict.json). Files that are not a model, and a
+// PyTorch's (tests/fixtures/torchvision/predict.json). A model of the synthetic dataset, which
+// names no photos, downloads for `eval` and `train --resume` too. Files that are not a model, and a
 // continuation on other classes, are errors on the page, and the model held stays.
 
 import assert from "node:assert/strict";
@@ -193,6 +194,42 @@ test("a model trained in the page downloads, opens again, classifies as syncstep
     t.diagnostic(`step ${STEPS + 1}: loss ${loss} in the page, ${nativeStep.loss} natively (step ${nativeStep.step})`);
     assert.ok(Math.abs(loss - nativeStep.loss) <= 1e-4 * Math.abs(nativeStep.loss), `loss ${loss} against ${nativeStep.loss}`);
     assert.deepEqual(problems, [], "the page threw");
+  } finally {
+    await browser.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("a model trained on the synthetic dataset downloads, eval and train --resume take it, and the page continues it alike", { timeout: TIMEOUT }, async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "syncstep-synthetic-"));
+  const browser = await openBrowser({ webgpu: true });
+  try {
+    const page = await browser.context.newPage();
+    await page.goto(`${browser.url}?arch=resnet18&replicas=2&batch=2&size=32&train_steps=2&seed=5`);
+    await page.waitForFunction(() => window.syncstepResult?.status === "ready", null, { timeout: TIMEOUT });
+    await page.click("#train-button");
+    let result = await settled(page);
+    assert.equal(result.status, "done", `training: ${result.error}`);
+    assert.deepEqual([result.model.step, result.model.images, result.model.classNames], [2, false, null]);
+    assert.ok(await page.locator("#photos-input").isDisabled(), "a model of the synthetic dataset is offered photos");
+    const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download-button")]);
+    const checkpoint = join(dir, download.suggestedFilename());
+    await download.saveAs(checkpoint);
+    t.diagnostic((await native(["eval", "--checkpoint", checkpoint, "--examples", "8"])).trim().split("\n")[0]);
+    const log = join(dir, "resumed.jsonl");
+    await native(["train", "--resume", checkpoint, "--steps", "1", "--checkpoint", join(dir, "resumed.safetensors"), "--log", log]);
+    const nativeStep = readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l)).find((r) => r.loss !== undefined);
+    // The page continues the model it holds, on one replica: the same step.
+    await page.selectOption("select[name=replicas]", "1");
+    await page.fill("input[name=trainSteps]", "1");
+    await page.check("#resume-input");
+    await page.click("#train-button");
+    result = await settled(page);
+    assert.equal(result.status, "done", `continuing: ${result.error}`);
+    assert.deepEqual([result.train.from, result.model.step], [2, 3]);
+    const [loss] = result.train.losses;
+    t.diagnostic(`step 3: loss ${loss} in the page, ${nativeStep.loss} natively (step ${nativeStep.step})`);
+    assert.ok(Math.abs(loss - nativeStep.loss) <= 1e-4 * Math.abs(nativeStep.loss), `loss ${loss} against ${nativeStep.loss}`);
   } finally {
     await browser.close();
     rmSync(dir, { recursive: true, force: true });
