@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/cli/imagenet_classes.txt: ImageNet-1k's class names, one a line, in the order of
+"""Writes crates/syncstep/src/imagenet_classes.txt: ImageNet-1k's class names, one a line, in the order of
 torchvision's classifiers, from torchvision's own metadata (what `syncstep predict --weights`
 names a 1000-class prediction with). Needs torchvision only; downloads nothing.
 
@@ -10,7 +10,7 @@ import pathlib
 
 import torchvision
 
-OUT = pathlib.Path(__file__).resolve().parent.parent / "src" / "cli" / "imagenet_classes.txt"
+OUT = pathlib.Path(__file__).resolve().parent.parent / "crates" / "syncstep" / "src" / "imagenet_classes.txt"
 
 
 def main():

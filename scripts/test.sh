@@ -49,8 +49,8 @@ done
 # same.
 cargo test --workspace --release --all-targets --features mpi --no-fail-fast "$@"
 
-# The page test runs these two (`cargo test` builds examples as test harnesses, not as programs).
-cargo build --release --features mpi --bin syncstep --example make_image_folder --quiet
+# The page tests run these (`cargo test` builds examples as test harnesses, not as programs).
+cargo build --release --features mpi --bin syncstep --example make_image_folder --example recipe_weights --quiet
 bash scripts/setup-web.sh --test
 # The browser face's crate compiles only for wasm32: its lint runs here, once that target is in.
 cargo clippy --release --target wasm32-unknown-unknown -p syncstep-web --quiet -- -D warnings

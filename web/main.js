@@ -1,10 +1,13 @@
 // The demo page: loads the wasm build (web/pkg, made by scripts/web-build.sh), checks that the
 // browser has WebGPU, and runs what the visitor asks for: the equivalence gates (with PORTABLE
 // when a golden file is there), a short data-parallel training (on the synthetic dataset, or on
-// a folder of the visitor's own images), the kernel self-check.
+// a folder of the visitor's own images), the kernel self-check. The model trained last, or
+// opened from a file, is held by the wasm module: it downloads as a checkpoint, continues
+// training, and classifies photos as `syncstep predict` does.
 //
 // Everything the page finds is also in window.syncstepResult, for tests and for anyone at the
-// console: { status, settings, adapter, gates, portable, train, images, selfcheck, timings, error }
+// console: { status, settings, adapter, gates, portable, train, images, selfcheck, model,
+// classify, timings, error }
 // where status is "loading" | "ready" | "running" | "done" | "error" | "no-webgpu"; "done"
 // once every run the address asked for has finished.
 
@@ -13,7 +16,7 @@ import { formatError, lossChart, tensorChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 
-const result = { status: "loading", settings: null, gates: null, portable: null, train: null, images: null, selfcheck: null, timings: {} };
+const result = { status: "loading", settings: null, gates: null, portable: null, train: null, images: null, selfcheck: null, model: null, classify: null, timings: {} };
 window.syncstepResult = result;
 
 const FIELDS = {
@@ -144,7 +147,7 @@ function showNoWebGPU(probe) {
     ],
   });
   $("adapter-status").textContent = "No WebGPU adapter.";
-  for (const id of ["settings-section", "gates-section", "train-section", "selfcheck-section"]) $(id).hidden = true;
+  for (const id of ["settings-section", "gates-section", "train-section", "model-section", "selfcheck-section"]) $(id).hidden = true;
   Object.assign(result, { reason: probe.reason, message: why, status: "no-webgpu" });
 }
 
@@ -392,7 +395,8 @@ async function runTraining(settings) {
   const t0 = performance.now();
   let last = t0;
   try {
-    const report = await syncstep.train_demo(settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, (ev) => {
+    const resume = $("resume-input").checked;
+    const report = await syncstep.train_demo(settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, resume, (ev) => {
       const now = performance.now();
       stepMs.push(now - last);
       last = now;
@@ -406,12 +410,14 @@ async function runTraining(settings) {
     // The first step also compiles every shader: leave it out of the step time.
     const steady = stepMs.length > 1 ? stepMs.slice(1) : stepMs;
     const meanStepMs = steady.reduce((a, b) => a + b, 0) / steady.length;
-    const images = settings.replicas * settings.batch;
-    $("train-status").textContent = `${report.losses.length} steps of ${settings.replicas} × ${settings.batch} images: loss ` +
+    const images = report.replicas * report.batch_per_replica;
+    const from = report.from ? `from step ${report.from} of the model held, ` : "";
+    $("train-status").textContent = `${report.losses.length} steps ${from}of ${report.replicas} × ${report.batch_per_replica} images: loss ` +
       `${losses[0].toFixed(4)} → ${losses.at(-1).toFixed(4)}; ${fmtMs(meanStepMs)} a step (${(images / (meanStepMs / 1000)).toFixed(1)} images/s` +
       `${stepMs.length > 1 ? ", the first step, which also compiles the shaders, left out" : ""}).`;
     result.train = { ...report, stepMs, meanStepMs };
     result.timings.trainMs = performance.now() - t0;
+    showModel();
   } finally {
     clock.stop();
   }
@@ -434,13 +440,15 @@ async function runImageTraining(settings) {
   draw();
   try {
     clock.set(`Decoding ${files.length} images and requesting ${settings.replicas} GPU adapter${settings.replicas > 1 ? "s" : ""}…`);
-    const report = await syncstep.train_images(files, settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, 8, (ev) => {
+    const resume = $("resume-input").checked;
+    const report = await syncstep.train_images(files, settings.arch, settings.replicas, settings.batch, settings.size, settings.trainSteps, settings.seed, settings.lr, resume, 8, (ev) => {
       losses.push(ev.loss);
       clock.set(`Step ${ev.step} of ${ev.steps}: loss ${ev.loss.toFixed(4)}, learning rate ${ev.lr.toPrecision(3)}`);
       draw();
     });
     clock.stop();
-    status.textContent = `${report.losses.length} steps on ${report.train_images} images of ${report.classes.length} classes ` +
+    const from = report.from ? ` from step ${report.from} of the model held` : "";
+    status.textContent = `${report.losses.length} steps${from} on ${report.train_images} images of ${report.classes.length} classes ` +
       `(${report.classes.join(", ")}): loss ${losses[0].toFixed(4)} → ${losses.at(-1).toFixed(4)}. ${report.notes.join(". ")}.`;
     const cards = report.predictions.map((p) => {
       const card = document.createElement("figure");
@@ -457,9 +465,98 @@ async function runImageTraining(settings) {
     $("predictions").replaceChildren(...cards);
     $("predictions").hidden = cards.length === 0;
     result.images = report;
+    showModel();
   } finally {
     clock.stop();
   }
+}
+
+/** Shows the model the wasm module holds (or none) and what can be done with it. */
+function showModel() {
+  const info = syncstep.model_info();
+  result.model = info;
+  if (info) {
+    const names = info.classNames
+      ? `${info.classes} classes (${info.classNames.length > 8 ? `${info.classNames.slice(0, 8).join(", ")}, …` : info.classNames.join(", ")})`
+      : `${info.classes} classes of the synthetic dataset (no photos to name)`;
+    const kind = info.torchvision ? "torchvision weights" : `a checkpoint at step ${info.step}`;
+    $("model-status").textContent = `${info.source}: ${info.title}, ${kind}, ${names}; input ${info.imageSize}×${info.imageSize} (${info.preprocess} preprocessing).`;
+  }
+  updateModelControls();
+  return info;
+}
+
+/** The model's controls, enabled for what the model held (and a page not busy) allows. */
+function updateModelControls() {
+  const info = result.model;
+  $("download-button").disabled = busy || !info?.downloadName;
+  $("photos-input").disabled = busy || !info?.classNames;
+  $("model-input").disabled = busy;
+  const resume = $("resume-input");
+  const resumable = !!info && !info.torchvision;
+  resume.disabled = busy || !resumable;
+  if (!resumable) resume.checked = false;
+}
+
+/** Saves the model held as a checkpoint file, the bytes the library's checkpoint writer makes. */
+function downloadModel() {
+  const info = result.model;
+  const bytes = syncstep.model_bytes();
+  const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
+  const link = el("a", { href: url, download: info.downloadName, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  $("model-status").textContent = `Saved ${info.downloadName} (${mib(bytes.length)}): syncstep predict --checkpoint ${info.downloadName} photo.jpg`;
+}
+
+/** Opens a model file: read in parts by the wasm module, checked as `syncstep predict` checks it. */
+async function openModel(file) {
+  Object.assign(result, { status: "running", error: undefined });
+  $("model-status").textContent = `Reading ${file.name} (${mib(file.size)})…`;
+  try {
+    await syncstep.open_model(file);
+  } catch (e) {
+    const held = result.model ? ` The model held is still ${result.model.source}.` : "";
+    $("model-status").textContent = `${e?.message ?? e}${held}`;
+    throw e;
+  }
+  $("classified").replaceChildren();
+  $("classified").hidden = true;
+  showModel();
+}
+
+/** The top-5 classes of each photo by the model held, shown beside it. */
+async function classifyPhotos(photos) {
+  Object.assign(result, { status: "running", error: undefined, classify: null });
+  const clock = ticking($("model-status"), `Classifying ${photos.length} photo${photos.length > 1 ? "s" : ""}…`);
+  try {
+    const files = await Promise.all(photos.map(async (f) => ({ path: f.name, bytes: new Uint8Array(await f.arrayBuffer()) })));
+    const report = await syncstep.classify(files, 5);
+    clock.stop();
+    const cards = report.images.map((image, i) => {
+      const img = el("img", { src: URL.createObjectURL(photos[i]), alt: image.image });
+      const list = el("ol", {}, ...image.top.map((t) => el("li", { textContent: `${t.class} ${(100 * t.probability).toFixed(1)}%` })));
+      return el("figure", {}, img, el("figcaption", { textContent: image.image }, list));
+    });
+    $("classified").replaceChildren(...cards);
+    $("classified").hidden = false;
+    $("model-status").textContent = `${report.images.length} photos classified by ${report.model} at ${report.image_size}×${report.image_size} (${report.preprocess} preprocessing).`;
+    result.classify = report;
+  } finally {
+    clock.stop();
+  }
+}
+
+/** Files dropped on the page: a model file is opened; photos are classified by the model held. */
+async function dropped(files) {
+  const models = files.filter((f) => /\.safetensors$/i.test(f.name));
+  const photos = files.filter((f) => IMAGE_FILE.test(f.name));
+  if (!models.length && !photos.length) throw new Error("Drop a model file (.safetensors) or photos (png, jpg, bmp, webp).");
+  if (models.length > 1) throw new Error("Drop one model file at a time.");
+  if (models.length) await openModel(models[0]);
+  if (photos.length) await classifyPhotos(photos);
 }
 
 async function runSelfCheck(settings) {
@@ -522,6 +619,7 @@ let busy = false;
 async function job(run, ...args) {
   busy = true;
   updateForm();
+  updateModelControls();
   try {
     await run(...args);
     return true;
@@ -531,6 +629,7 @@ async function job(run, ...args) {
   } finally {
     busy = false;
     updateForm();
+    updateModelControls();
   }
 }
 
@@ -617,8 +716,30 @@ async function main() {
   $("train-button").addEventListener("click", () => job(runTraining, current).then(settle));
   $("images-button").addEventListener("click", () => job(runImageTraining, current).then(settle));
   $("selfcheck-button").addEventListener("click", () => job(runSelfCheck, current).then(settle));
+  $("download-button").addEventListener("click", () => job(downloadModel).then(settle));
+  const picked = (input, run) => input.addEventListener("change", () => {
+    const files = [...input.files];
+    input.value = "";
+    if (files.length) job(run, files).then(settle);
+  });
+  picked($("model-input"), (files) => openModel(files[0]));
+  picked($("photos-input"), classifyPhotos);
+  const zone = $("drop-zone");
+  for (const type of ["dragenter", "dragover"]) {
+    zone.addEventListener(type, (e) => {
+      e.preventDefault();
+      zone.classList.add("over");
+    });
+  }
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    zone.classList.remove("over");
+    if (!busy) job(dropped, [...e.dataTransfer.files]).then(settle);
+  });
   result.status = "ready";
   updateForm();
+  updateModelControls();
 
   const queued = [[settings.run, runGates], [settings.train, runTraining], [settings.selfcheck, runSelfCheck]];
   const wanted = queued.filter(([on]) => on);

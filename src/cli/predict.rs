@@ -5,17 +5,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::{json, Value};
+use syncstep::classify::{default_class_names, top_classes, ClassifyError};
 use syncstep::data::source::decode_file;
-use syncstep::data::transform::eval_image;
-use syncstep::data::Batch;
 use syncstep::files::Kind;
-use syncstep::scores::{ranking, softmax};
 
 use super::weights::ModelArgs;
-
-/// ImageNet-1k's class names in the order of torchvision's classifiers, one a line, written by
-/// `scripts/imagenet_classes.py` from torchvision's own metadata.
-const IMAGENET_CLASSES: &str = include_str!("imagenet_classes.txt");
 
 /// predict's classes (`--json`), told by their `image_size`, `preprocess` and `images`.
 const PREDICTIONS: Kind = Kind {
@@ -59,9 +53,11 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?;
     let (model, weights) = args.model.read()?;
     let k = model.cfg.classes as usize;
-    let (names, norm) = match (&model.cfg.images, model.norm()) {
-        (_, Some(norm)) if model.torchvision => (class_names(args.class_names.as_deref(), k)?, norm),
-        (Some(images), _) => (images.class_names.clone(), images.norm),
+    let (names, norm) = match (model.class_names(), model.norm()) {
+        (Some(_), Some(norm)) if model.torchvision => {
+            (class_names(args.class_names.as_deref(), k)?, norm)
+        }
+        (Some(names), Some(norm)) => (names, norm),
         _ => {
             return Err(format!(
                 "{} was trained on the synthetic dataset, not on images: predict needs a run with --data",
@@ -72,43 +68,34 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     // The trainer checks the image size against the device before any image is made at it.
     let mut trainer = model.trainer(weights)?;
-    let (size, preprocess) = (model.cfg.image_size, model.preprocess);
     // Every image is decoded before any runs, so a bad one is reported before the work.
     let mut pixels = Vec::with_capacity(args.images.len());
     for path in &args.images {
-        pixels.push(eval_image(&decode_file(path)?, size, preprocess, &norm));
+        pixels.push(model.input(&decode_file(path)?, &norm));
     }
-    let chunk = trainer.cfg.batch.max(1);
+    let ranked =
+        pollster::block_on(top_classes(&mut trainer, &pixels, args.top)).map_err(|e| match e {
+            ClassifyError::NotFinite { image, .. } => {
+                format!("{}: {e}", args.images[image].display())
+            }
+            e => e.to_string(),
+        })?;
     let mut report = Vec::new();
-    for (paths, chunk) in args.images.chunks(chunk).zip(pixels.chunks(chunk)) {
-        let batch =
-            Batch { images: chunk.concat(), labels: vec![0; chunk.len()], h: size, w: size };
-        let logits = pollster::block_on(trainer.replicas.predict(&batch))?;
-        if let Some((row, value)) = syncstep::scores::non_finite_row(&logits, k) {
-            return Err(format!(
-                "{}: the model's outputs are not finite ({value}), so it has no prediction for it: the forward pass overflowed (the weights of a run that diverged, or an input far from what they were trained on, do that)",
-                paths[row].display()
-            )
-            .into());
-        }
-        for (path, row) in paths.iter().zip(logits.chunks(k)) {
-            let p = softmax(row);
-            let top: Vec<usize> = ranking(row).into_iter().take(args.top).collect();
-            let shown: Vec<String> =
-                top.iter().map(|&c| format!("{} {:.1}%", names[c], 100.0 * p[c])).collect();
-            say!("{}: {}", path.display(), shown.join(", "));
-            let top: Vec<Value> = top
-                .iter()
-                .map(|&c| json!({"index": c, "class": names[c], "probability": p[c]}))
-                .collect();
-            report.push(json!({"image": path.display().to_string(), "top": top}));
-        }
+    for (path, top) in args.images.iter().zip(ranked) {
+        let shown: Vec<String> =
+            top.iter().map(|&(c, p)| format!("{} {:.1}%", names[c], 100.0 * p)).collect();
+        say!("{}: {}", path.display(), shown.join(", "));
+        let top: Vec<Value> = top
+            .iter()
+            .map(|&(c, p)| json!({"index": c, "class": names[c], "probability": p}))
+            .collect();
+        report.push(json!({"image": path.display().to_string(), "top": top}));
     }
     if let Some(path) = &args.json {
         let report = json!({
             model.flag(): file.display().to_string(),
-            "image_size": size,
-            "preprocess": preprocess.to_string(),
+            "image_size": model.cfg.image_size,
+            "preprocess": model.preprocess.to_string(),
             "images": report,
         });
         syncstep::files::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
@@ -119,12 +106,7 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// The names of torchvision weights' `k` classes: `file`'s lines, else ImageNet-1k's when
 /// there are 1000, else the indices.
 fn class_names(file: Option<&Path>, k: usize) -> Result<Vec<String>, String> {
-    let Some(file) = file else {
-        return Ok(match k {
-            1000 => IMAGENET_CLASSES.lines().map(str::to_string).collect(),
-            _ => (0..k).map(|c| c.to_string()).collect(),
-        });
-    };
+    let Some(file) = file else { return Ok(default_class_names(k)) };
     let bytes = syncstep::files::read_input(file)
         .map_err(|e| format!("--class-names {}: {e}", file.display()))?;
     let text = String::from_utf8(bytes)

@@ -9,13 +9,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use syncstep::checkpoint::{self, Checkpoint};
-use syncstep::data::transform::{Normalization, Preprocess};
+use syncstep::classify::{fitting_batch, Classifier};
+use syncstep::data::transform::Preprocess;
 use syncstep::model::{Arch, ResNet};
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{TrainConfig, Trainer};
-
-/// Side of the input for torchvision weights unless `--image-size` says: their training's.
-const TORCHVISION_SIZE: u32 = 224;
 
 /// Exactly one of the two.
 #[derive(Args)]
@@ -52,29 +50,25 @@ pub struct ModelArgs {
     adapter: Option<String>,
 }
 
-/// Weights read and checked, and how images are made for them; [`Model::trainer`] puts them
-/// on the device, once everything else has been checked.
+/// Weights read and checked, and how images are made for them (the library's [`Classifier`],
+/// which this derefs to); [`Model::trainer`] puts them on the device, once everything else has
+/// been checked.
 pub struct Model {
-    /// The run the weights are (or, for torchvision's, stand for): classes, image size, batch.
-    pub cfg: TrainConfig,
+    pub classifier: Classifier,
     /// The file given, for messages.
     pub path: PathBuf,
-    /// Whether they are torchvision's (`--weights`) rather than a checkpoint's.
-    pub torchvision: bool,
-    pub preprocess: Preprocess,
     adapter: Option<String>,
 }
 
-impl Model {
-    /// The normalisation of images: ImageNet's for torchvision weights, else the run's; None
-    /// for a checkpoint of a run on the synthetic dataset (it never saw an image).
-    pub fn norm(&self) -> Option<Normalization> {
-        match &self.cfg.images {
-            _ if self.torchvision => Some(Normalization::IMAGENET),
-            images => images.as_ref().map(|i| i.norm),
-        }
-    }
+impl std::ops::Deref for Model {
+    type Target = Classifier;
 
+    fn deref(&self) -> &Classifier {
+        &self.classifier
+    }
+}
+
+impl Model {
     /// The flag the weights came by, as JSON reports name it.
     pub fn flag(&self) -> &'static str {
         if self.torchvision {
@@ -90,7 +84,10 @@ impl Model {
         let (peers, tune) = (Default::default(), Default::default());
         let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
         let gpu = devices.into_iter().next().ok_or("no device")?;
-        let batch = fitting_batch(&self.cfg, &gpu.limits)?;
+        let batch = fitting_batch(&self.cfg, &gpu.limits).map_err(|e| {
+            let e = e.to_string().replace("--batch or --image-size", "--image-size");
+            format!("--image-size {}: one image does not fit: {e}", self.cfg.image_size)
+        })?;
         Ok(Trainer::new(gpu, TrainConfig { batch, ..self.cfg.clone() }, Some(weights))?)
     }
 }
@@ -109,7 +106,7 @@ impl ModelArgs {
     /// The weights, read and checked (no device yet).
     pub fn read(&self) -> Result<(Model, Checkpoint), Box<dyn Error>> {
         let (path, torchvision) = self.file();
-        let (mut cfg, weights) = if torchvision {
+        let (mut classifier, weights) = if torchvision {
             torchvision_weights(path, self.arch)?
         } else {
             let file = TensorFile::read(path)?;
@@ -117,63 +114,32 @@ impl ModelArgs {
             if let Some(arch) = self.arch.filter(|&a| a != cfg.arch) {
                 return Err(format!("{}: the checkpoint is a {}, not a {arch} (--arch): drop --arch or pass --arch {}", path.display(), cfg.arch, cfg.arch).into());
             }
-            let weights = checkpoint::from_file(&file, &ResNet::new(cfg.arch, cfg.classes)?)?;
-            (cfg, weights)
+            Classifier::checkpoint(&file)?
         };
+        let cfg = &mut classifier.cfg;
         cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
         ResNet::check_image_size(cfg.image_size, cfg.image_size)?;
-        let default = if torchvision { Preprocess::Torchvision } else { Preprocess::Square };
-        let model = Model {
-            cfg,
-            path: path.to_path_buf(),
-            torchvision,
-            preprocess: self.preprocess.unwrap_or(default),
-            adapter: self.adapter.clone(),
-        };
+        classifier.preprocess = self.preprocess.unwrap_or(classifier.preprocess);
+        let model = Model { classifier, path: path.to_path_buf(), adapter: self.adapter.clone() };
         Ok((model, weights))
     }
 }
 
-/// The largest batch, of the run's (halved until it fits), that a device with `limits` holds at
-/// `cfg`'s input size: evaluation scores each image alone, so a smaller batch gives the same
-/// scores. An error, in `eval`'s and `predict`'s words, when one image does not fit.
-fn fitting_batch(cfg: &TrainConfig, limits: &wgpu::Limits) -> Result<usize, Box<dyn Error>> {
-    let model = ResNet::new(cfg.arch, cfg.classes)?;
-    let size = cfg.image_size;
-    let mut batch = cfg.batch.max(1);
-    loop {
-        match syncstep::step::check_batch_fits(&model, batch as u64, size, size, limits) {
-            Ok(()) => return Ok(batch),
-            Err(_) if batch > 1 => batch /= 2,
-            Err(e) => {
-                let e = e.to_string().replace("--batch or --image-size", "--image-size");
-                return Err(format!("--image-size {size}: one image does not fit: {e}").into());
-            }
-        }
-    }
-}
-
-/// torchvision weights as a run at step 0 on 224×224 images: every parameter and running
-/// statistic required (read as `train --init` and `grad` read them), the classes `fc`'s rows.
+/// torchvision weights (`--weights`), read by the library; a syncstep checkpoint is refused,
+/// naming the flag it goes to.
 fn torchvision_weights(
     path: &Path,
     asked: Option<Arch>,
-) -> Result<(TrainConfig, Checkpoint), String> {
+) -> Result<(Classifier, Checkpoint), String> {
     let hint = |e: &dyn Error| {
         format!("{e}: --weights takes a torchvision ResNet's `state_dict` (resnet18, resnet34, resnet50 or resnet101) saved as safetensors (docs/data.md)")
     };
     let file = TensorFile::read(path).map_err(|e| hint(&e))?;
-    if file.metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint")) {
+    if checkpoint::checkpoint_format(&file.metadata) {
         return Err(format!(
             "{}: this is a syncstep checkpoint (a `train --checkpoint` file), not torchvision weights: give it as --checkpoint, which runs it with its run's classes, image size and normalisation",
             path.display()
         ));
     }
-    let arch = checkpoint::weights_arch(&file, asked).map_err(|e| hint(&e))?;
-    let classes = checkpoint::classes(&file, arch).map_err(|e| hint(&e))?;
-    let model = ResNet::new(arch, classes).map_err(|e| hint(&e))?;
-    let (params, running) = checkpoint::load_weights(&file, &model, true).map_err(|e| hint(&e))?;
-    let cfg = TrainConfig { arch, image_size: TORCHVISION_SIZE, classes, ..TrainConfig::default() };
-    let velocity = vec![0.0; model.param_len];
-    Ok((cfg.clone(), Checkpoint { params, running, velocity, step: 0, settings: cfg }))
+    Classifier::torchvision(&file, asked).map_err(|e| hint(&e))
 }

@@ -21,7 +21,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
+mod model;
+
 use syncstep::check::{run_check_on, CheckConfig, CheckDevices, CheckProgress, Gate};
+use syncstep::checkpoint::Checkpoint;
 use syncstep::data::Batch;
 use syncstep::golden::Golden;
 use syncstep::gpu::{self, Gpu};
@@ -29,7 +32,9 @@ use syncstep::kernels::{Device, DeviceConfig};
 use syncstep::model::{Arch, ResNet};
 use syncstep::selfcheck::{self, Progress};
 use syncstep::step::StepConfig;
-use syncstep::train::{RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun};
+use syncstep::train::{
+    Keep, RunError, RunHooks, RunPlan, StepDone, TrainConfig, Trainer, TrainingRun,
+};
 
 /// Runs once when the module is instantiated: console logging (warnings and errors) and a
 /// panic hook that prints the panic message before the module traps.
@@ -221,10 +226,12 @@ pub async fn run_gates(
 
 /// A short data-parallel training run on the embedded synthetic dataset: `replicas` browser
 /// devices, each taking `batch` images of every step's global batch of R·batch (BatchNorm
-/// synchronised), `steps` SGD steps at learning rate `lr` from a seeded initialisation,
-/// stopped with an error should it diverge. `on_step`, if given, is called after each step with
-/// `{step, steps, loss, lr}`. Resolves to `{replicas, batch_per_replica, image_size, seed,
-/// adapters, losses}`.
+/// synchronised), `steps` SGD steps at learning rate `lr` from a seeded initialisation, or,
+/// with `resume`, `steps` more of the checkpoint the page holds, under its own settings (the
+/// library's resume: every setting is the checkpoint's but the replicas). Stopped with an
+/// error should it diverge. `on_step`, if given, is called after each step with `{step, steps,
+/// loss, lr}`. Resolves to `{arch, replicas, batch_per_replica, image_size, seed, from,
+/// adapters, losses}` (`from`: the step it started at); the page then holds its final state.
 #[wasm_bindgen]
 #[allow(clippy::too_many_arguments)]
 pub async fn train_demo(
@@ -235,21 +242,30 @@ pub async fn train_demo(
     steps: u32,
     seed: u32,
     lr: f32,
+    resume: bool,
     on_step: Option<Function>,
 ) -> Result<JsValue, JsError> {
-    let cfg = train_config(&arch, replicas, batch, size, seed, lr, 10)?;
-    let mut run = training_run(cfg, replicas, steps, None).await?;
-    let mut page = PageRun { batches: PageBatches::Synthetic, on_step, steps };
+    let start = resume.then(|| model::to_resume(false)).transpose()?;
+    let cfg = match &start {
+        Some(ck) => resumed_config(ck, replicas)?,
+        None => train_config(&arch, replicas, batch, size, seed, lr, 10)?,
+    };
+    let mut run = training_run(cfg, replicas, steps, None, start).await?;
+    let mut page = PageRun { batches: PageBatches::Synthetic, on_step, steps, kept: None };
+    let from = run.trainer.step;
     run.run(&mut page).await.map_err(run_failed)?;
+    let cfg = &run.trainer.cfg;
     let report = json!({
-        "arch": arch,
+        "arch": cfg.arch.name(),
         "replicas": replicas,
-        "batch_per_replica": batch,
-        "image_size": size,
-        "seed": seed,
+        "batch_per_replica": cfg.batch.div_ceil(replicas as usize),
+        "image_size": cfg.image_size,
+        "seed": cfg.seed,
+        "from": from,
         "adapters": run.trainer.replicas.adapters().map_err(js_error)?,
         "losses": run.losses(),
     });
+    page.keep_final()?;
     parse(&report.to_string())
 }
 
@@ -258,10 +274,12 @@ pub async fn train_demo(
 /// <image>`), decoded and split here by the same code as `syncstep train --data DIR` (a fifth
 /// of each class held out), augmented (resized-crop-flip) and normalised by their own
 /// statistics. `replicas` devices take `batch` images each of every step, at learning rate
-/// `lr`, stopped with an error should the run diverge. `on_step` is called after each step
-/// with `{step, steps, loss, lr}`. Resolves to `{classes, train_images, val_images, losses,
+/// `lr`, stopped with an error should the run diverge; with `resume`, `steps` more of the
+/// checkpoint the page holds, under its own settings, split, normalisation and augmentation,
+/// on a folder of the classes it was trained on. `on_step` is called after each step with
+/// `{step, steps, loss, lr}`. Resolves to `{classes, train_images, val_images, from, losses,
 /// notes, predictions: [{path, label, top: [{class, probability}]}]}` with the predictions for
-/// up to `shown` held-out images.
+/// up to `shown` held-out images; the page then holds the run's final state.
 #[wasm_bindgen]
 #[allow(clippy::too_many_arguments)]
 pub async fn train_images(
@@ -273,6 +291,7 @@ pub async fn train_images(
     steps: u32,
     seed: u32,
     lr: f32,
+    resume: bool,
     shown: u32,
     on_step: Option<Function>,
 ) -> Result<JsValue, JsError> {
@@ -281,19 +300,56 @@ pub async fn train_images(
     use syncstep::data::source::{folder_in_memory, DataSpec};
     use syncstep::data::transform::{channel_stats, Augment};
     use syncstep::train::ImageSettings;
-    let splits = folder_in_memory(named_files(&files)?, 0.2, seed.into()).map_err(js_error)?;
+    let start = resume.then(|| model::to_resume(true)).transpose()?;
+    let files = named_files(&files)?;
+    // The folder picked, as its files' paths name it: what the fingerprint is taken below.
+    let root = files.first().and_then(|(path, _)| path.split('/').next()).unwrap_or_default();
+    let root = std::path::PathBuf::from(root);
+    let (cfg, splits) = match &start {
+        Some(ck) => {
+            let cfg = resumed_config(ck, replicas)?;
+            let images = image_settings(&cfg)?;
+            let splits = folder_in_memory(files, images.val_split, cfg.seed).map_err(js_error)?;
+            let now = splits.fingerprint(&root).map_err(js_error)?;
+            let problem = if splits.train.class_names != images.class_names {
+                Some(format!(
+                    "the folder's classes ({}) are not the ones the model was trained on ({})",
+                    splits.train.class_names.join(", "),
+                    images.class_names.join(", ")
+                ))
+            } else {
+                images.fingerprint.as_ref().filter(|&then| *then != now).map(|then| {
+                    format!("the folder is not the data the model was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled)")
+                })
+            };
+            if let Some(problem) = problem {
+                return Err(JsError::new(&format!(
+                    "{problem}: continue it on the data it was trained on"
+                )));
+            }
+            (cfg, splits)
+        }
+        None => {
+            let splits = folder_in_memory(files, 0.2, seed.into()).map_err(js_error)?;
+            let norm = channel_stats(&splits.train, size, 1000).map_err(js_error)?;
+            let class_names = splits.train.class_names.clone();
+            let classes = class_names.len() as u32;
+            let mut cfg = train_config(&arch, replicas, batch, size, seed, lr, classes)?;
+            // Recorded as `train --data` records a folder, so that the run continues natively
+            // on the same files (`--resume CHECKPOINT --data DIR`).
+            cfg.images = Some(ImageSettings {
+                data: DataSpec::Folder(root.clone()),
+                fingerprint: Some(splits.fingerprint(&root).map_err(js_error)?),
+                val_split: 0.2,
+                augment: Augment::ResizedCropFlip,
+                norm,
+                class_names,
+            });
+            (cfg, splits)
+        }
+    };
+    let images = image_settings(&cfg)?;
     let (train, val) = (splits.train, splits.val);
-    let norm = channel_stats(&train, size, 1000).map_err(js_error)?;
-    let class_names = train.class_names.clone();
-    let mut cfg = train_config(&arch, replicas, batch, size, seed, lr, class_names.len() as u32)?;
-    cfg.images = Some(ImageSettings {
-        data: DataSpec::Folder("browser".into()),
-        fingerprint: None,
-        val_split: 0.2,
-        augment: Augment::ResizedCropFlip,
-        norm,
-        class_names: class_names.clone(),
-    });
     let epochs = Epochs { examples: train.len(), batch: cfg.batch, seed: cfg.seed };
     if epochs.steps_per_epoch() == 0 {
         return Err(JsError::new(&format!(
@@ -302,27 +358,52 @@ pub async fn train_images(
             cfg.batch
         )));
     }
-    let plan = Plan::Train { epochs, augment: Augment::ResizedCropFlip, part: (0, cfg.batch) };
-    let mut run = training_run(cfg, replicas, steps, Some(epochs)).await?;
-    let batches = PageBatches::Images { train: &train, plan, norm };
-    let mut page = PageRun { batches, on_step, steps };
+    let plan = Plan::Train { epochs, augment: images.augment, part: (0, cfg.batch) };
+    let mut run = training_run(cfg, replicas, steps, Some(epochs), start).await?;
+    let from = run.trainer.step;
+    let batches = PageBatches::Images { train: &train, plan, norm: images.norm };
+    let mut page = PageRun { batches, on_step, steps, kept: None };
     run.run(&mut page).await.map_err(run_failed)?;
+    let class_names = &images.class_names;
     let shown = shown as usize;
-    let predictions = predictions(&mut run.trainer, &val, &norm, &class_names, shown).await?;
+    let predictions = predictions(&mut run.trainer, &val, &images.norm, class_names, shown).await?;
+    let cfg = &run.trainer.cfg;
     let report = json!({
-        "arch": arch,
+        "arch": cfg.arch.name(),
         "classes": class_names,
         "train_images": train.len(),
         "val_images": val.len(),
         "replicas": replicas,
-        "batch_per_replica": batch,
-        "image_size": size,
+        "batch_per_replica": cfg.batch.div_ceil(replicas as usize),
+        "image_size": cfg.image_size,
+        "from": from,
         "adapters": run.trainer.replicas.adapters().map_err(js_error)?,
         "losses": run.losses(),
         "notes": splits.notes,
         "predictions": predictions,
     });
+    page.keep_final()?;
     parse(&report.to_string())
+}
+
+/// The image settings of a run on images.
+fn image_settings(cfg: &TrainConfig) -> Result<syncstep::train::ImageSettings, JsError> {
+    cfg.images
+        .clone()
+        .ok_or_else(|| JsError::new("internal error: a run on images without its image settings"))
+}
+
+/// A resumed run's settings: the checkpoint's, every one (as `train --resume` keeps them),
+/// shared by `replicas` devices.
+fn resumed_config(ck: &Checkpoint, replicas: u32) -> Result<TrainConfig, JsError> {
+    let cfg = ck.settings.clone();
+    if replicas == 0 || cfg.batch < replicas as usize {
+        return Err(JsError::new(&format!(
+            "the model's run takes a global batch of {} images, which {replicas} replicas cannot share: choose at most {} replicas",
+            cfg.batch, cfg.batch
+        )));
+    }
+    Ok(cfg)
 }
 
 /// A page run's settings: `replicas` × `batch` images of `size`² a step, at base rate `lr`.
@@ -350,19 +431,21 @@ fn train_config(
     })
 }
 
-/// A fresh run of `cfg` for `steps` steps on `replicas` browser devices.
+/// A run of `cfg` for `steps` steps on `replicas` browser devices: fresh, or from `start`.
 async fn training_run(
     cfg: TrainConfig,
     replicas: u32,
     steps: u32,
     epochs: Option<syncstep::data::schedule::Epochs>,
+    start: Option<Checkpoint>,
 ) -> Result<TrainingRun, JsError> {
     ResNet::check_image_size(cfg.image_size, cfg.image_size).map_err(js_error)?;
     let model = ResNet::new(cfg.arch, cfg.classes).map_err(js_error)?;
     let gpus = browser_devices(replicas as usize, Some(&model)).await?;
-    let trainer = Trainer::data_parallel(gpus, cfg, None).map_err(js_error)?;
-    // The page keeps no checkpoints: its run lives as long as the page.
-    let plan = RunPlan { last: steps.into(), checkpoint_every: 0, epochs };
+    let last = start.as_ref().map_or(0, |ck| ck.step) + u64::from(steps);
+    let trainer = Trainer::data_parallel(gpus, cfg, start).map_err(js_error)?;
+    // Checkpoints are not kept as the run goes: the page holds its final state.
+    let plan = RunPlan { last, checkpoint_every: 0, epochs };
     Ok(TrainingRun::new(trainer, plan))
 }
 
@@ -378,11 +461,25 @@ enum PageBatches<'a> {
     },
 }
 
-/// The page's face of a training run: its batches, and each step told to `on_step`.
+/// The page's face of a training run: its batches, each step told to `on_step`, and its
+/// final state.
 struct PageRun<'a> {
     batches: PageBatches<'a>,
     on_step: Option<Function>,
     steps: u32,
+    kept: Option<Checkpoint>,
+}
+
+impl PageRun<'_> {
+    /// Hands the run's final state to the page's model.
+    fn keep_final(&mut self) -> Result<(), JsError> {
+        let ck = self
+            .kept
+            .take()
+            .ok_or_else(|| JsError::new("internal error: the run ended without its final state"))?;
+        model::keep_trained(ck);
+        Ok(())
+    }
 }
 
 impl RunHooks for PageRun<'_> {
@@ -397,6 +494,13 @@ impl RunHooks for PageRun<'_> {
                 syncstep::data::loader::batch(train, plan, size, norm, step).map_err(js_error)
             }
         }
+    }
+
+    fn keep(&mut self, _trainer: &Trainer, ck: &Checkpoint, why: Keep) -> Result<(), JsError> {
+        if why == Keep::Final {
+            self.kept = Some(ck.clone());
+        }
+        Ok(())
     }
 
     fn stepped(&mut self, _trainer: &Trainer, done: &StepDone) -> Result<(), JsError> {
@@ -441,25 +545,28 @@ async fn predictions(
     class_names: &[String],
     shown: usize,
 ) -> Result<Vec<Value>, JsError> {
-    use syncstep::data::transform::{eval_image, Preprocess};
-    use syncstep::scores::{ranking, softmax};
+    use syncstep::classify::{top_classes, Classifier};
+    use syncstep::data::transform::Preprocess;
 
-    let size = trainer.cfg.image_size;
-    let mut predictions = Vec::new();
-    for i in 0..val.len().min(shown) {
-        let pixels = eval_image(&val.decode(i).map_err(js_error)?, size, Preprocess::Square, norm);
-        let one = syncstep::data::Batch { images: pixels, labels: vec![0], h: size, w: size };
-        let logits = trainer.replicas.predict(&one).await.map_err(js_error)?;
-        let p = softmax(&logits);
-        let top: Vec<Value> = ranking(&logits)
-            .into_iter()
-            .take(3)
-            .map(|c| json!({"class": class_names[c], "probability": p[c]}))
-            .collect();
-        predictions.push(
-            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top}),
-        );
+    let classifier =
+        Classifier { cfg: trainer.cfg.clone(), torchvision: false, preprocess: Preprocess::Square };
+    let shown = val.len().min(shown);
+    let mut inputs = Vec::with_capacity(shown);
+    for i in 0..shown {
+        inputs.push(classifier.input(&val.decode(i).map_err(js_error)?, norm));
     }
+    let ranked = top_classes(trainer, &inputs, 3).await.map_err(js_error)?;
+    let predictions = ranked
+        .into_iter()
+        .enumerate()
+        .map(|(i, top)| {
+            let top: Vec<Value> = top
+                .into_iter()
+                .map(|(c, p)| json!({"class": class_names[c], "probability": p}))
+                .collect();
+            json!({"path": val.name(i), "label": class_names[val.label(i) as usize], "top": top})
+        })
+        .collect();
     Ok(predictions)
 }
 

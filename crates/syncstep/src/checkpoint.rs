@@ -9,16 +9,12 @@
 //! ([`healthy`]): finite, and small enough to square in f32; running variances are never
 //! negative, and weights are never integers.
 
-#[cfg(not(target_arch = "wasm32"))]
 use std::collections::BTreeMap;
-#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 
 use crate::model::{Arch, ResNet};
 use crate::settings::{required_settings, TrainConfig, ARCH_KEY};
-#[cfg(not(target_arch = "wasm32"))]
-use crate::tensorfile::{write_f32, Entry};
-use crate::tensorfile::{TensorFile, TensorFileError};
+use crate::tensorfile::{Entry, TensorFile, TensorFileError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -262,7 +258,6 @@ pub fn unhealthy(model: &ResNet, ck: &Checkpoint) -> Option<(String, usize, f32)
 }
 
 /// The named tensors of `flat` in the layout `specs` describes.
-#[cfg(not(target_arch = "wasm32"))]
 fn entries<'a>(
     prefix: &str,
     specs: &[crate::model::TensorSpec],
@@ -276,18 +271,26 @@ fn entries<'a>(
 
 /// Writes a checkpoint atomically: an interrupted or failed save leaves the old file intact.
 /// A checkpoint with a non-finite value is not written (the old one stays). Native only (a
-/// browser has no file system).
+/// browser has no file system: it saves [`to_bytes`]).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn save(path: &Path, model: &ResNet, ck: &Checkpoint) -> Result<(), CheckpointError> {
+    let bytes = to_bytes(path, model, ck)?;
+    crate::files::write_atomic(path, &bytes).map_err(|e| {
+        CheckpointError::File(TensorFileError::Io { path: path.into(), message: e.to_string() })
+    })
+}
+
+/// The bytes of the checkpoint file [`save`] writes (`name` names it in errors); none for a
+/// checkpoint with a non-finite value.
+pub fn to_bytes(name: &Path, model: &ResNet, ck: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
     if let Some((name, index, value)) = unhealthy(model, ck) {
         return Err(CheckpointError::NotFinite { name, index, value });
     }
-    write(path, model, ck, &metadata(model, ck))
+    serialize(name, model, ck, &metadata(model, ck))
 }
 
 /// What a checkpoint's header records: the run's settings, its model's arch, its step and the
 /// format.
-#[cfg(not(target_arch = "wasm32"))]
 fn metadata(model: &ResNet, ck: &Checkpoint) -> BTreeMap<String, String> {
     let mut meta = ck.settings.metadata();
     meta.insert(ARCH_KEY.into(), model.arch.to_string());
@@ -296,18 +299,17 @@ fn metadata(model: &ResNet, ck: &Checkpoint) -> BTreeMap<String, String> {
     meta
 }
 
-/// Writes `ck`'s tensors with `meta` as their header, atomically.
-#[cfg(not(target_arch = "wasm32"))]
-fn write(
-    path: &Path,
+/// `ck`'s tensors with `meta` as their header, as a file's bytes.
+fn serialize(
+    name: &Path,
     model: &ResNet,
     ck: &Checkpoint,
     meta: &BTreeMap<String, String>,
-) -> Result<(), CheckpointError> {
+) -> Result<Vec<u8>, CheckpointError> {
     let mut all = entries("", &model.params, &ck.params);
     all.extend(entries("", &model.buffers, &ck.running));
     all.extend(entries("momentum/", &model.params, &ck.velocity));
-    Ok(write_f32(path, &all, meta)?)
+    Ok(crate::tensorfile::f32_i64_bytes(name, &all, &[], meta)?)
 }
 
 /// Writes what `syncstep grad` reads and PyTorch loads, in one file with torchvision's names:
@@ -395,9 +397,13 @@ pub const KIND: crate::files::Kind =
 /// Whether the file at `path` is a syncstep checkpoint, told by its header alone. Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn is_checkpoint(path: &Path) -> bool {
-    crate::tensorfile::read_header(path).is_ok_and(|header| {
-        header.metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint"))
-    })
+    crate::tensorfile::read_header(path).is_ok_and(|header| checkpoint_format(&header.metadata))
+}
+
+/// Whether a safetensors header's metadata names a syncstep checkpoint's format, of this build
+/// or another (anything else may be torchvision's weights).
+pub fn checkpoint_format(metadata: &BTreeMap<String, String>) -> bool {
+    metadata.get("format").is_some_and(|f| f.starts_with("syncstep-checkpoint"))
 }
 
 /// Refuses a checkpoint whose tensors are another network than its settings say: another arch
@@ -465,7 +471,12 @@ pub fn from_file(file: &TensorFile, model: &ResNet) -> Result<Checkpoint, Checkp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensorfile::Tensor;
+    use crate::tensorfile::{write_f32, Tensor};
+
+    /// `ck` written with `meta` as its header, whatever it holds.
+    fn write(path: &Path, model: &ResNet, ck: &Checkpoint, meta: &BTreeMap<String, String>) {
+        std::fs::write(path, serialize(path, model, ck, meta).unwrap()).unwrap();
+    }
 
     fn checkpoint(model: &ResNet) -> Checkpoint {
         let params = model.init_params(5);
@@ -490,6 +501,8 @@ mod tests {
         let path = dir.join("ck.safetensors");
         save(&path, &model, &ck).unwrap();
         assert_eq!(load(&path, &model).unwrap(), ck);
+        // What a browser saves is what the file holds.
+        assert_eq!(to_bytes(&path, &model, &ck).unwrap(), std::fs::read(&path).unwrap());
         // A file of another model (7 classes) is refused, naming the tensor.
         let e = load(&path, &ResNet::new(Arch::ResNet34, 7).unwrap()).unwrap_err().to_string();
         assert!(e.contains("fc.weight") && e.contains("[10, 512]"), "{e}");
@@ -515,7 +528,7 @@ mod tests {
         let old = checkpoint(&resnet34);
         let mut meta = metadata(&resnet34, &old);
         meta.remove(ARCH_KEY);
-        write(&path, &resnet34, &old, &meta).unwrap();
+        write(&path, &resnet34, &old, &meta);
         assert_eq!(load(&path, &resnet34).unwrap(), old);
         let e = load(&path, &resnet18).unwrap_err().to_string();
         assert!(e.contains("is resnet34, but this run is resnet18"), "{e}");
@@ -555,7 +568,7 @@ mod tests {
         for key in required_settings() {
             let mut meta = metadata(&model, &good);
             meta.remove(&key);
-            write(&path, &model, &good, &meta).unwrap();
+            write(&path, &model, &good, &meta);
             let e = load(&path, &model).unwrap_err().to_string();
             assert!(e.contains(&format!("metadata `{key}` is missing")), "{e}");
         }

@@ -18,6 +18,7 @@ pub mod bench;
 pub mod canonical;
 pub mod check;
 pub mod checkpoint;
+pub mod classify;
 pub mod collective;
 pub mod compare;
 pub mod data;

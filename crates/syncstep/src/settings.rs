@@ -75,8 +75,8 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageSettings {
     pub data: DataSpec,
-    /// What the data is, wherever it is (None in checkpoints of earlier builds, and in the
-    /// browser).
+    /// What the data is, wherever it is, a folder picked in a browser included (None in
+    /// checkpoints of earlier builds).
     pub fingerprint: Option<Fingerprint>,
     pub val_split: f64,
     pub augment: Augment,

@@ -1,6 +1,6 @@
 //! safetensors files: reading weights, batches and checkpoints (any float or integer dtype,
-//! converted on the way in) and writing f32 tensors atomically (`files::write_atomic`: a failed
-//! write never leaves a half-written file where a good one was). Files syncstep writes carry
+//! converted on the way in) and writing f32 tensors, as bytes or atomically to a file
+//! (`files::write_atomic`: a failed write never leaves a half-written file where a good one was). Files syncstep writes carry
 //! in their header the SHA-256 of every byte a reader reads (`sha256_header_and_data`: the
 //! header's tensors and metadata, then the data); a reader checks it, so a flipped bit, in a
 //! tensor or in a recorded setting, is an error, not a different model or run.
@@ -268,6 +268,20 @@ pub fn write_f32_i64(
     ints: &[IntEntry],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), TensorFileError> {
+    let bytes = f32_i64_bytes(path, entries, ints, metadata)?;
+    crate::files::write_atomic(path, &bytes)
+        .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
+}
+
+/// The bytes [`write_f32_i64`] writes (what a browser hands the visitor to save); `name`
+/// names the file in errors.
+pub fn f32_i64_bytes(
+    name: &Path,
+    entries: &[Entry],
+    ints: &[IntEntry],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>, TensorFileError> {
+    let io = |message: String| TensorFileError::Io { path: name.into(), message };
     let floats = entries.iter().map(|(n, s, v)| (n, s, Dtype::F32, bytemuck::cast_slice(v)));
     let ints = ints.iter().map(|(n, s, v)| (n, s, Dtype::I64, bytemuck::cast_slice(v)));
     let serialize = |metadata: &BTreeMap<String, String>| {
@@ -275,40 +289,28 @@ pub fn write_f32_i64(
             .clone()
             .chain(ints.clone())
             .map(|(n, shape, dtype, bytes)| {
-                TensorView::new(dtype, shape.clone(), bytes).map(|view| (n.clone(), view)).map_err(
-                    |e| TensorFileError::Io {
-                        path: path.into(),
-                        message: format!("tensor `{n}`: {e}"),
-                    },
-                )
+                TensorView::new(dtype, shape.clone(), bytes)
+                    .map(|view| (n.clone(), view))
+                    .map_err(|e| io(format!("tensor `{n}`: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-        let bytes = safetensors::tensor::serialize(views, info)
-            .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })?;
-        sorted_metadata(bytes).ok_or_else(|| TensorFileError::Io {
-            path: path.into(),
-            message: "the serialised file has no header to sort".into(),
-        })
+        let bytes = safetensors::tensor::serialize(views, info).map_err(|e| io(e.to_string()))?;
+        sorted_metadata(bytes).ok_or_else(|| io("the serialised file has no header to sort".into()))
     };
     // The hash leaves out its own entry: serialise once to hash, once with the hash.
     let mut metadata = metadata.clone();
     metadata.remove(DATA_CHECKSUM_KEY);
-    let checksum = checksum(&serialize(&metadata)?).ok_or_else(|| TensorFileError::Io {
-        path: path.into(),
-        message: "the serialised file has no header to hash".into(),
-    })?;
+    let checksum = checksum(&serialize(&metadata)?)
+        .ok_or_else(|| io("the serialised file has no header to hash".into()))?;
     metadata.insert(CHECKSUM_KEY.into(), checksum);
-    let bytes = serialize(&metadata)?;
-    crate::files::write_atomic(path, &bytes)
-        .map_err(|e| TensorFileError::Io { path: path.into(), message: e.to_string() })
+    serialize(&metadata)
 }
 
 /// `bytes` (a safetensors file) with its header's metadata sorted by key. The safetensors crate
 /// writes the metadata from a `HashMap`, in an order that changes from one process to the next:
 /// sorted, the same run writes the same bytes. The header keeps its length (the same text in
 /// another order), so the data and its offsets stay where they are.
-#[cfg(not(target_arch = "wasm32"))]
 fn sorted_metadata(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
     let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
     let header = bytes.get_mut(8..8usize.checked_add(len)?)?;

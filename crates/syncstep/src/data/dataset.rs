@@ -22,11 +22,11 @@ enum Items {
     #[cfg(not(target_arch = "wasm32"))]
     Files(Vec<(PathBuf, u32)>),
     Cifar(Records),
-    /// Decoded images and their names (none: "image i"), shared between subsets; `order`
-    /// picks this set's examples.
+    /// Decoded images and the files they came from, each its path and size (none: "image
+    /// i"), shared between subsets; `order` picks this set's examples.
     Memory {
         images: Arc<Vec<(RgbImage, u32)>>,
-        names: Arc<Vec<String>>,
+        files: Arc<Vec<(String, u64)>>,
         order: Vec<usize>,
     },
 }
@@ -65,9 +65,10 @@ impl Dataset {
             #[cfg(not(target_arch = "wasm32"))]
             Items::Files(files) => files[i].0.display().to_string(),
             Items::Cifar(records) => records.name(i),
-            Items::Memory { names, order, .. } => {
-                names.get(order[i]).cloned().unwrap_or_else(|| format!("image {}", order[i]))
-            }
+            Items::Memory { files, order, .. } => match files.get(order[i]) {
+                Some((path, _)) => path.clone(),
+                None => format!("image {}", order[i]),
+            },
         }
     }
 
@@ -87,17 +88,19 @@ impl Dataset {
     /// A dataset of images already decoded (the browser's uploads, tests). Labels are checked
     /// against the class count where batches are made (`Batch::validate`).
     pub fn from_images(class_names: Vec<String>, images: Vec<(RgbImage, u32)>) -> Dataset {
-        Dataset::from_named_images(class_names, images, Vec::new())
+        Dataset::from_images_of_files(class_names, images, Vec::new())
     }
 
-    /// The same, each image named by `names` (its path, in messages and `name`).
-    pub fn from_named_images(
+    /// The same, each image from the file `files` names (its path, in messages and `name`, and
+    /// its size in bytes: with them, the dataset's fingerprint is that of the same files on
+    /// disk).
+    pub fn from_images_of_files(
         class_names: Vec<String>,
         images: Vec<(RgbImage, u32)>,
-        names: Vec<String>,
+        files: Vec<(String, u64)>,
     ) -> Dataset {
         let order = (0..images.len()).collect();
-        let items = Items::Memory { images: Arc::new(images), names: Arc::new(names), order };
+        let items = Items::Memory { images: Arc::new(images), files: Arc::new(files), order };
         Dataset { class_names, items }
     }
 
@@ -109,9 +112,9 @@ impl Dataset {
                 Items::Files(indices.iter().map(|&i| files[i].clone()).collect())
             }
             Items::Cifar(records) => Items::Cifar(records.subset(indices)),
-            Items::Memory { images, names, order } => Items::Memory {
+            Items::Memory { images, files, order } => Items::Memory {
                 images: Arc::clone(images),
-                names: Arc::clone(names),
+                files: Arc::clone(files),
                 order: indices.iter().map(|&i| order[i]).collect(),
             },
         };
@@ -119,30 +122,34 @@ impl Dataset {
     }
 
     /// Feeds `hasher` what this split is: each example's label and its image file's path below
-    /// `root` and size, a CIFAR record's bytes, or a decoded image's name below `root`. The
-    /// image files are not read (a folder may hold a million).
+    /// `root` and size (the same for a file read into memory), a CIFAR record's bytes, or a
+    /// decoded image's name. The image files are not read (a folder may hold a million).
     fn hash_into(&self, root: &Path, hasher: &mut sha2::Sha256) -> Result<(), DatasetError> {
         use sha2::Digest;
-        let mut field = |text: &[u8]| {
+        let mut field = |path: &Path, size: Option<u64>, label: u32| {
+            let name = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
+            let text = match size {
+                Some(size) => format!("{name} {size} {label}"),
+                None => format!("{name} {label}"),
+            };
             hasher.update((text.len() as u64).to_le_bytes());
-            hasher.update(text);
+            hasher.update(text.as_bytes());
         };
         match &self.items {
             #[cfg(not(target_arch = "wasm32"))]
             Items::Files(files) => {
                 for (path, label) in files {
                     let io = |source| DatasetError::Io { path: path.clone(), source };
-                    let size = std::fs::metadata(path).map_err(io)?.len();
-                    let name = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
-                    field(format!("{name} {size} {label}").as_bytes());
+                    field(path, Some(std::fs::metadata(path).map_err(io)?.len()), *label);
                 }
             }
             Items::Cifar(records) => records.hash_into(hasher),
-            Items::Memory { .. } => {
-                for i in 0..self.len() {
-                    let name = self.name(i);
-                    let name = Path::new(&name).strip_prefix(root).unwrap_or(Path::new(&name));
-                    field(format!("{} {}", name.display(), self.label(i)).as_bytes());
+            Items::Memory { files, order, .. } => {
+                for (i, &at) in order.iter().enumerate() {
+                    match files.get(at) {
+                        Some((path, size)) => field(Path::new(path), Some(*size), self.label(i)),
+                        None => field(Path::new(&self.name(i)), None, self.label(i)),
+                    }
                 }
             }
         }
@@ -187,10 +194,7 @@ pub const MAX_PIXELS: u64 = 2 * 89_478_485;
 /// image crate's JPEG decoder would fill the rest with grey), and so is one of more than
 /// [`MAX_PIXELS`] pixels. The memory for its pixels is reserved before the decoder asks for
 /// it, so that memory that runs out is an error naming the image, not an abort.
-pub(super) fn decode_bytes(
-    bytes: &[u8],
-    name: impl Fn() -> String,
-) -> Result<RgbImage, DatasetError> {
+pub fn decode_bytes(bytes: &[u8], name: impl Fn() -> String) -> Result<RgbImage, DatasetError> {
     let bad = |reason: String| DatasetError::Decode { name: name(), reason };
     let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()

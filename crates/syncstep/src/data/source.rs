@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::dataset::decode_bytes;
+pub use super::dataset::decode_bytes;
 #[cfg(not(target_arch = "wasm32"))]
 pub use super::dataset::decode_file;
 pub use super::dataset::{
@@ -17,7 +17,8 @@ pub use super::dataset::{
 /// The splits of an image folder given as its files' paths (`root/<class>/<image>`, as a
 /// browser's folder picker gives them) and bytes, decoded now: classes are the images' folders,
 /// sorted by name; other files are skipped (and counted in a note); `val_split` of each class
-/// is held out as [`hold_out`] does.
+/// is held out as [`hold_out`] does. Their fingerprint below `root` is that of the same folder
+/// opened from disk (`open`), so a run on it continues natively on that folder.
 pub fn folder_in_memory(
     files: Vec<(String, Vec<u8>)>,
     val_split: f64,
@@ -54,7 +55,7 @@ pub fn folder_in_memory(
         let mut images = Vec::with_capacity(files.len());
         for (path, bytes) in files {
             let img = decode_bytes(&bytes, || path.clone())?;
-            images.push((path, img));
+            images.push(((path, bytes.len() as u64), img));
         }
         classes.push(images);
     }
@@ -69,11 +70,11 @@ pub fn folder_in_memory(
             EXTENSIONS.join(", .")
         ));
     }
-    let dataset = |examples: Labelled<(String, RgbImage)>| {
+    let dataset = |examples: Labelled<((String, u64), RgbImage)>| {
         let (named, labels): (Vec<_>, Vec<u32>) = examples.into_iter().unzip();
-        let (names, images): (Vec<String>, Vec<RgbImage>) = named.into_iter().unzip();
+        let (files, images): (Vec<(String, u64)>, Vec<RgbImage>) = named.into_iter().unzip();
         let images = images.into_iter().zip(labels).collect();
-        Dataset::from_named_images(class_names.clone(), images, names)
+        Dataset::from_images_of_files(class_names.clone(), images, files)
     };
     Ok(Splits { train: dataset(train), val: dataset(val), notes })
 }
@@ -213,6 +214,34 @@ mod tests {
         assert!(e.contains("pick/ant/broken.png"), "{e}");
         let one = vec![("pick/ant/0.png".to_string(), png(1))];
         assert!(matches!(folder_in_memory(one, 0.2, 3), Err(DatasetError::OneClass { .. })));
+    }
+
+    /// A folder read into memory (a browser's folder picker) is the same data as the folder
+    /// opened from disk: the same split, and the same fingerprint below its root.
+    #[test]
+    fn a_folder_in_memory_has_the_fingerprint_of_the_folder_on_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("pick");
+        let mut files = Vec::new();
+        for (class, count) in [("ant", 5u8), ("bee", 3)] {
+            std::fs::create_dir_all(root.join(class)).unwrap();
+            for i in 0..count {
+                let bytes = png(10 * i + count);
+                std::fs::write(root.join(class).join(format!("{i}.png")), &bytes).unwrap();
+                files.push((format!("pick/{class}/{i}.png"), bytes));
+            }
+        }
+        let memory = folder_in_memory(files, 0.2, 7).unwrap();
+        let disk = open(&DataSpec::Folder(root.clone()), 0.2, 7).unwrap();
+        let names =
+            |d: &Dataset| (0..d.len()).map(|i| d.name(i).replace('\\', "/")).collect::<Vec<_>>();
+        let tail = |names: Vec<String>| {
+            names.into_iter().map(|n| n[n.find("pick/").unwrap()..].to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(tail(names(&memory.val)), tail(names(&disk.val)));
+        let fingerprint = memory.fingerprint(Path::new("pick")).unwrap();
+        assert_eq!(fingerprint, disk.fingerprint(&root).unwrap());
+        assert_eq!(fingerprint.examples, 8);
     }
 
     /// `img` encoded as `format`.
