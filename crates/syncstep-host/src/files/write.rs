@@ -85,11 +85,18 @@ pub(super) fn write_in_place(
     file.flush()
 }
 
-/// Opens `target` to append to it. A pipe no process reads is an error, not a wait for one.
+/// Opens `target` to append to it: this process's own standard output or error is written
+/// through that stream's descriptor (so what it prints next comes after). A pipe no process
+/// reads is an error, not a wait for one.
 #[cfg(unix)]
 pub fn open_in_place(target: &Path) -> std::io::Result<File> {
     use rustix::fs::OFlags;
     use std::os::unix::fs::OpenOptionsExt;
+    if let Some(stream) =
+        std::fs::metadata(target).ok().and_then(|m| super::place::standard_stream(&m))
+    {
+        return Ok(stream);
+    }
     let file = OpenOptions::new()
         .append(true)
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
