@@ -28,6 +28,7 @@ mod readback;
 mod reliability;
 mod selfcheck;
 mod sgd;
+mod side_files;
 mod step;
 mod train;
 
@@ -56,6 +57,7 @@ fn main() -> std::process::ExitCode {
         reliability::TESTS,
         selfcheck::TESTS,
         sgd::TESTS,
+        side_files::TESTS,
         step::TESTS,
         train::TESTS,
     ])
