@@ -31,6 +31,7 @@ mod sgd;
 mod side_files;
 mod step;
 mod train;
+mod trust;
 
 fn main() -> std::process::ExitCode {
     common::harness::main(&[
@@ -60,5 +61,6 @@ fn main() -> std::process::ExitCode {
         side_files::TESTS,
         step::TESTS,
         train::TESTS,
+        trust::TESTS,
     ])
 }

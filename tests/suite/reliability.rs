@@ -952,7 +952,7 @@ fn edited(path: &Path, from: &[u8], to: &[u8], dir: &Path, name: &str) -> PathBu
 
 /// The checkpoint at `path` (of `model`) saved again to `dir/name` after `change`: with a
 /// checksum that holds, so that only the checks of what it says can refuse it.
-fn resaved(
+pub(crate) fn resaved(
     path: &Path,
     model: &ResNet,
     dir: &Path,
@@ -1124,7 +1124,8 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
 /// The data is recorded by what it is: its absolute path and a fingerprint of its files. A
 /// relative --data is recorded absolute, so `eval` from another folder scores the same images;
 /// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
-/// refused by a resume and by `eval`, with every file unchanged.
+/// refused by a resume and by `eval` (its `--data` naming that folder too, in any spelling),
+/// with every file unchanged.
 fn the_data_is_an_identity_not_a_path() {
     let tmp = gpu_test_dir();
     let dir = tmp.path().canonicalize().unwrap();
@@ -1169,8 +1170,14 @@ fn the_data_is_an_identity_not_a_path() {
         "{}",
         text(&o)
     );
+    // The same folder named by --data, in any spelling, is the checkpoint's own data still.
+    for data in [images.to_str().unwrap(), &respelt] {
+        let o = run(&["eval", "--checkpoint", c, "--data", data], &[], &[]);
+        refused(&o, "is not the data");
+        assert!(text(&o).contains("score a copy of it at another path"), "{}", text(&o));
+    }
     assert_eq!(snapshot(&[&dir]), before, "a refusal changed a file");
-    eprintln!("6 cases");
+    eprintln!("8 cases");
 }
 
 /// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's

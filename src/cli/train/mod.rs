@@ -290,7 +290,19 @@ fn outputs(
         Some(path) => {
             let log = args.log.as_deref();
             let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
-            Some(files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?)
+            let claim =
+                files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?;
+            // Another run's checkpoint, as a fresh run's --log would be another run's log.
+            let replaces = path.exists() && !files::writes_in_place(path);
+            if args.resume.is_none() && replaces && !overwrite {
+                return Err(format!(
+                    "--checkpoint {}: exists, the checkpoint of another run; a fresh run does not replace it: continue that run with --resume {}, choose another --checkpoint, or add --overwrite to replace it",
+                    path.display(),
+                    path.display()
+                )
+                .into());
+            }
+            Some(claim)
         }
         None => None,
     };
