@@ -17,7 +17,7 @@ use syncstep::parallel::Sabotage;
 /// check's figures (`--json`), told by their `check` and `global_batch`.
 const FIGURES: Kind = Kind {
     what: "syncstep check's figures (a check --json file)",
-    ours: |path| super::json_with(path, &["/check", "/global_batch"]),
+    ours: |path| super::report_with(path, &["/check", "/global_batch"]),
 };
 
 /// A golden file (`--golden`), told by its `golden`, `format` and `tensors` (its settings are
@@ -195,7 +195,7 @@ fn write_outputs(
         Ok(())
     };
     if let Some(path) = json {
-        write(path, report.to_json(), "figures")?;
+        write(path, super::sealed(&report.to_json()), "figures")?;
     }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate.name()).collect();
     // A golden is what another build is held to: only a passing run writes one.

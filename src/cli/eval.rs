@@ -24,7 +24,7 @@ const PRINTED_CONFUSION: usize = 20;
 /// eval's scores (`--json`), told by their `split`, `top1` and `confusion`.
 const SCORES: Kind = Kind {
     what: "syncstep eval's scores (an eval --json file)",
-    ours: |path| super::json_with(path, &["/split", "/top1", "/confusion"]),
+    ours: |path| super::report_with(path, &["/split", "/top1", "/confusion"]),
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -269,7 +269,7 @@ impl Report<'_> {
             "classes": per_class,
             "confusion": confusion,
         });
-        let text = serde_json::to_string_pretty(&report)?;
+        let text = super::sealed(&serde_json::to_string_pretty(&report)?);
         syncstep::files::write_atomic(path, text.as_bytes())?;
         say!("scores: {}", path.display());
         Ok(())

@@ -20,7 +20,7 @@ const IMAGENET_CLASSES: &str = include_str!("imagenet_classes.txt");
 /// predict's classes (`--json`), told by their `image_size`, `preprocess` and `images`.
 const PREDICTIONS: Kind = Kind {
     what: "syncstep predict's classes (a predict --json file)",
-    ours: |path| super::json_with(path, &["/image_size", "/preprocess", "/images"]),
+    ours: |path| super::report_with(path, &["/image_size", "/preprocess", "/images"]),
 };
 
 #[derive(Args)]
@@ -111,7 +111,8 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
             "preprocess": preprocess.to_string(),
             "images": report,
         });
-        syncstep::files::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+        let text = super::sealed(&serde_json::to_string_pretty(&report)?);
+        syncstep::files::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
 }

@@ -156,6 +156,7 @@ fn no_file_of_the_users_is_ever_overwritten() {
         "0",
         "--checkpoint",
         g,
+        "--overwrite",
     ]);
     assert!(ok && !stale.exists(), "{log}");
     eprintln!("{} cases", cases.len() + 2);

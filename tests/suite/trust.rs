@@ -113,7 +113,63 @@ fn a_checkpoints_class_names_are_distinct_and_not_blank() {
     eprintln!("{} cases", cases.len());
 }
 
+/// Pictures and reports that only copy syncstep's marks (a PNG's `Software` chunk, an SVG's
+/// first comment, eval's keys), and plot's own picture annotated by hand: refused without
+/// --overwrite, left as they were; plot's and eval's own outputs are replaced by the next run.
+fn a_picture_or_report_is_ours_only_by_the_hash_it_holds() {
+    let tmp = gpu_test_dir();
+    let dir = tmp.path();
+    let good = one_step_checkpoint(dir);
+    let g = good.to_str().unwrap();
+    let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let log = at("run.jsonl");
+    std::fs::write(
+        &log,
+        "{\"step\":1,\"epoch\":0,\"loss\":2.0}\n{\"step\":2,\"epoch\":0,\"loss\":1.5}\n",
+    )
+    .unwrap();
+    let (own_svg, own_png, own_json) = (at("own.svg"), at("own.png"), at("own.json"));
+    for round in 0..2 {
+        for out in [&own_svg, &own_png] {
+            let o = run(&["plot", &log, "-o", out], &[], &[]);
+            assert!(o.status.success(), "round {round}, {out}: {}", text(&o));
+        }
+        let o = run(&["eval", "--checkpoint", g, "--examples", "2", "--json", &own_json], &[], &[]);
+        assert!(o.status.success(), "round {round}: {}", text(&o));
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&own_json).unwrap()).unwrap();
+    assert!(json.get("top1").is_some(), "{json}");
+    let spoof = |name: &str, bytes: &[u8]| {
+        std::fs::write(dir.join(name), bytes).unwrap();
+        at(name)
+    };
+    let png = spoof("spoof.png", b"\x89PNG\r\n\x1a\n\0\0\0\x16tEXtSoftware\0syncstep plot\0\0\0\0");
+    let svg = spoof("spoof.svg", b"<!-- syncstep plot -->\n<svg>my drawing</svg>\n");
+    let mut annotated = std::fs::read(&own_svg).unwrap();
+    annotated.extend_from_slice(b"<!-- my note -->\n");
+    let annotated = spoof("annotated.svg", &annotated);
+    let other = spoof("other.json", br#"{"split": "val", "top1": 0.5, "confusion": [[1]]}"#);
+    let picture = "is not a picture syncstep plot drew";
+    let cases: [(&[&str], &str); 4] = [
+        (&["plot", &log, "-o", &png], picture),
+        (&["plot", &log, "-o", &svg], picture),
+        (&["plot", &log, "-o", &annotated], picture),
+        (
+            &["eval", "--checkpoint", g, "--examples", "2", "--json", &other],
+            "is not syncstep eval's scores",
+        ),
+    ];
+    let before = snapshot(&[dir]);
+    for (args, says) in cases {
+        refused(&run(args, &[], &[]), says);
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len() + 3);
+}
+
 tests![
     only_syncsteps_own_checkpoint_is_replaced_and_no_old_format_is_trusted,
     a_checkpoints_class_names_are_distinct_and_not_blank,
+    a_picture_or_report_is_ours_only_by_the_hash_it_holds,
 ];
