@@ -50,11 +50,11 @@ pub struct BenchArgs {
     warmup: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
-    #[arg(long, conflicts_with = "adapters")]
+    #[arg(long, conflicts_with = "adapters", allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapter: Option<String>,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th; the single device on the first.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Time every dispatch of one more step with timestamp queries: a per-layer breakdown.
     #[arg(long)]

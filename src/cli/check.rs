@@ -54,7 +54,7 @@ pub struct CheckArgs {
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`, `vulkan:0`): replica r
     /// runs on the (r mod count)-th; the single device on the first. Default: SYNCSTEP_ADAPTER
     /// or the first adapter `syncstep info` lists.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Also hold the single device against the f64 reference (TIE).
     #[arg(long)]

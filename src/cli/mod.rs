@@ -243,6 +243,25 @@ pub fn at_most<const MAX: usize>(value: &str) -> Result<usize, String> {
     }
 }
 
+/// An adapter flag's value (`--adapter`, each of `--adapters`): an index from `syncstep info`,
+/// a backend, or `backend:index`, each mistake said in those terms.
+pub fn adapter(value: &str) -> Result<String, String> {
+    let syntax = "give an index from `syncstep info` (0, 1, …), a backend (vulkan, gl, …) or both as backend:index (vulkan:1)";
+    let index_ok = |i: &str| !i.is_empty() && i.chars().all(|c| c.is_ascii_digit());
+    let problem = match value.trim().split_once(':') {
+        _ if value.trim().is_empty() => "is empty (two commas, or one at an end, in --adapters)",
+        _ if value.trim().starts_with('-') => "is negative: adapters count from 0",
+        Some((b, _)) if index_ok(b) => "puts the index first: the backend comes first (vulkan:1)",
+        Some((_, i)) if !index_ok(i) => "has no number after the colon",
+        _ => {
+            return syncstep::gpu::AdapterChoice::parse(value)
+                .map(|_| value.to_string())
+                .map_err(|e| e.to_string());
+        }
+    };
+    Err(format!("{problem}: {syntax}"))
+}
+
 /// `--classes`'s value: 2 to [`syncstep::model::MAX_CLASSES`], checked before the classifier
 /// is allocated.
 pub fn classes(value: &str) -> Result<u32, String> {

@@ -137,9 +137,17 @@ impl Curves {
 }
 
 pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
-    let format = Format::of(&args.out)?;
+    if args.log.is_dir() {
+        return Err(format!(
+            "{} is a folder: give the metrics log of a training run (its train --log file)",
+            args.log.display()
+        )
+        .into());
+    }
+    // What the path is comes before what its extension says (a folder named x.svg).
     let _claim =
         files::check_output("-o", &args.out, &[&args.log], PICTURE, args.overwrite.overwrite)?;
+    let format = Format::of(&args.out)?;
     let records = metrics::read(&args.log)?;
     let curves = Curves::of(&records);
     let (Some(first), Some(last)) = (curves.loss.first(), curves.loss.last()) else {

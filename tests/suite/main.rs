@@ -20,6 +20,7 @@ mod export;
 mod gpu_errors;
 mod matmul;
 mod maxpool;
+mod messages;
 mod parallel;
 mod plot;
 mod pretrained;
@@ -50,6 +51,7 @@ fn main() -> std::process::ExitCode {
         gpu_errors::TESTS,
         matmul::TESTS,
         maxpool::TESTS,
+        messages::TESTS,
         parallel::TESTS,
         plot::TESTS,
         pretrained::TESTS,

@@ -94,6 +94,12 @@ pub fn classes(file: &TensorFile, arch: Arch) -> Result<u32, CheckpointError> {
 /// `asked` (`--arch`) must agree. A file with no block at all is taken to be `asked`, else
 /// ResNet-34: reading its tensors names what it lacks, as it does a tensor missing in a block.
 pub fn weights_arch(file: &TensorFile, asked: Option<Arch>) -> Result<Arch, CheckpointError> {
+    if !file.tensors.is_empty() && file.tensors.keys().all(|name| name.starts_with("module.")) {
+        return Err(CheckpointError::Malformed {
+            path: file.path.display().to_string(),
+            problem: "every tensor's name starts with `module.`, as torch.nn.DataParallel saves a model: save `model.module.state_dict()` instead (or strip the prefix)".into(),
+        });
+    }
     let mut counts = [0usize; 4];
     let mut bottleneck = false;
     for name in file.tensors.keys() {

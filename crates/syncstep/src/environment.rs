@@ -155,6 +155,17 @@ impl Environment {
                 Err(refuse("SYNCSTEP_AUTOTUNE_CACHE", &cache.to_string_lossy(), &takes))
             })?;
         }
+        // wgpu's own: it ignores a name it does not know with a warning, and then offers no
+        // backend at all.
+        if let Some(v) = text("WGPU_BACKEND")? {
+            let known =
+                ["vulkan", "vk", "dx12", "d3d12", "metal", "mtl", "opengl", "gles", "gl", "webgpu"];
+            if !v.to_lowercase().split(',').all(|b| known.contains(&b.trim())) {
+                let takes =
+                    "backends wgpu knows, comma-separated: vulkan, metal, dx12, gl or webgpu";
+                return Err(refuse("WGPU_BACKEND", &v, takes));
+            }
+        }
         let mpi_silence = match text("SYNCSTEP_MPI_SILENCE")? {
             None => defaults.mpi_silence,
             Some(v) => match v.trim().parse::<f64>() {
@@ -235,6 +246,8 @@ mod tests {
             ("SYNCSTEP_MPI_SILENCE", "inf"),
             ("SYNCSTEP_AUTOTUNE_CACHE", "/"),
             ("SYNCSTEP_AUTOTUNE_CACHE", "/dev/null"),
+            ("WGPU_BACKEND", "garbage"),
+            ("WGPU_BACKEND", "vulkan,,gl"),
         ] {
             let e = read(&[(name, bad)]).unwrap_err().to_string();
             assert!(e.starts_with(name), "{e}");

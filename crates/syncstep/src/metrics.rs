@@ -236,7 +236,7 @@ fn appending(path: &Path, step: u64) -> Result<Start> {
     match tail {
         "" => Ok(Start::Append { newline: false }),
         // The last line is whole but for its newline.
-        _ if serde_json::from_str::<Record>(tail).is_ok() => Ok(Start::Append { newline: true }),
+        _ if record_of(tail).is_ok() => Ok(Start::Append { newline: true }),
         // Not a record: perhaps a line a run cut short, perhaps the user's; never cut off.
         _ => Err(MetricsError::LastLine { path: path.to_path_buf(), line: text.lines().count() }),
     }
@@ -278,7 +278,7 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Record>(line) {
+        match record_of(line) {
             Ok(record) => records.push(record),
             Err(_) if lines.peek().is_none() && !line.ends_with('\n') => {
                 log::warn!(
@@ -291,12 +291,21 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
                 return Err(MetricsError::Malformed {
                     path: path.to_path_buf(),
                     line: index + 1,
-                    message: e.to_string(),
+                    message: e,
                 })
             }
         }
     }
     Ok(records)
+}
+
+/// The record a line holds: a JSON object of a record's fields (serde would also read a
+/// record's fields from an array, `[1, 2, 3]`, which no log of ours holds).
+fn record_of(line: &str) -> Result<Record, String> {
+    if !line.trim_start().starts_with('{') {
+        return Err("not a JSON object".into());
+    }
+    serde_json::from_str(line).map_err(|e| e.to_string())
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> MetricsError {
@@ -377,6 +386,10 @@ mod tests {
         std::fs::write(&path, "{\"step\":1,\"epoch\":0}\n{\"step\":\"two\"}\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("line 2:"), "{e}");
+        // An array of a record's values is no record.
+        std::fs::write(&path, "[1,2,3]\n").unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1: not a metrics record (not a JSON object)"), "{e}");
     }
 
     #[test]

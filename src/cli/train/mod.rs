@@ -69,7 +69,7 @@ pub struct TrainArgs {
     epochs: Option<u64>,
     /// Fraction of each class held out for validation when the folder has no train/ and val/
     /// [default: 0.1].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     val_split: Option<f64>,
     /// Training augmentation: none, crop-flip (pad and crop, flip: the CIFAR recipe) or
     /// resized-crop-flip (the ImageNet recipe) [default: crop-flip for CIFAR, else
@@ -97,7 +97,7 @@ pub struct TrainArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     seed: Option<u64>,
     /// Learning rate (the schedule's base rate) [default: 0.01].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     lr: Option<f32>,
     /// Learning-rate schedule after the warm-up: cosine (half a cosine, down to 0 at the end),
     /// constant, or step (a tenth from half the run, a hundredth from three quarters) [default:
@@ -108,13 +108,13 @@ pub struct TrainArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     momentum: Option<f32>,
     /// Weight decay [default: 0.0005].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     weight_decay: Option<f32>,
     /// Label smoothing ε in [0, 1) [default: 0.1].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     label_smoothing: Option<f32>,
     /// Held-out images to measure accuracy on (0: none; at most 100000). Synthetic data:
     /// before and after training [default: 64]; images: after every epoch and at the end,
@@ -132,7 +132,7 @@ pub struct TrainArgs {
     log: Option<PathBuf>,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
-    #[arg(long, conflicts_with = "adapters")]
+    #[arg(long, conflicts_with = "adapters", allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapter: Option<String>,
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
@@ -141,7 +141,7 @@ pub struct TrainArgs {
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT,
     /// SIGTERM or SIGHUP (after the step in flight) and at the end, atomically, and never with

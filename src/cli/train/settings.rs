@@ -9,7 +9,7 @@ use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
 use syncstep::data::source::{self, DataSpec, Fingerprint, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
-use syncstep::model::ResNet;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{ImageSettings, TrainConfig, VAL_SPLIT};
@@ -118,7 +118,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let schedule = Schedule { kind, warmup_steps, total_steps };
     let cfg = TrainConfig { arch, batch, image_size, classes, seed, step, schedule, images };
     let start = match &args.init {
-        Some(path) => Some(init_weights(path, &model, &cfg, &mut saved.notes)?),
+        Some(path) => Some(init_weights(path, &model, args.arch, &cfg, &mut saved.notes)?),
         None => start,
     };
     Ok(Run { cfg, splits, epochs, start, last, notes: saved.notes })
@@ -328,16 +328,26 @@ fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64,
     Ok(last)
 }
 
-/// The state at step 0 from `--init` weights. `notes` says what was not taken: a classifier of
-/// another class count (initialised afresh) and tensors the model has no place for (ignored).
+/// The state at step 0 from `--init` weights, for `model` (of `--arch`, `asked`, or the
+/// default). `notes` says what was not taken: a classifier of another class count (initialised
+/// afresh) and tensors the model has no place for (ignored).
 fn init_weights(
     path: &Path,
     model: &ResNet,
+    asked: Option<Arch>,
     cfg: &TrainConfig,
     notes: &mut Vec<String>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let file = TensorFile::read(path)?;
-    checkpoint::weights_arch(&file, Some(model.arch))?;
+    let found = checkpoint::weights_arch(&file, asked)?;
+    if found != model.arch {
+        return Err(format!(
+            "--init {}: these are {found} weights, and without --arch the run is a {}: pass --arch {found}",
+            path.display(),
+            model.arch
+        )
+        .into());
+    }
     let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
     if let Some(k) = other_classes {

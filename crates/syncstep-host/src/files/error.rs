@@ -16,7 +16,9 @@ pub type Result<T, E = FileError> = std::result::Result<T, E>;
 /// Why a path cannot take an output, each with what to do instead.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    #[error("is not a file path")]
+    #[error(
+        "is not a file path (it names a folder): give a file's path, without a slash at its end"
+    )]
     NotAFilePath,
     #[error("{} is not a folder", .0.display())]
     ParentNotAFolder(PathBuf),

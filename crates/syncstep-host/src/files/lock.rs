@@ -39,8 +39,8 @@ impl Lock {
     /// The lock of `target`; an error naming the process that holds it, or the file of the
     /// user's that is where the lock goes.
     pub fn acquire(target: &Path) -> Result<Lock, Refusal> {
-        let name = target.file_name().unwrap_or_default().to_string_lossy();
-        let path = super::place::folder_of(target).join(format!(".{name}.lock"));
+        let name = super::place::side_name(target.file_name().unwrap_or_default(), ".lock");
+        let path = super::place::folder_of(target).join(name);
         let io = |source| Refusal::LockNotMade { lock: path.clone(), source };
         // Each turn either makes the lock, refuses, or removes a stale one; a removal another
         // process makes meanwhile only sends this one round again.

@@ -112,6 +112,18 @@ pub(super) fn overlaps(output: &Path, input: &Path) -> bool {
     }
 }
 
+/// The name of a hidden file beside the file `name` (its lock, its temporary files):
+/// `.{name}{suffix}`, `name` cut to its first 200 bytes, so that the side file's name stays
+/// within the 255 bytes a name may have where `name` itself nearly fills them.
+pub(super) fn side_name(name: &std::ffi::OsStr, suffix: &str) -> String {
+    let name = name.to_string_lossy();
+    let mut end = name.len().min(200);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(".{}{suffix}", &name[..end])
+}
+
 /// The folder a file path is in ("." for a bare name).
 pub(super) fn folder_of(path: &Path) -> PathBuf {
     match path.parent() {

@@ -37,6 +37,9 @@ fn an_output_is_refused_where_it_would_destroy_something() {
     }
     let e = check_output("--out", d, &[], ANY, true).err().unwrap().to_string();
     assert!(e.contains("is a folder, not a regular file"), "{e}");
+    let slash = d.join("new.safetensors/");
+    let e = check_output("--out", &slash, &[], ANY, true).err().unwrap().to_string();
+    assert!(e.contains("is not a file path"), "{e}");
     let missing = d.join("no/such/dir/x");
     let e = check_output("--out", &missing, &[], ANY, true).err().unwrap().to_string();
     assert!(e.contains("does not exist"), "{e}");
@@ -86,6 +89,19 @@ fn a_write_that_fails_midway_keeps_the_old_file_and_leaves_nothing() {
     std::fs::create_dir(&folder).unwrap();
     assert!(write_atomic(&folder, b"x").is_err());
     assert_eq!(names(d), ["a folder", "ck.safetensors"]);
+}
+
+/// A name that nearly fills the 255 bytes a name may have: its lock and temporary file keep
+/// the start of it.
+#[test]
+fn an_output_of_the_longest_name_is_claimed_and_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(format!("{}.svg", "x".repeat(251)));
+    let claim = check_output("-o", &path, &[], NONE, false).unwrap();
+    write_atomic(&path, b"drawn").unwrap();
+    drop(claim);
+    assert_eq!(std::fs::read(&path).unwrap(), b"drawn");
+    assert_eq!(names(tmp.path()), [path.file_name().unwrap().to_str().unwrap()]);
 }
 
 #[test]

@@ -122,7 +122,7 @@ pub fn open_in_place(target: &Path) -> std::io::Result<File> {
 /// The start of the temporary files' names for `name`: hidden, then the writer's process id
 /// (`.{name}.tmp-{pid}-{random}`), so that a later run can tell whether its writer is gone.
 pub(super) fn temp_prefix(name: &std::ffi::OsStr) -> String {
-    format!(".{}.tmp-", name.to_string_lossy())
+    super::place::side_name(name, ".tmp-")
 }
 
 /// A new temporary file for `name` in `dir`, removed when dropped unless renamed. Created with
