@@ -119,7 +119,14 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         true
     };
     let (scores, split, names, step) = match (&spec, model.norm()) {
-        (DataSpec::Synthetic, _) => {
+        (DataSpec::Synthetic, Some(_)) => {
+            return Err(format!(
+                "{} was trained on images, and the synthetic dataset's patterns are other classes: give --data with images of its classes",
+                file.display()
+            )
+            .into())
+        }
+        (DataSpec::Synthetic, None) => {
             let images_only = [
                 ("--preprocess", args.model.preprocess.is_some()),
                 ("--workers", args.workers.is_some()),

@@ -63,6 +63,8 @@ pub struct Model {
     pub torchvision: bool,
     pub preprocess: Preprocess,
     adapter: Option<String>,
+    /// Whether `--image-size` set the input size (else the checkpoint's, or torchvision's).
+    size_given: bool,
 }
 
 impl Model {
@@ -90,7 +92,7 @@ impl Model {
         let (peers, tune) = (Default::default(), Default::default());
         let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
         let gpu = devices.into_iter().next().ok_or("no device")?;
-        let batch = fitting_batch(&self.cfg, &gpu.limits)?;
+        let batch = fitting_batch(self, &gpu.limits)?;
         Ok(Trainer::new(gpu, TrainConfig { batch, ..self.cfg.clone() }, Some(weights))?)
     }
 }
@@ -129,15 +131,18 @@ impl ModelArgs {
             torchvision,
             preprocess: self.preprocess.unwrap_or(default),
             adapter: self.adapter.clone(),
+            size_given: self.image_size.is_some(),
         };
         Ok((model, weights))
     }
 }
 
 /// The largest batch, of the run's (halved until it fits), that a device with `limits` holds at
-/// `cfg`'s input size: evaluation scores each image alone, so a smaller batch gives the same
-/// scores. An error, in `eval`'s and `predict`'s words, when one image does not fit.
-fn fitting_batch(cfg: &TrainConfig, limits: &wgpu::Limits) -> Result<usize, Box<dyn Error>> {
+/// the input size of `weights`: evaluation scores each image alone, so a smaller batch gives
+/// the same scores. An error, in `eval`'s and `predict`'s words, when one image does not fit:
+/// naming `--image-size` where it set the size, else the checkpoint's setting.
+fn fitting_batch(weights: &Model, limits: &wgpu::Limits) -> Result<usize, Box<dyn Error>> {
+    let cfg = &weights.cfg;
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     let size = cfg.image_size;
     let mut batch = cfg.batch.max(1);
@@ -145,9 +150,18 @@ fn fitting_batch(cfg: &TrainConfig, limits: &wgpu::Limits) -> Result<usize, Box<
         match syncstep::step::check_batch_fits(&model, batch as u64, size, size, limits) {
             Ok(()) => return Ok(batch),
             Err(_) if batch > 1 => batch /= 2,
-            Err(e) => {
+            Err(e) if weights.size_given || weights.torchvision => {
                 let e = e.to_string().replace("--batch or --image-size", "--image-size");
                 return Err(format!("--image-size {size}: one image does not fit: {e}").into());
+            }
+            Err(e) => {
+                let change = "this checkpoint's images are too large for this device to score";
+                let e = e.to_string().replace("use a smaller --batch or --image-size", change);
+                return Err(format!(
+                    "{}: its setting `image_size` {size}: one image does not fit: {e}",
+                    weights.path.display()
+                )
+                .into());
             }
         }
     }

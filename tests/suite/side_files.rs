@@ -135,7 +135,27 @@ fn nothing_of_the_users_is_touched_by_a_side_file() {
     eprintln!("{} cases", cases.len() + 1);
 }
 
+/// A log whose disk is full (`/dev/full`) stops the run after that step with its checkpoint
+/// written, and says what was and was not saved.
+fn a_full_disk_under_the_log_keeps_the_checkpoint() {
+    let tmp = gpu_test_dir();
+    let ck = tmp.path().join("ck.safetensors");
+    let c = ck.to_str().unwrap();
+    let train =
+        ["train", "--steps", "3", "--batch", "2", "--eval-examples", "0", "--log", "/dev/full"];
+    let o = run(&[&train[..], &["--checkpoint", c, "--checkpoint-every", "0"]].concat(), &[], &[]);
+    refused(&o, "No space left on device");
+    let says = format!(
+        "stopped after step 1; the checkpoint {c} holds step 1: continue with --resume {c}"
+    );
+    assert!(text(&o).contains(&says), "{}", text(&o));
+    let model = syncstep::model::ResNet::new(syncstep::model::Arch::ResNet34, 10).unwrap();
+    assert_eq!(syncstep::checkpoint::load(&ck, &model).unwrap().step, 1);
+    eprintln!("1 case");
+}
+
 tests![
     a_report_or_a_log_to_a_redirected_stream_stays_whole,
-    nothing_of_the_users_is_touched_by_a_side_file
+    nothing_of_the_users_is_touched_by_a_side_file,
+    a_full_disk_under_the_log_keeps_the_checkpoint,
 ];

@@ -168,7 +168,49 @@ fn a_picture_or_report_is_ours_only_by_the_hash_it_holds() {
     eprintln!("{} cases", cases.len() + 3);
 }
 
+/// A checkpoint's settings that cannot be run are named as its own, not as flags the user did
+/// not give: a batch past its data and an image size past the device (resume and predict), a
+/// standard deviation so small a pixel normalises to infinity; its images are not scored as the
+/// synthetic dataset's patterns.
+fn a_checkpoints_settings_are_named_as_its_own() {
+    let tmp = gpu_test_dir();
+    let dir = tmp.path();
+    let images = crate::reliability::image_folder(dir, 4);
+    let ck = crate::reliability::images_checkpoint(dir, &images);
+    let c = ck.to_str().unwrap();
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let batch = resaved(&ck, &model, dir, "batch.safetensors", |ck| ck.settings.batch = 1000);
+    let size = resaved(&ck, &model, dir, "size.safetensors", |ck| ck.settings.image_size = 100_000);
+    let tiny = resaved(&ck, &model, dir, "tiny.safetensors", |ck| {
+        ck.settings.images.as_mut().unwrap().norm.std = [1e-40, 0.5, 0.5];
+    });
+    let img = images.join("ant/0.png");
+    let i = img.to_str().unwrap();
+    fn resume(ck: &str) -> Vec<&str> {
+        vec!["train", "--resume", ck, "--steps", "9", "--eval-examples", "0"]
+    }
+    let kept = "settings of the checkpoint";
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (resume(&batch), format!("fewer than one batch of 1000: these are the {kept} {batch}")),
+        (
+            vec!["predict", "--checkpoint", &size, i],
+            format!("{size}: its setting `image_size` 100000"),
+        ),
+        (vec!["predict", "--checkpoint", &tiny, i], "a pixel would normalise past".into()),
+        (vec!["eval", "--checkpoint", c, "--data", "synthetic"], "was trained on images".into()),
+    ];
+    let before = snapshot(&[dir]);
+    for (args, says) in &cases {
+        let o = run(args, &[], &[]);
+        refused(&o, says);
+        assert!(!text(&o).contains("use a smaller --batch"), "{}", text(&o));
+        assert_eq!(snapshot(&[dir]), before, "{args:?} changed a file");
+    }
+    eprintln!("{} cases", cases.len());
+}
+
 tests![
+    a_checkpoints_settings_are_named_as_its_own,
     only_syncsteps_own_checkpoint_is_replaced_and_no_old_format_is_trusted,
     a_checkpoints_class_names_are_distinct_and_not_blank,
     a_picture_or_report_is_ours_only_by_the_hash_it_holds,

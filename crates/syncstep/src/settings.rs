@@ -339,6 +339,19 @@ impl TrainConfig {
         if !std.iter().all(|s| s.is_finite() && *s > 0.0) {
             return bad("std", format!("is {std:?}: a standard deviation is finite and above 0"));
         }
+        // A pixel (0 to 1) normalised past what a healthy value is would reach the network as
+        // an infinity, blamed on the image.
+        let normalised = |c: usize, x: f32| (x - mean[c]) / std[c];
+        if !(0..3).all(|c| [0.0, 1.0].iter().all(|&x| crate::checkpoint::healthy(normalised(c, x))))
+        {
+            return bad(
+                "std",
+                format!(
+                    "is {std:?} with mean {mean:?}: a pixel would normalise past ±{:e}, which no image's statistics give",
+                    f32::MAX.sqrt()
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -418,6 +431,7 @@ mod tests {
             ("class_names", r#"["b,c","b,c"]"#, "holds \"b,c\" twice (numbers 1 and 2)"),
             ("class_names", r#"["a",""]"#, "holds a blank name (number 2)"),
             ("class_names", r#"["  ","a"]"#, "holds a blank name (number 1)"),
+            ("std", "1e-40,0.5,0.5", "a pixel would normalise past"),
         ] {
             let mut bad = metadata.clone();
             bad.insert(key.into(), value.into());

@@ -210,7 +210,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
     halt(&stop, &args, "before training", None)?;
     let model = ResNet::new(cfg.arch, cfg.classes)?;
-    check_host_memory(&model, &cfg)?;
+    check_host_memory(&model, &cfg, args.resume.as_deref())?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
     let (_claim, mut log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
@@ -257,6 +257,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         busy: Duration::ZERO,
         last_scores: None,
         saved: None,
+        log_failed: None,
         losses: Vec::new(),
     };
     let mut run = TrainingRun::new(trainer, plan);
@@ -265,6 +266,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The loader's threads end here: the final evaluation has the cores.
     console.batches = Batches::Synthetic;
     if let RunEnd::Stopped { code, step } = end.map_err(|e| run_failed(&args, e))? {
+        if let Some(lost) = console.log_failed.take() {
+            return Err(
+                format!("{lost}: stopped after step {step}; {}", kept(&args, Some(step))).into()
+            );
+        }
         return Err(stopped(code as usize, &args, &format!("after step {step}"), Some(step)));
     }
     console.finish(&run)?;
@@ -478,6 +484,9 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
+    /// Why the log could not take a step's record (a full disk): the run stops after that step
+    /// and keeps its checkpoint, rather than lose it too.
+    log_failed: Option<String>,
     /// The losses of this run's steps so far, whose median each step's line shows.
     losses: Vec<f32>,
 }
@@ -523,7 +532,11 @@ impl RunHooks for Console<'_> {
     }
 
     fn stop_code(&mut self) -> u64 {
-        self.stop.received() as u64
+        // A lost log stops the run as a signal would, its checkpoint written.
+        match self.log_failed {
+            Some(_) => LOG_LOST,
+            None => self.stop.received() as u64,
+        }
     }
 }
 
@@ -558,7 +571,7 @@ impl Console<'_> {
             self.say(&line);
         }
         if let Some(log) = &mut self.log {
-            log.write(&Record {
+            let written = log.write(&Record {
                 step,
                 epoch,
                 loss: Some(loss),
@@ -566,7 +579,11 @@ impl Console<'_> {
                 images_per_s: Some(batch as f64 / secs),
                 data_wait: Some(wait_share),
                 ..Record::default()
-            })?;
+            });
+            if let Err(e) = written {
+                self.log_failed = Some(e.to_string());
+                self.log = None;
+            }
         }
         Ok(())
     }
@@ -687,6 +704,9 @@ fn run_failed(
     }
 }
 
+/// The stop code of a run whose log could not be written (no signal's number).
+const LOG_LOST: u64 = 255;
+
 /// The exit of a run that `signal` stopped `when`: 130, 143 or 129, and what is kept (`saved`: the
 /// step the checkpoint holds; None when nothing of this run was written).
 fn stopped(
@@ -697,7 +717,18 @@ fn stopped(
 ) -> Box<dyn std::error::Error> {
     // The shell's status of a process the signal ended: 128 + its number.
     let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
-    let kept = match (&args.checkpoint, saved) {
+    let kept = kept(args, saved);
+    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+}
+
+/// What a stopped run kept: the step its checkpoint holds (`saved`; None when nothing of this
+/// run was written), and how to continue it.
+fn kept(args: &TrainArgs, saved: Option<u64>) -> String {
+    match (&args.checkpoint, saved) {
+        // Only rank 0 knows whether it wrote the checkpoint (mpirun may have ended it first).
+        (Some(_), _) if !super::ranks::writes_outputs() => {
+            "rank 0 writes the checkpoint and says which step it holds".into()
+        }
         (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
             path.display(),
@@ -705,8 +736,7 @@ fn stopped(
         ),
         (Some(_), None) => "no step was trained, so no checkpoint was written".into(),
         (None, _) => "no --checkpoint was given, so nothing was saved".into(),
-    };
-    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+    }
 }
 
 /// The error of a run that diverged: says why, what to change, and which checkpoint is kept.
@@ -720,8 +750,13 @@ fn diverged(args: &TrainArgs, d: &Diverged) -> Box<dyn std::error::Error> {
     format!("{d}; lower --lr (or --weight-decay); {kept}").into()
 }
 
-/// Refuses a run whose images and activations would not fit this host's available memory.
-fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn std::error::Error>> {
+/// Refuses a run (resumed from `resume`, whose settings it keeps) whose images and activations
+/// would not fit this host's available memory.
+fn check_host_memory(
+    model: &ResNet,
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let Some(available) = super::available_memory() else { return Ok(()) };
     let (b, s) = (cfg.batch as u64, cfg.image_size);
     // The batch's images, and host copies of the largest activation (readback, staging).
@@ -730,9 +765,10 @@ fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn st
     let need = images.zip(largest).and_then(|(a, b)| a.checked_add(b)).unwrap_or(u64::MAX);
     if need > available {
         return Err(format!(
-            "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: use a smaller --batch or --image-size",
+            "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: {}",
             syncstep::host::format_bytes(need, syncstep::host::ByteScale::Fit),
-            syncstep::host::format_bytes(available, syncstep::host::ByteScale::Fit)
+            syncstep::host::format_bytes(available, syncstep::host::ByteScale::Fit),
+            settings::smaller("--batch or --image-size", resume)
         )
         .into());
     }

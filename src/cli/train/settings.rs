@@ -103,7 +103,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let model = ResNet::new(arch, classes)?;
     let start = resumed.map(|file| checkpoint::from_file(&file, &model)).transpose()?;
     let from = start.as_ref().map_or(0, |ck| ck.step);
-    let epochs = epochs_over(splits.as_ref(), batch, seed)?;
+    let epochs = epochs_over(splits.as_ref(), batch, seed, args.resume.as_deref())?;
     let last = last_step(args, epochs, from)?;
     // The schedule is laid over the run as first planned; a resume keeps it.
     let planned = saved.cfg.as_ref().map(|c| c.schedule.total_steps);
@@ -295,14 +295,33 @@ fn schedule_settings(
     Ok((kind, warmup_steps))
 }
 
+/// What to change when the run's batch or image size (`what`: the flags) does not fit: the
+/// flags, or, for a run resumed from `resume` (whose settings a resume keeps), a new run.
+pub fn smaller(what: &str, resume: Option<&Path>) -> String {
+    match resume {
+        None => format!("use a smaller {what}"),
+        Some(ck) => format!(
+            "these are the settings of the checkpoint {}, which a resume keeps: start a new run with a smaller {what} (--init {} takes its weights)",
+            ck.display(),
+            ck.display()
+        ),
+    }
+}
+
 /// The epochs over the training split; None for the synthetic dataset.
-fn epochs_over(splits: Option<&Splits>, batch: usize, seed: u64) -> Result<Option<Epochs>, String> {
+fn epochs_over(
+    splits: Option<&Splits>,
+    batch: usize,
+    seed: u64,
+    resume: Option<&Path>,
+) -> Result<Option<Epochs>, String> {
     splits
         .map(|s| Epochs { examples: s.train.len(), batch, seed })
         .map(|e| match e.steps_per_epoch() {
             0 => Err(format!(
-                "the training split has {} images, fewer than one batch of {batch}: use a smaller --batch",
-                e.examples
+                "the training split has {} images, fewer than one batch of {batch}: {}",
+                e.examples,
+                smaller("--batch", resume)
             )),
             _ => Ok(e),
         })
