@@ -12,6 +12,9 @@ use crate::reliability::{refused, run, snapshot, text};
 use syncstep::model::Arch;
 use syncstep::tensorfile::write_f32;
 
+/// A command's arguments, the variables it runs with, and what its refusal says.
+type Case<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+
 fn said_what_to_change() {
     needs_adapter();
     let tmp = tempfile::tempdir().unwrap();
@@ -40,7 +43,7 @@ fn said_what_to_change() {
     }
     let slash = format!("{}/", at("new.safetensors"));
     let (a_svg, in_folder) = (at("a.svg"), at("logs/a.svg"));
-    let cases: Vec<(Vec<&str>, &[(&str, &str)], &str)> = vec![
+    let cases: Vec<Case> = vec![
         (with(&["--replicas", "2", "--adapters", "0,,1"]), &[], "is empty (two commas"),
         (with(&["--adapter", "-1"]), &[], "is negative: adapters count from 0"),
         (with(&["--adapter", "1:vulkan"]), &[], "the backend comes first (vulkan:1)"),

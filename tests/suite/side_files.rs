@@ -75,6 +75,9 @@ fn a_report_or_a_log_to_a_redirected_stream_stays_whole() {
     eprintln!("5 cases");
 }
 
+/// A command's arguments, the variables it runs with, and what its refusal says.
+type Case<'a> = (&'a [&'a str], Vec<(&'a str, &'a str)>, &'a str);
+
 /// A lock's name taken by a link or a file of the user's, a shader dump into a folder of the
 /// user's or the data, a resume onto a log whose last line is the user's, environment values
 /// past every bound: refused, every file as it was.
@@ -108,7 +111,7 @@ fn nothing_of_the_users_is_touched_by_a_side_file() {
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let (cat, f) = (data.join("cat"), fifo.to_str().unwrap());
     let resume_log = ["train", "--resume", g, "--steps", "3", "--eval-examples", "0", "--log", l];
-    let cases: Vec<(&[&str], Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (&with_ck, vec![], "is a symbolic link, so it is not a lock of syncstep's"),
         (&train, vec![("SYNCSTEP_DUMP_SHADERS", cat.to_str().unwrap())], "it is not empty"),
         (&train, vec![("SYNCSTEP_DUMP_SHADERS", dir.to_str().unwrap())], "it is not empty"),

@@ -86,8 +86,8 @@ pub enum MetricsError {
 pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
 
 /// What a metrics log is to an output check: a file whose first line is a [`Record`] that
-/// carries its own check ([`line_of`]), which a line another tool wrote does not, however like
-/// a record it looks.
+/// carries its own check (a hash of the rest of it), which a line another tool wrote does not,
+/// however like a record it looks.
 pub const KIND: Kind = Kind { what: "a syncstep metrics log (a train --log file)", ours: is_log };
 
 fn is_log(path: &Path) -> bool {
