@@ -143,7 +143,7 @@ impl Environment {
         let winograd = on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
         // A browser has no files: no cache.
         #[cfg(target_arch = "wasm32")]
-        let autotune_cache = None;
+        let autotune_cache: Option<PathBuf> = None;
         #[cfg(not(target_arch = "wasm32"))]
         let autotune_cache =
             autotune_cache_path(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"));
