@@ -11,7 +11,7 @@ use syncstep::model::Arch;
 /// bench's figures (`--json`), told by their `config.plan_for`.
 const FIGURES: Kind = Kind {
     what: "syncstep bench's figures (a bench --json file)",
-    ours: |path| super::json_with(path, &["/config/plan_for"]),
+    ours: |path| super::report_with(path, &["/config/plan_for"]),
 };
 
 /// Rows the profile's per-layer table prints unless `--profile-rows` says.
@@ -50,11 +50,11 @@ pub struct BenchArgs {
     warmup: usize,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
-    #[arg(long, conflicts_with = "adapters")]
+    #[arg(long, conflicts_with = "adapters", allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapter: Option<String>,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th; the single device on the first.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Time every dispatch of one more step with timestamp queries: a per-layer breakdown.
     #[arg(long)]
@@ -159,7 +159,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     say_text!("{}", report.text(args.profile_rows.unwrap_or(PROFILE_ROWS)));
     if let Some(path) = json {
-        syncstep::files::write_atomic(path, report.to_json().as_bytes())?;
+        syncstep::files::write_atomic(path, super::sealed(&report.to_json()).as_bytes())?;
         say!("figures written to {}", path.display());
     }
     Ok(())
@@ -191,7 +191,7 @@ fn shapes_only(
                        "plan_for": cfg.device.policy.plan.name()},
             "profile": profile.to_json(),
         });
-        syncstep::files::write_atomic(path, report.to_string().as_bytes())?;
+        syncstep::files::write_atomic(path, super::sealed(&report.to_string()).as_bytes())?;
         say!("figures written to {}", path.display());
     }
     Ok(())

@@ -17,7 +17,7 @@ use syncstep::parallel::Sabotage;
 /// check's figures (`--json`), told by their `check` and `global_batch`.
 const FIGURES: Kind = Kind {
     what: "syncstep check's figures (a check --json file)",
-    ours: |path| super::json_with(path, &["/check", "/global_batch"]),
+    ours: |path| super::report_with(path, &["/check", "/global_batch"]),
 };
 
 /// A golden file (`--golden`), told by its `golden`, `format` and `tensors` (its settings are
@@ -54,7 +54,7 @@ pub struct CheckArgs {
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`, `vulkan:0`): replica r
     /// runs on the (r mod count)-th; the single device on the first. Default: SYNCSTEP_ADAPTER
     /// or the first adapter `syncstep info` lists.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Also hold the single device against the f64 reference (TIE).
     #[arg(long)]
@@ -195,7 +195,7 @@ fn write_outputs(
         Ok(())
     };
     if let Some(path) = json {
-        write(path, report.to_json(), "figures")?;
+        write(path, super::sealed(&report.to_json()), "figures")?;
     }
     let failed: Vec<&str> = report.rows.iter().filter(|r| !r.pass).map(|r| r.gate.name()).collect();
     // A golden is what another build is held to: only a passing run writes one.

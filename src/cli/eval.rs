@@ -13,6 +13,7 @@ use syncstep::data::source::{self, DataSpec, Dataset};
 use syncstep::data::transform::{Normalization, Preprocess};
 use syncstep::files::Kind;
 use syncstep::scores::Scores;
+use syncstep::settings::ImageSettings;
 use syncstep::train::Trainer;
 
 use super::weights::{Model, ModelArgs};
@@ -23,7 +24,7 @@ const PRINTED_CONFUSION: usize = 20;
 /// eval's scores (`--json`), told by their `split`, `top1` and `confusion`.
 const SCORES: Kind = Kind {
     what: "syncstep eval's scores (an eval --json file)",
-    ours: |path| super::json_with(path, &["/split", "/top1", "/confusion"]),
+    ours: |path| super::report_with(path, &["/split", "/top1", "/confusion"]),
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -118,7 +119,14 @@ pub fn run(args: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         true
     };
     let (scores, split, names, step) = match (&spec, model.norm()) {
-        (DataSpec::Synthetic, _) => {
+        (DataSpec::Synthetic, Some(_)) => {
+            return Err(format!(
+                "{} was trained on images, and the synthetic dataset's patterns are other classes: give --data with images of its classes",
+                file.display()
+            )
+            .into())
+        }
+        (DataSpec::Synthetic, None) => {
             let images_only = [
                 ("--preprocess", args.model.preprocess.is_some()),
                 ("--workers", args.workers.is_some()),
@@ -178,13 +186,22 @@ fn split_of(
     let cfg = &model.cfg;
     let run = cfg.images.as_ref().filter(|_| !model.torchvision);
     let splits = source::open(spec, run.map_or(0.0, |i| i.val_split), cfg.seed)?;
-    // The checkpoint's own data must still be what its run trained on (--data names other data).
-    let then = run.and_then(|i| i.fingerprint.as_ref()).filter(|_| args.data.is_none());
-    if let Some(then) = then {
+    // The checkpoint's own data, implied or named by --data in any spelling, must still be what
+    // its run trained on (--data elsewhere names other data).
+    let own = |i: &&ImageSettings| {
+        let place = |spec: &DataSpec| spec.path().and_then(syncstep::files::resolved);
+        args.data.is_none() || place(spec).is_some_and(|now| place(&i.data) == Some(now))
+    };
+    if let Some(then) = run.filter(own).and_then(|i| i.fingerprint.as_ref()) {
         let now = splits.fingerprint(spec.path().unwrap_or(Path::new(".")))?;
         if now != *then {
+            let changed = "files added, removed, renamed, resized or relabelled";
+            let other = match args.data {
+                None => "give --data to score other data",
+                Some(_) => "restore it, or score a copy of it at another path (other data)",
+            };
             return Err(format!(
-                "{spec} is not the data {} was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): give --data to score other data",
+                "{spec} is not the data {} was trained on: {now} now, {then} then ({changed}): {other}",
                 model.path.display()
             )
             .into());
@@ -259,7 +276,7 @@ impl Report<'_> {
             "classes": per_class,
             "confusion": confusion,
         });
-        let text = serde_json::to_string_pretty(&report)?;
+        let text = super::sealed(&serde_json::to_string_pretty(&report)?);
         syncstep::files::write_atomic(path, text.as_bytes())?;
         say!("scores: {}", path.display());
         Ok(())

@@ -38,7 +38,7 @@ pub struct GradArgs {
     /// Where to write `loss`, `logits`, `grad/<name>` and `after/<bn>.running_{mean,var}`.
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = StepConfig::default().label_smoothing, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = StepConfig::default().label_smoothing, allow_hyphen_values = true)]
     label_smoothing: f32,
     /// Adapter (see `syncstep info`); defaults to $SYNCSTEP_ADAPTER, else the first.
     #[arg(long, conflicts_with = "adapters")]

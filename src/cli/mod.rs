@@ -243,6 +243,25 @@ pub fn at_most<const MAX: usize>(value: &str) -> Result<usize, String> {
     }
 }
 
+/// An adapter flag's value (`--adapter`, each of `--adapters`): an index from `syncstep info`,
+/// a backend, or `backend:index`, each mistake said in those terms.
+pub fn adapter(value: &str) -> Result<String, String> {
+    let syntax = "give an index from `syncstep info` (0, 1, …), a backend (vulkan, gl, …) or both as backend:index (vulkan:1)";
+    let index_ok = |i: &str| !i.is_empty() && i.chars().all(|c| c.is_ascii_digit());
+    let problem = match value.trim().split_once(':') {
+        _ if value.trim().is_empty() => "is empty (two commas, or one at an end, in --adapters)",
+        _ if value.trim().starts_with('-') => "is negative: adapters count from 0",
+        Some((b, _)) if index_ok(b) => "puts the index first: the backend comes first (vulkan:1)",
+        Some((_, i)) if !index_ok(i) => "has no number after the colon",
+        _ => {
+            return syncstep::gpu::AdapterChoice::parse(value)
+                .map(|_| value.to_string())
+                .map_err(|e| e.to_string());
+        }
+    };
+    Err(format!("{problem}: {syntax}"))
+}
+
 /// `--classes`'s value: 2 to [`syncstep::model::MAX_CLASSES`], checked before the classifier
 /// is allocated.
 pub fn classes(value: &str) -> Result<u32, String> {
@@ -276,16 +295,58 @@ impl Overwrite {
 }
 
 /// Whether the file at `path` is a JSON document with a value at each of `pointers` (JSON
-/// pointers, `/config/plan_for`): how syncstep's JSON reports are told from other files.
+/// pointers, `/golden`): how a golden file is told from other files.
 pub fn json_with(path: &std::path::Path, pointers: &[&str]) -> bool {
+    json_text(path).is_some_and(|text| has_values(&text, pointers))
+}
+
+/// Whether the file at `path` is a JSON report syncstep wrote ([`sealed`]) with a value at each
+/// of `pointers` (`/config/plan_for`): a file that only has a report's keys is not one.
+pub fn report_with(path: &std::path::Path, pointers: &[&str]) -> bool {
+    json_text(path).is_some_and(|text| is_sealed(&text) && has_values(&text, pointers))
+}
+
+/// The text of the file at `path`, unless it is too large to be a report of ours.
+fn json_text(path: &std::path::Path) -> Option<String> {
     // Reports are small; a large file is not one, and is not read.
     if !std::fs::metadata(path).is_ok_and(|m| m.len() < 256 << 20) {
-        return false;
+        return None;
     }
-    syncstep::files::read_input(path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-        .is_some_and(|doc| pointers.iter().all(|p| doc.pointer(p).is_some()))
+    String::from_utf8(syncstep::files::read_input(path).ok()?).ok()
+}
+
+fn has_values(text: &str, pointers: &[&str]) -> bool {
+    serde_json::from_str::<serde_json::Value>(text)
+        .is_ok_and(|doc| pointers.iter().all(|p| doc.pointer(p).is_some()))
+}
+
+/// The key of a report's hash of its own text ([`sealed`]).
+const SEAL_KEY: &str = "syncstep_sha256";
+
+/// A JSON object's text `json` (pretty or compact) with a first key, [`SEAL_KEY`], holding the
+/// SHA-256 of `json` itself: what tells a report syncstep wrote from a file that copies its keys.
+pub fn sealed(json: &str) -> String {
+    let hash = sha256_hex(json);
+    match json.strip_prefix("{\n") {
+        Some(body) => format!("{{\n  \"{SEAL_KEY}\": \"{hash}\",\n{body}"),
+        None => format!("{{\"{SEAL_KEY}\":\"{hash}\",{}", json.strip_prefix('{').unwrap_or(json)),
+    }
+}
+
+/// Whether `text` is what [`sealed`] makes of a JSON text, its hash holding.
+fn is_sealed(text: &str) -> bool {
+    let pretty = (format!("{{\n  \"{SEAL_KEY}\": \""), "\",\n", "{\n");
+    let compact = (format!("{{\"{SEAL_KEY}\":\""), "\",", "{");
+    [pretty, compact].iter().any(|(start, end, open)| {
+        let Some(rest) = text.strip_prefix(start.as_str()) else { return false };
+        let body = rest.get(64..).and_then(|r| r.strip_prefix(end));
+        body.is_some_and(|body| rest[..64] == sha256_hex(&format!("{open}{body}")))
+    })
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Loader threads `--workers` starts at most: more only wait on one another for the device.

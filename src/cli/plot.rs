@@ -23,21 +23,51 @@ const SMOOTHING: usize = 50;
 /// Green dark enough to read on white.
 const DARK_GREEN: RGBColor = RGBColor(0, 140, 0);
 
-/// What marks a picture as plot's own: an SVG's first line is a comment of it, a PNG's first
-/// text chunk is `Software` of it (written right after the header).
+/// What marks a picture as plot's own, with the SHA-256 of the rest of it ([`seal`]): an SVG's
+/// first line is a comment of it; a PNG's last chunk before its end is a `Software` text chunk
+/// of it. A picture that only copies the words is not one.
 const MARK: &str = "syncstep plot";
 
-/// A picture plot drew (`-o`), told by its mark within its first 4 KiB.
+/// A picture plot drew (`-o`), told by its mark and the hash in it.
 const PICTURE: files::Kind = files::Kind { what: "a picture syncstep plot drew", ours: is_plot };
 
 fn is_plot(path: &Path) -> bool {
-    use std::io::Read;
-    let mut start = Vec::new();
-    let read = files::open_input(path).and_then(|f| f.take(4096).read_to_end(&mut start));
-    let png = format!("tEXtSoftware\0{MARK}");
-    read.is_ok()
-        && (start.starts_with(format!("<!-- {MARK} -->").as_bytes())
-            || start.windows(png.len()).any(|w| w == png.as_bytes()))
+    // Plot's pictures are a few megabytes at most; a large file is not one, and is not read.
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() < 256 << 20) {
+        return false;
+    }
+    let Ok(bytes) = files::read_input(path) else { return false };
+    svg_unsealed(&bytes)
+        .or_else(|| png_unsealed(&bytes))
+        .is_some_and(|(hash, rest)| hash == seal(&rest))
+}
+
+/// The mark's text for a picture whose other bytes are `rest`.
+fn seal(rest: &[u8]) -> String {
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(rest).iter().map(|b| format!("{b:02x}")).collect();
+    format!("{MARK} sha256={hash}")
+}
+
+/// An SVG's mark (its first line's comment) and the bytes after that line.
+fn svg_unsealed(bytes: &[u8]) -> Option<(String, Vec<u8>)> {
+    let end = bytes.iter().position(|&b| b == b'\n')?;
+    let line = std::str::from_utf8(&bytes[..end]).ok()?;
+    let mark = line.strip_prefix("<!-- ")?.strip_suffix(" -->")?;
+    Some((mark.to_string(), bytes[end + 1..].to_vec()))
+}
+
+/// A PNG's mark (the text of its `Software` chunk just before `IEND`) and its bytes without
+/// that chunk.
+fn png_unsealed(bytes: &[u8]) -> Option<(String, Vec<u8>)> {
+    // IEND is 12 bytes: length, type, CRC. The mark's chunk is 12 bytes more than its text.
+    let text_len = "Software\0".len() + seal(&[]).len();
+    let start = bytes.len().checked_sub(12 + 12 + text_len)?;
+    let (head, tail) = bytes.split_at(start);
+    let (chunk, end) = tail.split_at(12 + text_len);
+    let text = chunk.get(4..8).filter(|t| t == b"tEXt").and(chunk.get(8..8 + text_len))?;
+    let mark = std::str::from_utf8(text.strip_prefix(b"Software\0")?).ok()?;
+    Some((mark.to_string(), [head, end].concat()))
 }
 
 #[derive(Args)]
@@ -107,9 +137,17 @@ impl Curves {
 }
 
 pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
-    let format = Format::of(&args.out)?;
+    if args.log.is_dir() {
+        return Err(format!(
+            "{} is a folder: give the metrics log of a training run (its train --log file)",
+            args.log.display()
+        )
+        .into());
+    }
+    // What the path is comes before what its extension says (a folder named x.svg).
     let _claim =
         files::check_output("-o", &args.out, &[&args.log], PICTURE, args.overwrite.overwrite)?;
+    let format = Format::of(&args.out)?;
     let records = metrics::read(&args.log)?;
     let curves = Curves::of(&records);
     let (Some(first), Some(last)) = (curves.loss.first(), curves.loss.last()) else {
@@ -131,13 +169,13 @@ pub fn run(args: PlotArgs) -> Result<(), Box<dyn Error>> {
     let size = (args.width, args.height);
     let bytes = match format {
         Format::Svg => {
-            let mut svg = format!("<!-- {MARK} -->\n");
+            let mut svg = String::new();
             {
                 let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
                 draw(&root, &curves, &title)?;
                 root.present()?;
             }
-            svg.into_bytes()
+            format!("<!-- {} -->\n{svg}", seal(svg.as_bytes())).into_bytes()
         }
         Format::Png => png(&curves, &title, size)?,
     };
@@ -167,13 +205,26 @@ fn png(
         draw(&root, curves, title)?;
         root.present()?;
     }
+    // Encoded twice (the same bytes each time): the mark holds the hash of the first.
+    let unsealed = encode_png(&rgb, (width, height), None)?;
+    encode_png(&rgb, (width, height), Some(&seal(&unsealed)))
+}
+
+/// `rgb` as a PNG, with `mark` as a `Software` text chunk just before its end.
+fn encode_png(
+    rgb: &[u8],
+    (width, height): (u32, u32),
+    mark: Option<&str>,
+) -> Result<Vec<u8>, Box<dyn Error>> {
     let mut png = Vec::new();
     let mut encoder = png::Encoder::new(&mut png, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
-    encoder.add_text_chunk("Software".into(), MARK.into())?;
     let mut writer = encoder.write_header()?;
-    writer.write_image_data(&rgb)?;
+    writer.write_image_data(rgb)?;
+    if let Some(mark) = mark {
+        writer.write_text_chunk(&png::text_metadata::TEXtChunk::new("Software", mark))?;
+    }
     writer.finish()?;
     Ok(png)
 }

@@ -14,7 +14,7 @@ use super::weights::ModelArgs;
 /// predict's classes (`--json`), told by their `image_size`, `preprocess` and `images`.
 const PREDICTIONS: Kind = Kind {
     what: "syncstep predict's classes (a predict --json file)",
-    ours: |path| super::json_with(path, &["/image_size", "/preprocess", "/images"]),
+    ours: |path| super::report_with(path, &["/image_size", "/preprocess", "/images"]),
 };
 
 #[derive(Args)]
@@ -98,7 +98,8 @@ pub fn run(args: PredictArgs) -> Result<(), Box<dyn std::error::Error>> {
             "preprocess": model.preprocess.to_string(),
             "images": report,
         });
-        syncstep::files::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+        let text = super::sealed(&serde_json::to_string_pretty(&report)?);
+        syncstep::files::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
 }
@@ -112,18 +113,14 @@ fn class_names(file: Option<&Path>, k: usize) -> Result<Vec<String>, String> {
     let text = String::from_utf8(bytes)
         .map_err(|_| format!("--class-names {}: not UTF-8 text", file.display()))?;
     let names: Vec<String> = text.lines().map(|l| l.trim_end_matches('\r').to_string()).collect();
+    if let Some(problem) = syncstep::settings::class_names_problem(&names, "line") {
+        return Err(format!("--class-names {} {problem}, one name a line", file.display()));
+    }
     if names.len() != k {
         return Err(format!(
             "--class-names {} lists {} names, but the weights' classifier (fc) has {k} outputs: give one name a line, {k} lines",
             file.display(),
             names.len()
-        ));
-    }
-    if let Some(line) = names.iter().position(String::is_empty) {
-        return Err(format!(
-            "--class-names {}: line {} is empty: give every class a name",
-            file.display(),
-            line + 1
         ));
     }
     Ok(names)

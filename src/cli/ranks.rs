@@ -147,6 +147,15 @@ pub fn prefix() -> String {
     String::new()
 }
 
+/// Whether this process writes the run's outputs: rank 0 of an MPI job, or a process alone.
+pub fn writes_outputs() -> bool {
+    #[cfg(feature = "mpi")]
+    if let Some(rank) = syncstep::collective::mpi::running_rank() {
+        return rank == 0;
+    }
+    true
+}
+
 /// After an error: ends the MPI job (every rank exits non-zero) when this is one of its ranks.
 pub fn abort_job() {
     #[cfg(feature = "mpi")]

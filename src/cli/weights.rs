@@ -58,6 +58,8 @@ pub struct Model {
     /// The file given, for messages.
     pub path: PathBuf,
     adapter: Option<String>,
+    /// Whether `--image-size` set the input size (else the checkpoint's, or torchvision's).
+    size_given: bool,
 }
 
 impl std::ops::Deref for Model {
@@ -78,16 +80,28 @@ impl Model {
         }
     }
 
+    /// Why one image at the input size does not fit the device, in `eval`'s and `predict`'s
+    /// words: naming `--image-size` where it set the size (torchvision weights' size is the
+    /// flag's default), else the checkpoint's setting.
+    fn does_not_fit(&self, e: impl std::fmt::Display) -> String {
+        let size = self.cfg.image_size;
+        if self.size_given || self.torchvision {
+            let e = e.to_string().replace("--batch or --image-size", "--image-size");
+            return format!("--image-size {size}: one image does not fit: {e}");
+        }
+        let change = "this checkpoint's images are too large for this device to score";
+        let e = e.to_string().replace("use a smaller --batch or --image-size", change);
+        let path = self.path.display();
+        format!("{path}: its setting `image_size` {size}: one image does not fit: {e}")
+    }
+
     /// A trainer holding `weights` (what [`ModelArgs::read`] returned) on the adapter asked for,
     /// its batch the run's, or as many images as fit the device at the input size asked for.
     pub fn trainer(&self, weights: Checkpoint) -> Result<Trainer, Box<dyn Error>> {
         let (peers, tune) = (Default::default(), Default::default());
         let devices = super::ranks::devices(&peers, self.adapter.as_deref(), &[], 1, &tune)?;
         let gpu = devices.into_iter().next().ok_or("no device")?;
-        let batch = fitting_batch(&self.cfg, &gpu.limits).map_err(|e| {
-            let e = e.to_string().replace("--batch or --image-size", "--image-size");
-            format!("--image-size {}: one image does not fit: {e}", self.cfg.image_size)
-        })?;
+        let batch = fitting_batch(&self.cfg, &gpu.limits).map_err(|e| self.does_not_fit(e))?;
         Ok(Trainer::new(gpu, TrainConfig { batch, ..self.cfg.clone() }, Some(weights))?)
     }
 }
@@ -120,7 +134,12 @@ impl ModelArgs {
         cfg.image_size = self.image_size.unwrap_or(cfg.image_size);
         ResNet::check_image_size(cfg.image_size, cfg.image_size)?;
         classifier.preprocess = self.preprocess.unwrap_or(classifier.preprocess);
-        let model = Model { classifier, path: path.to_path_buf(), adapter: self.adapter.clone() };
+        let model = Model {
+            classifier,
+            path: path.to_path_buf(),
+            adapter: self.adapter.clone(),
+            size_given: self.image_size.is_some(),
+        };
         Ok((model, weights))
     }
 }

@@ -275,7 +275,8 @@ fn bad_data_is_an_error_naming_the_file() {
     assert!(ok, "{out}");
     let kept = std::fs::read(ck).unwrap();
     let failing = |what: &str, says: &str| {
-        let (ok, out) = syncstep(&[&base[..], &["--steps", "12"]].concat());
+        // Asked to replace the first run's checkpoint: the failure must still leave it whole.
+        let (ok, out) = syncstep(&[&base[..], &["--steps", "12", "--overwrite"]].concat());
         assert!(!ok && out.contains(says) && !out.contains("panicked"), "{what}: {out}");
         assert_eq!(std::fs::read(ck).unwrap(), kept, "{what}: the checkpoint changed");
     };

@@ -307,7 +307,7 @@ fn export_refuses_bad_files_and_replaces_nothing_of_the_users() {
     write_mislabelled(&other_classes, &seven, &ck7, &settings(Arch::ResNet18, 10));
     let cases: [(&Path, &[&str]); 5] = [
         (&truncated, &["not a valid safetensors file", "truncated or corrupt"]),
-        (&photo, &["not a valid safetensors file"]),
+        (&photo, &["a PNG image, not a safetensors file"]),
         (
             &torchvision,
             &["not a syncstep checkpoint", "torchvision weights are a state_dict already"],

@@ -20,6 +20,7 @@ mod export;
 mod gpu_errors;
 mod matmul;
 mod maxpool;
+mod messages;
 mod parallel;
 mod plot;
 mod pretrained;
@@ -28,8 +29,10 @@ mod readback;
 mod reliability;
 mod selfcheck;
 mod sgd;
+mod side_files;
 mod step;
 mod train;
+mod trust;
 
 fn main() -> std::process::ExitCode {
     common::harness::main(&[
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         gpu_errors::TESTS,
         matmul::TESTS,
         maxpool::TESTS,
+        messages::TESTS,
         parallel::TESTS,
         plot::TESTS,
         pretrained::TESTS,
@@ -56,7 +60,9 @@ fn main() -> std::process::ExitCode {
         reliability::TESTS,
         selfcheck::TESTS,
         sgd::TESTS,
+        side_files::TESTS,
         step::TESTS,
         train::TESTS,
+        trust::TESTS,
     ])
 }

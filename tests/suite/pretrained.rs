@@ -319,6 +319,22 @@ fn class_names_and_data_must_fit_the_classifier() {
     std::fs::write(&gap, "cat\n\ndog\n").unwrap();
     std::fs::remove_dir_all(root.join("c")).unwrap();
     let img = fixture("coffee.png");
+    // A name of spaces, a blank line after the names, a name twice: said as such, not as a
+    // count.
+    let predict = |names: &str| {
+        let file = dir.join("names.txt");
+        std::fs::write(&file, names).unwrap();
+        let (f, i) = (file.to_str().unwrap(), img.to_str().unwrap());
+        syncstep(&["predict", "--weights", w, "--class-names", f, i])
+    };
+    for (names, says) in [
+        ("cat\n  \ndog\n", "holds a blank name (line 2)"),
+        ("cat\ndog\nfox\n\n", "holds a blank name (line 4)"),
+        ("cat\ndog\ncat\n", "holds \"cat\" twice (lines 1 and 3)"),
+    ] {
+        let (ok, out) = predict(names);
+        assert!(!ok && out.contains(says) && !out.contains("panicked"), "{names:?}: {out}");
+    }
     let cases: [(&[&str], &str); 3] = [
         (
             &[
@@ -340,7 +356,7 @@ fn class_names_and_data_must_fit_the_classifier() {
                 gap.to_str().unwrap(),
                 img.to_str().unwrap(),
             ],
-            "line 2 is empty",
+            "holds a blank name (line 2)",
         ),
         (&["eval", "--weights", w, "--data", root.to_str().unwrap()], "has 2 classes, but"),
     ];

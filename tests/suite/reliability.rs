@@ -19,13 +19,13 @@ fn temp_dir(name: &str) -> tempfile::TempDir {
 
 /// A fresh folder for a test whose binary needs an adapter, removed when dropped however the
 /// test ends (see [`needs_adapter`]).
-fn gpu_test_dir() -> tempfile::TempDir {
+pub(crate) fn gpu_test_dir() -> tempfile::TempDir {
     needs_adapter();
     tempfile::tempdir().unwrap()
 }
 
 /// The binary with `args`, `set` variables set and `unset` ones removed.
-fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
+pub(crate) fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     let mut c = crate::common::command();
     c.args(args).stdin(Stdio::null());
     set.iter().for_each(|(k, v)| {
@@ -37,13 +37,13 @@ fn run(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// A refusal: a non-zero exit, an `error:` line, no panic, and `says` in the message.
 #[track_caller]
-fn refused(o: &Output, says: &str) {
+pub(crate) fn refused(o: &Output, says: &str) {
     let t = text(o);
     assert!(!o.status.success(), "exited 0:\n{t}");
     assert!(!t.contains("panicked") && !t.contains("RUST_BACKTRACE"), "panicked:\n{t}");
@@ -52,7 +52,7 @@ fn refused(o: &Output, says: &str) {
 }
 
 /// A checkpoint of one step at batch 2 (a real run: every later case starts from it).
-fn one_step_checkpoint(dir: &Path) -> PathBuf {
+pub(crate) fn one_step_checkpoint(dir: &Path) -> PathBuf {
     let path = dir.join("good.safetensors");
     let p = path.to_str().unwrap();
     let (ok, log) = syncstep(&[
@@ -156,6 +156,7 @@ fn no_file_of_the_users_is_ever_overwritten() {
         "0",
         "--checkpoint",
         g,
+        "--overwrite",
     ]);
     assert!(ok && !stale.exists(), "{log}");
     eprintln!("{} cases", cases.len() + 2);
@@ -376,7 +377,7 @@ fn nothing_runs_unbounded() {
 
 /// Every regular file under `paths` (recursively) and its bytes: what a case must leave as it
 /// was. A pipe is not read (that would block), nor is a link followed.
-fn snapshot(paths: &[&Path]) -> Vec<(PathBuf, Vec<u8>)> {
+pub(crate) fn snapshot(paths: &[&Path]) -> Vec<(PathBuf, Vec<u8>)> {
     let mut files = Vec::new();
     let mut todo: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
     while let Some(path) = todo.pop() {
@@ -392,7 +393,7 @@ fn snapshot(paths: &[&Path]) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 /// An ImageFolder of two classes of `per_class` 32×32 PNGs each, under `dir`.
-fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
+pub(crate) fn image_folder(dir: &Path, per_class: u8) -> PathBuf {
     let root = dir.join("images");
     for (c, class) in ["ant", "bee"].iter().enumerate() {
         std::fs::create_dir_all(root.join(class)).unwrap();
@@ -420,7 +421,7 @@ fn cifar10(dir: &Path) -> PathBuf {
 }
 
 /// A checkpoint of one step on `images`.
-fn images_checkpoint(dir: &Path, images: &Path) -> PathBuf {
+pub(crate) fn images_checkpoint(dir: &Path, images: &Path) -> PathBuf {
     let path = dir.join("on-images.safetensors");
     let (i, p) = (images.to_str().unwrap(), path.to_str().unwrap());
     let args = ["--normalize", "imagenet", "--val-split", "0.5", "--checkpoint", p];
@@ -952,7 +953,7 @@ fn edited(path: &Path, from: &[u8], to: &[u8], dir: &Path, name: &str) -> PathBu
 
 /// The checkpoint at `path` (of `model`) saved again to `dir/name` after `change`: with a
 /// checksum that holds, so that only the checks of what it says can refuse it.
-fn resaved(
+pub(crate) fn resaved(
     path: &Path,
     model: &ResNet,
     dir: &Path,
@@ -1124,7 +1125,8 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
 /// The data is recorded by what it is: its absolute path and a fingerprint of its files. A
 /// relative --data is recorded absolute, so `eval` from another folder scores the same images;
 /// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
-/// refused by a resume and by `eval`, with every file unchanged.
+/// refused by a resume and by `eval` (its `--data` naming that folder too, in any spelling),
+/// with every file unchanged.
 fn the_data_is_an_identity_not_a_path() {
     let tmp = gpu_test_dir();
     let dir = tmp.path().canonicalize().unwrap();
@@ -1169,8 +1171,14 @@ fn the_data_is_an_identity_not_a_path() {
         "{}",
         text(&o)
     );
+    // The same folder named by --data, in any spelling, is the checkpoint's own data still.
+    for data in [images.to_str().unwrap(), &respelt] {
+        let o = run(&["eval", "--checkpoint", c, "--data", data], &[], &[]);
+        refused(&o, "is not the data");
+        assert!(text(&o).contains("score a copy of it at another path"), "{}", text(&o));
+    }
     assert_eq!(snapshot(&[&dir]), before, "a refusal changed a file");
-    eprintln!("6 cases");
+    eprintln!("8 cases");
 }
 
 /// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's

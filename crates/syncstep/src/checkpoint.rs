@@ -43,8 +43,9 @@ pub fn healthy(value: f32) -> bool {
 /// (`tensorfile::CHECKSUM_KEY`).
 pub const FORMAT: &str = "syncstep-checkpoint-3";
 
-/// The format of earlier builds, still read: its hash covers the tensor data alone
-/// (`tensorfile::DATA_CHECKSUM_KEY`), and its settings are checked as any others are.
+/// The format of earlier builds: its hash covers the tensor data alone
+/// (`tensorfile::DATA_CHECKSUM_KEY`) and it has no data fingerprint, so its settings (an edit
+/// of which nothing catches) are not trusted. Its weights are: `train --init` takes them.
 const EARLIER_FORMAT: &str = "syncstep-checkpoint-2";
 
 /// Flat parameters and running statistics from a file of torchvision names (f32 or f64).
@@ -89,6 +90,12 @@ pub fn classes(file: &TensorFile, arch: Arch) -> Result<u32, CheckpointError> {
 /// `asked` (`--arch`) must agree. A file with no block at all is taken to be `asked`, else
 /// ResNet-34: reading its tensors names what it lacks, as it does a tensor missing in a block.
 pub fn weights_arch(file: &TensorFile, asked: Option<Arch>) -> Result<Arch, CheckpointError> {
+    if !file.tensors.is_empty() && file.tensors.keys().all(|name| name.starts_with("module.")) {
+        return Err(CheckpointError::Malformed {
+            path: file.path.display().to_string(),
+            problem: "every tensor's name starts with `module.`, as torch.nn.DataParallel saves a model: save `model.module.state_dict()` instead (or strip the prefix)".into(),
+        });
+    }
     let mut counts = [0usize; 4];
     let mut bottleneck = false;
     for name in file.tensors.keys() {
@@ -363,7 +370,7 @@ pub fn write_seeded_inputs(
 /// setting a resume needs, each valid; the errors name the file and the setting. Returns the
 /// run's settings.
 pub fn check_checkpoint(file: &TensorFile) -> Result<TrainConfig, CheckpointError> {
-    use crate::tensorfile::{CHECKSUM_KEY, DATA_CHECKSUM_KEY};
+    use crate::tensorfile::CHECKSUM_KEY;
     let path = file.path.display().to_string();
     let meta = |key: &str, problem: &str| CheckpointError::Metadata {
         path: path.clone(),
@@ -372,9 +379,8 @@ pub fn check_checkpoint(file: &TensorFile) -> Result<TrainConfig, CheckpointErro
     };
     let checksum = match file.metadata.get("format").map(String::as_str) {
         Some(FORMAT) => CHECKSUM_KEY,
-        Some(EARLIER_FORMAT) if !file.metadata.contains_key(CHECKSUM_KEY) => DATA_CHECKSUM_KEY,
-        Some(EARLIER_FORMAT) => CHECKSUM_KEY,
-        Some(other) => return Err(meta("format", &format!("is {other:?}; this build reads {FORMAT:?} and {EARLIER_FORMAT:?}"))),
+        Some(EARLIER_FORMAT) => return Err(meta("format", &format!("is {EARLIER_FORMAT:?}, an earlier build's, whose checksum does not cover its settings (learning rate, data, class names, normalisation) and which does not record what its data was: they cannot be trusted. Carry the run over with `train --init {}` and the run's flags (its weights are checked), or use the build that wrote it", file.path.display()))),
+        Some(other) => return Err(meta("format", &format!("is {other:?}; this build reads {FORMAT:?}"))),
         None => return Err(meta("format", "is missing: this is not a syncstep checkpoint (a `train --checkpoint` file); torchvision weights go to --weights (or --init)")),
     };
     if !file.metadata.contains_key(checksum) {
@@ -394,10 +400,21 @@ pub fn check_checkpoint(file: &TensorFile) -> Result<TrainConfig, CheckpointErro
 pub const KIND: crate::files::Kind =
     crate::files::Kind { what: "a syncstep checkpoint", ours: is_checkpoint };
 
-/// Whether the file at `path` is a syncstep checkpoint, told by its header alone. Native only.
+/// Whether the file at `path` is a checkpoint syncstep wrote: of this build's format, holding
+/// the hash of its own content ([`crate::tensorfile::CHECKSUM_KEY`], checked as it is read) and
+/// every setting a run records, each valid. A file that copies its metadata's strings is not.
+/// Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn is_checkpoint(path: &Path) -> bool {
-    crate::tensorfile::read_header(path).is_ok_and(|header| checkpoint_format(&header.metadata))
+    // The header alone first: a large file of another kind is not read whole.
+    let format = crate::tensorfile::read_header(path).map(|h| h.metadata.get("format").cloned());
+    if format.ok().flatten().as_deref() != Some(FORMAT) {
+        return false;
+    }
+    TensorFile::read(path).is_ok_and(|file| {
+        file.metadata.contains_key(crate::tensorfile::CHECKSUM_KEY)
+            && check_checkpoint(&file).is_ok()
+    })
 }
 
 /// Whether a safetensors header's metadata names a syncstep checkpoint's format, of this build

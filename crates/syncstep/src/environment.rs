@@ -61,6 +61,39 @@ impl Default for Environment {
     }
 }
 
+/// The longest `SYNCSTEP_MPI_SILENCE`, a day: past it a lost rank is never noticed.
+const MAX_MPI_SILENCE: f64 = 86400.0;
+
+/// What the existing `path` is when it is not a regular file (following links): reading a pipe
+/// or a device waits or never ends, and a folder holds no cache.
+fn not_a_regular_file(path: &std::path::Path) -> Option<&'static str> {
+    let meta = std::fs::metadata(path).ok()?;
+    match () {
+        _ if meta.is_file() => None,
+        _ if meta.is_dir() => Some("a folder"),
+        _ => Some("a pipe or a device"),
+    }
+}
+
+/// Makes `dir` for the shader dump, or takes it as it is when it is an empty folder: the dump
+/// writes a file per shader module there, over what has that name, so a folder holding
+/// anything (the user's files, a dataset) or a link is refused.
+fn dump_folder(dir: &std::path::Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(dir).map_err(|e| format!("cannot make it: {e}"))
+        }
+        Err(e) => Err(e.to_string()),
+        Ok(meta) if meta.file_type().is_symlink() => Err("it is a symbolic link".into()),
+        Ok(meta) if !meta.is_dir() => Err("it is not a folder".into()),
+        Ok(_) => match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("it is not empty".into()),
+            Err(e) => Err(e.to_string()),
+        },
+    }
+}
+
 impl Environment {
     /// The environment `var` gives (an empty variable counts as unset).
     pub fn read(var: impl Fn(&str) -> Option<OsString>) -> Result<Environment, VariableError> {
@@ -110,24 +143,56 @@ impl Environment {
         let winograd = on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
         // A browser has no files: no cache.
         #[cfg(target_arch = "wasm32")]
-        let autotune_cache = None;
+        let autotune_cache: Option<PathBuf> = None;
         #[cfg(not(target_arch = "wasm32"))]
         let autotune_cache =
             autotune_cache_path(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"));
+        if let Some(cache) = &autotune_cache {
+            not_a_regular_file(cache).map_or(Ok(()), |what| {
+                let takes = format!(
+                    "the path of a file (this is {what}), or off for no cache (it is read and written whole)"
+                );
+                Err(refuse("SYNCSTEP_AUTOTUNE_CACHE", &cache.to_string_lossy(), &takes))
+            })?;
+        }
+        // wgpu's own: it ignores a name it does not know with a warning, and then offers no
+        // backend at all.
+        if let Some(v) = text("WGPU_BACKEND")? {
+            let known =
+                ["vulkan", "vk", "dx12", "d3d12", "metal", "mtl", "opengl", "gles", "gl", "webgpu"];
+            if !v.to_lowercase().split(',').all(|b| known.contains(&b.trim())) {
+                let takes =
+                    "backends wgpu knows, comma-separated: vulkan, metal, dx12, gl or webgpu";
+                return Err(refuse("WGPU_BACKEND", &v, takes));
+            }
+        }
         let mpi_silence = match text("SYNCSTEP_MPI_SILENCE")? {
             None => defaults.mpi_silence,
             Some(v) => match v.trim().parse::<f64>() {
-                Ok(s) if s.is_finite() && s >= 1.0 => Duration::from_secs_f64(s),
+                Ok(s) if (1.0..=MAX_MPI_SILENCE).contains(&s) => Duration::from_secs_f64(s),
                 _ => {
-                    let takes = "the seconds a rank may go unheard, 1 or more (default 20)";
+                    let takes = "the seconds a rank may go unheard, 1 to 86400 (default 20)";
                     return Err(refuse("SYNCSTEP_MPI_SILENCE", &v, takes));
                 }
             },
         };
+        let shader_dump = match var("SYNCSTEP_DUMP_SHADERS").filter(|v| !v.is_empty()) {
+            None => None,
+            Some(dir) => {
+                let dir = PathBuf::from(dir);
+                dump_folder(&dir).map_err(|why| {
+                    let takes = format!(
+                        "a folder to make, or an empty one, for the shaders ({why}): files there would be replaced"
+                    );
+                    refuse("SYNCSTEP_DUMP_SHADERS", &dir.to_string_lossy(), &takes)
+                })?;
+                Some(dir)
+            }
+        };
         Ok(Environment {
             adapter,
             subgroups,
-            shader_dump: var("SYNCSTEP_DUMP_SHADERS").filter(|v| !v.is_empty()).map(PathBuf::from),
+            shader_dump,
             conv_algo,
             winograd,
             autotune_cache,
@@ -176,6 +241,13 @@ mod tests {
             ("SYNCSTEP_WINOGRAD", "maybe"),
             ("SYNCSTEP_MPI_SILENCE", "0.5"),
             ("SYNCSTEP_MPI_SILENCE", "soon"),
+            ("SYNCSTEP_MPI_SILENCE", "1e20"),
+            ("SYNCSTEP_MPI_SILENCE", "1e300"),
+            ("SYNCSTEP_MPI_SILENCE", "inf"),
+            ("SYNCSTEP_AUTOTUNE_CACHE", "/"),
+            ("SYNCSTEP_AUTOTUNE_CACHE", "/dev/null"),
+            ("WGPU_BACKEND", "garbage"),
+            ("WGPU_BACKEND", "vulkan,,gl"),
         ] {
             let e = read(&[(name, bad)]).unwrap_err().to_string();
             assert!(e.starts_with(name), "{e}");
@@ -185,6 +257,37 @@ mod tests {
         assert!(e.contains("give on or off") && e.ends_with("or unset it"), "{e}");
         let empty = read(&[("SYNCSTEP_WINOGRAD", ""), ("SYNCSTEP_MPI_SILENCE", "")]).unwrap();
         assert_eq!((empty.winograd, empty.mpi_silence), (None, Duration::from_secs(20)));
+    }
+
+    /// The shader dump goes only into a folder it makes or an empty one: a folder of the
+    /// user's, a file, a link (even to an empty folder) are refused and left as they were.
+    #[test]
+    fn shaders_are_dumped_only_into_a_new_or_empty_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let dump =
+            |dir: &std::path::Path| read(&[("SYNCSTEP_DUMP_SHADERS", dir.to_str().unwrap())]);
+        let made = d.join("made");
+        assert_eq!(dump(&made).unwrap().shader_dump, Some(made.clone()));
+        assert!(made.is_dir(), "made at start");
+        assert!(dump(&made).is_ok(), "still empty: taken");
+        std::fs::write(made.join("avgpool.wgsl"), "the user's").unwrap();
+        let (empty, link, file) = (d.join("empty"), d.join("link"), d.join("file"));
+        std::fs::create_dir(&empty).unwrap();
+        std::os::unix::fs::symlink(&empty, &link).unwrap();
+        std::fs::write(&file, "notes").unwrap();
+        for (dir, says) in [
+            (&made, "it is not empty"),
+            (&link, "symbolic link"),
+            (&file, "not a folder"),
+            (&d.join("no/such"), "cannot make it"),
+        ] {
+            let e = dump(dir).unwrap_err().to_string();
+            assert!(e.starts_with("SYNCSTEP_DUMP_SHADERS=") && e.contains(says), "{e}");
+        }
+        assert_eq!(std::fs::read_to_string(made.join("avgpool.wgsl")).unwrap(), "the user's");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "notes");
+        assert!(!d.join("no").exists());
     }
 
     #[test]

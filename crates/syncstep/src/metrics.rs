@@ -72,6 +72,11 @@ pub enum MetricsError {
         path.display()
     )]
     Malformed { path: PathBuf, line: usize, message: String },
+    #[error(
+        "--log {}: its last line ({line}) is not a whole record and has no newline; a resumed run appends only after whole lines and never cuts one: remove that line, or give another --log",
+        path.display()
+    )]
+    LastLine { path: PathBuf, line: usize },
     #[error("metrics log {}: {message}", path.display())]
     Io { path: PathBuf, message: String },
     #[error(transparent)]
@@ -80,7 +85,9 @@ pub enum MetricsError {
 
 pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
 
-/// What a metrics log is to an output check: a file whose first line is a [`Record`].
+/// What a metrics log is to an output check: a file whose first line is a [`Record`] that
+/// carries its own check (a hash of the rest of it), which a line another tool wrote does not,
+/// however like a record it looks.
 pub const KIND: Kind = Kind { what: "a syncstep metrics log (a train --log file)", ours: is_log };
 
 fn is_log(path: &Path) -> bool {
@@ -89,7 +96,30 @@ fn is_log(path: &Path) -> bool {
     // A line's worth is enough to tell; a large file of another kind is not read whole.
     let mut first = String::new();
     let read = std::io::BufReader::new(file.take(1 << 16)).read_line(&mut first);
-    read.is_ok() && serde_json::from_str::<Record>(&first).is_ok()
+    read.is_ok() && is_checked_line(&first)
+}
+
+/// The line `record` is written as: its JSON, with a last field `check` holding the first 8
+/// bytes (in hex) of the SHA-256 of that JSON without it.
+fn line_of(record: &Record) -> serde_json::Result<String> {
+    let json = serde_json::to_string(record)?;
+    let body = json.strip_suffix('}').unwrap_or(&json);
+    Ok(format!("{body},\"check\":\"{}\"}}\n", check_of(&json)))
+}
+
+fn check_of(json: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(json.as_bytes())[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `line` is one [`line_of`] wrote, its check matching the rest.
+fn is_checked_line(line: &str) -> bool {
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let Some((body, check)) = line.strip_suffix("\"}").and_then(|l| l.rsplit_once(",\"check\":\""))
+    else {
+        return false;
+    };
+    check == check_of(&format!("{body}}}"))
 }
 
 /// A metrics log for a run: its file is opened at the first record.
@@ -106,10 +136,9 @@ enum Start {
     Fresh { replace: bool },
     /// A pipe, a terminal or the run's own output (`/dev/stdout`): written to where it is.
     InPlace,
-    /// Appended to (made if there is none). A last line that a killed run cut short is cut
-    /// off (`cut`: the length of the whole lines), and a whole last line without its newline
-    /// gets one (`newline`), so that the next line starts whole.
-    Append { cut: Option<u64>, newline: bool },
+    /// Appended to (made if there is none). A whole last line without its newline gets one
+    /// (`newline`), so that the next line starts whole.
+    Append { newline: bool },
 }
 
 impl MetricsLog {
@@ -125,14 +154,16 @@ impl MetricsLog {
         overwrite: bool,
     ) -> Result<MetricsLog> {
         let claim = files::check_output("--log", path, inputs, KIND, overwrite)?;
-        let regular = std::fs::metadata(path).map(|meta| meta.is_file());
-        let start = match (resume_step, regular) {
-            (_, Ok(false)) => Start::InPlace,
-            (None, Ok(true)) if !overwrite => {
+        let exists = std::fs::metadata(path).is_ok();
+        let start = match resume_step {
+            _ if files::writes_in_place(path) => Start::InPlace,
+            None if exists && !overwrite => {
                 return Err(MetricsError::Exists { path: path.to_path_buf() })
             }
-            (None, exists) => Start::Fresh { replace: exists.is_ok() },
-            (Some(step), _) => appending(path, step)?,
+            None => Start::Fresh { replace: exists },
+            // Another tool's file, which only --overwrite lets through: replaced, never added to.
+            Some(_) if exists && !is_log(path) => Start::Fresh { replace: true },
+            Some(step) => appending(path, step)?,
         };
         Ok(MetricsLog { path: path.to_path_buf(), file: None, start, _claim: claim })
     }
@@ -140,15 +171,21 @@ impl MetricsLog {
     /// Appends `record` as one line, in one write to the file (unbuffered: nothing waits in
     /// memory for a killed run to lose).
     pub fn write(&mut self, record: &Record) -> Result<()> {
-        let mut line = serde_json::to_string(record)
+        let line = line_of(record)
             .map_err(|e| MetricsError::Io { path: self.path.clone(), message: e.to_string() })?;
-        line.push('\n');
         let file = match self.file.take() {
             Some(file) => file,
             None => self.open_file()?,
         };
         let file = self.file.insert(file);
-        file.write_all(line.as_bytes()).map_err(|e| io_error(&self.path, e))
+        // A line the disk had no room for is taken back whole: the log keeps whole records.
+        let before = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+        file.write_all(line.as_bytes()).map_err(|e| {
+            if let Some(len) = before {
+                let _ = file.set_len(len);
+            }
+            io_error(&self.path, e)
+        })
     }
 
     /// The log's file, opened as `start` says.
@@ -169,12 +206,9 @@ impl MetricsLog {
                     _ => io(e),
                 })
             }
-            Start::Append { cut, newline } => {
+            Start::Append { newline } => {
                 let file =
                     OpenOptions::new().append(true).create(true).open(&self.path).map_err(io)?;
-                if let Some(len) = cut {
-                    file.set_len(len).map_err(io)?;
-                }
                 if newline {
                     (&file).write_all(b"\n").map_err(io)?;
                 }
@@ -199,15 +233,13 @@ fn appending(path: &Path, step: u64) -> Result<Start> {
     }
     let whole = text.rfind('\n').map_or(0, |i| i + 1);
     let tail = &text[whole..];
-    Ok(match tail {
-        "" => Start::Append { cut: None, newline: false },
+    match tail {
+        "" => Ok(Start::Append { newline: false }),
         // The last line is whole but for its newline.
-        _ if serde_json::from_str::<Record>(tail).is_ok() => {
-            Start::Append { cut: None, newline: true }
-        }
-        // The last line was cut short: it holds no record.
-        _ => Start::Append { cut: Some(whole as u64), newline: false },
-    })
+        _ if record_of(tail).is_ok() => Ok(Start::Append { newline: true }),
+        // Not a record: perhaps a line a run cut short, perhaps the user's; never cut off.
+        _ => Err(MetricsError::LastLine { path: path.to_path_buf(), line: text.lines().count() }),
+    }
 }
 
 /// The log at `path` as text (refused, not opened, when it is not a regular file).
@@ -246,7 +278,7 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Record>(line) {
+        match record_of(line) {
             Ok(record) => records.push(record),
             Err(_) if lines.peek().is_none() && !line.ends_with('\n') => {
                 log::warn!(
@@ -259,12 +291,21 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
                 return Err(MetricsError::Malformed {
                     path: path.to_path_buf(),
                     line: index + 1,
-                    message: e.to_string(),
+                    message: e,
                 })
             }
         }
     }
     Ok(records)
+}
+
+/// The record a line holds: a JSON object of a record's fields (serde would also read a
+/// record's fields from an array, `[1, 2, 3]`, which no log of ours holds).
+fn record_of(line: &str) -> Result<Record, String> {
+    if !line.trim_start().starts_with('{') {
+        return Err("not a JSON object".into());
+    }
+    serde_json::from_str(line).map_err(|e| e.to_string())
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> MetricsError {
@@ -312,7 +353,12 @@ mod tests {
         drop(log);
         assert_eq!(read(&path).unwrap(), written);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text.lines().next().unwrap(), r#"{"step":0,"epoch":0,"val_top1":0.1}"#);
+        let first = text.lines().next().unwrap();
+        assert!(first.starts_with(r#"{"step":0,"epoch":0,"val_top1":0.1,"check":""#), "{first}");
+        assert!(is_checked_line(first));
+        // A changed value, or a line that only looks like a record: no check of ours.
+        assert!(!is_checked_line(&first.replace("0.1", "0.2")));
+        assert!(!is_checked_line(r#"{"step":0,"epoch":0,"val_top1":0.1}"#));
     }
 
     #[test]
@@ -340,6 +386,10 @@ mod tests {
         std::fs::write(&path, "{\"step\":1,\"epoch\":0}\n{\"step\":\"two\"}\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("line 2:"), "{e}");
+        // An array of a record's values is no record.
+        std::fs::write(&path, "[1,2,3]\n").unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1: not a metrics record (not a JSON object)"), "{e}");
     }
 
     #[test]
@@ -376,8 +426,8 @@ mod tests {
         let tmp = dir("exists");
         let d = tmp.path();
         let path = d.join("metrics.jsonl");
-        let line = "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n";
-        std::fs::write(&path, line).unwrap();
+        MetricsLog::open(&path, None, &[], false).unwrap().write(&training(1, 2.5)).unwrap();
+        let line = std::fs::read_to_string(&path).unwrap();
         let e = MetricsLog::open(&path, None, &[], false).err().unwrap().to_string();
         assert!(e.contains("exists; choose another --log or remove it"), "{e}");
         let notes = d.join("notes.txt");
@@ -399,29 +449,41 @@ mod tests {
     }
 
     #[test]
-    fn a_resumed_run_appends_after_a_cut_line_and_refuses_other_files() {
+    fn a_resumed_run_appends_only_to_its_own_log_and_never_cuts_a_line() {
         let tmp = dir("append");
         let d = tmp.path();
         let path = d.join("metrics.jsonl");
-        std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}\n{\"step\":2,\"ep").unwrap();
-        let mut log = MetricsLog::open(&path, Some(1), &[], false).unwrap();
-        log.write(&training(2, 2.0)).unwrap();
-        drop(log);
-        let steps: Vec<u64> = read(&path).unwrap().iter().map(|r| r.step).collect();
-        assert_eq!(steps, [1, 2]);
+        MetricsLog::open(&path, None, &[], false).unwrap().write(&training(1, 2.5)).unwrap();
+        let ours = std::fs::read_to_string(&path).unwrap();
+        // A last line that is not a whole record, a run's cut write or the user's note, is
+        // neither cut off nor appended after.
+        for tail in ["{\"step\":2,\"ep", "my note, no newline"] {
+            std::fs::write(&path, format!("{ours}{tail}")).unwrap();
+            let e = MetricsLog::open(&path, Some(1), &[], false).err().unwrap().to_string();
+            assert!(e.contains("last line (2) is not a whole record"), "{e}");
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{ours}{tail}"));
+        }
         // A whole last line without its newline is kept, and the next line starts after it.
-        std::fs::write(&path, "{\"step\":1,\"epoch\":0,\"loss\":2.5}").unwrap();
+        std::fs::write(&path, ours.trim_end()).unwrap();
         MetricsLog::open(&path, Some(1), &[], false).unwrap().write(&training(2, 2.0)).unwrap();
-        assert_eq!(read(&path).unwrap().len(), 2);
+        assert_eq!(read(&path).unwrap(), [training(1, 2.5), training(2, 2.0)]);
         // A resumed run starts a log that is not there yet.
         let fresh = d.join("new.jsonl");
         MetricsLog::open(&fresh, Some(5), &[], false).unwrap().write(&training(6, 1.0)).unwrap();
         assert_eq!(read(&fresh).unwrap(), [training(6, 1.0)]);
-        // Another file is never appended to.
-        let other = d.join("notes.txt");
-        std::fs::write(&other, "my notes\nmore").unwrap();
-        let e = MetricsLog::open(&other, Some(1), &[], false).err().unwrap().to_string();
-        assert!(e.contains("notes.txt: exists and is not a syncstep metrics log"), "{e}");
-        assert_eq!(std::fs::read(&other).unwrap(), b"my notes\nmore");
+        // Another tool's file is never appended to, however like a log it looks; --overwrite
+        // replaces it.
+        let other = d.join("other.jsonl");
+        let theirs = "{\"step\":10,\"epoch\":0,\"loss\":1.0}\n";
+        let notes = d.join("notes.txt");
+        std::fs::write(&notes, "my notes\nmore").unwrap();
+        for (file, content) in [(&other, theirs), (&notes, "my notes\nmore")] {
+            std::fs::write(file, content).unwrap();
+            let e = MetricsLog::open(file, Some(1), &[], false).err().unwrap().to_string();
+            assert!(e.contains(": exists and is not a syncstep metrics log"), "{e}");
+            assert_eq!(std::fs::read_to_string(file).unwrap(), content);
+        }
+        MetricsLog::open(&other, Some(1), &[], true).unwrap().write(&training(2, 2.0)).unwrap();
+        assert_eq!(read(&other).unwrap(), [training(2, 2.0)]);
     }
 }

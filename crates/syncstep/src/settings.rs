@@ -323,6 +323,9 @@ impl TrainConfig {
         if !(0.0..1.0).contains(&images.val_split) {
             return bad("val_split", format!("is {}: a fraction in [0, 1)", images.val_split));
         }
+        if let Some(problem) = class_names_problem(&images.class_names, "number") {
+            return bad("class_names", problem);
+        }
         if images.class_names.len() != self.classes as usize {
             let names = images.class_names.len();
             return bad(
@@ -335,6 +338,19 @@ impl TrainConfig {
         }
         if !std.iter().all(|s| s.is_finite() && *s > 0.0) {
             return bad("std", format!("is {std:?}: a standard deviation is finite and above 0"));
+        }
+        // A pixel (0 to 1) normalised past what a healthy value is would reach the network as
+        // an infinity, blamed on the image.
+        let normalised = |c: usize, x: f32| (x - mean[c]) / std[c];
+        if !(0..3).all(|c| [0.0, 1.0].iter().all(|&x| crate::checkpoint::healthy(normalised(c, x))))
+        {
+            return bad(
+                "std",
+                format!(
+                    "is {std:?} with mean {mean:?}: a pixel would normalise past ±{:e}, which no image's statistics give",
+                    f32::MAX.sqrt()
+                ),
+            );
         }
         Ok(())
     }
@@ -352,6 +368,26 @@ impl TrainConfig {
             None => (0..self.classes).map(crate::data::synthetic::class_name).collect(),
         }
     }
+}
+
+/// Why `names` cannot name a classifier's outputs, if they cannot: a blank name prints as no
+/// label, and two alike make a prediction say nothing. `unit` is what counts them in the
+/// message ("line", "number").
+pub fn class_names_problem(names: &[String], unit: &str) -> Option<String> {
+    if let Some(i) = names.iter().position(|n| n.trim().is_empty()) {
+        return Some(format!("holds a blank name ({unit} {}): give every class a name", i + 1));
+    }
+    let mut first = std::collections::HashMap::new();
+    names.iter().enumerate().find_map(|(i, name)| {
+        let j = *first.entry(name.as_str()).or_insert(i);
+        (j != i).then(|| {
+            format!(
+                "holds {name:?} twice ({unit}s {} and {}): give each class a name of its own",
+                j + 1,
+                i + 1
+            )
+        })
+    })
 }
 
 #[cfg(test)]
@@ -392,6 +428,10 @@ mod tests {
             ("std", "0.4,0.5", "setting `std` is [0.4, 0.5], not 3 numbers"),
             ("class_names", "[1]", "setting `class_names` = \"[1]\" is not valid"),
             ("lr_schedule", "linear", "setting `lr_schedule` = \"linear\" is not valid"),
+            ("class_names", r#"["b,c","b,c"]"#, "holds \"b,c\" twice (numbers 1 and 2)"),
+            ("class_names", r#"["a",""]"#, "holds a blank name (number 2)"),
+            ("class_names", r#"["  ","a"]"#, "holds a blank name (number 1)"),
+            ("std", "1e-40,0.5,0.5", "a pixel would normalise past"),
         ] {
             let mut bad = metadata.clone();
             bad.insert(key.into(), value.into());

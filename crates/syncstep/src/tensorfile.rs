@@ -16,6 +16,8 @@ pub enum TensorFileError {
     Io { path: PathBuf, message: String },
     #[error("{path}: not a valid safetensors file ({message}); is it truncated or corrupt?")]
     Corrupt { path: PathBuf, message: String },
+    #[error("{path}: {what}, not a safetensors file")]
+    OtherFormat { path: PathBuf, what: &'static str },
     #[error("{path}: tensor `{name}` has dtype {dtype:?}, which syncstep cannot read (use f32, f64, f16, bf16 or an integer type)")]
     Dtype { path: PathBuf, name: String, dtype: Dtype },
     #[error("{path}: missing tensor `{name}`")]
@@ -120,8 +122,7 @@ impl TensorFile {
     }
 
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TensorFile, TensorFileError> {
-        let st = SafeTensors::deserialize(bytes)
-            .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(path, bytes, e))?;
         let (_, header) = SafeTensors::read_metadata(bytes)
             .map_err(|e| TensorFileError::Corrupt { path: path.into(), message: e.to_string() })?;
         let metadata: BTreeMap<String, String> =
@@ -189,22 +190,42 @@ pub struct Header {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// Why `bytes` are not a safetensors file: another format's, told by its first bytes, or a
+/// safetensors file cut short or damaged.
+fn not_safetensors(path: &Path, bytes: &[u8], e: impl std::fmt::Display) -> TensorFileError {
+    match other_format(bytes) {
+        Some(what) => TensorFileError::OtherFormat { path: path.into(), what },
+        None => TensorFileError::Corrupt { path: path.into(), message: e.to_string() },
+    }
+}
+
+/// What a file whose first bytes are `start` is, when they are another format's signature that
+/// a user may give for weights.
+fn other_format(start: &[u8]) -> Option<&'static str> {
+    let torch = "a PyTorch file (torch.save): save its state_dict with safetensors.torch.save_file (docs/data.md)";
+    match start {
+        [0x89, b'P', b'N', b'G', ..] => Some("a PNG image"),
+        [0xFF, 0xD8, 0xFF, ..] => Some("a JPEG image"),
+        [b'P', b'K', 3, 4, ..] | [0x80, 2..=5, ..] => Some(torch),
+        _ => None,
+    }
+}
+
 /// The header of the safetensors file at `path`, read alone (a checkpoint's data is hundreds
 /// of megabytes): enough to tell what a file is. Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn read_header(path: &Path) -> Result<Header, TensorFileError> {
     use std::io::Read;
-    let corrupt = |message: String| TensorFileError::Corrupt { path: path.into(), message };
     let io = |e: std::io::Error| TensorFileError::Io { path: path.into(), message: e.to_string() };
     let mut file = crate::files::open_input(path).map_err(io)?;
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| corrupt(e.to_string()))?;
+    let mut start = [0u8; 8];
+    file.read_exact(&mut start).map_err(|e| not_safetensors(path, &start, e))?;
     // safetensors' own bound on a header.
-    let len = u64::from_le_bytes(len).min(100_000_000);
+    let len = u64::from_le_bytes(start).min(100_000_000);
     let mut text = Vec::new();
     file.take(len).read_to_end(&mut text).map_err(io)?;
     let header: BTreeMap<String, serde_json::Value> =
-        serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        serde_json::from_slice(&text).map_err(|e| not_safetensors(path, &start, e))?;
     let mut out = Header::default();
     for (name, value) in header {
         match (name.as_str(), value) {

@@ -69,7 +69,7 @@ pub struct TrainArgs {
     epochs: Option<u64>,
     /// Fraction of each class held out for validation when the folder has no train/ and val/
     /// [default: 0.1].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     val_split: Option<f64>,
     /// Training augmentation: none, crop-flip (pad and crop, flip: the CIFAR recipe) or
     /// resized-crop-flip (the ImageNet recipe) [default: crop-flip for CIFAR, else
@@ -97,7 +97,7 @@ pub struct TrainArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     seed: Option<u64>,
     /// Learning rate (the schedule's base rate) [default: 0.01].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     lr: Option<f32>,
     /// Learning-rate schedule after the warm-up: cosine (half a cosine, down to 0 at the end),
     /// constant, or step (a tenth from half the run, a hundredth from three quarters) [default:
@@ -108,13 +108,13 @@ pub struct TrainArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::whole::<u64>)]
     warmup_steps: Option<u64>,
     /// SGD momentum [default: 0.9].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     momentum: Option<f32>,
     /// Weight decay [default: 0.0005].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     weight_decay: Option<f32>,
     /// Label smoothing ε in [0, 1) [default: 0.1].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     label_smoothing: Option<f32>,
     /// Held-out images to measure accuracy on (0: none; at most 100000). Synthetic data:
     /// before and after training [default: 64]; images: after every epoch and at the end,
@@ -132,7 +132,7 @@ pub struct TrainArgs {
     log: Option<PathBuf>,
     /// Adapter: an index from `syncstep info`, a backend (vulkan, gl, …) or both (`vulkan:1`).
     /// Defaults to $SYNCSTEP_ADAPTER, else the first adapter.
-    #[arg(long, conflicts_with = "adapters")]
+    #[arg(long, conflicts_with = "adapters", allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapter: Option<String>,
     /// Data-parallel over this many devices (any R up to the batch), each taking a contiguous
     /// shard of every step's batch (the first batch mod R one image more), with synchronised
@@ -141,7 +141,7 @@ pub struct TrainArgs {
     replicas: usize,
     /// Adapters for the replicas, comma-separated (`0,1`, `vulkan,gl`): replica r on the
     /// (r mod count)-th. Default: --adapter's (or the default) for all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::cli::adapter)]
     adapters: Vec<String>,
     /// Keep the run in this checkpoint: written every --checkpoint-every steps, on SIGINT,
     /// SIGTERM or SIGHUP (after the step in flight) and at the end, atomically, and never with
@@ -210,7 +210,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
     halt(&stop, &args, "before training", None)?;
     let model = ResNet::new(cfg.arch, cfg.classes)?;
-    check_host_memory(&model, &cfg)?;
+    check_host_memory(&model, &cfg, args.resume.as_deref())?;
     let checkpoint = args.checkpoint.as_ref().filter(|_| lead);
     let (_claim, mut log) = if lead { outputs(&args, &cfg, start.as_ref())? } else { (None, None) };
     let local = if args.ranks.mpi { args.ranks.local_replicas as usize } else { args.replicas };
@@ -257,6 +257,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         busy: Duration::ZERO,
         last_scores: None,
         saved: None,
+        log_failed: None,
         losses: Vec::new(),
     };
     let mut run = TrainingRun::new(trainer, plan);
@@ -265,6 +266,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The loader's threads end here: the final evaluation has the cores.
     console.batches = Batches::Synthetic;
     if let RunEnd::Stopped { code, step } = end.map_err(|e| run_failed(&args, e))? {
+        if let Some(lost) = console.log_failed.take() {
+            return Err(
+                format!("{lost}: stopped after step {step}; {}", kept(&args, Some(step))).into()
+            );
+        }
         return Err(stopped(code as usize, &args, &format!("after step {step}"), Some(step)));
     }
     console.finish(&run)?;
@@ -290,7 +296,19 @@ fn outputs(
         Some(path) => {
             let log = args.log.as_deref();
             let inputs: Vec<&Path> = inputs.iter().copied().chain(log).collect();
-            Some(files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?)
+            let claim =
+                files::check_output("--checkpoint", path, &inputs, checkpoint::KIND, overwrite)?;
+            // Another run's checkpoint, as a fresh run's --log would be another run's log.
+            let replaces = path.exists() && !files::writes_in_place(path);
+            if args.resume.is_none() && replaces && !overwrite {
+                return Err(format!(
+                    "--checkpoint {}: exists, the checkpoint of another run; a fresh run does not replace it: continue that run with --resume {}, choose another --checkpoint, or add --overwrite to replace it",
+                    path.display(),
+                    path.display()
+                )
+                .into());
+            }
+            Some(claim)
         }
         None => None,
     };
@@ -466,6 +484,9 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
+    /// Why the log could not take a step's record (a full disk): the run stops after that step
+    /// and keeps its checkpoint, rather than lose it too.
+    log_failed: Option<String>,
     /// The losses of this run's steps so far, whose median each step's line shows.
     losses: Vec<f32>,
 }
@@ -511,7 +532,11 @@ impl RunHooks for Console<'_> {
     }
 
     fn stop_code(&mut self) -> u64 {
-        self.stop.received() as u64
+        // A lost log stops the run as a signal would, its checkpoint written.
+        match self.log_failed {
+            Some(_) => LOG_LOST,
+            None => self.stop.received() as u64,
+        }
     }
 }
 
@@ -546,7 +571,7 @@ impl Console<'_> {
             self.say(&line);
         }
         if let Some(log) = &mut self.log {
-            log.write(&Record {
+            let written = log.write(&Record {
                 step,
                 epoch,
                 loss: Some(loss),
@@ -554,7 +579,11 @@ impl Console<'_> {
                 images_per_s: Some(batch as f64 / secs),
                 data_wait: Some(wait_share),
                 ..Record::default()
-            })?;
+            });
+            if let Err(e) = written {
+                self.log_failed = Some(e.to_string());
+                self.log = None;
+            }
         }
         Ok(())
     }
@@ -675,6 +704,9 @@ fn run_failed(
     }
 }
 
+/// The stop code of a run whose log could not be written (no signal's number).
+const LOG_LOST: u64 = 255;
+
 /// The exit of a run that `signal` stopped `when`: 130, 143 or 129, and what is kept (`saved`: the
 /// step the checkpoint holds; None when nothing of this run was written).
 fn stopped(
@@ -685,7 +717,18 @@ fn stopped(
 ) -> Box<dyn std::error::Error> {
     // The shell's status of a process the signal ended: 128 + its number.
     let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
-    let kept = match (&args.checkpoint, saved) {
+    let kept = kept(args, saved);
+    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+}
+
+/// What a stopped run kept: the step its checkpoint holds (`saved`; None when nothing of this
+/// run was written), and how to continue it.
+fn kept(args: &TrainArgs, saved: Option<u64>) -> String {
+    match (&args.checkpoint, saved) {
+        // Only rank 0 knows whether it wrote the checkpoint (mpirun may have ended it first).
+        (Some(_), _) if !super::ranks::writes_outputs() => {
+            "rank 0 writes the checkpoint and says which step it holds".into()
+        }
         (Some(path), Some(step)) => format!(
             "the checkpoint {} holds step {step}: continue with --resume {}",
             path.display(),
@@ -693,8 +736,7 @@ fn stopped(
         ),
         (Some(_), None) => "no step was trained, so no checkpoint was written".into(),
         (None, _) => "no --checkpoint was given, so nothing was saved".into(),
-    };
-    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+    }
 }
 
 /// The error of a run that diverged: says why, what to change, and which checkpoint is kept.
@@ -708,8 +750,13 @@ fn diverged(args: &TrainArgs, d: &Diverged) -> Box<dyn std::error::Error> {
     format!("{d}; lower --lr (or --weight-decay); {kept}").into()
 }
 
-/// Refuses a run whose images and activations would not fit this host's available memory.
-fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn std::error::Error>> {
+/// Refuses a run (resumed from `resume`, whose settings it keeps) whose images and activations
+/// would not fit this host's available memory.
+fn check_host_memory(
+    model: &ResNet,
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let Some(available) = super::available_memory() else { return Ok(()) };
     let (b, s) = (cfg.batch as u64, cfg.image_size);
     // The batch's images, and host copies of the largest activation (readback, staging).
@@ -718,9 +765,10 @@ fn check_host_memory(model: &ResNet, cfg: &TrainConfig) -> Result<(), Box<dyn st
     let need = images.zip(largest).and_then(|(a, b)| a.checked_add(b)).unwrap_or(u64::MAX);
     if need > available {
         return Err(format!(
-            "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: use a smaller --batch or --image-size",
+            "a batch of {b} images of {s}×{s} needs about {} of host memory, and {} is available: {}",
             syncstep::host::format_bytes(need, syncstep::host::ByteScale::Fit),
-            syncstep::host::format_bytes(available, syncstep::host::ByteScale::Fit)
+            syncstep::host::format_bytes(available, syncstep::host::ByteScale::Fit),
+            settings::smaller("--batch or --image-size", resume)
         )
         .into());
     }

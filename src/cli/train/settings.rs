@@ -9,7 +9,7 @@ use syncstep::checkpoint::{self, Checkpoint};
 use syncstep::data::schedule::{Epochs, LrSchedule, Schedule};
 use syncstep::data::source::{self, DataSpec, Fingerprint, Splits};
 use syncstep::data::transform::{channel_stats, Augment, Normalization};
-use syncstep::model::ResNet;
+use syncstep::model::{Arch, ResNet};
 use syncstep::step::StepConfig;
 use syncstep::tensorfile::TensorFile;
 use syncstep::train::{ImageSettings, TrainConfig, VAL_SPLIT};
@@ -103,7 +103,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let model = ResNet::new(arch, classes)?;
     let start = resumed.map(|file| checkpoint::from_file(&file, &model)).transpose()?;
     let from = start.as_ref().map_or(0, |ck| ck.step);
-    let epochs = epochs_over(splits.as_ref(), batch, seed)?;
+    let epochs = epochs_over(splits.as_ref(), batch, seed, args.resume.as_deref())?;
     let last = last_step(args, epochs, from)?;
     // The schedule is laid over the run as first planned; a resume keeps it.
     let planned = saved.cfg.as_ref().map(|c| c.schedule.total_steps);
@@ -118,7 +118,7 @@ pub fn resolve(args: &TrainArgs) -> Result<Run, Box<dyn Error>> {
     let schedule = Schedule { kind, warmup_steps, total_steps };
     let cfg = TrainConfig { arch, batch, image_size, classes, seed, step, schedule, images };
     let start = match &args.init {
-        Some(path) => Some(init_weights(path, &model, &cfg, &mut saved.notes)?),
+        Some(path) => Some(init_weights(path, &model, args.arch, &cfg, &mut saved.notes)?),
         None => start,
     };
     Ok(Run { cfg, splits, epochs, start, last, notes: saved.notes })
@@ -295,14 +295,33 @@ fn schedule_settings(
     Ok((kind, warmup_steps))
 }
 
+/// What to change when the run's batch or image size (`what`: the flags) does not fit: the
+/// flags, or, for a run resumed from `resume` (whose settings a resume keeps), a new run.
+pub fn smaller(what: &str, resume: Option<&Path>) -> String {
+    match resume {
+        None => format!("use a smaller {what}"),
+        Some(ck) => format!(
+            "these are the settings of the checkpoint {}, which a resume keeps: start a new run with a smaller {what} (--init {} takes its weights)",
+            ck.display(),
+            ck.display()
+        ),
+    }
+}
+
 /// The epochs over the training split; None for the synthetic dataset.
-fn epochs_over(splits: Option<&Splits>, batch: usize, seed: u64) -> Result<Option<Epochs>, String> {
+fn epochs_over(
+    splits: Option<&Splits>,
+    batch: usize,
+    seed: u64,
+    resume: Option<&Path>,
+) -> Result<Option<Epochs>, String> {
     splits
         .map(|s| Epochs { examples: s.train.len(), batch, seed })
         .map(|e| match e.steps_per_epoch() {
             0 => Err(format!(
-                "the training split has {} images, fewer than one batch of {batch}: use a smaller --batch",
-                e.examples
+                "the training split has {} images, fewer than one batch of {batch}: {}",
+                e.examples,
+                smaller("--batch", resume)
             )),
             _ => Ok(e),
         })
@@ -328,16 +347,26 @@ fn last_step(args: &TrainArgs, epochs: Option<Epochs>, from: u64) -> Result<u64,
     Ok(last)
 }
 
-/// The state at step 0 from `--init` weights. `notes` says what was not taken: a classifier of
-/// another class count (initialised afresh) and tensors the model has no place for (ignored).
+/// The state at step 0 from `--init` weights, for `model` (of `--arch`, `asked`, or the
+/// default). `notes` says what was not taken: a classifier of another class count (initialised
+/// afresh) and tensors the model has no place for (ignored).
 fn init_weights(
     path: &Path,
     model: &ResNet,
+    asked: Option<Arch>,
     cfg: &TrainConfig,
     notes: &mut Vec<String>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let file = TensorFile::read(path)?;
-    checkpoint::weights_arch(&file, Some(model.arch))?;
+    let found = checkpoint::weights_arch(&file, asked)?;
+    if found != model.arch {
+        return Err(format!(
+            "--init {}: these are {found} weights, and without --arch the run is a {}: pass --arch {found}",
+            path.display(),
+            model.arch
+        )
+        .into());
+    }
     let checkpoint::FineTuning { params, running, other_classes } =
         checkpoint::load_for_fine_tuning(&file, model, &model.init_params(cfg.seed))?;
     if let Some(k) = other_classes {

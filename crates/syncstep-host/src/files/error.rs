@@ -16,7 +16,9 @@ pub type Result<T, E = FileError> = std::result::Result<T, E>;
 /// Why a path cannot take an output, each with what to do instead.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    #[error("is not a file path")]
+    #[error(
+        "is not a file path (it names a folder): give a file's path, without a slash at its end"
+    )]
     NotAFilePath,
     #[error("{} is not a folder", .0.display())]
     ParentNotAFolder(PathBuf),
@@ -43,12 +45,14 @@ pub enum Refusal {
     NotWritable { dir: PathBuf, source: std::io::Error },
     #[error("cannot make its lock {}: {source}", .lock.display())]
     LockNotMade { lock: PathBuf, source: std::io::Error },
-    #[error("{} is there and is not a syncstep lock (a process id): it is left alone; move it, or write elsewhere", .0.display())]
-    NotALock(PathBuf),
+    #[error("{} {why}, so it is not a lock of syncstep's: it is left alone; move it, or write elsewhere", .lock.display())]
+    NotALock { lock: PathBuf, why: &'static str },
+    #[error("{} is a lock of process {pid}, which still runs: if that is not a syncstep run writing this output, remove {}", .lock.display(), .lock.display())]
+    LockOfALiveProcess { lock: PathBuf, pid: u32 },
     #[error("is named for two outputs of this command: give each its own path")]
     NamedTwice,
-    #[error("is being written by another syncstep run{}: wait for it to end, or write elsewhere", holder(*.0))]
-    BeingWritten(Option<u32>),
+    #[error("is being written by another syncstep run (process {0}): wait for it to end, or write elsewhere")]
+    BeingWritten(u32),
 }
 
 pub(super) fn overlap(folder: bool) -> &'static str {
@@ -56,8 +60,4 @@ pub(super) fn overlap(folder: bool) -> &'static str {
         true => "lies inside the input folder",
         false => "is the same file as the input",
     }
-}
-
-pub(super) fn holder(pid: Option<u32>) -> String {
-    pid.map(|pid| format!(" (process {pid})")).unwrap_or_default()
 }

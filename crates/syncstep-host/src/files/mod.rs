@@ -31,5 +31,5 @@ mod write;
 pub use error::{FileError, Refusal, Result};
 pub use input::{open_input, read_input};
 pub use output::{check_output, Claim, Kind};
-pub use place::resolved;
+pub use place::{resolved, writes_in_place};
 pub use write::{open_in_place, write_atomic};

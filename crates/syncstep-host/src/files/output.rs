@@ -45,7 +45,11 @@ pub fn check_output(
         path: path.to_path_buf(),
         problem,
     };
-    path.file_name().ok_or_else(|| refused(Refusal::NotAFilePath))?;
+    // `x.safetensors/` names a folder to be, whose file name Rust's path would give as `x…`.
+    let folder_spelt = path.as_os_str().to_string_lossy().ends_with(std::path::is_separator);
+    if folder_spelt || path.file_name().is_none() {
+        return Err(refused(Refusal::NotAFilePath));
+    }
     let dir = folder_of(path);
     if dir.exists() && !dir.is_dir() {
         return Err(refused(Refusal::ParentNotAFolder(dir)));

@@ -66,20 +66,35 @@ pub(super) fn is_descriptor(path: &Path) -> bool {
 }
 
 /// Whether the file `meta` describes is where this process's standard output or error goes.
-#[cfg(unix)]
 pub(super) fn is_standard_stream(meta: &std::fs::Metadata) -> bool {
+    standard_stream(meta).is_some()
+}
+
+/// This process's standard output or error, as a descriptor of its own, when it goes to the
+/// file `meta` describes. A write through it moves the stream's own offset: a file opened
+/// afresh would write where the stream does not look, and the stream's next line would land
+/// over it (`--json /dev/stdout > f`).
+#[cfg(unix)]
+pub(super) fn standard_stream(meta: &std::fs::Metadata) -> Option<std::fs::File> {
     use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
     let same = |fd: std::os::fd::BorrowedFd| {
-        let stream = fd.try_clone_to_owned().map(std::fs::File::from).and_then(|f| f.metadata());
-        stream.is_ok_and(|s| s.dev() == meta.dev() && s.ino() == meta.ino())
+        let stream = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        let s = stream.metadata().ok()?;
+        (s.dev() == meta.dev() && s.ino() == meta.ino()).then_some(stream)
     };
-    same(std::io::stdout().as_fd()) || same(std::io::stderr().as_fd())
+    same(std::io::stdout().as_fd()).or_else(|| same(std::io::stderr().as_fd()))
 }
 
 #[cfg(not(unix))]
-pub(super) fn is_standard_stream(_meta: &std::fs::Metadata) -> bool {
-    false
+pub(super) fn standard_stream(_meta: &std::fs::Metadata) -> Option<std::fs::File> {
+    None
+}
+
+/// Whether a write to `path` goes in place (a pipe, a terminal, a character device, this
+/// process's own output) rather than replacing a regular file.
+pub fn writes_in_place(path: &Path) -> bool {
+    matches!(place_of(path), Ok(Place::InPlace(_)))
 }
 
 /// Whether writing `output` would change `input`: the same file (by device and inode, so a
@@ -95,6 +110,18 @@ pub(super) fn overlaps(output: &Path, input: &Path) -> bool {
         }
         _ => false,
     }
+}
+
+/// The name of a hidden file beside the file `name` (its lock, its temporary files):
+/// `.{name}{suffix}`, `name` cut to its first 200 bytes, so that the side file's name stays
+/// within the 255 bytes a name may have where `name` itself nearly fills them.
+pub(super) fn side_name(name: &std::ffi::OsStr, suffix: &str) -> String {
+    let name = name.to_string_lossy();
+    let mut end = name.len().min(200);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(".{}{suffix}", &name[..end])
 }
 
 /// The folder a file path is in ("." for a bare name).

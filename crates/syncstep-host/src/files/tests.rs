@@ -37,6 +37,9 @@ fn an_output_is_refused_where_it_would_destroy_something() {
     }
     let e = check_output("--out", d, &[], ANY, true).err().unwrap().to_string();
     assert!(e.contains("is a folder, not a regular file"), "{e}");
+    let slash = d.join("new.safetensors/");
+    let e = check_output("--out", &slash, &[], ANY, true).err().unwrap().to_string();
+    assert!(e.contains("is not a file path"), "{e}");
     let missing = d.join("no/such/dir/x");
     let e = check_output("--out", &missing, &[], ANY, true).err().unwrap().to_string();
     assert!(e.contains("does not exist"), "{e}");
@@ -86,6 +89,19 @@ fn a_write_that_fails_midway_keeps_the_old_file_and_leaves_nothing() {
     std::fs::create_dir(&folder).unwrap();
     assert!(write_atomic(&folder, b"x").is_err());
     assert_eq!(names(d), ["a folder", "ck.safetensors"]);
+}
+
+/// A name that nearly fills the 255 bytes a name may have: its lock and temporary file keep
+/// the start of it.
+#[test]
+fn an_output_of_the_longest_name_is_claimed_and_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(format!("{}.svg", "x".repeat(251)));
+    let claim = check_output("-o", &path, &[], NONE, false).unwrap();
+    write_atomic(&path, b"drawn").unwrap();
+    drop(claim);
+    assert_eq!(std::fs::read(&path).unwrap(), b"drawn");
+    assert_eq!(names(tmp.path()), [path.file_name().unwrap().to_str().unwrap()]);
 }
 
 #[test]
@@ -199,8 +215,61 @@ fn an_output_is_claimed_once_and_its_lock_is_removed_with_the_claim() {
     let theirs = tmp.path().join(".ck.safetensors.lock");
     std::fs::write(&theirs, b"my notes").unwrap();
     let e = check_output("--log", &out, &[], ANY, false).err().unwrap().to_string();
-    assert!(e.contains("is not a syncstep lock"), "{e}");
+    assert!(e.contains("not a lock of syncstep's"), "{e}");
     assert_eq!(std::fs::read(&theirs).unwrap(), b"my notes");
+}
+
+#[test]
+fn a_lock_is_never_followed_nor_taken_from_the_user_and_a_stale_one_is_rewritten_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let out = d.join("ck.safetensors");
+    let lock = d.join(".ck.safetensors.lock");
+    let claim_refused = |says: &str| {
+        let e = check_output("--checkpoint", &out, &[], ANY, false).err().unwrap().to_string();
+        assert!(e.contains(says) && e.contains(".ck.safetensors.lock"), "{e}");
+    };
+    // A link to a user's file (a number in it, or nothing), and a dangling one: not followed.
+    let theirs = d.join("numbers.txt");
+    for content in [&b"12345"[..], b""] {
+        std::fs::write(&theirs, content).unwrap();
+        std::os::unix::fs::symlink(&theirs, &lock).unwrap();
+        claim_refused("is a symbolic link");
+        assert_eq!(std::fs::read(&theirs).unwrap(), content);
+        std::fs::remove_file(&lock).unwrap();
+    }
+    std::os::unix::fs::symlink(d.join("made.txt"), &lock).unwrap();
+    claim_refused("is a symbolic link");
+    assert!(!d.join("made.txt").exists(), "nothing is made through a dangling link");
+    std::fs::remove_file(&lock).unwrap();
+    // A user's file holding a process id (of a process that is gone), or the lock's words with
+    // more after them: theirs.
+    for content in [&b"42"[..], b"4294967295\n", b"syncstep lock: process 2147483646\nmine\n"] {
+        std::fs::write(&lock, content).unwrap();
+        claim_refused("does not hold a syncstep lock");
+        assert_eq!(std::fs::read(&lock).unwrap(), content);
+    }
+    // A pipe there is not read (that would wait).
+    std::fs::remove_file(&lock).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&lock).status().unwrap().success());
+    claim_refused("is not a regular file");
+    std::fs::remove_file(&lock).unwrap();
+    // A lock whose process runs (this one's parent) and holds no lock: not taken.
+    let parent = format!("syncstep lock: process {}\n", std::os::unix::process::parent_id());
+    std::fs::write(&lock, &parent).unwrap();
+    claim_refused("which still runs");
+    assert_eq!(std::fs::read(&lock).unwrap(), parent.as_bytes());
+    // A lock whose process is gone is taken over, twice in a row, and holds this process's
+    // lock whole each time (not the new id written after the old one's length).
+    let mine = format!("syncstep lock: process {}\n", std::process::id());
+    for gone in [2147483646, 2147483645] {
+        std::fs::write(&lock, format!("syncstep lock: process {gone}\n")).unwrap();
+        let claim = check_output("--checkpoint", &out, &[], ANY, false).unwrap();
+        assert_eq!(std::fs::read_to_string(&lock).unwrap(), mine);
+        drop(claim);
+        assert!(!lock.exists());
+    }
+    assert_eq!(names(d), ["numbers.txt"]);
 }
 
 #[test]

@@ -85,11 +85,18 @@ pub(super) fn write_in_place(
     file.flush()
 }
 
-/// Opens `target` to append to it. A pipe no process reads is an error, not a wait for one.
+/// Opens `target` to append to it: this process's own standard output or error is written
+/// through that stream's descriptor (so what it prints next comes after). A pipe no process
+/// reads is an error, not a wait for one.
 #[cfg(unix)]
 pub fn open_in_place(target: &Path) -> std::io::Result<File> {
     use rustix::fs::OFlags;
     use std::os::unix::fs::OpenOptionsExt;
+    if let Some(stream) =
+        std::fs::metadata(target).ok().and_then(|m| super::place::standard_stream(&m))
+    {
+        return Ok(stream);
+    }
     let file = OpenOptions::new()
         .append(true)
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
@@ -115,7 +122,7 @@ pub fn open_in_place(target: &Path) -> std::io::Result<File> {
 /// The start of the temporary files' names for `name`: hidden, then the writer's process id
 /// (`.{name}.tmp-{pid}-{random}`), so that a later run can tell whether its writer is gone.
 pub(super) fn temp_prefix(name: &std::ffi::OsStr) -> String {
-    format!(".{}.tmp-", name.to_string_lossy())
+    super::place::side_name(name, ".tmp-")
 }
 
 /// A new temporary file for `name` in `dir`, removed when dropped unless renamed. Created with

@@ -391,14 +391,14 @@ fn model_of(cfg: &BenchConfig) -> Result<ResNet> {
 fn check_training_batch(model: &ResNet, batch: usize, size: u32) -> Result<()> {
     model
         .check_training_batch(batch as u64, size, size)
-        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: format!("{batch}: {e}") })
 }
 
 /// Refuses a step of `batch` images of `size`² whose buffers a device of these `limits` cannot
 /// bind.
 fn check_batch_fits(model: &ResNet, batch: usize, size: u32, limits: &wgpu::Limits) -> Result<()> {
     crate::step::check_batch_fits(model, batch as u64, size, size, limits)
-        .map_err(|e| BenchError::Setting { flag: "batch", problem: e.to_string() })
+        .map_err(|e| BenchError::Setting { flag: "batch", problem: format!("{batch}: {e}") })
 }
 
 /// Refuses a roofline probe whose `m`×`m` matrices a device of these `limits` cannot bind.
