@@ -157,7 +157,7 @@ test("a model trained in the page downloads, opens again, classifies as syncstep
     const resnet18Blocks = Object.fromEntries([1, 2, 3, 4].map((s) => [`layer${s}.1.conv1.weight`, [1]]));
     const bad = {
       "truncated.safetensors": [bytes.subarray(0, bytes.length >> 1), /truncated\.safetensors: not a valid safetensors file .*truncated or corrupt/],
-      "photo.safetensors": [readFileSync(PHOTOS[0]), /photo\.safetensors: not a valid safetensors file/],
+      "photo.safetensors": [readFileSync(PHOTOS[0]), /photo\.safetensors: a PNG image, not a safetensors file/],
       "other-arch.safetensors": [safetensors({ "layer1.0.conv1.weight": [1], "layer1.4.conv1.weight": [1] }), /BasicBlocks \[5, 0, 0, 0\] per stage are none of torchvision's ResNets/],
       "other-classifier.safetensors": [safetensors({ ...resnet18Blocks, "fc.weight": [10, 256] }), /`fc\.weight` has shape \[10, 256\], expected \[K, 512\] \(resnet18\)/],
     };
