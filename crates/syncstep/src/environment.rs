@@ -94,110 +94,138 @@ fn dump_folder(dir: &std::path::Path) -> Result<(), String> {
     }
 }
 
+/// `takes` for `name`, which holds `value`.
+fn refuse(name: &'static str, value: &str, takes: &str) -> VariableError {
+    VariableError { name, value: value.into(), takes: takes.into() }
+}
+
+/// The variables `var` gives, each read and bounded as it is asked for.
+struct Variables<F: Fn(&str) -> Option<OsString>> {
+    var: F,
+}
+
+impl<F: Fn(&str) -> Option<OsString>> Variables<F> {
+    /// The variable's text (an empty variable counts as unset).
+    fn text(&self, name: &'static str) -> Result<Option<String>, VariableError> {
+        match (self.var)(name).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .into_string()
+                .map(Some)
+                .map_err(|v| refuse(name, &v.to_string_lossy(), "valid UTF-8")),
+        }
+    }
+
+    fn on_off(&self, name: &'static str, default: &str) -> Result<Option<bool>, VariableError> {
+        match self.text(name)?.as_deref().map(str::trim) {
+            None => Ok(None),
+            Some("on") => Ok(Some(true)),
+            Some("off") => Ok(Some(false)),
+            Some(other) => Err(refuse(name, other, &format!("on or off ({default})"))),
+        }
+    }
+
+    fn adapter(&self) -> Result<Option<AdapterChoice>, VariableError> {
+        let Some(v) = self.text("SYNCSTEP_ADAPTER")? else { return Ok(None) };
+        AdapterChoice::parse(&v).map(Some).map_err(|e| {
+            refuse("SYNCSTEP_ADAPTER", &v, &format!("an adapter `syncstep info` lists ({e})"))
+        })
+    }
+
+    fn conv_algo(&self) -> Result<Option<Forced>, VariableError> {
+        let Some(v) = self.text("SYNCSTEP_CONV_ALGO")? else { return Ok(None) };
+        parse_forced(&v).map_err(|_| {
+            let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
+            refuse("SYNCSTEP_CONV_ALGO", &v, &format!("one of {}, guess", known.join(", ")))
+        })
+    }
+
+    /// The autotune cache's file, refused where the path is not a regular file. A browser has
+    /// no files: no cache.
+    fn autotune_cache(&self) -> Result<Option<PathBuf>, VariableError> {
+        #[cfg(target_arch = "wasm32")]
+        let cache: Option<PathBuf> = None;
+        #[cfg(not(target_arch = "wasm32"))]
+        let cache = autotune_cache_path(
+            (self.var)("SYNCSTEP_AUTOTUNE_CACHE"),
+            (self.var)("XDG_CACHE_HOME"),
+            (self.var)("HOME"),
+        );
+        if let Some(what) = cache.as_deref().and_then(not_a_regular_file) {
+            let takes = format!(
+                "the path of a file (this is {what}), or off for no cache (it is read and written whole)"
+            );
+            let path = cache.as_deref().map(|c| c.to_string_lossy()).unwrap_or_default();
+            return Err(refuse("SYNCSTEP_AUTOTUNE_CACHE", &path, &takes));
+        }
+        Ok(cache)
+    }
+
+    /// wgpu's own: it ignores a name it does not know with a warning, and then offers no
+    /// backend at all.
+    fn check_wgpu_backend(&self) -> Result<(), VariableError> {
+        let Some(v) = self.text("WGPU_BACKEND")? else { return Ok(()) };
+        let known =
+            ["vulkan", "vk", "dx12", "d3d12", "metal", "mtl", "opengl", "gles", "gl", "webgpu"];
+        if v.to_lowercase().split(',').all(|b| known.contains(&b.trim())) {
+            return Ok(());
+        }
+        let takes = "backends wgpu knows, comma-separated: vulkan, metal, dx12, gl or webgpu";
+        Err(refuse("WGPU_BACKEND", &v, takes))
+    }
+
+    fn mpi_silence(&self, default: Duration) -> Result<Duration, VariableError> {
+        let Some(v) = self.text("SYNCSTEP_MPI_SILENCE")? else { return Ok(default) };
+        match v.trim().parse::<f64>() {
+            Ok(s) if (1.0..=MAX_MPI_SILENCE).contains(&s) => Ok(Duration::from_secs_f64(s)),
+            _ => {
+                let takes = "the seconds a rank may go unheard, 1 to 86400 (default 20)";
+                Err(refuse("SYNCSTEP_MPI_SILENCE", &v, takes))
+            }
+        }
+    }
+
+    fn shader_dump(&self) -> Result<Option<PathBuf>, VariableError> {
+        let Some(dir) = (self.var)("SYNCSTEP_DUMP_SHADERS").filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let dir = PathBuf::from(dir);
+        dump_folder(&dir).map_err(|why| {
+            let takes = format!(
+                "a folder to make, or an empty one, for the shaders ({why}): files there would be replaced"
+            );
+            refuse("SYNCSTEP_DUMP_SHADERS", &dir.to_string_lossy(), &takes)
+        })?;
+        Ok(Some(dir))
+    }
+}
+
 impl Environment {
     /// The environment `var` gives (an empty variable counts as unset).
     pub fn read(var: impl Fn(&str) -> Option<OsString>) -> Result<Environment, VariableError> {
-        let refuse = |name: &'static str, value: &str, takes: &str| VariableError {
-            name,
-            value: value.into(),
-            takes: takes.into(),
-        };
-        let text = |name: &'static str| -> Result<Option<String>, VariableError> {
-            match var(name).filter(|v| !v.is_empty()) {
-                None => Ok(None),
-                Some(v) => v
-                    .into_string()
-                    .map(Some)
-                    .map_err(|v| refuse(name, &v.to_string_lossy(), "valid UTF-8")),
-            }
-        };
-        let on_off = |name: &'static str,
-                      default_words: &str|
-         -> Result<Option<bool>, VariableError> {
-            match text(name)?.as_deref().map(str::trim) {
-                None => Ok(None),
-                Some("on") => Ok(Some(true)),
-                Some("off") => Ok(Some(false)),
-                Some(other) => Err(refuse(name, other, &format!("on or off ({default_words})"))),
-            }
-        };
+        let v = Variables { var };
         let defaults = Environment::default();
-        let adapter = match text("SYNCSTEP_ADAPTER")? {
-            None => None,
-            Some(v) => Some(AdapterChoice::parse(&v).map_err(|e| {
-                refuse("SYNCSTEP_ADAPTER", &v, &format!("an adapter `syncstep info` lists ({e})"))
-            })?),
-        };
-        let subgroups = on_off(
+        // In this order: a variable's error is the first of them that is wrong.
+        let adapter = v.adapter()?;
+        let subgroups = v.on_off(
             "SYNCSTEP_SUBGROUPS",
             "off: kernels that load what subgroups would broadcast; on: the default",
-        )?
-        .unwrap_or(defaults.subgroups);
-        let conv_algo = match text("SYNCSTEP_CONV_ALGO")? {
-            None => None,
-            Some(v) => parse_forced(&v).map_err(|_| {
-                let known: Vec<String> = Conv2dAlgo::all().iter().map(|a| a.to_string()).collect();
-                refuse("SYNCSTEP_CONV_ALGO", &v, &format!("one of {}, guess", known.join(", ")))
-            })?,
-        };
-        let winograd = on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
-        // A browser has no files: no cache.
-        #[cfg(target_arch = "wasm32")]
-        let autotune_cache: Option<PathBuf> = None;
-        #[cfg(not(target_arch = "wasm32"))]
-        let autotune_cache =
-            autotune_cache_path(var("SYNCSTEP_AUTOTUNE_CACHE"), var("XDG_CACHE_HOME"), var("HOME"));
-        if let Some(cache) = &autotune_cache {
-            not_a_regular_file(cache).map_or(Ok(()), |what| {
-                let takes = format!(
-                    "the path of a file (this is {what}), or off for no cache (it is read and written whole)"
-                );
-                Err(refuse("SYNCSTEP_AUTOTUNE_CACHE", &cache.to_string_lossy(), &takes))
-            })?;
-        }
-        // wgpu's own: it ignores a name it does not know with a warning, and then offers no
-        // backend at all.
-        if let Some(v) = text("WGPU_BACKEND")? {
-            let known =
-                ["vulkan", "vk", "dx12", "d3d12", "metal", "mtl", "opengl", "gles", "gl", "webgpu"];
-            if !v.to_lowercase().split(',').all(|b| known.contains(&b.trim())) {
-                let takes =
-                    "backends wgpu knows, comma-separated: vulkan, metal, dx12, gl or webgpu";
-                return Err(refuse("WGPU_BACKEND", &v, takes));
-            }
-        }
-        let mpi_silence = match text("SYNCSTEP_MPI_SILENCE")? {
-            None => defaults.mpi_silence,
-            Some(v) => match v.trim().parse::<f64>() {
-                Ok(s) if (1.0..=MAX_MPI_SILENCE).contains(&s) => Duration::from_secs_f64(s),
-                _ => {
-                    let takes = "the seconds a rank may go unheard, 1 to 86400 (default 20)";
-                    return Err(refuse("SYNCSTEP_MPI_SILENCE", &v, takes));
-                }
-            },
-        };
-        let shader_dump = match var("SYNCSTEP_DUMP_SHADERS").filter(|v| !v.is_empty()) {
-            None => None,
-            Some(dir) => {
-                let dir = PathBuf::from(dir);
-                dump_folder(&dir).map_err(|why| {
-                    let takes = format!(
-                        "a folder to make, or an empty one, for the shaders ({why}): files there would be replaced"
-                    );
-                    refuse("SYNCSTEP_DUMP_SHADERS", &dir.to_string_lossy(), &takes)
-                })?;
-                Some(dir)
-            }
-        };
+        )?;
+        let conv_algo = v.conv_algo()?;
+        let winograd = v.on_off("SYNCSTEP_WINOGRAD", "unset: on for CPU adapters, off on GPUs")?;
+        let autotune_cache = v.autotune_cache()?;
+        v.check_wgpu_backend()?;
+        let mpi_silence = v.mpi_silence(defaults.mpi_silence)?;
+        let shader_dump = v.shader_dump()?;
         Ok(Environment {
             adapter,
-            subgroups,
+            subgroups: subgroups.unwrap_or(defaults.subgroups),
             shader_dump,
             conv_algo,
             winograd,
             autotune_cache,
             mpi_silence,
-            lp_num_threads: text("LP_NUM_THREADS")?,
+            lp_num_threads: v.text("LP_NUM_THREADS")?,
         })
     }
 
