@@ -1220,6 +1220,68 @@ fn unchecked_pipelines_give_the_checked_ones_bits() {
     }
 }
 
+/// A step's weights laid out once (conv2d::WeightRows) give the plain launchers' bits for the
+/// forward and the input-VJP of every kind of convolution, in one dispatch or in several, and
+/// are read as they were when laid out: weights overwritten after it change nothing (a launch
+/// that found no laid-out rows would read them).
+fn laid_out_weights_give_the_launchers_bits() {
+    let gpu = device_with(k::KernelPolicy::new(k::KernelPlan::Gpu, None, None));
+    let shapes = [
+        shape(2, 3, 16, 16, 8, 7, 7, 2, 3),
+        shape(2, 8, 8, 8, 16, 3, 3, 1, 1),
+        shape(2, 16, 8, 8, 24, 3, 3, 2, 1),
+        shape(2, 16, 8, 8, 24, 1, 1, 2, 0),
+        shape(2, 24, 4, 4, 24, 3, 3, 1, 1),
+    ];
+    // Each conv's weights from a binding's alignment, as the model lays its parameters out.
+    let (mut at, mut weights) = (Vec::new(), Vec::new());
+    for (i, s) in shapes.iter().enumerate() {
+        at.push(weights.len() as u64);
+        weights.extend(uniform(600 + i as u64, s.w_len() as usize));
+        weights.resize(weights.len().next_multiple_of(64), 0.5);
+    }
+    let convs: Vec<(Conv2dOp, Conv2dShape, u64)> = shapes
+        .iter()
+        .zip(&at)
+        .flat_map(|(s, &w)| [Conv2dOp::Forward, Conv2dOp::BackwardInput].map(|op| (op, *s, w)))
+        .collect();
+    let nan = gpu.upload("nan", &vec![f32::NAN; weights.len()]).unwrap();
+    for room in [None, Some(1 << 16)] {
+        let w = gpu.upload("w", &weights).unwrap();
+        let rows = match room {
+            None => k::WeightRows::new(&gpu, &w, &convs).unwrap(),
+            Some(room) => k::WeightRows::within(&gpu, &w, &convs, room).unwrap(),
+        };
+        assert_eq!(rows.dispatches() > 1, room.is_some(), "{} dispatches", rows.dispatches());
+        let mut enc = gpu.encoder();
+        rows.lay_out(&gpu, &mut enc).unwrap();
+        enc.copy_buffer_to_buffer(&nan, 0, &w, 0, 4 * weights.len() as u64);
+        let mut runs = Vec::new();
+        for (i, &(op, s, w_at)) in convs.iter().enumerate() {
+            let [a, _, out] = s.operand_lens(op);
+            let a = gpu.upload("a", &uniform(700 + i as u64, a as usize)).unwrap();
+            let (plain, laid) =
+                (poisoned(&gpu, "out", out as usize), poisoned(&gpu, "laid", out as usize));
+            let ws = Slice::new(&w, w_at * 4, s.w_len());
+            rows.launch(&gpu, &mut enc, op, &s, Slice::whole(&a), ws, Slice::whole(&laid)).unwrap();
+            runs.push((a, plain, laid));
+        }
+        submit(&gpu, enc);
+        let fresh = gpu.upload("w", &weights).unwrap();
+        for ((op, s, w_at), (a, plain, laid)) in convs.iter().zip(&runs) {
+            let mut enc = gpu.encoder();
+            let ws = Slice::new(&fresh, w_at * 4, s.w_len());
+            k::conv2d_launch(&gpu, &mut enc, *op, s, Slice::whole(a), ws, Slice::whole(plain))
+                .unwrap();
+            submit(&gpu, enc);
+            let (want, got) = (read(&gpu, plain), read(&gpu, laid));
+            assert!(want.iter().all(|v| v.is_finite()), "{op:?} {s:?}");
+            let differ = got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits());
+            assert_eq!(differ.count(), 0, "{op:?} {s:?} (room {room:?})");
+        }
+    }
+}
+
 tests![
     stem_7x7_s2_p3_matches_reference,
     conv3x3_s1_p1_matches_reference,
@@ -1249,4 +1311,5 @@ tests![
     implicit_gemm_gives_direct_bits_in_every_configuration,
     implicit_weight_gradient_gives_direct_bits_in_every_configuration,
     unchecked_pipelines_give_the_checked_ones_bits,
+    laid_out_weights_give_the_launchers_bits,
 ];

@@ -46,10 +46,6 @@ struct Implicit {
     m_tiles: u32,
     // Elements of the output: the stride of the segment slabs.
     out_len: u32,
-    // The layout's rows (every phase's k), and with the rows of +0 after them.
-    k_rows: u32,
-    layout_rows: u32,
-    w_col_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> ig: Implicit;
@@ -96,23 +92,38 @@ fn ig_pixel(m: u32, grid_h: u32, grid_w: u32, r1: vec4<i32>) -> IgPixel {
 
 // The weights as the GEMM reads them: row k (every phase's, in the table's order) holds the
 // column c's w at c·w_col_stride + the entry's w offset, +0 past the last column and in the rows
-// after the last k, so that the GEMM's loads of a slice need no test.
+// after the last k, so that the GEMM's loads of a slice need no test. One dispatch lays out
+// several convolutions' weights (a step's, once for the step), each a layout of two records:
+// (its first vec4 in il_rows, its weights' first float in il_w, its first entry in il_table,
+// 0), (cols, cols4, k_rows, w_col_stride). The layouts lie in order, each from a workgroup's
+// first vec4, and il_workgroups names each workgroup's layout; the vec4s between two layouts
+// are +0.
+struct ImplicitLayouts {
+    vec4s: u32,
+}
+
+@group(0) @binding(0) var<uniform> il: ImplicitLayouts;
 @group(0) @binding(1) var<storage, read> il_w: array<f32>;
 @group(0) @binding(2) var<storage, read> il_table: array<vec4<i32>>;
-@group(0) @binding(3) var<storage, read_write> il_rows: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> il_layouts: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> il_workgroups: array<u32>;
+@group(0) @binding(5) var<storage, read_write> il_rows: array<vec4<f32>>;
 
 @compute @workgroup_size(64)
-fn conv2d_implicit_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn conv2d_implicit_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = gid.x + gid.y * nwg.x * 64u;
-    if (t >= ig.layout_rows * ig.cols4) { return; }
-    let k = t / ig.cols4;
-    let c0 = (t % ig.cols4) * 4u;
-    let row = k < ig.k_rows;
-    let at = u32(il_table[3u * ig.phases + select(0u, k, row)].w);
+    if (t >= il.vec4s) { return; }
+    let laid = il_workgroups[wid.x + wid.y * nwg.x];
+    let at = il_layouts[2u * laid];
+    let dims = il_layouts[2u * laid + 1u];
+    let k = (t - at.x) / dims.y;
+    let c0 = ((t - at.x) % dims.y) * 4u;
+    let row = k < dims.z;
+    let w0 = at.y + u32(il_table[at.z + select(0u, k, row)].w);
     var quad = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        let ok = row && c0 + i < ig.cols;
-        quad[i] = select(0.0, il_w[select(0u, (c0 + i) * ig.w_col_stride + at, ok)], ok);
+        let ok = row && c0 + i < dims.x;
+        quad[i] = select(0.0, il_w[select(0u, w0 + (c0 + i) * dims.w, ok)], ok);
     }
     il_rows[t] = quad;
 }

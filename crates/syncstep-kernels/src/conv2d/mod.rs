@@ -36,6 +36,7 @@ mod crop;
 mod forward;
 mod gemm;
 pub mod implicit;
+mod laid;
 mod scratch;
 mod shape;
 mod tiles;
@@ -47,6 +48,7 @@ pub use backward_data::conv2d_backward_input_with;
 pub use backward_weight::conv2d_backward_weight_with;
 pub use crop::{conv2d_launch_cropped, conv2d_launch_kept, crop_weights, Crop};
 pub use forward::conv2d_forward_with;
+pub use laid::WeightRows;
 pub use shape::Conv2dShape;
 #[cfg(not(target_arch = "wasm32"))]
 pub use tune::autotune_cache_path;

@@ -313,16 +313,16 @@ impl Replica {
         dy: &Transient,
     ) -> Result<Transient> {
         let dx = self.scratch.take(&self.gpu, shape.x_len())?;
-        let (gpu, enc) = (&self.gpu, &mut pass.enc);
         let (dy, dxs) = (dy.slice(), dx.slice());
+        let op = Conv2dOp::BackwardInput;
         // Where the forward copied the kept taps' weights (conv_forward).
-        match conv2d::conv2d_choice(gpu, Conv2dOp::Forward, shape)?.1 {
+        match conv2d::conv2d_choice(&self.gpu, Conv2dOp::Forward, shape)?.1 {
             Some(crop) => {
+                let (gpu, enc) = (&self.gpu, &mut pass.enc);
                 let kept = self.acts.saved(Act::KeptWeights(id));
-                let op = Conv2dOp::BackwardInput;
                 conv2d::conv2d_launch_kept(gpu, enc, op, &crop, dy, Slice::whole(&kept), dxs)?;
             }
-            None => conv2d::conv2d_backward_input(gpu, enc, shape, dy, self.param(weight), dxs)?,
+            None => self.conv_launch(pass, op, shape, (dy, weight, dxs))?,
         }
         Ok(dx)
     }

@@ -131,14 +131,10 @@ impl Replica {
                 let (x, y) = (u.x, Slice::whole(&y));
                 conv2d::conv2d_launch_kept(gpu, enc, Conv2dOp::Forward, &crop, x, kept, y)?;
             }
-            None => conv2d::conv2d_forward(
-                &self.gpu,
-                &mut pass.enc,
-                &shape,
-                u.x,
-                self.param(conv.weight),
-                Slice::whole(&y),
-            )?,
+            None => {
+                let operands = (u.x, conv.weight, Slice::whole(&y));
+                self.conv_launch(pass, Conv2dOp::Forward, &shape, operands)?
+            }
         }
         Ok(out)
     }

@@ -14,6 +14,7 @@ use crate::canonical;
 use crate::collective::{CollectiveError, Pieces};
 use crate::data::{Batch, DataError};
 use crate::gpu::{Encoder, Gpu, GpuError, Slice};
+use crate::kernels::conv2d::Conv2dOp;
 use crate::kernels::{batchnorm, conv2d, maxpool, sgd, Device, KernelError};
 use crate::model::{
     ActivationPattern, Conv, ModelError, ResNet, ALIGN_BYTES, POOL_K, POOL_PAD, POOL_STRIDE,
@@ -277,6 +278,9 @@ pub struct Replica {
     pub running: wgpu::Buffer,
     acts: Activations,
     scratch: Scratch,
+    /// The weights of the step's gather GEMMs, laid out once a step, for the input shape
+    /// (examples, height, width) they were planned for.
+    weight_rows: Option<((u32, u32, u32), conv2d::WeightRows)>,
 }
 
 /// Activation buffers that live for part of a pass (the backward's cotangents, a downsample
@@ -377,6 +381,9 @@ struct Pass<'p, S> {
     impose: Option<&'p ActivationPattern>,
     /// Whether the forward copies each ReLU site's output for [`Replica::read_pattern`].
     capture: bool,
+    /// Whether the pass laid out its weights ([`Replica::lay_out_weights`]): its convolutions
+    /// then read them from there.
+    laid_out: bool,
     /// The buffer holding the pool's argmax: its own, or the imposed one.
     pool_argmax: Act,
     /// Inference: BN normalises with these running statistics (the model's flat buffer
@@ -423,6 +430,7 @@ impl Replica {
             running: running_buf,
             acts: Activations::default(),
             scratch: Scratch::default(),
+            weight_rows: None,
         })
     }
 
@@ -434,7 +442,49 @@ impl Replica {
             .iter()
             .map(|b| b.size())
             .sum::<u64>();
-        flat + self.acts.bytes() + self.scratch.bytes() + self.gpu.scratch_bytes()
+        let rows = self.weight_rows.as_ref().map_or(0, |(_, rows)| rows.bytes());
+        flat + self.acts.bytes() + self.scratch.bytes() + self.gpu.scratch_bytes() + rows
+    }
+
+    /// Lays out the weights of every convolution the step at input `x` runs as a gather GEMM,
+    /// forward and input-VJP, by one dispatch ([`conv2d::WeightRows`]).
+    fn lay_out_weights(&mut self, enc: &mut Encoder, x: Dims) -> Result<()> {
+        let key = (x.n, x.h, x.w);
+        if self.weight_rows.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.weight_rows = None;
+            let mut convs = Vec::new();
+            for input in self.model.conv_inputs(x.h, x.w) {
+                let shape = conv2d_shape(&input.conv, x.n, input.h, input.w);
+                let w_at = self.model.params[input.conv.weight].offset as u64;
+                convs.push((Conv2dOp::Forward, shape, w_at));
+                // The stem's input is the image: the step takes no input-VJP of it.
+                if input.conv != self.model.stem_conv {
+                    convs.push((Conv2dOp::BackwardInput, shape, w_at));
+                }
+            }
+            let rows = conv2d::WeightRows::new(&self.gpu, &self.params, &convs)?;
+            self.weight_rows = Some((key, rows));
+        }
+        match &self.weight_rows {
+            Some((_, rows)) => Ok(rows.lay_out(&self.gpu, enc)?),
+            None => Ok(()),
+        }
+    }
+
+    /// `op` at `shape` against parameter `weight` (`a` and `out` as [`conv2d::conv2d_launch`]
+    /// takes them): from the weights `pass` laid out, where it did.
+    fn conv_launch<S>(
+        &self,
+        pass: &mut Pass<S>,
+        op: Conv2dOp,
+        shape: &conv2d::Conv2dShape,
+        (a, weight, out): (Slice, usize, Slice),
+    ) -> Result<()> {
+        let (gpu, enc, w) = (&self.gpu, &mut pass.enc, self.param(weight));
+        match self.weight_rows.as_ref().filter(|_| pass.laid_out) {
+            Some((_, rows)) => Ok(rows.launch(gpu, enc, op, shape, a, w, out)?),
+            None => Ok(conv2d::conv2d_launch(gpu, enc, op, shape, a, w, out)?),
+        }
     }
 
     fn param(&self, index: usize) -> Slice<'_> {
@@ -525,6 +575,7 @@ impl Replica {
             relu_sites: 0,
             impose: opts.impose,
             capture: opts.capture_pattern,
+            laid_out: false,
             pool_argmax: Act::PoolArgmax,
             eval: None,
             pieces,
@@ -534,6 +585,8 @@ impl Replica {
             self.upload_pattern(p)?;
         }
         let x = Dims { n, c: 3, h: batch.h, w: batch.w };
+        self.lay_out_weights(&mut pass.enc, x)?;
+        pass.laid_out = true;
         let (out, dims) = self.forward(&mut pass, x).await?;
         let (feat, logits) = self.head_forward(&mut pass, &out, dims)?;
         let (losses, dout) = self.loss_backward(&mut pass, &feat, &logits, dims, &labels)?;
@@ -572,6 +625,7 @@ impl Replica {
             relu_sites: 0,
             impose: None,
             capture: false,
+            laid_out: false,
             pool_argmax: Act::PoolArgmax,
             eval: Some(running),
             pieces: Vec::new(),

@@ -281,25 +281,16 @@ struct Params {
     segments: u32,
     m_tiles: u32,
     out_len: u32,
-    k_rows: u32,
-    layout_rows: u32,
-    w_col_stride: u32,
 }
 
-fn params(
-    op: Conv2dOp,
-    s: &Conv2dShape,
-    table: &Table,
-    plan: GatherPlan,
-    layout: (u64, u32),
-) -> Params {
+fn params(op: Conv2dOp, s: &Conv2dShape, table: &Table, plan: GatherPlan, cols4: u32) -> Params {
     let (src, dst) = match op {
         Conv2dOp::Forward => ((s.c_in, s.h, s.w), (s.c_out, s.out_h(), s.out_w())),
         _ => ((s.c_out, s.out_h(), s.out_w()), (s.c_in, s.h, s.w)),
     };
     Params {
         cols: table.cols,
-        cols4: layout.1,
+        cols4,
         images: s.n,
         src_c: src.0,
         src_h: src.1,
@@ -314,14 +305,102 @@ fn params(
         segments: if plan.split { table.segments } else { 1 },
         m_tiles: 0,
         out_len: table.out_len(s.n) as u32,
-        k_rows: table.k_rows() as u32,
-        layout_rows: layout.0 as u32,
-        w_col_stride: table.w_col_stride,
     }
 }
 
+/// The kernels a plan runs for a table (a group each, as [`kernels`]) and the weights' layout
+/// they read.
+pub struct GatherLayout {
+    kernels: Vec<(Group, GatherKernel)>,
+    rows: u64,
+    cols4: u32,
+}
+
+impl GatherLayout {
+    /// `plan`'s for `op`'s `table` on `gpu`; an error where a group has no kernel that fits.
+    pub fn of(gpu: &Gpu, op: Conv2dOp, table: &Table, plan: GatherPlan) -> Result<GatherLayout> {
+        let limit = shared_limit(gpu);
+        let Some(kernels) = kernels(plan, table, limit) else {
+            let problem = format!("has no slice of its taps that fits the device's workgroup memory ({limit} bytes) or its segments");
+            return Err(KernelError::Arg { op: op.name(), arg: "plan", problem });
+        };
+        let (rows, cols4) = layout(table, &kernels);
+        Ok(GatherLayout { kernels, rows, cols4 })
+    }
+
+    /// Floats of the laid-out weights.
+    pub fn len(&self) -> u64 {
+        self.rows * self.cols4 as u64 * 4
+    }
+
+    /// Its two records in the layouts' dispatch (shaders/conv2d/implicit.wgsl): its rows from
+    /// vec4 `rows_at`, its weights from float `w_at`, `table` (its op's) from vec4 `table_at`.
+    pub fn record(&self, table: &Table, rows_at: u64, w_at: u64, table_at: u64) -> [u32; 8] {
+        let entries = table_at + 3 * table.phases.len() as u64;
+        let (cols, k_rows) = (table.cols, table.k_rows() as u32);
+        [
+            rows_at as u32,
+            w_at as u32,
+            entries as u32,
+            0,
+            cols,
+            self.cols4,
+            k_rows,
+            table.w_col_stride,
+        ]
+    }
+}
+
+/// Vec4s of rows a workgroup of the layouts' dispatch writes: each layout starts at one's first.
+pub const LAYOUT_WORKGROUP: u64 = 64;
+
+/// The records of the layouts' dispatch (conv2d_implicit_weights): two per layout
+/// ([`GatherLayout::record`]) and each workgroup's layout, the layouts' rows `vec4s` in all.
+pub struct LayoutRecords<'a> {
+    pub records: Slice<'a>,
+    pub workgroups: Slice<'a>,
+    pub vec4s: u64,
+}
+
+/// Records the dispatch laying out the layouts of `records` from weights `w` by the tables'
+/// entries in `tables` into `rows`.
+pub fn lay_out(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: &'static str,
+    records: &LayoutRecords,
+    (w, tables, rows): (Slice, Slice, Slice),
+) -> Result<()> {
+    // Each invocation reads its workgroup's layout, the layout's records, its k's entry, then
+    // its weights.
+    gpu.describe_serial_next(Serial { loads: 4, barriers: 0, instructions: 40 });
+    let bindings = [
+        ("w", w),
+        ("table", tables),
+        ("layouts", records.records),
+        ("layouts of the workgroups", records.workgroups),
+        ("weight rows", rows),
+    ];
+    let grid = grid_1d(records.vec4s.div_ceil(LAYOUT_WORKGROUP), 1);
+    let params = [records.vec4s as u32];
+    launch(gpu, enc, op, &super::FRAME, "conv2d_implicit_weights", &params, &bindings, grid)
+}
+
+/// The words of `op`'s `table` at `s` among `gpu`'s constants.
+pub fn table_words(
+    gpu: &Gpu,
+    op: Conv2dOp,
+    s: &Conv2dShape,
+    table: &Table,
+) -> Result<wgpu::Buffer> {
+    let key = table_key(op, s);
+    gpu.constants(bytemuck::bytes_of(&key), || bytemuck::cast_slice(&table.words()).to_vec())
+        .map_err(|source| KernelError::Gpu { op: op.name(), source })
+}
+
 /// `op` at `s` (the forward: `a` = x, `out` = y; the input-VJP: `a` = dy, `out` = dx) against
-/// `w` as `plan` runs it, `table` its table (`Table::of(op, s)`).
+/// `w` as `plan` runs it, `table` its table (`Table::of(op, s)`): its weights laid out by a
+/// dispatch of their own, then [`gather_gemm_laid`].
 pub fn gather_gemm_with(
     gpu: &Gpu,
     enc: &mut Encoder,
@@ -332,25 +411,49 @@ pub fn gather_gemm_with(
 ) -> Result<()> {
     let name = op.name();
     let gpu_err = |source| KernelError::Gpu { op: name, source };
-    let limit = shared_limit(gpu);
-    let Some(kernels) = kernels(plan, table, limit) else {
-        let problem = format!("has no slice of its taps that fits the device's workgroup memory ({limit} bytes) or its segments");
-        return Err(KernelError::Arg { op: name, arg: "plan", problem });
-    };
-    let layout = layout(table, &kernels);
-    let params = params(op, s, table, plan, layout);
-    let shapes = dispatches(op, s, table, plan, &kernels);
-    let key = table_key(op, s);
-    let words = gpu
-        .constants(bytemuck::bytes_of(&key), || bytemuck::cast_slice(&table.words()).to_vec())
+    let layout = GatherLayout::of(gpu, op, table, plan)?;
+    let words = table_words(gpu, op, s, table)?;
+    let record = layout.record(table, 0, 0, 0);
+    let key: Vec<u32> = [u32::MAX].into_iter().chain(record).collect();
+    let records = gpu
+        .constants(bytemuck::cast_slice(&key), || bytemuck::cast_slice(&record).to_vec())
         .map_err(gpu_err)?;
+    let vec4s = layout.len() / 4;
+    let workgroups = vec4s.div_ceil(LAYOUT_WORKGROUP);
+    // Every workgroup's layout is the first.
+    let key = [u32::MAX - 1, workgroups as u32];
+    let firsts = gpu
+        .constants(bytemuck::cast_slice(&key), || vec![0; 4 * workgroups as usize])
+        .map_err(gpu_err)?;
+    let records =
+        LayoutRecords { records: Slice::whole(&records), workgroups: Slice::whole(&firsts), vec4s };
+    let rows = gpu.scratch(scratch::IMPLICIT_WEIGHT_ROWS, layout.len()).map_err(gpu_err)?;
+    let rows = Slice::new(&rows, 0, layout.len());
+    lay_out(gpu, enc, name, &records, (w, Slice::whole(&words), rows))?;
+    gather_gemm_laid(gpu, enc, op, s, (table, plan, &layout), (a, rows, out))
+}
+
+/// `op` at `s` as `plan` runs it against weights laid out in `rows` as `layout` says (by
+/// [`lay_out`], earlier in the encoder).
+pub fn gather_gemm_laid(
+    gpu: &Gpu,
+    enc: &mut Encoder,
+    op: Conv2dOp,
+    s: &Conv2dShape,
+    (table, plan, layout): (&Table, GatherPlan, &GatherLayout),
+    (a, rows, out): (Slice, Slice, Slice),
+) -> Result<()> {
+    let name = op.name();
+    let gpu_err = |source| KernelError::Gpu { op: name, source };
+    if rows.len < layout.len() {
+        let problem = format!("holds {} floats where the layout takes {}", rows.len, layout.len());
+        return Err(KernelError::Arg { op: name, arg: "weight rows", problem });
+    }
+    let kernels = &layout.kernels;
+    let params = params(op, s, table, plan, layout.cols4);
+    let shapes = dispatches(op, s, table, plan, kernels);
+    let words = table_words(gpu, op, s, table)?;
     let words = Slice::whole(&words);
-    let rows_len = layout.0 * layout.1 as u64 * 4;
-    let rows = gpu.scratch(scratch::IMPLICIT_WEIGHT_ROWS, rows_len).map_err(gpu_err)?;
-    let rows = Slice::new(&rows, 0, rows_len);
-    let bindings = [("w", w), ("table", words), ("weight rows", rows)];
-    let grid = grid_1d(rows_len / 4, 64);
-    launch(gpu, enc, name, &super::FRAME, "conv2d_implicit_weights", &params, &bindings, grid)?;
     let slabs_len = params.segments as u64 * out.len;
     let target = match shapes.combine {
         Some(_) => {

@@ -20,7 +20,8 @@ use super::{Conv2dOp, Conv2dShape};
 use crate::gpu_model::{Estimate, GpuModel, H200};
 use crate::Result;
 pub use gather::{
-    gather_gemm_with, groups, kernels, rows_per_thread, shared_limit, GatherPlan, Group,
+    gather_gemm_laid, gather_gemm_with, groups, kernels, lay_out, rows_per_thread, shared_limit,
+    GatherLayout, GatherPlan, Group, LayoutRecords, LAYOUT_WORKGROUP,
 };
 pub use gather_wgsl::GatherKernel;
 use syncstep_gpu::{DispatchShape, Encoder, Gpu, Slice};
