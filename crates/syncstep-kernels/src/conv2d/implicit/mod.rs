@@ -96,11 +96,13 @@ const fn config(threads_m: u32, threads_n: u32, tm: u32, tn: u32) -> TileConfig 
 }
 
 /// The family, largest tile first: 8×8 outputs an invocation in workgroups of 256 down to 32
-/// invocations, then 4×8 and 4×4 for the GEMMs too small to fill a GPU otherwise. The gather
+/// invocations, then 4×8 and 4×4 for the GEMMs too small to fill a GPU otherwise, then 4×8 and
+/// 4×4 in workgroups of 256, whose invocations each stage fewer of a slice's elements (the
+/// weight gradient's registers go to its sums instead). The gather
 /// GEMM takes the ones that [`gathers`], the weight gradient those that run it
 /// (`weight::runs`); each in slices of 16 k, or of 8 where 16 do not fit the device's
 /// workgroup memory ([`fitting`]).
-pub const FAMILY: [TileConfig; 9] = [
+pub const FAMILY: [TileConfig; 12] = [
     config(16, 16, 8, 8),
     config(16, 8, 8, 8),
     config(8, 16, 8, 8),
@@ -110,6 +112,9 @@ pub const FAMILY: [TileConfig; 9] = [
     config(8, 8, 4, 8),
     config(8, 8, 8, 4),
     config(8, 8, 4, 4),
+    config(16, 16, 4, 8),
+    config(16, 16, 8, 4),
+    config(16, 16, 4, 4),
 ];
 
 /// Whether the gather GEMM takes `config`: at least 32 outputs an invocation (a thinner tile
