@@ -85,7 +85,7 @@ impl WeightRows {
             // A chunk: (floats of its rows, the first and past the last float of its weights).
             let (w_first, w_end) = (w_at / align * align, w_at + shape.w_len());
             let fits = |&(rows, first, end): &(u64, u64, u64)| {
-                rows.next_multiple_of(rows_align) + layout.len() <= room
+                rows.next_multiple_of(rows_align) + layout.floats() <= room
                     && end.max(w_end) - first.min(w_first) <= room
             };
             if !fits(&(0, w_first, w_end)) {
@@ -97,7 +97,7 @@ impl WeightRows {
             let chunk = chunks.len() - 1;
             let c = &mut chunks[chunk];
             let at = c.0.next_multiple_of(rows_align);
-            *c = (at + layout.len(), c.1.min(w_first), c.2.max(w_end));
+            *c = (at + layout.floats(), c.1.min(w_first), c.2.max(w_end));
             laid.push(Laid { op, shape, w_at, table, plan, layout, chunk, at: at / 4 });
         }
         let chunks = chunks
@@ -157,7 +157,7 @@ impl WeightRows {
             return conv2d_launch(gpu, enc, op, shape, a, w, out);
         };
         super::shape::checked(gpu, op, shape, [a, w, out])?;
-        let rows = Slice::new(&self.chunks[l.chunk].rows, l.at * 16, l.layout.len());
+        let rows = Slice::new(&self.chunks[l.chunk].rows, l.at * 16, l.layout.floats());
         gather_gemm_laid(gpu, enc, op, shape, (&l.table, l.plan, &l.layout), (a, rows, out))
     }
 }
@@ -191,7 +191,7 @@ fn chunk<'a>(
         records.extend(record);
         words.extend(l.table.words());
         let first = l.at / LAYOUT_WORKGROUP;
-        let end = (l.at + l.layout.len() / 4).div_ceil(LAYOUT_WORKGROUP);
+        let end = (l.at + l.layout.floats() / 4).div_ceil(LAYOUT_WORKGROUP);
         workgroups.extend((first..end).map(|_| i as u32));
     }
     Ok(Chunk {

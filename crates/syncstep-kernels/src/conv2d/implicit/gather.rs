@@ -329,7 +329,7 @@ impl GatherLayout {
     }
 
     /// Floats of the laid-out weights.
-    pub fn len(&self) -> u64 {
+    pub fn floats(&self) -> u64 {
         self.rows * self.cols4 as u64 * 4
     }
 
@@ -418,7 +418,7 @@ pub fn gather_gemm_with(
     let records = gpu
         .constants(bytemuck::cast_slice(&key), || bytemuck::cast_slice(&record).to_vec())
         .map_err(gpu_err)?;
-    let vec4s = layout.len() / 4;
+    let vec4s = layout.floats() / 4;
     let workgroups = vec4s.div_ceil(LAYOUT_WORKGROUP);
     // Every workgroup's layout is the first.
     let key = [u32::MAX - 1, workgroups as u32];
@@ -427,8 +427,8 @@ pub fn gather_gemm_with(
         .map_err(gpu_err)?;
     let records =
         LayoutRecords { records: Slice::whole(&records), workgroups: Slice::whole(&firsts), vec4s };
-    let rows = gpu.scratch(scratch::IMPLICIT_WEIGHT_ROWS, layout.len()).map_err(gpu_err)?;
-    let rows = Slice::new(&rows, 0, layout.len());
+    let rows = gpu.scratch(scratch::IMPLICIT_WEIGHT_ROWS, layout.floats()).map_err(gpu_err)?;
+    let rows = Slice::new(&rows, 0, layout.floats());
     lay_out(gpu, enc, name, &records, (w, Slice::whole(&words), rows))?;
     gather_gemm_laid(gpu, enc, op, s, (table, plan, &layout), (a, rows, out))
 }
@@ -445,8 +445,9 @@ pub fn gather_gemm_laid(
 ) -> Result<()> {
     let name = op.name();
     let gpu_err = |source| KernelError::Gpu { op: name, source };
-    if rows.len < layout.len() {
-        let problem = format!("holds {} floats where the layout takes {}", rows.len, layout.len());
+    if rows.len < layout.floats() {
+        let problem =
+            format!("holds {} floats where the layout takes {}", rows.len, layout.floats());
         return Err(KernelError::Arg { op: name, arg: "weight rows", problem });
     }
     let kernels = &layout.kernels;
