@@ -91,7 +91,10 @@ pub fn main() -> ExitCode {
         // A stop every rank agreed on: each ends on its own.
         Some(exit) => {
             say_err!("{prefix}{}", exit.message);
-            ranks::finish();
+            match exit.job_ending {
+                false => ranks::finish(),
+                true => ranks::leave(),
+            }
             ExitCode::from(exit.code)
         }
         None => {
@@ -163,6 +166,9 @@ fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String
 pub struct Exit {
     pub code: u8,
     pub message: String,
+    /// `mpirun` is ending the job: MPI is left as it is, not finalised (mpirun answers no rank
+    /// until it has killed them all).
+    pub job_ending: bool,
 }
 
 impl std::fmt::Display for Exit {

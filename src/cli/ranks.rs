@@ -168,6 +168,31 @@ pub fn finish() {
     JOB.with(|job| job.borrow_mut().take());
 }
 
+/// The `odls_base_sigkill_timeout` README's recipe gives Open MPI's `mpirun`, in seconds.
+pub const RECIPE_SIGKILL_TIMEOUT: u32 = 10;
+
+/// Under Open MPI's `mpirun` left at its default `odls_base_sigkill_timeout` (1 s): a note that
+/// a run stopped by a Ctrl-C or SIGTERM to mpirun has 2 s to finish its step and write the
+/// checkpoint before mpirun kills the ranks (docs/reliability.md), and what gives it more.
+pub fn mpirun_grace_note() -> Option<String> {
+    let open_mpi = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some();
+    let set = std::env::var_os("OMPI_MCA_odls_base_sigkill_timeout").is_some();
+    (open_mpi && !set).then(|| format!(
+        "note: a Ctrl-C or SIGTERM to mpirun leaves the ranks 2 s (Open MPI's odls_base_sigkill_timeout, 1 s by default, twice) to finish the step in flight and write the checkpoint before it kills them; if that is too short, the checkpoint keeps the step it held before: give mpirun --mca odls_base_sigkill_timeout {RECIPE_SIGKILL_TIMEOUT}"
+    ))
+}
+
+/// When `mpirun` is ending the job: ends this rank's part in it without finalising MPI, which
+/// would wait for mpirun, busy killing the ranks, until it kills this one too.
+pub fn leave() {
+    #[cfg(feature = "mpi")]
+    JOB.with(|job| {
+        if let Some(ranks) = job.borrow_mut().take() {
+            ranks.leave_unfinalized();
+        }
+    });
+}
+
 /// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
 /// else $SYNCSTEP_ADAPTER or the first adapter ([`adapter_choices`] places each
 /// replica of each rank on one of them).

@@ -196,7 +196,7 @@ impl Batches {
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // First of all: a signal at any point (setting up and evaluating included) ends the run
     // saying what is kept; a second one ends it at once.
-    let stop = StopSignals::register()?;
+    let stop = StopSignals::register(args.ranks.mpi)?;
     let eval_limit = match args.eval_examples {
         Some(n) => super::eval_count("--eval-examples", n)?,
         None => usize::MAX,
@@ -207,7 +207,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let peers = super::ranks::peers(&args.ranks)?;
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
     let lead = peers.rank() == 0;
-    let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
+    let settings::Run { cfg, splits, epochs, start, last, mut notes } = settings::resolve(&args)?;
+    if args.ranks.mpi && args.checkpoint.is_some() {
+        notes.extend(super::ranks::mpirun_grace_note());
+    }
     halt(&stop, &args, "before training", None)?;
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg, args.resume.as_deref())?;
@@ -715,10 +718,15 @@ fn stopped(
     when: &str,
     saved: Option<u64>,
 ) -> Box<dyn std::error::Error> {
-    // The shell's status of a process the signal ended: 128 + its number.
-    let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
     let kept = kept(args, saved);
-    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+    let (name, code) = match signal as u64 {
+        // Another rank's view of rank 0's lost log, which rank 0 names: an end every rank
+        // agreed on, as a signal's (no rank ends the job while rank 0 writes).
+        LOG_LOST => ("rank 0 could not write the --log", 1),
+        _ => (StopSignals::name(signal), StopSignals::exit_code(signal)),
+    };
+    let message = format!("{name}: stopped {when}; {kept}");
+    Box::new(Exit { code, message, job_ending: StopSignals::job_ending(signal) })
 }
 
 /// What a stopped run kept: the step its checkpoint holds (`saved`; None when nothing of this
