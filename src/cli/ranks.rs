@@ -178,7 +178,7 @@ pub fn mpirun_grace_note() -> Option<String> {
     let open_mpi = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some();
     let set = std::env::var_os("OMPI_MCA_odls_base_sigkill_timeout").is_some();
     (open_mpi && !set).then(|| format!(
-        "note: a Ctrl-C or SIGTERM to mpirun leaves the ranks 2 s (Open MPI's odls_base_sigkill_timeout, 1 s by default, twice) to finish the step in flight and write the checkpoint before it kills them; if that is too short, the checkpoint keeps the step it held before: give mpirun --mca odls_base_sigkill_timeout {RECIPE_SIGKILL_TIMEOUT}"
+        "note: a Ctrl-C or SIGTERM to mpirun leaves the ranks 2 s to finish the step in flight and write the checkpoint before Open MPI kills them (odls_base_sigkill_timeout, 1 s by default, twice), too short on a slow device, where the checkpoint then keeps what it held: give mpirun --mca odls_base_sigkill_timeout {RECIPE_SIGKILL_TIMEOUT}"
     ))
 }
 
@@ -204,5 +204,16 @@ fn named_adapters(
         (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
         (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
         (None, []) => Ok(vec![super::env::get().adapter()]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// README's `mpirun` recipe gives the time the note at a run's start names.
+    #[test]
+    fn the_readme_recipe_gives_the_noted_grace() {
+        let readme = include_str!("../../README.md");
+        let recipe = format!("--mca odls_base_sigkill_timeout {} ", super::RECIPE_SIGKILL_TIMEOUT);
+        assert!(readme.contains(&recipe), "README's mpirun recipe lacks {recipe}");
     }
 }

@@ -128,6 +128,8 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.matches("syncstep train:").count(), 1, "rank 0 alone prints: {out}");
+    let note = "2 s to finish the step in flight and write the checkpoint";
+    assert_eq!(out.matches(note).count(), 1, "rank 0 notes mpirun's default grace: {out}");
     let got = checkpoint::load(&ck, &model).unwrap();
     assert_eq!(got.step, 3);
     assert!(bits(&got.params) == bits(&want.params), "parameters differ");
@@ -301,12 +303,12 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
 
 /// A suspend, then SIGTERM to mpirun (a batch system's end, a `kill`; a Ctrl-C is the same to
 /// it). Open MPI's first word to the ranks is a SIGCONT, then SIGTERM and SIGKILL
-/// `odls_base_sigkill_timeout` seconds apart (here 5): the ranks stop on the SIGCONT, after the
-/// step in flight; rank 0 writes the checkpoint of that step, the last its log records, and every
-/// rank says so, all before the SIGTERM (which would name itself). The suspend before (SIGTSTP to
-/// mpirun, passed on as SIGSTOP, then SIGCONT) only pauses the run. Every handshake is a file a
-/// rank writes (its pid, the log, its output), never a line through mpirun, which drops what the
-/// ranks print as it ends the job.
+/// `odls_base_sigkill_timeout` seconds apart (here 10, README's recipe): the ranks stop on the
+/// SIGCONT, after the step in flight; rank 0 writes the checkpoint of that step, the last its
+/// log records, and every rank says so, all before the SIGTERM (which would name itself). The
+/// suspend before (SIGTSTP to mpirun, passed on as SIGSTOP, then SIGCONT) only pauses the run.
+/// Every handshake is a file a rank writes (its pid, the log, its output), never a line through
+/// mpirun, which drops what the ranks print as it ends the job.
 fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
     needs_adapter();
     let tmp = temp_dir("signal");
@@ -326,7 +328,7 @@ fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
         .map(|s| s.to_string())
         .collect();
     let _turn = crate::one_job();
-    let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "5"])
+    let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "10"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

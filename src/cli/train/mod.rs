@@ -34,7 +34,7 @@ mod evaluation;
 mod settings;
 mod signals;
 
-use evaluation::{eval_subset, evaluate, report_scores, score_images};
+use evaluation::{eval_subset, evaluate, report_scores, score_images, scores_record};
 use signals::StopSignals;
 
 /// SGD steps a run takes unless told.
@@ -234,8 +234,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval =
         if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(HELD_OUT_EXAMPLES) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop, log.as_mut())?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
     halt(&stop, &args, "before training", None)?;
+    if let (Some(scores), Some(log)) = (&before, log.as_mut()) {
+        let lost = |e| format!("{e}: stopped before training; {}", kept(&args, None));
+        log.write(&scores_record(scores, 0, trainer.step)).map_err(lost)?;
+    }
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(size, size)
@@ -280,7 +284,15 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
-    console.report_accuracy(&mut run, before, synthetic_eval)
+    console.report_accuracy(&mut run, before, synthetic_eval)?;
+    match console.log_failed.take() {
+        // The final evaluation's record, which comes after the final checkpoint.
+        Some(lost) => {
+            let kept = kept(&args, Some(run.trainer.step));
+            Err(format!("{lost}: the final evaluation is not in it; {kept}").into())
+        }
+        None => Ok(()),
+    }
 }
 
 /// Rank 0's outputs, checked before any work: the checkpoint, claimed for the run, and the
@@ -487,7 +499,7 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
-    /// Why the log could not take a step's record (a full disk): the run stops after that step
+    /// Why the log could not take a record (a full disk): the run stops after the step in flight
     /// and keeps its checkpoint, rather than lose it too.
     log_failed: Option<String>,
     /// The losses of this run's steps so far, whose median each step's line shows.
@@ -573,22 +585,26 @@ impl Console<'_> {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
             self.say(&line);
         }
-        if let Some(log) = &mut self.log {
-            let written = log.write(&Record {
-                step,
-                epoch,
-                loss: Some(loss),
-                lr: Some(lr),
-                images_per_s: Some(batch as f64 / secs),
-                data_wait: Some(wait_share),
-                ..Record::default()
-            });
-            if let Err(e) = written {
-                self.log_failed = Some(e.to_string());
-                self.log = None;
-            }
-        }
+        self.record(&Record {
+            step,
+            epoch,
+            loss: Some(loss),
+            lr: Some(lr),
+            images_per_s: Some(batch as f64 / secs),
+            data_wait: Some(wait_share),
+            ..Record::default()
+        });
         Ok(())
+    }
+
+    /// Writes `record` to the log. A log that cannot take it (a full disk) is kept no more,
+    /// and the run stops after the step in flight, keeping its checkpoint, rather than lose
+    /// that too.
+    fn record(&mut self, record: &Record) {
+        if let Some(Err(e)) = self.log.as_mut().map(|log| log.write(record)) {
+            self.log_failed = Some(e.to_string());
+            self.log = None;
+        }
     }
 
     /// The scores on `val` after `epoch`, printed and logged; None when a signal cut the
@@ -603,7 +619,8 @@ impl Console<'_> {
         if self.stop.received() != 0 {
             return Ok(None);
         }
-        report_scores(&self.bar, &scores, epoch, trainer.step, self.log.as_mut())?;
+        let record = report_scores(&self.bar, &scores, epoch, trainer.step);
+        self.record(&record);
         Ok(Some(scores))
     }
 
@@ -638,7 +655,7 @@ impl Console<'_> {
     /// Rank 0's last lines: what it received from the other ranks, and the accuracy on the
     /// validation split or on the synthetic held-out images (before and after).
     fn report_accuracy(
-        mut self,
+        &mut self,
         run: &mut TrainingRun,
         before: Option<Scores>,
         synthetic_eval: usize,
@@ -679,9 +696,11 @@ impl Console<'_> {
             say!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after =
-            evaluate(&mut run.trainer, synthetic_eval, "after", self.stop, self.log.as_mut())?;
+        let after = evaluate(&mut run.trainer, synthetic_eval, "after", self.stop)?;
         halt(self.stop, self.args, &when, Some(step))?;
+        if let Some(scores) = &after {
+            self.record(&scores_record(scores, 0, step));
+        }
         match (before, after) {
             (Some(before), Some(after)) => say!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",

@@ -16,8 +16,11 @@ const HANDLED: [i32; 2] = [SIGINT, SIGTERM];
 
 /// SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) during a run: the first asks it
 /// to stop at the next point where it can say what is kept (after the step in flight, or
-/// between an evaluation's batches), a second ends the process at once. Held for the whole run: unregistering leaves signal-hook's
-/// handler in place, so a signal after a drop would be ignored, not given its default action.
+/// between an evaluation's batches), a second ends the process at once. Under `mpirun`,
+/// mpirun's SIGCONT ([`MPIRUN_ENDING`]) asks it to stop too, and the SIGTERM that follows it is
+/// still a first (rank 0 may be writing the checkpoint). Held for the whole run: unregistering
+/// leaves signal-hook's handler in place, so a signal after a drop would be ignored, not given
+/// its default action.
 pub struct StopSignals {
     /// Which signal asked the run to stop, or 0 while none has.
     stop: Arc<AtomicUsize>,
@@ -48,20 +51,10 @@ impl StopSignals {
                 signal as usize,
             )?);
         }
-        let mut watch = None;
-        #[cfg(unix)]
-        if mpirun {
-            let continued = Arc::new(AtomicBool::new(false));
-            handlers.push(signal_hook::flag::register(MPIRUN_ENDING as i32, continued.clone())?);
-            let quit = Arc::new(AtomicBool::new(false));
-            let (stop, quit_watch) = (stop.clone(), quit.clone());
-            std::thread::Builder::new()
-                .name("mpirun-watch".into())
-                .spawn(move || watch_continued(&continued, &stop, &quit_watch))?;
-            watch = Some(quit);
-        }
-        #[cfg(not(unix))]
-        let _ = mpirun;
+        let watch = match mpirun {
+            true => watch_mpirun(&stop, &mut handlers)?,
+            false => None,
+        };
         Ok(StopSignals { stop, handlers, watch })
     }
 
@@ -123,6 +116,32 @@ const MPIRUN_ENDING: i32 = -1;
 const TICK: Duration = Duration::from_millis(100);
 #[cfg(unix)]
 const STALL: Duration = Duration::from_secs(1);
+
+/// Under `mpirun`: the handler of SIGCONT and the thread that turns mpirun's into a stop of
+/// the run ([`watch_continued`]); what ends the thread.
+#[cfg(unix)]
+fn watch_mpirun(
+    stop: &Arc<AtomicUsize>,
+    handlers: &mut Vec<signal_hook::SigId>,
+) -> Result<Option<Arc<AtomicBool>>, std::io::Error> {
+    let continued = Arc::new(AtomicBool::new(false));
+    handlers.push(signal_hook::flag::register(MPIRUN_ENDING, continued.clone())?);
+    let (stop, quit) = (stop.clone(), Arc::new(AtomicBool::new(false)));
+    let quit_watch = quit.clone();
+    std::thread::Builder::new()
+        .name("mpirun-watch".into())
+        .spawn(move || watch_continued(&continued, &stop, &quit_watch))?;
+    Ok(Some(quit))
+}
+
+/// No SIGCONT to watch for.
+#[cfg(not(unix))]
+fn watch_mpirun(
+    _stop: &Arc<AtomicUsize>,
+    _handlers: &mut Vec<signal_hook::SigId>,
+) -> Result<Option<Arc<AtomicBool>>, std::io::Error> {
+    Ok(None)
+}
 
 /// Until `quit`: turns each SIGCONT (`continued`) into a stop (`stop`, unless one was asked
 /// already), except one that came as a stall of this thread's wakes ended: a stopped
