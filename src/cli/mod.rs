@@ -160,6 +160,14 @@ fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String
     }
 }
 
+/// Why data that holds a checkpoint's files (names, sizes, labels) is not its data when their
+/// times are not those `what` (the checkpoint) recorded.
+pub fn modified_since(what: &str) -> String {
+    format!(
+        "some were modified since {what} was written (their modification times differ), and an image rewritten at the same size would be other data than the run's"
+    )
+}
+
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)
 /// and what to say.
 #[derive(Debug)]

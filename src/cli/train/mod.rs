@@ -355,7 +355,9 @@ fn agree_with_ranks(
     let data = cfg.images.as_ref().and_then(|i| i.fingerprint.as_ref()).map(|f| f.to_string());
     agree(peers, "the data (its files, sizes and labels)", &serde_json::to_vec(&data)?)?;
     let mut settings = cfg.metadata();
+    // The data by what it is, not where each rank finds it, nor when its copy was written.
     settings.remove("data");
+    settings.remove("data_times_sha256");
     agree(peers, "the settings", &serde_json::to_vec(&(settings, local))?)?;
     let outputs = serde_json::to_vec(&(&args.checkpoint, &args.log))?;
     agree(peers, "--checkpoint and --log (rank 0 writes them)", &outputs)?;
