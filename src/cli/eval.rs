@@ -192,17 +192,24 @@ fn split_of(
         let place = |spec: &DataSpec| spec.path().and_then(syncstep::files::resolved);
         args.data.is_none() || place(spec).is_some_and(|now| place(&i.data) == Some(now))
     };
-    if let Some(then) = run.filter(own).and_then(|i| i.fingerprint.as_ref()) {
-        let now = splits.fingerprint(spec.path().unwrap_or(Path::new(".")))?;
-        if now != *then {
+    if let Some(images) = run.filter(own).filter(|i| i.fingerprint.is_some()) {
+        let (now, times) = splits.identify(spec.path().unwrap_or(Path::new(".")))?;
+        let other = match args.data {
+            None => "give --data to score other data",
+            Some(_) => "restore it, or score a copy of it at another path (other data)",
+        };
+        let ck = model.path.display();
+        if let Some(then) = images.fingerprint.as_ref().filter(|&then| *then != now) {
             let changed = "files added, removed, renamed, resized or relabelled";
-            let other = match args.data {
-                None => "give --data to score other data",
-                Some(_) => "restore it, or score a copy of it at another path (other data)",
-            };
             return Err(format!(
-                "{spec} is not the data {} was trained on: {now} now, {then} then ({changed}): {other}",
-                model.path.display()
+                "{spec} is not the data {ck} was trained on: {now} now, {then} then ({changed}): {other}"
+            )
+            .into());
+        }
+        if images.file_times.as_ref().zip(times).is_some_and(|(then, now)| *then != now) {
+            let since = super::modified_since(&ck.to_string());
+            return Err(format!(
+                "{spec} holds the files {ck} was trained on, but {since}: {other}"
             )
             .into());
         }

@@ -91,7 +91,10 @@ pub fn main() -> ExitCode {
         // A stop every rank agreed on: each ends on its own.
         Some(exit) => {
             say_err!("{prefix}{}", exit.message);
-            ranks::finish();
+            match exit.job_ending {
+                false => ranks::finish(),
+                true => ranks::leave(),
+            }
             ExitCode::from(exit.code)
         }
         None => {
@@ -157,12 +160,23 @@ fn memory_shortfall(limit: Option<u64>, available: Option<u64>) -> Option<String
     }
 }
 
+/// Why data that holds a checkpoint's files (names, sizes, labels) is not its data when their
+/// times are not those `what` (the checkpoint) recorded.
+pub fn modified_since(what: &str) -> String {
+    format!(
+        "some were modified since {what} was written (their modification times differ), and an image rewritten at the same size would be other data than the run's"
+    )
+}
+
 /// An ending with its own exit status (an interrupted run: 130 for SIGINT, 143 for SIGTERM)
 /// and what to say.
 #[derive(Debug)]
 pub struct Exit {
     pub code: u8,
     pub message: String,
+    /// `mpirun` is ending the job: MPI is left as it is, not finalised (mpirun answers no rank
+    /// until it has killed them all).
+    pub job_ending: bool,
 }
 
 impl std::fmt::Display for Exit {

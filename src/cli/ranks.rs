@@ -168,6 +168,31 @@ pub fn finish() {
     JOB.with(|job| job.borrow_mut().take());
 }
 
+/// The `odls_base_sigkill_timeout` README's recipe gives Open MPI's `mpirun`, in seconds.
+pub const RECIPE_SIGKILL_TIMEOUT: u32 = 10;
+
+/// Under Open MPI's `mpirun` left at its default `odls_base_sigkill_timeout` (1 s): a note that
+/// a run stopped by a Ctrl-C or SIGTERM to mpirun has 2 s to finish its step and write the
+/// checkpoint before mpirun kills the ranks (docs/reliability.md), and what gives it more.
+pub fn mpirun_grace_note() -> Option<String> {
+    let open_mpi = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some();
+    let set = std::env::var_os("OMPI_MCA_odls_base_sigkill_timeout").is_some();
+    (open_mpi && !set).then(|| format!(
+        "note: a Ctrl-C or SIGTERM to mpirun leaves the ranks 2 s to finish the step in flight and write the checkpoint before Open MPI kills them (odls_base_sigkill_timeout, 1 s by default, twice), too short on a slow device, where the checkpoint then keeps what it held: give mpirun --mca odls_base_sigkill_timeout {RECIPE_SIGKILL_TIMEOUT}"
+    ))
+}
+
+/// When `mpirun` is ending the job: ends this rank's part in it without finalising MPI, which
+/// would wait for mpirun, busy killing the ranks, until it kills this one too.
+pub fn leave() {
+    #[cfg(feature = "mpi")]
+    JOB.with(|job| {
+        if let Some(ranks) = job.borrow_mut().take() {
+            ranks.leave_unfinalized();
+        }
+    });
+}
+
 /// The adapters named by `--adapters` (replica r on the (r mod count)-th), else `--adapter`,
 /// else $SYNCSTEP_ADAPTER or the first adapter ([`adapter_choices`] places each
 /// replica of each rank on one of them).
@@ -179,5 +204,16 @@ fn named_adapters(
         (_, [_, ..]) => adapters.iter().map(|a| AdapterChoice::parse(a)).collect(),
         (Some(a), []) => Ok(vec![AdapterChoice::parse(a)?]),
         (None, []) => Ok(vec![super::env::get().adapter()]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// README's `mpirun` recipe gives the time the note at a run's start names.
+    #[test]
+    fn the_readme_recipe_gives_the_noted_grace() {
+        let readme = include_str!("../../README.md");
+        let recipe = format!("--mca odls_base_sigkill_timeout {} ", super::RECIPE_SIGKILL_TIMEOUT);
+        assert!(readme.contains(&recipe), "README's mpirun recipe lacks {recipe}");
     }
 }

@@ -128,6 +128,8 @@ fn ranks_train_as_the_single_device_does_bit_for_bit() {
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.matches("syncstep train:").count(), 1, "rank 0 alone prints: {out}");
+    let note = "2 s to finish the step in flight and write the checkpoint";
+    assert_eq!(out.matches(note).count(), 1, "rank 0 notes mpirun's default grace: {out}");
     let got = checkpoint::load(&ck, &model).unwrap();
     assert_eq!(got.step, 3);
     assert!(bits(&got.params) == bits(&want.params), "parameters differ");
@@ -299,53 +301,94 @@ fn a_rank_that_falls_silent_is_named_and_ends_the_job() {
     checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
 }
 
-/// SIGTERM to mpirun (a batch system's end, a `kill`): Open MPI passes it on to the ranks
-/// after `odls_base_sigkill_timeout` seconds (here 5, as README's recipe sets it) and kills them
-/// as long after; in that time they finish the step in flight, rank 0 writes the checkpoint of
-/// that step, and every rank says so. The checkpoint holds that step.
+/// A suspend, then SIGTERM to mpirun (a batch system's end, a `kill`; a Ctrl-C is the same to
+/// it). Open MPI's first word to the ranks is a SIGCONT, then SIGTERM and SIGKILL
+/// `odls_base_sigkill_timeout` seconds apart (here 10, README's recipe): the ranks stop on the
+/// SIGCONT, after the step in flight; rank 0 writes the checkpoint of that step, the last its
+/// log records, and every rank says so, all before the SIGTERM (which would name itself). The
+/// suspend before (SIGTSTP to mpirun, passed on as SIGSTOP, then SIGCONT) only pauses the run.
+/// Every handshake is a file a rank writes (its pid, the log, its output), never a line through
+/// mpirun, which drops what the ranks print as it ends the job.
 fn a_signal_to_mpirun_leaves_the_checkpoint_of_the_last_step() {
-    use std::io::BufRead;
     needs_adapter();
-    let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("run.safetensors");
-    let c = ck.to_str().unwrap();
-    let train =
-        [BIN, "train", "--mpi", "--batch", "4", "--steps", "100000", "--eval-examples", "0"];
+    let tmp = temp_dir("signal");
+    let dir = tmp.path();
+    let (ck, log) = (dir.join("run.safetensors"), dir.join("run.jsonl"));
+    let [c, l] = [&ck, &log].map(|p| p.to_str().unwrap());
+    let rank = format!(
+        r#"echo $$ > {d}/$OMPI_COMM_WORLD_RANK.pid; exec "$0" "$@" > {d}/$OMPI_COMM_WORLD_RANK.out 2>&1"#,
+        d = dir.display()
+    );
+    let train = ["sh", "-c", &rank, BIN, "train", "--mpi", "--batch", "4", "--steps", "100000"];
+    let outputs = ["--checkpoint-every", "0", "--checkpoint", c, "--log", l];
     let train: Vec<String> = train
         .iter()
-        .chain(&["--checkpoint-every", "0", "--checkpoint", c])
+        .chain(&["--eval-examples", "0"])
+        .chain(&outputs)
         .map(|s| s.to_string())
         .collect();
     let _turn = crate::one_job();
-    let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "5"])
+    let mut job = mpirun_command(&[(2, train)], &[], &["--mca", "odls_base_sigkill_timeout", "10"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("mpirun (Open MPI) must be installed: scripts/setup.sh");
-    let mut lines =
-        std::io::BufReader::new(job.stdout.take().unwrap()).lines().map_while(Result::ok);
-    assert!(lines.by_ref().any(|line| line.starts_with("step 1 ")), "the job never trained");
-    // The printed step is the handshake: the ranks handle signals from their start. The pid is
-    // `timeout`'s, which passes the signal to mpirun.
-    let pid = job.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let printed: Vec<String> = lines.collect();
+    let last_step = || {
+        let records = syncstep::metrics::read(&log).unwrap_or_default();
+        records.iter().rev().find(|r| r.is_training()).map_or(0, |r| r.step)
+    };
+    until(&mut job, "the first step", || last_step() >= 1);
+    let pids = ["0", "1"].map(|r| std::fs::read_to_string(dir.join(format!("{r}.pid"))).unwrap());
+    let pids = pids.map(|p| p.trim().to_string());
+    // The ranks' parent is mpirun (`timeout`, the job's pid, passes on no SIGTSTP or SIGCONT).
+    let mpirun = proc_stat(&pids[0]).1;
+    let signal = |signal: &str, pid: &str| {
+        assert!(Command::new("kill").args([signal, pid]).status().unwrap().success());
+    };
+    signal("-TSTP", &mpirun);
+    until(&mut job, "both ranks stopped", || pids.iter().all(|p| proc_stat(p).0 == "T"));
+    let suspended = last_step();
+    // Longer than a rank takes a pause of its threads for a stop (a second).
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    signal("-CONT", &mpirun);
+    until(&mut job, "two steps after the resume", || last_step() >= suspended + 2);
+    signal("-TERM", &job.id().to_string());
     let o = job.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
+    let said = ["0", "1"].map(|r| std::fs::read_to_string(dir.join(format!("{r}.out"))).unwrap());
+    let all = format!("{}\n{}\n{}", text(&o), said[0], said[1]);
+    assert!(!o.status.success(), "{all}");
     let model = ResNet::new(Arch::ResNet34, 10).unwrap();
-    let step = checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {err}")).step;
-    assert!(printed.contains(&format!("checkpoint: {c} (step {step})")), "{printed:?}");
-    // Rank 0 wrote the checkpoint and says so; rank 1 cannot know whether it did.
-    let stopped = format!("SIGTERM: stopped after step {step}; ");
-    let said = [
+    let step = checkpoint::load(&ck, &model).unwrap_or_else(|e| panic!("{e}: {all}")).step;
+    assert!(step >= suspended + 2, "the run went on after the resume: {all}");
+    assert_eq!(step, last_step(), "the checkpoint holds the last step the log records: {all}");
+    let stopped = format!("mpirun is ending the job (its SIGCONT): stopped after step {step}; ");
+    let lines = [
         format!("rank 0: {stopped}the checkpoint {c} holds step {step}"),
         format!("rank 1: {stopped}rank 0 writes the checkpoint and says which step it holds"),
     ];
-    for line in said {
-        assert!(err.contains(&line), "{err}");
+    for (said, line) in said.iter().zip(lines) {
+        assert!(said.contains(&line), "{line}: {all}");
     }
+}
+
+/// Waits until `done`, failing if `job` ends first.
+fn until(job: &mut std::process::Child, what: &str, done: impl Fn() -> bool) {
+    while !done() {
+        if let Some(status) = job.try_wait().unwrap() {
+            panic!("the job ended ({status}) before {what}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The state (`R`, `S`, `T`, …) and parent pid of process `pid`, from /proc.
+fn proc_stat(pid: &str) -> (String, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The name in parentheses may hold spaces: the fields after it are the state and the parent.
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    let mut fields = after.split_whitespace().map(String::from);
+    (fields.next().unwrap(), fields.next().unwrap())
 }
 
 tests![

@@ -1124,9 +1124,10 @@ fn runaway_numbers_are_refused_and_no_nan_is_printed() {
 
 /// The data is recorded by what it is: its absolute path and a fingerprint of its files. A
 /// relative --data is recorded absolute, so `eval` from another folder scores the same images;
-/// `DIR/../DIR/` and a copy elsewhere are the same data; a file added to it makes it other data,
-/// refused by a resume and by `eval` (its `--data` naming that folder too, in any spelling),
-/// with every file unchanged.
+/// `DIR/../DIR/` and a copy elsewhere are the same data; an image rewritten at the same size in
+/// its folder (its time) and a file added to it make it other data, refused by a resume and by
+/// `eval` (its `--data` naming that folder too, in any spelling), with every file unchanged; a
+/// checkpoint of an earlier build, without the times, is resumed with a note.
 fn the_data_is_an_identity_not_a_path() {
     let tmp = gpu_test_dir();
     let dir = tmp.path().canonicalize().unwrap();
@@ -1160,6 +1161,24 @@ fn the_data_is_an_identity_not_a_path() {
     let says =
         format!("{} holds the files the checkpoint was trained on at {recorded}", copy.display());
     assert!(o.status.success() && text(&o).contains(&says), "{}", text(&o));
+    // An image rewritten at the same size in the checkpoint's own folder: its time tells.
+    let rewritten = images.join("bee/1.png");
+    let mut bytes = std::fs::read(&rewritten).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&rewritten, &bytes).unwrap();
+    let since = "holds the checkpoint's files (names, sizes, labels), but some were modified since the checkpoint was written (their modification times differ)";
+    refused(&run(&resume, &[], &[]), since);
+    let o = run(&["eval", "--checkpoint", c], &[], &[]);
+    refused(&o, &format!("holds the files {c} was trained on, but some were modified since"));
+    // A checkpoint of an earlier build records no times: resumed, saying what goes unnoticed.
+    let model = ResNet::new(Arch::ResNet34, 2).unwrap();
+    let older = resaved(&ck, &model, &dir, "older.safetensors", |ck| {
+        ck.settings.images.as_mut().unwrap().file_times = None
+    });
+    let o = run(&["train", "--resume", &older, "--steps", "1", "--eval-examples", "0"], &[], &[]);
+    let note = "the checkpoint records no times of its files (an earlier build's, or the page's)";
+    assert!(o.status.success() && text(&o).contains(note), "{}", text(&o));
     std::fs::copy(images.join("ant/0.png"), images.join("ant/extra.png")).unwrap();
     let before = snapshot(&[&dir]);
     let other = "is not the data the checkpoint was trained on: 9 images, SHA-256";
@@ -1178,7 +1197,7 @@ fn the_data_is_an_identity_not_a_path() {
         assert!(text(&o).contains("score a copy of it at another path"), "{}", text(&o));
     }
     assert_eq!(snapshot(&[&dir]), before, "a refusal changed a file");
-    eprintln!("8 cases");
+    eprintln!("11 cases");
 }
 
 /// Decoding is as strict as PIL's: a JPEG cut short is an error naming it (the image crate's

@@ -4,7 +4,7 @@
 //! holds every file under its folder byte for byte.
 
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use crate::common::*;
 use crate::reliability::{gpu_test_dir, one_step_checkpoint, refused, run, snapshot, text};
@@ -157,8 +157,52 @@ fn a_full_disk_under_the_log_keeps_the_checkpoint() {
     eprintln!("1 case");
 }
 
+/// A log that cannot take an evaluation's record stops the run as for a step's: after the
+/// evaluation at an epoch's end, the checkpoint of that step is written and the error says what
+/// the log lacks and what the checkpoint holds; after the final evaluation (the checkpoint
+/// written before it), the error says the same. The log is a pipe whose reader goes after the
+/// first step's record, as a disk that fills refuses what comes next.
+fn a_log_lost_at_an_evaluation_keeps_the_checkpoint() {
+    let tmp = gpu_test_dir();
+    let dir = tmp.path();
+    let data = crate::reliability::image_folder(dir, 10);
+    let d = data.to_str().unwrap();
+    // 2 training images (one step an epoch) and 18 to validate on; then 10 and 10.
+    let cases = [
+        ("0.9", "--epochs", "2", "stopped after step 1; "),
+        ("0.5", "--steps", "1", "the final evaluation is not in it; "),
+    ];
+    for (i, (split, flag, value, says)) in cases.into_iter().enumerate() {
+        let ck = dir.join(format!("ck{i}.safetensors"));
+        let (c, log) = (ck.to_str().unwrap(), dir.join(format!("log{i}.jsonl")));
+        assert!(Command::new("mkfifo").arg(&log).status().unwrap().success());
+        let taken = dir.join(format!("taken{i}"));
+        let mut reader = Command::new("head")
+            .args(["-n", "1"])
+            .arg(&log)
+            .stdout(std::fs::File::create(&taken).unwrap())
+            .spawn()
+            .unwrap();
+        let train = ["train", "--data", d, "--val-split", split, "--batch", "2", flag, value];
+        let outputs = ["--checkpoint", c, "--log", log.to_str().unwrap()];
+        let o = run(&[&train[..], &outputs, &["--normalize", "imagenet"]].concat(), &[], &[]);
+        // Gone already, unless the run never opened the log.
+        let _ = reader.kill();
+        reader.wait().unwrap();
+        refused(&o, "Broken pipe");
+        let holds = format!("the checkpoint {c} holds step 1: continue with --resume {c}");
+        assert!(text(&o).contains(&format!("{says}{holds}")), "{}", text(&o));
+        let first = std::fs::read_to_string(&taken).unwrap();
+        assert!(first.starts_with(r#"{"step":1,"#), "the log took step 1: {first}");
+        let model = syncstep::model::ResNet::new(syncstep::model::Arch::ResNet34, 2).unwrap();
+        assert_eq!(syncstep::checkpoint::load(&ck, &model).unwrap().step, 1);
+    }
+    eprintln!("{} cases", cases.len());
+}
+
 tests![
     a_report_or_a_log_to_a_redirected_stream_stays_whole,
     nothing_of_the_users_is_touched_by_a_side_file,
     a_full_disk_under_the_log_keeps_the_checkpoint,
+    a_log_lost_at_an_evaluation_keeps_the_checkpoint,
 ];

@@ -340,6 +340,8 @@ pub async fn train_images(
             cfg.images = Some(ImageSettings {
                 data: DataSpec::Folder(root.clone()),
                 fingerprint: Some(splits.fingerprint(&root).map_err(js_error)?),
+                // A page's files carry no times a native resume could read back.
+                file_times: None,
                 val_split: 0.2,
                 augment: Augment::ResizedCropFlip,
                 norm,

@@ -78,6 +78,10 @@ pub struct ImageSettings {
     /// What the data is, wherever it is, a folder picked in a browser included (None in
     /// checkpoints of earlier builds).
     pub fingerprint: Option<Fingerprint>,
+    /// When its image files were last written (`Splits::identify`): None for data that is not
+    /// image files on disk (CIFAR's records, which the fingerprint holds whole; a browser's
+    /// files) and in checkpoints of earlier builds.
+    pub file_times: Option<String>,
     pub val_split: f64,
     pub augment: Augment,
     pub norm: Normalization,
@@ -157,6 +161,10 @@ struct RecordedImages {
     #[serde_as(as = "Option<DisplayFromStr>")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     data_examples: Option<usize>,
+    /// The data's files' times; absent where there are none, and from checkpoints of earlier
+    /// builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_times_sha256: Option<String>,
 }
 
 /// Per-channel values as a checkpoint records them: `0.485,0.456,0.406`.
@@ -222,6 +230,7 @@ fn image_settings(data: DataSpec, recorded: RecordedImages) -> Result<ImageSetti
     Ok(ImageSettings {
         data,
         fingerprint,
+        file_times: recorded.data_times_sha256,
         val_split: recorded.val_split,
         augment: recorded.augment,
         norm: Normalization {
@@ -265,6 +274,7 @@ impl TrainConfig {
                 class_names: i.class_names.clone(),
                 data_sha256: i.fingerprint.as_ref().map(|f| f.sha256.clone()),
                 data_examples: i.fingerprint.as_ref().map(|f| f.examples),
+                data_times_sha256: i.file_times.clone(),
             };
             write_recorded(&images, &mut metadata);
         }
@@ -400,6 +410,7 @@ mod tests {
             images: Some(ImageSettings {
                 data: DataSpec::Cifar10("/data/cifar".into()),
                 fingerprint: Some(Fingerprint { sha256: "ab".repeat(32), examples: 50_000 }),
+                file_times: Some("cd".repeat(32)),
                 val_split: 0.25,
                 augment: Augment::CropFlip,
                 norm: Normalization { mean: [0.1, 0.2, 0.3], std: [0.4, 0.5, 1e-7] },

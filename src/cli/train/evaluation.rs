@@ -6,7 +6,7 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use syncstep::data::source::Dataset;
 use syncstep::data::transform::Preprocess;
-use syncstep::metrics::{MetricsLog, Record};
+use syncstep::metrics::Record;
 use syncstep::scores::Scores;
 use syncstep::train::Trainer;
 
@@ -42,14 +42,9 @@ pub(super) fn score_images(
     })
 }
 
-/// Prints and logs an evaluation after `step`.
-pub(super) fn report_scores(
-    bar: &ProgressBar,
-    scores: &Scores,
-    epoch: u64,
-    step: u64,
-    log: Option<&mut MetricsLog>,
-) -> Result<(), Box<dyn std::error::Error>> {
+/// Prints an evaluation after `step`; returns its record for the log, which `syncstep plot`
+/// draws beside the loss.
+pub(super) fn report_scores(bar: &ProgressBar, scores: &Scores, epoch: u64, step: u64) -> Record {
     let line = format!(
         "epoch {epoch} (step {step}): validation top-1 {:.1}%, top-5 {:.1}% ({} images)",
         100.0 * scores.top1(),
@@ -60,29 +55,23 @@ pub(super) fn report_scores(
         true => say!("{line}"),
         false => bar.println(line),
     }
-    log.map_or(Ok(()), |log| log_scores(log, scores, epoch, step))
+    scores_record(scores, epoch, step)
 }
 
-/// Logs an evaluation after `step`, which `syncstep plot` draws beside the loss.
-fn log_scores(
-    log: &mut MetricsLog,
-    scores: &Scores,
-    epoch: u64,
-    step: u64,
-) -> Result<(), Box<dyn std::error::Error>> {
+/// The log's record of an evaluation after `step`.
+pub(super) fn scores_record(scores: &Scores, epoch: u64, step: u64) -> Record {
     let (val_top1, val_top5) = (Some(scores.top1()), Some(scores.top5()));
-    log.write(&Record { step, epoch, val_top1, val_top5, ..Record::default() })?;
-    Ok(())
+    Record { step, epoch, val_top1, val_top5, ..Record::default() }
 }
 
 /// Held-out accuracy on `examples` images of the synthetic dataset, with progress on a
-/// terminal, and in `log`; None for 0. A signal cuts it short (the caller then stops the run).
+/// terminal; None for 0, or when a signal cut it short (a part scored is no measure of
+/// anything; the caller then stops the run).
 pub(super) fn evaluate(
     trainer: &mut Trainer,
     examples: usize,
     when: &str,
     stop: &StopSignals,
-    log: Option<&mut MetricsLog>,
 ) -> Result<Option<Scores>, Box<dyn std::error::Error>> {
     if examples == 0 {
         return Ok(None);
@@ -99,9 +88,5 @@ pub(super) fn evaluate(
     }));
     bar.finish_and_clear();
     let scores = result?;
-    // A signal's cut leaves a part scored, which is no measure of anything.
-    if let Some(log) = log.filter(|_| stop.received() == 0) {
-        log_scores(log, &scores, 0, trainer.step)?;
-    }
-    Ok(Some(scores))
+    Ok(Some(scores).filter(|_| stop.received() == 0))
 }

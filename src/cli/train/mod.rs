@@ -34,7 +34,7 @@ mod evaluation;
 mod settings;
 mod signals;
 
-use evaluation::{eval_subset, evaluate, report_scores, score_images};
+use evaluation::{eval_subset, evaluate, report_scores, score_images, scores_record};
 use signals::StopSignals;
 
 /// SGD steps a run takes unless told.
@@ -196,7 +196,7 @@ impl Batches {
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     // First of all: a signal at any point (setting up and evaluating included) ends the run
     // saying what is kept; a second one ends it at once.
-    let stop = StopSignals::register()?;
+    let stop = StopSignals::register(args.ranks.mpi)?;
     let eval_limit = match args.eval_examples {
         Some(n) => super::eval_count("--eval-examples", n)?,
         None => usize::MAX,
@@ -207,7 +207,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let peers = super::ranks::peers(&args.ranks)?;
     // Under MPI every rank trains; rank 0 alone prints, logs, evaluates and writes checkpoints.
     let lead = peers.rank() == 0;
-    let settings::Run { cfg, splits, epochs, start, last, notes } = settings::resolve(&args)?;
+    let settings::Run { cfg, splits, epochs, start, last, mut notes } = settings::resolve(&args)?;
+    if args.ranks.mpi && args.checkpoint.is_some() {
+        notes.extend(super::ranks::mpirun_grace_note());
+    }
     halt(&stop, &args, "before training", None)?;
     let model = ResNet::new(cfg.arch, cfg.classes)?;
     check_host_memory(&model, &cfg, args.resume.as_deref())?;
@@ -231,8 +234,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let batches = batches(&trainer, splits.map(|s| s.train), epochs, workers)?;
     let synthetic_eval =
         if val.is_some() || !lead { 0 } else { args.eval_examples.unwrap_or(HELD_OUT_EXAMPLES) };
-    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop, log.as_mut())?;
+    let before = evaluate(&mut trainer, synthetic_eval, "before", &stop)?;
     halt(&stop, &args, "before training", None)?;
+    if let (Some(scores), Some(log)) = (&before, log.as_mut()) {
+        let lost = |e| format!("{e}: stopped before training; {}", kept(&args, None));
+        log.write(&scores_record(scores, 0, trainer.step)).map_err(lost)?;
+    }
     let (size, batch) = (trainer.cfg.image_size, trainer.cfg.batch);
     let flops = syncstep::bench::STEP_FLOPS_PER_FORWARD
         * trainer.model().forward_flops(size, size)
@@ -277,7 +284,15 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !lead {
         return Ok(());
     }
-    console.report_accuracy(&mut run, before, synthetic_eval)
+    console.report_accuracy(&mut run, before, synthetic_eval)?;
+    match console.log_failed.take() {
+        // The final evaluation's record, which comes after the final checkpoint.
+        Some(lost) => {
+            let kept = kept(&args, Some(run.trainer.step));
+            Err(format!("{lost}: the final evaluation is not in it; {kept}").into())
+        }
+        None => Ok(()),
+    }
 }
 
 /// Rank 0's outputs, checked before any work: the checkpoint, claimed for the run, and the
@@ -340,7 +355,9 @@ fn agree_with_ranks(
     let data = cfg.images.as_ref().and_then(|i| i.fingerprint.as_ref()).map(|f| f.to_string());
     agree(peers, "the data (its files, sizes and labels)", &serde_json::to_vec(&data)?)?;
     let mut settings = cfg.metadata();
+    // The data by what it is, not where each rank finds it, nor when its copy was written.
     settings.remove("data");
+    settings.remove("data_times_sha256");
     agree(peers, "the settings", &serde_json::to_vec(&(settings, local))?)?;
     let outputs = serde_json::to_vec(&(&args.checkpoint, &args.log))?;
     agree(peers, "--checkpoint and --log (rank 0 writes them)", &outputs)?;
@@ -484,7 +501,7 @@ struct Console<'a> {
     last_scores: Option<Scores>,
     /// The final checkpoint's line, said once the run is known not to be stopped.
     saved: Option<String>,
-    /// Why the log could not take a step's record (a full disk): the run stops after that step
+    /// Why the log could not take a record (a full disk): the run stops after the step in flight
     /// and keeps its checkpoint, rather than lose it too.
     log_failed: Option<String>,
     /// The losses of this run's steps so far, whose median each step's line shows.
@@ -570,22 +587,26 @@ impl Console<'_> {
             // Not a terminal (CI, a pipe): one line per step instead of a redrawn bar.
             self.say(&line);
         }
-        if let Some(log) = &mut self.log {
-            let written = log.write(&Record {
-                step,
-                epoch,
-                loss: Some(loss),
-                lr: Some(lr),
-                images_per_s: Some(batch as f64 / secs),
-                data_wait: Some(wait_share),
-                ..Record::default()
-            });
-            if let Err(e) = written {
-                self.log_failed = Some(e.to_string());
-                self.log = None;
-            }
-        }
+        self.record(&Record {
+            step,
+            epoch,
+            loss: Some(loss),
+            lr: Some(lr),
+            images_per_s: Some(batch as f64 / secs),
+            data_wait: Some(wait_share),
+            ..Record::default()
+        });
         Ok(())
+    }
+
+    /// Writes `record` to the log. A log that cannot take it (a full disk) is kept no more,
+    /// and the run stops after the step in flight, keeping its checkpoint, rather than lose
+    /// that too.
+    fn record(&mut self, record: &Record) {
+        if let Some(Err(e)) = self.log.as_mut().map(|log| log.write(record)) {
+            self.log_failed = Some(e.to_string());
+            self.log = None;
+        }
     }
 
     /// The scores on `val` after `epoch`, printed and logged; None when a signal cut the
@@ -600,7 +621,8 @@ impl Console<'_> {
         if self.stop.received() != 0 {
             return Ok(None);
         }
-        report_scores(&self.bar, &scores, epoch, trainer.step, self.log.as_mut())?;
+        let record = report_scores(&self.bar, &scores, epoch, trainer.step);
+        self.record(&record);
         Ok(Some(scores))
     }
 
@@ -635,7 +657,7 @@ impl Console<'_> {
     /// Rank 0's last lines: what it received from the other ranks, and the accuracy on the
     /// validation split or on the synthetic held-out images (before and after).
     fn report_accuracy(
-        mut self,
+        &mut self,
         run: &mut TrainingRun,
         before: Option<Scores>,
         synthetic_eval: usize,
@@ -676,9 +698,11 @@ impl Console<'_> {
             say!("validation: not measured (no validation images)");
             return Ok(());
         }
-        let after =
-            evaluate(&mut run.trainer, synthetic_eval, "after", self.stop, self.log.as_mut())?;
+        let after = evaluate(&mut run.trainer, synthetic_eval, "after", self.stop)?;
         halt(self.stop, self.args, &when, Some(step))?;
+        if let Some(scores) = &after {
+            self.record(&scores_record(scores, 0, step));
+        }
         match (before, after) {
             (Some(before), Some(after)) => say!(
                 "held-out accuracy ({synthetic_eval} images, {classes} classes; chance {:.0}%): {:.1}% before → {:.1}% after",
@@ -715,10 +739,15 @@ fn stopped(
     when: &str,
     saved: Option<u64>,
 ) -> Box<dyn std::error::Error> {
-    // The shell's status of a process the signal ended: 128 + its number.
-    let (name, code) = (StopSignals::name(signal), 128 + signal as u8);
     let kept = kept(args, saved);
-    Box::new(Exit { code, message: format!("{name}: stopped {when}; {kept}") })
+    let (name, code) = match signal as u64 {
+        // Another rank's view of rank 0's lost log, which rank 0 names: an end every rank
+        // agreed on, as a signal's (no rank ends the job while rank 0 writes).
+        LOG_LOST => ("rank 0 could not write the --log", 1),
+        _ => (StopSignals::name(signal), StopSignals::exit_code(signal)),
+    };
+    let message = format!("{name}: stopped {when}; {kept}");
+    Box::new(Exit { code, message, job_ending: StopSignals::job_ending(signal) })
 }
 
 /// What a stopped run kept: the step its checkpoint holds (`saved`; None when nothing of this

@@ -155,8 +155,8 @@ fn image_settings(
     let val_split = saved.setting("val-split", args.val_split, recorded_split, VAL_SPLIT, false)?;
     let splits = source::open(data, val_split, seed)?;
     let root = data.path().unwrap_or(Path::new("."));
-    let fingerprint = splits.fingerprint(root)?;
-    same_data(saved, data, &fingerprint)?;
+    let (fingerprint, file_times) = splits.identify(root)?;
+    same_data(saved, data, &fingerprint, file_times.as_deref())?;
     let default_augment = match data {
         DataSpec::Cifar10(_) | DataSpec::Cifar100(_) => Augment::CropFlip,
         _ => Augment::ResizedCropFlip,
@@ -176,8 +176,15 @@ fn image_settings(
     }
     saved.notes.extend(splits.notes.iter().cloned());
     let fingerprint = Some(fingerprint);
-    let images =
-        ImageSettings { data: data.clone(), fingerprint, val_split, augment, norm, class_names };
+    let images = ImageSettings {
+        data: data.clone(),
+        fingerprint,
+        file_times,
+        val_split,
+        augment,
+        norm,
+        class_names,
+    };
     Ok(Some((splits, images)))
 }
 
@@ -202,11 +209,22 @@ fn run_data(args: &TrainArgs, saved: &Saved) -> Result<DataSpec, Box<dyn Error>>
 
 /// On a resume, refuses data that is not the checkpoint's: another fingerprint (files added,
 /// removed, renamed, resized or relabelled), or, for a checkpoint of an earlier build, which
-/// has none, another folder. The same files at another path are said so.
-fn same_data(saved: &mut Saved, data: &DataSpec, now: &Fingerprint) -> Result<(), Box<dyn Error>> {
+/// has none, another folder. In the checkpoint's own folder, files written since (their times,
+/// `times` now, are not those recorded: an image rewritten at the same size) are refused too.
+/// The same files at another path, whose times are their copy's, are said so. Under MPI, rank 0
+/// alone holds the times to the checkpoint's (the other ranks' copies of the data, on other
+/// hosts, have times of their own, and are held to rank 0's data by its fingerprint).
+fn same_data(
+    saved: &mut Saved,
+    data: &DataSpec,
+    now: &Fingerprint,
+    times: Option<&str>,
+) -> Result<(), Box<dyn Error>> {
     let Some(recorded) = saved.cfg.as_ref().map(TrainConfig::data) else { return Ok(()) };
     let moved = recorded.canonical().ok().as_ref() != Some(data);
-    match saved.images().and_then(|i| i.fingerprint.clone()) {
+    let images = saved.images();
+    let recorded_times = images.and_then(|i| i.file_times.clone());
+    match images.and_then(|i| i.fingerprint.clone()) {
         Some(then) if then != *now => Err(format!(
             "{data} is not the data the checkpoint was trained on: {now} now, {then} then (files added, removed, renamed, resized or relabelled): resume on that data"
         )
@@ -219,7 +237,23 @@ fn same_data(saved: &mut Saved, data: &DataSpec, now: &Fingerprint) -> Result<()
             "--data {data}: the checkpoint was trained with --data {recorded}, which a resume keeps (even with --override): drop --data or pass {recorded}"
         )
         .into()),
-        _ => Ok(()),
+        None => Ok(()),
+        Some(_) => match (recorded_times, times) {
+            (Some(then), Some(now)) if then != now && crate::cli::ranks::writes_outputs() => {
+                Err(format!(
+                    "{data} holds the checkpoint's files (names, sizes, labels), but {}: resume on the files as they were, or start a new run from the checkpoint's weights with --init",
+                    crate::cli::modified_since("the checkpoint")
+                )
+                .into())
+            }
+            (None, Some(_)) => {
+                saved.notes.push(format!(
+                    "the checkpoint records no times of its files (an earlier build's, or the page's): an image of {data} rewritten at the same size would go unnoticed"
+                ));
+                Ok(())
+            }
+            _ => Ok(()),
+        },
     }
 }
 

@@ -54,8 +54,9 @@ pub struct Ranks {
     /// Tells the heartbeat thread to say goodbye, and the thread.
     stop: Arc<AtomicBool>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
-    // Dropped last: finalises MPI.
-    _universe: Universe,
+    /// Finalises MPI when dropped, unless [`Ranks::leave_unfinalized`] was called.
+    universe: Option<Universe>,
+    finalize: std::cell::Cell<bool>,
 }
 
 impl Drop for Ranks {
@@ -64,6 +65,9 @@ impl Drop for Ranks {
         self.stop.store(true, Ordering::Relaxed);
         for thread in [self.thread.take(), self.heartbeat.take()].into_iter().flatten() {
             let _ = thread.join();
+        }
+        if let Some(universe) = self.universe.take().filter(|_| !self.finalize.get()) {
+            std::mem::forget(universe);
         }
     }
 }
@@ -170,8 +174,16 @@ impl Ranks {
             thread: Some(thread),
             stop,
             heartbeat: Some(heartbeat),
-            _universe: universe,
+            universe: Some(universe),
+            finalize: std::cell::Cell::new(true),
         })
+    }
+
+    /// Has this process, once its threads have said goodbye, leave MPI unfinalised when
+    /// dropped: for a job `mpirun` is ending, which answers no rank's finalising until it has
+    /// killed them all.
+    pub fn leave_unfinalized(&self) {
+        self.finalize.set(false);
     }
 
     pub fn rank(&self) -> usize {

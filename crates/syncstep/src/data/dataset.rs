@@ -123,14 +123,22 @@ impl Dataset {
 
     /// Feeds `hasher` what this split is: each example's label and its image file's path below
     /// `root` and size (the same for a file read into memory), a CIFAR record's bytes, or a
-    /// decoded image's name. The image files are not read (a folder may hold a million).
-    fn hash_into(&self, root: &Path, hasher: &mut sha2::Sha256) -> Result<(), DatasetError> {
+    /// decoded image's name. The image files are not read (a folder may hold a million). Feeds
+    /// `times`, while it is Some, each image file's path, size and modification time from the
+    /// same look at it; a split of other examples (CIFAR's records, images in memory) sets it
+    /// None.
+    fn hash_into(
+        &self,
+        root: &Path,
+        hasher: &mut sha2::Sha256,
+        times: &mut Option<sha2::Sha256>,
+    ) -> Result<(), DatasetError> {
         use sha2::Digest;
-        let mut field = |path: &Path, size: Option<u64>, label: u32| {
+        let field = |hasher: &mut sha2::Sha256, path: &Path, size: Option<u64>, tail: String| {
             let name = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
             let text = match size {
-                Some(size) => format!("{name} {size} {label}"),
-                None => format!("{name} {label}"),
+                Some(size) => format!("{name} {size} {tail}"),
+                None => format!("{name} {tail}"),
             };
             hasher.update((text.len() as u64).to_le_bytes());
             hasher.update(text.as_bytes());
@@ -140,17 +148,27 @@ impl Dataset {
             Items::Files(files) => {
                 for (path, label) in files {
                     let io = |source| DatasetError::Io { path: path.clone(), source };
-                    field(path, Some(std::fs::metadata(path).map_err(io)?.len()), *label);
-                }
-            }
-            Items::Cifar(records) => records.hash_into(hasher),
-            Items::Memory { files, order, .. } => {
-                for (i, &at) in order.iter().enumerate() {
-                    match files.get(at) {
-                        Some((path, size)) => field(Path::new(path), Some(*size), self.label(i)),
-                        None => field(Path::new(&self.name(i)), None, self.label(i)),
+                    let meta = std::fs::metadata(path).map_err(io)?;
+                    field(hasher, path, Some(meta.len()), label.to_string());
+                    match (times.as_mut(), meta.modified().ok().map(nanoseconds)) {
+                        (Some(times), Some(ns)) => field(times, path, Some(meta.len()), ns),
+                        _ => *times = None,
                     }
                 }
+            }
+            Items::Cifar(records) => {
+                records.hash_into(hasher);
+                *times = None;
+            }
+            Items::Memory { files, order, .. } => {
+                for (i, &at) in order.iter().enumerate() {
+                    let label = self.label(i).to_string();
+                    match files.get(at) {
+                        Some((path, size)) => field(hasher, Path::new(path), Some(*size), label),
+                        None => field(hasher, Path::new(&self.name(i)), None, label),
+                    }
+                }
+                *times = None;
             }
         }
         Ok(())
@@ -325,14 +343,38 @@ impl Splits {
     /// What the dataset at `root` is, whatever path reaches it (image files are named by
     /// their path below it).
     pub fn fingerprint(&self, root: &Path) -> Result<Fingerprint, DatasetError> {
+        Ok(self.identify(root)?.0)
+    }
+
+    /// [`fingerprint`](Self::fingerprint), and from the same look at each file, when the
+    /// dataset is image files on disk, the SHA-256 of their paths below `root`, sizes and
+    /// modification times, in the same order: what tells an image rewritten at the same size
+    /// (the fingerprint reads no image's bytes), or touched, or copied without its time.
+    pub fn identify(&self, root: &Path) -> Result<(Fingerprint, Option<String>), DatasetError> {
         use sha2::Digest;
         let mut hasher = sha2::Sha256::new();
+        let mut times = Some(sha2::Sha256::new());
         for split in [&self.train, &self.val] {
             hasher.update((split.len() as u64).to_le_bytes());
-            split.hash_into(root, &mut hasher)?;
+            split.hash_into(root, &mut hasher, &mut times)?;
         }
-        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Fingerprint { sha256, examples: self.train.len() + self.val.len() })
+        let sha256 = hex(hasher.finalize());
+        let fingerprint = Fingerprint { sha256, examples: self.train.len() + self.val.len() };
+        Ok((fingerprint, times.map(|t| hex(t.finalize()))))
+    }
+}
+
+/// A digest as lowercase hexadecimal.
+fn hex(digest: impl AsRef<[u8]>) -> String {
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A modification time as nanoseconds since 1970 (negative before), as text.
+#[cfg(not(target_arch = "wasm32"))]
+fn nanoseconds(time: std::time::SystemTime) -> String {
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(after) => after.as_nanos().to_string(),
+        Err(before) => format!("-{}", before.duration().as_nanos()),
     }
 }
 

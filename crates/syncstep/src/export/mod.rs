@@ -150,6 +150,7 @@ mod tests {
         let images = ImageSettings {
             data: DataSpec::Cifar10("/data/cifar".into()),
             fingerprint: None,
+            file_times: None,
             val_split: 0.1,
             augment: Augment::CropFlip,
             norm: Normalization { mean: [0.5, 0.25, 0.125], std: [0.2, 0.3, 0.4] },
